@@ -1,0 +1,266 @@
+// Package ir holds the routing state the xDS translator consumes: which
+// runners exist, which mailbox each live lease places on which runner, and
+// which mailbox answers for each namespace. It is built from the admin FSM and
+// knows nothing about Envoy.
+package ir
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// IR is one consistent view of routing state.
+type IR struct {
+	// Version is the Raft applied index the IR was built from; it becomes the
+	// xDS snapshot version so every admin node labels the same state alike.
+	// Ideally it is the index of the last command that changed routing state.
+	Version uint64 `json:"version"`
+	// Gateway describes the Envoy gateway's socket listener.
+	Gateway Gateway `json:"gateway"`
+	// NotFound lists the addresses (IP:port) of the admin nodes serving
+	// xds/notfound's MailboxQuery, which answers NotFound for gRPC requests
+	// naming a mailbox no route knows.
+	NotFound []string `json:"notFound,omitempty"`
+	// Runners are the mailbox runners known to the admin cluster.
+	Runners []Runner `json:"runners,omitempty"`
+	// Mailboxes are the mailboxes with a live lease.
+	Mailboxes []Mailbox `json:"mailboxes,omitempty"`
+	// Aliases map a namespace to the mailbox currently serving it.
+	Aliases []Alias `json:"aliases,omitempty"`
+}
+
+// Gateway is the Envoy gateway's listener.
+type Gateway struct {
+	// Address is the IP:port Envoy listens on for queries.
+	Address string `json:"address"`
+}
+
+// Runner is one mailbox runner process.
+type Runner struct {
+	// ID names the runner; it is unique and becomes part of its cluster name.
+	ID string `json:"id"`
+	// Address is the runner's query endpoint as IP:port (Envoy EDS does not
+	// resolve host names, so the sidecar registers the pod IP).
+	Address string `json:"address"`
+	// Healthy is false when the runner should get no traffic (for example its
+	// proxy is stale); its endpoint is then sent as UNHEALTHY.
+	Healthy bool `json:"healthy"`
+}
+
+// Mailbox is a mailbox with a live lease.
+type Mailbox struct {
+	// ID is "{namespace}@{proxy_id}", e.g. "$admin@proxy-01".
+	ID string `json:"id"`
+	// Namespace is the namespace part of ID.
+	Namespace string `json:"namespace"`
+	// RunnerID is the runner holding the lease.
+	RunnerID string `json:"runnerId"`
+	// Epoch is the lease's fencing token, sent to clients in x-prism-epoch.
+	Epoch uint64 `json:"epoch"`
+	// Partition is crc32(namespace) % 256, carried into route metadata.
+	Partition uint32 `json:"partition"`
+}
+
+// Alias routes /v1/namespaces/{Namespace}/ to a mailbox.
+type Alias struct {
+	// Namespace is the namespace the alias answers for.
+	Namespace string `json:"namespace"`
+	// MailboxID is the namespace's current mailbox.
+	MailboxID string `json:"mailboxId"`
+}
+
+// Named validation errors; every error Validate returns wraps one of them.
+var (
+	ErrVersion         = errors.New("version must be positive")
+	ErrAddress         = errors.New("address must be IP:port")
+	ErrRunnerID        = errors.New("runner id must match " + runnerIDPattern)
+	ErrMailboxID       = errors.New("mailbox id must be {namespace}@{proxy_id}")
+	ErrNamespace       = errors.New("namespace must match " + namespacePattern)
+	ErrEpoch           = errors.New("epoch must be positive")
+	ErrPartition       = errors.New("partition must be below 256")
+	ErrDuplicate       = errors.New("duplicate")
+	ErrUnknownRunner   = errors.New("unknown runner")
+	ErrUnknownMailbox  = errors.New("unknown mailbox")
+	ErrAliasNamespace  = errors.New("alias namespace differs from the mailbox's")
+	ErrGatewayListener = errors.New("gateway listener")
+)
+
+const (
+	namespacePattern = `[A-Za-z0-9$][A-Za-z0-9._~$-]*`
+	runnerIDPattern  = `[A-Za-z0-9][A-Za-z0-9._~-]*`
+)
+
+var (
+	namespaceRE = regexp.MustCompile(`^` + namespacePattern + `$`)
+	runnerIDRE  = regexp.MustCompile(`^` + runnerIDPattern + `$`)
+)
+
+// Validate reports every problem in x, joined.
+func (x *IR) Validate() error {
+	_, err := x.Valid()
+	return err
+}
+
+// Valid returns a sorted copy of x holding only the objects that are valid on
+// their own and whose references resolve to valid objects, and the joined
+// errors for everything it dropped. The translator uses it to keep serving
+// good routes when one object is bad.
+func (x *IR) Valid() (*IR, error) {
+	c := x.Sorted()
+	var errs []error
+	if c.Version == 0 {
+		errs = append(errs, ErrVersion)
+	}
+	if err := checkAddress(c.Gateway.Address); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrGatewayListener, err))
+	}
+	out := &IR{Version: c.Version, Gateway: c.Gateway}
+	for _, a := range c.NotFound {
+		if err := checkAddress(a); err != nil {
+			errs = append(errs, fmt.Errorf("not-found endpoint: %w", err))
+			continue
+		}
+		if len(out.NotFound) > 0 && out.NotFound[len(out.NotFound)-1] == a {
+			continue
+		}
+		out.NotFound = append(out.NotFound, a)
+	}
+	runners := map[string]bool{}
+	for _, r := range c.Runners {
+		if err := r.Validate(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if runners[r.ID] {
+			errs = append(errs, fmt.Errorf("runner %q: %w", r.ID, ErrDuplicate))
+			continue
+		}
+		runners[r.ID] = true
+		out.Runners = append(out.Runners, r)
+	}
+	mailboxes := map[string]Mailbox{}
+	for _, m := range c.Mailboxes {
+		if err := m.Validate(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, dup := mailboxes[m.ID]; dup {
+			errs = append(errs, fmt.Errorf("mailbox %q: %w", m.ID, ErrDuplicate))
+			continue
+		}
+		if !runners[m.RunnerID] {
+			errs = append(errs, fmt.Errorf("mailbox %q: runner %q: %w", m.ID, m.RunnerID, ErrUnknownRunner))
+			continue
+		}
+		mailboxes[m.ID] = m
+		out.Mailboxes = append(out.Mailboxes, m)
+	}
+	aliases := map[string]bool{}
+	for _, a := range c.Aliases {
+		m, ok := mailboxes[a.MailboxID]
+		switch {
+		case !namespaceRE.MatchString(a.Namespace):
+			errs = append(errs, fmt.Errorf("alias %q: %w", a.Namespace, ErrNamespace))
+		case aliases[a.Namespace]:
+			errs = append(errs, fmt.Errorf("alias %q: %w", a.Namespace, ErrDuplicate))
+		case !ok:
+			errs = append(errs, fmt.Errorf("alias %q: mailbox %q: %w", a.Namespace, a.MailboxID, ErrUnknownMailbox))
+		case m.Namespace != a.Namespace:
+			errs = append(errs, fmt.Errorf("alias %q: mailbox %q: %w", a.Namespace, a.MailboxID, ErrAliasNamespace))
+		default:
+			aliases[a.Namespace] = true
+			out.Aliases = append(out.Aliases, a)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// Validate checks r on its own.
+func (r Runner) Validate() error {
+	var errs []error
+	if !runnerIDRE.MatchString(r.ID) {
+		errs = append(errs, ErrRunnerID)
+	}
+	if err := checkAddress(r.Address); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("runner %q: %w", r.ID, err)
+	}
+	return nil
+}
+
+// Validate checks m on its own.
+func (m Mailbox) Validate() error {
+	var errs []error
+	if !namespaceRE.MatchString(m.Namespace) {
+		errs = append(errs, ErrNamespace)
+	}
+	ns, proxy, ok := strings.Cut(m.ID, "@")
+	if !ok || ns != m.Namespace || !runnerIDRE.MatchString(proxy) {
+		errs = append(errs, ErrMailboxID)
+	}
+	if m.Epoch == 0 {
+		errs = append(errs, ErrEpoch)
+	}
+	if m.Partition >= 256 {
+		errs = append(errs, ErrPartition)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("mailbox %q: %w", m.ID, err)
+	}
+	return nil
+}
+
+func checkAddress(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q: %w", addr, ErrAddress)
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		return fmt.Errorf("%q: %w", addr, ErrAddress)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return fmt.Errorf("%q: %w", addr, ErrAddress)
+	}
+	return nil
+}
+
+// Sorted returns a copy of x with every list in a canonical order, so equal
+// state always translates to byte-identical resources.
+func (x *IR) Sorted() *IR {
+	c := &IR{
+		Version:   x.Version,
+		Gateway:   x.Gateway,
+		NotFound:  slices.Sorted(slices.Values(x.NotFound)),
+		Runners:   slices.Clone(x.Runners),
+		Mailboxes: slices.Clone(x.Mailboxes),
+		Aliases:   slices.Clone(x.Aliases),
+	}
+	slices.SortStableFunc(c.Runners, func(a, b Runner) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortStableFunc(c.Mailboxes, func(a, b Mailbox) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortStableFunc(c.Aliases, func(a, b Alias) int { return cmp.Compare(a.Namespace, b.Namespace) })
+	return c
+}
+
+// Equal reports whether x and y describe the same routing state. Version is
+// ignored: Raft commands that do not touch routing (heartbeats) advance the
+// applied index, and they must not cause a push.
+func (x *IR) Equal(y *IR) bool {
+	if x == nil || y == nil {
+		return x == y
+	}
+	a, b := x.Sorted(), y.Sorted()
+	return a.Gateway == b.Gateway &&
+		slices.Equal(a.NotFound, b.NotFound) &&
+		slices.Equal(a.Runners, b.Runners) &&
+		slices.Equal(a.Mailboxes, b.Mailboxes) &&
+		slices.Equal(a.Aliases, b.Aliases)
+}

@@ -1,0 +1,100 @@
+package ir
+
+import (
+	"errors"
+	"testing"
+)
+
+func valid() *IR {
+	return &IR{
+		Version:  7,
+		Gateway:  Gateway{Address: "0.0.0.0:8080"},
+		NotFound: []string{"10.0.0.9:9000"},
+		Runners: []Runner{
+			{ID: "runner-b", Address: "10.0.0.2:8982", Healthy: true},
+			{ID: "runner-a", Address: "10.0.0.1:8982", Healthy: true},
+		},
+		Mailboxes: []Mailbox{
+			{ID: "audit-logs@proxy-02", Namespace: "audit-logs", RunnerID: "runner-b", Epoch: 5, Partition: 155},
+			{ID: "$admin@proxy-01", Namespace: "$admin", RunnerID: "runner-a", Epoch: 3, Partition: 42},
+		},
+		Aliases: []Alias{{Namespace: "audit-logs", MailboxID: "audit-logs@proxy-02"}},
+	}
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		mutate func(*IR)
+		want   []error
+		kept   func(*IR) bool
+	}{
+		{name: "valid", mutate: func(*IR) {}},
+		{name: "zero version", mutate: func(x *IR) { x.Version = 0 }, want: []error{ErrVersion}},
+		{name: "runner host name", mutate: func(x *IR) { x.Runners[0].Address = "proxy-01.prism.local:8982" },
+			want: []error{ErrAddress, ErrUnknownRunner, ErrUnknownMailbox},
+			kept: func(x *IR) bool { return len(x.Runners) == 1 && len(x.Mailboxes) == 1 && len(x.Aliases) == 0 }},
+		{name: "bad runner id", mutate: func(x *IR) { x.Runners[1].ID = "a/b" }, want: []error{ErrRunnerID, ErrUnknownRunner}},
+		{name: "mailbox id without proxy", mutate: func(x *IR) { x.Mailboxes[1].ID = "$admin" }, want: []error{ErrMailboxID}},
+		{name: "mailbox namespace mismatch", mutate: func(x *IR) { x.Mailboxes[1].Namespace = "other" }, want: []error{ErrMailboxID}},
+		{name: "zero epoch and bad partition", mutate: func(x *IR) { x.Mailboxes[1].Epoch = 0; x.Mailboxes[1].Partition = 256 },
+			want: []error{ErrEpoch, ErrPartition}},
+		{name: "duplicate mailbox", mutate: func(x *IR) { x.Mailboxes = append(x.Mailboxes, x.Mailboxes[0]) }, want: []error{ErrDuplicate},
+			kept: func(x *IR) bool { return len(x.Mailboxes) == 2 }},
+		{name: "alias to unknown mailbox", mutate: func(x *IR) { x.Aliases[0].MailboxID = "audit-logs@proxy-09" }, want: []error{ErrUnknownMailbox}},
+		{name: "alias to other namespace", mutate: func(x *IR) { x.Aliases[0].Namespace = "$admin" }, want: []error{ErrAliasNamespace}},
+		{name: "gateway without port", mutate: func(x *IR) { x.Gateway.Address = "0.0.0.0" }, want: []error{ErrGatewayListener}},
+		{name: "not-found endpoint", mutate: func(x *IR) { x.NotFound = append(x.NotFound, "admin-0:9000") }, want: []error{ErrAddress},
+			kept: func(x *IR) bool { return len(x.NotFound) == 1 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			x := valid()
+			tt.mutate(x)
+			got, err := x.Valid()
+			if len(tt.want) == 0 && err != nil {
+				t.Fatalf("Valid() = %v, want no error", err)
+			}
+			for _, w := range tt.want {
+				if !errors.Is(err, w) {
+					t.Errorf("Valid() = %v, want it to wrap %v", err, w)
+				}
+			}
+			if tt.kept != nil && !tt.kept(got) {
+				t.Errorf("Valid() kept %+v", got)
+			}
+		})
+	}
+}
+
+func TestEqualIgnoresVersionAndOrder(t *testing.T) {
+	t.Parallel()
+	a, b := valid(), valid()
+	b.Version = 99
+	b.Runners[0], b.Runners[1] = b.Runners[1], b.Runners[0]
+	if !a.Equal(b) {
+		t.Fatal("reordered IR with a new version is not Equal")
+	}
+	b.Mailboxes[0].Epoch++
+	if a.Equal(b) {
+		t.Fatal("IR with a new epoch is Equal")
+	}
+	if (*IR)(nil).Equal(a) || !(*IR)(nil).Equal(nil) {
+		t.Fatal("nil handling")
+	}
+}
+
+func TestSortedDoesNotAliasInput(t *testing.T) {
+	t.Parallel()
+	x := valid()
+	s := x.Sorted()
+	s.Runners[0].ID = "changed"
+	if x.Runners[0].ID == "changed" || x.Runners[1].ID == "changed" {
+		t.Fatal("Sorted shares its slices with the input")
+	}
+	if s.Runners[1].ID != "runner-b" {
+		t.Fatalf("Sorted order = %+v", s.Runners)
+	}
+}
