@@ -1,0 +1,458 @@
+// Package ingest consumes a mailbox's Kafka topics with an IBM/sarama consumer
+// group and writes the envelopes to the mailbox store in durable batches.
+//
+// Delivery: at least once from Kafka, idempotent in the store by message_id.
+// An offset is committed only after every record it covers is durably stored
+// or produced to its dead-letter topic, so a crash at any moment loses nothing
+// and a redelivery adds nothing. A record that cannot be stored (undecodable or
+// invalid envelope) goes to "<topic>.dlq" with the reason in a header, so a
+// poison record never blocks its partition; store and DLQ errors are retried
+// with backoff instead of being skipped.
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prism-mesh/prism/mailbox/envelope"
+	"github.com/prism-mesh/prism/mailbox/store"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// Headers of a dead-lettered record. The value and key are the original ones.
+const (
+	HeaderReason          = "prism-dlq-reason"
+	HeaderError           = "prism-dlq-error"
+	HeaderSourceTopic     = "prism-dlq-source-topic"
+	HeaderSourcePartition = "prism-dlq-source-partition"
+	HeaderSourceOffset    = "prism-dlq-source-offset"
+	HeaderMailbox         = "prism-mailbox-id"
+)
+
+// DLQSuffix is appended to a source topic to name its dead-letter topic.
+const DLQSuffix = ".dlq"
+
+// Writer is the part of the mailbox store ingest needs: a durable,
+// message_id-idempotent batch write.
+type Writer interface {
+	Write(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error)
+}
+
+// Config of one mailbox's ingest.
+type Config struct {
+	MailboxID string   // also the consumer group id
+	Brokers   []string // host:port of Kafka bootstrap brokers
+	Topics    []string
+	Mode      envelope.Mode // "" = strict
+
+	BatchSize int           // records per store write; default 2000
+	BatchWait time.Duration // longest a partial batch waits for more records; default 100ms
+
+	BackoffMin time.Duration // first retry delay of a failed store write or DLQ produce; default 100ms
+	BackoffMax time.Duration // retry delay cap; default 10s
+	// DrainTimeout bounds Close: the time given to flush and commit what was
+	// fetched before the retries are abandoned (uncommitted records are then
+	// redelivered on the next start). Default 10s.
+	DrainTimeout time.Duration
+
+	Sarama  *sarama.Config // nil = SaramaConfig(); must keep auto-commit off
+	Logger  *slog.Logger   // nil = slog.Default()
+	Metrics *Metrics       // nil = metrics on a private registry
+}
+
+// SaramaConfig is the client configuration ingest uses by default: a new
+// group starts at the oldest offset, offsets are committed only explicitly,
+// and dead letters are acknowledged by all in-sync replicas.
+func SaramaConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.ClientID = "prism-runner"
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	c.Consumer.Offsets.AutoCommit.Enable = false
+	c.Consumer.Return.Errors = true
+	// Larger fetches and buffers keep a batch-sized backlog ready while the
+	// previous batch is being synced to disk.
+	c.Consumer.Fetch.Default = 4 << 20
+	c.ChannelBufferSize = 4096
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Return.Successes = true
+	c.Producer.Retry.Max = 5
+	return c
+}
+
+func (c *Config) setDefaults() {
+	if c.Mode == "" {
+		c.Mode = envelope.Strict
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 2000
+	}
+	if c.BatchWait <= 0 {
+		c.BatchWait = 100 * time.Millisecond
+	}
+	if c.BackoffMin <= 0 {
+		c.BackoffMin = 100 * time.Millisecond
+	}
+	if c.BackoffMax < c.BackoffMin {
+		c.BackoffMax = max(10*time.Second, c.BackoffMin)
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.Sarama == nil {
+		c.Sarama = SaramaConfig()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(prometheus.NewRegistry())
+	}
+}
+
+// Ingester consumes one mailbox's topics until Close.
+type Ingester struct {
+	cfg      Config
+	w        Writer
+	log      *slog.Logger
+	client   sarama.Client
+	group    sarama.ConsumerGroup
+	producer sarama.SyncProducer
+
+	// runCtx ends when Close starts: no new fetches or sessions.
+	runCtx  context.Context
+	stopRun context.CancelFunc
+	// drainCtx ends when Close's drain timeout passes: flushes give up.
+	drainCtx  context.Context
+	stopDrain context.CancelFunc
+
+	consuming atomic.Bool
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start connects to Kafka, makes sure the dead-letter topics exist (best
+// effort: brokers that auto-create topics need nothing) and starts consuming.
+func Start(cfg Config, w Writer) (*Ingester, error) {
+	cfg.setDefaults()
+	if cfg.MailboxID == "" || len(cfg.Brokers) == 0 || len(cfg.Topics) == 0 {
+		return nil, fmt.Errorf("ingest: mailbox id, brokers and topics are required")
+	}
+	if cfg.Sarama.Consumer.Offsets.AutoCommit.Enable {
+		return nil, fmt.Errorf("ingest %s: sarama auto-commit must be off (offsets follow durable writes)", cfg.MailboxID)
+	}
+	log := cfg.Logger.With("mailbox_id", cfg.MailboxID)
+	client, err := sarama.NewClient(cfg.Brokers, cfg.Sarama)
+	if err != nil {
+		return nil, fmt.Errorf("ingest %s: kafka client: %w", cfg.MailboxID, err)
+	}
+	ensureDLQTopics(client, cfg.Topics, log)
+	group, err := sarama.NewConsumerGroupFromClient(cfg.MailboxID, client)
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("ingest %s: consumer group: %w", cfg.MailboxID, err)
+	}
+	producer, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		group.Close()
+		client.Close()
+		return nil, fmt.Errorf("ingest %s: dlq producer: %w", cfg.MailboxID, err)
+	}
+	i := &Ingester{cfg: cfg, w: w, log: log, client: client, group: group, producer: producer, done: make(chan struct{})}
+	i.runCtx, i.stopRun = context.WithCancel(context.Background())
+	i.drainCtx, i.stopDrain = context.WithCancel(context.Background())
+	go i.logErrors()
+	go i.run()
+	log.Info("ingest started", "topics", cfg.Topics, "brokers", cfg.Brokers, "validation", string(cfg.Mode))
+	return i, nil
+}
+
+func ensureDLQTopics(client sarama.Client, topics []string, log *slog.Logger) {
+	broker, err := client.Controller()
+	if err != nil {
+		log.Warn("no controller to create dead-letter topics; relying on auto-creation", "err", err)
+		return
+	}
+	req := &sarama.CreateTopicsRequest{Version: 2, TopicDetails: map[string]*sarama.TopicDetail{}, Timeout: 10 * time.Second}
+	for _, t := range topics {
+		req.TopicDetails[t+DLQSuffix] = &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: min(3, int16(len(client.Brokers())))}
+	}
+	resp, err := broker.CreateTopics(req)
+	if err != nil {
+		log.Warn("create dead-letter topics; relying on auto-creation", "err", err)
+		return
+	}
+	for t, e := range resp.TopicErrors {
+		if e.Err != sarama.ErrNoError && e.Err != sarama.ErrTopicAlreadyExists {
+			log.Warn("create dead-letter topic; relying on auto-creation", "topic", t, "err", e)
+		}
+	}
+}
+
+// Consuming reports whether the ingester is in an active consumer group
+// session, which is what readiness means for a mailbox.
+func (i *Ingester) Consuming() bool { return i.consuming.Load() }
+
+// Close stops fetching, flushes and commits what was fetched (bounded by the
+// drain timeout), leaves the group and closes the Kafka client.
+func (i *Ingester) Close() error {
+	i.closeOnce.Do(func() {
+		i.stopRun()
+		t := time.AfterFunc(i.cfg.DrainTimeout, i.stopDrain)
+		<-i.done
+		t.Stop()
+		i.stopDrain()
+		i.closeErr = errors.Join(i.producer.Close(), i.group.Close(), i.client.Close())
+		if i.closeErr != nil {
+			i.closeErr = fmt.Errorf("close ingest %s: %w", i.cfg.MailboxID, i.closeErr)
+		}
+		i.cfg.Metrics.forget(i.cfg.MailboxID)
+		i.log.Info("ingest stopped")
+	})
+	return i.closeErr
+}
+
+func (i *Ingester) run() {
+	defer close(i.done)
+	delay := i.cfg.BackoffMin
+	for {
+		err := i.group.Consume(i.runCtx, i.cfg.Topics, handler{i})
+		if i.runCtx.Err() != nil || errors.Is(err, sarama.ErrClosedConsumerGroup) {
+			return
+		}
+		if err == nil {
+			delay = i.cfg.BackoffMin
+			continue
+		}
+		i.log.Error("consumer group session failed; retrying", "err", err, "retry_in", delay)
+		if sleep(i.runCtx, delay) != nil {
+			return
+		}
+		delay = min(2*delay, i.cfg.BackoffMax)
+	}
+}
+
+func (i *Ingester) logErrors() {
+	for err := range i.group.Errors() {
+		i.log.Warn("consumer error", "err", err)
+	}
+}
+
+type handler struct{ i *Ingester }
+
+func (h handler) Setup(s sarama.ConsumerGroupSession) error {
+	h.i.consuming.Store(true)
+	h.i.log.Info("consumer group session started", "generation", s.GenerationID(), "claims", s.Claims())
+	return nil
+}
+
+// Cleanup commits once more: every flush commits already, but a rebalance is
+// the last chance before the partitions move.
+func (h handler) Cleanup(s sarama.ConsumerGroupSession) error {
+	s.Commit()
+	h.i.consuming.Store(false)
+	h.i.log.Info("consumer group session ended", "generation", s.GenerationID())
+	return nil
+}
+
+// ConsumeClaim batches the claim's records by size and time. When the claim is
+// revoked or the ingester stops, sarama closes Messages(); the batch in hand is
+// then flushed and committed before the partition is let go.
+func (h handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
+	batch := make([]*sarama.ConsumerMessage, 0, h.i.cfg.BatchSize)
+	timer := time.NewTimer(h.i.cfg.BatchWait)
+	timer.Stop()
+	defer timer.Stop()
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		timer.Stop()
+		err := h.i.flush(s, c, batch)
+		batch = make([]*sarama.ConsumerMessage, 0, h.i.cfg.BatchSize)
+		return err
+	}
+	for {
+		select {
+		case msg, ok := <-c.Messages():
+			if !ok {
+				return flush()
+			}
+			batch = append(batch, msg)
+			if len(batch) == 1 {
+				timer.Reset(h.i.cfg.BatchWait)
+			}
+			if len(batch) >= h.i.cfg.BatchSize {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		case <-timer.C:
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+type deadLetter struct {
+	msg    *sarama.ConsumerMessage
+	reason envelope.Reason
+	err    error
+}
+
+// flush makes batch durable (items in the store, rejects in their DLQ) and
+// only then marks and commits its offsets. It returns an error only when the
+// drain deadline passed; the batch then stays uncommitted and is redelivered.
+func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim, batch []*sarama.ConsumerMessage) error {
+	id := i.cfg.MailboxID
+	m := i.cfg.Metrics
+	m.consumed.WithLabelValues(id).Add(float64(len(batch)))
+	items := make([]*mailboxv1.MailboxItem, 0, len(batch))
+	var dead []deadLetter
+	for _, msg := range batch {
+		item, err := envelope.Process(msg.Value, i.cfg.Mode, i.log)
+		if err != nil {
+			dead = append(dead, deadLetter{msg: msg, reason: envelope.ReasonOf(err), err: err})
+			continue
+		}
+		items = append(items, item)
+	}
+	if len(items) > 0 {
+		var res store.WriteResult
+		err := i.retry("store", func(ctx context.Context) error {
+			start := time.Now()
+			r, err := i.w.Write(ctx, items)
+			m.batchWrite.WithLabelValues(id).Observe(time.Since(start).Seconds())
+			res = r
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		m.stored.WithLabelValues(id).Add(float64(res.Stored))
+		m.duplicates.WithLabelValues(id).Add(float64(res.Duplicates))
+	}
+	if len(dead) > 0 {
+		if err := i.deadLetter(dead); err != nil {
+			return err
+		}
+	}
+	last := batch[len(batch)-1]
+	s.MarkMessage(last, "")
+	s.Commit()
+	m.setLag(id, c.Topic(), c.Partition(), max(0, c.HighWaterMarkOffset()-last.Offset-1))
+	return nil
+}
+
+// deadLetter produces the rejected records to their DLQ topics, resending only
+// the ones that failed, until all are acknowledged.
+func (i *Ingester) deadLetter(dead []deadLetter) error {
+	pending := dead
+	return i.retry("dlq", func(context.Context) error {
+		msgs := make([]*sarama.ProducerMessage, len(pending))
+		for j, d := range pending {
+			msgs[j] = i.dlqMessage(d, j)
+		}
+		err := i.producer.SendMessages(msgs)
+		var perrs sarama.ProducerErrors
+		if err != nil && errors.As(err, &perrs) {
+			failed := make([]deadLetter, 0, len(perrs))
+			for _, pe := range perrs {
+				failed = append(failed, pending[pe.Msg.Metadata.(int)])
+			}
+			i.countDead(pending, failed)
+			pending = failed
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		i.countDead(pending, nil)
+		return nil
+	})
+}
+
+func (i *Ingester) countDead(sent, failed []deadLetter) {
+	bad := make(map[*sarama.ConsumerMessage]bool, len(failed))
+	for _, f := range failed {
+		bad[f.msg] = true
+	}
+	for _, d := range sent {
+		if !bad[d.msg] {
+			i.cfg.Metrics.deadLettered.WithLabelValues(i.cfg.MailboxID, string(d.reason)).Inc()
+			i.log.Warn("record dead-lettered", "topic", d.msg.Topic, "partition", d.msg.Partition,
+				"offset", d.msg.Offset, "reason", string(d.reason), "err", d.err)
+		}
+	}
+}
+
+func (i *Ingester) dlqMessage(d deadLetter, idx int) *sarama.ProducerMessage {
+	h := func(k, v string) sarama.RecordHeader { return sarama.RecordHeader{Key: []byte(k), Value: []byte(v)} }
+	pm := &sarama.ProducerMessage{
+		Topic: d.msg.Topic + DLQSuffix,
+		Value: sarama.ByteEncoder(d.msg.Value),
+		Headers: append([]sarama.RecordHeader{
+			h(HeaderReason, string(d.reason)),
+			h(HeaderError, d.err.Error()),
+			h(HeaderSourceTopic, d.msg.Topic),
+			h(HeaderSourcePartition, strconv.Itoa(int(d.msg.Partition))),
+			h(HeaderSourceOffset, strconv.FormatInt(d.msg.Offset, 10)),
+			h(HeaderMailbox, i.cfg.MailboxID),
+		}, derefHeaders(d.msg.Headers)...),
+		Metadata: idx,
+	}
+	if d.msg.Key != nil {
+		pm.Key = sarama.ByteEncoder(d.msg.Key)
+	}
+	return pm
+}
+
+func derefHeaders(hs []*sarama.RecordHeader) []sarama.RecordHeader {
+	out := make([]sarama.RecordHeader, 0, len(hs))
+	for _, h := range hs {
+		if h != nil {
+			out = append(out, *h)
+		}
+	}
+	return out
+}
+
+// retry runs fn until it succeeds, backing off exponentially, or until the
+// drain deadline passes. It never gives up on its own: skipping would lose the
+// records, and committing past them would lose them for good.
+func (i *Ingester) retry(target string, fn func(context.Context) error) error {
+	delay := i.cfg.BackoffMin
+	for attempt := 1; ; attempt++ {
+		err := fn(i.drainCtx)
+		if err == nil {
+			return nil
+		}
+		i.cfg.Metrics.retries.WithLabelValues(i.cfg.MailboxID, target).Inc()
+		i.log.Error("ingest write failed; retrying", "target", target, "attempt", attempt, "retry_in", delay, "err", err)
+		if err := sleep(i.drainCtx, delay); err != nil {
+			return fmt.Errorf("ingest %s: %s write abandoned at drain deadline: %w", i.cfg.MailboxID, target, err)
+		}
+		delay = min(2*delay, i.cfg.BackoffMax)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
