@@ -1,15 +1,24 @@
 // Package store is a mailbox's durable event store (RFC-037) on Badger v4: the
 // full envelope bytes with their indexed headers, secondary indexes so filtered
 // queries never scan the whole mailbox, cursor pagination, and retention.
+// The key layout is described in keys.go.
 package store
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"time"
 
+	badger "github.com/dgraph-io/badger/v4"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // Limits of a query page.
@@ -17,6 +26,10 @@ const (
 	DefaultLimit = 100
 	MaxLimit     = 1000
 )
+
+// MaxFilterValues bounds the values of one repeated filter field (topics, principals): each value is one index
+// range merged into the result, so the bound keeps one query from opening thousands of iterators.
+const MaxFilterValues = 100
 
 var (
 	// ErrNotFound is returned by Get for an unknown message id.
@@ -30,8 +43,11 @@ type Options struct {
 	Dir      string        // data directory (created 0700); ignored when InMemory
 	InMemory bool          // for unit tests
 	MaxAge   time.Duration // retention: items older than this are deleted; 0 = keep forever
-	MaxSize  int64         // retention: bytes bound on the store, oldest deleted first; 0 = unbounded
-	Logger   *slog.Logger  // nil = slog.Default()
+	// MaxSize bounds the stored envelope bytes (Stats.total_bytes), oldest deleted first; 0 = unbounded. The
+	// bound is on the counted bytes rather than on the files, which lag behind deletes until compaction and
+	// value-log GC, so one pass always lands under it.
+	MaxSize int64
+	Logger  *slog.Logger // nil = slog.Default()
 }
 
 // WriteResult counts what a Write did with its items.
@@ -43,47 +59,234 @@ type RetentionResult struct {
 	DeletedBytes int64
 }
 
-// Store is one mailbox's event store.
+// Store is one mailbox's event store. It is safe for concurrent use; writes and retention are serialized (there
+// is one ingest path per mailbox anyway), reads run concurrently on Badger snapshots.
 type Store struct {
 	opts Options
+	log  *slog.Logger
+	db   *badger.DB
+
+	// wmu serializes Write and RetainOnce: dedup checks and counters are only correct with one writer.
+	wmu sync.Mutex
+	// mmu guards m, so Stats does not wait behind a write's fsync.
+	mmu sync.Mutex
+	m   meta
 }
+
+const (
+	dirMode  fs.FileMode = 0o700
+	fileMode fs.FileMode = 0o600
+)
 
 // Open opens (or creates) the store described by opts.
 func Open(opts Options) (*Store, error) {
-	return nil, errors.New("store: not implemented yet")
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	bo := badger.DefaultOptions(opts.Dir).
+		WithLogger(badgerLogger{log}).
+		// Write calls are serialized by the store, so Badger's conflict tracking is pure overhead.
+		WithDetectConflicts(false).
+		// Every commit is fsynced: a returned Write must survive kill -9 (Kafka offsets are committed after it).
+		WithSyncWrites(true).
+		// Envelopes (about 1 KiB) go to the value log; the LSM tree holds only keys and small values.
+		WithValueThreshold(256).
+		WithNumCompactors(2).
+		WithMetricsEnabled(false)
+	if opts.InMemory {
+		bo = bo.WithDir("").WithValueDir("").WithInMemory(true).WithMemTableSize(16 << 20).WithBlockCacheSize(8 << 20)
+	} else {
+		if opts.Dir == "" {
+			return nil, errors.New("open store: Dir is empty")
+		}
+		if err := os.MkdirAll(opts.Dir, dirMode); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+		if err := fixModes(opts.Dir); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+	}
+	db, err := badger.Open(bo)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
+	}
+	s := &Store{opts: opts, log: log, db: db}
+	if err := db.View(func(txn *badger.Txn) error {
+		it, err := txn.Get(metaKey)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return it.Value(func(v []byte) error {
+			s.m, err = decodeMeta(v)
+			return err
+		})
+	}); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open store %s: read counters: %w", opts.Dir, err)
+	}
+	if err := s.fixModes(); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	return s, nil
 }
 
 // Close releases the store.
-func (s *Store) Close() error { return nil }
-
-// Write stores items atomically and durably (synced to disk before it returns), so the caller may commit the Kafka
-// offsets covering them. An item whose message_id is already stored (or repeated earlier in the same batch) is
-// skipped and counted as a duplicate: redelivery never creates a second item.
-func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (WriteResult, error) {
-	return WriteResult{}, errors.New("store: not implemented yet")
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("close store %s: %w", s.opts.Dir, err)
+	}
+	return s.fixModes()
 }
 
-// Query returns items matching f, newest first, at most clamp(f.Limit) of them, and a next_page_token when more
-// remain.
-func (s *Store) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1.QueryEventsResponse, error) {
-	return nil, errors.New("store: not implemented yet")
+func (s *Store) fixModes() error {
+	if s.opts.InMemory {
+		return nil
+	}
+	return fixModes(s.opts.Dir)
 }
 
-// Get returns the item with messageID, or ErrNotFound.
+// fixModes makes dir 0700 and every file in it 0600. Badger creates its tables, memtables and value logs with
+// mode 0666 (minus umask); the directory's 0700 already keeps other users out, and this sweep (on open, close
+// and after each retention pass) brings the files themselves to 0600 too.
+func fixModes(dir string) error {
+	if err := os.Chmod(dir, dirMode); err != nil {
+		return fmt.Errorf("chmod %s: %w", dir, err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		want := fileMode
+		if e.IsDir() {
+			want = dirMode
+		}
+		info, err := e.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // Badger removed it meanwhile (compaction, GC).
+		}
+		if err != nil {
+			return fmt.Errorf("stat %s: %w", e.Name(), err)
+		}
+		if info.Mode().Perm() == want {
+			continue
+		}
+		if err := os.Chmod(filepath.Join(dir, e.Name()), want); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("chmod %s: %w", e.Name(), err)
+		}
+	}
+	return nil
+}
+
+// Get returns the item with messageID, or an error wrapping ErrNotFound.
 func (s *Store) Get(ctx context.Context, messageID string) (*mailboxv1.MailboxItem, error) {
-	return nil, ErrNotFound
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *mailboxv1.MailboxItem
+	err := s.db.View(func(txn *badger.Txn) error {
+		p, ok, err := lookupMsgID(txn, messageID)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return ErrNotFound
+		}
+		out, err = readItem(txn, p)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("get %q: %w", messageID, err)
+	}
+	return out, nil
+}
+
+func lookupMsgID(txn *badger.Txn, id string) (pos, bool, error) {
+	var p pos
+	it, err := txn.Get(msgIDKey(id))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return p, false, nil
+	}
+	if err != nil {
+		return p, false, err
+	}
+	err = it.Value(func(v []byte) error {
+		if len(v) != posLen {
+			return errCorruptRecord
+		}
+		copy(p[:], v)
+		return nil
+	})
+	return p, err == nil, err
+}
+
+func readItem(txn *badger.Txn, p pos) (*mailboxv1.MailboxItem, error) {
+	it, err := txn.Get(itemKey(p))
+	if err != nil {
+		return nil, fmt.Errorf("read item: %w", err)
+	}
+	var out *mailboxv1.MailboxItem
+	err = it.Value(func(v []byte) error {
+		out, err = decodeItem(v)
+		return err
+	})
+	return out, err
 }
 
 // Stats reports total events, total envelope bytes, oldest and newest timestamps. mailbox_id and epoch are left
-// empty for the caller to fill.
+// empty for the caller to fill. The counters are kept by every write and delete; oldest and newest are the first
+// key at either end of the primary order.
 func (s *Store) Stats(ctx context.Context) (*mailboxv1.MailboxStats, error) {
-	return nil, errors.New("store: not implemented yet")
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mmu.Lock()
+	m := s.m
+	s.mmu.Unlock()
+	st := &mailboxv1.MailboxStats{TotalEvents: m.events, TotalBytes: m.bytes}
+	err := s.db.View(func(txn *badger.Txn) error {
+		for _, reverse := range []bool{false, true} {
+			it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: false, Reverse: reverse, Prefix: []byte{prefixItem}})
+			seek := []byte{prefixItem}
+			if reverse {
+				seek = []byte{prefixItem, 0xff}
+			}
+			it.Seek(seek)
+			if it.Valid() {
+				var p pos
+				copy(p[:], it.Item().Key()[1:])
+				ts := timestamppb.New(time.UnixMilli(p.ts()))
+				if reverse {
+					st.OldestEvent = ts
+				} else {
+					st.NewestEvent = ts
+				}
+			}
+			it.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stats: %w", err)
+	}
+	return st, nil
 }
 
-// RetainOnce runs one retention pass at time now.
-func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult, error) {
-	return RetentionResult{}, errors.New("store: not implemented yet")
+// badgerLogger sends Badger's logs to slog; its chatty info lines (compactions, flushes) go to debug.
+type badgerLogger struct{ l *slog.Logger }
+
+func (b badgerLogger) logf(level slog.Level, f string, a []any) {
+	if b.l.Enabled(context.Background(), level) {
+		b.l.Log(context.Background(), level, strings.TrimSpace(fmt.Sprintf(f, a...)), "component", "badger")
+	}
 }
 
-// RunRetention runs RetainOnce every interval until ctx ends.
-func (s *Store) RunRetention(ctx context.Context, interval time.Duration, now func() time.Time) {}
+func (b badgerLogger) Errorf(f string, a ...any)   { b.logf(slog.LevelError, f, a) }
+func (b badgerLogger) Warningf(f string, a ...any) { b.logf(slog.LevelWarn, f, a) }
+func (b badgerLogger) Infof(f string, a ...any)    { b.logf(slog.LevelDebug, f, a) }
+func (b badgerLogger) Debugf(f string, a ...any)   { b.logf(slog.LevelDebug, f, a) }

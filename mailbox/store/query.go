@@ -1,0 +1,297 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	badger "github.com/dgraph-io/badger/v4"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// plan is how one query runs: the index ranges to merge (none means the primary order), the position range,
+// and the predicates the ranges do not already guarantee.
+type plan struct {
+	ranges [][]byte // index prefixes; empty: walk the primary order
+	from   pos      // first position to consider (inclusive)
+	// last is the largest acceptable timestamp inverse: a position whose first 8 bytes exceed it is older than
+	// the start of the time range, and so is every position after it.
+	last       [8]byte
+	limit      int
+	topics     map[string]struct{}
+	principals map[string]struct{}
+	corr       string
+	trace      string
+	empty      bool // the range holds nothing (e.g. the cursor was already at the very end)
+}
+
+// needsHeaders reports whether candidates must be read to be checked.
+func (pl *plan) needsHeaders() bool {
+	return pl.topics != nil || pl.principals != nil || pl.corr != "" || pl.trace != ""
+}
+
+func (pl *plan) matches(h *mailboxv1.MailboxItem) bool {
+	if pl.topics != nil {
+		if _, ok := pl.topics[h.GetTopic()]; !ok {
+			return false
+		}
+	}
+	if pl.principals != nil {
+		if _, ok := pl.principals[h.GetPrincipal()]; !ok {
+			return false
+		}
+	}
+	if pl.corr != "" && h.GetCorrelationId() != pl.corr {
+		return false
+	}
+	return pl.trace == "" || h.GetTraceId() == pl.trace
+}
+
+func invalid(param, format string, a ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalidFilter, param, fmt.Sprintf(format, a...))
+}
+
+// ceilMillis is the smallest whole millisecond not before t: an item at millisecond ms is at or after t exactly
+// when ms >= ceilMillis(t), and before t exactly when ms < ceilMillis(t).
+func ceilMillis(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if t.After(time.UnixMilli(ms)) {
+		ms++
+	}
+	return ms
+}
+
+func setOf(param string, vals []string) (map[string]struct{}, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	if len(vals) > MaxFilterValues {
+		return nil, invalid(param, "at most %d values, got %d", MaxFilterValues, len(vals))
+	}
+	m := make(map[string]struct{}, len(vals))
+	for _, v := range vals {
+		m[v] = struct{}{}
+	}
+	return m, nil
+}
+
+func sortedKeys(m map[string]struct{}) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// planQuery validates f and picks the most selective index: an equality on correlation or trace id (a handful
+// of items), else the principals (thousands of values, few items each), else the topics (few values, many items
+// each), else the primary time order. The chosen index's predicate is dropped from the residual filters; the
+// time range always bounds the walk because every index key ends with the position.
+func planQuery(f *mailboxv1.EventFilter) (*plan, error) {
+	pl := &plan{limit: DefaultLimit, corr: f.GetCorrelationId(), trace: f.GetTraceId()}
+	switch l := f.GetLimit(); {
+	case l < 0:
+		return nil, invalid("limit", "must not be negative, got %d", l)
+	case l > MaxLimit:
+		pl.limit = MaxLimit
+	case l > 0:
+		pl.limit = int(l)
+	}
+	endMs, startMs := int64(math.MaxInt64), int64(math.MinInt64)
+	if t := f.GetEndTime(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, invalid("end_time", "%v", err)
+		}
+		endMs = ceilMillis(t.AsTime())
+	}
+	if t := f.GetStartTime(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, invalid("start_time", "%v", err)
+		}
+		startMs = ceilMillis(t.AsTime())
+	}
+	if f.GetStartTime() != nil && f.GetEndTime() != nil && !f.GetStartTime().AsTime().Before(f.GetEndTime().AsTime()) {
+		return nil, invalid("start_time", "must be before end_time")
+	}
+	if startMs >= endMs || endMs == math.MinInt64 {
+		pl.empty = true // a range narrower than one millisecond holds no item
+		return pl, nil
+	}
+	// Positions of items at endMs-1 with any sequence start with invTs(endMs-1); the smallest such is all-zero
+	// sequence bytes.
+	pl.from = makePos(endMs-1, math.MaxUint64)
+	last := makePos(startMs, 0)
+	copy(pl.last[:], last[:8])
+	if tok := f.GetPageToken(); tok != "" {
+		cur, err := decodePageToken(tok)
+		if err != nil {
+			return nil, invalid("page_token", "%v", err)
+		}
+		next, ok := cur.next()
+		if !ok {
+			pl.empty = true
+			return pl, nil
+		}
+		if bytes.Compare(next[:], pl.from[:]) > 0 {
+			pl.from = next
+		}
+	}
+	var err error
+	if pl.topics, err = setOf("topics", f.GetTopics()); err != nil {
+		return nil, err
+	}
+	if pl.principals, err = setOf("principals", f.GetPrincipals()); err != nil {
+		return nil, err
+	}
+	switch {
+	case pl.corr != "":
+		pl.ranges = [][]byte{indexPrefix(kindCorrelation, pl.corr)}
+		pl.corr = ""
+	case pl.trace != "":
+		pl.ranges = [][]byte{indexPrefix(kindTrace, pl.trace)}
+		pl.trace = ""
+	case pl.principals != nil:
+		for _, v := range sortedKeys(pl.principals) {
+			pl.ranges = append(pl.ranges, indexPrefix(kindPrincipal, v))
+		}
+		pl.principals = nil
+	case pl.topics != nil:
+		for _, v := range sortedKeys(pl.topics) {
+			pl.ranges = append(pl.ranges, indexPrefix(kindTopic, v))
+		}
+		pl.topics = nil
+	}
+	return pl, nil
+}
+
+// cursor walks one ordered range of positions: an index range (key-only) or the primary order.
+type cursor struct {
+	it     *badger.Iterator
+	prefix []byte
+	cur    pos
+	ok     bool
+}
+
+func (c *cursor) load(pl *plan) {
+	c.ok = false
+	if !c.it.ValidForPrefix(c.prefix) {
+		return
+	}
+	k := c.it.Item().Key()
+	if len(k) != len(c.prefix)+posLen {
+		return // cannot happen with the length-prefixed layout; stop rather than misread
+	}
+	copy(c.cur[:], k[len(c.prefix):])
+	c.ok = bytes.Compare(c.cur[:8], pl.last[:]) <= 0
+}
+
+// Query returns items matching f, newest first (timestamp desc, then latest write first), at most clamp(f.Limit)
+// of them, and a next_page_token when more remain. The token holds the last position returned, so the next page
+// seeks straight past it.
+func (s *Store) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1.QueryEventsResponse, error) {
+	if f == nil {
+		f = &mailboxv1.EventFilter{}
+	}
+	pl, err := planQuery(f)
+	if err != nil {
+		return nil, err
+	}
+	resp := &mailboxv1.QueryEventsResponse{}
+	if pl.empty {
+		return resp, nil
+	}
+	err = s.db.View(func(txn *badger.Txn) error {
+		return s.run(ctx, txn, pl, resp)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("query: %w", err)
+	}
+	return resp, nil
+}
+
+func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailboxv1.QueryEventsResponse) error {
+	primary := len(pl.ranges) == 0
+	prefixes := pl.ranges
+	if primary {
+		prefixes = [][]byte{{prefixItem}}
+	}
+	curs := make([]*cursor, 0, len(prefixes))
+	defer func() {
+		for _, c := range curs {
+			c.it.Close()
+		}
+	}()
+	for _, pr := range prefixes {
+		opts := badger.IteratorOptions{Prefix: pr, PrefetchValues: primary && !pl.needsHeaders()}
+		if opts.PrefetchValues {
+			opts.PrefetchSize = min(pl.limit+1, 100)
+		}
+		c := &cursor{it: txn.NewIterator(opts), prefix: pr}
+		curs = append(curs, c)
+		c.it.Seek(append(bytes.Clone(pr), pl.from[:]...))
+		c.load(pl)
+	}
+	var lastPos pos
+	for n := 0; ; n++ {
+		if n%256 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		// Merge: the cursor at the smallest position is the newest candidate. An item has one topic and one
+		// principal, so no position appears in two ranges.
+		var best *cursor
+		for _, c := range curs {
+			if c.ok && (best == nil || bytes.Compare(c.cur[:], best.cur[:]) < 0) {
+				best = c
+			}
+		}
+		if best == nil {
+			return nil
+		}
+		p := best.cur
+		var rec []byte
+		var item *badger.Item
+		if primary {
+			item = best.it.Item()
+		}
+		if pl.needsHeaders() || len(resp.Items) < pl.limit {
+			if item == nil {
+				var err error
+				if item, err = txn.Get(itemKey(p)); err != nil {
+					return fmt.Errorf("read %x: %w", p, err)
+				}
+			}
+			var err error
+			if rec, err = item.ValueCopy(rec); err != nil {
+				return fmt.Errorf("read %x: %w", p, err)
+			}
+		}
+		best.it.Next()
+		best.load(pl)
+		if pl.needsHeaders() {
+			h, _, err := decodeHeaders(rec)
+			if err != nil {
+				return fmt.Errorf("decode %x: %w", p, err)
+			}
+			if !pl.matches(h) {
+				continue
+			}
+		}
+		if len(resp.Items) == pl.limit {
+			// One more match exists beyond the page.
+			resp.NextPageToken = encodePageToken(lastPos)
+			return nil
+		}
+		it, err := decodeItem(rec)
+		if err != nil {
+			return fmt.Errorf("decode %x: %w", p, err)
+		}
+		resp.Items = append(resp.Items, it)
+		lastPos = p
+	}
+}

@@ -1,0 +1,186 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	badger "github.com/dgraph-io/badger/v4"
+)
+
+// retentionChunk is how many items one delete transaction removes at most. Each item is up to 6 keys; a chunk
+// that still exceeds Badger's transaction limit is halved.
+const retentionChunk = 10_000
+
+type victim struct {
+	p     pos
+	keys  [][]byte // every key of the item: primary, message id, index entries
+	bytes int64
+}
+
+// RetainOnce runs one retention pass at time now: it deletes items older than MaxAge, then the oldest items
+// until the stored envelope bytes are at most MaxSize, each with its index entries and its message-id entry, in
+// transactions of up to retentionChunk items that also rewrite the counters.
+//
+// Dropping the message-id entry means a message redelivered after its item aged out is stored again. That is
+// accepted: Kafka only redelivers what is still within its own retention, which for a mailbox that keeps data
+// at least as long as its topic never happens, and the alternative (tombstones kept forever) would grow without
+// bound.
+func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult, error) {
+	cutoff := int64(math.MinInt64)
+	if s.opts.MaxAge > 0 {
+		cutoff = ceilMillis(now.Add(-s.opts.MaxAge))
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var res RetentionResult
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		vs, err := s.collectVictims(cutoff, retentionChunk)
+		if err != nil {
+			return res, fmt.Errorf("retention: %w", err)
+		}
+		if len(vs) == 0 {
+			break
+		}
+		if err := s.deleteChunk(vs); err != nil {
+			return res, fmt.Errorf("retention: %w", err)
+		}
+		res.Deleted += len(vs)
+		for _, v := range vs {
+			res.DeletedBytes += v.bytes
+		}
+		if len(vs) < retentionChunk {
+			break
+		}
+	}
+	if res.Deleted > 0 {
+		s.log.Info("retention pass", "deleted", res.Deleted, "deleted_bytes", res.DeletedBytes, "dir", s.opts.Dir)
+	}
+	if err := s.fixModes(); err != nil {
+		return res, fmt.Errorf("retention: %w", err)
+	}
+	return res, nil
+}
+
+// collectVictims walks the primary order from the oldest item and returns up to n items that are older than
+// cutoff or needed to get under MaxSize. It must be called with wmu held.
+func (s *Store) collectVictims(cutoff int64, n int) ([]victim, error) {
+	remaining := s.m.bytes
+	var vs []victim
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: []byte{prefixItem}, PrefetchValues: true, PrefetchSize: 256})
+		defer it.Close()
+		for it.Seek([]byte{prefixItem, 0xff}); it.Valid() && len(vs) < n; it.Next() {
+			item := it.Item()
+			var p pos
+			copy(p[:], item.Key()[1:])
+			tooBig := s.opts.MaxSize > 0 && remaining > s.opts.MaxSize
+			if p.ts() >= cutoff && !tooBig {
+				return nil
+			}
+			v := victim{p: p}
+			err := item.Value(func(rec []byte) error {
+				h, blobLen, err := decodeHeaders(rec)
+				if err != nil {
+					return err
+				}
+				v.bytes = int64(blobLen)
+				v.keys = append(indexEntries(h, p), itemKey(p), msgIDKey(h.GetMessageId()))
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("read %x: %w", p, err)
+			}
+			remaining -= v.bytes
+			vs = append(vs, v)
+		}
+		return nil
+	})
+	return vs, err
+}
+
+func (s *Store) deleteChunk(vs []victim) error {
+	err := s.deleteTxn(vs)
+	if !errors.Is(err, badger.ErrTxnTooBig) || len(vs) < 2 {
+		return err
+	}
+	half := len(vs) / 2
+	if err := s.deleteChunk(vs[:half]); err != nil {
+		return err
+	}
+	return s.deleteChunk(vs[half:])
+}
+
+func (s *Store) deleteTxn(vs []victim) error {
+	txn := s.db.NewTransaction(true)
+	defer txn.Discard()
+	m := s.m
+	for _, v := range vs {
+		for _, k := range v.keys {
+			if err := txn.Delete(k); err != nil {
+				return fmt.Errorf("delete %x: %w", v.p, err)
+			}
+		}
+		m.events--
+		m.bytes -= v.bytes
+	}
+	if err := txn.Set(metaKey, m.encode()); err != nil {
+		return fmt.Errorf("write counters: %w", err)
+	}
+	if err := txn.Commit(); err != nil {
+		return fmt.Errorf("commit deletes: %w", err)
+	}
+	s.setMeta(m)
+	return nil
+}
+
+// RunRetention runs RetainOnce every interval until ctx ends, and after a pass that deleted something runs
+// Badger's value-log GC until it finds nothing more to rewrite, so deleted envelopes give their disk space back.
+func (s *Store) RunRetention(ctx context.Context, interval time.Duration, now func() time.Time) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := s.RetainOnce(ctx, now())
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("retention pass failed", "dir", s.opts.Dir, "err", err)
+			}
+			continue
+		}
+		if res.Deleted > 0 {
+			s.collectGarbage(ctx)
+		}
+	}
+}
+
+// maxGCRounds bounds one GC run; each round rewrites at most one value-log file.
+const maxGCRounds = 100
+
+func (s *Store) collectGarbage(ctx context.Context) {
+	if s.opts.InMemory {
+		return
+	}
+	for range maxGCRounds {
+		if ctx.Err() != nil {
+			return
+		}
+		err := s.db.RunValueLogGC(0.5)
+		if errors.Is(err, badger.ErrNoRewrite) {
+			return
+		}
+		if err != nil {
+			s.log.Warn("value-log GC", "dir", s.opts.Dir, "err", err)
+			return
+		}
+	}
+}

@@ -1,0 +1,293 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+func openMem(t *testing.T, opts Options) *Store {
+	t.Helper()
+	opts.InMemory = true
+	s, err := Open(opts)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func openDir(t *testing.T, dir string, opts Options) *Store {
+	t.Helper()
+	opts.Dir = dir
+	s, err := Open(opts)
+	if err != nil {
+		t.Fatalf("open %s: %v", dir, err)
+	}
+	return s
+}
+
+func item(id string, ts int64) *mailboxv1.MailboxItem {
+	return &mailboxv1.MailboxItem{
+		MessageId:     id,
+		Timestamp:     ts,
+		Topic:         "orders.created",
+		Principal:     "user-1",
+		CorrelationId: "corr-" + id,
+		TraceId:       "trace-" + id,
+		ContentType:   "application/protobuf",
+		CustomHeaders: map[string]string{"region": "eu"},
+		EnvelopeBlob:  []byte("envelope of " + id),
+	}
+}
+
+func mustWrite(t *testing.T, s *Store, items ...*mailboxv1.MailboxItem) WriteResult {
+	t.Helper()
+	res, err := s.Write(context.Background(), items)
+	if err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	return res
+}
+
+func TestWriteDedup(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		batches [][]*mailboxv1.MailboxItem
+		want    []WriteResult
+		events  int64
+	}{
+		{
+			name:    "distinct items",
+			batches: [][]*mailboxv1.MailboxItem{{item("a", 1), item("b", 2)}},
+			want:    []WriteResult{{Stored: 2}},
+			events:  2,
+		},
+		{
+			name:    "duplicate within one batch",
+			batches: [][]*mailboxv1.MailboxItem{{item("a", 1), item("a", 1), item("b", 2), item("a", 5)}},
+			want:    []WriteResult{{Stored: 2, Duplicates: 2}},
+			events:  2,
+		},
+		{
+			name:    "redelivery of a stored item",
+			batches: [][]*mailboxv1.MailboxItem{{item("a", 1)}, {item("a", 1), item("c", 3)}},
+			want:    []WriteResult{{Stored: 1}, {Stored: 1, Duplicates: 1}},
+			events:  2,
+		},
+		{
+			name:    "whole batch redelivered",
+			batches: [][]*mailboxv1.MailboxItem{{item("a", 1), item("b", 1)}, {item("a", 1), item("b", 1)}},
+			want:    []WriteResult{{Stored: 2}, {Duplicates: 2}},
+			events:  2,
+		},
+		{
+			name:    "empty batch",
+			batches: [][]*mailboxv1.MailboxItem{{}},
+			want:    []WriteResult{{}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := openMem(t, Options{})
+			for i, b := range tc.batches {
+				if got := mustWrite(t, s, b...); got != tc.want[i] {
+					t.Errorf("batch %d: got %+v, want %+v", i, got, tc.want[i])
+				}
+			}
+			st, err := s.Stats(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.GetTotalEvents() != tc.events {
+				t.Errorf("total events %d, want %d", st.GetTotalEvents(), tc.events)
+			}
+			resp, err := s.Query(context.Background(), &mailboxv1.EventFilter{Limit: MaxLimit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if int64(len(resp.GetItems())) != tc.events {
+				t.Errorf("query returned %d items, want %d", len(resp.GetItems()), tc.events)
+			}
+		})
+	}
+}
+
+func TestWriteRejectsItemsWithoutID(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	for _, batch := range [][]*mailboxv1.MailboxItem{{item("a", 1), nil}, {item("a", 1), item("", 2)}} {
+		if _, err := s.Write(context.Background(), batch); err == nil {
+			t.Errorf("write %v: no error", batch)
+		}
+	}
+	if _, err := s.Get(context.Background(), "a"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a rejected batch stored an item: %v", err)
+	}
+}
+
+func TestConcurrentWritersStoreEachIDOnce(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	const writers, ids = 8, 200
+	var wg sync.WaitGroup
+	results := make([]WriteResult, writers)
+	for w := range writers {
+		wg.Go(func() {
+			batch := make([]*mailboxv1.MailboxItem, 0, ids)
+			for i := range ids {
+				batch = append(batch, item(fmt.Sprintf("id-%d", (i+w*7)%ids), int64(i)))
+			}
+			for j := 0; j < len(batch); j += 25 {
+				res, err := s.Write(context.Background(), batch[j:j+25])
+				if err != nil {
+					t.Errorf("writer %d: %v", w, err)
+					return
+				}
+				results[w].Stored += res.Stored
+				results[w].Duplicates += res.Duplicates
+			}
+		})
+	}
+	wg.Wait()
+	var stored int
+	for _, r := range results {
+		stored += r.Stored
+		if r.Stored+r.Duplicates != ids {
+			t.Errorf("writer result %+v does not add up to %d", r, ids)
+		}
+	}
+	if stored != ids {
+		t.Errorf("stored %d items in total, want %d", stored, ids)
+	}
+	st, _ := s.Stats(context.Background())
+	if st.GetTotalEvents() != ids {
+		t.Errorf("stats: %d events, want %d", st.GetTotalEvents(), ids)
+	}
+}
+
+func TestGet(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	want := item("m-1", 1700000000000)
+	mustWrite(t, s, want, item("m-2", 1700000000001))
+	got, err := s.Get(context.Background(), "m-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got, want) {
+		t.Errorf("get: got %v, want %v", got, want)
+	}
+	if _, err := s.Get(context.Background(), "missing"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("get missing: got %v, want ErrNotFound", err)
+	}
+}
+
+func TestStats(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	st, err := s.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetTotalEvents() != 0 || st.GetOldestEvent() != nil || st.GetNewestEvent() != nil {
+		t.Errorf("empty store stats: %v", st)
+	}
+	items := []*mailboxv1.MailboxItem{item("a", 5000), item("b", -20), item("c", 9000), item("d", 100)}
+	mustWrite(t, s, items...)
+	var bytes int64
+	for _, it := range items {
+		bytes += int64(len(it.GetEnvelopeBlob()))
+	}
+	st, err = s.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetTotalEvents() != 4 || st.GetTotalBytes() != bytes {
+		t.Errorf("stats counters %d events %d bytes, want 4 and %d", st.GetTotalEvents(), st.GetTotalBytes(), bytes)
+	}
+	if got := st.GetOldestEvent().AsTime().UnixMilli(); got != -20 {
+		t.Errorf("oldest %d, want -20", got)
+	}
+	if got := st.GetNewestEvent().AsTime().UnixMilli(); got != 9000 {
+		t.Errorf("newest %d, want 9000", got)
+	}
+}
+
+// TestDurableAcrossReopen checks that items, dedup entries and counters survive closing and reopening.
+func TestDurableAcrossReopen(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "mbox")
+	s := openDir(t, dir, Options{})
+	mustWrite(t, s, item("a", 1), item("b", 2))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openDir(t, dir, Options{})
+	defer s.Close()
+	if res := mustWrite(t, s, item("a", 1), item("c", 3)); res != (WriteResult{Stored: 1, Duplicates: 1}) {
+		t.Errorf("write after reopen: %+v", res)
+	}
+	st, _ := s.Stats(context.Background())
+	if st.GetTotalEvents() != 3 {
+		t.Errorf("events after reopen %d, want 3", st.GetTotalEvents())
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := s.Get(context.Background(), id); err != nil {
+			t.Errorf("get %s after reopen: %v", id, err)
+		}
+	}
+}
+
+func TestFileModes(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "mbox")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := openDir(t, dir, Options{MaxAge: time.Hour})
+	mustWrite(t, s, item("a", 1))
+	if _, err := s.RetainOnce(context.Background(), time.UnixMilli(1).Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var files int
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		want := fileMode
+		if d.IsDir() {
+			want = dirMode
+		} else {
+			files++
+		}
+		if info.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", path, info.Mode().Perm(), want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files == 0 {
+		t.Fatal("no data files found")
+	}
+}
