@@ -1,0 +1,125 @@
+package query
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// GRPCServer implements prism.mailbox.v1.MailboxQuery.
+type GRPCServer struct {
+	mailboxv1.UnimplementedMailboxQueryServer
+	mailboxes Mailboxes
+	metrics   *Metrics
+}
+
+// NewGRPCServer serves the mailboxes found through mb.
+func NewGRPCServer(mb Mailboxes, m *Metrics) *GRPCServer {
+	return &GRPCServer{mailboxes: mb, metrics: m}
+}
+
+// Register adds the service to s.
+func (g *GRPCServer) Register(s grpc.ServiceRegistrar) { mailboxv1.RegisterMailboxQueryServer(s, g) }
+
+// resolve finds the request's mailbox and sets the response headers naming it.
+func (g *GRPCServer) resolve(ctx context.Context) (string, Source, uint64, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	ids := md.Get(MetadataMailboxID)
+	if len(ids) == 0 || ids[0] == "" {
+		return "", nil, 0, status.Errorf(codes.InvalidArgument, "%s metadata is required", MetadataMailboxID)
+	}
+	id := ids[0]
+	src, epoch, ok := g.mailboxes.Mailbox(id)
+	if !ok {
+		return "", nil, 0, status.Errorf(codes.NotFound, "mailbox %q is not served here", id)
+	}
+	hdr := metadata.Pairs(HeaderMailbox, id)
+	if epoch != 0 {
+		hdr.Append(HeaderEpoch, strconv.FormatUint(epoch, 10))
+	}
+	_ = grpc.SetHeader(ctx, hdr) // fails only outside a unary handler
+	return id, src, epoch, nil
+}
+
+func (g *GRPCServer) finish(method, mailbox string, start time.Time, err error) error {
+	if err == nil {
+		g.metrics.observe("grpc", method, mailbox, start, codes.OK)
+		return nil
+	}
+	if _, ok := status.FromError(err); !ok {
+		err = status.Error(code(err), err.Error())
+	}
+	g.metrics.observe("grpc", method, mailbox, start, status.Code(err))
+	return err
+}
+
+// QueryEvents answers a filtered page of items, newest first.
+func (g *GRPCServer) QueryEvents(ctx context.Context, req *mailboxv1.QueryEventsRequest) (_ *mailboxv1.QueryEventsResponse, err error) {
+	start := time.Now()
+	id, src, _, err := g.resolve(ctx)
+	defer func() { err = g.finish("QueryEvents", id, start, err) }()
+	if err != nil {
+		return nil, err
+	}
+	f := req.GetFilter()
+	if f == nil {
+		f = &mailboxv1.EventFilter{}
+	}
+	if err := ValidateFilter(f); err != nil {
+		return nil, status.Error(codes.InvalidArgument, "filter."+err.Error())
+	}
+	return src.Query(ctx, f)
+}
+
+// GetEvent answers one item by message id.
+func (g *GRPCServer) GetEvent(ctx context.Context, req *mailboxv1.GetEventRequest) (_ *mailboxv1.GetEventResponse, err error) {
+	start := time.Now()
+	id, src, _, err := g.resolve(ctx)
+	defer func() { err = g.finish("GetEvent", id, start, err) }()
+	if err != nil {
+		return nil, err
+	}
+	if req.GetMessageId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "message_id: required")
+	}
+	item, err := src.Get(ctx, req.GetMessageId())
+	if err != nil {
+		if code(err) == codes.NotFound {
+			return nil, status.Errorf(codes.NotFound, "message_id %q not found in mailbox %q", req.GetMessageId(), id)
+		}
+		return nil, err
+	}
+	return &mailboxv1.GetEventResponse{Item: item}, nil
+}
+
+// GetStats answers the mailbox's totals, with its id and epoch filled in.
+func (g *GRPCServer) GetStats(ctx context.Context, _ *mailboxv1.GetStatsRequest) (_ *mailboxv1.GetStatsResponse, err error) {
+	start := time.Now()
+	id, src, epoch, err := g.resolve(ctx)
+	defer func() { err = g.finish("GetStats", id, start, err) }()
+	if err != nil {
+		return nil, err
+	}
+	st, err := stats(ctx, id, epoch, src)
+	if err != nil {
+		return nil, err
+	}
+	return &mailboxv1.GetStatsResponse{Stats: st}, nil
+}
+
+func stats(ctx context.Context, id string, epoch uint64, src Source) (*mailboxv1.MailboxStats, error) {
+	st, err := src.Stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st.MailboxId = id
+	st.Epoch = epoch
+	return st, nil
+}

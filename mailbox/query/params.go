@@ -1,0 +1,121 @@
+package query
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prism-mesh/prism/mailbox/store"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// queryParams are the parameters GET /v1/mailboxes/{id}/events accepts; any
+// other is rejected so a typo ("principals=") is not silently ignored.
+var queryParams = []string{"topic", "principal", "correlation_id", "trace_id", "start", "end", "limit", "page_token"}
+
+// ParseFilter turns HTTP query parameters into an EventFilter. topic and
+// principal may repeat and hold comma-separated values; start and end are RFC
+// 3339 times or unix milliseconds; limit is clamped to store.MaxLimit. Every
+// error names its parameter.
+func ParseFilter(q url.Values) (*mailboxv1.EventFilter, error) {
+	for k := range q {
+		if !slices.Contains(queryParams, k) {
+			return nil, fmt.Errorf("%s: unknown parameter (accepted: %v)", strconv.Quote(k), queryParams)
+		}
+	}
+	f := &mailboxv1.EventFilter{}
+	var err error
+	if f.Topics, err = list(q, "topic"); err != nil {
+		return nil, err
+	}
+	if f.Principals, err = list(q, "principal"); err != nil {
+		return nil, err
+	}
+	if f.CorrelationId, err = single(q, "correlation_id"); err != nil {
+		return nil, err
+	}
+	if f.TraceId, err = single(q, "trace_id"); err != nil {
+		return nil, err
+	}
+	if f.PageToken, err = single(q, "page_token"); err != nil {
+		return nil, err
+	}
+	if f.StartTime, err = timeParam(q, "start"); err != nil {
+		return nil, err
+	}
+	if f.EndTime, err = timeParam(q, "end"); err != nil {
+		return nil, err
+	}
+	if f.StartTime != nil && f.EndTime != nil && !f.StartTime.AsTime().Before(f.EndTime.AsTime()) {
+		return nil, errors.New("start: must be before end")
+	}
+	s, err := single(q, "limit")
+	if err != nil {
+		return nil, err
+	}
+	if s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("limit: want a whole number from 0 to %d, got %q", store.MaxLimit, s)
+		}
+		f.Limit = int32(min(n, store.MaxLimit))
+	}
+	return f, nil
+}
+
+func list(q url.Values, name string) ([]string, error) {
+	vals := splitValues(q[name])
+	for _, v := range vals {
+		if v == "" {
+			return nil, fmt.Errorf("%s: empty value", name)
+		}
+	}
+	if len(vals) > store.MaxFilterValues {
+		return nil, fmt.Errorf("%s: at most %d values, got %d", name, store.MaxFilterValues, len(vals))
+	}
+	return vals, nil
+}
+
+func single(q url.Values, name string) (string, error) {
+	vals := q[name]
+	switch {
+	case len(vals) > 1:
+		return "", fmt.Errorf("%s: given %d times, want at most once", name, len(vals))
+	case len(vals) == 1 && vals[0] == "":
+		return "", fmt.Errorf("%s: empty value", name)
+	case len(vals) == 1:
+		return vals[0], nil
+	}
+	return "", nil
+}
+
+// Unix milliseconds outside this range are surely a unit mistake (seconds or
+// nanoseconds) or garbage, and would overflow a timestamp.
+const maxUnixMillis = 253402300799999 // 9999-12-31T23:59:59.999Z
+
+func timeParam(q url.Values, name string) (*timestamppb.Timestamp, error) {
+	s, err := single(q, name)
+	if err != nil || s == "" {
+		return nil, err
+	}
+	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if ms < 0 || ms > maxUnixMillis {
+			return nil, fmt.Errorf("%s: unix milliseconds out of range: %d", name, ms)
+		}
+		return timestamppb.New(time.UnixMilli(ms)), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return nil, fmt.Errorf("%s: want an RFC 3339 time or unix milliseconds, got %q", name, s)
+	}
+	ts := timestamppb.New(t)
+	if err := ts.CheckValid(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return ts, nil
+}

@@ -1,0 +1,136 @@
+// Package query serves mailboxes over gRPC (prism.mailbox.v1.MailboxQuery,
+// mailbox named by x-mailbox-id metadata) and HTTP/JSON (/v1/mailboxes/{id}/…).
+// It finds mailboxes through a Mailboxes lookup, so the set of hosted
+// mailboxes can change while the servers run.
+package query
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+
+	"github.com/prism-mesh/prism/mailbox/store"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// Source is a mailbox's read side; *store.Store is one.
+type Source interface {
+	Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1.QueryEventsResponse, error)
+	Get(ctx context.Context, messageID string) (*mailboxv1.MailboxItem, error)
+	Stats(ctx context.Context) (*mailboxv1.MailboxStats, error)
+}
+
+// Mailboxes finds the mailboxes a runner serves right now.
+type Mailboxes interface {
+	// Mailbox returns the mailbox's read side and the lease epoch it is served
+	// under (0 without a lease), or ok=false if it is not served here.
+	Mailbox(id string) (src Source, epoch uint64, ok bool)
+}
+
+// Response headers naming the mailbox (and its epoch, when known) that answered.
+const (
+	HeaderMailbox = "x-prism-mailbox"
+	HeaderEpoch   = "x-prism-epoch"
+	// MetadataMailboxID is the gRPC request metadata key naming the mailbox.
+	MetadataMailboxID = "x-mailbox-id"
+)
+
+// ValidateFilter checks what the store does not: timestamps in range, a
+// non-empty range, no empty values. Errors name the field.
+func ValidateFilter(f *mailboxv1.EventFilter) error {
+	if f.GetLimit() < 0 {
+		return fmt.Errorf("limit: must not be negative, got %d", f.GetLimit())
+	}
+	if ts := f.GetStartTime(); ts != nil {
+		if err := ts.CheckValid(); err != nil {
+			return fmt.Errorf("start_time: %w", err)
+		}
+	}
+	if ts := f.GetEndTime(); ts != nil {
+		if err := ts.CheckValid(); err != nil {
+			return fmt.Errorf("end_time: %w", err)
+		}
+	}
+	if f.GetStartTime() != nil && f.GetEndTime() != nil && !f.GetStartTime().AsTime().Before(f.GetEndTime().AsTime()) {
+		return errors.New("start_time: must be before end_time")
+	}
+	for field, vals := range map[string][]string{"topics": f.GetTopics(), "principals": f.GetPrincipals()} {
+		if len(vals) > store.MaxFilterValues {
+			return fmt.Errorf("%s: at most %d values, got %d", field, store.MaxFilterValues, len(vals))
+		}
+		for _, v := range vals {
+			if v == "" {
+				return fmt.Errorf("%s: empty value", field)
+			}
+		}
+	}
+	return nil
+}
+
+// code maps a store error to the gRPC code both servers report (HTTP maps the
+// code to a status).
+func code(err error) codes.Code {
+	switch {
+	case err == nil:
+		return codes.OK
+	case errors.Is(err, store.ErrNotFound):
+		return codes.NotFound
+	case errors.Is(err, store.ErrInvalidFilter):
+		return codes.InvalidArgument
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	}
+	return codes.Internal
+}
+
+// Metrics are the query figures of every mailbox on one registry.
+type Metrics struct {
+	latency *prometheus.HistogramVec
+	served  *prometheus.CounterVec
+}
+
+// NewMetrics registers the query metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "prism_mailbox_query_seconds",
+			Help:    "Query latency by API (grpc, http) and method.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"api", "method"}),
+		served: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_mailbox_queries_total",
+			Help: "Queries answered for a hosted mailbox, by API, method and gRPC code.",
+		}, []string{"mailbox", "api", "method", "code"}),
+	}
+	reg.MustRegister(m.latency, m.served)
+	return m
+}
+
+// observe records one request; mailbox is "" when the request named no hosted
+// mailbox, which keeps made-up ids out of the label set.
+func (m *Metrics) observe(api, method, mailbox string, start time.Time, c codes.Code) {
+	m.latency.WithLabelValues(api, method).Observe(time.Since(start).Seconds())
+	if mailbox != "" {
+		m.served.WithLabelValues(mailbox, api, method, c.String()).Inc()
+	}
+}
+
+// Forget drops a closed mailbox's series.
+func (m *Metrics) Forget(mailbox string) {
+	m.served.DeletePartialMatch(prometheus.Labels{"mailbox": mailbox})
+}
+
+func splitValues(vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		out = append(out, strings.Split(v, ",")...)
+	}
+	return out
+}

@@ -1,0 +1,320 @@
+package query
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prism-mesh/prism/mailbox/envelope"
+	"github.com/prism-mesh/prism/mailbox/store"
+	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+const mailboxID = "$admin@proxy-01"
+
+type staticMailboxes map[string]Source
+
+func (m staticMailboxes) Mailbox(id string) (Source, uint64, bool) {
+	s, ok := m[id]
+	return s, 7, ok
+}
+
+// fixture is a mailbox with 5 items (m-0 oldest … m-4 newest) behind real
+// HTTP and gRPC servers on loopback.
+type fixture struct {
+	httpURL string
+	grpc    mailboxv1.MailboxQueryClient
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	st, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var items []*mailboxv1.MailboxItem
+	for i := range 5 {
+		env := &envelopev1.PrismEnvelope{
+			EnvelopeVersion: 1,
+			Metadata: &envelopev1.PrismMetadata{
+				MessageId: fmt.Sprintf("m-%d", i), Topic: []string{"a.events", "b.events"}[i%2],
+				PublishedAt: timestamppb.New(base.Add(time.Duration(i) * time.Second)), CorrelationId: "c-1",
+			},
+			Security: &envelopev1.SecurityContext{PublisherId: fmt.Sprintf("user-%d", i%3)},
+		}
+		raw, _ := proto.Marshal(env)
+		item, err := envelope.Process(raw, envelope.Strict, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		items = append(items, item)
+	}
+	if _, err := st.Write(context.Background(), items); err != nil {
+		t.Fatal(err)
+	}
+	mb := staticMailboxes{mailboxID: st}
+	m := NewMetrics(prometheus.NewRegistry())
+	hs := httptest.NewServer(NewHTTPHandler(mb, m))
+	t.Cleanup(hs.Close)
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	NewGRPCServer(mb, m).Register(gs)
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return &fixture{httpURL: hs.URL, grpc: mailboxv1.NewMailboxQueryClient(cc)}
+}
+
+func (f *fixture) get(t *testing.T, path string) (int, http.Header, map[string]any) {
+	t.Helper()
+	resp, err := http.Get(f.httpURL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var body map[string]any
+	if err := json.Unmarshal(b, &body); err != nil {
+		t.Fatalf("GET %s: body is not JSON: %q", path, b)
+	}
+	return resp.StatusCode, resp.Header, body
+}
+
+func TestHTTP(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	esc := url.PathEscape(mailboxID) // "$admin@proxy-01" stays readable; also try fully encoded
+	tests := []struct {
+		name      string
+		path      string
+		status    int
+		errSubstr string   // for errors: the message must name this
+		wantIDs   []string // for event lists, in order
+	}{
+		{"all newest first", "/v1/mailboxes/" + esc + "/events", 200, "", []string{"m-4", "m-3", "m-2", "m-1", "m-0"}},
+		{"percent-encoded id", "/v1/mailboxes/%24admin%40proxy-01/events?limit=2", 200, "", []string{"m-4", "m-3"}},
+		{"topic filter", "/v1/mailboxes/" + esc + "/events?topic=a.events", 200, "", []string{"m-4", "m-2", "m-0"}},
+		{"principals comma and repeat", "/v1/mailboxes/" + esc + "/events?principal=user-0,user-1&principal=user-2&limit=1000000", 200, "", []string{"m-4", "m-3", "m-2", "m-1", "m-0"}},
+		{"time range rfc3339", "/v1/mailboxes/" + esc + "/events?start=2026-01-02T03:04:06Z&end=2026-01-02T03:04:08Z", 200, "", []string{"m-2", "m-1"}},
+		{"time range millis", fmt.Sprintf("/v1/mailboxes/%s/events?start=%d", esc, time.Date(2026, 1, 2, 3, 4, 8, 0, time.UTC).UnixMilli()), 200, "", []string{"m-4", "m-3"}},
+		{"unknown mailbox", "/v1/mailboxes/nope@proxy-01/events", 404, "nope@proxy-01", nil},
+		{"bad limit", "/v1/mailboxes/" + esc + "/events?limit=ten", 400, "limit", nil},
+		{"negative limit", "/v1/mailboxes/" + esc + "/events?limit=-1", 400, "limit", nil},
+		{"bad start", "/v1/mailboxes/" + esc + "/events?start=yesterday", 400, "start", nil},
+		{"end before start", "/v1/mailboxes/" + esc + "/events?start=2000&end=1000", 400, "start", nil},
+		{"bad page token", "/v1/mailboxes/" + esc + "/events?page_token=%21%21", 400, "page_token", nil},
+		{"repeated trace id", "/v1/mailboxes/" + esc + "/events?trace_id=a&trace_id=b", 400, "trace_id", nil},
+		{"empty principal", "/v1/mailboxes/" + esc + "/events?principal=a,", 400, "principal", nil},
+		{"unknown param", "/v1/mailboxes/" + esc + "/events?principals=a", 400, "principals", nil},
+		{"unknown event", "/v1/mailboxes/" + esc + "/events/nope", 404, "nope", nil},
+		{"unknown endpoint", "/v1/mailboxes/" + esc + "/whatever", 404, "whatever", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			status, hdr, body := f.get(t, tc.path)
+			if status != tc.status {
+				t.Fatalf("status = %d, want %d (body %v)", status, tc.status, body)
+			}
+			if tc.errSubstr != "" {
+				msg, _ := body["error"].(string)
+				if !strings.Contains(msg, tc.errSubstr) {
+					t.Fatalf("error %q does not name %q", msg, tc.errSubstr)
+				}
+				return
+			}
+			if hdr.Get(HeaderMailbox) != mailboxID || hdr.Get(HeaderEpoch) != "7" {
+				t.Errorf("headers %s=%q %s=%q", HeaderMailbox, hdr.Get(HeaderMailbox), HeaderEpoch, hdr.Get(HeaderEpoch))
+			}
+			var got []string
+			for _, it := range body["items"].([]any) {
+				got = append(got, it.(map[string]any)["message_id"].(string))
+			}
+			if strings.Join(got, ",") != strings.Join(tc.wantIDs, ",") {
+				t.Fatalf("ids = %v, want %v", got, tc.wantIDs)
+			}
+		})
+	}
+}
+
+func TestHTTPEventAndStats(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	status, _, body := f.get(t, "/v1/mailboxes/%24admin%40proxy-01/events/m-3")
+	if status != 200 {
+		t.Fatalf("status %d: %v", status, body)
+	}
+	item := body["item"].(map[string]any)
+	if item["message_id"] != "m-3" || item["principal"] != "user-0" || item["envelope_blob"] == "" {
+		t.Fatalf("item = %v", item)
+	}
+	env, _ := item["envelope"].(map[string]any)
+	if env["metadata"].(map[string]any)["message_id"] != "m-3" {
+		t.Fatalf("decoded envelope = %v", env)
+	}
+	status, _, body = f.get(t, "/v1/mailboxes/"+mailboxID+"/stats")
+	if status != 200 || body["total_events"] != float64(5) || body["mailbox_id"] != mailboxID || body["epoch"] != float64(7) {
+		t.Fatalf("stats %d %v", status, body)
+	}
+}
+
+func TestHTTPPagination(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	var got []string
+	token := ""
+	for range 10 {
+		q := url.Values{"limit": {"2"}}
+		if token != "" {
+			q.Set("page_token", token)
+		}
+		status, _, body := f.get(t, "/v1/mailboxes/"+url.PathEscape(mailboxID)+"/events?"+q.Encode())
+		if status != 200 {
+			t.Fatalf("status %d %v", status, body)
+		}
+		for _, it := range body["items"].([]any) {
+			got = append(got, it.(map[string]any)["message_id"].(string))
+		}
+		token, _ = body["next_page_token"].(string)
+		if token == "" {
+			break
+		}
+	}
+	if strings.Join(got, ",") != "m-4,m-3,m-2,m-1,m-0" {
+		t.Fatalf("pages gave %v", got)
+	}
+}
+
+func TestGRPC(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	withID := func(id string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(), MetadataMailboxID, id)
+	}
+	tests := []struct {
+		name string
+		call func() error
+		code codes.Code
+		msg  string
+	}{
+		{"no metadata", func() error {
+			_, err := f.grpc.QueryEvents(context.Background(), &mailboxv1.QueryEventsRequest{})
+			return err
+		}, codes.InvalidArgument, MetadataMailboxID},
+		{"unknown mailbox", func() error {
+			_, err := f.grpc.GetStats(withID("nope@proxy-01"), &mailboxv1.GetStatsRequest{})
+			return err
+		}, codes.NotFound, "nope@proxy-01"},
+		{"negative limit", func() error {
+			_, err := f.grpc.QueryEvents(withID(mailboxID), &mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{Limit: -1}})
+			return err
+		}, codes.InvalidArgument, "limit"},
+		{"bad page token", func() error {
+			_, err := f.grpc.QueryEvents(withID(mailboxID), &mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{PageToken: "!!"}})
+			return err
+		}, codes.InvalidArgument, "page_token"},
+		{"empty range", func() error {
+			ts := timestamppb.Now()
+			_, err := f.grpc.QueryEvents(withID(mailboxID), &mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{StartTime: ts, EndTime: ts}})
+			return err
+		}, codes.InvalidArgument, "start_time"},
+		{"empty topic", func() error {
+			_, err := f.grpc.QueryEvents(withID(mailboxID), &mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{Topics: []string{""}}})
+			return err
+		}, codes.InvalidArgument, "topics"},
+		{"unknown event", func() error {
+			_, err := f.grpc.GetEvent(withID(mailboxID), &mailboxv1.GetEventRequest{MessageId: "nope"})
+			return err
+		}, codes.NotFound, "nope"},
+		{"no message id", func() error {
+			_, err := f.grpc.GetEvent(withID(mailboxID), &mailboxv1.GetEventRequest{})
+			return err
+		}, codes.InvalidArgument, "message_id"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := tc.call()
+			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+				t.Fatalf("err = %v, want %s naming %q", err, tc.code, tc.msg)
+			}
+		})
+	}
+
+	var hdr metadata.MD
+	resp, err := f.grpc.QueryEvents(withID(mailboxID), &mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{Principals: []string{"user-1"}}}, grpc.Header(&hdr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Items) != 2 || resp.Items[0].MessageId != "m-4" || resp.Items[1].MessageId != "m-1" {
+		t.Fatalf("items = %v", resp.Items)
+	}
+	if got := hdr.Get(HeaderMailbox); len(got) != 1 || got[0] != mailboxID {
+		t.Fatalf("header %s = %v", HeaderMailbox, got)
+	}
+	st, err := f.grpc.GetStats(withID(mailboxID), &mailboxv1.GetStatsRequest{})
+	if err != nil || st.Stats.TotalEvents != 5 || st.Stats.MailboxId != mailboxID || st.Stats.Epoch != 7 {
+		t.Fatalf("stats = %v, %v", st, err)
+	}
+}
+
+// FuzzParseFilter checks that no query string panics the parser and that an
+// accepted one gives a filter the store accepts as valid, or an error naming a
+// parameter.
+func FuzzParseFilter(f *testing.F) {
+	for _, s := range []string{
+		"topic=a,b&principal=u&principal=v,w&limit=5",
+		"start=2026-01-02T03:04:05Z&end=1767323045000",
+		"correlation_id=c&trace_id=t&page_token=abc",
+		"limit=99999999999999999999", "start=-1", "principal=,", "x=1", "%zz",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		q, err := url.ParseQuery(raw)
+		if err != nil {
+			return
+		}
+		filter, err := ParseFilter(q)
+		if err != nil {
+			if !strings.Contains(err.Error(), ":") {
+				t.Fatalf("error names no parameter: %v", err)
+			}
+			return
+		}
+		if filter.Limit < 0 || filter.Limit > store.MaxLimit {
+			t.Fatalf("limit %d out of range", filter.Limit)
+		}
+		if err := ValidateFilter(filter); err != nil {
+			t.Fatalf("accepted query gives invalid filter: %v", err)
+		}
+	})
+}
