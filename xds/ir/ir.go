@@ -64,8 +64,6 @@ type Mailbox struct {
 	RunnerID string `json:"runnerId"`
 	// Epoch is the lease's fencing token, sent to clients in x-prism-epoch.
 	Epoch uint64 `json:"epoch"`
-	// Partition is crc32(namespace) % 256, carried into route metadata.
-	Partition uint32 `json:"partition"`
 }
 
 // Alias routes /v1/namespaces/{Namespace}/ to a mailbox.
@@ -84,7 +82,6 @@ var (
 	ErrMailboxID       = errors.New("mailbox id must be {namespace}@{proxy_id}")
 	ErrNamespace       = errors.New("namespace must match " + namespacePattern)
 	ErrEpoch           = errors.New("epoch must be positive")
-	ErrPartition       = errors.New("partition must be below 256")
 	ErrDuplicate       = errors.New("duplicate")
 	ErrUnknownRunner   = errors.New("unknown runner")
 	ErrUnknownMailbox  = errors.New("unknown mailbox")
@@ -209,9 +206,6 @@ func (m Mailbox) Validate() error {
 	}
 	if m.Epoch == 0 {
 		errs = append(errs, ErrEpoch)
-	}
-	if m.Partition >= 256 {
-		errs = append(errs, ErrPartition)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("mailbox %q: %w", m.ID, err)

@@ -15,8 +15,8 @@ func valid() *IR {
 			{ID: "runner-a", Address: "10.0.0.1:8982", Healthy: true},
 		},
 		Mailboxes: []Mailbox{
-			{ID: "audit-logs@proxy-02", Namespace: "audit-logs", RunnerID: "runner-b", Epoch: 5, Partition: 155},
-			{ID: "$admin@proxy-01", Namespace: "$admin", RunnerID: "runner-a", Epoch: 3, Partition: 42},
+			{ID: "audit-logs@proxy-02", Namespace: "audit-logs", RunnerID: "runner-b", Epoch: 5},
+			{ID: "$admin@proxy-01", Namespace: "$admin", RunnerID: "runner-a", Epoch: 3},
 		},
 		Aliases: []Alias{{Namespace: "audit-logs", MailboxID: "audit-logs@proxy-02"}},
 	}
@@ -38,8 +38,7 @@ func TestValidate(t *testing.T) {
 		{name: "bad runner id", mutate: func(x *IR) { x.Runners[1].ID = "a/b" }, want: []error{ErrRunnerID, ErrUnknownRunner}},
 		{name: "mailbox id without proxy", mutate: func(x *IR) { x.Mailboxes[1].ID = "$admin" }, want: []error{ErrMailboxID}},
 		{name: "mailbox namespace mismatch", mutate: func(x *IR) { x.Mailboxes[1].Namespace = "other" }, want: []error{ErrMailboxID}},
-		{name: "zero epoch and bad partition", mutate: func(x *IR) { x.Mailboxes[1].Epoch = 0; x.Mailboxes[1].Partition = 256 },
-			want: []error{ErrEpoch, ErrPartition}},
+		{name: "zero epoch", mutate: func(x *IR) { x.Mailboxes[1].Epoch = 0 }, want: []error{ErrEpoch}},
 		{name: "duplicate mailbox", mutate: func(x *IR) { x.Mailboxes = append(x.Mailboxes, x.Mailboxes[0]) }, want: []error{ErrDuplicate},
 			kept: func(x *IR) bool { return len(x.Mailboxes) == 2 }},
 		{name: "alias to unknown mailbox", mutate: func(x *IR) { x.Aliases[0].MailboxID = "audit-logs@proxy-09" }, want: []error{ErrUnknownMailbox}},

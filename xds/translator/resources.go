@@ -1,0 +1,241 @@
+package translator
+
+import (
+	"fmt"
+	"time"
+
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/prism-mesh/prism/xds/ir"
+)
+
+// toAny packs m deterministically: a map inside (the access log format) must
+// not reorder between translations, or every push would look like a change.
+func toAny(m proto.Message) (*anypb.Any, error) {
+	a := &anypb.Any{}
+	if err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true}); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// ads is where every dynamic resource comes from: the one ADS stream.
+func ads() *corev3.ConfigSource {
+	return &corev3.ConfigSource{
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+	}
+}
+
+// edsCluster is the shape every cluster shares: EDS over ADS, HTTP/2 to the
+// upstream (both MailboxQuery gRPC and the runners' h2c HTTP API), gRPC health
+// checks and outlier detection for Envoy (grpc-go ignores the former).
+func edsCluster(name string) *clusterv3.Cluster {
+	h2, _ := toAny(&upstreamhttpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+			ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
+				ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+					Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
+				},
+			},
+		},
+	})
+	return &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads()},
+		ConnectTimeout:       durationpb.New(connectTimeout),
+		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{
+			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": h2,
+		},
+		HealthChecks: []*corev3.HealthCheck{{
+			Timeout:            durationpb.New(time.Second),
+			Interval:           durationpb.New(5 * time.Second),
+			UnhealthyThreshold: wrapperspb.UInt32(2),
+			HealthyThreshold:   wrapperspb.UInt32(1),
+			HealthChecker:      &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{}},
+		}},
+		// A runner that refuses connections is taken out quickly; with one
+		// host per cluster Envoy's panic threshold still routes to it, so
+		// ejection never turns a flaky runner into a guaranteed 503.
+		OutlierDetection: &clusterv3.OutlierDetection{
+			ConsecutiveGatewayFailure:          wrapperspb.UInt32(3),
+			EnforcingConsecutiveGatewayFailure: wrapperspb.UInt32(100),
+			BaseEjectionTime:                   durationpb.New(5 * time.Second),
+			MaxEjectionPercent:                 wrapperspb.UInt32(100),
+		},
+	}
+}
+
+func loadAssignment(cluster string, eps []*endpointv3.LbEndpoint) *endpointv3.ClusterLoadAssignment {
+	la := &endpointv3.ClusterLoadAssignment{ClusterName: cluster}
+	if len(eps) > 0 {
+		// grpc-go ignores localities without a weight.
+		la.Endpoints = []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints:         eps,
+			LoadBalancingWeight: wrapperspb.UInt32(1),
+		}}
+	}
+	return la
+}
+
+func lbEndpoint(addr string, healthy bool) *endpointv3.LbEndpoint {
+	host, port, _ := splitAddress(addr) // ir.Valid checked the form
+	status := corev3.HealthStatus_HEALTHY
+	if !healthy {
+		status = corev3.HealthStatus_UNHEALTHY
+	}
+	return &endpointv3.LbEndpoint{
+		HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+			Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+				Address:       host,
+				PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
+			}}},
+		}},
+		HealthStatus: status,
+	}
+}
+
+func runnerCluster(r ir.Runner) (*clusterv3.Cluster, *endpointv3.ClusterLoadAssignment) {
+	name := ClusterName(r.ID)
+	return edsCluster(name), loadAssignment(name, []*endpointv3.LbEndpoint{lbEndpoint(r.Address, r.Healthy)})
+}
+
+func notFoundCluster(addrs []string) (*clusterv3.Cluster, *endpointv3.ClusterLoadAssignment) {
+	eps := make([]*endpointv3.LbEndpoint, 0, len(addrs))
+	for _, a := range addrs {
+		eps = append(eps, lbEndpoint(a, true))
+	}
+	return edsCluster(NotFoundCluster), loadAssignment(NotFoundCluster, eps)
+}
+
+func regex(re string) *matcherv3.RegexMatcher { return &matcherv3.RegexMatcher{Regex: re} }
+
+func exactHeader(name, value string) *routev3.HeaderMatcher {
+	return &routev3.HeaderMatcher{
+		Name: name,
+		HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+			MatchPattern: &matcherv3.StringMatcher_Exact{Exact: value},
+		}},
+	}
+}
+
+func router() (*hcmv3.HttpFilter, error) {
+	cfg, err := toAny(&routerv3.Router{})
+	if err != nil {
+		return nil, err
+	}
+	return &hcmv3.HttpFilter{Name: wellknown.Router, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: cfg}}, nil
+}
+
+func rds() *hcmv3.HttpConnectionManager_Rds {
+	return &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{ConfigSource: ads(), RouteConfigName: RouteConfigName}}
+}
+
+// accessLogFormat is one JSON line per request with the mailbox and the
+// runner that answered.
+var accessLogFormat = map[string]any{
+	"start":     "%START_TIME%",
+	"method":    "%REQ(:METHOD)%",
+	"path":      "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+	"status":    "%RESPONSE_CODE%",
+	"grpc":      "%GRPC_STATUS%",
+	"mailbox":   "%REQ(X-MAILBOX-ID)%",
+	"cluster":   "%UPSTREAM_CLUSTER%",
+	"upstream":  "%UPSTREAM_HOST%",
+	"duration":  "%DURATION%",
+	"flags":     "%RESPONSE_FLAGS%",
+	"bytes_out": "%BYTES_SENT%",
+}
+
+func gatewayListener(addr string) (*listenerv3.Listener, error) {
+	host, port, err := splitAddress(addr)
+	if err != nil {
+		return nil, fmt.Errorf("listener %s: %w", GatewayListenerName, err)
+	}
+	rf, err := router()
+	if err != nil {
+		return nil, err
+	}
+	format, err := structpb.NewStruct(accessLogFormat)
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := toAny(&streamv3.StdoutAccessLog{AccessLogFormat: &streamv3.StdoutAccessLog_LogFormat{
+		LogFormat: &corev3.SubstitutionFormatString{Format: &corev3.SubstitutionFormatString_JsonFormat{JsonFormat: format}},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	hcm := &hcmv3.HttpConnectionManager{
+		StatPrefix: GatewayListenerName,
+		// AUTO serves HTTP/1.1 for curl and h2c for gRPC clients on one port.
+		CodecType:      hcmv3.HttpConnectionManager_AUTO,
+		RouteSpecifier: rds(),
+		HttpFilters:    []*hcmv3.HttpFilter{rf},
+		AccessLog: []*accesslogv3.AccessLog{{
+			Name:       "envoy.access_loggers.stdout",
+			ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: stdout},
+		}},
+	}
+	if err := hcm.ValidateAll(); err != nil {
+		return nil, fmt.Errorf("listener %s connection manager: %w", GatewayListenerName, err)
+	}
+	hcmAny, err := toAny(hcm)
+	if err != nil {
+		return nil, err
+	}
+	return &listenerv3.Listener{
+		Name: GatewayListenerName,
+		Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+			Address:       host,
+			PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
+		}}},
+		FilterChains: []*listenerv3.FilterChain{{
+			Filters: []*listenerv3.Filter{{
+				Name:       wellknown.HTTPConnectionManager,
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcmAny},
+			}},
+		}},
+	}, nil
+}
+
+func apiListener() (*listenerv3.Listener, error) {
+	rf, err := router()
+	if err != nil {
+		return nil, err
+	}
+	hcm := &hcmv3.HttpConnectionManager{
+		StatPrefix:     "mailbox_query",
+		RouteSpecifier: rds(),
+		HttpFilters:    []*hcmv3.HttpFilter{rf},
+	}
+	if err := hcm.ValidateAll(); err != nil {
+		return nil, fmt.Errorf("listener %s connection manager: %w", APIListenerName, err)
+	}
+	hcmAny, err := toAny(hcm)
+	if err != nil {
+		return nil, err
+	}
+	return &listenerv3.Listener{
+		Name:        APIListenerName,
+		ApiListener: &listenerv3.ApiListener{ApiListener: hcmAny},
+	}, nil
+}

@@ -1,0 +1,335 @@
+// Package translator turns the routing IR into Envoy v3 resources. Translate
+// is a pure function: the same IR always gives byte-identical resources.
+//
+// Resource layout (shared by the Envoy gateway and proxyless grpc-go):
+//   - one EDS Cluster per runner ("runner/{id}") and its ClusterLoadAssignment;
+//   - the "prism/notfound" EDS cluster: the admin nodes' xds/notfound service;
+//   - one RouteConfiguration "mailbox-routes" with one virtual host;
+//   - the socket Listener "gateway" (Envoy) and the API Listener
+//     "mailbox-query" (grpc-go, target xds:///mailbox-query), both on RDS
+//     "mailbox-routes" over ADS.
+//
+// The route table is one resource sent whole on every change, and grpc-go's
+// xDS client refuses messages over 4 MiB, so routes carry nothing optional:
+// no names, no metadata (about 290 bytes per mailbox with 24-character ids,
+// 2.9 MB at 10,000 mailboxes). Sharding the table is the next step past that.
+//
+// Route order matters because the first match wins:
+//  1. per mailbox, header x-mailbox-id exact → its runner. First, so a gRPC
+//     call (path /prism.mailbox.v1.MailboxQuery/...) matches without grpc-go
+//     evaluating any path regex;
+//  2. per mailbox, path /v1/mailboxes/{id}/... with "$" and "@" raw or
+//     percent-encoded → its runner;
+//  3. per namespace alias, /v1/namespaces/{ns}/... → the current mailbox's
+//     runner, the path rewritten to /v1/mailboxes/{id}/... because runners only
+//     serve that form;
+//  4. any other MailboxQuery call → "prism/notfound", whose server answers
+//     NotFound. A direct response cannot serve gRPC: grpc-go fails RPCs that
+//     match a non-forwarding route with UNAVAILABLE;
+//  5. everything else → a direct 404 with a JSON body (the HTTP gateway).
+package translator
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-mesh/prism/xds/ir"
+)
+
+// Names shared with clients and the admin.
+const (
+	// RouteConfigName is the one RouteConfiguration both listeners use.
+	RouteConfigName = "mailbox-routes"
+	// APIListenerName is the listener grpc-go resolves for xds:///mailbox-query.
+	APIListenerName = "mailbox-query"
+	// GatewayListenerName is the Envoy gateway's socket listener.
+	GatewayListenerName = "gateway"
+	// NotFoundCluster is served by the admin nodes (xds/notfound).
+	NotFoundCluster = "prism/notfound"
+	// MailboxHeader names the mailbox of a gRPC call or HTTP request.
+	MailboxHeader = "x-mailbox-id"
+	// MailboxResponseHeader and EpochResponseHeader tell a client who answered.
+	MailboxResponseHeader = "x-prism-mailbox"
+	EpochResponseHeader   = "x-prism-epoch"
+	// MailboxQueryPrefix is the gRPC path prefix of prism.mailbox.v1.MailboxQuery.
+	MailboxQueryPrefix = "/prism.mailbox.v1.MailboxQuery/"
+	// NotFoundBody is the gateway's answer for a request no route knows.
+	NotFoundBody = `{"error":{"code":404,"status":"NOT_FOUND","message":"no such mailbox or namespace"}}`
+)
+
+// ClusterName is the cluster of the runner with the given id.
+func ClusterName(runnerID string) string { return "runner/" + runnerID }
+
+// Resources is the translator's output, each list sorted by name.
+type Resources struct {
+	Listeners []*listenerv3.Listener
+	Routes    []*routev3.RouteConfiguration
+	Clusters  []*clusterv3.Cluster
+	Endpoints []*endpointv3.ClusterLoadAssignment
+}
+
+// ByType returns the resources keyed by xDS type URL, as snapshots want them.
+func (r *Resources) ByType() map[resource.Type][]types.Resource {
+	out := map[resource.Type][]types.Resource{}
+	for _, l := range r.Listeners {
+		out[resource.ListenerType] = append(out[resource.ListenerType], l)
+	}
+	for _, rc := range r.Routes {
+		out[resource.RouteType] = append(out[resource.RouteType], rc)
+	}
+	for _, c := range r.Clusters {
+		out[resource.ClusterType] = append(out[resource.ClusterType], c)
+	}
+	for _, e := range r.Endpoints {
+		out[resource.EndpointType] = append(out[resource.EndpointType], e)
+	}
+	return out
+}
+
+type validator interface {
+	proto.Message
+	ValidateAll() error
+}
+
+// Translate converts x into Envoy resources. It keeps going past a bad object:
+// the object is left out, its error joined into the returned error, and the
+// resources for everything else are returned. The error is nil only when the
+// whole IR translated.
+func Translate(x *ir.IR) (*Resources, error) {
+	if x == nil {
+		return nil, errors.New("translate: nil IR")
+	}
+	v, irErr := x.Valid()
+	errs := []error{}
+	if irErr != nil {
+		errs = append(errs, irErr)
+	}
+	out := &Resources{}
+	runners := map[string]bool{}
+
+	add := func(what string, m validator, keep func()) bool {
+		if err := m.ValidateAll(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+			return false
+		}
+		keep()
+		return true
+	}
+
+	nf, nfLA := notFoundCluster(v.NotFound)
+	add("cluster "+NotFoundCluster, nf, func() { out.Clusters = append(out.Clusters, nf) })
+	add("endpoints "+NotFoundCluster, nfLA, func() { out.Endpoints = append(out.Endpoints, nfLA) })
+	for _, r := range v.Runners {
+		c, la := runnerCluster(r)
+		if err := la.ValidateAll(); err != nil {
+			errs = append(errs, fmt.Errorf("runner %q endpoints: %w", r.ID, err))
+			continue
+		}
+		if add("runner "+strconv.Quote(r.ID)+" cluster", c, func() { out.Clusters = append(out.Clusters, c) }) {
+			out.Endpoints = append(out.Endpoints, la)
+			runners[r.ID] = true
+		}
+	}
+	// Clusters sort by name: "prism/..." sorts before "runner/...", and runners
+	// are already sorted by id.
+
+	rc, rcErrs := routeConfig(v, runners)
+	errs = append(errs, rcErrs...)
+	add("route configuration", rc, func() { out.Routes = append(out.Routes, rc) })
+
+	gw, err := gatewayListener(v.Gateway.Address)
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		add("listener "+GatewayListenerName, gw, func() { out.Listeners = append(out.Listeners, gw) })
+	}
+	api, err := apiListener()
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		add("listener "+APIListenerName, api, func() { out.Listeners = append(out.Listeners, api) })
+	}
+	// Listeners sort by name: "gateway" < "mailbox-query".
+	if err := errors.Join(errs...); err != nil {
+		return out, fmt.Errorf("translate version %d: %w", x.Version, err)
+	}
+	return out, nil
+}
+
+func routeConfig(v *ir.IR, runners map[string]bool) (*routev3.RouteConfiguration, []error) {
+	var errs []error
+	byID := map[string]ir.Mailbox{}
+	var headerRoutes, pathRoutes, aliasRoutes []*routev3.Route
+	for _, m := range v.Mailboxes {
+		if !runners[m.RunnerID] {
+			errs = append(errs, fmt.Errorf("mailbox %q: runner %q has no cluster", m.ID, m.RunnerID))
+			continue
+		}
+		hr, pr := headerRoute(m), pathRoute(m)
+		if err := errors.Join(hr.ValidateAll(), pr.ValidateAll()); err != nil {
+			errs = append(errs, fmt.Errorf("mailbox %q routes: %w", m.ID, err))
+			continue
+		}
+		byID[m.ID] = m
+		headerRoutes = append(headerRoutes, hr)
+		pathRoutes = append(pathRoutes, pr)
+	}
+	for _, a := range v.Aliases {
+		m, ok := byID[a.MailboxID]
+		if !ok {
+			errs = append(errs, fmt.Errorf("alias %q: mailbox %q has no route", a.Namespace, a.MailboxID))
+			continue
+		}
+		r := aliasRoute(a, m)
+		if err := r.ValidateAll(); err != nil {
+			errs = append(errs, fmt.Errorf("alias %q route: %w", a.Namespace, err))
+			continue
+		}
+		aliasRoutes = append(aliasRoutes, r)
+	}
+	routes := make([]*routev3.Route, 0, len(headerRoutes)+len(pathRoutes)+len(aliasRoutes)+2)
+	routes = append(routes, headerRoutes...)
+	routes = append(routes, pathRoutes...)
+	routes = append(routes, aliasRoutes...)
+	routes = append(routes, notFoundGRPCRoute(), notFoundHTTPRoute())
+	return &routev3.RouteConfiguration{
+		Name: RouteConfigName,
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    "mailboxes",
+			Domains: []string{"*"},
+			Routes:  routes,
+		}},
+		// Runners add no x-prism-* headers of their own; drop any a client or
+		// upstream sends so the ones we add are the only ones.
+		ResponseHeadersToRemove: []string{MailboxResponseHeader, EpochResponseHeader},
+	}, errs
+}
+
+func headerRoute(m ir.Mailbox) *routev3.Route {
+	return &routev3.Route{
+		Match: &routev3.RouteMatch{
+			PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
+			Headers:       []*routev3.HeaderMatcher{exactHeader(MailboxHeader, m.ID)},
+		},
+		Action:               routeTo(m.RunnerID),
+		ResponseHeadersToAdd: whoAnswered(m),
+	}
+}
+
+func pathRoute(m ir.Mailbox) *routev3.Route {
+	return &routev3.Route{
+		Match: &routev3.RouteMatch{
+			PathSpecifier: &routev3.RouteMatch_SafeRegex{SafeRegex: regex(
+				"/v1/mailboxes/" + pathSegmentRegex(m.ID) + "/.*")},
+		},
+		Action:               routeTo(m.RunnerID),
+		ResponseHeadersToAdd: whoAnswered(m),
+	}
+}
+
+func aliasRoute(a ir.Alias, m ir.Mailbox) *routev3.Route {
+	action := routeTo(m.RunnerID)
+	// The runner serves /v1/mailboxes/{id}/... only, so the alias is rewritten
+	// rather than forwarded as is.
+	action.Route.RegexRewrite = &matcherv3.RegexMatchAndSubstitute{
+		Pattern:      regex(`^/v1/namespaces/[^/]+/`),
+		Substitution: "/v1/mailboxes/" + escapeSubstitution(m.ID) + "/",
+	}
+	return &routev3.Route{
+		Match: &routev3.RouteMatch{
+			PathSpecifier: &routev3.RouteMatch_SafeRegex{SafeRegex: regex(
+				"/v1/namespaces/" + pathSegmentRegex(a.Namespace) + "/.*")},
+		},
+		Action:               action,
+		ResponseHeadersToAdd: whoAnswered(m),
+	}
+}
+
+func notFoundGRPCRoute() *routev3.Route {
+	return &routev3.Route{
+		Name:   "mailbox-query-not-found",
+		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: MailboxQueryPrefix}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: NotFoundCluster}}},
+	}
+}
+
+func notFoundHTTPRoute() *routev3.Route {
+	return &routev3.Route{
+		Name:  "not-found",
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+			Status: 404,
+			Body:   &corev3.DataSource{Specifier: &corev3.DataSource_InlineString{InlineString: NotFoundBody}},
+		}},
+		ResponseHeadersToAdd: []*corev3.HeaderValueOption{{
+			Header:       &corev3.HeaderValue{Key: "content-type", Value: "application/json"},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}},
+	}
+}
+
+func routeTo(runnerID string) *routev3.Route_Route {
+	return &routev3.Route_Route{Route: &routev3.RouteAction{
+		ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterName(runnerID)},
+	}}
+}
+
+func whoAnswered(m ir.Mailbox) []*corev3.HeaderValueOption {
+	return []*corev3.HeaderValueOption{
+		{Header: &corev3.HeaderValue{Key: MailboxResponseHeader, Value: m.ID}},
+		{Header: &corev3.HeaderValue{Key: EpochResponseHeader, Value: strconv.FormatUint(m.Epoch, 10)}},
+	}
+}
+
+// pathSegmentRegex matches s in a URL path with each "$" and "@" either raw
+// or percent-encoded (%24, %40), so curl's raw form and encodeURIComponent's
+// both route. The other characters ir allows are unreserved and never encoded.
+func pathSegmentRegex(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '$':
+			b.WriteString(`(?:\$|%24)`)
+		case '@':
+			b.WriteString(`(?:@|%40)`)
+		default:
+			b.WriteString(regexp.QuoteMeta(string(r)))
+		}
+	}
+	return b.String()
+}
+
+// escapeSubstitution escapes backslashes, the only character RE2 treats
+// specially in a substitution.
+func escapeSubstitution(s string) string { return strings.ReplaceAll(s, `\`, `\\`) }
+
+func splitAddress(addr string) (string, uint32, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", port, err)
+	}
+	return host, uint32(p), nil
+}
+
+// connectTimeout bounds a connection attempt to a runner: runners are on the
+// same network, so a slow connect means a dead one.
+const connectTimeout = 2 * time.Second

@@ -1,0 +1,150 @@
+package translator
+
+import (
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/yaml"
+
+	"github.com/prism-mesh/prism/xds/ir"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden outputs in testdata")
+
+// TestTranslateGolden translates every testdata/*.in.yaml and compares each
+// resource type with its golden file; a new case is a new input file.
+func TestTranslateGolden(t *testing.T) {
+	t.Parallel()
+	inputs, err := filepath.Glob("testdata/*.in.yaml")
+	if err != nil || len(inputs) == 0 {
+		t.Fatalf("no inputs: %v", err)
+	}
+	for _, in := range inputs {
+		name := strings.TrimSuffix(in, ".in.yaml")
+		t.Run(filepath.Base(name), func(t *testing.T) {
+			t.Parallel()
+			x := readIR(t, in)
+			res, terr := Translate(x)
+			if res == nil {
+				t.Fatalf("Translate returned no resources: %v", terr)
+			}
+			golden(t, name+".errors.txt", errorText(terr))
+			golden(t, name+".listeners.yaml", toYAML(t, res.Listeners))
+			golden(t, name+".routes.yaml", toYAML(t, res.Routes))
+			golden(t, name+".clusters.yaml", toYAML(t, res.Clusters))
+			golden(t, name+".endpoints.yaml", toYAML(t, res.Endpoints))
+
+			snap, err := cache.NewSnapshot("1", res.ByType())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := snap.Consistent(); err != nil {
+				t.Errorf("snapshot not consistent: %v", err)
+			}
+			again, _ := Translate(x)
+			if !sameResources(res, again) {
+				t.Error("two translations of the same IR differ")
+			}
+		})
+	}
+}
+
+func readIR(t *testing.T, path string) *ir.IR {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var x ir.IR
+	if err := yaml.UnmarshalStrict(b, &x); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return &x
+}
+
+func errorText(err error) []byte {
+	if err == nil {
+		return nil
+	}
+	return []byte(err.Error() + "\n")
+}
+
+func toYAML[M proto.Message](t *testing.T, msgs []M) []byte {
+	t.Helper()
+	list := make([]json.RawMessage, 0, len(msgs))
+	for _, m := range msgs {
+		b, err := protojson.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, b)
+	}
+	j, err := json.Marshal(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := yaml.JSONToYAML(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return y
+}
+
+// golden compares got with the file; an empty got means the file must not
+// exist (used for the errors of a valid IR).
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if len(got) == 0 {
+			if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+			return
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if os.IsNotExist(err) && len(got) == 0 {
+		return
+	}
+	if err != nil {
+		t.Fatalf("%v (run go test ./xds/translator -update)", err)
+	}
+	if string(want) != string(got) {
+		t.Errorf("%s differs (run go test ./xds/translator -update and review the diff):\n--- got\n%s", path, got)
+	}
+}
+
+func sameResources(a, b *Resources) bool {
+	eq := func(x, y []proto.Message) bool {
+		if len(x) != len(y) {
+			return false
+		}
+		for i := range x {
+			if !proto.Equal(x[i], y[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return eq(msgs(a.Listeners), msgs(b.Listeners)) && eq(msgs(a.Routes), msgs(b.Routes)) &&
+		eq(msgs(a.Clusters), msgs(b.Clusters)) && eq(msgs(a.Endpoints), msgs(b.Endpoints))
+}
+
+func msgs[M proto.Message](in []M) []proto.Message {
+	out := make([]proto.Message, len(in))
+	for i, m := range in {
+		out[i] = m
+	}
+	return out
+}
