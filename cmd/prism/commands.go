@@ -4,5 +4,7 @@ import "github.com/spf13/cobra"
 
 // subcommands lists every subcommand; each lives in its own file.
 func subcommands() []*cobra.Command {
-	return []*cobra.Command{}
+	return []*cobra.Command{
+		injectCommand(),
+	}
 }
