@@ -234,7 +234,7 @@ func encodePageToken(p pos) string {
 
 func decodePageToken(s string) (pos, error) {
 	var p pos
-	b, err := base64.RawURLEncoding.DecodeString(s)
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s)
 	if err != nil {
 		return p, fmt.Errorf("not base64url: %v", err)
 	}

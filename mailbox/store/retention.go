@@ -40,7 +40,7 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		vs, err := s.collectVictims(cutoff, retentionChunk)
+		vs, err := s.collectVictims(cutoff, s.chunk)
 		if err != nil {
 			return res, fmt.Errorf("retention: %w", err)
 		}
@@ -54,7 +54,7 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 		for _, v := range vs {
 			res.DeletedBytes += v.bytes
 		}
-		if len(vs) < retentionChunk {
+		if len(vs) < s.chunk {
 			break
 		}
 	}

@@ -71,6 +71,8 @@ type Store struct {
 	// mmu guards m, so Stats does not wait behind a write's fsync.
 	mmu sync.Mutex
 	m   meta
+
+	chunk int // items per retention transaction; retentionChunk except in tests
 }
 
 const (
@@ -90,13 +92,14 @@ func Open(opts Options) (*Store, error) {
 		WithDetectConflicts(false).
 		// Every commit is fsynced: a returned Write must survive kill -9 (Kafka offsets are committed after it).
 		WithSyncWrites(true).
-		// Envelopes (about 1 KiB) go to the value log; the LSM tree holds only keys and small values.
-		WithValueThreshold(256).
 		WithNumCompactors(2).
 		WithMetricsEnabled(false)
 	if opts.InMemory {
 		bo = bo.WithDir("").WithValueDir("").WithInMemory(true).WithMemTableSize(16 << 20).WithBlockCacheSize(8 << 20)
 	} else {
+		// Envelopes (about 1 KiB) go to the value log; the LSM tree holds only keys and small values. (In memory
+		// there is no value log, so values stay in the tree.)
+		bo = bo.WithValueThreshold(256)
 		if opts.Dir == "" {
 			return nil, errors.New("open store: Dir is empty")
 		}
@@ -111,7 +114,7 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
 	}
-	s := &Store{opts: opts, log: log, db: db}
+	s := &Store{opts: opts, log: log, db: db, chunk: retentionChunk}
 	if err := db.View(func(txn *badger.Txn) error {
 		it, err := txn.Get(metaKey)
 		if errors.Is(err, badger.ErrKeyNotFound) {

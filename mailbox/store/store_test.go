@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -15,9 +16,12 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+var quiet = slog.New(slog.DiscardHandler)
+
 func openMem(t *testing.T, opts Options) *Store {
 	t.Helper()
 	opts.InMemory = true
+	opts.Logger = quiet
 	s, err := Open(opts)
 	if err != nil {
 		t.Fatalf("open: %v", err)
@@ -29,6 +33,7 @@ func openMem(t *testing.T, opts Options) *Store {
 func openDir(t *testing.T, dir string, opts Options) *Store {
 	t.Helper()
 	opts.Dir = dir
+	opts.Logger = quiet
 	s, err := Open(opts)
 	if err != nil {
 		t.Fatalf("open %s: %v", dir, err)

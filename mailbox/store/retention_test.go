@@ -1,0 +1,240 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	badger "github.com/dgraph-io/badger/v4"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// rawKeys lists every live key of the store by its first byte, straight from Badger.
+func rawKeys(t *testing.T, s *Store) map[byte][][]byte {
+	t.Helper()
+	out := map[byte][][]byte{}
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			k := it.Item().KeyCopy(nil)
+			out[k[0]] = append(out[k[0]], k)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func seqItems(n int, blob int) []*mailboxv1.MailboxItem {
+	items := make([]*mailboxv1.MailboxItem, n)
+	for i := range items {
+		it := item(fmt.Sprintf("m-%05d", i), int64(i))
+		it.Topic = fmt.Sprintf("topic-%d", i%3)
+		it.Principal = fmt.Sprintf("user-%d", i%7)
+		it.EnvelopeBlob = make([]byte, blob)
+		items[i] = it
+	}
+	return items
+}
+
+// checkOnlyNewest asserts that exactly the items with timestamp >= keepFrom remain, with no stray key of any
+// deleted item: primary keys, message-id entries and all four indexes are counted from the raw key space.
+func checkOnlyNewest(t *testing.T, s *Store, items []*mailboxv1.MailboxItem, keepFrom int64) {
+	t.Helper()
+	var kept, indexKeys int
+	for _, it := range items {
+		_, err := s.Get(context.Background(), it.GetMessageId())
+		if it.GetTimestamp() >= keepFrom {
+			kept++
+			indexKeys += 4 // every test item has topic, principal, correlation and trace id
+			if err != nil {
+				t.Errorf("kept item %s: %v", it.GetMessageId(), err)
+			}
+		} else if !errors.Is(err, ErrNotFound) {
+			t.Errorf("deleted item %s: got %v, want ErrNotFound", it.GetMessageId(), err)
+		}
+	}
+	keys := rawKeys(t, s)
+	if got := len(keys[prefixItem]); got != kept {
+		t.Errorf("%d primary keys, want %d", got, kept)
+	}
+	if got := len(keys[prefixMsgID]); got != kept {
+		t.Errorf("%d message-id keys, want %d", got, kept)
+	}
+	if got := len(keys[prefixIndex]); got != indexKeys {
+		t.Errorf("%d index keys, want %d", got, indexKeys)
+	}
+	for _, k := range keys[prefixIndex] {
+		var p pos
+		copy(p[:], k[len(k)-posLen:])
+		if p.ts() < keepFrom {
+			t.Errorf("index key %q still points at deleted item at %d", k, p.ts())
+		}
+	}
+	st, err := s.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetTotalEvents() != int64(kept) {
+		t.Errorf("stats: %d events, want %d", st.GetTotalEvents(), kept)
+	}
+	if kept > 0 && st.GetOldestEvent().AsTime().UnixMilli() != keepFrom {
+		t.Errorf("oldest %v, want %d", st.GetOldestEvent().AsTime().UnixMilli(), keepFrom)
+	}
+}
+
+func TestRetainByAge(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		maxAge   time.Duration
+		now      time.Time
+		keepFrom int64
+	}{
+		{"nothing old", time.Hour, time.UnixMilli(999), 0},
+		{"half old", 500 * time.Millisecond, time.UnixMilli(1000), 500},
+		{"cutoff between milliseconds", 500 * time.Millisecond, time.UnixMilli(1000).Add(300 * time.Microsecond), 501},
+		{"everything old", time.Millisecond, time.UnixMilli(5000), 1 << 62},
+		{"no max age keeps all", 0, time.UnixMilli(1 << 40), 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := openMem(t, Options{MaxAge: tc.maxAge})
+			s.chunk = 37 // many transactions, one partial
+			items := seqItems(1000, 10)
+			mustWrite(t, s, items...)
+			res, err := s.RetainOnce(context.Background(), tc.now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantDeleted := int(min(tc.keepFrom, 1000))
+			if res.Deleted != wantDeleted || res.DeletedBytes != int64(wantDeleted*10) {
+				t.Errorf("result %+v, want %d deleted, %d bytes", res, wantDeleted, wantDeleted*10)
+			}
+			checkOnlyNewest(t, s, items, tc.keepFrom)
+			if again, err := s.RetainOnce(context.Background(), tc.now); err != nil || again.Deleted != 0 {
+				t.Errorf("second pass: %+v, %v", again, err)
+			}
+		})
+	}
+}
+
+func TestRetainBySize(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		maxSize  int64
+		keepFrom int64
+	}{
+		{"under the bound", 100_000, 0},
+		{"exactly at the bound", 10_000, 0},
+		{"one byte over keeps 999", 9_999, 1},
+		{"keeps the newest 250", 2_500, 750},
+		{"keeps the newest 250 with slack", 2_509, 750},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := openMem(t, Options{MaxSize: tc.maxSize})
+			s.chunk = 64
+			items := seqItems(1000, 10)
+			mustWrite(t, s, items...)
+			if _, err := s.RetainOnce(context.Background(), time.UnixMilli(0)); err != nil {
+				t.Fatal(err)
+			}
+			checkOnlyNewest(t, s, items, tc.keepFrom)
+			st, _ := s.Stats(context.Background())
+			if st.GetTotalBytes() > tc.maxSize {
+				t.Errorf("%d bytes stored, bound %d", st.GetTotalBytes(), tc.maxSize)
+			}
+		})
+	}
+}
+
+// TestRetainAgeThenSize: age runs first, then size trims further among the young.
+func TestRetainAgeThenSize(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{MaxAge: time.Second, MaxSize: 1000})
+	items := seqItems(1000, 10)
+	mustWrite(t, s, items...)
+	res, err := s.RetainOnce(context.Background(), time.UnixMilli(1500))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != 900 {
+		t.Errorf("deleted %d, want 900", res.Deleted)
+	}
+	checkOnlyNewest(t, s, items, 900)
+}
+
+// TestRetainBigBatches crosses Badger's transaction size limit on both write and delete, so both split.
+func TestRetainBigBatches(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{MaxAge: time.Millisecond})
+	items := seqItems(6000, 1024)
+	if res := mustWrite(t, s, items...); res.Stored != len(items) {
+		t.Fatalf("stored %d of %d", res.Stored, len(items))
+	}
+	res, err := s.RetainOnce(context.Background(), time.UnixMilli(1<<40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != len(items) {
+		t.Errorf("deleted %d of %d", res.Deleted, len(items))
+	}
+	checkOnlyNewest(t, s, items, 1<<62)
+}
+
+// TestRedeliveryAfterRetention pins the documented trade-off: once an item has aged out, its message id may be
+// stored again.
+func TestRedeliveryAfterRetention(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{MaxAge: time.Second})
+	mustWrite(t, s, item("old", 0))
+	if _, err := s.RetainOnce(context.Background(), time.UnixMilli(10_000)); err != nil {
+		t.Fatal(err)
+	}
+	if res := mustWrite(t, s, item("old", 0)); res.Stored != 1 {
+		t.Errorf("redelivery after retention: %+v", res)
+	}
+}
+
+func TestRunRetention(t *testing.T) {
+	t.Parallel()
+	s := openDir(t, filepath.Join(t.TempDir(), "mbox"), Options{MaxAge: time.Minute})
+	defer s.Close()
+	mustWrite(t, s, seqItems(100, 2048)...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		s.RunRetention(ctx, 5*time.Millisecond, func() time.Time { return time.UnixMilli(50).Add(time.Minute) })
+		close(done)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := s.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetTotalEvents() == 50 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retention loop did not delete: %d events", st.GetTotalEvents())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("RunRetention did not return after cancel")
+	}
+}
