@@ -265,7 +265,6 @@ func TestQueryRejectsBadFilters(t *testing.T) {
 	}
 }
 
-
 func TestPageTokenRoundTrip(t *testing.T) {
 	t.Parallel()
 	for _, p := range []pos{makePos(0, 0), makePos(-1, 7), makePos(1<<62, 1<<63), {}} {
