@@ -1,0 +1,205 @@
+package cache
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/prism-mesh/prism/xds/ir"
+	"github.com/prism-mesh/prism/xds/translator"
+)
+
+// fakeClock fires After channels only when the test advances it.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	arms    int
+	waiters []waiter
+}
+
+type waiter struct {
+	at time.Time
+	ch chan time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.arms++
+	ch := make(chan time.Time, 1)
+	c.waiters = append(c.waiters, waiter{at: c.now.Add(d), ch: ch})
+	return ch
+}
+
+func (c *fakeClock) Arms() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.arms
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	kept := c.waiters[:0]
+	for _, w := range c.waiters {
+		if w.at.After(c.now) {
+			kept = append(kept, w)
+			continue
+		}
+		w.ch <- c.now
+	}
+	c.waiters = kept
+}
+
+func state(version uint64, epoch uint64) *ir.IR {
+	return &ir.IR{
+		Version:   version,
+		Gateway:   ir.Gateway{Address: "127.0.0.1:8080"},
+		Runners:   []ir.Runner{{ID: "runner-01", Address: "127.0.0.1:9001", Healthy: true}},
+		Mailboxes: []ir.Mailbox{{ID: "audit@proxy-01", Namespace: "audit", RunnerID: "runner-01", Epoch: epoch}},
+	}
+}
+
+type harness struct {
+	t     *testing.T
+	clock *fakeClock
+	cache *Cache
+	u     *Updater
+	reg   *prometheus.Registry
+}
+
+func start(t *testing.T) *harness {
+	t.Helper()
+	h := &harness{t: t, clock: newFakeClock(), cache: New(slog.New(slog.NewTextHandler(io.Discard, nil))), reg: prometheus.NewRegistry()}
+	h.u = NewUpdater(h.cache, UpdaterConfig{Debounce: 10 * time.Millisecond, MaxDelay: 25 * time.Millisecond,
+		Clock: h.clock, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: h.reg})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = h.u.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return h
+}
+
+// update hands x over and waits until Run has armed its timer for it.
+func (h *harness) update(x *ir.IR) {
+	h.t.Helper()
+	before := h.clock.Arms()
+	h.u.Update(x)
+	h.eventually(func() bool { return h.clock.Arms() > before }, "timer armed")
+}
+
+func (h *harness) eventually(cond func() bool, what string) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (h *harness) translations(result string) float64 {
+	return testutil.ToFloat64(h.u.translations.WithLabelValues(result))
+}
+
+func TestUpdaterCoalescesBurst(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	for v := uint64(1); v <= 5; v++ {
+		h.u.Update(state(v, v))
+	}
+	h.eventually(func() bool { return h.clock.Arms() > 0 }, "timer armed")
+	h.clock.Advance(10 * time.Millisecond)
+	h.eventually(func() bool { return h.cache.Version() == "5" }, "version 5 served")
+	if got := h.translations("ok"); got != 1 {
+		t.Fatalf("translations = %v, want 1 for a burst of 5", got)
+	}
+	if got := testutil.ToFloat64(h.u.coalesced); got != 4 {
+		t.Fatalf("coalesced = %v, want 4", got)
+	}
+	if at, ok := h.u.StampedAt("5"); !ok || !at.Equal(time.Unix(1_700_000_000, 0)) {
+		t.Fatalf("StampedAt(5) = %v %v, want the first update's time", at, ok)
+	}
+}
+
+func TestUpdaterSkipsUnchangedState(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	h.update(state(1, 1))
+	h.clock.Advance(10 * time.Millisecond)
+	h.eventually(func() bool { return h.cache.Version() == "1" }, "version 1 served")
+
+	// A heartbeat advances the applied index but changes no route.
+	h.update(state(2, 1))
+	h.clock.Advance(10 * time.Millisecond)
+	h.eventually(func() bool { return h.translations("unchanged") == 1 }, "unchanged state skipped")
+	if v := h.cache.Version(); v != "1" {
+		t.Fatalf("served version = %s after an unchanged state, want 1", v)
+	}
+
+	h.update(state(3, 3))
+	h.clock.Advance(10 * time.Millisecond)
+	h.eventually(func() bool { return h.cache.Version() == "3" }, "version 3 served")
+}
+
+func TestUpdaterMaxDelayBoundsSteadyStream(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	// An update every 6 ms never lets the 10 ms debounce expire; the 25 ms
+	// bound must push anyway.
+	for i := range 4 {
+		h.update(state(uint64(i+1), uint64(i+1)))
+		if i < 3 {
+			h.clock.Advance(6 * time.Millisecond)
+			if v := h.cache.Version(); v != "" {
+				t.Fatalf("pushed version %s at %d ms, before the debounce or max delay", v, 6*(i+1))
+			}
+		}
+	}
+	h.clock.Advance(7 * time.Millisecond)
+	h.eventually(func() bool { return h.cache.Version() == "4" }, "push at max delay")
+}
+
+func TestUpdaterServesGoodPartOfInvalidState(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	x := state(7, 7)
+	x.Mailboxes = append(x.Mailboxes, ir.Mailbox{ID: "orphan@proxy-09", Namespace: "orphan", RunnerID: "gone", Epoch: 1})
+	h.update(x)
+	h.clock.Advance(10 * time.Millisecond)
+	h.eventually(func() bool { return h.cache.Version() == "7" }, "version 7 served")
+	if got := h.translations("error"); got != 1 {
+		t.Fatalf("error translations = %v, want 1", got)
+	}
+	snap, err := h.cache.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, ok := snap.GetResources(resource.RouteType)[translator.RouteConfigName].(*routev3.RouteConfiguration)
+	if !ok {
+		t.Fatal("no route configuration served")
+	}
+	// The good mailbox keeps its header and path routes next to the two
+	// not-found routes.
+	if n := len(rc.GetVirtualHosts()[0].GetRoutes()); n != 4 {
+		t.Fatalf("routes = %d, want 4", n)
+	}
+}
