@@ -6,5 +6,7 @@ import "github.com/spf13/cobra"
 func subcommands() []*cobra.Command {
 	return []*cobra.Command{
 		injectCommand(),
+		runnerCommand(),
+		devCommand(),
 	}
 }

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+
+	"github.com/prism-mesh/prism/mailbox/envelope"
+	"github.com/prism-mesh/prism/mailbox/runner"
+)
+
+// runnerFlags are the settings of one runner hosting one mailbox, shared by
+// `prism runner` and `prism dev`.
+type runnerFlags struct {
+	mailbox    string
+	kafka      string
+	topics     []string
+	dataDir    string
+	grpcAddr   string
+	httpAddr   string
+	validation string
+	maxAge     time.Duration
+	maxSize    string
+	batchSize  int
+	batchWait  time.Duration
+	logLevel   string
+	logFormat  string
+}
+
+func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
+	fs := cmd.Flags()
+	fs.StringVar(&f.mailbox, "mailbox", defaults.mailbox, "mailbox id to host, {namespace}@{proxy_id}")
+	fs.StringVar(&f.kafka, "kafka", defaults.kafka, "Kafka bootstrap brokers, comma-separated host:port")
+	fs.StringArrayVar(&f.topics, "topic", defaults.topics, "topic to consume (repeatable)")
+	fs.StringVar(&f.dataDir, "data-dir", defaults.dataDir, "directory for the mailbox stores")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", defaults.grpcAddr, "gRPC listen address (MailboxQuery, health)")
+	fs.StringVar(&f.httpAddr, "http-addr", defaults.httpAddr, "HTTP listen address (query API, /metrics, /healthz, /readyz)")
+	fs.StringVar(&f.validation, "validation", "strict", "envelope validation: strict, warn or disabled")
+	fs.DurationVar(&f.maxAge, "max-age", 0, "retention: delete events older than this (0 keeps them)")
+	fs.StringVar(&f.maxSize, "max-size", "0", "retention: bound on stored envelope bytes, e.g. 10GiB (0 is unbounded)")
+	fs.IntVar(&f.batchSize, "batch-size", 0, "records per durable store write (0: default)")
+	fs.DurationVar(&f.batchWait, "batch-wait", 0, "longest a partial batch waits for more records (0: default)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&f.logFormat, "log-format", defaults.logFormat, "log format: json or text")
+}
+
+func (f *runnerFlags) logger() (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch f.logFormat {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want json or text", f.logFormat)
+}
+
+func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
+	mode, err := envelope.ParseMode(f.validation)
+	if err != nil {
+		return runner.MailboxConfig{}, fmt.Errorf("--validation: %w", err)
+	}
+	size, err := humanize.ParseBytes(f.maxSize)
+	if err != nil {
+		return runner.MailboxConfig{}, fmt.Errorf("--max-size: %w", err)
+	}
+	if f.mailbox == "" || len(f.topics) == 0 {
+		return runner.MailboxConfig{}, fmt.Errorf("--mailbox and at least one --topic are required")
+	}
+	return runner.MailboxConfig{ID: f.mailbox, Topics: f.topics, Mode: mode, MaxAge: f.maxAge, MaxSize: int64(size)}, nil
+}
+
+// start opens the runner with its mailbox and serves it on the flags'
+// addresses; the caller closes the runner.
+func (f *runnerFlags) start(log *slog.Logger, brokers []string) (*runner.Runner, string, error) {
+	mc, err := f.mailboxConfig()
+	if err != nil {
+		return nil, "", err
+	}
+	gl, err := net.Listen("tcp", f.grpcAddr)
+	if err != nil {
+		return nil, "", fmt.Errorf("--grpc-addr: %w", err)
+	}
+	hl, err := net.Listen("tcp", f.httpAddr)
+	if err != nil {
+		gl.Close()
+		return nil, "", fmt.Errorf("--http-addr: %w", err)
+	}
+	r, err := runner.New(runner.Config{DataDir: f.dataDir, Brokers: brokers, BatchSize: f.batchSize, BatchWait: f.batchWait, Logger: log})
+	if err != nil {
+		gl.Close()
+		hl.Close()
+		return nil, "", err
+	}
+	if err := r.Open(mc); err != nil {
+		gl.Close()
+		hl.Close()
+		r.Close()
+		return nil, "", err
+	}
+	r.Serve(gl, hl)
+	return r, hl.Addr().String(), nil
+}
+
+func splitBrokers(s string) []string {
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func runnerCommand() *cobra.Command {
+	var f runnerFlags
+	cmd := &cobra.Command{
+		Use:   "runner",
+		Short: "Consume a mailbox's Kafka topics into its store and serve queries",
+		Long: `runner hosts one mailbox: it consumes --topic from --kafka with consumer group = mailbox id,
+stores envelopes in Badger under --data-dir (committing offsets only after durable writes),
+dead-letters invalid ones to <topic>.dlq, and serves the query API over gRPC and HTTP.
+SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := f.logger()
+			if err != nil {
+				return err
+			}
+			brokers := splitBrokers(f.kafka)
+			if len(brokers) == 0 {
+				return fmt.Errorf("--kafka: no brokers")
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			r, _, err := f.start(log, brokers)
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			log.Info("signal received; stopping", "mailbox_id", f.mailbox)
+			return r.Close()
+		},
+	}
+	f.register(cmd, runnerFlags{kafka: "127.0.0.1:9092", dataDir: "data", grpcAddr: ":9090", httpAddr: ":8080", logFormat: "json"})
+	return cmd
+}

@@ -1,0 +1,403 @@
+// Package runner hosts a set of mailboxes (each a store fed by its own ingest)
+// and serves them: the query APIs, /metrics, /healthz, /readyz and gRPC health.
+// Mailboxes are opened and closed by id while the runner runs, which is what
+// the sidecar's control API drives; `prism runner` opens one from its flags.
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/prism-mesh/prism/mailbox/envelope"
+	"github.com/prism-mesh/prism/mailbox/ingest"
+	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mailbox/store"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// Config of a runner. Brokers and DataDir are shared by its mailboxes.
+type Config struct {
+	DataDir string
+	Brokers []string
+
+	BatchSize int            // ingest records per durable write; 0 = ingest default
+	BatchWait time.Duration  // 0 = ingest default
+	Sarama    *sarama.Config // nil = ingest.SaramaConfig()
+
+	RetentionInterval time.Duration // default 1m
+	ShutdownTimeout   time.Duration // bound on draining ingest and in-flight queries; default 10s
+
+	Registry *prometheus.Registry // nil = a new one with Go and process collectors
+	Logger   *slog.Logger         // nil = slog.Default()
+	Now      func() time.Time     // retention clock; nil = time.Now
+}
+
+// MailboxConfig names a mailbox, its topics and its store limits.
+type MailboxConfig struct {
+	ID      string
+	Topics  []string
+	Mode    envelope.Mode // "" = strict
+	MaxAge  time.Duration // 0 = keep forever
+	MaxSize int64         // bytes of envelopes; 0 = unbounded
+}
+
+// ErrNotOpen is returned for a mailbox id the runner does not host.
+var ErrNotOpen = errors.New("mailbox not open")
+
+type mailbox struct {
+	cfg          MailboxConfig
+	store        *store.Store
+	ingest       *ingest.Ingester
+	epoch        atomic.Uint64
+	stopRetain   context.CancelFunc
+	retainExited chan struct{}
+}
+
+// Runner hosts mailboxes by id.
+type Runner struct {
+	cfg       Config
+	log       *slog.Logger
+	reg       *prometheus.Registry
+	ingestM   *ingest.Metrics
+	queryM    *query.Metrics
+	health    *health.Server
+	grpc      *grpc.Server
+	http      *http.Server
+	stopWatch context.CancelFunc
+	watchDone chan struct{}
+
+	mu        sync.RWMutex
+	mailboxes map[string]*mailbox
+	closed    bool
+}
+
+// New makes a runner hosting no mailbox yet.
+func New(cfg Config) (*Runner, error) {
+	if cfg.DataDir == "" || len(cfg.Brokers) == 0 {
+		return nil, errors.New("runner: data dir and brokers are required")
+	}
+	if cfg.RetentionInterval <= 0 {
+		cfg.RetentionInterval = time.Minute
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	r := &Runner{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		reg:       cfg.Registry,
+		ingestM:   ingest.NewMetrics(cfg.Registry),
+		queryM:    query.NewMetrics(cfg.Registry),
+		health:    health.NewServer(),
+		mailboxes: map[string]*mailbox{},
+	}
+	r.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	return r, nil
+}
+
+// validID keeps a mailbox id usable as one directory name.
+func validID(id string) error {
+	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00") {
+		return fmt.Errorf("mailbox id %q: must be non-empty, not . or .., without / \\ or NUL", id)
+	}
+	return nil
+}
+
+// Dir is where the store of mailbox id lives under dataDir.
+func Dir(dataDir, id string) string {
+	return filepath.Join(dataDir, "mailboxes", url.PathEscape(id))
+}
+
+// Open opens mailbox mc's store and starts consuming its topics. Opening a
+// mailbox that is already open is an error: its config might differ.
+func (r *Runner) Open(mc MailboxConfig) error {
+	if err := validID(mc.ID); err != nil {
+		return err
+	}
+	if len(mc.Topics) == 0 {
+		return fmt.Errorf("open %s: no topics", mc.ID)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("open %s: runner closed", mc.ID)
+	}
+	if _, ok := r.mailboxes[mc.ID]; ok {
+		return fmt.Errorf("open %s: already open", mc.ID)
+	}
+	log := r.log.With("mailbox_id", mc.ID)
+	st, err := store.Open(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: log})
+	if err != nil {
+		return fmt.Errorf("open %s: %w", mc.ID, err)
+	}
+	ing, err := ingest.Start(ingest.Config{
+		MailboxID: mc.ID, Brokers: r.cfg.Brokers, Topics: mc.Topics, Mode: mc.Mode,
+		BatchSize: r.cfg.BatchSize, BatchWait: r.cfg.BatchWait, Sarama: r.cfg.Sarama,
+		DrainTimeout: r.cfg.ShutdownTimeout, Logger: r.log, Metrics: r.ingestM,
+	}, st)
+	if err != nil {
+		st.Close()
+		return fmt.Errorf("open %s: %w", mc.ID, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	mb := &mailbox{cfg: mc, store: st, ingest: ing, stopRetain: cancel, retainExited: make(chan struct{})}
+	go func() {
+		defer close(mb.retainExited)
+		if mc.MaxAge > 0 || mc.MaxSize > 0 {
+			st.RunRetention(ctx, r.cfg.RetentionInterval, r.cfg.Now)
+		}
+	}()
+	r.mailboxes[mc.ID] = mb
+	log.Info("mailbox opened", "topics", mc.Topics, "dir", Dir(r.cfg.DataDir, mc.ID), "max_age", mc.MaxAge, "max_size", mc.MaxSize)
+	return nil
+}
+
+// CloseMailbox stops consuming mailbox id (flushing and committing what was
+// fetched), stops serving it and closes its store.
+func (r *Runner) CloseMailbox(id string) error {
+	r.mu.Lock()
+	mb, ok := r.mailboxes[id]
+	delete(r.mailboxes, id)
+	r.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("close %s: %w", id, ErrNotOpen)
+	}
+	return r.closeMailbox(mb)
+}
+
+func (r *Runner) closeMailbox(mb *mailbox) error {
+	errIngest := mb.ingest.Close()
+	mb.stopRetain()
+	<-mb.retainExited
+	errStore := mb.store.Close()
+	r.queryM.Forget(mb.cfg.ID)
+	r.log.Info("mailbox closed", "mailbox_id", mb.cfg.ID, "epoch", mb.epoch.Load())
+	if err := errors.Join(errIngest, errStore); err != nil {
+		return fmt.Errorf("close %s: %w", mb.cfg.ID, err)
+	}
+	return nil
+}
+
+// SetEpoch records the lease epoch mailbox id is served under; queries and
+// stats then report it.
+func (r *Runner) SetEpoch(id string, epoch uint64) error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	mb, ok := r.mailboxes[id]
+	if !ok {
+		return fmt.Errorf("set epoch %s: %w", id, ErrNotOpen)
+	}
+	mb.epoch.Store(epoch)
+	return nil
+}
+
+// Mailbox implements query.Mailboxes.
+func (r *Runner) Mailbox(id string) (query.Source, uint64, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	mb, ok := r.mailboxes[id]
+	if !ok {
+		return nil, 0, false
+	}
+	return mb.store, mb.epoch.Load(), true
+}
+
+// Stats returns mailbox id's store totals with id and epoch filled in.
+func (r *Runner) Stats(ctx context.Context, id string) (*mailboxv1.MailboxStats, error) {
+	src, epoch, ok := r.Mailbox(id)
+	if !ok {
+		return nil, fmt.Errorf("stats %s: %w", id, ErrNotOpen)
+	}
+	st, err := src.Stats(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("stats %s: %w", id, err)
+	}
+	st.MailboxId, st.Epoch = id, epoch
+	return st, nil
+}
+
+// IDs lists the open mailboxes, sorted.
+func (r *Runner) IDs() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	ids := make([]string, 0, len(r.mailboxes))
+	for id := range r.mailboxes {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Ready reports whether the runner hosts at least one mailbox and every one
+// of them is in an active consumer group session.
+func (r *Runner) Ready() error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.closed {
+		return errors.New("runner closing")
+	}
+	if len(r.mailboxes) == 0 {
+		return errors.New("no mailbox open")
+	}
+	var notConsuming []string
+	for id, mb := range r.mailboxes {
+		if !mb.ingest.Consuming() {
+			notConsuming = append(notConsuming, id)
+		}
+	}
+	if len(notConsuming) > 0 {
+		slices.Sort(notConsuming)
+		return fmt.Errorf("not consuming yet: %s", strings.Join(notConsuming, ", "))
+	}
+	return nil
+}
+
+// Registry is where the runner's metrics live.
+func (r *Runner) Registry() *prometheus.Registry { return r.reg }
+
+// HTTPHandler serves the query API, /metrics, /healthz and /readyz.
+func (r *Runner) HTTPHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", query.NewHTTPHandler(r, r.queryM))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := r.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+// RegisterGRPC adds MailboxQuery and the gRPC health service to s.
+func (r *Runner) RegisterGRPC(s *grpc.Server) {
+	query.NewGRPCServer(r, r.queryM).Register(s)
+	healthpb.RegisterHealthServer(s, r.health)
+}
+
+// Serve answers gRPC on grpcLis and HTTP on httpLis until Close, and keeps
+// the gRPC health status in line with Ready.
+func (r *Runner) Serve(grpcLis, httpLis net.Listener) {
+	r.grpc = grpc.NewServer()
+	r.RegisterGRPC(r.grpc)
+	r.http = &http.Server{Handler: r.HTTPHandler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := r.grpc.Serve(grpcLis); err != nil {
+			r.log.Error("grpc server stopped", "err", err)
+		}
+	}()
+	go func() {
+		if err := r.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("http server stopped", "err", err)
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	r.stopWatch, r.watchDone = cancel, make(chan struct{})
+	go r.watchHealth(ctx)
+	r.log.Info("runner serving", "grpc_addr", grpcLis.Addr().String(), "http_addr", httpLis.Addr().String())
+}
+
+func (r *Runner) watchHealth(ctx context.Context) {
+	defer close(r.watchDone)
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		st := healthpb.HealthCheckResponse_SERVING
+		if r.Ready() != nil {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		r.health.SetServingStatus("", st)
+		r.health.SetServingStatus(mailboxv1.MailboxQuery_ServiceDesc.ServiceName, st)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Close stops every mailbox's ingest (flush, commit), then the servers, then
+// the stores.
+func (r *Runner) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	mbs := make([]*mailbox, 0, len(r.mailboxes))
+	for _, mb := range r.mailboxes {
+		mbs = append(mbs, mb)
+	}
+	r.mu.Unlock()
+	if r.stopWatch != nil {
+		r.stopWatch()
+		<-r.watchDone
+	}
+	r.health.Shutdown()
+
+	var wg sync.WaitGroup
+	ingestErrs := make([]error, len(mbs))
+	for i, mb := range mbs {
+		wg.Go(func() { ingestErrs[i] = mb.ingest.Close() })
+	}
+	wg.Wait()
+	errs := ingestErrs
+	if r.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+		errs = append(errs, r.http.Shutdown(ctx))
+		cancel()
+		stopGRPC(r.grpc, r.cfg.ShutdownTimeout)
+	}
+	r.mu.Lock()
+	r.mailboxes = map[string]*mailbox{}
+	r.mu.Unlock()
+	for _, mb := range mbs {
+		errs = append(errs, r.closeMailbox(mb))
+	}
+	return errors.Join(errs...)
+}
+
+// stopGRPC lets in-flight RPCs finish for up to d, then cuts them.
+func stopGRPC(s *grpc.Server, d time.Duration) {
+	done := make(chan struct{})
+	go func() { s.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		s.Stop()
+	}
+}
