@@ -1,0 +1,424 @@
+package fsm
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prism-mesh/prism/admin/placement"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Result types returned by Apply (as the raft.ApplyFuture's Response) for
+// the leader-internal commands; the client-facing commands return their RPC
+// response message.
+
+// ExpireResult lists the leases an ExpireLeasesCommand removed.
+type ExpireResult struct {
+	Expired []*adminv1.Lease
+}
+
+// CheckpointResult counts the checkpoints that still matched a lease.
+type CheckpointResult struct {
+	Applied int
+}
+
+// MarkStaleResult lists the proxies a MarkProxiesStaleCommand marked stale.
+type MarkStaleResult struct {
+	Marked []string
+}
+
+func validateRegisterProxy(cmd *adminv1.Command) error {
+	r := cmd.GetRegisterProxy().GetRegistration()
+	if r == nil {
+		return invalid("registration", "missing")
+	}
+	if err := ValidateProxyID(r.GetProxyId()); err != nil {
+		return err
+	}
+	if err := ValidateAddress("registration.address", r.GetAddress()); err != nil {
+		return err
+	}
+	if len(r.GetAdditionalAddresses()) > MaxLabels {
+		return invalid("registration.additional_addresses", "at most %d", MaxLabels)
+	}
+	for i, a := range r.GetAdditionalAddresses() {
+		if err := ValidateAddress(fmt.Sprintf("registration.additional_addresses[%d]", i), a); err != nil {
+			return err
+		}
+	}
+	if len(r.GetCapabilities()) > MaxLabels {
+		return invalid("registration.capabilities", "at most %d", MaxLabels)
+	}
+	for i, c := range r.GetCapabilities() {
+		if err := ValidateID(fmt.Sprintf("registration.capabilities[%d]", i), c); err != nil {
+			return err
+		}
+	}
+	for _, f := range []struct{ field, v string }{
+		{"registration.version", r.GetVersion()},
+		{"registration.region", r.GetRegion()},
+		{"registration.zone", r.GetZone()},
+	} {
+		if f.v != "" {
+			if err := ValidateID(f.field, f.v); err != nil {
+				return err
+			}
+		}
+	}
+	return validateLabels("registration.labels", r.GetLabels())
+}
+
+// applyRegisterProxy upserts the proxy as live. A new or returning proxy
+// changes the live set, so placement is recomputed.
+func applyRegisterProxy(tx *txn, cmd *adminv1.Command) (any, error) {
+	reg := cmd.GetRegisterProxy().GetRegistration()
+	id := reg.GetProxyId()
+	prev := tx.st.proxies[id]
+	p := &adminv1.Proxy{
+		Registration: proto.CloneOf(reg),
+		Status:       adminv1.ProxyStatus_PROXY_STATUS_LIVE,
+		RegisteredAt: cmd.GetNow(),
+		LastSeen:     cmd.GetNow(),
+	}
+	if prev != nil {
+		p.RegisteredAt = prev.GetRegisteredAt()
+		p.NamespaceHealth = prev.GetNamespaceHealth()
+	}
+	tx.putProxy(p)
+	if prev.GetStatus() != adminv1.ProxyStatus_PROXY_STATUS_LIVE {
+		tx.replace()
+	}
+	return &adminv1.RegisterProxyResponse{
+		Proxy:           proto.CloneOf(p),
+		Assignments:     tx.st.assignments(id),
+		PartitionRanges: tx.st.table.Ranges(id),
+		Index:           tx.index,
+	}, nil
+}
+
+func validateProxyHeartbeat(cmd *adminv1.Command) error {
+	hb := cmd.GetProxyHeartbeat()
+	if err := ValidateProxyID(hb.GetProxyId()); err != nil {
+		return err
+	}
+	if len(hb.GetNamespaceHealth()) > placement.Partitions*4 {
+		return invalid("namespace_health", "%d entries is too many", len(hb.GetNamespaceHealth()))
+	}
+	seen := map[string]bool{}
+	for i, h := range hb.GetNamespaceHealth() {
+		if err := ValidateNamespaceName(h.GetNamespace()); err != nil {
+			return fmt.Errorf("namespace_health[%d]: %w", i, err)
+		}
+		if seen[h.GetNamespace()] {
+			return invalid("namespace_health", "%q listed twice", h.GetNamespace())
+		}
+		seen[h.GetNamespace()] = true
+	}
+	return nil
+}
+
+// applyProxyHeartbeat refreshes last_seen; a stale proxy that heartbeats is
+// live again and takes its partitions back.
+func applyProxyHeartbeat(tx *txn, cmd *adminv1.Command) (any, error) {
+	hb := cmd.GetProxyHeartbeat()
+	prev, ok := tx.st.proxies[hb.GetProxyId()]
+	if !ok {
+		return nil, fmt.Errorf("heartbeat from %s: %w", hb.GetProxyId(), ErrProxyNotFound)
+	}
+	p := proto.CloneOf(prev)
+	p.Status = adminv1.ProxyStatus_PROXY_STATUS_LIVE
+	p.LastSeen = cmd.GetNow()
+	p.NamespaceHealth = make([]*adminv1.NamespaceHealth, len(hb.GetNamespaceHealth()))
+	for i, h := range hb.GetNamespaceHealth() {
+		p.NamespaceHealth[i] = proto.CloneOf(h)
+	}
+	sortBy(p.NamespaceHealth, (*adminv1.NamespaceHealth).GetNamespace)
+	tx.putProxy(p)
+	if prev.GetStatus() != adminv1.ProxyStatus_PROXY_STATUS_LIVE {
+		tx.replace()
+	}
+	return &adminv1.ProxyHeartbeatResponse{Proxy: proto.CloneOf(p), Index: tx.index}, nil
+}
+
+func validateMarkProxiesStale(cmd *adminv1.Command) error {
+	for i, r := range cmd.GetMarkProxiesStale().GetProxies() {
+		if err := ValidateProxyID(r.GetProxyId()); err != nil {
+			return fmt.Errorf("proxies[%d]: %w", i, err)
+		}
+		if r.GetLastSeen() == nil || r.GetLastSeen().CheckValid() != nil {
+			return invalid(fmt.Sprintf("proxies[%d].last_seen", i), "missing or malformed")
+		}
+	}
+	return nil
+}
+
+// applyMarkProxiesStale marks each named proxy stale only if it is live and
+// its last_seen is still the one the leader judged: a heartbeat applied in
+// between means the proxy is alive after all.
+func applyMarkProxiesStale(tx *txn, cmd *adminv1.Command) (any, error) {
+	res := &MarkStaleResult{}
+	for _, r := range cmd.GetMarkProxiesStale().GetProxies() {
+		prev, ok := tx.st.proxies[r.GetProxyId()]
+		if !ok || prev.GetStatus() != adminv1.ProxyStatus_PROXY_STATUS_LIVE || !proto.Equal(prev.GetLastSeen(), r.GetLastSeen()) {
+			continue
+		}
+		p := proto.CloneOf(prev)
+		p.Status = adminv1.ProxyStatus_PROXY_STATUS_STALE
+		tx.putProxy(p)
+		res.Marked = append(res.Marked, r.GetProxyId())
+	}
+	if len(res.Marked) > 0 {
+		tx.replace()
+	}
+	return res, nil
+}
+
+func validateCreateNamespace(cmd *adminv1.Command) error {
+	c := cmd.GetCreateNamespace()
+	if err := ValidateNamespaceName(c.GetNamespace()); err != nil {
+		return err
+	}
+	if p := c.GetRequestingProxy(); p != "" {
+		if err := ValidateProxyID(p); err != nil {
+			return fmt.Errorf("requesting_proxy: %w", err)
+		}
+	}
+	if p := c.GetPrincipal(); p != "" {
+		if err := ValidateID("principal", p); err != nil {
+			return err
+		}
+	}
+	return ValidateNamespaceConfig(c.GetConfig())
+}
+
+// applyCreateNamespace creates and places a namespace. Creating it again
+// with an identical config succeeds without change, so a forwarded create
+// that is retried after its answer was lost is harmless.
+func applyCreateNamespace(tx *txn, cmd *adminv1.Command) (any, error) {
+	c := cmd.GetCreateNamespace()
+	if prev, ok := tx.st.namespaces[c.GetNamespace()]; ok {
+		if !proto.Equal(prev.GetConfig(), c.GetConfig()) {
+			return nil, fmt.Errorf("create namespace %s: %w", c.GetNamespace(), ErrNamespaceExists)
+		}
+		return &adminv1.CreateNamespaceResponse{Namespace: proto.CloneOf(prev), Index: tx.index}, nil
+	}
+	part := placement.Partition(c.GetNamespace())
+	n := &adminv1.Namespace{
+		Name:            c.GetNamespace(),
+		Config:          proto.CloneOf(c.GetConfig()),
+		Partition:       part,
+		AssignedProxyId: tx.st.table.Owner(part),
+		CreatedAt:       cmd.GetNow(),
+		CreatedIndex:    tx.index,
+		AssignmentIndex: tx.index,
+	}
+	tx.putNamespace(n)
+	return &adminv1.CreateNamespaceResponse{Namespace: proto.CloneOf(n), Created: true, Index: tx.index}, nil
+}
+
+func validateDeleteNamespace(cmd *adminv1.Command) error {
+	return ValidateNamespaceName(cmd.GetDeleteNamespace().GetNamespace())
+}
+
+// applyDeleteNamespace removes a namespace. Its leases stay until their
+// runners, seeing the assignment revoked, release them (or they expire):
+// the admin never pulls a lease from under a serving runner.
+func applyDeleteNamespace(tx *txn, cmd *adminv1.Command) (any, error) {
+	name := cmd.GetDeleteNamespace().GetNamespace()
+	if _, ok := tx.st.namespaces[name]; !ok {
+		return &adminv1.DeleteNamespaceResponse{Index: tx.index}, nil
+	}
+	tx.deleteNamespace(name)
+	return &adminv1.DeleteNamespaceResponse{Deleted: true, Index: tx.index}, nil
+}
+
+func validateAcquireLease(cmd *adminv1.Command) error {
+	a := cmd.GetAcquireLease()
+	if _, _, err := ParseMailboxID(a.GetMailboxId()); err != nil {
+		return err
+	}
+	if err := ValidateID("runner_id", a.GetRunnerId()); err != nil {
+		return err
+	}
+	if err := ValidateAddress("runner_address", a.GetRunnerAddress()); err != nil {
+		return err
+	}
+	return ValidateTTL("ttl", a.GetTtl())
+}
+
+// leaseTiming resolves ttl, grace and heartbeat interval: request, then
+// namespace config, then the package defaults.
+func leaseTiming(req *adminv1.AcquireLeaseRequest, ns *adminv1.Namespace) (ttl, grace, hb time.Duration) {
+	cfg := ns.GetConfig().GetLease()
+	ttl = req.GetTtl().AsDuration()
+	if ttl == 0 {
+		ttl = orDefault(cfg.GetTtl().AsDuration(), DefaultLeaseTTL)
+	}
+	grace = orDefault(cfg.GetGrace().AsDuration(), DefaultLeaseGrace)
+	hb = orDefault(cfg.GetHeartbeatInterval().AsDuration(), DefaultHeartbeatInterval)
+	// A heartbeat interval from the namespace may not fit a shorter ttl the
+	// runner asked for; a third of the ttl leaves room for two misses.
+	if hb >= ttl {
+		hb = ttl / 3
+	}
+	return ttl, grace, hb
+}
+
+// applyAcquireLease grants the lease if the mailbox has none or the holder
+// is the same runner (a reconnect). Every grant, reconnects included, gets
+// epoch = this log index: the caller may be a restarted incarnation whose
+// predecessor is still draining, and a fresh fencing token is what tells the
+// two apart. The runner's address may also have changed, so the route is
+// replaced too. Anything else is refused, naming the holder.
+func applyAcquireLease(tx *txn, cmd *adminv1.Command) (any, error) {
+	req := cmd.GetAcquireLease()
+	if cur, ok := tx.st.leases[req.GetMailboxId()]; ok && cur.GetRunnerId() != req.GetRunnerId() {
+		return &adminv1.AcquireLeaseResponse{
+			Refusal: &adminv1.LeaseRefusal{
+				Reason:  adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER,
+				Message: fmt.Sprintf("mailbox %s is held by runner %s (epoch %d)", cur.GetMailboxId(), cur.GetRunnerId(), cur.GetEpoch()),
+				Current: proto.CloneOf(cur),
+			},
+			Index: tx.index,
+		}, nil
+	}
+	namespace, proxyID, _ := ParseMailboxID(req.GetMailboxId())
+	ttl, grace, hb := leaseTiming(req, tx.st.namespaces[namespace])
+	l := &adminv1.Lease{
+		MailboxId:         req.GetMailboxId(),
+		Namespace:         namespace,
+		ProxyId:           proxyID,
+		RunnerId:          req.GetRunnerId(),
+		RunnerAddress:     req.GetRunnerAddress(),
+		Partition:         placement.Partition(namespace),
+		Epoch:             tx.index,
+		GrantedAt:         cmd.GetNow(),
+		ExpiresAt:         timestamppb.New(tx.now.Add(ttl)),
+		Ttl:               durationpb.New(ttl),
+		Grace:             durationpb.New(grace),
+		HeartbeatInterval: durationpb.New(hb),
+		LastHeartbeatAt:   cmd.GetNow(),
+	}
+	tx.grantLease(l)
+	return &adminv1.AcquireLeaseResponse{Granted: true, Lease: proto.CloneOf(l), Index: tx.index}, nil
+}
+
+func validateReleaseLease(cmd *adminv1.Command) error {
+	r := cmd.GetReleaseLease()
+	if _, _, err := ParseMailboxID(r.GetMailboxId()); err != nil {
+		return err
+	}
+	return ValidateID("runner_id", r.GetRunnerId())
+}
+
+// HolderRefusal checks that runnerID (and epoch, if non-zero) hold lease
+// cur; it returns nil if so. The lessor uses it too, so heartbeats and
+// releases refuse identically.
+func HolderRefusal(cur *adminv1.Lease, runnerID string, epoch uint64) *adminv1.LeaseRefusal {
+	switch {
+	case cur.GetRunnerId() != runnerID:
+		return &adminv1.LeaseRefusal{
+			Reason:  adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_HOLDER,
+			Message: fmt.Sprintf("mailbox %s is held by runner %s (epoch %d), not %s", cur.GetMailboxId(), cur.GetRunnerId(), cur.GetEpoch(), runnerID),
+			Current: proto.CloneOf(cur),
+		}
+	case epoch != 0 && epoch != cur.GetEpoch():
+		return &adminv1.LeaseRefusal{
+			Reason:  adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_STALE_EPOCH,
+			Message: fmt.Sprintf("mailbox %s was re-granted to runner %s at epoch %d; caller has epoch %d", cur.GetMailboxId(), cur.GetRunnerId(), cur.GetEpoch(), epoch),
+			Current: proto.CloneOf(cur),
+		}
+	}
+	return nil
+}
+
+// applyReleaseLease removes the lease if the caller holds it. A mailbox with
+// no lease answers released=false without a refusal: the release already
+// happened (a retry) or the lease expired, and either way the caller's goal
+// holds.
+func applyReleaseLease(tx *txn, cmd *adminv1.Command) (any, error) {
+	req := cmd.GetReleaseLease()
+	cur, ok := tx.st.leases[req.GetMailboxId()]
+	if !ok {
+		return &adminv1.ReleaseLeaseResponse{Index: tx.index}, nil
+	}
+	if ref := HolderRefusal(cur, req.GetRunnerId(), req.GetEpoch()); ref != nil {
+		return &adminv1.ReleaseLeaseResponse{Refusal: ref, Index: tx.index}, nil
+	}
+	tx.removeLease(cur)
+	return &adminv1.ReleaseLeaseResponse{Released: true, Index: tx.index}, nil
+}
+
+func validateRefs(field string, n int, ref func(i int) (string, uint64)) error {
+	for i := range n {
+		mid, epoch := ref(i)
+		if _, _, err := ParseMailboxID(mid); err != nil {
+			return fmt.Errorf("%s[%d]: %w", field, i, err)
+		}
+		if epoch == 0 {
+			return invalid(fmt.Sprintf("%s[%d].epoch", field, i), "zero")
+		}
+	}
+	return nil
+}
+
+func validateExpireLeases(cmd *adminv1.Command) error {
+	refs := cmd.GetExpireLeases().GetLeases()
+	return validateRefs("leases", len(refs), func(i int) (string, uint64) { return refs[i].GetMailboxId(), refs[i].GetEpoch() })
+}
+
+// applyExpireLeases removes each named lease that still has the named
+// epoch. The leader decided they were due; the FSM only guards against the
+// decision being stale.
+func applyExpireLeases(tx *txn, cmd *adminv1.Command) (any, error) {
+	res := &ExpireResult{}
+	for _, r := range cmd.GetExpireLeases().GetLeases() {
+		cur, ok := tx.st.leases[r.GetMailboxId()]
+		if !ok || cur.GetEpoch() != r.GetEpoch() {
+			continue
+		}
+		tx.removeLease(cur)
+		res.Expired = append(res.Expired, proto.CloneOf(cur))
+	}
+	return res, nil
+}
+
+func validateCheckpointLeases(cmd *adminv1.Command) error {
+	cps := cmd.GetCheckpointLeases().GetCheckpoints()
+	if err := validateRefs("checkpoints", len(cps), func(i int) (string, uint64) { return cps[i].GetMailboxId(), cps[i].GetEpoch() }); err != nil {
+		return err
+	}
+	for i, c := range cps {
+		if c.GetExpiresAt() == nil || c.GetExpiresAt().CheckValid() != nil {
+			return invalid(fmt.Sprintf("checkpoints[%d].expires_at", i), "missing or malformed")
+		}
+		if c.GetLastHeartbeatAt() == nil || c.GetLastHeartbeatAt().CheckValid() != nil {
+			return invalid(fmt.Sprintf("checkpoints[%d].last_heartbeat_at", i), "missing or malformed")
+		}
+	}
+	return nil
+}
+
+// applyCheckpointLeases copies leader-local renewals into the table for
+// leases whose epoch still matches.
+func applyCheckpointLeases(tx *txn, cmd *adminv1.Command) (any, error) {
+	res := &CheckpointResult{}
+	for _, c := range cmd.GetCheckpointLeases().GetCheckpoints() {
+		cur, ok := tx.st.leases[c.GetMailboxId()]
+		if !ok || cur.GetEpoch() != c.GetEpoch() {
+			continue
+		}
+		l := proto.CloneOf(cur)
+		l.ExpiresAt = c.GetExpiresAt()
+		l.LastHeartbeatAt = c.GetLastHeartbeatAt()
+		if c.GetStats() != nil {
+			l.Stats = c.GetStats()
+		}
+		tx.checkpointLease(l)
+		res.Applied++
+	}
+	return res, nil
+}

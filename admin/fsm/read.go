@@ -1,0 +1,131 @@
+package fsm
+
+import (
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// Every accessor reads under the lock and returns copies the caller owns,
+// with the applied index they were read at; lists are sorted by key.
+
+// Proxies returns every proxy with its computed partitions and namespaces.
+func (f *FSM) Proxies() ([]*adminv1.ProxyInfo, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]*adminv1.ProxyInfo, 0, len(f.st.proxies))
+	for _, p := range sortedValues(f.st.proxies) {
+		out = append(out, f.st.proxyInfo(p))
+	}
+	return out, f.applied
+}
+
+// Proxy returns one proxy, or nil.
+func (f *FSM) Proxy(id string) (*adminv1.ProxyInfo, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	p, ok := f.st.proxies[id]
+	if !ok {
+		return nil, f.applied
+	}
+	return f.st.proxyInfo(p), f.applied
+}
+
+// Namespaces returns every namespace.
+func (f *FSM) Namespaces() ([]*adminv1.Namespace, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]*adminv1.Namespace, 0, len(f.st.namespaces))
+	for _, n := range sortedValues(f.st.namespaces) {
+		out = append(out, proto.CloneOf(n))
+	}
+	return out, f.applied
+}
+
+// Namespace returns one namespace and where its alias routes (nil when no
+// mailbox of it holds a lease); the namespace is nil if it does not exist.
+func (f *FSM) Namespace(name string) (*adminv1.Namespace, *adminv1.NamespaceRoute, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	n, ok := f.st.namespaces[name]
+	if !ok {
+		return nil, nil, f.applied
+	}
+	return proto.CloneOf(n), f.st.namespaceRoutes()[name], f.applied
+}
+
+// Leases returns every lease as last written through Raft. On the leader,
+// package lease has fresher expiry times for them.
+func (f *FSM) Leases() ([]*adminv1.Lease, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]*adminv1.Lease, 0, len(f.st.leases))
+	for _, l := range sortedValues(f.st.leases) {
+		out = append(out, proto.CloneOf(l))
+	}
+	return out, f.applied
+}
+
+// Lease returns a mailbox's lease, or nil.
+func (f *FSM) Lease(mailboxID string) (*adminv1.Lease, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	l, ok := f.st.leases[mailboxID]
+	if !ok {
+		return nil, f.applied
+	}
+	return proto.CloneOf(l), f.applied
+}
+
+// Routes returns one route per lease and the namespace alias routes, with
+// the index of the last change to either. That index is the same on every
+// replica for the same routes, so it serves as the xDS snapshot version.
+func (f *FSM) Routes() ([]*adminv1.Route, []*adminv1.NamespaceRoute, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	routes := make([]*adminv1.Route, 0, len(f.st.leases))
+	for _, l := range sortedValues(f.st.leases) {
+		routes = append(routes, routeOf(l))
+	}
+	return routes, sortedValues(f.st.namespaceRoutes()), f.st.routesIndex
+}
+
+// Route returns a mailbox's route, or nil.
+func (f *FSM) Route(mailboxID string) (*adminv1.Route, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	l, ok := f.st.leases[mailboxID]
+	if !ok {
+		return nil, f.applied
+	}
+	return routeOf(l), f.applied
+}
+
+// Assignments returns what WatchAssignments sends a proxy: its namespaces
+// (sorted) and partition ranges. An unknown or stale proxy has none.
+func (f *FSM) Assignments(proxyID string) (*adminv1.WatchAssignmentsResponse, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return &adminv1.WatchAssignmentsResponse{
+		ProxyId:         proxyID,
+		Index:           f.applied,
+		Assignments:     f.st.assignments(proxyID),
+		PartitionRanges: f.st.table.Ranges(proxyID),
+	}, f.applied
+}
+
+// Counts is the size of each table, for cluster status and metrics.
+type Counts struct {
+	Proxies, LiveProxies, Namespaces, Leases int
+}
+
+// Counts returns the table sizes.
+func (f *FSM) Counts() Counts {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return Counts{
+		Proxies:     len(f.st.proxies),
+		LiveProxies: len(f.st.liveProxyIDs()),
+		Namespaces:  len(f.st.namespaces),
+		Leases:      len(f.st.leases),
+	}
+}

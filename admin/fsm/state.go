@@ -1,0 +1,193 @@
+package fsm
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+
+	"github.com/prism-mesh/prism/admin/placement"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// state holds the tables. Stored messages are never modified in place: a
+// change stores a modified clone. That makes a snapshot a cheap copy of the
+// maps and lets Persist marshal outside the lock while Apply continues.
+type state struct {
+	proxies    map[string]*adminv1.Proxy
+	namespaces map[string]*adminv1.Namespace
+	leases     map[string]*adminv1.Lease
+	// table is derived from the live proxies; recomputed, never persisted.
+	table placement.Table
+	// routesIndex is the index of the last change to anything routes are
+	// derived from; every replica agrees on it, so it is the xDS version.
+	routesIndex uint64
+}
+
+func newState() *state {
+	return &state{
+		proxies:    map[string]*adminv1.Proxy{},
+		namespaces: map[string]*adminv1.Namespace{},
+		leases:     map[string]*adminv1.Lease{},
+	}
+}
+
+func (s *state) clone() *state {
+	return &state{
+		proxies:     maps.Clone(s.proxies),
+		namespaces:  maps.Clone(s.namespaces),
+		leases:      maps.Clone(s.leases),
+		table:       s.table,
+		routesIndex: s.routesIndex,
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
+}
+
+func (s *state) liveProxyIDs() []string {
+	var ids []string
+	for _, id := range sortedKeys(s.proxies) {
+		if s.proxies[id].GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_LIVE {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func (tx *txn) putProxy(p *adminv1.Proxy) {
+	tx.st.proxies[p.GetRegistration().GetProxyId()] = p
+	tx.changed = true
+}
+
+func (tx *txn) putNamespace(n *adminv1.Namespace) {
+	tx.st.namespaces[n.GetName()] = n
+	tx.st.routesIndex = tx.index
+	tx.changed = true
+}
+
+func (tx *txn) deleteNamespace(name string) {
+	delete(tx.st.namespaces, name)
+	tx.st.routesIndex = tx.index
+	tx.changed = true
+}
+
+func (tx *txn) grantLease(l *adminv1.Lease) {
+	tx.st.leases[l.GetMailboxId()] = l
+	tx.st.routesIndex = tx.index
+	tx.changed = true
+	tx.events = append(tx.events, leaseEvent{granted: l})
+}
+
+func (tx *txn) removeLease(l *adminv1.Lease) {
+	delete(tx.st.leases, l.GetMailboxId())
+	tx.st.routesIndex = tx.index
+	tx.changed = true
+	tx.events = append(tx.events, leaseEvent{mailboxID: l.GetMailboxId(), epoch: l.GetEpoch()})
+}
+
+// checkpointLease records renewal data; routes do not depend on it.
+func (tx *txn) checkpointLease(l *adminv1.Lease) {
+	tx.st.leases[l.GetMailboxId()] = l
+	tx.changed = true
+}
+
+// replace recomputes the placement table from the live proxies and moves
+// exactly the namespaces whose partition changed owner. Rendezvous hashing
+// makes that the minimal set; iteration is sorted so the order of updates is
+// the same everywhere (the resulting state would be too, but logs and
+// debugging are easier when it is).
+func (tx *txn) replace() {
+	tx.st.table = placement.Compute(tx.st.liveProxyIDs())
+	for _, name := range sortedKeys(tx.st.namespaces) {
+		n := tx.st.namespaces[name]
+		owner := tx.st.table.Owner(n.GetPartition())
+		if owner == n.GetAssignedProxyId() {
+			continue
+		}
+		n = proto.CloneOf(n)
+		n.AssignedProxyId = owner
+		n.AssignmentIndex = tx.index
+		tx.putNamespace(n)
+	}
+}
+
+func (s *state) assignments(proxyID string) []*adminv1.NamespaceAssignment {
+	var out []*adminv1.NamespaceAssignment
+	for _, name := range sortedKeys(s.namespaces) {
+		n := s.namespaces[name]
+		if proxyID == "" || n.GetAssignedProxyId() != proxyID {
+			continue
+		}
+		out = append(out, &adminv1.NamespaceAssignment{
+			Namespace: n.GetName(),
+			Partition: n.GetPartition(),
+			Config:    proto.CloneOf(n.GetConfig()),
+			MailboxId: MailboxID(n.GetName(), proxyID),
+			Version:   n.GetAssignmentIndex(),
+		})
+	}
+	return out
+}
+
+func (s *state) proxyInfo(p *adminv1.Proxy) *adminv1.ProxyInfo {
+	id := p.GetRegistration().GetProxyId()
+	info := &adminv1.ProxyInfo{Proxy: proto.CloneOf(p), PartitionRanges: s.table.Ranges(id)}
+	for _, name := range sortedKeys(s.namespaces) {
+		if s.namespaces[name].GetAssignedProxyId() == id {
+			info.Namespaces = append(info.Namespaces, name)
+		}
+	}
+	return info
+}
+
+func routeOf(l *adminv1.Lease) *adminv1.Route {
+	return &adminv1.Route{
+		MailboxId:     l.GetMailboxId(),
+		Namespace:     l.GetNamespace(),
+		ProxyId:       l.GetProxyId(),
+		RunnerId:      l.GetRunnerId(),
+		RunnerAddress: l.GetRunnerAddress(),
+		Partition:     l.GetPartition(),
+		Epoch:         l.GetEpoch(),
+	}
+}
+
+// namespaceRoutes picks, per namespace with a live lease, the mailbox its
+// alias routes to: the one on the assigned proxy, else the newest grant.
+func (s *state) namespaceRoutes() map[string]*adminv1.NamespaceRoute {
+	best := map[string]*adminv1.Lease{}
+	for _, mid := range sortedKeys(s.leases) {
+		l := s.leases[mid]
+		ns := l.GetNamespace()
+		assigned := s.namespaces[ns].GetAssignedProxyId()
+		cur, ok := best[ns]
+		switch {
+		case !ok:
+			best[ns] = l
+		case cur.GetProxyId() == assigned && assigned != "":
+		case l.GetProxyId() == assigned && assigned != "":
+			best[ns] = l
+		case l.GetEpoch() > cur.GetEpoch():
+			best[ns] = l
+		}
+	}
+	out := make(map[string]*adminv1.NamespaceRoute, len(best))
+	for ns, l := range best {
+		out[ns] = &adminv1.NamespaceRoute{Namespace: ns, MailboxId: l.GetMailboxId(), Epoch: l.GetEpoch()}
+	}
+	return out
+}
+
+func sortedValues[V any](m map[string]V) []V {
+	out := make([]V, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		out = append(out, m[k])
+	}
+	return out
+}
+
+func sortBy[T any](s []T, key func(T) string) {
+	slices.SortFunc(s, func(a, b T) int { return cmp.Compare(key(a), key(b)) })
+}

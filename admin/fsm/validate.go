@@ -1,0 +1,234 @@
+package fsm
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Lease timing defaults and bounds. Defaults apply when neither the request
+// nor the namespace config sets a value; they favour quick failover (a dead
+// runner's route goes away within ttl + grace = 15 s) over tolerance of long
+// admin outages.
+const (
+	DefaultLeaseTTL          = 10 * time.Second
+	DefaultHeartbeatInterval = 3 * time.Second
+	DefaultLeaseGrace        = 5 * time.Second
+	MinLeaseTTL              = time.Second
+	MaxLeaseTTL              = time.Hour
+	MaxLeaseGrace            = time.Hour
+	// MaxIDLen bounds every id; Kubernetes object names, our default proxy
+	// and runner ids, are at most 253 bytes.
+	MaxIDLen = 253
+	// MaxTopics and MaxLabels keep one namespace from bloating every
+	// snapshot.
+	MaxTopics = 64
+	MaxLabels = 64
+)
+
+var (
+	// ErrUnknownCommand: the command has no body this version handles.
+	ErrUnknownCommand = errors.New("unknown command type")
+	// ErrInvalid: a field is malformed (gRPC InvalidArgument).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrProxyNotFound: the proxy never registered (gRPC NotFound).
+	ErrProxyNotFound = errors.New("proxy not registered")
+	// ErrNamespaceExists: the namespace exists with a different config
+	// (gRPC AlreadyExists).
+	ErrNamespaceExists = errors.New("namespace exists with a different config")
+)
+
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
+}
+
+// ValidateID checks an identifier: non-empty, at most MaxIDLen bytes of
+// UTF-8 with no whitespace or control characters.
+func ValidateID(field, id string) error {
+	switch {
+	case id == "":
+		return invalid(field, "empty")
+	case len(id) > MaxIDLen:
+		return invalid(field, "%d bytes, at most %d", len(id), MaxIDLen)
+	case !utf8.ValidString(id):
+		return invalid(field, "not UTF-8")
+	case strings.IndexFunc(id, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		return invalid(field, "%q contains whitespace or control characters", id)
+	}
+	return nil
+}
+
+// ValidateProxyID checks a proxy id; it may not contain '@', which separates
+// it from the namespace in a mailbox id.
+func ValidateProxyID(id string) error {
+	if err := ValidateID("proxy_id", id); err != nil {
+		return err
+	}
+	if strings.Contains(id, "@") {
+		return invalid("proxy_id", "%q contains '@'", id)
+	}
+	return nil
+}
+
+// ValidateNamespaceName checks a namespace name ("$admin" is legal; '@' is
+// not, so mailbox ids stay unambiguous).
+func ValidateNamespaceName(name string) error {
+	if err := ValidateID("namespace", name); err != nil {
+		return err
+	}
+	if strings.Contains(name, "@") {
+		return invalid("namespace", "%q contains '@'", name)
+	}
+	return nil
+}
+
+// ParseMailboxID splits "{namespace}@{proxy_id}".
+func ParseMailboxID(id string) (namespace, proxyID string, err error) {
+	if err := ValidateID("mailbox_id", id); err != nil {
+		return "", "", err
+	}
+	namespace, proxyID, ok := strings.Cut(id, "@")
+	if !ok {
+		return "", "", invalid("mailbox_id", "%q is not of the form namespace@proxy_id", id)
+	}
+	if err := ValidateNamespaceName(namespace); err != nil {
+		return "", "", fmt.Errorf("mailbox_id %q: %w", id, err)
+	}
+	if err := ValidateProxyID(proxyID); err != nil {
+		return "", "", fmt.Errorf("mailbox_id %q: %w", id, err)
+	}
+	return namespace, proxyID, nil
+}
+
+// MailboxID joins a namespace and a proxy id.
+func MailboxID(namespace, proxyID string) string { return namespace + "@" + proxyID }
+
+// ValidateAddress checks a host:port with a numeric port in 1..65535.
+func ValidateAddress(field, addr string) error {
+	if err := ValidateID(field, addr); err != nil {
+		return err
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return invalid(field, "%q: %v", addr, err)
+	}
+	if host == "" {
+		return invalid(field, "%q has no host", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return invalid(field, "%q: port must be 1-65535", addr)
+	}
+	return nil
+}
+
+// duration checks an optional duration field: unset is zero, negative or
+// malformed is an error.
+func duration(field string, d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalid(field, "%v", err)
+	}
+	v := d.AsDuration()
+	if v < 0 {
+		return 0, invalid(field, "negative (%s)", v)
+	}
+	return v, nil
+}
+
+// ValidateTTL checks a lease ttl; zero means "the default".
+func ValidateTTL(field string, d *durationpb.Duration) error {
+	v, err := duration(field, d)
+	if err != nil {
+		return err
+	}
+	if v != 0 && (v < MinLeaseTTL || v > MaxLeaseTTL) {
+		return invalid(field, "%s is outside [%s, %s]", v, MinLeaseTTL, MaxLeaseTTL)
+	}
+	return nil
+}
+
+func validateLabels(field string, labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return invalid(field, "%d labels, at most %d", len(labels), MaxLabels)
+	}
+	// Sorted, so every replica reports the same offending key.
+	for _, k := range sortedKeys(labels) {
+		v := labels[k]
+		if err := ValidateID(field+" key", k); err != nil {
+			return err
+		}
+		if len(v) > MaxIDLen || !utf8.ValidString(v) {
+			return invalid(field, "value of %q must be UTF-8 of at most %d bytes", k, MaxIDLen)
+		}
+	}
+	return nil
+}
+
+// ValidateNamespaceConfig checks a namespace config as CreateNamespace
+// receives it.
+func ValidateNamespaceConfig(c *adminv1.NamespaceConfig) error {
+	if c == nil {
+		return invalid("config", "missing")
+	}
+	if len(c.GetTopics()) == 0 {
+		return invalid("config.topics", "at least one topic is required")
+	}
+	if len(c.GetTopics()) > MaxTopics {
+		return invalid("config.topics", "%d topics, at most %d", len(c.GetTopics()), MaxTopics)
+	}
+	for i, t := range c.GetTopics() {
+		if err := ValidateID(fmt.Sprintf("config.topics[%d]", i), t); err != nil {
+			return err
+		}
+	}
+	if t := c.GetDeadLetterTopic(); t != "" {
+		if err := ValidateID("config.dead_letter_topic", t); err != nil {
+			return err
+		}
+	}
+	if _, ok := adminv1.ValidationMode_name[int32(c.GetValidationMode())]; !ok {
+		return invalid("config.validation_mode", "unknown value %d", c.GetValidationMode())
+	}
+	if err := ValidateTTL("config.lease.ttl", c.GetLease().GetTtl()); err != nil {
+		return err
+	}
+	ttl, _ := duration("config.lease.ttl", c.GetLease().GetTtl())
+	hb, err := duration("config.lease.heartbeat_interval", c.GetLease().GetHeartbeatInterval())
+	if err != nil {
+		return err
+	}
+	if hb != 0 && hb >= orDefault(ttl, DefaultLeaseTTL) {
+		return invalid("config.lease.heartbeat_interval", "%s must be shorter than the ttl", hb)
+	}
+	grace, err := duration("config.lease.grace", c.GetLease().GetGrace())
+	if err != nil {
+		return err
+	}
+	if grace > MaxLeaseGrace {
+		return invalid("config.lease.grace", "%s exceeds %s", grace, MaxLeaseGrace)
+	}
+	if _, err := duration("config.retention.max_age", c.GetRetention().GetMaxAge()); err != nil {
+		return err
+	}
+	if c.GetRetention().GetMaxSizeBytes() < 0 {
+		return invalid("config.retention.max_size_bytes", "negative")
+	}
+	return validateLabels("config.labels", c.GetLabels())
+}
+
+func orDefault(v, def time.Duration) time.Duration {
+	if v == 0 {
+		return def
+	}
+	return v
+}
