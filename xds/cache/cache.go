@@ -2,10 +2,11 @@
 // Updater that turns a stream of IR states into snapshots.
 //
 // All clients, Envoy and grpc-go alike, share one snapshot: the routing table
-// is global, so the node hash maps every node to the same key. The snapshot
-// version is the IR version (the Raft applied index), so every admin node
-// labels the same state with the same version and a client that reconnects to
-// another node is not sent what it already has. go-control-plane's snapshot
+// is global, so the node hash maps every node to the same key. Each resource
+// type is versioned with the IR version (the Raft applied index) at which it
+// last changed, so admin nodes label the same state alike, a client that
+// reconnects to another node is rarely re-sent what it has, and a
+// state-of-the-world client is sent only the types that changed. go-control-plane's snapshot
 // cache serves state-of-the-world and delta clients from the same snapshot;
 // for delta it hashes each resource, so a lease change re-sends only the
 // resources whose bytes changed.
@@ -16,10 +17,12 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/xds/translator"
 )
@@ -34,6 +37,10 @@ func (sharedHash) ID(*corev3.Node) string { return NodeKey }
 // Cache is the snapshot every xDS client is served.
 type Cache struct {
 	snapshots cachev3.SnapshotCache
+
+	mu      sync.Mutex
+	version string
+	prev    *cachev3.Snapshot
 }
 
 // New returns an empty cache. Clients that connect before the first Set wait
@@ -45,11 +52,21 @@ func New(log *slog.Logger) *Cache {
 // Watcher is what the xDS server serves from.
 func (c *Cache) Watcher() cachev3.Cache { return c.snapshots }
 
-// Set replaces the served resources with res, labelled version.
+// Set replaces the served resources with res, labelled version. A resource
+// type whose resources are unchanged keeps the version it had, so
+// state-of-the-world clients are not re-sent every cluster when only the
+// route table changed (delta clients compare each resource anyway).
 func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resources) error {
-	snap, err := cachev3.NewSnapshot(strconv.FormatUint(version, 10), res.ByType())
-	if err != nil {
-		return fmt.Errorf("snapshot %d: %w", version, err)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v := strconv.FormatUint(version, 10)
+	snap := &cachev3.Snapshot{}
+	for typ, items := range res.ByType() {
+		tv := v
+		if c.prev != nil && sameResources(c.prev.GetResources(typ), items) {
+			tv = c.prev.GetVersion(typ)
+		}
+		snap.Resources[cachev3.GetResponseType(typ)] = cachev3.NewResources(tv, items)
 	}
 	if err := snap.Consistent(); err != nil {
 		return fmt.Errorf("snapshot %d: %w", version, err)
@@ -57,20 +74,31 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 	if err := c.snapshots.SetSnapshot(ctx, NodeKey, snap); err != nil {
 		return fmt.Errorf("set snapshot %d: %w", version, err)
 	}
+	c.prev, c.version = snap, v
 	return nil
+}
+
+func sameResources(prev map[string]types.Resource, next []types.Resource) bool {
+	if len(prev) != len(next) {
+		return false
+	}
+	for _, r := range next {
+		p, ok := prev[cachev3.GetResourceName(r)]
+		if !ok || !proto.Equal(p, r) {
+			return false
+		}
+	}
+	return true
 }
 
 // Snapshot is the snapshot being served.
 func (c *Cache) Snapshot() (cachev3.ResourceSnapshot, error) { return c.snapshots.GetSnapshot(NodeKey) }
 
-// Version is the version being served, or "" before the first Set.
+// Version is the IR version being served, or "" before the first Set.
 func (c *Cache) Version() string {
-	snap, err := c.snapshots.GetSnapshot(NodeKey)
-	if err != nil {
-		return ""
-	}
-	// Every type carries the same version.
-	return snap.GetVersion(resource.RouteType)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.version
 }
 
 // logger adapts slog to go-control-plane's logger interface.
