@@ -1,0 +1,360 @@
+package fsm
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func TestRefusedCommandsChangeNothing(t *testing.T) {
+	t.Parallel()
+	withNow := func(b []byte) []byte {
+		now, _ := proto.Marshal(at(time.Hour))
+		out := protowire.AppendTag(nil, 1, protowire.BytesType)
+		out = protowire.AppendBytes(out, now)
+		return append(out, b...)
+	}
+	// Field 99 is a body a newer version might add.
+	unknownBody := protowire.AppendTag(nil, 99, protowire.BytesType)
+	unknownBody = protowire.AppendBytes(unknownBody, []byte{0x0a, 0x01, 'x'})
+	marshal := func(cmd *adminv1.Command) []byte { b, _ := proto.Marshal(cmd); return b }
+	bad := acquire("audit-logs@proxy-01", "runner-z")
+	bad.Ttl = durationpb.New(2 * time.Hour)
+	cases := []struct {
+		name string
+		data []byte
+		want error
+	}{
+		{"garbage bytes", []byte{0xff, 0xff, 0xff}, ErrInvalid},
+		{"empty command", nil, ErrUnknownCommand},
+		{"only a timestamp", withNow(nil), ErrUnknownCommand},
+		{"body from a newer version", withNow(unknownBody), ErrUnknownCommand},
+		{"missing leader time", marshal(&adminv1.Command{Body: &adminv1.Command_DeleteNamespace{DeleteNamespace: &adminv1.DeleteNamespaceRequest{Namespace: ns}}}), ErrInvalid},
+		{"mailbox id without @", marshal(c(time.Hour, acquire("audit-logs", "runner-z"))), ErrInvalid},
+		{"mailbox id with two @", marshal(c(time.Hour, acquire("a@b@c", "runner-z"))), ErrInvalid},
+		{"runner address without port", marshal(c(time.Hour, &adminv1.AcquireLeaseRequest{MailboxId: "a@p", RunnerId: "r", RunnerAddress: "host"})), ErrInvalid},
+		{"ttl above the bound", marshal(c(time.Hour, bad)), ErrInvalid},
+		{"namespace without topics", marshal(c(time.Hour, createNS("empty"))), ErrInvalid},
+		{"proxy id with a space", marshal(c(time.Hour, register("proxy 01"))), ErrInvalid},
+		{"expire with epoch zero", marshal(c(time.Hour, &adminv1.ExpireLeasesCommand{Leases: []*adminv1.LeaseRef{{MailboxId: "a@p"}}})), ErrInvalid},
+		{"checkpoint without times", marshal(c(time.Hour, &adminv1.CheckpointLeasesCommand{Checkpoints: []*adminv1.LeaseCheckpoint{{MailboxId: "a@p", Epoch: 1}}})), ErrInvalid},
+		{"heartbeat of unknown proxy", marshal(c(time.Hour, &adminv1.ProxyHeartbeatRequest{ProxyId: "ghost"})), ErrProxyNotFound},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h, _, _, _ := base(t)
+			_, ch := h.f.Changed()
+			before := tables(t, h.f)
+			res := h.applyBytes(tc.data)
+			err, ok := res.(error)
+			if !ok || !errors.Is(err, tc.want) {
+				t.Fatalf("result %v, want error %v", res, tc.want)
+			}
+			if !bytes.Equal(before, tables(t, h.f)) {
+				t.Fatal("state changed")
+			}
+			select {
+			case <-ch:
+				t.Fatal("change notification fired for a refused command")
+			default:
+			}
+		})
+	}
+}
+
+// randomLog is a deterministic, adversarial mix of every command type over a
+// small id space, so grants, refusals, reconnects and stale expires collide.
+func randomLog(seed uint64, n int) []*adminv1.Command {
+	r := rand.New(rand.NewPCG(seed, seed))
+	proxies := []string{"proxy-01", "proxy-02", "proxy-03", "proxy-04"}
+	namespaces := []string{"a", "b", "c", "$admin", "audit-logs"}
+	runners := []string{"r1", "r2", "r3"}
+	pick := func(s []string) string { return s[r.IntN(len(s))] }
+	mailbox := func() string { return MailboxID(pick(namespaces), pick(proxies)) }
+	var out []*adminv1.Command
+	for i := range n {
+		d := time.Duration(i) * time.Second
+		var body any
+		switch r.IntN(9) {
+		case 0:
+			body = register(pick(proxies))
+		case 1:
+			body = &adminv1.ProxyHeartbeatRequest{ProxyId: pick(proxies)}
+		case 2:
+			body = &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: pick(proxies), LastSeen: at(time.Duration(r.IntN(i+1)) * time.Second)}}}
+		case 3:
+			body = createNS(pick(namespaces), "t")
+		case 4:
+			body = &adminv1.DeleteNamespaceRequest{Namespace: pick(namespaces)}
+		case 5, 6:
+			body = acquire(mailbox(), pick(runners))
+		case 7:
+			body = &adminv1.ReleaseLeaseRequest{MailboxId: mailbox(), RunnerId: pick(runners)}
+		default:
+			body = &adminv1.ExpireLeasesCommand{Leases: []*adminv1.LeaseRef{{MailboxId: mailbox(), Epoch: uint64(r.IntN(i+1) + 1)}}}
+		}
+		out = append(out, c(d, body))
+	}
+	return out
+}
+
+func TestReplayIsDeterministic(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			log := randomLog(seed, 400)
+			run := func() (*FSM, []string) {
+				h := newHarness(t)
+				var results []string
+				for _, cmd := range log {
+					results = append(results, fmt.Sprint(h.apply(cmd)))
+				}
+				return h.f, results
+			}
+			a, ra := run()
+			b, rb := run()
+			if !bytes.Equal(dump(t, a), dump(t, b)) {
+				t.Fatal("same log, different state")
+			}
+			for i := range ra {
+				if ra[i] != rb[i] {
+					t.Fatalf("entry %d answered %q then %q", i+1, ra[i], rb[i])
+				}
+			}
+			// Raft may hand the same entries over in batches.
+			batched := New()
+			var logs []*raft.Log
+			for i, cmd := range log {
+				data, _ := proto.Marshal(cmd)
+				logs = append(logs, &raft.Log{Index: uint64(i + 1), Type: raft.LogCommand, Data: data})
+			}
+			for len(logs) > 0 {
+				n := min(len(logs), 64)
+				batched.ApplyBatch(logs[:n])
+				logs = logs[n:]
+			}
+			if !bytes.Equal(dump(t, a), dump(t, batched)) {
+				t.Fatal("ApplyBatch and Apply disagree")
+			}
+			leases, _ := a.Leases()
+			if len(leases) == 0 {
+				t.Fatal("random log granted no leases; it exercises nothing")
+			}
+			roundTrip(t, a)
+		})
+	}
+}
+
+func TestEpochsOnlyGrow(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	var last uint64
+	grants := 0
+	for i := range 30 {
+		runner := []string{"r1", "r2"}[i/3%2]
+		// Three acquires per runner: a grant and two reconnects; then a
+		// release hands the mailbox to the other runner.
+		res := h.must(c(0, acquire("a@p", runner))).(*adminv1.AcquireLeaseResponse)
+		if !res.GetGranted() {
+			t.Fatalf("acquire %d by %s refused: %v", i, runner, res.GetRefusal())
+		}
+		if e := res.GetLease().GetEpoch(); e <= last {
+			t.Fatalf("epoch %d after %d", e, last)
+		}
+		last = res.GetLease().GetEpoch()
+		grants++
+		if i%3 == 2 {
+			h.must(c(0, &adminv1.ReleaseLeaseRequest{MailboxId: "a@p", RunnerId: runner}))
+		}
+	}
+	if grants != 30 {
+		t.Fatalf("%d grants", grants)
+	}
+}
+
+type recorder struct{ events []string }
+
+func (r *recorder) LeaseGranted(l *adminv1.Lease) {
+	r.events = append(r.events, fmt.Sprintf("grant %s %s %d", l.GetMailboxId(), l.GetRunnerId(), l.GetEpoch()))
+}
+func (r *recorder) LeaseRemoved(mid string, epoch uint64) {
+	r.events = append(r.events, fmt.Sprintf("remove %s %d", mid, epoch))
+}
+func (r *recorder) LeasesRestored(ls []*adminv1.Lease) {
+	r.events = append(r.events, fmt.Sprintf("restore %d", len(ls)))
+}
+
+func TestObserverSeesLeaseChangesInLogOrder(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	h := newHarness(t, WithLeaseObserver(rec))
+	h.must(c(0, acquire("a@p", "r1")))                                                                                                                              // 1
+	h.must(c(0, acquire("a@p", "r2")))                                                                                                                              // 2: refused
+	h.must(c(0, acquire("a@p", "r1")))                                                                                                                              // 3: reconnect
+	h.must(c(0, &adminv1.CheckpointLeasesCommand{Checkpoints: []*adminv1.LeaseCheckpoint{{MailboxId: "a@p", Epoch: 3, ExpiresAt: at(0), LastHeartbeatAt: at(0)}}})) // 4
+	h.must(c(0, &adminv1.ExpireLeasesCommand{Leases: []*adminv1.LeaseRef{{MailboxId: "a@p", Epoch: 1}}}))                                                           // 5: stale
+	h.must(c(0, acquire("b@p", "r2")))                                                                                                                              // 6
+	h.must(c(0, &adminv1.ReleaseLeaseRequest{MailboxId: "a@p", RunnerId: "r1"}))                                                                                    // 7
+	h.must(c(0, &adminv1.ExpireLeasesCommand{Leases: []*adminv1.LeaseRef{{MailboxId: "b@p", Epoch: 6}}}))                                                           // 8
+	h.must(c(0, acquire("c@p", "r3")))                                                                                                                              // 9
+	if err := h.f.Restore(io.NopCloser(bytes.NewReader(dump(t, h.f)))); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"grant a@p r1 1", "grant a@p r1 3", "grant b@p r2 6", "remove a@p 3", "remove b@p 6", "grant c@p r3 9", "restore 1"}
+	if fmt.Sprint(rec.events) != fmt.Sprint(want) {
+		t.Fatalf("events\n%v\nwant\n%v", rec.events, want)
+	}
+}
+
+func TestChangedFiresOnChangeOnly(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	idx, ch := h.f.Changed()
+	if idx != 0 {
+		t.Fatalf("fresh FSM at index %d", idx)
+	}
+	h.must(c(0, &adminv1.DeleteNamespaceRequest{Namespace: "nope"}))
+	select {
+	case <-ch:
+		t.Fatal("a no-op fired the change channel")
+	default:
+	}
+	h.must(c(0, createNS(ns, "t")))
+	select {
+	case <-ch:
+	default:
+		t.Fatal("a change did not fire the channel")
+	}
+	if idx, _ := h.f.Changed(); idx != 2 {
+		t.Fatalf("applied index %d, want 2", idx)
+	}
+}
+
+func TestNamespaceRoutes(t *testing.T) {
+	t.Parallel()
+	h, owner, other, mailbox := base(t)
+	// A second mailbox of the namespace on the other proxy, newer epoch.
+	h.must(c(time.Minute, acquire(MailboxID(ns, other), "runner-b")))
+	_, aliases, _ := h.f.Routes()
+	if len(aliases) != 1 || aliases[0].GetMailboxId() != mailbox {
+		t.Fatalf("alias %v, want the assigned proxy's mailbox %s", aliases, mailbox)
+	}
+	// The assigned proxy goes stale: the namespace moves to other, whose
+	// mailbox is now preferred.
+	p, _ := h.f.Proxy(owner)
+	h.must(c(time.Minute, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: owner, LastSeen: p.GetProxy().GetLastSeen()}}}))
+	_, aliases, v := h.f.Routes()
+	if aliases[0].GetMailboxId() != MailboxID(ns, other) || v != h.index {
+		t.Fatalf("alias %v at version %d, want %s at %d", aliases, v, MailboxID(ns, other), h.index)
+	}
+	// Without a mailbox on the assigned proxy, the newest grant wins.
+	h.must(c(time.Minute, &adminv1.ReleaseLeaseRequest{MailboxId: MailboxID(ns, other), RunnerId: "runner-b"}))
+	_, aliases, _ = h.f.Routes()
+	if aliases[0].GetMailboxId() != mailbox {
+		t.Fatalf("alias %v, want fallback %s", aliases, mailbox)
+	}
+	n, route, _ := h.f.Namespace(ns)
+	if n == nil || route.GetMailboxId() != mailbox {
+		t.Fatalf("Namespace() route = %v", route)
+	}
+}
+
+func TestStaleProxyReturns(t *testing.T) {
+	t.Parallel()
+	h, owner, other, _ := base(t)
+	p, _ := h.f.Proxy(owner)
+	h.must(c(time.Minute, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: owner, LastSeen: p.GetProxy().GetLastSeen()}}}))
+	if n, _, _ := h.f.Namespace(ns); n.GetAssignedProxyId() != other {
+		t.Fatalf("namespace stayed on stale %s", owner)
+	}
+	h.must(c(2*time.Minute, &adminv1.ProxyHeartbeatRequest{ProxyId: owner}))
+	if n, _, _ := h.f.Namespace(ns); n.GetAssignedProxyId() != owner || n.GetAssignmentIndex() != h.index {
+		t.Fatalf("namespace %v did not return to %s", n, owner)
+	}
+	h.must(c(3*time.Minute, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: "proxy-01", LastSeen: at(time.Minute)}, {ProxyId: "proxy-02", LastSeen: at(time.Second)}}}))
+	n, _, _ := h.f.Namespace(ns)
+	info, _ := h.f.Proxies()
+	var live int
+	for _, p := range info {
+		if p.GetProxy().GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_LIVE {
+			live++
+		}
+	}
+	if live == 0 && n.GetAssignedProxyId() != "" {
+		t.Fatalf("no live proxy but namespace assigned to %s", n.GetAssignedProxyId())
+	}
+	roundTrip(t, h.f)
+}
+
+func TestRestoreRejectsBadSnapshots(t *testing.T) {
+	t.Parallel()
+	h, _, _, _ := base(t)
+	good := dump(t, h.f)
+	cases := map[string][]byte{
+		"empty":            nil,
+		"truncated":        good[:len(good)-3],
+		"missing a record": good[:len(good)-len(good)/4],
+		"garbage":          []byte("not a snapshot at all"),
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newHarness(t)
+			f.must(c(0, createNS("keep-me", "t")))
+			before := dump(t, f.f)
+			if err := f.f.Restore(io.NopCloser(bytes.NewReader(data))); err == nil {
+				t.Fatal("restore accepted a bad snapshot")
+			}
+			if !bytes.Equal(before, dump(t, f.f)) {
+				t.Fatal("failed restore changed state")
+			}
+		})
+	}
+}
+
+func TestEncodeRefusesInvalid(t *testing.T) {
+	t.Parallel()
+	if _, err := Encode(c(0, acquire("nope", "r"))); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Encode(bad) = %v", err)
+	}
+	b, err := Encode(c(0, acquire("a@p", "r")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmd, err := Decode(b); err != nil || CommandType(cmd) != "acquire_lease" {
+		t.Fatalf("Decode = %v, %v", cmd, err)
+	}
+}
+
+func FuzzApply(f *testing.F) {
+	for _, cmd := range randomLog(7, 40) {
+		b, _ := proto.Marshal(cmd)
+		f.Add(b)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0x0a, 0x00, 0xca, 0x06, 0x00})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h := newHarness(t)
+		for _, cmd := range randomLog(3, 30) {
+			h.apply(cmd)
+		}
+		before := tables(t, h.f)
+		res := h.applyBytes(data)
+		if _, isErr := res.(error); isErr && !bytes.Equal(before, tables(t, h.f)) {
+			t.Fatalf("refused entry changed state: %v", res)
+		}
+		roundTrip(t, h.f)
+	})
+}
