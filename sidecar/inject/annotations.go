@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -235,7 +236,16 @@ func parseDuration(v string, lo, hi time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
+// quantityForm is the subset of Kubernetes quantities a sidecar request
+// needs. resource.ParseQuantity itself takes seconds on inputs such as
+// "1e-9999999" (found by FuzzParseOptions), too slow for an admission
+// path, so exponents never reach it.
+var quantityForm = regexp.MustCompile(`^[0-9]{1,12}(\.[0-9]{1,6})?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$`)
+
 func parseQuantity(v string) (resource.Quantity, error) {
+	if !quantityForm.MatchString(v) {
+		return resource.Quantity{}, errors.New("want a quantity such as 100m, 0.5 or 64Mi")
+	}
 	q, err := resource.ParseQuantity(v)
 	if err != nil {
 		return resource.Quantity{}, fmt.Errorf("want a quantity such as 100m or 64Mi: %w", err)

@@ -251,6 +251,8 @@ func TestDeniesInvalidAnnotations(t *testing.T) {
 		{"empty endpoint list", map[string]string{AnnotationAdminEndpoints: " , "}, []string{AnnotationAdminEndpoints}},
 		{"runner addr bad port", map[string]string{AnnotationRunnerAddr: "127.0.0.1:99999"}, []string{AnnotationRunnerAddr}},
 		{"negative memory", map[string]string{AnnotationMemory: "-1Mi"}, []string{AnnotationMemory}},
+		{"zero cpu", map[string]string{AnnotationCPU: "0"}, []string{AnnotationCPU}},
+		{"quantity exponent that stalls ParseQuantity", map[string]string{AnnotationCPU: "1e-9999999"}, []string{AnnotationCPU}},
 		{"image with space", map[string]string{AnnotationImage: "prism :1"}, []string{AnnotationImage}},
 		{"two bad annotations both named", map[string]string{AnnotationCPU: "lots", AnnotationLogLevel: "loud"}, []string{AnnotationCPU, AnnotationLogLevel}},
 	}
