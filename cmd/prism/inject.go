@@ -32,7 +32,8 @@ func injectCommand() *cobra.Command {
 prism sidecar, as a native sidecar, to pods labelled prism.io/inject=true
 (path ` + inject.PathInjectPod + `) or in namespaces so labelled (path ` + inject.PathInjectNamespace + `).
 Pod annotations (prism.io/proxy-id, prism.io/admin-endpoints, prism.io/lease-ttl,
-prism.io/heartbeat-interval, prism.io/runner-addr, prism.io/sidecar-image, ...)
+prism.io/heartbeat-interval, prism.io/runner-addr, prism.io/runner-query-port,
+prism.io/sidecar-image, ...)
 override the defaults given here.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -79,6 +80,7 @@ override the defaults given here.`,
 	f.DurationVar(&defaults.LeaseTTL, "lease-ttl", defaults.LeaseTTL, "default lease TTL")
 	f.DurationVar(&defaults.HeartbeatInterval, "heartbeat-interval", defaults.HeartbeatInterval, "default heartbeat interval (below the TTL)")
 	f.StringVar(&defaults.RunnerAddr, "runner-addr", defaults.RunnerAddr, "default address of the runner's local control API")
+	f.IntVar(&defaults.QueryPort, "runner-query-port", defaults.QueryPort, "default runner query port the sidecar advertises as podIP:port for Envoy")
 	f.StringVar(&cpu, "sidecar-cpu", defaults.CPU.String(), "default sidecar CPU request")
 	f.StringVar(&memory, "sidecar-memory", defaults.Memory.String(), "default sidecar memory request and limit")
 	f.StringVar(&defaults.LogLevel, "sidecar-log-level", defaults.LogLevel, "default sidecar log level")

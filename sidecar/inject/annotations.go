@@ -25,6 +25,7 @@ const (
 	AnnotationLeaseTTL          = "prism.io/lease-ttl"
 	AnnotationHeartbeatInterval = "prism.io/heartbeat-interval"
 	AnnotationRunnerAddr        = "prism.io/runner-addr"
+	AnnotationQueryPort         = "prism.io/runner-query-port"
 	AnnotationImage             = "prism.io/sidecar-image"
 	AnnotationCPU               = "prism.io/sidecar-cpu"
 	AnnotationMemory            = "prism.io/sidecar-memory"
@@ -60,6 +61,9 @@ type Options struct {
 	HeartbeatInterval time.Duration
 	// RunnerAddr is the runner's local control API, reached over loopback.
 	RunnerAddr string
+	// QueryPort is the runner's query port; the sidecar registers
+	// podIP:QueryPort as the address Envoy routes the runner's mailboxes to.
+	QueryPort int
 	// Image is the sidecar image (normally the prism image itself).
 	Image string
 	// CPU and Memory are the sidecar's requests; Memory is also its limit.
@@ -122,6 +126,13 @@ func ParseOptions(annotations map[string]string, defaults Options) (Options, err
 		}
 		o.RunnerAddr = v
 	}
+	if v, ok := annotations[AnnotationQueryPort]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 65535 {
+			bad(AnnotationQueryPort, errors.New("want a port number 1-65535"))
+		}
+		o.QueryPort = n
+	}
 	if v, ok := annotations[AnnotationImage]; ok {
 		if err := validateImage(v); err != nil {
 			bad(AnnotationImage, err)
@@ -166,6 +177,10 @@ func ParseOptions(annotations map[string]string, defaults Options) (Options, err
 	if len(o.AdminEndpoints) == 0 {
 		return Options{}, &AnnotationError{Key: AnnotationAdminEndpoints, Value: annotations[AnnotationAdminEndpoints],
 			Err: errors.New("no admin endpoints: set the annotation or the injector's --admin-endpoints")}
+	}
+	if o.QueryPort < 1 || o.QueryPort > 65535 {
+		return Options{}, &AnnotationError{Key: AnnotationQueryPort, Value: annotations[AnnotationQueryPort],
+			Err: errors.New("no runner query port: set the annotation or the injector's --runner-query-port")}
 	}
 	if o.Image == "" {
 		return Options{}, &AnnotationError{Key: AnnotationImage, Value: annotations[AnnotationImage],

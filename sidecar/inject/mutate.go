@@ -33,6 +33,7 @@ const (
 	EnvLeaseTTL          = "PRISM_LEASE_TTL"
 	EnvHeartbeatInterval = "PRISM_HEARTBEAT_INTERVAL"
 	EnvRunnerAddr        = "PRISM_RUNNER_ADDR"
+	EnvAdvertiseAddr     = "PRISM_ADVERTISE_ADDR"
 	EnvHTTPAddr          = "PRISM_HTTP_ADDR"
 	EnvLogLevel          = "PRISM_LOG_LEVEL"
 )
@@ -97,6 +98,7 @@ func sidecarArgs() []string {
 		"--lease-ttl=$(" + EnvLeaseTTL + ")",
 		"--heartbeat-interval=$(" + EnvHeartbeatInterval + ")",
 		"--runner-addr=$(" + EnvRunnerAddr + ")",
+		"--advertise-addr=$(" + EnvAdvertiseAddr + ")",
 		"--http-addr=$(" + EnvHTTPAddr + ")",
 		"--log-level=$(" + EnvLogLevel + ")",
 	}
@@ -127,6 +129,9 @@ func sidecarEnv(o Options) []corev1.EnvVar {
 		corev1.EnvVar{Name: EnvLeaseTTL, Value: o.LeaseTTL.String()},
 		corev1.EnvVar{Name: EnvHeartbeatInterval, Value: o.HeartbeatInterval.String()},
 		corev1.EnvVar{Name: EnvRunnerAddr, Value: o.RunnerAddr},
+		// Expanded by the kubelet from PRISM_POD_IP above: Envoy's EDS
+		// needs an IP, and only the kubelet knows it.
+		corev1.EnvVar{Name: EnvAdvertiseAddr, Value: "$(" + EnvPodIP + "):" + strconv.Itoa(o.QueryPort)},
 		corev1.EnvVar{Name: EnvHTTPAddr, Value: ":" + strconv.Itoa(SidecarHTTPPort)},
 		corev1.EnvVar{Name: EnvLogLevel, Value: level},
 	)
@@ -161,6 +166,7 @@ func DefaultOptions() Options {
 		LeaseTTL:          15 * time.Second,
 		HeartbeatInterval: 5 * time.Second,
 		RunnerAddr:        "127.0.0.1:7071",
+		QueryPort:         9090,
 		CPU:               resource.MustParse("50m"),
 		Memory:            resource.MustParse("64Mi"),
 		LogLevel:          "info",

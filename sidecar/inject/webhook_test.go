@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -58,6 +59,7 @@ func TestInjectsNativeSidecar(t *testing.T) {
 					AnnotationLeaseTTL:          "30s",
 					AnnotationHeartbeatInterval: "2s",
 					AnnotationRunnerAddr:        "127.0.0.1:9999",
+					AnnotationQueryPort:         "8443",
 					AnnotationImage:             "registry.local/prism:canary",
 					AnnotationCPU:               "200m",
 					AnnotationMemory:            "256Mi",
@@ -69,6 +71,7 @@ func TestInjectsNativeSidecar(t *testing.T) {
 				want := map[string]string{
 					EnvProxyID: "proxy-01", EnvAdminEndpoints: "10.0.0.1:7000,admin.example:7001",
 					EnvLeaseTTL: "30s", EnvHeartbeatInterval: "2s", EnvRunnerAddr: "127.0.0.1:9999", EnvLogLevel: "debug",
+					EnvAdvertiseAddr: "$(PRISM_POD_IP):8443",
 				}
 				for k, v := range want {
 					if env[k].Value != v || env[k].ValueFrom != nil {
@@ -168,16 +171,25 @@ func TestInjectsNativeSidecar(t *testing.T) {
 	}
 }
 
-// checkArgsExpand asserts every $(VAR) in the sidecar's args names an env
-// var defined on it, or the kubelet would pass the text through literally.
+// checkArgsExpand asserts every $(VAR) in the sidecar's args names one of
+// its env vars, and in an env value one defined before it: otherwise the
+// kubelet passes the text through literally.
 func checkArgsExpand(t *testing.T, c corev1.Container) {
 	t.Helper()
-	env := envOf(c)
+	refs := regexp.MustCompile(`\$\(([A-Z_]+)\)`)
+	defined := map[string]bool{}
+	for _, e := range c.Env {
+		for _, m := range refs.FindAllStringSubmatch(e.Value, -1) {
+			if !defined[m[1]] {
+				t.Errorf("env %s=%q refers to %s, not defined before it", e.Name, e.Value, m[1])
+			}
+		}
+		defined[e.Name] = true
+	}
 	for _, a := range c.Args {
-		if i := strings.Index(a, "$("); i >= 0 {
-			name := strings.TrimSuffix(a[i+2:], ")")
-			if _, ok := env[name]; !ok {
-				t.Errorf("arg %q refers to undefined env %s", a, name)
+		for _, m := range refs.FindAllStringSubmatch(a, -1) {
+			if !defined[m[1]] {
+				t.Errorf("arg %q refers to undefined env %s", a, m[1])
 			}
 		}
 	}
@@ -250,6 +262,7 @@ func TestDeniesInvalidAnnotations(t *testing.T) {
 		{"endpoint without port", map[string]string{AnnotationAdminEndpoints: "admin-0"}, []string{AnnotationAdminEndpoints}},
 		{"empty endpoint list", map[string]string{AnnotationAdminEndpoints: " , "}, []string{AnnotationAdminEndpoints}},
 		{"runner addr bad port", map[string]string{AnnotationRunnerAddr: "127.0.0.1:99999"}, []string{AnnotationRunnerAddr}},
+		{"query port out of range", map[string]string{AnnotationQueryPort: "0"}, []string{AnnotationQueryPort}},
 		{"negative memory", map[string]string{AnnotationMemory: "-1Mi"}, []string{AnnotationMemory}},
 		{"zero cpu", map[string]string{AnnotationCPU: "0"}, []string{AnnotationCPU}},
 		{"quantity exponent that stalls ParseQuantity", map[string]string{AnnotationCPU: "1e-9999999"}, []string{AnnotationCPU}},
