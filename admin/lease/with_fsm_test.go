@@ -1,0 +1,138 @@
+package lease
+
+import (
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prism-mesh/prism/admin/fsm"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// node is a real FSM with the lessor as its observer, fed log entries the
+// way the leader would propose them: stamped with the lessor's clock.
+type node struct {
+	t     *testing.T
+	clk   *fakeClock
+	fsm   *fsm.FSM
+	l     *Lessor
+	index uint64
+}
+
+func newNode(t *testing.T) *node {
+	clk := &fakeClock{now: t0}
+	l := New(Config{Now: clk.Now, ExtendOnPromote: extend, Logger: quiet})
+	return &node{t: t, clk: clk, l: l, fsm: fsm.New(fsm.WithLeaseObserver(l))}
+}
+
+func (n *node) apply(cmd *adminv1.Command) any {
+	n.t.Helper()
+	cmd.Now = timestamppb.New(n.clk.Now())
+	data, err := fsm.Encode(cmd)
+	if err != nil {
+		n.t.Fatalf("encode: %v", err)
+	}
+	n.index++
+	res := n.fsm.Apply(&raft.Log{Index: n.index, Type: raft.LogCommand, Data: data})
+	if err, ok := res.(error); ok {
+		n.t.Fatalf("apply: %v", err)
+	}
+	return res
+}
+
+func (n *node) acquire(mailbox, runner string) *adminv1.AcquireLeaseResponse {
+	return n.apply(&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: &adminv1.AcquireLeaseRequest{
+		MailboxId: mailbox, RunnerId: runner, RunnerAddress: "10.0.0.1:9090",
+	}}}).(*adminv1.AcquireLeaseResponse)
+}
+
+func (n *node) expire(refs []*adminv1.LeaseRef) *fsm.ExpireResult {
+	return n.apply(&adminv1.Command{Body: &adminv1.Command_ExpireLeases{ExpireLeases: &adminv1.ExpireLeasesCommand{Leases: refs}}}).(*fsm.ExpireResult)
+}
+
+func TestLeaseLifecycleThroughTheFSM(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	n.l.Promote()
+	got := n.acquire("a@p", "r1")
+	if !got.GetGranted() {
+		t.Fatalf("acquire: %v", got)
+	}
+	epoch := got.GetLease().GetEpoch()
+	if denied := n.acquire("a@p", "r2"); denied.GetGranted() || denied.GetRefusal().GetCurrent().GetRunnerId() != "r1" {
+		t.Fatalf("second runner: %v", denied)
+	}
+	// Heartbeats keep it alive well past the default ttl + grace.
+	for range 10 {
+		n.clk.Advance(fsm.DefaultHeartbeatInterval)
+		if res := n.l.Renew(hb("a@p", "r1", epoch)); !res.GetRenewed() {
+			t.Fatalf("renew: %v", res)
+		}
+		if refs := n.l.Expired(); len(refs) != 0 {
+			t.Fatalf("expired while heartbeating: %v", refs)
+		}
+	}
+	cps := n.l.Checkpoints(100)
+	n.apply(&adminv1.Command{Body: &adminv1.Command_CheckpointLeases{CheckpointLeases: &adminv1.CheckpointLeasesCommand{Checkpoints: cps}}})
+	if l, _ := n.fsm.Lease("a@p"); !l.GetExpiresAt().AsTime().Equal(n.clk.Now().Add(fsm.DefaultLeaseTTL)) {
+		t.Fatalf("checkpoint not in the FSM: %v", l)
+	}
+	// The runner dies. Nothing expires before ttl + grace.
+	n.clk.Advance(fsm.DefaultLeaseTTL + fsm.DefaultLeaseGrace)
+	if refs := n.l.Expired(); len(refs) != 0 {
+		t.Fatalf("expired at exactly ttl + grace: %v", refs)
+	}
+	n.clk.Advance(time.Millisecond)
+	refs := n.l.Expired()
+	if res := n.expire(refs); len(res.Expired) != 1 || res.Expired[0].GetEpoch() != epoch {
+		t.Fatalf("expire %v: %v", refs, res)
+	}
+	if l, _ := n.fsm.Lease("a@p"); l != nil {
+		t.Fatalf("lease survived its expiry: %v", l)
+	}
+	if res := n.l.Renew(hb("a@p", "r1", epoch)); res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_LEASE {
+		t.Fatalf("renew after expiry: %v", res)
+	}
+	if again := n.acquire("a@p", "r2"); !again.GetGranted() || again.GetLease().GetEpoch() <= epoch {
+		t.Fatalf("re-acquire by r2: %v", again)
+	}
+}
+
+func TestExpireRacingAReacquireKeepsTheNewGrant(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	n.l.Promote()
+	old := n.acquire("a@p", "r1").GetLease().GetEpoch()
+	n.clk.Advance(fsm.DefaultLeaseTTL + fsm.DefaultLeaseGrace + time.Millisecond)
+	refs := n.l.Expired()
+	if len(refs) != 1 {
+		t.Fatalf("refs %v", refs)
+	}
+	// Ordered before the expire in the log: r1 releases, r2 acquires.
+	n.apply(&adminv1.Command{Body: &adminv1.Command_ReleaseLease{ReleaseLease: &adminv1.ReleaseLeaseRequest{MailboxId: "a@p", RunnerId: "r1"}}})
+	fresh := n.acquire("a@p", "r2").GetLease().GetEpoch()
+	if res := n.expire(refs); len(res.Expired) != 0 {
+		t.Fatalf("stale expire removed %v", res.Expired)
+	}
+	if l, _ := n.fsm.Lease("a@p"); l.GetEpoch() != fresh || fresh <= old {
+		t.Fatalf("lease %v, want r2's epoch %d", l, fresh)
+	}
+	if res := n.l.Renew(hb("a@p", "r2", fresh)); !res.GetRenewed() {
+		t.Fatalf("new holder refused: %v", res)
+	}
+}
+
+func TestFollowerMirrorsLeasesForPromotion(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	epoch := n.acquire("a@p", "r1").GetLease().GetEpoch()
+	if res := n.l.Renew(hb("a@p", "r1", epoch)); res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
+		t.Fatalf("follower renewed: %v", res)
+	}
+	n.clk.Advance(time.Hour)
+	n.l.Promote()
+	if res := n.l.Renew(hb("a@p", "r1", epoch)); !res.GetRenewed() {
+		t.Fatalf("promoted lessor does not know the follower-era grant: %v", res)
+	}
+}
