@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -84,7 +85,7 @@ func itemKey(p pos) []byte {
 	return k
 }
 
-func msgIDKey(id string) []byte {
+func msgIDKey[T string | []byte](id T) []byte {
 	k := make([]byte, 1+len(id))
 	k[0] = prefixMsgID
 	copy(k[1:], id)
@@ -92,30 +93,99 @@ func msgIDKey(id string) []byte {
 }
 
 // indexPrefix is the prefix of every index entry of (kind, value).
-func indexPrefix(kind byte, value string) []byte {
+func indexPrefix[T string | []byte](kind byte, value T) []byte {
 	k := make([]byte, 0, 2+binary.MaxVarintLen64+len(value)+posLen)
 	k = append(k, prefixIndex, kind)
 	k = binary.AppendUvarint(k, uint64(len(value)))
 	return append(k, value...)
 }
 
-func indexKey(kind byte, value string, p pos) []byte {
+func indexKey[T string | []byte](kind byte, value T, p pos) []byte {
 	return append(indexPrefix(kind, value), p[:]...)
+}
+
+// indexed are the header fields that keys are made of, sliced out of a record without decoding all of it: the
+// retention pass and query filters need only these, and a full proto decode would allocate every header.
+type indexed struct {
+	msgID, topic, principal, corr, trace []byte
+	blobLen                              int
+}
+
+func indexedOf(it *mailboxv1.MailboxItem) indexed {
+	return indexed{
+		msgID:     []byte(it.GetMessageId()),
+		topic:     []byte(it.GetTopic()),
+		principal: []byte(it.GetPrincipal()),
+		corr:      []byte(it.GetCorrelationId()),
+		trace:     []byte(it.GetTraceId()),
+		blobLen:   len(it.GetEnvelopeBlob()),
+	}
+}
+
+// Field numbers of MailboxItem (proto/prism/mailbox/v1); TestParseIndexed checks them against the generated code.
+const (
+	fieldMessageID     = 1
+	fieldTopic         = 3
+	fieldCorrelationID = 8
+	fieldPrincipal     = 9
+	fieldTraceID       = 11
+)
+
+// parseIndexed reads the indexed fields of a record; the slices alias rec.
+func parseIndexed(rec []byte) (indexed, error) {
+	var x indexed
+	hdr, blob, err := splitRecord(rec)
+	if err != nil {
+		return x, err
+	}
+	x.blobLen = len(blob)
+	for len(hdr) > 0 {
+		num, typ, n := protowire.ConsumeTag(hdr)
+		if n < 0 {
+			return x, errCorruptRecord
+		}
+		hdr = hdr[n:]
+		if typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, hdr); n < 0 {
+				return x, errCorruptRecord
+			}
+			hdr = hdr[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(hdr)
+		if n < 0 {
+			return x, errCorruptRecord
+		}
+		hdr = hdr[n:]
+		switch num {
+		case fieldMessageID:
+			x.msgID = v
+		case fieldTopic:
+			x.topic = v
+		case fieldCorrelationID:
+			x.corr = v
+		case fieldPrincipal:
+			x.principal = v
+		case fieldTraceID:
+			x.trace = v
+		}
+	}
+	return x, nil
 }
 
 // indexEntries lists the index keys of an item. Topic and principal are indexed even when empty so a filter for
 // the empty value is still an index lookup; correlation and trace ids only when set, since an empty filter value
 // means "no filter" for them.
-func indexEntries(h *mailboxv1.MailboxItem, p pos) [][]byte {
+func indexEntries(x indexed, p pos) [][]byte {
 	keys := [][]byte{
-		indexKey(kindTopic, h.GetTopic(), p),
-		indexKey(kindPrincipal, h.GetPrincipal(), p),
+		indexKey(kindTopic, x.topic, p),
+		indexKey(kindPrincipal, x.principal, p),
 	}
-	if c := h.GetCorrelationId(); c != "" {
-		keys = append(keys, indexKey(kindCorrelation, c, p))
+	if len(x.corr) > 0 {
+		keys = append(keys, indexKey(kindCorrelation, x.corr, p))
 	}
-	if t := h.GetTraceId(); t != "" {
-		keys = append(keys, indexKey(kindTrace, t, p))
+	if len(x.trace) > 0 {
+		keys = append(keys, indexKey(kindTrace, x.trace, p))
 	}
 	return keys
 }
@@ -162,28 +232,18 @@ func splitRecord(rec []byte) (hdr, blob []byte, err error) {
 	return rec[w : w+int(n)], rec[w+int(n):], nil
 }
 
-// decodeHeaders decodes only the headers of a record; the blob is left out.
-func decodeHeaders(rec []byte) (*mailboxv1.MailboxItem, int, error) {
-	hdr, blob, err := splitRecord(rec)
-	if err != nil {
-		return nil, 0, err
-	}
-	h := &mailboxv1.MailboxItem{}
-	if err := proto.Unmarshal(hdr, h); err != nil {
-		return nil, 0, fmt.Errorf("%w: %v", errCorruptRecord, err)
-	}
-	return h, len(blob), nil
-}
-
 // decodeItem decodes a whole record; rec may be reused by the caller afterwards.
 func decodeItem(rec []byte) (*mailboxv1.MailboxItem, error) {
-	h, _, err := decodeHeaders(rec)
+	hdr, blob, err := splitRecord(rec)
 	if err != nil {
 		return nil, err
 	}
-	_, blob, _ := splitRecord(rec)
-	h.EnvelopeBlob = bytes.Clone(blob)
-	return h, nil
+	it := &mailboxv1.MailboxItem{}
+	if err := proto.Unmarshal(hdr, it); err != nil {
+		return nil, fmt.Errorf("%w: %v", errCorruptRecord, err)
+	}
+	it.EnvelopeBlob = bytes.Clone(blob)
+	return it, nil
 }
 
 type meta struct {

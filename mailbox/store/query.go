@@ -33,21 +33,21 @@ func (pl *plan) needsHeaders() bool {
 	return pl.topics != nil || pl.principals != nil || pl.corr != "" || pl.trace != ""
 }
 
-func (pl *plan) matches(h *mailboxv1.MailboxItem) bool {
+func (pl *plan) matches(x indexed) bool {
 	if pl.topics != nil {
-		if _, ok := pl.topics[h.GetTopic()]; !ok {
+		if _, ok := pl.topics[string(x.topic)]; !ok {
 			return false
 		}
 	}
 	if pl.principals != nil {
-		if _, ok := pl.principals[h.GetPrincipal()]; !ok {
+		if _, ok := pl.principals[string(x.principal)]; !ok {
 			return false
 		}
 	}
-	if pl.corr != "" && h.GetCorrelationId() != pl.corr {
+	if pl.corr != "" && string(x.corr) != pl.corr {
 		return false
 	}
-	return pl.trace == "" || h.GetTraceId() == pl.trace
+	return pl.trace == "" || string(x.trace) == pl.trace
 }
 
 func invalid(param, format string, a ...any) error {
@@ -274,11 +274,11 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 		best.it.Next()
 		best.load(pl)
 		if pl.needsHeaders() {
-			h, _, err := decodeHeaders(rec)
+			x, err := parseIndexed(rec)
 			if err != nil {
 				return fmt.Errorf("decode %x: %w", p, err)
 			}
-			if !pl.matches(h) {
+			if !pl.matches(x) {
 				continue
 			}
 		}

@@ -24,6 +24,10 @@ type victim struct {
 // until the stored envelope bytes are at most MaxSize, each with its index entries and its message-id entry, in
 // transactions of up to retentionChunk items that also rewrite the counters.
 //
+// One read snapshot walks the items oldest first and hands chunks of victims to a committer, so reading the
+// next chunk overlaps with Badger writing the tombstones of the previous one. Writes wait for the pass (wmu),
+// which keeps the counters exact.
+//
 // Dropping the message-id entry means a message redelivered after its item aged out is stored again. That is
 // accepted: Kafka only redelivers what is still within its own retention, which for a mailbox that keeps data
 // at least as long as its topic never happens, and the alternative (tombstones kept forever) would grow without
@@ -33,30 +37,35 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 	if s.opts.MaxAge > 0 {
 		cutoff = ceilMillis(now.Add(-s.opts.MaxAge))
 	}
+	if cutoff == math.MinInt64 && s.opts.MaxSize <= 0 {
+		return RetentionResult{}, nil
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+
+	chunks := make(chan []victim, 1)
 	var res RetentionResult
-	for {
-		if err := ctx.Err(); err != nil {
-			return res, err
+	var commitErr error
+	committed := make(chan struct{})
+	go func() {
+		defer close(committed)
+		for vs := range chunks {
+			if commitErr != nil {
+				continue // drain: the reader stops at its next send
+			}
+			if commitErr = s.deleteChunk(vs); commitErr == nil {
+				res.Deleted += len(vs)
+				for _, v := range vs {
+					res.DeletedBytes += v.bytes
+				}
+			}
 		}
-		vs, err := s.collectVictims(cutoff, s.chunk)
-		if err != nil {
-			return res, fmt.Errorf("retention: %w", err)
-		}
-		if len(vs) == 0 {
-			break
-		}
-		if err := s.deleteChunk(vs); err != nil {
-			return res, fmt.Errorf("retention: %w", err)
-		}
-		res.Deleted += len(vs)
-		for _, v := range vs {
-			res.DeletedBytes += v.bytes
-		}
-		if len(vs) < s.chunk {
-			break
-		}
+	}()
+	readErr := s.collectVictims(ctx, cutoff, chunks)
+	close(chunks)
+	<-committed
+	if err := errors.Join(readErr, commitErr); err != nil {
+		return res, fmt.Errorf("retention: %w", err)
 	}
 	if res.Deleted > 0 {
 		s.log.Info("retention pass", "deleted", res.Deleted, "deleted_bytes", res.DeletedBytes, "dir", s.opts.Dir)
@@ -67,30 +76,29 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 	return res, nil
 }
 
-// collectVictims walks the primary order from the oldest item and returns up to n items that are older than
-// cutoff or needed to get under MaxSize. It must be called with wmu held.
-func (s *Store) collectVictims(cutoff int64, n int) ([]victim, error) {
+// collectVictims walks the primary order from the oldest item and sends, in chunks of s.chunk, the items that
+// are older than cutoff or must go to get under MaxSize. It must be called with wmu held.
+func (s *Store) collectVictims(ctx context.Context, cutoff int64, out chan<- []victim) error {
 	remaining := s.m.bytes
-	var vs []victim
-	err := s.db.View(func(txn *badger.Txn) error {
+	return s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: []byte{prefixItem}, PrefetchValues: true, PrefetchSize: 256})
 		defer it.Close()
-		for it.Seek([]byte{prefixItem, 0xff}); it.Valid() && len(vs) < n; it.Next() {
+		vs := make([]victim, 0, s.chunk)
+		for it.Seek([]byte{prefixItem, 0xff}); it.Valid(); it.Next() {
 			item := it.Item()
 			var p pos
 			copy(p[:], item.Key()[1:])
-			tooBig := s.opts.MaxSize > 0 && remaining > s.opts.MaxSize
-			if p.ts() >= cutoff && !tooBig {
-				return nil
+			if p.ts() >= cutoff && (s.opts.MaxSize <= 0 || remaining <= s.opts.MaxSize) {
+				break
 			}
 			v := victim{p: p}
 			err := item.Value(func(rec []byte) error {
-				h, blobLen, err := decodeHeaders(rec)
+				x, err := parseIndexed(rec)
 				if err != nil {
 					return err
 				}
-				v.bytes = int64(blobLen)
-				v.keys = append(indexEntries(h, p), itemKey(p), msgIDKey(h.GetMessageId()))
+				v.bytes = int64(x.blobLen)
+				v.keys = append(indexEntries(x, p), itemKey(p), msgIDKey(x.msgID))
 				return nil
 			})
 			if err != nil {
@@ -98,12 +106,22 @@ func (s *Store) collectVictims(cutoff int64, n int) ([]victim, error) {
 			}
 			remaining -= v.bytes
 			vs = append(vs, v)
+			if len(vs) == s.chunk {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				out <- vs
+				vs = make([]victim, 0, s.chunk)
+			}
+		}
+		if len(vs) > 0 {
+			out <- vs
 		}
 		return nil
 	})
-	return vs, err
 }
 
+// deleteChunk deletes vs in one transaction, halving it while Badger finds it too big.
 func (s *Store) deleteChunk(vs []victim) error {
 	err := s.deleteTxn(vs)
 	if !errors.Is(err, badger.ErrTxnTooBig) || len(vs) < 2 {
@@ -119,7 +137,7 @@ func (s *Store) deleteChunk(vs []victim) error {
 func (s *Store) deleteTxn(vs []victim) error {
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
-	m := s.m
+	m := s.m // only writers change s.m, and the retention pass holds wmu
 	for _, v := range vs {
 		for _, k := range v.keys {
 			if err := txn.Delete(k); err != nil {

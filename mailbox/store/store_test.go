@@ -14,6 +14,7 @@ import (
 
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
@@ -294,5 +295,36 @@ func TestFileModes(t *testing.T) {
 	}
 	if files == 0 {
 		t.Fatal("no data files found")
+	}
+}
+
+// TestParseIndexed checks the hand-written field numbers against the generated MailboxItem and the partial
+// parse against a full encode.
+func TestParseIndexed(t *testing.T) {
+	t.Parallel()
+	fields := (&mailboxv1.MailboxItem{}).ProtoReflect().Descriptor().Fields()
+	for name, num := range map[string]int{
+		"message_id": fieldMessageID, "topic": fieldTopic, "correlation_id": fieldCorrelationID,
+		"principal": fieldPrincipal, "trace_id": fieldTraceID,
+	} {
+		if got := int(fields.ByName(protoreflect.Name(name)).Number()); got != num {
+			t.Errorf("field %s is %d in the proto, %d here", name, got, num)
+		}
+	}
+	for _, it := range []*mailboxv1.MailboxItem{item("a", 7), {MessageId: "only-id", EnvelopeBlob: []byte{1, 2}}} {
+		rec, err := encodeRecord(it)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := parseIndexed(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := x, indexedOf(it); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("parsed %+v, want %+v", got, want)
+		}
+	}
+	if _, err := parseIndexed([]byte{5, 0x0a, 0xff}); err == nil {
+		t.Error("truncated record parsed without error")
 	}
 }

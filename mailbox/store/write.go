@@ -80,7 +80,7 @@ func (s *Store) writeTxn(items []*mailboxv1.MailboxItem) (WriteResult, error) {
 		if err := txn.Set(msgIDKey(id), p[:]); err != nil {
 			return WriteResult{}, fmt.Errorf("write %q: %w", id, err)
 		}
-		for _, k := range indexEntries(it, p) {
+		for _, k := range indexEntries(indexedOf(it), p) {
 			if err := txn.Set(k, nil); err != nil {
 				return WriteResult{}, fmt.Errorf("write %q: %w", id, err)
 			}
