@@ -358,3 +358,21 @@ func FuzzApply(f *testing.F) {
 		roundTrip(t, h.f)
 	})
 }
+
+func FuzzParseMailboxID(f *testing.F) {
+	for _, s := range []string{"audit-logs@proxy-01", "$admin@proxy-01", "a@b@c", "@p", "ns@", "", "a b@p", "ns@p\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		ns, proxy, err := ParseMailboxID(id)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		if MailboxID(ns, proxy) != id || ValidateNamespaceName(ns) != nil || ValidateProxyID(proxy) != nil {
+			t.Fatalf("%q parsed into %q, %q", id, ns, proxy)
+		}
+	})
+}

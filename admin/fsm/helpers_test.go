@@ -70,12 +70,12 @@ func acquire(mailbox, runner string) *adminv1.AcquireLeaseRequest {
 
 // harness applies commands with increasing raft indexes.
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	f     *FSM
 	index uint64
 }
 
-func newHarness(t *testing.T, opts ...Option) *harness {
+func newHarness(t testing.TB, opts ...Option) *harness {
 	return &harness{t: t, f: New(opts...)}
 }
 
