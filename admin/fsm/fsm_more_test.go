@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -184,17 +186,30 @@ func TestEpochsOnlyGrow(t *testing.T) {
 	}
 }
 
-type recorder struct{ events []string }
+// recorder is a LeaseObserver that logs events; raft calls it from its own
+// goroutine, hence the lock.
+type recorder struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (r *recorder) add(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) Events() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
 
 func (r *recorder) LeaseGranted(l *adminv1.Lease) {
-	r.events = append(r.events, fmt.Sprintf("grant %s %s %d", l.GetMailboxId(), l.GetRunnerId(), l.GetEpoch()))
+	r.add("grant %s %s %d", l.GetMailboxId(), l.GetRunnerId(), l.GetEpoch())
 }
-func (r *recorder) LeaseRemoved(mid string, epoch uint64) {
-	r.events = append(r.events, fmt.Sprintf("remove %s %d", mid, epoch))
-}
-func (r *recorder) LeasesRestored(ls []*adminv1.Lease) {
-	r.events = append(r.events, fmt.Sprintf("restore %d", len(ls)))
-}
+func (r *recorder) LeaseRemoved(mid string, epoch uint64) { r.add("remove %s %d", mid, epoch) }
+func (r *recorder) LeasesRestored(ls []*adminv1.Lease)    { r.add("restore %d", len(ls)) }
 
 func TestObserverSeesLeaseChangesInLogOrder(t *testing.T) {
 	t.Parallel()
@@ -213,8 +228,8 @@ func TestObserverSeesLeaseChangesInLogOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"grant a@p r1 1", "grant a@p r1 3", "grant b@p r2 6", "remove a@p 3", "remove b@p 6", "grant c@p r3 9", "restore 1"}
-	if fmt.Sprint(rec.events) != fmt.Sprint(want) {
-		t.Fatalf("events\n%v\nwant\n%v", rec.events, want)
+	if got := rec.Events(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("events\n%v\nwant\n%v", got, want)
 	}
 }
 
