@@ -391,3 +391,26 @@ func FuzzParseMailboxID(f *testing.F) {
 		}
 	})
 }
+
+func FuzzRestore(f *testing.F) {
+	h := newHarness(f)
+	for _, cmd := range randomLog(5, 60) {
+		h.apply(cmd)
+	}
+	good := dump(f, h.f)
+	f.Add(good)
+	f.Add(good[:len(good)/2])
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		g := newHarness(t)
+		g.must(c(0, createNS("keep-me", "t")))
+		before := dump(t, g.f)
+		if err := g.f.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
+			if !bytes.Equal(before, dump(t, g.f)) {
+				t.Fatal("failed restore changed state")
+			}
+			return
+		}
+		roundTrip(t, g.f)
+	})
+}

@@ -47,6 +47,17 @@
 // each lease's epoch; the FSM ignores any that were re-granted meanwhile. A
 // request that is not committed (lost leadership, timeout) is offered again
 // after ExpiryRetry.
+//
+// # Wiring
+//
+// Every node passes its Lessor to fsm.New as the lease observer, so the
+// mirror is exact on every node whatever Raft replays or restores. Promote
+// runs when the node becomes leader and has applied all earlier entries
+// (after a barrier), with ExtendOnPromote set to the raft election timeout;
+// Demote runs as soon as it stops being leader, and heartbeats are answered
+// only while raft reports this node leader. The leader loop calls Expired
+// (e.g. every 100 ms), Checkpoints (e.g. every few seconds, in batches) and
+// StaleProxies, and commits what they return.
 package lease
 
 import (
