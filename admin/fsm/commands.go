@@ -41,16 +41,16 @@ func validateRegisterProxy(cmd *adminv1.Command) error {
 	if err := ValidateAddress("registration.address", r.GetAddress()); err != nil {
 		return err
 	}
-	if len(r.GetAdditionalAddresses()) > MaxLabels {
-		return invalid("registration.additional_addresses", "at most %d", MaxLabels)
+	if len(r.GetAdditionalAddresses()) > MaxListLen {
+		return invalid("registration.additional_addresses", "at most %d", MaxListLen)
 	}
 	for i, a := range r.GetAdditionalAddresses() {
 		if err := ValidateAddress(fmt.Sprintf("registration.additional_addresses[%d]", i), a); err != nil {
 			return err
 		}
 	}
-	if len(r.GetCapabilities()) > MaxLabels {
-		return invalid("registration.capabilities", "at most %d", MaxLabels)
+	if len(r.GetCapabilities()) > MaxListLen {
+		return invalid("registration.capabilities", "at most %d", MaxListLen)
 	}
 	for i, c := range r.GetCapabilities() {
 		if err := ValidateID(fmt.Sprintf("registration.capabilities[%d]", i), c); err != nil {

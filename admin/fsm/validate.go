@@ -28,10 +28,11 @@ const (
 	// MaxIDLen bounds every id; Kubernetes object names, our default proxy
 	// and runner ids, are at most 253 bytes.
 	MaxIDLen = 253
-	// MaxTopics and MaxLabels keep one namespace from bloating every
-	// snapshot.
-	MaxTopics = 64
-	MaxLabels = 64
+	// MaxTopics, MaxLabels and MaxListLen (addresses, capabilities) keep
+	// one record from bloating every snapshot.
+	MaxTopics  = 64
+	MaxLabels  = 64
+	MaxListLen = 64
 )
 
 var (
