@@ -104,7 +104,7 @@ type Metrics struct {
 	// Commit is the time from Apply to the leader's FSM having applied the
 	// entry (replication to a quorum, fsync and apply).
 	Commit func(time.Duration)
-	// FSMApply is the time the FSM spends in Apply.
+	// FSMApply is the time the FSM spends in Apply (or ApplyBatch).
 	FSMApply func(time.Duration)
 }
 
@@ -186,6 +186,8 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 	rc.NotifyCh = n.notifyCh
 	rc.Logger = hl
 	rc.NoLegacyTelemetry = true
+	// Concurrent acquires arrive together; let raft batch them into one append.
+	rc.BatchApplyCh = true
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("raft config for %s: %w", cfg.ID, err)
 	}
@@ -263,7 +265,7 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		n.log.Info("restarting on existing raft state", "dir", cfg.DataDir)
 	}
 
-	r, err := raft.NewRaft(rc, &timedFSM{FSM: fsm, observe: cfg.Metrics.FSMApply}, logs, stable, snaps, n.trans)
+	r, err := raft.NewRaft(rc, wrapFSM(fsm, cfg.Metrics.FSMApply), logs, stable, snaps, n.trans)
 	if err != nil {
 		cleanup()
 		return nil, fmt.Errorf("start raft %s: %w", cfg.ID, err)
@@ -533,11 +535,32 @@ type timedFSM struct {
 }
 
 func (t *timedFSM) Apply(l *raft.Log) any {
-	if t.observe == nil {
-		return t.FSM.Apply(l)
-	}
 	start := time.Now()
 	r := t.FSM.Apply(l)
 	t.observe(time.Since(start))
 	return r
+}
+
+// timedBatchingFSM keeps raft's batched apply path for FSMs that have one.
+type timedBatchingFSM struct {
+	timedFSM
+	batch raft.BatchingFSM
+}
+
+func (t *timedBatchingFSM) ApplyBatch(logs []*raft.Log) []any {
+	start := time.Now()
+	r := t.batch.ApplyBatch(logs)
+	t.observe(time.Since(start))
+	return r
+}
+
+func wrapFSM(fsm raft.FSM, observe func(time.Duration)) raft.FSM {
+	if observe == nil {
+		return fsm
+	}
+	t := timedFSM{FSM: fsm, observe: observe}
+	if b, ok := fsm.(raft.BatchingFSM); ok {
+		return &timedBatchingFSM{timedFSM: t, batch: b}
+	}
+	return &t
 }
