@@ -1,6 +1,8 @@
 package lease
 
 import (
+	"bytes"
+	"io"
 	"testing"
 	"time"
 
@@ -136,3 +138,61 @@ func TestFollowerMirrorsLeasesForPromotion(t *testing.T) {
 		t.Fatalf("promoted lessor does not know the follower-era grant: %v", res)
 	}
 }
+
+func TestRestoreOnPrimaryResetsLeases(t *testing.T) {
+	t.Parallel()
+	n := newNode(t)
+	epoch := n.acquire("a@p", "r1").GetLease().GetEpoch()
+	n.acquire("b@p", "r2")
+	snap, err := n.fsm.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh node restores the snapshot while it is (already) primary,
+	// long after the grants: nothing may be due before a full ttl + extend.
+	m := newNode(t)
+	m.clk.Set(t0.Add(time.Hour))
+	m.l.Promote()
+	if !m.l.Primary() {
+		t.Fatal("not primary after Promote")
+	}
+	if err := m.fsm.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if m.l.Len() != 2 {
+		t.Fatalf("mirror has %d leases after restore", m.l.Len())
+	}
+	restored := m.clk.Now()
+	if res := m.l.Renew(hb("a@p", "r1", epoch)); !res.GetRenewed() {
+		t.Fatalf("restored lease not renewable: %v", res)
+	}
+	// a@p was renewed at restore (due after ttl + grace); b@p keeps the
+	// promotion treatment (due after ttl + extend + grace).
+	due := map[string]time.Duration{}
+	for len(due) < 2 && m.clk.Now().Sub(restored) < time.Minute {
+		for _, r := range m.l.Expired() {
+			due[r.GetMailboxId()] = m.clk.Now().Sub(restored)
+		}
+		m.clk.Advance(10 * time.Millisecond)
+	}
+	if a := fsm.DefaultLeaseTTL + fsm.DefaultLeaseGrace; due["a@p"] <= a || due["a@p"] > a+10*time.Millisecond {
+		t.Fatalf("a@p due at restore+%s, want just after %s", due["a@p"], a)
+	}
+	if b := fsm.DefaultLeaseTTL + extend + fsm.DefaultLeaseGrace; due["b@p"] <= b || due["b@p"] > b+10*time.Millisecond {
+		t.Fatalf("b@p due at restore+%s, want just after %s", due["b@p"], b)
+	}
+	m.l.Demote()
+	if m.l.Primary() {
+		t.Fatal("primary after Demote")
+	}
+}
+
+type memSink struct{ bytes.Buffer }
+
+func (s *memSink) ID() string    { return "mem" }
+func (s *memSink) Cancel() error { return nil }
+func (s *memSink) Close() error  { return nil }
