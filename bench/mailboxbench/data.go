@@ -128,3 +128,20 @@ func itemOf(i int) *mailboxv1.MailboxItem {
 		EnvelopeBlob:  blob,
 	}
 }
+
+// batches generates the items 0..n-1 in batches on its own goroutine, so building envelopes overlaps with the
+// engine under test instead of adding to its measured time.
+func batches(n, size int) <-chan []*mailboxv1.MailboxItem {
+	ch := make(chan []*mailboxv1.MailboxItem, 2)
+	go func() {
+		defer close(ch)
+		for i := 0; i < n; i += size {
+			b := make([]*mailboxv1.MailboxItem, 0, size)
+			for j := i; j < min(i+size, n); j++ {
+				b = append(b, itemOf(j))
+			}
+			ch <- b
+		}
+	}()
+	return ch
+}

@@ -210,7 +210,7 @@ func headersOf(it *mailboxv1.MailboxItem) *mailboxv1.MailboxItem {
 }
 
 func encodeRecord(it *mailboxv1.MailboxItem) ([]byte, error) {
-	hdr, err := proto.MarshalOptions{Deterministic: true}.Marshal(headersOf(it))
+	hdr, err := proto.Marshal(headersOf(it))
 	if err != nil {
 		return nil, fmt.Errorf("marshal headers of %q: %w", it.GetMessageId(), err)
 	}

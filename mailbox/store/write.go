@@ -2,19 +2,20 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	badger "github.com/dgraph-io/badger/v4"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-// Write stores items atomically and durably (synced to disk before it returns), so the caller may commit the Kafka
-// offsets covering them. An item whose message_id is already stored (or repeated earlier in the same batch) is
-// skipped and counted as a duplicate: redelivery never creates a second item.
+// Write stores items durably (synced to disk before it returns), so the caller may commit the Kafka offsets
+// covering them. An item whose message_id is already stored (or repeated earlier in the same batch) is skipped
+// and counted as a duplicate: redelivery never creates a second item.
 //
-// A batch is one Badger transaction. A batch too big for one transaction is split in halves, each committed in
-// turn; a crash between them leaves a prefix stored, which redelivery completes without duplicates.
+// A batch is written as a sequence of Badger transactions of up to subBatchItems items: while one commits (and
+// fsyncs), the next is prepared, and it is committed only after the previous one succeeded. A crash mid-batch
+// leaves a prefix of it stored, with counters to match; the caller has not committed its offsets, so the
+// redelivery completes it without duplicates.
 func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (WriteResult, error) {
 	for i, it := range items {
 		if it == nil {
@@ -29,77 +30,128 @@ func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (Writ
 	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	return s.writeChunk(items)
-}
-
-func (s *Store) writeChunk(items []*mailboxv1.MailboxItem) (WriteResult, error) {
-	res, err := s.writeTxn(items)
-	if !errors.Is(err, badger.ErrTxnTooBig) || len(items) < 2 {
-		return res, err
-	}
-	half := len(items) / 2
-	a, err := s.writeChunk(items[:half])
-	if err != nil {
-		return a, err
-	}
-	b, err := s.writeChunk(items[half:])
-	return WriteResult{Stored: a.Stored + b.Stored, Duplicates: a.Duplicates + b.Duplicates}, err
-}
-
-// writeTxn writes items in one transaction; it must be called with wmu held.
-func (s *Store) writeTxn(items []*mailboxv1.MailboxItem) (WriteResult, error) {
-	var res WriteResult
-	txn := s.db.NewTransaction(true)
-	defer txn.Discard()
-	m := s.m // only writers change s.m, and wmu is held
-	seen := make(map[string]struct{}, len(items))
+	w := &batchWriter{s: s, m: s.m, seen: make(map[string]struct{}, len(items))}
+	defer w.discard()
 	for _, it := range items {
-		id := it.GetMessageId()
-		if _, dup := seen[id]; dup {
-			res.Duplicates++
-			continue
+		if err := w.add(it); err != nil {
+			return WriteResult{}, err
 		}
-		seen[id] = struct{}{}
-		_, stored, err := lookupMsgID(txn, id)
-		if err != nil {
-			return WriteResult{}, fmt.Errorf("write: dedup %q: %w", id, err)
-		}
-		if stored {
-			res.Duplicates++
-			continue
-		}
-		rec, err := encodeRecord(it)
-		if err != nil {
-			return WriteResult{}, fmt.Errorf("write: %w", err)
-		}
-		m.seq++
-		p := makePos(it.GetTimestamp(), m.seq)
-		if err := txn.Set(itemKey(p), rec); err != nil {
-			return WriteResult{}, fmt.Errorf("write %q: %w", id, err)
-		}
-		if err := txn.Set(msgIDKey(id), p[:]); err != nil {
-			return WriteResult{}, fmt.Errorf("write %q: %w", id, err)
-		}
-		for _, k := range indexEntries(indexedOf(it), p) {
-			if err := txn.Set(k, nil); err != nil {
-				return WriteResult{}, fmt.Errorf("write %q: %w", id, err)
-			}
-		}
-		m.events++
-		m.bytes += int64(len(it.GetEnvelopeBlob()))
-		res.Stored++
 	}
-	if res.Stored == 0 {
-		return res, nil
+	if err := w.flush(); err != nil {
+		return WriteResult{}, err
 	}
-	if err := txn.Set(metaKey, m.encode()); err != nil {
-		return WriteResult{}, fmt.Errorf("write counters: %w", err)
+	if err := w.wait(); err != nil {
+		return WriteResult{}, err
 	}
-	if err := txn.Commit(); err != nil {
-		return WriteResult{}, fmt.Errorf("write: commit: %w", err)
+	return w.res, nil
+}
+
+// Sub-transaction bounds: small enough never to hit Badger's transaction limit (15% of the memtable), large
+// enough that the per-commit fsync is amortized.
+const (
+	subBatchItems = 256
+	subBatchBytes = 1 << 20
+)
+
+// batchWriter writes one Write call's items; it runs with wmu held.
+type batchWriter struct {
+	s     *Store
+	m     meta // counters including everything added so far
+	seen  map[string]struct{}
+	res   WriteResult
+	txn   *badger.Txn
+	items int
+	bytes int
+
+	inflight     chan error // result of the commit in flight, if any
+	inflightMeta meta       // counters once it is committed
+}
+
+func (w *batchWriter) add(it *mailboxv1.MailboxItem) error {
+	id := it.GetMessageId()
+	if _, dup := w.seen[id]; dup {
+		w.res.Duplicates++
+		return nil
 	}
-	s.setMeta(m)
-	return res, nil
+	w.seen[id] = struct{}{}
+	if w.txn == nil {
+		w.txn = w.s.db.NewTransaction(true)
+	}
+	// The transaction reads the committed store: items of this batch still in flight are caught by seen.
+	_, stored, err := lookupMsgID(w.txn, id)
+	if err != nil {
+		return fmt.Errorf("write: dedup %q: %w", id, err)
+	}
+	if stored {
+		w.res.Duplicates++
+		return nil
+	}
+	rec, err := encodeRecord(it)
+	if err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	w.m.seq++
+	p := makePos(it.GetTimestamp(), w.m.seq)
+	if err := w.txn.Set(itemKey(p), rec); err != nil {
+		return fmt.Errorf("write %q: %w", id, err)
+	}
+	if err := w.txn.Set(msgIDKey(id), p[:]); err != nil {
+		return fmt.Errorf("write %q: %w", id, err)
+	}
+	for _, k := range indexEntries(indexedOf(it), p) {
+		if err := w.txn.Set(k, nil); err != nil {
+			return fmt.Errorf("write %q: %w", id, err)
+		}
+	}
+	w.m.events++
+	w.m.bytes += int64(len(it.GetEnvelopeBlob()))
+	w.res.Stored++
+	w.items++
+	w.bytes += len(rec)
+	if w.items >= subBatchItems || w.bytes >= subBatchBytes {
+		return w.flush()
+	}
+	return nil
+}
+
+// flush starts committing the current transaction once the previous commit has succeeded.
+func (w *batchWriter) flush() error {
+	if w.txn == nil || w.items == 0 {
+		return nil
+	}
+	if err := w.txn.Set(metaKey, w.m.encode()); err != nil {
+		return fmt.Errorf("write counters: %w", err)
+	}
+	if err := w.wait(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	w.txn.CommitWith(func(err error) { done <- err })
+	w.txn, w.items, w.bytes = nil, 0, 0
+	w.inflight, w.inflightMeta = done, w.m
+	return nil
+}
+
+// wait waits for the commit in flight and publishes its counters.
+func (w *batchWriter) wait() error {
+	if w.inflight == nil {
+		return nil
+	}
+	err := <-w.inflight
+	w.inflight = nil
+	if err != nil {
+		return fmt.Errorf("write: commit: %w", err)
+	}
+	w.s.setMeta(w.inflightMeta)
+	return nil
+}
+
+// discard drops an unfinished transaction and waits for a commit in flight, so nothing outlives the call.
+func (w *batchWriter) discard() {
+	if w.txn != nil {
+		w.txn.Discard()
+	}
+	_ = w.wait()
 }
 
 func (s *Store) setMeta(m meta) {

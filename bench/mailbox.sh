@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Mailbox benchmarks (issue 2). Prints BENCH <name> <value> <unit> lines on stdout, notes on stderr.
+#   MAILBOX_BENCH_N      items loaded into the store and the SQLite baseline (default 1000000)
+#   MAILBOX_BENCH_ARGS   extra flags for bench/mailboxbench (see go run ./bench/mailboxbench -h)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The SQLite baseline links Debian's libsqlite3 (go-sqlite3's libsqlite3 build tag) rather than compiling the
+# amalgamation; install its headers once.
+if ! dpkg-query -W -f='${Status}' libsqlite3-dev 2>/dev/null | grep -q "install ok installed"; then
+  echo "# installing libsqlite3-dev" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libsqlite3-dev >&2
+fi
+
+# Store at scale: direct durable writes, indexed queries at N events, retention of 100k, bytes on disk; and
+# RFC-037's SQLite design fed the same items.
+# shellcheck disable=SC2086
+go run -tags libsqlite3 ./bench/mailboxbench -n "${MAILBOX_BENCH_N:-1000000}" ${MAILBOX_BENCH_ARGS:-}
+
+# End-to-end ingest (broker -> sarama -> store, mailbox.ingest_events_per_s) is appended below by the runner.
