@@ -13,7 +13,9 @@ import (
 
 // secretsProvider answers the chart's lookup calls from a fake cluster
 // holding only Secrets, as the API server would during `helm upgrade`.
-type secretsProvider struct{ client *dynamicfake.FakeDynamicClient }
+type secretsProvider struct {
+	client *dynamicfake.FakeDynamicClient
+}
 
 func (p secretsProvider) GetClientFor(apiVersion, kind string) (dynamic.NamespaceableResourceInterface, bool, error) {
 	return p.client.Resource(schema.GroupVersionResource{Version: "v1", Resource: "secrets"}), true, nil
