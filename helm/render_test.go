@@ -6,6 +6,7 @@ package helm
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sort"
@@ -21,6 +22,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
@@ -202,7 +204,18 @@ func (r *rendered) add(t testing.TB, file string, doc []byte) {
 	default:
 		t.Fatalf("%s: unexpected object %s %s", file, gvk, name)
 	}
-	if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+	// The API server's own strict decoding: case-sensitive field names,
+	// no unknown and no duplicate fields. encoding/json would take
+	// "readonly" for "readOnly" without a word.
+	js, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		t.Fatalf("%s: %s %s: %v", file, head.Kind, name, err)
+	}
+	strictErrs, err := kjson.UnmarshalStrict(js, obj, kjson.DisallowDuplicateFields, kjson.DisallowUnknownFields)
+	if err == nil {
+		err = errors.Join(strictErrs...)
+	}
+	if err != nil {
 		t.Fatalf("%s: %s %s does not decode strictly: %v\n%s", file, head.Kind, name, err, doc)
 	}
 	if head.Kind != "MutatingWebhookConfiguration" && head.Metadata.Namespace != namespace {
