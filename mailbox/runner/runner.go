@@ -49,6 +49,10 @@ type Config struct {
 	Registry *prometheus.Registry // nil = a new one with Go and process collectors
 	Logger   *slog.Logger         // nil = slog.Default()
 	Now      func() time.Time     // retention clock; nil = time.Now
+	// Ready, when set, replaces the runner's own readiness check (/readyz,
+	// gRPC health): a runner driven by the sidecar's control API is ready
+	// by that API's rules, not by hosting at least one mailbox.
+	Ready func() error
 }
 
 // MailboxConfig names a mailbox, its topics and its store limits.
@@ -58,6 +62,9 @@ type MailboxConfig struct {
 	Mode    envelope.Mode // "" = strict
 	MaxAge  time.Duration // 0 = keep forever
 	MaxSize int64         // bytes of envelopes; 0 = unbounded
+	// Epoch is the lease epoch the mailbox is served under from its first
+	// query on, so a lease-driven mailbox is never visible without one.
+	Epoch uint64
 }
 
 // ErrNotOpen is returned for a mailbox id the runner does not host.
@@ -120,6 +127,9 @@ func New(cfg Config) (*Runner, error) {
 		health:    health.NewServer(),
 		mailboxes: map[string]*mailbox{},
 	}
+	if r.cfg.Ready == nil {
+		r.cfg.Ready = r.Ready
+	}
 	r.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	return r, nil
 }
@@ -170,6 +180,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	mb := &mailbox{cfg: mc, store: st, ingest: ing, stopRetain: cancel, retainExited: make(chan struct{})}
+	mb.epoch.Store(mc.Epoch)
 	go func() {
 		defer close(mb.retainExited)
 		if mc.MaxAge > 0 || mc.MaxSize > 0 {
@@ -177,7 +188,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 		}
 	}()
 	r.mailboxes[mc.ID] = mb
-	log.Info("mailbox opened", "topics", mc.Topics, "dir", Dir(r.cfg.DataDir, mc.ID), "max_age", mc.MaxAge, "max_size", mc.MaxSize)
+	log.Info("mailbox opened", "epoch", mc.Epoch, "topics", mc.Topics, "dir", Dir(r.cfg.DataDir, mc.ID), "max_age", mc.MaxAge, "max_size", mc.MaxSize)
 	return nil
 }
 
@@ -245,6 +256,15 @@ func (r *Runner) Stats(ctx context.Context, id string) (*mailboxv1.MailboxStats,
 	return st, nil
 }
 
+// Consuming reports whether mailbox id is open and in an active consumer
+// group session.
+func (r *Runner) Consuming(id string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	mb, ok := r.mailboxes[id]
+	return ok && mb.ingest.Consuming()
+}
+
 // IDs lists the open mailboxes, sorted.
 func (r *Runner) IDs() []string {
 	r.mu.RLock()
@@ -293,7 +313,7 @@ func (r *Runner) HTTPHandler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := r.Ready(); err != nil {
+		if err := r.cfg.Ready(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -336,7 +356,7 @@ func (r *Runner) watchHealth(ctx context.Context) {
 	defer t.Stop()
 	for {
 		st := healthpb.HealthCheckResponse_SERVING
-		if r.Ready() != nil {
+		if r.cfg.Ready() != nil {
 			st = healthpb.HealthCheckResponse_NOT_SERVING
 		}
 		r.health.SetServingStatus("", st)
