@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
@@ -308,12 +309,48 @@ func TestRunnerAndKafka(t *testing.T) {
 	}
 }
 
-func TestMissingKafkaFailsRender(t *testing.T) {
+// TestBadValuesRejected: a values mistake fails the install with a message
+// naming the value, through values.schema.json or the templates' checks,
+// instead of deploying a broken mesh.
+func TestBadValuesRejected(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		vals map[string]any
+		want string
+	}{
+		{"no kafka brokers", map[string]any{"kafka": map[string]any{"brokers": []any{}}}, "kafka/brokers"},
+		{"broker without port", map[string]any{"kafka": map[string]any{"brokers": []any{"kafka"}}}, "kafka/brokers/0"},
+		{"misspelled key", map[string]any{"runner": map[string]any{"replica": 3}}, "replica"},
+		{"ttl without unit", map[string]any{"lease": map[string]any{"ttl": "15"}}, "lease/ttl"},
+		{"unknown failure policy", map[string]any{"injector": map[string]any{"failurePolicy": "Sometimes"}}, "injector/failurePolicy"},
+		{"anti-affinity typo", map[string]any{"admin": map[string]any{"antiAffinity": "strict"}}, "admin/antiAffinity"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ch := loadChart(t)
+			caps := chartutil.DefaultCapabilities.Copy()
+			caps.KubeVersion = kubeVersion
+			vals, err := chartutil.ToRenderValues(ch, tc.vals, chartutil.ReleaseOptions{Name: releaseName, Namespace: namespace, IsInstall: true}, caps)
+			if err == nil {
+				_, err = engine.Render(ch, vals)
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestTemplateChecks covers what the schema cannot see: a chart rendered
+// with kafka.brokers emptied past the schema still refuses.
+func TestTemplateChecks(t *testing.T) {
 	t.Parallel()
 	ch := loadChart(t)
+	ch.Schema = nil
 	vals := renderValues(t, ch, map[string]any{"kafka": map[string]any{"brokers": []any{}}})
-	_, err := engine.Render(ch, vals)
-	if err == nil || !strings.Contains(err.Error(), "kafka.brokers is required") {
+	if _, err := engine.Render(ch, vals); err == nil || !strings.Contains(err.Error(), "kafka.brokers is required") {
 		t.Fatalf("render without brokers: %v, want an error naming kafka.brokers", err)
 	}
 }
