@@ -564,3 +564,14 @@ func wrapFSM(fsm raft.FSM, observe func(time.Duration)) raft.FSM {
 	}
 	return &t
 }
+
+// IsRaftLeader reports raft's own view, which drops the moment this node
+// steps down (Leadership().IsLeader additionally waits for the barrier).
+func (n *Node) IsRaftLeader() bool { return n.raft.State() == raft.Leader }
+
+// LastSnapshotIndex is the index of the latest snapshot, 0 if none.
+func (n *Node) LastSnapshotIndex() uint64 {
+	var idx uint64
+	_, _ = fmt.Sscan(n.raft.Stats()["last_snapshot_index"], &idx)
+	return idx
+}

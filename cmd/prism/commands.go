@@ -8,5 +8,6 @@ func subcommands() []*cobra.Command {
 		injectCommand(),
 		runnerCommand(),
 		devCommand(),
+		adminCommand(),
 	}
 }

@@ -1,0 +1,230 @@
+package server
+
+import (
+	"context"
+
+	"github.com/prism-mesh/prism/admin/fsm"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// read serves a List/Get: STALE from the local FSM; LINEARIZABLE after the
+// ReadIndex barrier on the leader, a follower forwarding the whole call.
+func read[Resp any](s *Server, ctx context.Context, method string, c adminv1.Consistency,
+	local func() (Resp, error),
+	remote func(context.Context, *grpc.ClientConn) (Resp, error),
+) (Resp, error) {
+	var zero Resp
+	switch c {
+	case adminv1.Consistency_CONSISTENCY_UNSPECIFIED, adminv1.Consistency_CONSISTENCY_STALE:
+		r, err := local()
+		return r, toStatus(err)
+	case adminv1.Consistency_CONSISTENCY_LINEARIZABLE:
+	default:
+		return zero, status.Errorf(codes.InvalidArgument, "consistency: unknown value %d", c)
+	}
+	r, err := leaderCall(s, ctx, method, func(ctx context.Context) (Resp, error) {
+		if err := s.node.ReadBarrier(ctx); err != nil {
+			return zero, err
+		}
+		return local()
+	}, remote)
+	return r, toStatus(err)
+}
+
+func notFound(what, id string) error {
+	return status.Errorf(codes.NotFound, "%s %q not found", what, id)
+}
+
+// annotate shows the leader's live renewals in lease listings.
+func (s *Server) annotate(ls []*adminv1.Lease) []*adminv1.Lease {
+	if !s.lessor.Primary() {
+		return ls
+	}
+	out := make([]*adminv1.Lease, len(ls))
+	for i, l := range ls {
+		out[i] = s.lessor.Annotate(l)
+	}
+	return out
+}
+
+func (s *Server) GetClusterStatus(ctx context.Context, _ *adminv1.GetClusterStatusRequest) (*adminv1.GetClusterStatusResponse, error) {
+	st := s.node.Stats()
+	l, _ := s.node.Leadership()
+	resp := &adminv1.GetClusterStatusResponse{
+		NodeId:            s.node.ID(),
+		State:             st.State,
+		LeaderId:          l.LeaderID,
+		LeaderAddress:     s.grpcAddr(l.LeaderID),
+		Term:              st.Term,
+		CommitIndex:       st.CommitIndex,
+		AppliedIndex:      st.AppliedIndex,
+		LastSnapshotIndex: s.node.LastSnapshotIndex(),
+	}
+	members, err := s.node.Members()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	for _, m := range members {
+		suffrage := adminv1.MemberSuffrage_MEMBER_SUFFRAGE_NONVOTER
+		if m.Voter {
+			suffrage = adminv1.MemberSuffrage_MEMBER_SUFFRAGE_VOTER
+		}
+		resp.Members = append(resp.Members, &adminv1.Member{
+			Id: m.ID, RaftAddress: m.Addr, GrpcAddress: s.grpcAddr(m.ID), Suffrage: suffrage, Leader: m.IsLeader,
+		})
+	}
+	c := s.fsm.Counts()
+	resp.NamespaceCount, resp.ProxyCount, resp.LeaseCount = int64(c.Namespaces), int64(c.Proxies), int64(c.Leases)
+	return resp, nil
+}
+
+func (s *Server) ListNamespaces(ctx context.Context, req *adminv1.ListNamespacesRequest) (*adminv1.ListNamespacesResponse, error) {
+	return read(s, ctx, "ListNamespaces", req.GetConsistency(), func() (*adminv1.ListNamespacesResponse, error) {
+		ns, idx := s.fsm.Namespaces()
+		return &adminv1.ListNamespacesResponse{Namespaces: ns, Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListNamespacesResponse, error) {
+		return adminv1.NewAdminClient(cc).ListNamespaces(ctx, req)
+	})
+}
+
+func (s *Server) GetNamespace(ctx context.Context, req *adminv1.GetNamespaceRequest) (*adminv1.GetNamespaceResponse, error) {
+	if err := fsm.ValidateNamespaceName(req.GetNamespace()); err != nil {
+		return nil, toStatus(err)
+	}
+	return read(s, ctx, "GetNamespace", req.GetConsistency(), func() (*adminv1.GetNamespaceResponse, error) {
+		ns, route, idx := s.fsm.Namespace(req.GetNamespace())
+		if ns == nil {
+			return nil, notFound("namespace", req.GetNamespace())
+		}
+		return &adminv1.GetNamespaceResponse{Namespace: ns, Route: route, Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetNamespaceResponse, error) {
+		return adminv1.NewAdminClient(cc).GetNamespace(ctx, req)
+	})
+}
+
+func (s *Server) ListProxies(ctx context.Context, req *adminv1.ListProxiesRequest) (*adminv1.ListProxiesResponse, error) {
+	return read(s, ctx, "ListProxies", req.GetConsistency(), func() (*adminv1.ListProxiesResponse, error) {
+		ps, idx := s.fsm.Proxies()
+		return &adminv1.ListProxiesResponse{Proxies: ps, Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListProxiesResponse, error) {
+		return adminv1.NewAdminClient(cc).ListProxies(ctx, req)
+	})
+}
+
+func (s *Server) GetProxy(ctx context.Context, req *adminv1.GetProxyRequest) (*adminv1.GetProxyResponse, error) {
+	if err := fsm.ValidateProxyID(req.GetProxyId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return read(s, ctx, "GetProxy", req.GetConsistency(), func() (*adminv1.GetProxyResponse, error) {
+		p, idx := s.fsm.Proxy(req.GetProxyId())
+		if p == nil {
+			return nil, notFound("proxy", req.GetProxyId())
+		}
+		return &adminv1.GetProxyResponse{Proxy: p, Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetProxyResponse, error) {
+		return adminv1.NewAdminClient(cc).GetProxy(ctx, req)
+	})
+}
+
+func (s *Server) ListLeases(ctx context.Context, req *adminv1.ListLeasesRequest) (*adminv1.ListLeasesResponse, error) {
+	if ns := req.GetNamespace(); ns != "" {
+		if err := fsm.ValidateNamespaceName(ns); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	if p := req.GetProxyId(); p != "" {
+		if err := fsm.ValidateProxyID(p); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	return read(s, ctx, "ListLeases", req.GetConsistency(), func() (*adminv1.ListLeasesResponse, error) {
+		all, idx := s.fsm.Leases()
+		var ls []*adminv1.Lease
+		for _, l := range all {
+			if (req.GetNamespace() == "" || l.GetNamespace() == req.GetNamespace()) &&
+				(req.GetProxyId() == "" || l.GetProxyId() == req.GetProxyId()) {
+				ls = append(ls, l)
+			}
+		}
+		return &adminv1.ListLeasesResponse{Leases: s.annotate(ls), Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListLeasesResponse, error) {
+		return adminv1.NewAdminClient(cc).ListLeases(ctx, req)
+	})
+}
+
+func (s *Server) GetLease(ctx context.Context, req *adminv1.GetLeaseRequest) (*adminv1.GetLeaseResponse, error) {
+	if _, _, err := fsm.ParseMailboxID(req.GetMailboxId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return read(s, ctx, "GetLease", req.GetConsistency(), func() (*adminv1.GetLeaseResponse, error) {
+		l, idx := s.fsm.Lease(req.GetMailboxId())
+		if l == nil {
+			return nil, notFound("lease of mailbox", req.GetMailboxId())
+		}
+		return &adminv1.GetLeaseResponse{Lease: s.annotate([]*adminv1.Lease{l})[0], Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetLeaseResponse, error) {
+		return adminv1.NewAdminClient(cc).GetLease(ctx, req)
+	})
+}
+
+func (s *Server) ListRoutes(ctx context.Context, req *adminv1.ListRoutesRequest) (*adminv1.ListRoutesResponse, error) {
+	return read(s, ctx, "ListRoutes", req.GetConsistency(), func() (*adminv1.ListRoutesResponse, error) {
+		rs, nrs, idx := s.fsm.Routes()
+		return &adminv1.ListRoutesResponse{Routes: rs, NamespaceRoutes: nrs, Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListRoutesResponse, error) {
+		return adminv1.NewAdminClient(cc).ListRoutes(ctx, req)
+	})
+}
+
+func (s *Server) GetRoute(ctx context.Context, req *adminv1.GetRouteRequest) (*adminv1.GetRouteResponse, error) {
+	if _, _, err := fsm.ParseMailboxID(req.GetMailboxId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return read(s, ctx, "GetRoute", req.GetConsistency(), func() (*adminv1.GetRouteResponse, error) {
+		r, idx := s.fsm.Route(req.GetMailboxId())
+		if r == nil {
+			return nil, notFound("route of mailbox", req.GetMailboxId())
+		}
+		return &adminv1.GetRouteResponse{Route: r, Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetRouteResponse, error) {
+		return adminv1.NewAdminClient(cc).GetRoute(ctx, req)
+	})
+}
+
+func (s *Server) AddVoter(ctx context.Context, req *adminv1.AddVoterRequest) (*adminv1.AddVoterResponse, error) {
+	if err := fsm.ValidateID("id", req.GetId()); err != nil {
+		return nil, toStatus(err)
+	}
+	if err := fsm.ValidateAddress("raft_address", req.GetRaftAddress()); err != nil {
+		return nil, toStatus(err)
+	}
+	resp, err := leaderCall(s, ctx, "AddVoter", func(ctx context.Context) (*adminv1.AddVoterResponse, error) {
+		idx, err := s.node.AddVoter(ctx, req.GetId(), req.GetRaftAddress())
+		if err != nil {
+			return nil, err
+		}
+		return &adminv1.AddVoterResponse{Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AddVoterResponse, error) {
+		return adminv1.NewAdminClient(cc).AddVoter(ctx, req)
+	})
+	return resp, toStatus(err)
+}
+
+func (s *Server) RemoveServer(ctx context.Context, req *adminv1.RemoveServerRequest) (*adminv1.RemoveServerResponse, error) {
+	if err := fsm.ValidateID("id", req.GetId()); err != nil {
+		return nil, toStatus(err)
+	}
+	resp, err := leaderCall(s, ctx, "RemoveServer", func(ctx context.Context) (*adminv1.RemoveServerResponse, error) {
+		idx, err := s.node.RemoveServer(ctx, req.GetId())
+		if err != nil {
+			return nil, err
+		}
+		return &adminv1.RemoveServerResponse{Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RemoveServerResponse, error) {
+		return adminv1.NewAdminClient(cc).RemoveServer(ctx, req)
+	})
+	return resp, toStatus(err)
+}

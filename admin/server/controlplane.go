@@ -1,0 +1,155 @@
+package server
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/prism-mesh/prism/admin/fsm"
+	"github.com/prism-mesh/prism/admin/lease"
+	"github.com/prism-mesh/prism/admin/raftnode"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// validate runs the FSM's own checks on the command a request becomes, on the
+// node that received it, so a bad request fails before any forwarding.
+func (s *Server) validate(cmd *adminv1.Command) error {
+	cmd.Now = timestamppb.New(s.cfg.Now())
+	if err := fsm.Validate(cmd); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return nil
+}
+
+// write validates cmd, then commits it on the leader (forwarding if needed)
+// and returns the FSM's typed response.
+func write[Resp proto.Message](s *Server, ctx context.Context, method string, cmd *adminv1.Command,
+	remote func(context.Context, *grpc.ClientConn) (Resp, error),
+) (Resp, error) {
+	var zero Resp
+	if err := s.validate(cmd); err != nil {
+		return zero, err
+	}
+	resp, err := leaderCall(s, ctx, method, func(ctx context.Context) (Resp, error) {
+		res, err := s.propose(ctx, cmd)
+		if err != nil {
+			return zero, err
+		}
+		r, ok := res.(Resp)
+		if !ok {
+			return zero, status.Errorf(codes.Internal, "%s: fsm answered %T", method, res)
+		}
+		return r, nil
+	}, remote)
+	return resp, toStatus(err)
+}
+
+func (s *Server) RegisterProxy(ctx context.Context, req *adminv1.RegisterProxyRequest) (*adminv1.RegisterProxyResponse, error) {
+	return write(s, ctx, "RegisterProxy",
+		&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: req}},
+		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RegisterProxyResponse, error) {
+			return adminv1.NewControlPlaneClient(cc).RegisterProxy(ctx, req)
+		})
+}
+
+func (s *Server) ProxyHeartbeat(ctx context.Context, req *adminv1.ProxyHeartbeatRequest) (*adminv1.ProxyHeartbeatResponse, error) {
+	return write(s, ctx, "ProxyHeartbeat",
+		&adminv1.Command{Body: &adminv1.Command_ProxyHeartbeat{ProxyHeartbeat: req}},
+		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ProxyHeartbeatResponse, error) {
+			return adminv1.NewControlPlaneClient(cc).ProxyHeartbeat(ctx, req)
+		})
+}
+
+func (s *Server) CreateNamespace(ctx context.Context, req *adminv1.CreateNamespaceRequest) (*adminv1.CreateNamespaceResponse, error) {
+	return write(s, ctx, "CreateNamespace",
+		&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: req}},
+		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
+			return adminv1.NewControlPlaneClient(cc).CreateNamespace(ctx, req)
+		})
+}
+
+func (s *Server) DeleteNamespace(ctx context.Context, req *adminv1.DeleteNamespaceRequest) (*adminv1.DeleteNamespaceResponse, error) {
+	return write(s, ctx, "DeleteNamespace",
+		&adminv1.Command{Body: &adminv1.Command_DeleteNamespace{DeleteNamespace: req}},
+		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.DeleteNamespaceResponse, error) {
+			return adminv1.NewControlPlaneClient(cc).DeleteNamespace(ctx, req)
+		})
+}
+
+func (s *Server) AcquireLease(ctx context.Context, req *adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error) {
+	resp, err := write(s, ctx, "AcquireLease",
+		&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: req}},
+		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AcquireLeaseResponse, error) {
+			return adminv1.NewControlPlaneClient(cc).AcquireLease(ctx, req)
+		})
+	if err == nil && resp.GetGranted() {
+		s.log.Debug("lease granted", "mailbox_id", req.GetMailboxId(), "runner_id", req.GetRunnerId(), "epoch", resp.GetLease().GetEpoch())
+	}
+	return resp, err
+}
+
+func (s *Server) ReleaseLease(ctx context.Context, req *adminv1.ReleaseLeaseRequest) (*adminv1.ReleaseLeaseResponse, error) {
+	return write(s, ctx, "ReleaseLease",
+		&adminv1.Command{Body: &adminv1.Command_ReleaseLease{ReleaseLease: req}},
+		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ReleaseLeaseResponse, error) {
+			return adminv1.NewControlPlaneClient(cc).ReleaseLease(ctx, req)
+		})
+}
+
+// MailboxHeartbeat renews in the leader's lessor. It is not a Raft write: the
+// lessor is primary only on the established leader, and raft's leader lease
+// makes a deposed leader stop answering within LeaderLeaseTimeout.
+func (s *Server) MailboxHeartbeat(ctx context.Context, req *adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error) {
+	if err := lease.ValidateRenew(req); err != nil {
+		return nil, toStatus(err)
+	}
+	resp, err := leaderCall(s, ctx, "MailboxHeartbeat", func(ctx context.Context) (*adminv1.MailboxHeartbeatResponse, error) {
+		if !s.node.IsRaftLeader() || !s.lessor.Primary() {
+			return nil, raftnode.ErrNotLeader
+		}
+		r := s.lessor.Renew(req)
+		if r.GetRefusal().GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
+			return nil, raftnode.ErrNotLeader
+		}
+		return r, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.MailboxHeartbeatResponse, error) {
+		return adminv1.NewControlPlaneClient(cc).MailboxHeartbeat(ctx, req)
+	})
+	return resp, toStatus(err)
+}
+
+// WatchAssignments sends the proxy's assignment set now and after every
+// change to it. Each node serves it from its own FSM, so proxies can watch
+// any node; the index in each message grows.
+func (s *Server) WatchAssignments(req *adminv1.WatchAssignmentsRequest, stream grpc.ServerStreamingServer[adminv1.WatchAssignmentsResponse]) error {
+	if err := fsm.ValidateProxyID(req.GetProxyId()); err != nil {
+		return toStatus(err)
+	}
+	ctx := stream.Context()
+	var last *adminv1.WatchAssignmentsResponse
+	for {
+		_, changed := s.fsm.Changed()
+		cur, _ := s.fsm.Assignments(req.GetProxyId())
+		if last == nil || !sameAssignments(last, cur) {
+			if err := stream.Send(cur); err != nil {
+				return fmt.Errorf("send assignments to %s: %w", req.GetProxyId(), err)
+			}
+			last = cur
+		}
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-changed:
+		}
+	}
+}
+
+func sameAssignments(a, b *adminv1.WatchAssignmentsResponse) bool {
+	x := proto.CloneOf(a)
+	x.Index = b.GetIndex()
+	return proto.Equal(x, b)
+}

@@ -1,0 +1,152 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prism-mesh/prism/admin/fsm"
+	"github.com/prism-mesh/prism/admin/lease"
+	"github.com/prism-mesh/prism/admin/raftnode"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// forwardedKey marks a call a follower re-issued on the leader, so the
+// leader never forwards it again (one hop).
+const forwardedKey = "x-prism-forwarded-by"
+
+// connPool keeps one client connection per leader address.
+type connPool struct {
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+func newConnPool() *connPool { return &connPool{conns: map[string]*grpc.ClientConn{}} }
+
+func (p *connPool) get(addr string) (*grpc.ClientConn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cc, ok := p.conns[addr]; ok {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connect to leader at %s: %w", addr, err)
+	}
+	p.conns[addr] = cc
+	return cc, nil
+}
+
+func (p *connPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for a, cc := range p.conns {
+		_ = cc.Close()
+		delete(p.conns, a)
+	}
+}
+
+func forwarded(ctx context.Context) bool {
+	md, ok := metadata.FromIncomingContext(ctx)
+	return ok && len(md.Get(forwardedKey)) > 0
+}
+
+// leaderCall runs local on the leader or re-issues the call on the leader
+// with remote. While there is no usable leader (election, leadership moved,
+// leader unreachable) it waits for the next leadership change and tries
+// again, until the caller's deadline or ForwardWait.
+func leaderCall[Resp any](s *Server, ctx context.Context, method string,
+	local func(context.Context) (Resp, error),
+	remote func(context.Context, *grpc.ClientConn) (Resp, error),
+) (Resp, error) {
+	var zero Resp
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ForwardWait)
+	defer cancel()
+	lastErr := errors.New("no leader known")
+	for {
+		l, changed := s.node.Leadership()
+		switch {
+		case l.IsLeader:
+			resp, err := local(ctx)
+			if !errors.Is(err, raftnode.ErrNotLeader) {
+				return resp, err
+			}
+			lastErr = err
+		case forwarded(ctx):
+			// The forwarding follower retries; a second hop could loop.
+			return zero, notLeaderError(l, s.grpcAddr(l.LeaderID))
+		case l.LeaderID != "" && l.LeaderID != s.node.ID():
+			addr := s.grpcAddr(l.LeaderID)
+			if addr == "" {
+				lastErr = fmt.Errorf("gRPC address of leader %s unknown", l.LeaderID)
+				break
+			}
+			cc, err := s.pool.get(addr)
+			if err != nil {
+				return zero, status.Error(codes.Internal, err.Error())
+			}
+			out := metadata.AppendToOutgoingContext(ctx, forwardedKey, s.node.ID())
+			start := time.Now()
+			resp, err := remote(out, cc)
+			s.metrics.observeForward(method, err, time.Since(start))
+			if status.Code(err) != codes.Unavailable {
+				return resp, err
+			}
+			lastErr = fmt.Errorf("forward to %s at %s: %w", l.LeaderID, addr, err)
+		}
+		select {
+		case <-ctx.Done():
+			if st, ok := status.FromError(lastErr); ok && st.Code() == codes.Unavailable {
+				return zero, lastErr
+			}
+			return zero, status.Errorf(codes.Unavailable, "%s: no leader reachable: %v", method, lastErr)
+		case <-changed:
+		case <-time.After(25 * time.Millisecond):
+			// A leader that died keeps its id until followers time out; poll
+			// instead of waiting only for a change.
+		}
+	}
+}
+
+func notLeaderError(l raftnode.Leadership, addr string) error {
+	return lease.RefusalError(&adminv1.LeaseRefusal{
+		Reason:        adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER,
+		Message:       "not the leader",
+		LeaderId:      l.LeaderID,
+		LeaderAddress: addr,
+	})
+}
+
+// toStatus maps errors from validation, the FSM and Raft to gRPC codes.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, fsm.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, fsm.ErrProxyNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, fsm.ErrNamespaceExists):
+		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, fsm.ErrUnknownCommand):
+		return status.Error(codes.Internal, err.Error())
+	case errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}

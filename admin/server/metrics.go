@@ -1,0 +1,185 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"path"
+	"time"
+
+	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+)
+
+// Metrics holds the node's collectors. Create it before the raft node so the
+// node can report commit and apply latency into it (RaftHooks).
+type Metrics struct {
+	gatherer    prometheus.Gatherer
+	commit      prometheus.Histogram
+	fsmApply    prometheus.Histogram
+	expirations prometheus.Counter
+	forwards    *prometheus.CounterVec
+	forwardTime prometheus.Histogram
+	rpcs        *prometheus.CounterVec
+	rpcTime     *prometheus.HistogramVec
+}
+
+var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
+
+// NewMetrics creates the collectors; Server.New registers them.
+func NewMetrics() *Metrics {
+	return &Metrics{
+		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "prism_admin_raft_commit_seconds", Buckets: latencyBuckets,
+			Help: "Time from proposing an entry on the leader to its FSM having applied it (replication, fsync, apply).",
+		}),
+		fsmApply: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "prism_admin_fsm_apply_seconds", Buckets: latencyBuckets,
+			Help: "Time the FSM spends applying one entry or one batch.",
+		}),
+		expirations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prism_admin_lease_expirations_total",
+			Help: "Leases removed by expire commands this node committed as leader.",
+		}),
+		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_admin_forwards_total",
+			Help: "Calls this follower re-issued on the leader, by method and gRPC code.",
+		}, []string{"method", "code"}),
+		forwardTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "prism_admin_forward_seconds", Buckets: latencyBuckets,
+			Help: "Round trip of a forwarded call to the leader.",
+		}),
+		rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_admin_grpc_requests_total",
+			Help: "gRPC calls served, by method and code.",
+		}, []string{"method", "code"}),
+		rpcTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "prism_admin_grpc_request_seconds", Buckets: latencyBuckets,
+			Help: "gRPC unary call latency by method.",
+		}, []string{"method"}),
+	}
+}
+
+// RaftHooks feeds raft commit and FSM apply latency into the histograms.
+func (m *Metrics) RaftHooks() raftnode.Metrics {
+	return raftnode.Metrics{
+		Commit:   func(d time.Duration) { m.commit.Observe(d.Seconds()) },
+		FSMApply: func(d time.Duration) { m.fsmApply.Observe(d.Seconds()) },
+	}
+}
+
+func (m *Metrics) register(reg prometheus.Registerer, s *Server) error {
+	stat := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	cs := []prometheus.Collector{
+		m.commit, m.fsmApply, m.expirations, m.forwards, m.forwardTime, m.rpcs, m.rpcTime,
+		stat("prism_admin_raft_term", "Current raft term.", func() float64 { return float64(s.node.Stats().Term) }),
+		stat("prism_admin_raft_commit_index", "Raft commit index.", func() float64 { return float64(s.node.Stats().CommitIndex) }),
+		stat("prism_admin_raft_applied_index", "Index the FSM applied.", func() float64 { return float64(s.node.Stats().AppliedIndex) }),
+		stat("prism_admin_raft_leader", "1 while this node is the established leader.", func() float64 {
+			if l, _ := s.node.Leadership(); l.IsLeader {
+				return 1
+			}
+			return 0
+		}),
+		newStateCollector(s),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	if g, ok := reg.(prometheus.Gatherer); ok {
+		m.gatherer = g
+	} else {
+		m.gatherer = prometheus.DefaultGatherer
+	}
+	return nil
+}
+
+// stateCollector reports raft state and table sizes at scrape time.
+type stateCollector struct {
+	s                           *Server
+	state, leases, proxies, nss *prometheus.Desc
+}
+
+func newStateCollector(s *Server) *stateCollector {
+	return &stateCollector{
+		s:       s,
+		state:   prometheus.NewDesc("prism_admin_raft_state", "1 for the node's current raft state.", []string{"state"}, nil),
+		leases:  prometheus.NewDesc("prism_admin_leases", "Leases in the FSM by status (live: held; tracked: in the leader's lessor).", []string{"status"}, nil),
+		proxies: prometheus.NewDesc("prism_admin_proxies", "Registered proxies by status.", []string{"status"}, nil),
+		nss:     prometheus.NewDesc("prism_admin_namespaces", "Namespaces.", nil, nil),
+	}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.state
+	ch <- c.leases
+	ch <- c.proxies
+	ch <- c.nss
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	cur := c.s.node.Stats().State
+	for _, st := range []string{"Follower", "Candidate", "Leader", "Shutdown"} {
+		v := 0.0
+		if st == cur {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, v, st)
+	}
+	n := c.s.fsm.Counts()
+	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(n.Leases), "live")
+	if c.s.lessor.Primary() {
+		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(c.s.lessor.Len()), "tracked")
+	}
+	ch <- prometheus.MustNewConstMetric(c.proxies, prometheus.GaugeValue, float64(n.LiveProxies), "live")
+	ch <- prometheus.MustNewConstMetric(c.proxies, prometheus.GaugeValue, float64(n.Proxies-n.LiveProxies), "stale")
+	ch <- prometheus.MustNewConstMetric(c.nss, prometheus.GaugeValue, float64(n.Namespaces))
+}
+
+func (m *Metrics) observeForward(method string, err error, d time.Duration) {
+	m.forwards.WithLabelValues(method, status.Code(err).String()).Inc()
+	m.forwardTime.Observe(d.Seconds())
+}
+
+func (m *Metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := h(ctx, req)
+	method := path.Base(info.FullMethod)
+	m.rpcs.WithLabelValues(method, status.Code(err).String()).Inc()
+	m.rpcTime.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	return resp, err
+}
+
+func (m *Metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	err := h(srv, ss)
+	m.rpcs.WithLabelValues(path.Base(info.FullMethod), status.Code(err).String()).Inc()
+	return err
+}
+
+// HTTPHandler serves /metrics, /healthz (the process is up) and /readyz
+// (a leader is known, so writes can be served or forwarded).
+func (s *Server) HTTPHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		l, _ := s.node.Leadership()
+		if l.LeaderID == "" {
+			http.Error(w, "no raft leader known", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok: leader " + l.LeaderID + "\n"))
+	})
+	return mux
+}

@@ -1,0 +1,171 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prism-mesh/prism/admin/fsm"
+	"github.com/prism-mesh/prism/admin/lease"
+	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+)
+
+// NodeConfig is one complete admin node: Raft member, FSM, lessor, gRPC and
+// HTTP servers.
+type NodeConfig struct {
+	Raft raftnode.Config
+	// GRPCAddr and HTTPAddr are listen addresses ("127.0.0.1:0" picks a port);
+	// an empty HTTPAddr serves no HTTP.
+	GRPCAddr string
+	HTTPAddr string
+	// GRPCAddrs maps raft server ids to admin gRPC addresses, for forwarding.
+	GRPCAddrs       map[string]string
+	StaleProxyAfter time.Duration
+	Now             func() time.Time
+	Logger          *slog.Logger
+}
+
+// Node is a running admin node.
+type Node struct {
+	Server *Server
+	Raft   *raftnode.Node
+	FSM    *fsm.FSM
+	Lessor *lease.Lessor
+
+	grpc     *grpc.Server
+	grpcLn   net.Listener
+	http     *http.Server
+	httpLn   net.Listener
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+}
+
+// Start builds and starts a node. The listeners are bound before Raft starts,
+// so a bad address fails fast and leaves nothing running.
+func Start(cfg NodeConfig) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	timing := cfg.Raft.Timing
+	if timing == (raftnode.Timing{}) {
+		timing = raftnode.DefaultTiming()
+	}
+	cfg.Raft.Logger = cfg.Logger
+	n := &Node{}
+	var err error
+	if n.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("admin grpc listen %s: %w", cfg.GRPCAddr, err)
+	}
+	if cfg.HTTPAddr != "" {
+		if n.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			_ = n.grpcLn.Close()
+			return nil, fmt.Errorf("admin http listen %s: %w", cfg.HTTPAddr, err)
+		}
+	}
+	closeListeners := func() {
+		_ = n.grpcLn.Close()
+		if n.httpLn != nil {
+			_ = n.httpLn.Close()
+		}
+	}
+	addrs := map[string]string{}
+	for id, a := range cfg.GRPCAddrs {
+		addrs[id] = a
+	}
+	addrs[cfg.Raft.ID] = n.grpcLn.Addr().String()
+
+	n.Lessor = lease.New(lease.Config{
+		Now:             cfg.Now,
+		ExtendOnPromote: timing.ElectionTimeout,
+		Logger:          cfg.Logger.With("node", cfg.Raft.ID),
+	})
+	n.FSM = fsm.New(fsm.WithLeaseObserver(n.Lessor), fsm.WithLogger(cfg.Logger.With("node", cfg.Raft.ID)))
+	m := NewMetrics()
+	cfg.Raft.Metrics = m.RaftHooks()
+	if n.Raft, err = raftnode.New(cfg.Raft, n.FSM); err != nil {
+		closeListeners()
+		return nil, err
+	}
+	n.Server, err = New(Config{
+		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Now: cfg.Now,
+		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger,
+		Registry: prometheus.NewRegistry(), Metrics: m,
+	})
+	if err != nil {
+		_ = n.Raft.Shutdown()
+		closeListeners()
+		return nil, err
+	}
+	n.grpc = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(n.Server.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(n.Server.StreamInterceptor()),
+	)
+	n.Server.Register(n.grpc)
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.wg.Add(2)
+	go func() { defer n.wg.Done(); n.Server.Run(ctx) }()
+	go func() { defer n.wg.Done(); _ = n.grpc.Serve(n.grpcLn) }()
+	if n.httpLn != nil {
+		n.http = &http.Server{Handler: n.Server.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); _ = n.http.Serve(n.httpLn) }()
+	}
+	cfg.Logger.Info("admin node started", "node", cfg.Raft.ID, "raft_addr", n.Raft.Addr(),
+		"grpc_addr", n.GRPCAddr(), "http_addr", n.HTTPAddr())
+	return n, nil
+}
+
+// GRPCAddr is the bound gRPC address.
+func (n *Node) GRPCAddr() string { return n.grpcLn.Addr().String() }
+
+// HTTPAddr is the bound HTTP address, or "".
+func (n *Node) HTTPAddr() string {
+	if n.httpLn == nil {
+		return ""
+	}
+	return n.httpLn.Addr().String()
+}
+
+// Stop shuts the node down: a leader first hands leadership to a peer so the
+// cluster does not wait out an election timeout; in-flight RPCs finish
+// (until ctx ends); then Raft stops and its stores close.
+func (n *Node) Stop(ctx context.Context) error {
+	var err error
+	n.stopOnce.Do(func() {
+		if n.Raft.IsRaftLeader() {
+			if ms, merr := n.Raft.Members(); merr == nil && len(ms) > 1 {
+				_ = n.Raft.LeadershipTransfer()
+			}
+		}
+		done := make(chan struct{})
+		go func() { n.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			n.grpc.Stop()
+		}
+		if n.http != nil {
+			_ = n.http.Shutdown(ctx)
+		}
+		n.cancel()
+		n.Server.Close()
+		err = n.Raft.Shutdown()
+		n.wg.Wait()
+	})
+	if err != nil && !errors.Is(err, raftnode.ErrShutdown) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,333 @@
+// Package server is the admin node's gRPC face: prism.admin.v1.ControlPlane
+// and prism.admin.v1.Admin over the replicated FSM (package fsm), the
+// leader's lessor (package lease) and a Raft member (package raftnode).
+//
+// Any node answers any call. Writes are proposed through Raft on the leader;
+// a follower re-issues the identical RPC on the leader over a pooled
+// connection (one hop: a forwarded call is never forwarded again) and, if
+// leadership moved meanwhile, waits for the next leader and tries again within
+// the caller's deadline. Reads are served from the local FSM (STALE) or, for
+// LINEARIZABLE, after the ReadIndex barrier on the leader (a follower forwards
+// those too). Mailbox heartbeats are renewals in the leader's lessor, not Raft
+// writes; the leader alone expires leases, marks proxies stale and checkpoints
+// renewals, each by committing a command stamped with its clock.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prism-mesh/prism/admin/fsm"
+	"github.com/prism-mesh/prism/admin/lease"
+	"github.com/prism-mesh/prism/admin/raftnode"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Config wires a server to its node's parts.
+type Config struct {
+	Node   *raftnode.Node
+	FSM    *fsm.FSM
+	Lessor *lease.Lessor
+	// GRPCAddrs maps raft server ids to their admin gRPC address; followers
+	// forward to the leader's entry.
+	GRPCAddrs map[string]string
+	// Now is the leader clock stamped into commands (default time.Now).
+	Now func() time.Time
+
+	// StaleProxyAfter is how long a proxy may go without a heartbeat before
+	// the leader marks it stale and its namespaces move (default 30s).
+	StaleProxyAfter time.Duration
+	// ExpiryInterval is how often the leader asks the lessor for due leases
+	// (default 100ms); CheckpointInterval how often renewals are committed
+	// (default 1s); ProxyCheckInterval how often proxies are checked (1s).
+	ExpiryInterval     time.Duration
+	CheckpointInterval time.Duration
+	ProxyCheckInterval time.Duration
+	// ForwardWait bounds how long a call waits for a leader (to forward to or
+	// to become) when the caller set no earlier deadline (default 5s).
+	ForwardWait time.Duration
+
+	Logger *slog.Logger
+	// Registry receives the metrics (default: a new registry); Metrics are
+	// the collectors, shared with the raft node (default: new ones).
+	Registry prometheus.Registerer
+	Metrics  *Metrics
+}
+
+func (c *Config) withDefaults() error {
+	if c.Node == nil || c.FSM == nil || c.Lessor == nil {
+		return errors.New("server: node, fsm and lessor are required")
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.StaleProxyAfter == 0 {
+		c.StaleProxyAfter = 30 * time.Second
+	}
+	if c.ExpiryInterval == 0 {
+		c.ExpiryInterval = 100 * time.Millisecond
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = time.Second
+	}
+	if c.ProxyCheckInterval == 0 {
+		c.ProxyCheckInterval = time.Second
+	}
+	if c.ForwardWait == 0 {
+		c.ForwardWait = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics()
+	}
+	return nil
+}
+
+// Server implements both services.
+type Server struct {
+	adminv1.UnimplementedControlPlaneServer
+	adminv1.UnimplementedAdminServer
+
+	cfg     Config
+	node    *raftnode.Node
+	fsm     *fsm.FSM
+	lessor  *lease.Lessor
+	log     *slog.Logger
+	metrics *Metrics
+	health  *health.Server
+	pool    *connPool
+
+	mu    sync.Mutex
+	addrs map[string]string
+}
+
+// New builds a server; Run starts its leadership work.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.withDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:    cfg,
+		node:   cfg.Node,
+		fsm:    cfg.FSM,
+		lessor: cfg.Lessor,
+		log:    cfg.Logger.With("node", cfg.Node.ID()),
+		health: health.NewServer(),
+		pool:   newConnPool(),
+		addrs:  map[string]string{},
+	}
+	for id, a := range cfg.GRPCAddrs {
+		s.addrs[id] = a
+	}
+	s.metrics = cfg.Metrics
+	if err := s.metrics.register(cfg.Registry, s); err != nil {
+		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	return s, nil
+}
+
+// Register adds ControlPlane, Admin and the gRPC health service to g.
+func (s *Server) Register(g *grpc.Server) {
+	adminv1.RegisterControlPlaneServer(g, s)
+	adminv1.RegisterAdminServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+}
+
+// UnaryInterceptor and StreamInterceptor count calls by method and code.
+func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor { return s.metrics.unary }
+
+// StreamInterceptor counts streams by method and code.
+func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor { return s.metrics.stream }
+
+// Close releases forwarding connections.
+func (s *Server) Close() {
+	s.health.Shutdown()
+	s.pool.close()
+}
+
+func (s *Server) grpcAddr(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addrs[id]
+}
+
+// Ready reports whether the node knows a leader (itself or another).
+func (s *Server) Ready() bool {
+	l, _ := s.node.Leadership()
+	return l.LeaderID != ""
+}
+
+// Run follows leadership until ctx ends: on becoming leader it promotes the
+// lessor (every live lease gets a full ttl plus the election timeout) and
+// starts the leader loops; on losing it, it stops them and demotes.
+func (s *Server) Run(ctx context.Context) {
+	var lead *leaderLoops
+	defer func() {
+		if lead != nil {
+			lead.stop()
+		}
+	}()
+	for {
+		l, changed := s.node.Leadership()
+		if l.LeaderID != "" {
+			s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		} else {
+			s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		}
+		switch {
+		case l.IsLeader && lead == nil:
+			s.lessor.Promote()
+			s.log.Info("leading: lessor promoted", "term", l.Term, "leases", s.lessor.Len())
+			lead = s.startLeaderLoops(ctx)
+		case !l.IsLeader && lead != nil:
+			lead.stop()
+			lead = nil
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+	}
+}
+
+// leaderLoops is the leader-only background work of one term.
+type leaderLoops struct {
+	s      *Server
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (s *Server) startLeaderLoops(ctx context.Context) *leaderLoops {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &leaderLoops{s: s, cancel: cancel}
+	for _, loop := range []struct {
+		d time.Duration
+		f func(context.Context)
+	}{
+		{s.cfg.ExpiryInterval, s.expireDue},
+		{s.cfg.CheckpointInterval, s.checkpoint},
+		{s.cfg.ProxyCheckInterval, s.markStaleProxies},
+	} {
+		l.wg.Add(1)
+		go func() { defer l.wg.Done(); s.every(ctx, loop.d, loop.f) }()
+	}
+	return l
+}
+
+func (l *leaderLoops) stop() {
+	l.cancel()
+	l.wg.Wait()
+	l.s.lessor.Demote()
+	l.s.log.Info("stepped down: lessor demoted")
+}
+
+func (s *Server) every(ctx context.Context, d time.Duration, f func(context.Context)) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f(ctx)
+		}
+	}
+}
+
+// expireDue commits the leases the lessor says are past expires + grace.
+func (s *Server) expireDue(ctx context.Context) {
+	refs := s.lessor.Expired()
+	if len(refs) == 0 {
+		return
+	}
+	res, err := s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_ExpireLeases{
+		ExpireLeases: &adminv1.ExpireLeasesCommand{Leases: refs},
+	}})
+	if err != nil {
+		s.log.Warn("commit lease expiry", "leases", len(refs), "err", err)
+		return
+	}
+	if r, ok := res.(*fsm.ExpireResult); ok {
+		s.metrics.expirations.Add(float64(len(r.Expired)))
+		for _, l := range r.Expired {
+			s.log.Info("lease expired", "mailbox_id", l.GetMailboxId(), "runner_id", l.GetRunnerId(), "epoch", l.GetEpoch())
+		}
+	}
+}
+
+// checkpoint carries leader-local renewals into the replicated state.
+func (s *Server) checkpoint(ctx context.Context) {
+	for {
+		cps := s.lessor.Checkpoints(1000)
+		if len(cps) == 0 {
+			return
+		}
+		if _, err := s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_CheckpointLeases{
+			CheckpointLeases: &adminv1.CheckpointLeasesCommand{Checkpoints: cps},
+		}}); err != nil {
+			s.log.Warn("commit lease checkpoints", "leases", len(cps), "err", err)
+			return
+		}
+		if len(cps) < 1000 {
+			return
+		}
+	}
+}
+
+// markStaleProxies moves namespaces off proxies that stopped heartbeating.
+func (s *Server) markStaleProxies(ctx context.Context) {
+	infos, _ := s.fsm.Proxies()
+	proxies := make([]*adminv1.Proxy, 0, len(infos))
+	for _, p := range infos {
+		proxies = append(proxies, p.GetProxy())
+	}
+	refs := s.lessor.StaleProxies(proxies, s.cfg.StaleProxyAfter)
+	if len(refs) == 0 {
+		return
+	}
+	res, err := s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_MarkProxiesStale{
+		MarkProxiesStale: &adminv1.MarkProxiesStaleCommand{Proxies: refs},
+	}})
+	if err != nil {
+		s.log.Warn("commit stale proxies", "proxies", len(refs), "err", err)
+		return
+	}
+	if r, ok := res.(*fsm.MarkStaleResult); ok && len(r.Marked) > 0 {
+		s.log.Info("proxies marked stale", "proxies", r.Marked)
+	}
+}
+
+// propose stamps the leader's clock into cmd and commits it. It returns the
+// FSM's answer or an error: raftnode.ErrNotLeader when this node cannot
+// propose, an fsm error when the command was refused.
+func (s *Server) propose(ctx context.Context, cmd *adminv1.Command) (any, error) {
+	cmd.Now = timestamppb.New(s.cfg.Now())
+	data, err := fsm.Encode(cmd)
+	if err != nil {
+		return nil, err
+	}
+	resp, _, err := s.node.Apply(ctx, data)
+	if err != nil {
+		return nil, fmt.Errorf("commit %s: %w", fsm.CommandType(cmd), err)
+	}
+	if err, ok := resp.(error); ok {
+		return nil, err
+	}
+	return resp, nil
+}

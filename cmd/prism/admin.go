@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/admin/server"
+)
+
+type adminFlags struct {
+	nodeID            string
+	raftAddr          string
+	raftAdvertise     string
+	grpcAddr          string
+	httpAddr          string
+	dataDir           string
+	inMemory          bool
+	bootstrap         bool
+	peers             string
+	peerDial          string
+	timing            string
+	snapshotInterval  time.Duration
+	snapshotThreshold uint64
+	trailingLogs      uint64
+	staleProxyAfter   time.Duration
+	logLevel          string
+	logFormat         string
+}
+
+func adminCommand() *cobra.Command {
+	var f adminFlags
+	host, _ := os.Hostname()
+	cmd := &cobra.Command{
+		Use:   "admin",
+		Short: "Run an admin node: Raft-replicated leases, proxies and namespaces behind the ControlPlane and Admin gRPC APIs",
+		Long: `Run one admin node. A single node: --bootstrap --data-dir DIR. A static cluster
+of 3 or 5: the same --peers list on every node (id=raft_addr=grpc_addr,...), each
+with its own --node-id, --raft-addr and --data-dir. A node restarting on its data
+dir rejoins with its state; bootstrap only happens on an empty data dir.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runAdmin(cmd.Context(), f)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.nodeID, "node-id", host, "raft server id of this node")
+	fs.StringVar(&f.raftAddr, "raft-addr", "127.0.0.1:8990", "raft transport listen address")
+	fs.StringVar(&f.raftAdvertise, "raft-advertise", "", "raft address peers dial (default: --raft-addr, or this node's --peers entry)")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8981", "gRPC listen address (ControlPlane, Admin, health)")
+	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8982", "HTTP listen address (/metrics, /healthz, /readyz); empty disables")
+	fs.StringVar(&f.dataDir, "data-dir", "", "directory for the raft WAL and snapshots (required unless --in-memory)")
+	fs.BoolVar(&f.inMemory, "in-memory", false, "keep raft state in memory only (single node, lost on exit)")
+	fs.BoolVar(&f.bootstrap, "bootstrap", false, "start a new single-node cluster if the data dir is empty")
+	fs.StringVar(&f.peers, "peers", "", "static voters, id=raft_addr=grpc_addr,... (this node included)")
+	fs.StringVar(&f.peerDial, "peer-dial", "", "dial these raft addresses instead, id=addr,... (e.g. through a local proxy)")
+	fs.StringVar(&f.timing, "raft-timing", "default", "raft timeouts: default (1s heartbeat, WAN-tolerant) or fast (200ms, for one host or a LAN)")
+	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 0, "how often raft checks whether to snapshot (0: raft default 2m)")
+	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 0, "log entries since the last snapshot that trigger one (0: raft default 8192)")
+	fs.Uint64Var(&f.trailingLogs, "trailing-logs", 0, "log entries kept after a snapshot for slow followers (0: raft default 10240)")
+	fs.DurationVar(&f.staleProxyAfter, "stale-proxy-after", 30*time.Second, "a proxy without heartbeats this long loses its namespaces")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
+	return cmd
+}
+
+// parsePeers reads id=raft_addr=grpc_addr entries.
+func parsePeers(s string) ([]raftnode.Peer, map[string]string, error) {
+	var peers []raftnode.Peer
+	grpcAddrs := map[string]string{}
+	if strings.TrimSpace(s) == "" {
+		return nil, grpcAddrs, nil
+	}
+	for _, e := range strings.Split(s, ",") {
+		parts := strings.Split(strings.TrimSpace(e), "=")
+		if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+			return nil, nil, fmt.Errorf("--peers: entry %q is not id=raft_addr=grpc_addr", e)
+		}
+		if _, dup := grpcAddrs[parts[0]]; dup {
+			return nil, nil, fmt.Errorf("--peers: id %q appears twice", parts[0])
+		}
+		peers = append(peers, raftnode.Peer{ID: parts[0], Addr: parts[1]})
+		grpcAddrs[parts[0]] = parts[2]
+	}
+	return peers, grpcAddrs, nil
+}
+
+func parseDial(s string) (map[string]string, error) {
+	out := map[string]string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for _, e := range strings.Split(s, ",") {
+		id, addr, ok := strings.Cut(strings.TrimSpace(e), "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("--peer-dial: entry %q is not id=addr", e)
+		}
+		out[id] = addr
+	}
+	return out, nil
+}
+
+func (f adminFlags) logger() (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch f.logFormat {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format: %q is not json or text", f.logFormat)
+}
+
+func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
+	var cfg server.NodeConfig
+	if f.nodeID == "" {
+		return cfg, fmt.Errorf("--node-id is required")
+	}
+	if f.dataDir == "" && !f.inMemory {
+		return cfg, fmt.Errorf("--data-dir is required (or --in-memory for a throwaway single node)")
+	}
+	peers, grpcAddrs, err := parsePeers(f.peers)
+	if err != nil {
+		return cfg, err
+	}
+	if f.inMemory && (len(peers) > 0 || f.dataDir != "") {
+		return cfg, fmt.Errorf("--in-memory is a single node without --peers or --data-dir")
+	}
+	advertise := f.raftAdvertise
+	if len(peers) > 0 {
+		self := -1
+		for i, p := range peers {
+			if p.ID == f.nodeID {
+				self = i
+			}
+		}
+		if self < 0 {
+			return cfg, fmt.Errorf("--peers does not include --node-id %q", f.nodeID)
+		}
+		if advertise == "" {
+			advertise = peers[self].Addr
+		}
+	}
+	dial, err := parseDial(f.peerDial)
+	if err != nil {
+		return cfg, err
+	}
+	var timing raftnode.Timing
+	switch f.timing {
+	case "default":
+		timing = raftnode.DefaultTiming()
+	case "fast":
+		timing = raftnode.FastTiming()
+	default:
+		return cfg, fmt.Errorf("--raft-timing: %q is not default or fast", f.timing)
+	}
+	raftAddr := f.raftAddr
+	if f.inMemory {
+		raftAddr = ""
+	}
+	return server.NodeConfig{
+		Raft: raftnode.Config{
+			ID: f.nodeID, DataDir: f.dataDir, BindAddr: raftAddr, Advertise: advertise,
+			Peers: peers, Bootstrap: f.bootstrap || f.inMemory, DialAddrs: dial, Timing: timing,
+			SnapshotInterval: f.snapshotInterval, SnapshotThreshold: f.snapshotThreshold, TrailingLogs: f.trailingLogs,
+		},
+		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
+		StaleProxyAfter: f.staleProxyAfter, Logger: log,
+	}, nil
+}
+
+func runAdmin(ctx context.Context, f adminFlags) error {
+	log, err := f.logger()
+	if err != nil {
+		return err
+	}
+	cfg, err := f.nodeConfig(log)
+	if err != nil {
+		return err
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	n, err := server.Start(cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	log.Info("shutting down admin node", "node", cfg.Raft.ID)
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return n.Stop(sctx)
+}
