@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+type globals struct {
+	admin   string
+	format  string
+	timeout time.Duration
+	attempt time.Duration
+}
+
+// run connects, calls f within --timeout and prints its result.
+func run[T proto.Message](cmd *cobra.Command, g *globals, f func(context.Context, *grpc.ClientConn) (T, error), table func(io.Writer, T)) error {
+	if g.format != "table" && g.format != "json" {
+		return fmt.Errorf("--format: %q is not table or json", g.format)
+	}
+	c, err := newClient(g.admin, g.attempt)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
+	defer cancel()
+	resp, err := do(ctx, c, f)
+	if err != nil {
+		return describe(err)
+	}
+	out := cmd.OutOrStdout()
+	if g.format == "json" {
+		b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(resp)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(out, string(b))
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	table(tw, resp)
+	return tw.Flush()
+}
+
+func consistency(consistent bool) adminv1.Consistency {
+	if consistent {
+		return adminv1.Consistency_CONSISTENCY_LINEARIZABLE
+	}
+	return adminv1.Consistency_CONSISTENCY_STALE
+}
+
+func ts(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().UTC().Format(time.RFC3339)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func clusterCommand(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "cluster", Short: "Cluster state"}
+	c.AddCommand(&cobra.Command{
+		Use: "status", Short: "Leader, term, indexes and members, as the answering node sees them", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetClusterStatusResponse, error) {
+				return adminv1.NewAdminClient(cc).GetClusterStatus(ctx, &adminv1.GetClusterStatusRequest{})
+			}, func(w io.Writer, r *adminv1.GetClusterStatusResponse) {
+				fmt.Fprintf(w, "node\t%s (%s)\n", r.GetNodeId(), r.GetState())
+				fmt.Fprintf(w, "leader\t%s %s\n", orDash(r.GetLeaderId()), r.GetLeaderAddress())
+				fmt.Fprintf(w, "term\t%d\n", r.GetTerm())
+				fmt.Fprintf(w, "commit/applied/snapshot\t%d/%d/%d\n", r.GetCommitIndex(), r.GetAppliedIndex(), r.GetLastSnapshotIndex())
+				fmt.Fprintf(w, "namespaces/proxies/leases\t%d/%d/%d\n\n", r.GetNamespaceCount(), r.GetProxyCount(), r.GetLeaseCount())
+				fmt.Fprintln(w, "MEMBER\tRAFT\tGRPC\tSUFFRAGE\tLEADER")
+				for _, m := range r.GetMembers() {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%v\n", m.GetId(), m.GetRaftAddress(), orDash(m.GetGrpcAddress()),
+						strings.TrimPrefix(m.GetSuffrage().String(), "MEMBER_SUFFRAGE_"), m.GetLeader())
+				}
+			})
+		},
+	})
+	return c
+}
+
+func namespaceTable(w io.Writer, ns []*adminv1.Namespace) {
+	fmt.Fprintln(w, "NAMESPACE\tPARTITION\tPROXY\tTOPICS\tCREATED")
+	for _, n := range ns {
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", n.GetName(), n.GetPartition(), orDash(n.GetAssignedProxyId()),
+			strings.Join(n.GetConfig().GetTopics(), ","), ts(n.GetCreatedAt()))
+	}
+}
+
+func namespaceCommand(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "namespace", Aliases: []string{"ns"}, Short: "Create, list, get and delete namespaces"}
+	var (
+		topics               []string
+		ttl, interval, grace time.Duration
+		validation, dlq      string
+		consistent           bool
+	)
+	create := &cobra.Command{
+		Use: "create NAME", Short: "Create a namespace (placed on a proxy by its partition)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			mode, ok := adminv1.ValidationMode_value["VALIDATION_MODE_"+strings.ToUpper(validation)]
+			if !ok {
+				return fmt.Errorf("--validation: %q is not strict, warn or disabled", validation)
+			}
+			req := &adminv1.CreateNamespaceRequest{Namespace: args[0], Config: &adminv1.NamespaceConfig{
+				Topics: topics, ValidationMode: adminv1.ValidationMode(mode), DeadLetterTopic: dlq,
+				Lease: &adminv1.LeaseConfig{Ttl: optDuration(ttl), HeartbeatInterval: optDuration(interval), Grace: optDuration(grace)},
+			}}
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
+				return adminv1.NewControlPlaneClient(cc).CreateNamespace(ctx, req)
+			}, func(w io.Writer, r *adminv1.CreateNamespaceResponse) {
+				namespaceTable(w, []*adminv1.Namespace{r.GetNamespace()})
+				if !r.GetCreated() {
+					fmt.Fprintln(w, "(already existed with this config)")
+				}
+			})
+		},
+	}
+	create.Flags().StringArrayVar(&topics, "topic", nil, "Kafka topic to consume (repeatable, at least one)")
+	create.Flags().DurationVar(&ttl, "lease-ttl", 0, "lease ttl of the namespace's mailboxes (0: admin default)")
+	create.Flags().DurationVar(&interval, "heartbeat-interval", 0, "sidecar heartbeat interval (0: admin default)")
+	create.Flags().DurationVar(&grace, "lease-grace", 0, "grace after ttl before expiry (0: admin default)")
+	create.Flags().StringVar(&validation, "validation", "strict", "envelope validation: strict, warn or disabled")
+	create.Flags().StringVar(&dlq, "dead-letter-topic", "", "topic for poison messages (default: the runner's)")
+
+	list := &cobra.Command{
+		Use: "list", Short: "List namespaces", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListNamespacesResponse, error) {
+				return adminv1.NewAdminClient(cc).ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: consistency(consistent)})
+			}, func(w io.Writer, r *adminv1.ListNamespacesResponse) { namespaceTable(w, r.GetNamespaces()) })
+		},
+	}
+	get := &cobra.Command{
+		Use: "get NAME", Short: "Show a namespace and where its alias routes", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetNamespaceResponse, error) {
+				return adminv1.NewAdminClient(cc).GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: args[0], Consistency: consistency(consistent)})
+			}, func(w io.Writer, r *adminv1.GetNamespaceResponse) {
+				namespaceTable(w, []*adminv1.Namespace{r.GetNamespace()})
+				if rt := r.GetRoute(); rt != nil {
+					fmt.Fprintf(w, "\nroutes to\t%s (epoch %d)\n", rt.GetMailboxId(), rt.GetEpoch())
+				}
+			})
+		},
+	}
+	for _, sub := range []*cobra.Command{list, get} {
+		sub.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader) instead of this node's state")
+	}
+	del := &cobra.Command{
+		Use: "delete NAME", Short: "Delete a namespace", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.DeleteNamespaceResponse, error) {
+				return adminv1.NewControlPlaneClient(cc).DeleteNamespace(ctx, &adminv1.DeleteNamespaceRequest{Namespace: args[0]})
+			}, func(w io.Writer, r *adminv1.DeleteNamespaceResponse) {
+				if r.GetDeleted() {
+					fmt.Fprintf(w, "deleted %s\n", args[0])
+				} else {
+					fmt.Fprintf(w, "no namespace %s\n", args[0])
+				}
+			})
+		},
+	}
+	c.AddCommand(create, list, get, del)
+	return c
+}
+
+func optDuration(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}
+
+func proxyCommand(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "proxy", Short: "Registered proxies"}
+	var consistent bool
+	list := &cobra.Command{
+		Use: "list", Short: "List proxies with their partitions and namespaces", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListProxiesResponse, error) {
+				return adminv1.NewAdminClient(cc).ListProxies(ctx, &adminv1.ListProxiesRequest{Consistency: consistency(consistent)})
+			}, func(w io.Writer, r *adminv1.ListProxiesResponse) {
+				fmt.Fprintln(w, "PROXY\tADDRESS\tSTATUS\tLAST SEEN\tPARTITIONS\tNAMESPACES")
+				for _, p := range r.GetProxies() {
+					parts := 0
+					for _, pr := range p.GetPartitionRanges() {
+						parts += int(pr.GetEnd()-pr.GetStart()) + 1
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", p.GetProxy().GetRegistration().GetProxyId(),
+						p.GetProxy().GetRegistration().GetAddress(), strings.TrimPrefix(p.GetProxy().GetStatus().String(), "PROXY_STATUS_"),
+						ts(p.GetProxy().GetLastSeen()), parts, orDash(strings.Join(p.GetNamespaces(), ",")))
+				}
+			})
+		},
+	}
+	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
+	c.AddCommand(list)
+	return c
+}
+
+func leaseCommand(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "lease", Short: "Mailbox leases"}
+	var (
+		consistent       bool
+		namespace, proxy string
+	)
+	list := &cobra.Command{
+		Use: "list", Short: "List leases (the leader shows renewals not yet checkpointed)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListLeasesResponse, error) {
+				return adminv1.NewAdminClient(cc).ListLeases(ctx, &adminv1.ListLeasesRequest{
+					Consistency: consistency(consistent), Namespace: namespace, ProxyId: proxy,
+				})
+			}, func(w io.Writer, r *adminv1.ListLeasesResponse) {
+				fmt.Fprintln(w, "MAILBOX\tRUNNER\tADDRESS\tEPOCH\tEXPIRES\tTTL")
+				for _, l := range r.GetLeases() {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", l.GetMailboxId(), l.GetRunnerId(), l.GetRunnerAddress(),
+						l.GetEpoch(), ts(l.GetExpiresAt()), l.GetTtl().AsDuration())
+				}
+			})
+		},
+	}
+	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
+	list.Flags().StringVar(&namespace, "namespace", "", "only this namespace's leases")
+	list.Flags().StringVar(&proxy, "proxy", "", "only this proxy's leases")
+	c.AddCommand(list)
+	return c
+}
+
+func routeCommand(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "route", Short: "Routes derived from live leases"}
+	var consistent bool
+	list := &cobra.Command{
+		Use: "list", Short: "List mailbox and namespace routes", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListRoutesResponse, error) {
+				return adminv1.NewAdminClient(cc).ListRoutes(ctx, &adminv1.ListRoutesRequest{Consistency: consistency(consistent)})
+			}, func(w io.Writer, r *adminv1.ListRoutesResponse) {
+				fmt.Fprintln(w, "MAILBOX\tRUNNER\tADDRESS\tPARTITION\tEPOCH")
+				for _, rt := range r.GetRoutes() {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\n", rt.GetMailboxId(), rt.GetRunnerId(), rt.GetRunnerAddress(), rt.GetPartition(), rt.GetEpoch())
+				}
+				if len(r.GetNamespaceRoutes()) > 0 {
+					fmt.Fprintln(w, "\nNAMESPACE\tMAILBOX\tEPOCH")
+					for _, nr := range r.GetNamespaceRoutes() {
+						fmt.Fprintf(w, "%s\t%s\t%d\n", nr.GetNamespace(), nr.GetMailboxId(), nr.GetEpoch())
+					}
+				}
+			})
+		},
+	}
+	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
+	c.AddCommand(list)
+	return c
+}
+
+func memberCommand(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "member", Short: "Raft membership"}
+	c.AddCommand(&cobra.Command{
+		Use: "add ID RAFT_ADDR", Short: "Add a voter", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AddVoterResponse, error) {
+				return adminv1.NewAdminClient(cc).AddVoter(ctx, &adminv1.AddVoterRequest{Id: args[0], RaftAddress: args[1]})
+			}, func(w io.Writer, r *adminv1.AddVoterResponse) { fmt.Fprintf(w, "added %s at index %d\n", args[0], r.GetIndex()) })
+		},
+	}, &cobra.Command{
+		Use: "remove ID", Short: "Remove a server", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RemoveServerResponse, error) {
+				return adminv1.NewAdminClient(cc).RemoveServer(ctx, &adminv1.RemoveServerRequest{Id: args[0]})
+			}, func(w io.Writer, r *adminv1.RemoveServerResponse) { fmt.Fprintf(w, "removed %s at index %d\n", args[0], r.GetIndex()) })
+		},
+	})
+	return c
+}
