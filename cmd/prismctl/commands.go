@@ -282,14 +282,18 @@ func memberCommand(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AddVoterResponse, error) {
 				return adminv1.NewAdminClient(cc).AddVoter(ctx, &adminv1.AddVoterRequest{Id: args[0], RaftAddress: args[1]})
-			}, func(w io.Writer, r *adminv1.AddVoterResponse) { fmt.Fprintf(w, "added %s at index %d\n", args[0], r.GetIndex()) })
+			}, func(w io.Writer, r *adminv1.AddVoterResponse) {
+				fmt.Fprintf(w, "added %s at index %d\n", args[0], r.GetIndex())
+			})
 		},
 	}, &cobra.Command{
 		Use: "remove ID", Short: "Remove a server", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RemoveServerResponse, error) {
 				return adminv1.NewAdminClient(cc).RemoveServer(ctx, &adminv1.RemoveServerRequest{Id: args[0]})
-			}, func(w io.Writer, r *adminv1.RemoveServerResponse) { fmt.Fprintf(w, "removed %s at index %d\n", args[0], r.GetIndex()) })
+			}, func(w io.Writer, r *adminv1.RemoveServerResponse) {
+				fmt.Fprintf(w, "removed %s at index %d\n", args[0], r.GetIndex())
+			})
 		},
 	})
 	return c
