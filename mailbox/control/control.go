@@ -1,0 +1,488 @@
+// Package control is the runner's local control API
+// (prism.runner.v1.RunnerControl): the lease sidecar of the same pod tells
+// the runner which mailboxes to open, under which lease epoch to consume and
+// serve them, when to stop at once (fence) and when to drain.
+//
+// The one rule it enforces is that a mailbox is consumed and served only
+// under a lease epoch: OpenMailbox without an epoch merely records the
+// mailbox, the store is opened and the consumer started by ActivateMailbox,
+// and the runner publishes the mailbox with its epoch already set
+// (runner.MailboxConfig.Epoch). Epochs only grow per mailbox, so a stale
+// sidecar incarnation cannot move a mailbox back to an older lease.
+//
+// Fencing closes the mailbox in the runner (queries stop at the first
+// instruction, the consumer stops fetching and commits what it has made
+// durable) but keeps the record and the data, so re-activation after a
+// re-acquire reopens the same store.
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-mesh/prism/mailbox/envelope"
+	"github.com/prism-mesh/prism/mailbox/runner"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+)
+
+// Host is the part of *runner.Runner the control API drives.
+type Host interface {
+	Open(runner.MailboxConfig) error
+	CloseMailbox(id string) error
+	SetEpoch(id string, epoch uint64) error
+	Stats(ctx context.Context, id string) (*mailboxv1.MailboxStats, error)
+	Consuming(id string) bool
+}
+
+// Config of a Server. Host is required.
+type Config struct {
+	Host Host
+	// Gatherer is read for prism_mailbox_queries_total to report queries
+	// served per mailbox; nil reports zero.
+	Gatherer prometheus.Gatherer
+	// Registerer gets the control metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Server implements runnerv1.RunnerControlServer.
+type Server struct {
+	runnerv1.UnimplementedRunnerControlServer
+
+	host    Host
+	gather  prometheus.Gatherer
+	log     *slog.Logger
+	fences  *prometheus.CounterVec
+	actions *prometheus.CounterVec
+
+	mu        sync.Mutex
+	mailboxes map[string]*entry
+	draining  bool
+}
+
+// entry is one mailbox; its own lock orders the transitions of that mailbox
+// (which may take long: opening a store, draining a consumer) without
+// holding up the others.
+type entry struct {
+	mu    sync.Mutex
+	id    string
+	cfg   *runnerv1.MailboxConfig
+	state runnerv1.MailboxState
+	epoch uint64
+	gone  bool // closed; a caller that waited on mu must look it up again
+}
+
+// New makes a server hosting no mailbox.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{
+		host:   cfg.Host,
+		gather: cfg.Gatherer,
+		log:    cfg.Logger,
+		fences: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_runner_fences_total",
+			Help: "Mailboxes fenced on the sidecar's order, by reason.",
+		}, []string{"reason"}),
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_runner_control_calls_total",
+			Help: "Control API calls by method and gRPC code.",
+		}, []string{"method", "code"}),
+		mailboxes: map[string]*entry{},
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(s.fences, s.actions)
+	}
+	return s
+}
+
+// Register adds the RunnerControl service to g.
+func (s *Server) Register(g *grpc.Server) { runnerv1.RegisterRunnerControlServer(g, s) }
+
+// Ready is the runner's readiness under the control API: not draining, and
+// every mailbox the sidecar asked for is active and consuming. A runner with
+// no mailbox is ready: it is waiting for assignments, which is normal.
+func (s *Server) Ready() error {
+	s.mu.Lock()
+	draining := s.draining
+	entries := make([]*entry, 0, len(s.mailboxes))
+	for _, e := range s.mailboxes {
+		entries = append(entries, e)
+	}
+	s.mu.Unlock()
+	if draining {
+		return errors.New("draining")
+	}
+	var waiting []string
+	for _, e := range entries {
+		e.mu.Lock()
+		st, id := e.state, e.id
+		e.mu.Unlock()
+		switch {
+		case st != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE:
+			waiting = append(waiting, id+" "+strings.ToLower(strings.TrimPrefix(st.String(), "MAILBOX_STATE_")))
+		case !s.host.Consuming(id):
+			waiting = append(waiting, id+" not consuming yet")
+		}
+	}
+	if len(waiting) > 0 {
+		slices.Sort(waiting)
+		return fmt.Errorf("mailboxes not serving: %s", strings.Join(waiting, ", "))
+	}
+	return nil
+}
+
+// OpenMailbox implements RunnerControl.
+func (s *Server) OpenMailbox(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*runnerv1.OpenMailboxResponse, error) {
+	st, err := s.open(ctx, req)
+	s.count("OpenMailbox", err)
+	if err != nil {
+		return nil, err
+	}
+	return &runnerv1.OpenMailboxResponse{Status: st}, nil
+}
+
+func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*runnerv1.MailboxStatus, error) {
+	id := req.GetMailboxId()
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	if _, err := toRunnerConfig(id, req.GetConfig(), 0); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "open %s: runner draining", id)
+	}
+	e, ok := s.mailboxes[id]
+	if !ok {
+		e = &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), state: runnerv1.MailboxState_MAILBOX_STATE_OPEN}
+		s.mailboxes[id] = e
+	}
+	s.mu.Unlock()
+	if ok {
+		e.mu.Lock()
+		same := proto.Equal(e.cfg, req.GetConfig())
+		e.mu.Unlock()
+		if !same {
+			return nil, status.Errorf(codes.FailedPrecondition, "open %s: already open with a different config; close it first", id)
+		}
+	} else {
+		s.log.Info("mailbox recorded; waiting for a lease epoch", "mailbox_id", id, "topics", req.GetConfig().GetTopics())
+	}
+	if req.GetEpoch() == 0 {
+		return s.status(ctx, e), nil
+	}
+	return s.activate(ctx, id, req.GetEpoch())
+}
+
+// ActivateMailbox implements RunnerControl.
+func (s *Server) ActivateMailbox(ctx context.Context, req *runnerv1.ActivateMailboxRequest) (*runnerv1.ActivateMailboxResponse, error) {
+	st, err := s.activate(ctx, req.GetMailboxId(), req.GetEpoch())
+	s.count("ActivateMailbox", err)
+	if err != nil {
+		return nil, err
+	}
+	return &runnerv1.ActivateMailboxResponse{Status: st}, nil
+}
+
+func (s *Server) activate(ctx context.Context, id string, epoch uint64) (*runnerv1.MailboxStatus, error) {
+	if epoch == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "activate %s: epoch: must be non-zero (a lease epoch)", id)
+	}
+	e, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gone {
+		return nil, status.Errorf(codes.NotFound, "activate %s: closed meanwhile", id)
+	}
+	if s.isDraining() {
+		return nil, status.Errorf(codes.FailedPrecondition, "activate %s: runner draining", id)
+	}
+	if epoch < e.epoch {
+		return nil, status.Errorf(codes.FailedPrecondition, "activate %s: epoch %d is older than the last one, %d", id, epoch, e.epoch)
+	}
+	log := s.log.With("mailbox_id", id, "epoch", epoch)
+	switch e.state {
+	case runnerv1.MailboxState_MAILBOX_STATE_ACTIVE:
+		if epoch != e.epoch {
+			// Same holder, new grant (a reconnect): queries report the
+			// new epoch from now on.
+			if err := s.host.SetEpoch(id, epoch); err != nil {
+				return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
+			}
+			log.Info("mailbox epoch advanced", "previous_epoch", e.epoch)
+			e.epoch = epoch
+		}
+	default:
+		mc, err := toRunnerConfig(id, e.cfg, epoch)
+		if err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		if err := s.host.Open(mc); err != nil {
+			return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
+		}
+		e.state, e.epoch = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, epoch
+		log.Info("mailbox active: consuming and serving", "took", time.Since(start))
+	}
+	return s.statusLocked(ctx, e), nil
+}
+
+// FenceMailbox implements RunnerControl.
+func (s *Server) FenceMailbox(ctx context.Context, req *runnerv1.FenceMailboxRequest) (*runnerv1.FenceMailboxResponse, error) {
+	st, err := s.fence(ctx, req.GetMailboxId(), req.GetReason())
+	s.count("FenceMailbox", err)
+	if err != nil {
+		return nil, err
+	}
+	return &runnerv1.FenceMailboxResponse{Status: st}, nil
+}
+
+func (s *Server) fence(ctx context.Context, id, reason string) (*runnerv1.MailboxStatus, error) {
+	if reason == "" {
+		reason = "unspecified"
+	}
+	e, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gone || e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+		return s.statusLocked(ctx, e), nil
+	}
+	start := time.Now()
+	err = s.host.CloseMailbox(id)
+	// Whatever the drain reported, the mailbox is no longer served or
+	// consumed: CloseMailbox unpublishes it before anything else.
+	e.state = runnerv1.MailboxState_MAILBOX_STATE_FENCED
+	s.fences.WithLabelValues(reason).Inc()
+	s.log.Warn("mailbox fenced: stopped consuming and serving", "mailbox_id", id, "epoch", e.epoch, "reason", reason, "took", time.Since(start), "err", err)
+	return s.statusLocked(ctx, e), nil
+}
+
+// CloseMailbox implements RunnerControl.
+func (s *Server) CloseMailbox(_ context.Context, req *runnerv1.CloseMailboxRequest) (*runnerv1.CloseMailboxResponse, error) {
+	closed, err := s.close(req.GetMailboxId())
+	s.count("CloseMailbox", err)
+	if err != nil {
+		return nil, err
+	}
+	return &runnerv1.CloseMailboxResponse{Closed: closed}, nil
+}
+
+func (s *Server) close(id string) (bool, error) {
+	if err := validateID(id); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	e, ok := s.mailboxes[id]
+	s.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gone {
+		return false, nil
+	}
+	var err error
+	if e.state == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+		err = s.host.CloseMailbox(id)
+	}
+	e.gone = true
+	s.mu.Lock()
+	delete(s.mailboxes, id)
+	s.mu.Unlock()
+	if err != nil {
+		s.log.Error("mailbox closed with errors", "mailbox_id", id, "epoch", e.epoch, "err", err)
+		return true, status.Errorf(codes.Internal, "close %s: %v", id, err)
+	}
+	s.log.Info("mailbox closed: drained, offsets committed", "mailbox_id", id, "epoch", e.epoch)
+	return true, nil
+}
+
+// Drain implements RunnerControl: every mailbox closes in parallel.
+func (s *Server) Drain(context.Context, *runnerv1.DrainRequest) (*runnerv1.DrainResponse, error) {
+	s.mu.Lock()
+	s.draining = true
+	ids := make([]string, 0, len(s.mailboxes))
+	for id := range s.mailboxes {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	slices.Sort(ids)
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() { _, errs[i] = s.close(id) })
+	}
+	wg.Wait()
+	err := errors.Join(errs...)
+	s.count("Drain", err)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "drain: %v", err)
+	}
+	s.log.Info("runner drained", "mailboxes", ids)
+	return &runnerv1.DrainResponse{Closed: ids}, nil
+}
+
+// GetStats implements RunnerControl.
+func (s *Server) GetStats(ctx context.Context, req *runnerv1.GetStatsRequest) (*runnerv1.GetStatsResponse, error) {
+	var entries []*entry
+	if id := req.GetMailboxId(); id != "" {
+		e, err := s.lookup(id)
+		if err != nil {
+			s.count("GetStats", err)
+			return nil, err
+		}
+		entries = []*entry{e}
+	} else {
+		s.mu.Lock()
+		for _, e := range s.mailboxes {
+			entries = append(entries, e)
+		}
+		s.mu.Unlock()
+	}
+	queries := s.queriesServed()
+	out := &runnerv1.GetStatsResponse{}
+	for _, e := range entries {
+		st := s.status(ctx, e)
+		st.QueriesServed = queries[st.GetMailboxId()]
+		out.Mailboxes = append(out.Mailboxes, st)
+	}
+	slices.SortFunc(out.Mailboxes, func(a, b *runnerv1.MailboxStatus) int { return strings.Compare(a.GetMailboxId(), b.GetMailboxId()) })
+	s.count("GetStats", nil)
+	return out, nil
+}
+
+func (s *Server) status(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return s.statusLocked(ctx, e)
+}
+
+func (s *Server) statusLocked(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
+	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: e.state, Epoch: e.epoch}
+	if e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+		return st
+	}
+	st.Consuming = s.host.Consuming(e.id)
+	if ms, err := s.host.Stats(ctx, e.id); err == nil {
+		st.EventsStored, st.StorageBytes = ms.GetTotalEvents(), ms.GetTotalBytes()
+	} else {
+		s.log.Warn("mailbox stats unavailable", "mailbox_id", e.id, "epoch", e.epoch, "err", err)
+	}
+	return st
+}
+
+// queriesServed sums prism_mailbox_queries_total by mailbox.
+func (s *Server) queriesServed() map[string]int64 {
+	out := map[string]int64{}
+	if s.gather == nil {
+		return out
+	}
+	mfs, err := s.gather.Gather()
+	if err != nil {
+		s.log.Warn("gather query counters", "err", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "prism_mailbox_queries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "mailbox" {
+					out[l.GetValue()] += int64(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (s *Server) lookup(id string) (*entry, error) {
+	if err := validateID(id); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.mailboxes[id]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "mailbox %s: not open (OpenMailbox first)", id)
+	}
+	return e, nil
+}
+
+func (s *Server) isDraining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
+}
+
+func (s *Server) count(method string, err error) {
+	s.actions.WithLabelValues(method, status.Code(err).String()).Inc()
+}
+
+const maxIDBytes = 512
+
+func validateID(id string) error {
+	switch {
+	case id == "":
+		return status.Error(codes.InvalidArgument, "mailbox_id: required")
+	case len(id) > maxIDBytes:
+		return status.Errorf(codes.InvalidArgument, "mailbox_id: longer than %d bytes", maxIDBytes)
+	case id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00"):
+		return status.Errorf(codes.InvalidArgument, "mailbox_id %q: must not be . or .. or contain / \\ or NUL", id)
+	}
+	return nil
+}
+
+func toRunnerConfig(id string, c *runnerv1.MailboxConfig, epoch uint64) (runner.MailboxConfig, error) {
+	if len(c.GetTopics()) == 0 {
+		return runner.MailboxConfig{}, status.Errorf(codes.InvalidArgument, "open %s: config.topics: at least one topic is required", id)
+	}
+	for i, t := range c.GetTopics() {
+		if t == "" {
+			return runner.MailboxConfig{}, status.Errorf(codes.InvalidArgument, "open %s: config.topics[%d]: empty", id, i)
+		}
+	}
+	if c.GetMaxAgeMillis() < 0 || c.GetMaxSizeBytes() < 0 {
+		return runner.MailboxConfig{}, status.Errorf(codes.InvalidArgument, "open %s: config: max_age_millis and max_size_bytes must not be negative", id)
+	}
+	var mode envelope.Mode
+	switch c.GetValidationMode() {
+	case runnerv1.ValidationMode_VALIDATION_MODE_UNSPECIFIED, runnerv1.ValidationMode_VALIDATION_MODE_STRICT:
+		mode = envelope.Strict
+	case runnerv1.ValidationMode_VALIDATION_MODE_WARN:
+		mode = envelope.Warn
+	case runnerv1.ValidationMode_VALIDATION_MODE_DISABLED:
+		mode = envelope.Disabled
+	default:
+		return runner.MailboxConfig{}, status.Errorf(codes.InvalidArgument, "open %s: config.validation_mode: unknown value %d", id, c.GetValidationMode())
+	}
+	return runner.MailboxConfig{
+		ID: id, Topics: slices.Clone(c.GetTopics()), Mode: mode,
+		MaxAge:  time.Duration(c.GetMaxAgeMillis()) * time.Millisecond,
+		MaxSize: c.GetMaxSizeBytes(), Epoch: epoch,
+	}, nil
+}

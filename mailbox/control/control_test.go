@@ -1,0 +1,355 @@
+package control
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/mailbox/envelope"
+	"github.com/prism-mesh/prism/mailbox/runner"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+)
+
+// fakeHost records what the control API asked of the runner.
+type fakeHost struct {
+	mu     sync.Mutex
+	open   map[string]runner.MailboxConfig
+	calls  []string
+	failOn string
+}
+
+func newFakeHost() *fakeHost { return &fakeHost{open: map[string]runner.MailboxConfig{}} }
+
+func (h *fakeHost) Open(mc runner.MailboxConfig) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, fmt.Sprintf("open %s %d", mc.ID, mc.Epoch))
+	if h.failOn == mc.ID {
+		return fmt.Errorf("disk full")
+	}
+	if _, ok := h.open[mc.ID]; ok {
+		return fmt.Errorf("already open")
+	}
+	h.open[mc.ID] = mc
+	return nil
+}
+
+func (h *fakeHost) CloseMailbox(id string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, "close "+id)
+	if _, ok := h.open[id]; !ok {
+		return runner.ErrNotOpen
+	}
+	delete(h.open, id)
+	return nil
+}
+
+func (h *fakeHost) SetEpoch(id string, epoch uint64) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, fmt.Sprintf("epoch %s %d", id, epoch))
+	mc, ok := h.open[id]
+	if !ok {
+		return runner.ErrNotOpen
+	}
+	mc.Epoch = epoch
+	h.open[id] = mc
+	return nil
+}
+
+func (h *fakeHost) Stats(_ context.Context, id string) (*mailboxv1.MailboxStats, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	mc, ok := h.open[id]
+	if !ok {
+		return nil, runner.ErrNotOpen
+	}
+	return &mailboxv1.MailboxStats{MailboxId: id, TotalEvents: 7, TotalBytes: 700, Epoch: mc.Epoch}, nil
+}
+
+func (h *fakeHost) Consuming(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.open[id]
+	return ok
+}
+
+func (h *fakeHost) takeCalls() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.calls
+	h.calls = nil
+	return c
+}
+
+var cfg = &runnerv1.MailboxConfig{Topics: []string{"audit.events"}, ValidationMode: runnerv1.ValidationMode_VALIDATION_MODE_WARN, MaxAgeMillis: 60000}
+
+func newServer(t *testing.T) (*Server, *fakeHost, *prometheus.Registry) {
+	t.Helper()
+	h := newFakeHost()
+	reg := prometheus.NewRegistry()
+	return New(Config{Host: h, Registerer: reg, Gatherer: reg}), h, reg
+}
+
+func TestOpenDoesNotServeUntilActivated(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	resp, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "audit@p1", Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.GetStatus().GetState(); got != runnerv1.MailboxState_MAILBOX_STATE_OPEN {
+		t.Fatalf("state %v, want OPEN", got)
+	}
+	if c := h.takeCalls(); len(c) != 0 {
+		t.Fatalf("runner touched before a lease epoch: %v", c)
+	}
+	if s.Ready() == nil {
+		t.Fatal("ready with a mailbox waiting for its lease")
+	}
+	act, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "audit@p1", Epoch: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if act.GetStatus().GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || act.GetStatus().GetEpoch() != 12 || act.GetStatus().GetEventsStored() != 7 {
+		t.Fatalf("status %v", act.GetStatus())
+	}
+	if c := h.takeCalls(); !slices.Equal(c, []string{"open audit@p1 12"}) {
+		t.Fatalf("calls %v: want the store opened with its epoch in one step", c)
+	}
+	mc := h.open["audit@p1"]
+	if mc.Mode != envelope.Warn || mc.MaxAge.Seconds() != 60 || !slices.Equal(mc.Topics, cfg.Topics) {
+		t.Fatalf("runner config %+v", mc)
+	}
+	if err := s.Ready(); err != nil {
+		t.Fatalf("not ready with every mailbox active: %v", err)
+	}
+}
+
+func TestOpenWithEpochActivatesAtOnce(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	resp, err := s.OpenMailbox(context.Background(), &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetStatus().GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+		t.Fatalf("state %v", resp.GetStatus().GetState())
+	}
+	if c := h.takeCalls(); !slices.Equal(c, []string{"open a@p 3"}) {
+		t.Fatalf("calls %v", c)
+	}
+}
+
+func TestEpochs(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 10}); err != nil {
+		t.Fatal(err)
+	}
+	h.takeCalls()
+	_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 9})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("older epoch: %v, want FailedPrecondition", err)
+	}
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 10}); err != nil {
+		t.Fatalf("same epoch again (a retry): %v", err)
+	}
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 15}); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.takeCalls(); !slices.Equal(c, []string{"epoch a@p 15"}) {
+		t.Fatalf("calls %v: a newer epoch on a live mailbox moves it without reopening", c)
+	}
+}
+
+func TestFenceKeepsRecordAndReactivates(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 4}); err != nil {
+		t.Fatal(err)
+	}
+	h.takeCalls()
+	f, err := s.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: "a@p", Reason: "ttl_elapsed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.GetStatus().GetState() != runnerv1.MailboxState_MAILBOX_STATE_FENCED || f.GetStatus().GetEpoch() != 4 {
+		t.Fatalf("status %v", f.GetStatus())
+	}
+	if c := h.takeCalls(); !slices.Equal(c, []string{"close a@p"}) {
+		t.Fatalf("calls %v", c)
+	}
+	if h.Consuming("a@p") {
+		t.Fatal("fenced mailbox still consuming")
+	}
+	if got := testutil.ToFloat64(s.fences.WithLabelValues("ttl_elapsed")); got != 1 {
+		t.Fatalf("fences counted %v", got)
+	}
+	if _, err := s.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: "a@p", Reason: "again"}); err != nil {
+		t.Fatalf("fencing a fenced mailbox: %v", err)
+	}
+	if c := h.takeCalls(); len(c) != 0 {
+		t.Fatalf("second fence touched the runner: %v", c)
+	}
+	if s.Ready() == nil {
+		t.Fatal("ready with a fenced mailbox")
+	}
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 3}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("reactivating under an older epoch: %v", err)
+	}
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.takeCalls(); !slices.Equal(c, []string{"open a@p 8"}) {
+		t.Fatalf("calls %v", c)
+	}
+}
+
+func TestCloseAndDrain(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	for i, id := range []string{"a@p", "b@p", "c@p"} {
+		if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: id, Config: cfg, Epoch: uint64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.takeCalls()
+	c, err := s.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: "b@p"})
+	if err != nil || !c.GetClosed() {
+		t.Fatalf("close: %v %v", c, err)
+	}
+	c, err = s.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: "b@p"})
+	if err != nil || c.GetClosed() {
+		t.Fatalf("second close: %v %v, want closed=false", c, err)
+	}
+	if calls := h.takeCalls(); !slices.Equal(calls, []string{"close b@p"}) {
+		t.Fatalf("calls %v: the OPEN mailbox a@p (epoch 0) must not be closed in the runner", calls)
+	}
+	d, err := s.Drain(ctx, &runnerv1.DrainRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(d.GetClosed(), []string{"a@p", "c@p"}) {
+		t.Fatalf("drained %v", d.GetClosed())
+	}
+	if calls := h.takeCalls(); !slices.Equal(calls, []string{"close c@p"}) {
+		t.Fatalf("calls %v", calls)
+	}
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "d@p", Config: cfg}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("open while draining: %v", err)
+	}
+	if s.Ready() == nil {
+		t.Fatal("ready while draining")
+	}
+}
+
+func TestStatsCountsQueries(t *testing.T) {
+	t.Parallel()
+	s, _, reg := newServer(t)
+	served := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prism_mailbox_queries_total"}, []string{"mailbox", "api", "method", "code"})
+	reg.MustRegister(served)
+	served.WithLabelValues("a@p", "http", "QueryEvents", "OK").Add(3)
+	served.WithLabelValues("a@p", "grpc", "GetEvent", "NotFound").Add(2)
+	served.WithLabelValues("b@p", "grpc", "GetEvent", "OK").Add(9)
+	ctx := context.Background()
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "b@p", Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.GetStats(ctx, &runnerv1.GetStatsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetMailboxes()) != 2 {
+		t.Fatalf("stats %v", resp)
+	}
+	a, b := resp.GetMailboxes()[0], resp.GetMailboxes()[1]
+	if a.GetMailboxId() != "a@p" || a.GetQueriesServed() != 5 || a.GetEventsStored() != 7 || a.GetStorageBytes() != 700 || !a.GetConsuming() || a.GetEpoch() != 1 {
+		t.Fatalf("a: %v", a)
+	}
+	if b.GetState() != runnerv1.MailboxState_MAILBOX_STATE_OPEN || b.GetEventsStored() != 0 {
+		t.Fatalf("b: %v", b)
+	}
+	if _, err := s.GetStats(ctx, &runnerv1.GetStatsRequest{MailboxId: "zz@p"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown mailbox: %v", err)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	h.failOn = "broken@p"
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "broken@p", Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		call func() error
+		want codes.Code
+	}{
+		{"open without id", func() error {
+			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{Config: cfg})
+			return err
+		}, codes.InvalidArgument},
+		{"open with a path in the id", func() error {
+			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "../x", Config: cfg})
+			return err
+		}, codes.InvalidArgument},
+		{"open without topics", func() error {
+			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "x@p"})
+			return err
+		}, codes.InvalidArgument},
+		{"open with an unknown validation mode", func() error {
+			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "x@p", Config: &runnerv1.MailboxConfig{Topics: []string{"t"}, ValidationMode: 42}})
+			return err
+		}, codes.InvalidArgument},
+		{"open again with another config", func() error {
+			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: &runnerv1.MailboxConfig{Topics: []string{"other"}}})
+			return err
+		}, codes.FailedPrecondition},
+		{"activate without epoch", func() error {
+			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p"})
+			return err
+		}, codes.InvalidArgument},
+		{"activate unknown", func() error {
+			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "nope@p", Epoch: 1})
+			return err
+		}, codes.NotFound},
+		{"activate when the runner fails", func() error {
+			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "broken@p", Epoch: 1})
+			return err
+		}, codes.Internal},
+		{"fence unknown", func() error {
+			_, err := s.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: "nope@p"})
+			return err
+		}, codes.NotFound},
+	}
+	for _, tc := range tests {
+		if got := status.Code(tc.call()); got != tc.want {
+			t.Errorf("%s: code %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg}); err != nil {
+		t.Fatalf("reopening with the same config is a retry and succeeds: %v", err)
+	}
+}
