@@ -234,8 +234,12 @@ func TestAdminCluster(t *testing.T) {
 					t.Errorf("peer %d = %q, want %q", i, p, want)
 				}
 			}
-			if a["--node-id"] != "$(POD_NAME)" || !strings.HasPrefix(a["--raft-addr"], "$(POD_NAME)."+adminPeers+"."+namespace+".svc:") {
-				t.Errorf("node id / raft addr: %q %q", a["--node-id"], a["--raft-addr"])
+			// Each node finds itself in --peers by its id, the pod name.
+			if a["--node-id"] != "$(POD_NAME)" || a["--raft-advertise"] != "$(POD_IP):7000" || a["--data-dir"] != "/var/lib/prism" {
+				t.Errorf("node id / raft advertise / data dir: %q %q %q", a["--node-id"], a["--raft-advertise"], a["--data-dir"])
+			}
+			if mount := c.VolumeMounts; len(mount) == 0 || mount[0].MountPath != a["--data-dir"] || mount[0].Name != sts.Spec.VolumeClaimTemplates[0].Name {
+				t.Errorf("--data-dir %s is not the PVC mount %v", a["--data-dir"], mount)
 			}
 			aff := sts.Spec.Template.Spec.Affinity
 			if aff == nil || aff.PodAntiAffinity == nil {
