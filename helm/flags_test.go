@@ -58,3 +58,27 @@ func hasSubcommand(t *testing.T, bin, name string) bool {
 	out, err := exec.Command(bin, "help", name).CombinedOutput()
 	return err == nil && !strings.Contains(string(out), "Unknown help topic")
 }
+
+// TestNotesCommandParsesWithPrismctl keeps the prismctl line users copy
+// from NOTES.txt in step with the real prismctl.
+func TestNotesCommandParsesWithPrismctl(t *testing.T) {
+	t.Parallel()
+	bin, err := testbin.Path("prismctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := render(t, nil)
+	var line string
+	for _, l := range strings.Split(r.notes, "\n") {
+		if f := strings.TrimSpace(l); strings.HasPrefix(f, "prismctl ") {
+			line = f
+		}
+	}
+	if line == "" {
+		t.Fatalf("NOTES.txt has no prismctl command:\n%s", r.notes)
+	}
+	args := append(strings.Fields(line)[1:], "--help")
+	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", line, err, out)
+	}
+}
