@@ -331,7 +331,11 @@ func newTCPTransport(cfg Config, hl hclog.Logger) (*raft.NetworkTransport, error
 	}
 	tc := &raft.NetworkTransportConfig{Stream: sl, Logger: hl, MaxPool: 3, Timeout: 10 * time.Second}
 	if len(cfg.DialAddrs) > 0 {
-		tc.ServerAddressProvider = dialOverrides(cfg.DialAddrs)
+		d := dialOverrides{cfg.ID: sl.adv.String()}
+		for id, a := range cfg.DialAddrs {
+			d[id] = a
+		}
+		tc.ServerAddressProvider = d
 	}
 	return raft.NewNetworkTransportWithConfig(tc), nil
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
@@ -44,8 +45,34 @@ func write[Resp proto.Message](s *Server, ctx context.Context, method string, cm
 			return zero, status.Errorf(codes.Internal, "%s: fsm answered %T", method, res)
 		}
 		return r, nil
-	}, remote)
+	}, func(ctx context.Context, cc *grpc.ClientConn) (Resp, error) {
+		r, err := remote(ctx, cc)
+		if err == nil {
+			s.awaitApplied(ctx, r)
+		}
+		return r, err
+	})
 	return resp, toStatus(err)
+}
+
+// awaitApplied holds a forwarded write's answer until this node has applied
+// the write too, so a client reading from the node it wrote through sees its
+// own write even with STALE reads. Bounded by the call's deadline: the write
+// has committed, so running out of time only costs read-your-writes.
+func (s *Server) awaitApplied(ctx context.Context, resp any) {
+	r, ok := resp.(interface{ GetIndex() uint64 })
+	if !ok {
+		return
+	}
+	for s.node.AppliedIndex() < r.GetIndex() {
+		_, changed := s.fsm.Changed()
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 func (s *Server) RegisterProxy(ctx context.Context, req *adminv1.RegisterProxyRequest) (*adminv1.RegisterProxyResponse, error) {
