@@ -184,7 +184,7 @@ func (c *cluster) isolate(i int, cut bool) {
 	}
 }
 
-func (n *node) admin() adminv1.AdminClient         { return adminv1.NewAdminClient(n.cc) }
+func (n *node) admin() adminv1.AdminClient          { return adminv1.NewAdminClient(n.cc) }
 func (n *node) control() adminv1.ControlPlaneClient { return adminv1.NewControlPlaneClient(n.cc) }
 
 func (n *node) status(ctx context.Context) (*adminv1.GetClusterStatusResponse, error) {
