@@ -92,6 +92,11 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 			r := render(t, vals)
 			for wl, tmpl := range r.podTemplates() {
 				spec := tmpl.Spec
+				for k, v := range tmpl.Labels {
+					if msgs := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(msgs) > 0 {
+						t.Errorf("%s: label %s=%q: %v", wl, k, v, msgs)
+					}
+				}
 				if _, ok := r.accounts[spec.ServiceAccountName]; !ok {
 					t.Errorf("%s: service account %q not rendered", wl, spec.ServiceAccountName)
 				}
@@ -102,6 +107,9 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 					t.Errorf("%s: pod template label %s=%q: every prism pod states whether it gets the sidecar", wl, inject.LabelInject, v)
 				}
 				for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+					if c.Image == "" || strings.HasSuffix(c.Image, ":") || c.ImagePullPolicy == "" {
+						t.Errorf("%s/%s: image %q pull policy %q", wl, c.Name, c.Image, c.ImagePullPolicy)
+					}
 					req := c.Resources.Requests
 					if req.Cpu().IsZero() || req.Memory().IsZero() {
 						t.Errorf("%s/%s: no cpu or memory request", wl, c.Name)
@@ -124,6 +132,11 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 							t.Errorf("%s: volume %s: nothing makes Secret %s", wl, v.Name, v.Secret.SecretName)
 						}
 					}
+				}
+			}
+			for _, pdb := range r.pdbs {
+				if _, ok := r.selected(pdb.Spec.Selector.MatchLabels); !ok {
+					t.Errorf("PDB %s selects no workload", pdb.Name)
 				}
 			}
 			for sn, svc := range r.services {
