@@ -10,6 +10,10 @@
 // (runner.MailboxConfig.Epoch). Epochs only grow per mailbox, so a stale
 // sidecar incarnation cannot move a mailbox back to an older lease.
 //
+// The runner also fences a mailbox by itself when the sidecar's valid_for
+// runs out without an ExtendMailbox: the sidecar may be dead, and the admin
+// will grant the lease elsewhere after ttl + grace.
+//
 // Fencing closes the mailbox in the runner (queries stop at the first
 // instruction, the consumer stops fetching and commits what it has made
 // durable) but keeps the record and the data, so re-activation after a
@@ -31,6 +35,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/runner"
@@ -56,6 +62,8 @@ type Config struct {
 	// Registerer gets the control metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// Clock runs the activation deadlines; nil is the real clock.
+	Clock clock.WithDelayedExecution
 }
 
 // Server implements runnerv1.RunnerControlServer.
@@ -63,6 +71,7 @@ type Server struct {
 	runnerv1.UnimplementedRunnerControlServer
 
 	host    Host
+	clock   clock.WithDelayedExecution
 	gather  prometheus.Gatherer
 	log     *slog.Logger
 	fences  *prometheus.CounterVec
@@ -83,6 +92,11 @@ type entry struct {
 	state runnerv1.MailboxState
 	epoch uint64
 	gone  bool // closed; a caller that waited on mu must look it up again
+
+	deadline    time.Time   // ACTIVE: when the runner fences by itself
+	timer       clock.Timer // fires at deadline
+	gen         uint64      // tells a stale timer from the current one
+	fenceReason string
 }
 
 // New makes a server hosting no mailbox.
@@ -90,8 +104,12 @@ func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	s := &Server{
 		host:   cfg.Host,
+		clock:  cfg.Clock,
 		gather: cfg.Gatherer,
 		log:    cfg.Logger,
 		fences: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -164,6 +182,11 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 	if _, err := toRunnerConfig(id, req.GetConfig(), 0); err != nil {
 		return nil, err
 	}
+	if req.GetEpoch() != 0 {
+		if _, err := validFor(id, req.GetValidFor()); err != nil {
+			return nil, err
+		}
+	}
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
@@ -188,12 +211,12 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 	if req.GetEpoch() == 0 {
 		return s.status(ctx, e), nil
 	}
-	return s.activate(ctx, id, req.GetEpoch())
+	return s.activate(ctx, id, req.GetEpoch(), req.GetValidFor())
 }
 
 // ActivateMailbox implements RunnerControl.
 func (s *Server) ActivateMailbox(ctx context.Context, req *runnerv1.ActivateMailboxRequest) (*runnerv1.ActivateMailboxResponse, error) {
-	st, err := s.activate(ctx, req.GetMailboxId(), req.GetEpoch())
+	st, err := s.activate(ctx, req.GetMailboxId(), req.GetEpoch(), req.GetValidFor())
 	s.count("ActivateMailbox", err)
 	if err != nil {
 		return nil, err
@@ -201,9 +224,13 @@ func (s *Server) ActivateMailbox(ctx context.Context, req *runnerv1.ActivateMail
 	return &runnerv1.ActivateMailboxResponse{Status: st}, nil
 }
 
-func (s *Server) activate(ctx context.Context, id string, epoch uint64) (*runnerv1.MailboxStatus, error) {
+func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *durationpb.Duration) (*runnerv1.MailboxStatus, error) {
 	if epoch == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "activate %s: epoch: must be non-zero (a lease epoch)", id)
+	}
+	d, err := validFor(id, vf)
+	if err != nil {
+		return nil, err
 	}
 	e, err := s.lookup(id)
 	if err != nil {
@@ -241,10 +268,71 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64) (*runner
 		if err := s.host.Open(mc); err != nil {
 			return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
 		}
-		e.state, e.epoch = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, epoch
-		log.Info("mailbox active: consuming and serving", "took", time.Since(start))
+		e.state, e.epoch, e.fenceReason = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, epoch, ""
+		log.Info("mailbox active: consuming and serving", "valid_for", d, "took", time.Since(start))
 	}
+	s.setDeadlineLocked(e, d)
 	return s.statusLocked(ctx, e), nil
+}
+
+// ExtendMailbox implements RunnerControl.
+func (s *Server) ExtendMailbox(ctx context.Context, req *runnerv1.ExtendMailboxRequest) (*runnerv1.ExtendMailboxResponse, error) {
+	st, err := s.extend(ctx, req)
+	s.count("ExtendMailbox", err)
+	if err != nil {
+		return nil, err
+	}
+	return &runnerv1.ExtendMailboxResponse{Status: st}, nil
+}
+
+func (s *Server) extend(ctx context.Context, req *runnerv1.ExtendMailboxRequest) (*runnerv1.MailboxStatus, error) {
+	id := req.GetMailboxId()
+	d, err := validFor(id, req.GetValidFor())
+	if err != nil {
+		return nil, err
+	}
+	e, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gone || e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: not active (%s); activate it again", id, e.state)
+	}
+	if req.GetEpoch() != e.epoch {
+		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: epoch %d is not the active epoch %d", id, req.GetEpoch(), e.epoch)
+	}
+	s.setDeadlineLocked(e, d)
+	return s.statusLocked(ctx, e), nil
+}
+
+// setDeadlineLocked arms e's self-fencing timer d from now.
+func (s *Server) setDeadlineLocked(e *entry, d time.Duration) {
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.gen++
+	gen, id := e.gen, e.id
+	e.deadline = s.clock.Now().Add(d)
+	// The fake clock runs AfterFunc callbacks under its own lock, and
+	// fencing reads the clock: hand the work to a goroutine.
+	e.timer = s.clock.AfterFunc(d, func() { go s.deadlinePassed(id, gen) })
+}
+
+func (s *Server) deadlinePassed(id string, gen uint64) {
+	s.mu.Lock()
+	e, ok := s.mailboxes[id]
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gone || e.gen != gen || e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+		return
+	}
+	s.fenceLocked(e, "deadline_passed")
 }
 
 // FenceMailbox implements RunnerControl.
@@ -267,17 +355,21 @@ func (s *Server) fence(ctx context.Context, id, reason string) (*runnerv1.Mailbo
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.gone || e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
-		return s.statusLocked(ctx, e), nil
+	if !e.gone && e.state == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+		s.fenceLocked(e, reason)
 	}
+	return s.statusLocked(ctx, e), nil
+}
+
+func (s *Server) fenceLocked(e *entry, reason string) {
 	start := time.Now()
-	err = s.host.CloseMailbox(id)
+	e.timer.Stop()
+	err := s.host.CloseMailbox(e.id)
 	// Whatever the drain reported, the mailbox is no longer served or
 	// consumed: CloseMailbox unpublishes it before anything else.
-	e.state = runnerv1.MailboxState_MAILBOX_STATE_FENCED
+	e.state, e.fenceReason = runnerv1.MailboxState_MAILBOX_STATE_FENCED, reason
 	s.fences.WithLabelValues(reason).Inc()
-	s.log.Warn("mailbox fenced: stopped consuming and serving", "mailbox_id", id, "epoch", e.epoch, "reason", reason, "took", time.Since(start), "err", err)
-	return s.statusLocked(ctx, e), nil
+	s.log.Warn("mailbox fenced: stopped consuming and serving", "mailbox_id", e.id, "epoch", e.epoch, "reason", reason, "took", time.Since(start), "err", err)
 }
 
 // CloseMailbox implements RunnerControl.
@@ -307,6 +399,7 @@ func (s *Server) close(id string) (bool, error) {
 	}
 	var err error
 	if e.state == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+		e.timer.Stop()
 		err = s.host.CloseMailbox(id)
 	}
 	e.gone = true
@@ -382,10 +475,11 @@ func (s *Server) status(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
 }
 
 func (s *Server) statusLocked(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
-	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: e.state, Epoch: e.epoch}
+	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: e.state, Epoch: e.epoch, FenceReason: e.fenceReason}
 	if e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
 		return st
 	}
+	st.ValidFor = durationpb.New(max(0, e.deadline.Sub(s.clock.Now())))
 	st.Consuming = s.host.Consuming(e.id)
 	if ms, err := s.host.Stats(ctx, e.id); err == nil {
 		st.EventsStored, st.StorageBytes = ms.GetTotalEvents(), ms.GetTotalBytes()
@@ -444,6 +538,13 @@ func (s *Server) count(method string, err error) {
 }
 
 const maxIDBytes = 512
+
+func validFor(id string, d *durationpb.Duration) (time.Duration, error) {
+	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
+		return 0, status.Errorf(codes.InvalidArgument, "activate %s: valid_for: must be a positive duration (the time left on the lease)", id)
+	}
+	return d.AsDuration(), nil
+}
 
 func validateID(id string) error {
 	switch {

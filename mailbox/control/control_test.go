@@ -6,11 +6,14 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/runner"
@@ -91,13 +94,21 @@ func (h *fakeHost) takeCalls() []string {
 	return c
 }
 
+var vf = durationpb.New(10 * time.Second)
+
 var cfg = &runnerv1.MailboxConfig{Topics: []string{"audit.events"}, ValidationMode: runnerv1.ValidationMode_VALIDATION_MODE_WARN, MaxAgeMillis: 60000}
 
 func newServer(t *testing.T) (*Server, *fakeHost, *prometheus.Registry) {
+	s, h, reg, _ := newServerClock(t)
+	return s, h, reg
+}
+
+func newServerClock(t *testing.T) (*Server, *fakeHost, *prometheus.Registry, *clocktesting.FakeClock) {
 	t.Helper()
 	h := newFakeHost()
 	reg := prometheus.NewRegistry()
-	return New(Config{Host: h, Registerer: reg, Gatherer: reg}), h, reg
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	return New(Config{Host: h, Registerer: reg, Gatherer: reg, Clock: clk}), h, reg, clk
 }
 
 func TestOpenDoesNotServeUntilActivated(t *testing.T) {
@@ -117,7 +128,7 @@ func TestOpenDoesNotServeUntilActivated(t *testing.T) {
 	if s.Ready() == nil {
 		t.Fatal("ready with a mailbox waiting for its lease")
 	}
-	act, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "audit@p1", Epoch: 12})
+	act, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "audit@p1", Epoch: 12, ValidFor: vf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +150,7 @@ func TestOpenDoesNotServeUntilActivated(t *testing.T) {
 func TestOpenWithEpochActivatesAtOnce(t *testing.T) {
 	t.Parallel()
 	s, h, _ := newServer(t)
-	resp, err := s.OpenMailbox(context.Background(), &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 3})
+	resp, err := s.OpenMailbox(context.Background(), &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 3, ValidFor: vf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,18 +166,18 @@ func TestEpochs(t *testing.T) {
 	t.Parallel()
 	s, h, _ := newServer(t)
 	ctx := context.Background()
-	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 10}); err != nil {
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 10, ValidFor: vf}); err != nil {
 		t.Fatal(err)
 	}
 	h.takeCalls()
-	_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 9})
+	_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 9, ValidFor: vf})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("older epoch: %v, want FailedPrecondition", err)
 	}
-	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 10}); err != nil {
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 10, ValidFor: vf}); err != nil {
 		t.Fatalf("same epoch again (a retry): %v", err)
 	}
-	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 15}); err != nil {
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 15, ValidFor: vf}); err != nil {
 		t.Fatal(err)
 	}
 	if c := h.takeCalls(); !slices.Equal(c, []string{"epoch a@p 15"}) {
@@ -178,7 +189,7 @@ func TestFenceKeepsRecordAndReactivates(t *testing.T) {
 	t.Parallel()
 	s, h, _ := newServer(t)
 	ctx := context.Background()
-	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 4}); err != nil {
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 4, ValidFor: vf}); err != nil {
 		t.Fatal(err)
 	}
 	h.takeCalls()
@@ -207,10 +218,10 @@ func TestFenceKeepsRecordAndReactivates(t *testing.T) {
 	if s.Ready() == nil {
 		t.Fatal("ready with a fenced mailbox")
 	}
-	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 3}); status.Code(err) != codes.FailedPrecondition {
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 3, ValidFor: vf}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("reactivating under an older epoch: %v", err)
 	}
-	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 8}); err != nil {
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 8, ValidFor: vf}); err != nil {
 		t.Fatal(err)
 	}
 	if c := h.takeCalls(); !slices.Equal(c, []string{"open a@p 8"}) {
@@ -223,7 +234,7 @@ func TestCloseAndDrain(t *testing.T) {
 	s, h, _ := newServer(t)
 	ctx := context.Background()
 	for i, id := range []string{"a@p", "b@p", "c@p"} {
-		if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: id, Config: cfg, Epoch: uint64(i)}); err != nil {
+		if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: id, Config: cfg, Epoch: uint64(i), ValidFor: vf}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -266,7 +277,7 @@ func TestStatsCountsQueries(t *testing.T) {
 	served.WithLabelValues("a@p", "grpc", "GetEvent", "NotFound").Add(2)
 	served.WithLabelValues("b@p", "grpc", "GetEvent", "OK").Add(9)
 	ctx := context.Background()
-	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 1}); err != nil {
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 1, ValidFor: vf}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "b@p", Config: cfg}); err != nil {
@@ -331,12 +342,28 @@ func TestBadRequests(t *testing.T) {
 			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p"})
 			return err
 		}, codes.InvalidArgument},
+		{"activate without valid_for", func() error {
+			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 1})
+			return err
+		}, codes.InvalidArgument},
+		{"activate with a negative valid_for", func() error {
+			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 1, ValidFor: durationpb.New(-time.Second)})
+			return err
+		}, codes.InvalidArgument},
+		{"open with an epoch but no valid_for", func() error {
+			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 1})
+			return err
+		}, codes.InvalidArgument},
+		{"extend a mailbox that is not active", func() error {
+			_, err := s.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: "a@p", Epoch: 1, ValidFor: vf})
+			return err
+		}, codes.FailedPrecondition},
 		{"activate unknown", func() error {
-			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "nope@p", Epoch: 1})
+			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "nope@p", Epoch: 1, ValidFor: vf})
 			return err
 		}, codes.NotFound},
 		{"activate when the runner fails", func() error {
-			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "broken@p", Epoch: 1})
+			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "broken@p", Epoch: 1, ValidFor: vf})
 			return err
 		}, codes.Internal},
 		{"fence unknown", func() error {
@@ -351,5 +378,64 @@ func TestBadRequests(t *testing.T) {
 	}
 	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg}); err != nil {
 		t.Fatalf("reopening with the same config is a retry and succeeds: %v", err)
+	}
+}
+
+// The runner must stop on its own when the sidecar stops extending: the
+// sidecar may be dead while the admin's clock keeps running.
+func TestDeadlineFencesWithoutSidecar(t *testing.T) {
+	t.Parallel()
+	s, h, _, clk := newServerClock(t)
+	ctx := context.Background()
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 7, ValidFor: durationpb.New(3 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(2 * time.Second)
+	ext, err := s.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: "a@p", Epoch: 7, ValidFor: durationpb.New(3 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ext.GetStatus().GetValidFor().AsDuration(); got != 3*time.Second {
+		t.Fatalf("valid_for after extend %v", got)
+	}
+	if _, err := s.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: "a@p", Epoch: 6, ValidFor: vf}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("extend with another epoch: %v", err)
+	}
+	// The first deadline (t+3s) was replaced by the extension (t+5s).
+	clk.Step(2 * time.Second)
+	if st := stateOf(t, s, "a@p"); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+		t.Fatalf("fenced at the superseded deadline: %v", st)
+	}
+	clk.Step(time.Second)
+	waitFor(t, func() bool { return stateOf(t, s, "a@p").GetState() == runnerv1.MailboxState_MAILBOX_STATE_FENCED })
+	st := stateOf(t, s, "a@p")
+	if st.GetFenceReason() != "deadline_passed" || st.GetEpoch() != 7 {
+		t.Fatalf("status %v", st)
+	}
+	if h.Consuming("a@p") {
+		t.Fatal("still consuming after the deadline")
+	}
+	if _, err := s.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: "a@p", Epoch: 7, ValidFor: vf}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("extending a fenced mailbox must fail so the sidecar re-activates: %v", err)
+	}
+}
+
+func stateOf(t *testing.T, s *Server, id string) *runnerv1.MailboxStatus {
+	t.Helper()
+	resp, err := s.GetStats(context.Background(), &runnerv1.GetStatsRequest{MailboxId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetMailboxes()[0]
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -14,12 +14,21 @@
 // consuming and serving under that epoch; FenceMailbox stops both at once
 // and keeps the data, so a later ActivateMailbox resumes it. Epochs only grow
 // per mailbox: activating with an older epoch than the last one is refused.
+//
+// The runner does not trust the sidecar to be alive: every activation comes
+// with valid_for, the time left on the sidecar's own lease clock (ttl after
+// it sent its last acknowledged heartbeat), and the sidecar extends it after
+// each acknowledged heartbeat (ExtendMailbox). When valid_for runs out the
+// runner fences the mailbox by itself, so a runner whose sidecar died stops
+// serving within ttl, before the admin can grant the lease elsewhere
+// (ttl + grace).
 
 package runnerv1
 
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -221,7 +230,9 @@ type OpenMailboxRequest struct {
 	MailboxId string         `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
 	Config    *MailboxConfig `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
 	// Lease epoch to activate with at once; 0 leaves the mailbox OPEN.
-	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// With epoch: as in ActivateMailboxRequest.
+	ValidFor      *durationpb.Duration `protobuf:"bytes,4,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -277,6 +288,13 @@ func (x *OpenMailboxRequest) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *OpenMailboxRequest) GetValidFor() *durationpb.Duration {
+	if x != nil {
+		return x.ValidFor
+	}
+	return nil
+}
+
 type OpenMailboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *MailboxStatus         `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -325,7 +343,10 @@ type ActivateMailboxRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	MailboxId string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
 	// The lease epoch; must be non-zero.
-	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// How long the runner may act on this epoch without hearing from the
+	// sidecar again; must be positive.
+	ValidFor      *durationpb.Duration `protobuf:"bytes,3,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -374,6 +395,13 @@ func (x *ActivateMailboxRequest) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *ActivateMailboxRequest) GetValidFor() *durationpb.Duration {
+	if x != nil {
+		return x.ValidFor
+	}
+	return nil
+}
+
 type ActivateMailboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *MailboxStatus         `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -418,6 +446,110 @@ func (x *ActivateMailboxResponse) GetStatus() *MailboxStatus {
 	return nil
 }
 
+type ExtendMailboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MailboxId     string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	ValidFor      *durationpb.Duration   `protobuf:"bytes,3,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendMailboxRequest) Reset() {
+	*x = ExtendMailboxRequest{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendMailboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendMailboxRequest) ProtoMessage() {}
+
+func (x *ExtendMailboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendMailboxRequest.ProtoReflect.Descriptor instead.
+func (*ExtendMailboxRequest) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ExtendMailboxRequest) GetMailboxId() string {
+	if x != nil {
+		return x.MailboxId
+	}
+	return ""
+}
+
+func (x *ExtendMailboxRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ExtendMailboxRequest) GetValidFor() *durationpb.Duration {
+	if x != nil {
+		return x.ValidFor
+	}
+	return nil
+}
+
+type ExtendMailboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Status        *MailboxStatus         `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendMailboxResponse) Reset() {
+	*x = ExtendMailboxResponse{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendMailboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendMailboxResponse) ProtoMessage() {}
+
+func (x *ExtendMailboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendMailboxResponse.ProtoReflect.Descriptor instead.
+func (*ExtendMailboxResponse) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ExtendMailboxResponse) GetStatus() *MailboxStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
 type FenceMailboxRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	MailboxId string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
@@ -429,7 +561,7 @@ type FenceMailboxRequest struct {
 
 func (x *FenceMailboxRequest) Reset() {
 	*x = FenceMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[5]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -441,7 +573,7 @@ func (x *FenceMailboxRequest) String() string {
 func (*FenceMailboxRequest) ProtoMessage() {}
 
 func (x *FenceMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[5]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -454,7 +586,7 @@ func (x *FenceMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceMailboxRequest.ProtoReflect.Descriptor instead.
 func (*FenceMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{5}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FenceMailboxRequest) GetMailboxId() string {
@@ -480,7 +612,7 @@ type FenceMailboxResponse struct {
 
 func (x *FenceMailboxResponse) Reset() {
 	*x = FenceMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -492,7 +624,7 @@ func (x *FenceMailboxResponse) String() string {
 func (*FenceMailboxResponse) ProtoMessage() {}
 
 func (x *FenceMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -505,7 +637,7 @@ func (x *FenceMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceMailboxResponse.ProtoReflect.Descriptor instead.
 func (*FenceMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FenceMailboxResponse) GetStatus() *MailboxStatus {
@@ -524,7 +656,7 @@ type CloseMailboxRequest struct {
 
 func (x *CloseMailboxRequest) Reset() {
 	*x = CloseMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +668,7 @@ func (x *CloseMailboxRequest) String() string {
 func (*CloseMailboxRequest) ProtoMessage() {}
 
 func (x *CloseMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +681,7 @@ func (x *CloseMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseMailboxRequest.ProtoReflect.Descriptor instead.
 func (*CloseMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CloseMailboxRequest) GetMailboxId() string {
@@ -569,7 +701,7 @@ type CloseMailboxResponse struct {
 
 func (x *CloseMailboxResponse) Reset() {
 	*x = CloseMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +713,7 @@ func (x *CloseMailboxResponse) String() string {
 func (*CloseMailboxResponse) ProtoMessage() {}
 
 func (x *CloseMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +726,7 @@ func (x *CloseMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseMailboxResponse.ProtoReflect.Descriptor instead.
 func (*CloseMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CloseMailboxResponse) GetClosed() bool {
@@ -612,7 +744,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +756,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +769,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 type DrainResponse struct {
@@ -650,7 +782,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +794,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +807,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DrainResponse) GetClosed() []string {
@@ -695,7 +827,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +839,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +852,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetStatsRequest) GetMailboxId() string {
@@ -740,7 +872,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -752,7 +884,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -765,7 +897,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetStatsResponse) GetMailboxes() []*MailboxStatus {
@@ -789,14 +921,19 @@ type MailboxStatus struct {
 	// Bytes of stored envelopes.
 	StorageBytes int64 `protobuf:"varint,6,opt,name=storage_bytes,json=storageBytes,proto3" json:"storage_bytes,omitempty"`
 	// Whether the mailbox is in an active consumer group session.
-	Consuming     bool `protobuf:"varint,7,opt,name=consuming,proto3" json:"consuming,omitempty"`
+	Consuming bool `protobuf:"varint,7,opt,name=consuming,proto3" json:"consuming,omitempty"`
+	// Time left before the runner fences the mailbox by itself (ACTIVE only).
+	ValidFor *durationpb.Duration `protobuf:"bytes,8,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
+	// Why the mailbox was last fenced (FENCED only), e.g. "ttl_elapsed" from
+	// the sidecar or "deadline_passed" when the runner fenced it itself.
+	FenceReason   string `protobuf:"bytes,9,opt,name=fence_reason,json=fenceReason,proto3" json:"fence_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MailboxStatus) Reset() {
 	*x = MailboxStatus{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +945,7 @@ func (x *MailboxStatus) String() string {
 func (*MailboxStatus) ProtoMessage() {}
 
 func (x *MailboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +958,7 @@ func (x *MailboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MailboxStatus.ProtoReflect.Descriptor instead.
 func (*MailboxStatus) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MailboxStatus) GetMailboxId() string {
@@ -873,28 +1010,51 @@ func (x *MailboxStatus) GetConsuming() bool {
 	return false
 }
 
+func (x *MailboxStatus) GetValidFor() *durationpb.Duration {
+	if x != nil {
+		return x.ValidFor
+	}
+	return nil
+}
+
+func (x *MailboxStatus) GetFenceReason() string {
+	if x != nil {
+		return x.FenceReason
+	}
+	return ""
+}
+
 var File_prism_runner_v1_control_proto protoreflect.FileDescriptor
 
 const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x1dprism/runner/v1/control.proto\x12\x0fprism.runner.v1\"\xbd\x01\n" +
+	"\x1dprism/runner/v1/control.proto\x12\x0fprism.runner.v1\x1a\x1egoogle/protobuf/duration.proto\"\xbd\x01\n" +
 	"\rMailboxConfig\x12\x16\n" +
 	"\x06topics\x18\x01 \x03(\tR\x06topics\x12H\n" +
 	"\x0fvalidation_mode\x18\x02 \x01(\x0e2\x1f.prism.runner.v1.ValidationModeR\x0evalidationMode\x12$\n" +
 	"\x0emax_age_millis\x18\x03 \x01(\x03R\fmaxAgeMillis\x12$\n" +
-	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\"\x81\x01\n" +
+	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\"\xb9\x01\n" +
 	"\x12OpenMailboxRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x126\n" +
 	"\x06config\x18\x02 \x01(\v2\x1e.prism.runner.v1.MailboxConfigR\x06config\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"M\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x126\n" +
+	"\tvalid_for\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\"M\n" +
 	"\x13OpenMailboxResponse\x126\n" +
-	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"M\n" +
+	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"\x85\x01\n" +
 	"\x16ActivateMailboxRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"Q\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x126\n" +
+	"\tvalid_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\"Q\n" +
 	"\x17ActivateMailboxResponse\x126\n" +
+	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"\x83\x01\n" +
+	"\x14ExtendMailboxRequest\x12\x1d\n" +
+	"\n" +
+	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x126\n" +
+	"\tvalid_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\"O\n" +
+	"\x15ExtendMailboxResponse\x126\n" +
 	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"L\n" +
 	"\x13FenceMailboxRequest\x12\x1d\n" +
 	"\n" +
@@ -914,7 +1074,7 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\"P\n" +
 	"\x10GetStatsResponse\x12<\n" +
-	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\x88\x02\n" +
+	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\xe3\x02\n" +
 	"\rMailboxStatus\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x123\n" +
@@ -923,7 +1083,9 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\revents_stored\x18\x04 \x01(\x03R\feventsStored\x12%\n" +
 	"\x0equeries_served\x18\x05 \x01(\x03R\rqueriesServed\x12#\n" +
 	"\rstorage_bytes\x18\x06 \x01(\x03R\fstorageBytes\x12\x1c\n" +
-	"\tconsuming\x18\a \x01(\bR\tconsuming*\x85\x01\n" +
+	"\tconsuming\x18\a \x01(\bR\tconsuming\x126\n" +
+	"\tvalid_for\x18\b \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x12!\n" +
+	"\ffence_reason\x18\t \x01(\tR\vfenceReason*\x85\x01\n" +
 	"\x0eValidationMode\x12\x1f\n" +
 	"\x1bVALIDATION_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16VALIDATION_MODE_STRICT\x10\x01\x12\x18\n" +
@@ -933,10 +1095,11 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\x19MAILBOX_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12MAILBOX_STATE_OPEN\x10\x01\x12\x18\n" +
 	"\x14MAILBOX_STATE_ACTIVE\x10\x02\x12\x18\n" +
-	"\x14MAILBOX_STATE_FENCED\x10\x032\xa2\x04\n" +
+	"\x14MAILBOX_STATE_FENCED\x10\x032\x82\x05\n" +
 	"\rRunnerControl\x12X\n" +
 	"\vOpenMailbox\x12#.prism.runner.v1.OpenMailboxRequest\x1a$.prism.runner.v1.OpenMailboxResponse\x12d\n" +
-	"\x0fActivateMailbox\x12'.prism.runner.v1.ActivateMailboxRequest\x1a(.prism.runner.v1.ActivateMailboxResponse\x12[\n" +
+	"\x0fActivateMailbox\x12'.prism.runner.v1.ActivateMailboxRequest\x1a(.prism.runner.v1.ActivateMailboxResponse\x12^\n" +
+	"\rExtendMailbox\x12%.prism.runner.v1.ExtendMailboxRequest\x1a&.prism.runner.v1.ExtendMailboxResponse\x12[\n" +
 	"\fFenceMailbox\x12$.prism.runner.v1.FenceMailboxRequest\x1a%.prism.runner.v1.FenceMailboxResponse\x12[\n" +
 	"\fCloseMailbox\x12$.prism.runner.v1.CloseMailboxRequest\x1a%.prism.runner.v1.CloseMailboxResponse\x12F\n" +
 	"\x05Drain\x12\x1d.prism.runner.v1.DrainRequest\x1a\x1e.prism.runner.v1.DrainResponse\x12O\n" +
@@ -955,7 +1118,7 @@ func file_prism_runner_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_runner_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_prism_runner_v1_control_proto_goTypes = []any{
 	(ValidationMode)(0),             // 0: prism.runner.v1.ValidationMode
 	(MailboxState)(0),               // 1: prism.runner.v1.MailboxState
@@ -964,41 +1127,51 @@ var file_prism_runner_v1_control_proto_goTypes = []any{
 	(*OpenMailboxResponse)(nil),     // 4: prism.runner.v1.OpenMailboxResponse
 	(*ActivateMailboxRequest)(nil),  // 5: prism.runner.v1.ActivateMailboxRequest
 	(*ActivateMailboxResponse)(nil), // 6: prism.runner.v1.ActivateMailboxResponse
-	(*FenceMailboxRequest)(nil),     // 7: prism.runner.v1.FenceMailboxRequest
-	(*FenceMailboxResponse)(nil),    // 8: prism.runner.v1.FenceMailboxResponse
-	(*CloseMailboxRequest)(nil),     // 9: prism.runner.v1.CloseMailboxRequest
-	(*CloseMailboxResponse)(nil),    // 10: prism.runner.v1.CloseMailboxResponse
-	(*DrainRequest)(nil),            // 11: prism.runner.v1.DrainRequest
-	(*DrainResponse)(nil),           // 12: prism.runner.v1.DrainResponse
-	(*GetStatsRequest)(nil),         // 13: prism.runner.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),        // 14: prism.runner.v1.GetStatsResponse
-	(*MailboxStatus)(nil),           // 15: prism.runner.v1.MailboxStatus
+	(*ExtendMailboxRequest)(nil),    // 7: prism.runner.v1.ExtendMailboxRequest
+	(*ExtendMailboxResponse)(nil),   // 8: prism.runner.v1.ExtendMailboxResponse
+	(*FenceMailboxRequest)(nil),     // 9: prism.runner.v1.FenceMailboxRequest
+	(*FenceMailboxResponse)(nil),    // 10: prism.runner.v1.FenceMailboxResponse
+	(*CloseMailboxRequest)(nil),     // 11: prism.runner.v1.CloseMailboxRequest
+	(*CloseMailboxResponse)(nil),    // 12: prism.runner.v1.CloseMailboxResponse
+	(*DrainRequest)(nil),            // 13: prism.runner.v1.DrainRequest
+	(*DrainResponse)(nil),           // 14: prism.runner.v1.DrainResponse
+	(*GetStatsRequest)(nil),         // 15: prism.runner.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),        // 16: prism.runner.v1.GetStatsResponse
+	(*MailboxStatus)(nil),           // 17: prism.runner.v1.MailboxStatus
+	(*durationpb.Duration)(nil),     // 18: google.protobuf.Duration
 }
 var file_prism_runner_v1_control_proto_depIdxs = []int32{
 	0,  // 0: prism.runner.v1.MailboxConfig.validation_mode:type_name -> prism.runner.v1.ValidationMode
 	2,  // 1: prism.runner.v1.OpenMailboxRequest.config:type_name -> prism.runner.v1.MailboxConfig
-	15, // 2: prism.runner.v1.OpenMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	15, // 3: prism.runner.v1.ActivateMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	15, // 4: prism.runner.v1.FenceMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	15, // 5: prism.runner.v1.GetStatsResponse.mailboxes:type_name -> prism.runner.v1.MailboxStatus
-	1,  // 6: prism.runner.v1.MailboxStatus.state:type_name -> prism.runner.v1.MailboxState
-	3,  // 7: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
-	5,  // 8: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
-	7,  // 9: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
-	9,  // 10: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
-	11, // 11: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
-	13, // 12: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
-	4,  // 13: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
-	6,  // 14: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
-	8,  // 15: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
-	10, // 16: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
-	12, // 17: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
-	14, // 18: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	18, // 2: prism.runner.v1.OpenMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	17, // 3: prism.runner.v1.OpenMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	18, // 4: prism.runner.v1.ActivateMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	17, // 5: prism.runner.v1.ActivateMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	18, // 6: prism.runner.v1.ExtendMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	17, // 7: prism.runner.v1.ExtendMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	17, // 8: prism.runner.v1.FenceMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	17, // 9: prism.runner.v1.GetStatsResponse.mailboxes:type_name -> prism.runner.v1.MailboxStatus
+	1,  // 10: prism.runner.v1.MailboxStatus.state:type_name -> prism.runner.v1.MailboxState
+	18, // 11: prism.runner.v1.MailboxStatus.valid_for:type_name -> google.protobuf.Duration
+	3,  // 12: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
+	5,  // 13: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
+	7,  // 14: prism.runner.v1.RunnerControl.ExtendMailbox:input_type -> prism.runner.v1.ExtendMailboxRequest
+	9,  // 15: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
+	11, // 16: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
+	13, // 17: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
+	15, // 18: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
+	4,  // 19: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
+	6,  // 20: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
+	8,  // 21: prism.runner.v1.RunnerControl.ExtendMailbox:output_type -> prism.runner.v1.ExtendMailboxResponse
+	10, // 22: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
+	12, // 23: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
+	14, // 24: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
+	16, // 25: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_prism_runner_v1_control_proto_init() }
@@ -1012,7 +1185,7 @@ func file_prism_runner_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_runner_v1_control_proto_rawDesc), len(file_prism_runner_v1_control_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -14,6 +14,14 @@
 // consuming and serving under that epoch; FenceMailbox stops both at once
 // and keeps the data, so a later ActivateMailbox resumes it. Epochs only grow
 // per mailbox: activating with an older epoch than the last one is refused.
+//
+// The runner does not trust the sidecar to be alive: every activation comes
+// with valid_for, the time left on the sidecar's own lease clock (ttl after
+// it sent its last acknowledged heartbeat), and the sidecar extends it after
+// each acknowledged heartbeat (ExtendMailbox). When valid_for runs out the
+// runner fences the mailbox by itself, so a runner whose sidecar died stops
+// serving within ttl, before the admin can grant the lease elsewhere
+// (ttl + grace).
 
 package runnerv1
 
@@ -32,6 +40,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	RunnerControl_OpenMailbox_FullMethodName     = "/prism.runner.v1.RunnerControl/OpenMailbox"
 	RunnerControl_ActivateMailbox_FullMethodName = "/prism.runner.v1.RunnerControl/ActivateMailbox"
+	RunnerControl_ExtendMailbox_FullMethodName   = "/prism.runner.v1.RunnerControl/ExtendMailbox"
 	RunnerControl_FenceMailbox_FullMethodName    = "/prism.runner.v1.RunnerControl/FenceMailbox"
 	RunnerControl_CloseMailbox_FullMethodName    = "/prism.runner.v1.RunnerControl/CloseMailbox"
 	RunnerControl_Drain_FullMethodName           = "/prism.runner.v1.RunnerControl/Drain"
@@ -53,6 +62,10 @@ type RunnerControlClient interface {
 	// mailbox was never opened; FAILED_PRECONDITION for an epoch older than the
 	// last one, or while draining.
 	ActivateMailbox(ctx context.Context, in *ActivateMailboxRequest, opts ...grpc.CallOption) (*ActivateMailboxResponse, error)
+	// ExtendMailbox moves an ACTIVE mailbox's deadline to now + valid_for.
+	// FAILED_PRECONDITION if the mailbox is not active or epoch is not its
+	// current one (it was fenced meanwhile: the sidecar must re-activate).
+	ExtendMailbox(ctx context.Context, in *ExtendMailboxRequest, opts ...grpc.CallOption) (*ExtendMailboxResponse, error)
 	// FenceMailbox stops serving the mailbox at once and stops consuming it,
 	// keeping its data. Fencing a mailbox that is not active succeeds.
 	FenceMailbox(ctx context.Context, in *FenceMailboxRequest, opts ...grpc.CallOption) (*FenceMailboxResponse, error)
@@ -89,6 +102,16 @@ func (c *runnerControlClient) ActivateMailbox(ctx context.Context, in *ActivateM
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ActivateMailboxResponse)
 	err := c.cc.Invoke(ctx, RunnerControl_ActivateMailbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runnerControlClient) ExtendMailbox(ctx context.Context, in *ExtendMailboxRequest, opts ...grpc.CallOption) (*ExtendMailboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExtendMailboxResponse)
+	err := c.cc.Invoke(ctx, RunnerControl_ExtendMailbox_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -150,6 +173,10 @@ type RunnerControlServer interface {
 	// mailbox was never opened; FAILED_PRECONDITION for an epoch older than the
 	// last one, or while draining.
 	ActivateMailbox(context.Context, *ActivateMailboxRequest) (*ActivateMailboxResponse, error)
+	// ExtendMailbox moves an ACTIVE mailbox's deadline to now + valid_for.
+	// FAILED_PRECONDITION if the mailbox is not active or epoch is not its
+	// current one (it was fenced meanwhile: the sidecar must re-activate).
+	ExtendMailbox(context.Context, *ExtendMailboxRequest) (*ExtendMailboxResponse, error)
 	// FenceMailbox stops serving the mailbox at once and stops consuming it,
 	// keeping its data. Fencing a mailbox that is not active succeeds.
 	FenceMailbox(context.Context, *FenceMailboxRequest) (*FenceMailboxResponse, error)
@@ -177,6 +204,9 @@ func (UnimplementedRunnerControlServer) OpenMailbox(context.Context, *OpenMailbo
 }
 func (UnimplementedRunnerControlServer) ActivateMailbox(context.Context, *ActivateMailboxRequest) (*ActivateMailboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ActivateMailbox not implemented")
+}
+func (UnimplementedRunnerControlServer) ExtendMailbox(context.Context, *ExtendMailboxRequest) (*ExtendMailboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExtendMailbox not implemented")
 }
 func (UnimplementedRunnerControlServer) FenceMailbox(context.Context, *FenceMailboxRequest) (*FenceMailboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FenceMailbox not implemented")
@@ -243,6 +273,24 @@ func _RunnerControl_ActivateMailbox_Handler(srv interface{}, ctx context.Context
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RunnerControlServer).ActivateMailbox(ctx, req.(*ActivateMailboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunnerControl_ExtendMailbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExtendMailboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunnerControlServer).ExtendMailbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunnerControl_ExtendMailbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunnerControlServer).ExtendMailbox(ctx, req.(*ExtendMailboxRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -333,6 +381,10 @@ var RunnerControl_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ActivateMailbox",
 			Handler:    _RunnerControl_ActivateMailbox_Handler,
+		},
+		{
+			MethodName: "ExtendMailbox",
+			Handler:    _RunnerControl_ExtendMailbox_Handler,
 		},
 		{
 			MethodName: "FenceMailbox",
