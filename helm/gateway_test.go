@@ -7,7 +7,8 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	// Registers the typed_extension_protocol_options type the bootstrap uses.
+	// Register the typed_config types the bootstrap uses.
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
@@ -76,6 +77,9 @@ func TestGatewayBootstrap(t *testing.T) {
 	}
 	if a := b.GetAdmin().GetAddress().GetSocketAddress(); a.GetAddress() != "127.0.0.1" {
 		t.Errorf("Envoy admin on %q: it must stay on loopback", a.GetAddress())
+	}
+	if mon := b.GetOverloadManager().GetResourceMonitors(); len(mon) != 1 || mon[0].GetTypedConfig() == nil {
+		t.Errorf("no downstream connection limit: %v", mon)
 	}
 	if b.GetNode().GetCluster() != gatewayName {
 		t.Errorf("node.cluster %q", b.GetNode().GetCluster())
