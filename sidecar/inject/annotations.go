@@ -31,9 +31,8 @@ const (
 	AnnotationMemory            = "prism.io/sidecar-memory"
 	AnnotationLogLevel          = "prism.io/sidecar-log-level"
 
-	// AnnotationStatus is written by the injector; its presence marks a pod
-	// as injected so a second pass (reinvocation, re-applied templates)
-	// changes nothing.
+	// AnnotationStatus is written by the injector for people and tools
+	// looking at a pod; whether to inject is decided by the container.
 	AnnotationStatus = "prism.io/sidecar-status"
 )
 

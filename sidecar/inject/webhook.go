@@ -149,7 +149,10 @@ func (w *Webhook) Review(req *admissionv1.AdmissionRequest, sel Selection) (*adm
 	case sel == SelectedByPod && label != "true":
 		return resp, outcomeSkipped
 	}
-	if Injected(&pod) || pod.Annotations[AnnotationStatus] != "" {
+	// The container, not the status annotation, is the truth: a pod spec
+	// copied from an injected pod carries the annotation without the
+	// sidecar, and must still get one.
+	if Injected(&pod) {
 		return resp, outcomeSkipped
 	}
 	opts, err := ParseOptions(pod.Annotations, w.defaults)

@@ -95,6 +95,11 @@ func TestInjectsNativeSidecar(t *testing.T) {
 			edit: func(p *corev1.Pod) { delete(p.Labels, LabelInject) },
 		},
 		{
+			name: "copied status annotation without the sidecar",
+			path: PathInjectPod,
+			edit: func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationStatus: "injected"} },
+		},
+		{
 			name: "controller pod without a name yet and no init containers",
 			path: PathInjectPod,
 			edit: func(p *corev1.Pod) {
