@@ -46,7 +46,10 @@ type Cache struct {
 // New returns an empty cache. Clients that connect before the first Set wait
 // for it.
 func New(log *slog.Logger) *Cache {
-	return &Cache{snapshots: cachev3.NewSnapshotCache(true, sharedHash{}, logger{log})}
+	// ads=false: in ADS mode the cache answers only requests naming every
+	// resource of a type, but grpc-go asks for the one listener it needs
+	// (mailbox-query) while Envoy asks for all; both must be served.
+	return &Cache{snapshots: cachev3.NewSnapshotCache(false, sharedHash{}, logger{log})}
 }
 
 // Watcher is what the xDS server serves from.

@@ -87,8 +87,10 @@ func edsCluster(name string) *clusterv3.Cluster {
 func loadAssignment(cluster string, eps []*endpointv3.LbEndpoint) *endpointv3.ClusterLoadAssignment {
 	la := &endpointv3.ClusterLoadAssignment{ClusterName: cluster}
 	if len(eps) > 0 {
-		// grpc-go ignores localities without a weight.
+		// grpc-go rejects a locality without an ID and ignores one without
+		// a weight.
 		la.Endpoints = []*endpointv3.LocalityLbEndpoints{{
+			Locality:            &corev3.Locality{},
 			LbEndpoints:         eps,
 			LoadBalancingWeight: wrapperspb.UInt32(1),
 		}}

@@ -1,0 +1,160 @@
+// Package xdsgrpc proves the routes with grpc-go's own xDS client: queries
+// for a mailbox land on the runner holding its lease, follow the lease when
+// it moves, and get NotFound once it is released.
+package xdsgrpc
+
+import (
+	"context"
+	"os"
+	"log/slog"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/xds/ir"
+	"github.com/prism-mesh/prism/xds/xdstest"
+)
+
+// quiet logs only warnings, which go test shows when a test fails.
+func quiet() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type world struct {
+	t       *testing.T
+	cp      *xdstest.ControlPlane
+	runners map[string]*xdstest.Runner
+	version uint64
+}
+
+func newWorld(t *testing.T, runnerIDs ...string) *world {
+	t.Helper()
+	cp, err := xdstest.StartControlPlane(quiet(), time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Close)
+	w := &world{t: t, cp: cp, runners: map[string]*xdstest.Runner{}}
+	for _, id := range runnerIDs {
+		r, err := xdstest.StartRunner(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		w.runners[id] = r
+	}
+	return w
+}
+
+// publish hands the control plane a new state with the given leases
+// (mailbox id → runner id) and returns its version.
+func (w *world) publish(leases map[string]string) uint64 {
+	w.version++
+	x := &ir.IR{Version: w.version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{w.cp.Addr}}
+	for id, r := range w.runners {
+		x.Runners = append(x.Runners, ir.Runner{ID: id, Address: r.Addr, Healthy: true})
+	}
+	for mailbox, runner := range leases {
+		ns, _, _ := cut(mailbox)
+		x.Mailboxes = append(x.Mailboxes, ir.Mailbox{ID: mailbox, Namespace: ns, RunnerID: runner, Epoch: w.version})
+	}
+	w.cp.Updater.Update(x)
+	return w.version
+}
+
+func cut(id string) (string, string, bool) {
+	for i := range id {
+		if id[i] == '@' {
+			return id[:i], id[i+1:], true
+		}
+	}
+	return id, "", false
+}
+
+// await polls until ask returns want (a runner id, or a status code as
+// "code:NotFound"), failing after a generous deadline.
+func await(t *testing.T, what string, ask func(ctx context.Context) string, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var got string
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		got = ask(ctx)
+		cancel()
+		if got == want {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s: last answer %q, want %q", what, got, want)
+}
+
+func outcome(runner string, err error) string {
+	if err != nil {
+		return "code:" + status.Code(err).String()
+	}
+	return runner
+}
+
+func TestQueriesFollowLeases(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "runner-a", "runner-b")
+	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(w.cp.Addr, "test-"+t.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func(mailbox string) func(ctx context.Context) string {
+		return func(ctx context.Context) string { return outcome(xdstest.WhoAnswers(ctx, conn, mailbox)) }
+	}
+
+	w.publish(map[string]string{"audit@proxy-a": "runner-a", "$admin@proxy-b": "runner-b"})
+	await(t, "audit on its owner", ask("audit@proxy-a"), "runner-a")
+	await(t, "$admin on its owner", ask("$admin@proxy-b"), "runner-b")
+	await(t, "unknown mailbox", ask("nobody@proxy-z"), "code:NotFound")
+
+	// The lease moves: a new version routes audit to runner-b.
+	w.publish(map[string]string{"audit@proxy-a": "runner-b", "$admin@proxy-b": "runner-b"})
+	await(t, "audit after the move", ask("audit@proxy-a"), "runner-b")
+
+	// The lease is released: the route is withdrawn and the mailbox is gone.
+	w.publish(map[string]string{"audit@proxy-a": "runner-b"})
+	await(t, "$admin after release", ask("$admin@proxy-b"), "code:NotFound")
+	if got := outcome(xdstest.WhoAnswers(context.Background(), conn, "audit@proxy-a")); got != "runner-b" {
+		t.Fatalf("audit after releasing $admin: %s", got)
+	}
+}
+
+func TestNotFoundNamesTheMailbox(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "runner-a")
+	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(w.cp.Addr, "test-"+t.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	w.publish(map[string]string{"audit@proxy-a": "runner-a"})
+	await(t, "audit routed", func(ctx context.Context) string { return outcome(xdstest.WhoAnswers(ctx, conn, "audit@proxy-a")) }, "runner-a")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = xdstest.WhoAnswers(ctx, conn, "ghost@proxy-q")
+	if st := status.Convert(err); st.Code() != codes.NotFound || !contains(st.Message(), "ghost@proxy-q") {
+		t.Fatalf("unknown mailbox: %v, want NotFound naming it", err)
+	}
+	_, err = xdstest.WhoAnswers(ctx, conn, "")
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("no mailbox id: %v, want InvalidArgument", err)
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
