@@ -1,0 +1,326 @@
+package admincluster
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// The lease table as a porcupine model: per mailbox, at most one runner
+// holds the lease. Leases are long (no expiry during the test), so the model
+// has no clock: acquire takes a free mailbox or reconnects its holder,
+// heartbeat and release succeed only for the holder, and every refusal must
+// be the one the model's state implies (a denial must name the holder).
+
+type opKind int
+
+const (
+	opAcquire opKind = iota
+	opHeartbeat
+	opRelease
+)
+
+func (k opKind) String() string { return [...]string{"acquire", "heartbeat", "release"}[k] }
+
+type linInput struct {
+	kind    opKind
+	mailbox string
+	runner  string
+}
+
+type linOutput struct {
+	unknown bool // the call failed: it may or may not have taken effect
+	ok      bool // granted, renewed or released
+	reason  adminv1.LeaseRefusalReason
+	holder  string // the holder named by a refusal
+}
+
+// effect is the state after the operation if it took effect.
+func effect(holder string, in linInput) string {
+	switch in.kind {
+	case opAcquire:
+		if holder == "" || holder == in.runner {
+			return in.runner
+		}
+	case opRelease:
+		if holder == in.runner {
+			return ""
+		}
+	}
+	return holder
+}
+
+func leaseStep(state, input, output any) []any {
+	holder, in, out := state.(string), input.(linInput), output.(linOutput)
+	if out.unknown {
+		return []any{holder, effect(holder, in)}
+	}
+	held := holder != ""
+	mine := holder == in.runner
+	switch in.kind {
+	case opAcquire:
+		if out.ok && (!held || mine) {
+			return []any{in.runner}
+		}
+		if !out.ok && held && !mine && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER && out.holder == holder {
+			return []any{holder}
+		}
+	case opHeartbeat:
+		switch {
+		case out.ok && mine,
+			!out.ok && held && !mine && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_HOLDER,
+			!out.ok && !held && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_LEASE:
+			return []any{holder}
+		}
+	case opRelease:
+		switch {
+		case out.ok && mine:
+			return []any{""}
+		case !out.ok && held && !mine && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_HOLDER,
+			!out.ok && !held && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNSPECIFIED:
+			return []any{holder}
+		}
+	}
+	return nil
+}
+
+var leaseModel = porcupine.NondeterministicModel{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		for _, op := range h {
+			mb := op.Input.(linInput).mailbox
+			by[mb] = append(by[mb], op)
+		}
+		var out [][]porcupine.Operation
+		for _, ops := range by {
+			out = append(out, ops)
+		}
+		return out
+	},
+	Init: func() []any { return []any{""} },
+	Step: leaseStep,
+	DescribeOperation: func(input, output any) string {
+		in, out := input.(linInput), output.(linOutput)
+		res := fmt.Sprintf("ok=%v", out.ok)
+		if out.unknown {
+			res = "unknown"
+		} else if !out.ok {
+			res = fmt.Sprintf("%s %s", out.reason, out.holder)
+		}
+		return fmt.Sprintf("%s(%s, %s) -> %s", in.kind, in.mailbox, in.runner, res)
+	},
+	DescribeState: func(s any) string { return fmt.Sprintf("holder=%q", s) },
+}
+
+func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process fault test")
+	}
+	c := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
+	defer cancel()
+	lead := c.leader()
+	if _, err := c.nodes[lead].control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "lin", Config: &adminv1.NamespaceConfig{
+		Topics: []string{"t"}, Lease: &adminv1.LeaseConfig{Ttl: durationpb.New(time.Hour)},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+
+	const (
+		clients   = 8
+		mailboxes = 4
+		runFor    = 16 * time.Second
+		maxOps    = 4000
+		// Pace each client so the history spans every fault and stays small
+		// enough to check.
+		pace = 5 * time.Millisecond
+	)
+	start := time.Now()
+	loadCtx, stopLoad := context.WithTimeout(ctx, runFor)
+	defer stopLoad()
+	var (
+		mu      sync.Mutex
+		history []porcupine.Operation
+		unknown int
+	)
+	record := func(client int, in linInput, call time.Time, out linOutput) {
+		ret := int64(time.Since(start))
+		if out.unknown {
+			ret = math.MaxInt64
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if out.unknown {
+			unknown++
+		}
+		history = append(history, porcupine.Operation{ClientId: client, Input: in, Call: int64(call.Sub(start)), Output: out, Return: ret})
+	}
+	var wg sync.WaitGroup
+	for k := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(k), 42))
+			runner := fmt.Sprintf("r%d", k)
+			home := k % len(c.nodes)
+			for i := 0; i < maxOps && loadCtx.Err() == nil; i++ {
+				in := linInput{mailbox: fmt.Sprintf("lin@p%d", rng.IntN(mailboxes)), runner: runner}
+				switch p := rng.IntN(10); {
+				case p < 4:
+					in.kind = opAcquire
+				case p < 7:
+					in.kind = opHeartbeat
+				default:
+					in.kind = opRelease
+				}
+				n := c.nodes[home]
+				call := time.Now()
+				actx, acancel := context.WithTimeout(loadCtx, time.Second)
+				out, err := doLeaseOp(actx, n, in)
+				acancel()
+				if err != nil {
+					// Heartbeats change no replicated state: a failed one is
+					// simply not part of the history.
+					if in.kind != opHeartbeat {
+						record(k, in, call, linOutput{unknown: true})
+					}
+					home = (home + 1) % len(c.nodes)
+					continue
+				}
+				record(k, in, call, out)
+				time.Sleep(pace)
+			}
+		}()
+	}
+
+	// Faults while the clients run: kill -9 the leader and restart it, then
+	// cut the (new) leader off, then a follower.
+	type fault struct {
+		at   time.Duration
+		what string
+		do   func()
+	}
+	var victim int
+	faults := []fault{
+		{2 * time.Second, "kill -9 leader", func() { victim = c.leader(); c.kill(victim) }},
+		{4 * time.Second, "restart it", func() { c.start(victim) }},
+		{6 * time.Second, "isolate leader", func() { victim = c.leader(); c.isolate(victim, true) }},
+		{9 * time.Second, "heal", func() { c.isolate(victim, false) }},
+		{11 * time.Second, "isolate follower", func() { victim = c.follower(c.leader()); c.isolate(victim, true) }},
+		{13 * time.Second, "heal", func() { c.isolate(victim, false) }},
+	}
+	for _, f := range faults {
+		if d := f.at - time.Since(start); d > 0 {
+			time.Sleep(d)
+		}
+		f.do()
+		t.Logf("%6s %s (%s)", time.Since(start).Round(time.Millisecond), f.what, c.nodes[victim].id)
+	}
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	var late int
+	for _, op := range history {
+		if time.Duration(op.Call) > 14*time.Second {
+			late++
+		}
+	}
+	t.Logf("history: %d operations, %d with unknown outcome, %d after the last fault", len(history), unknown, late)
+	if late == 0 {
+		t.Fatal("no operation ran after the faults: the history does not cover them")
+	}
+	if len(history) < 200 {
+		t.Fatalf("only %d operations completed; the cluster was unavailable too long", len(history))
+	}
+	model := leaseModel.ToModel()
+	res, info := porcupine.CheckOperationsVerbose(model, history, 120*time.Second)
+	switch res {
+	case porcupine.Ok:
+	case porcupine.Unknown:
+		t.Logf("porcupine timed out; history not proven linearizable")
+	default:
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("prism-lease-linearizability-%d.html", time.Now().UnixNano()))
+		if err := porcupine.VisualizePath(model, info, path); err == nil {
+			t.Logf("visualization: %s", path)
+		}
+		t.Fatalf("lease history is not linearizable (%d operations)", len(history))
+	}
+}
+
+// doLeaseOp runs one operation on one node; an error means the outcome is
+// unknown (the node may have committed it before the error).
+func doLeaseOp(ctx context.Context, n *node, in linInput) (linOutput, error) {
+	cp := n.control()
+	switch in.kind {
+	case opAcquire:
+		r, err := cp.AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: in.mailbox, RunnerId: in.runner, RunnerAddress: "127.0.0.1:9000"})
+		if err != nil {
+			return linOutput{}, err
+		}
+		return linOutput{ok: r.GetGranted(), reason: r.GetRefusal().GetReason(), holder: r.GetRefusal().GetCurrent().GetRunnerId()}, nil
+	case opHeartbeat:
+		r, err := cp.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: in.mailbox, RunnerId: in.runner})
+		if err != nil {
+			return linOutput{}, err
+		}
+		return linOutput{ok: r.GetRenewed(), reason: r.GetRefusal().GetReason(), holder: r.GetRefusal().GetCurrent().GetRunnerId()}, nil
+	default:
+		r, err := cp.ReleaseLease(ctx, &adminv1.ReleaseLeaseRequest{MailboxId: in.mailbox, RunnerId: in.runner})
+		if err != nil {
+			return linOutput{}, err
+		}
+		return linOutput{ok: r.GetReleased(), reason: r.GetRefusal().GetReason(), holder: r.GetRefusal().GetCurrent().GetRunnerId()}, nil
+	}
+}
+
+// TestLeaseModelRejectsSplitBrain checks the checker: histories that break
+// the one-holder rule must be rejected, or a passing run proves nothing.
+func TestLeaseModelRejectsSplitBrain(t *testing.T) {
+	t.Parallel()
+	acq := func(r string) linInput { return linInput{kind: opAcquire, mailbox: "m@p", runner: r} }
+	granted := linOutput{ok: true}
+	cases := []struct {
+		name string
+		ops  []porcupine.Operation
+		want porcupine.CheckResult
+	}{
+		{"two holders", []porcupine.Operation{
+			{Input: acq("a"), Call: 0, Output: granted, Return: 1},
+			{Input: acq("b"), Call: 2, Output: granted, Return: 3},
+		}, porcupine.Illegal},
+		{"renew after release", []porcupine.Operation{
+			{Input: acq("a"), Call: 0, Output: granted, Return: 1},
+			{Input: linInput{kind: opRelease, mailbox: "m@p", runner: "a"}, Call: 2, Output: linOutput{ok: true}, Return: 3},
+			{Input: linInput{kind: opHeartbeat, mailbox: "m@p", runner: "a"}, Call: 4, Output: linOutput{ok: true}, Return: 5},
+		}, porcupine.Illegal},
+		{"denial names the wrong holder", []porcupine.Operation{
+			{Input: acq("a"), Call: 0, Output: granted, Return: 1},
+			{Input: acq("b"), Call: 2, Output: linOutput{reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER, holder: "c"}, Return: 3},
+		}, porcupine.Illegal},
+		{"concurrent acquires, one wins", []porcupine.Operation{
+			{Input: acq("a"), Call: 0, Output: granted, Return: 10},
+			{Input: acq("b"), Call: 1, Output: linOutput{reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER, holder: "a"}, Return: 9},
+		}, porcupine.Ok},
+		{"unknown release may have happened", []porcupine.Operation{
+			{Input: acq("a"), Call: 0, Output: granted, Return: 1},
+			{Input: linInput{kind: opRelease, mailbox: "m@p", runner: "a"}, Call: 2, Output: linOutput{unknown: true}, Return: math.MaxInt64},
+			{Input: acq("b"), Call: 4, Output: granted, Return: 5},
+		}, porcupine.Ok},
+	}
+	for _, tc := range cases {
+		if got := porcupine.CheckOperationsTimeout(leaseModel.ToModel(), tc.ops, 10*time.Second); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
