@@ -1,8 +1,10 @@
 package helm
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -12,6 +14,8 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
+
+	"github.com/prism-mesh/prism/xds/translator"
 )
 
 // parseBootstrap decodes an Envoy bootstrap YAML into go-control-plane's
@@ -115,6 +119,31 @@ func TestGatewayBootstrapMatchesEnvoyDir(t *testing.T) {
 		checkADSOnly(t, path, repoB)
 		if chartB.GetDynamicResources().GetAdsConfig().GetSetNodeOnFirstMessageOnly() != repoB.GetDynamicResources().GetAdsConfig().GetSetNodeOnFirstMessageOnly() {
 			t.Errorf("%s: set_node_on_first_message_only differs from the chart's", path)
+		}
+	}
+}
+
+// TestHelmTestQueriesGateway: the `helm test` pod asks the gateway Service
+// for an unknown mailbox and expects the JSON 404 the xDS routes send.
+func TestHelmTestQueriesGateway(t *testing.T) {
+	t.Parallel()
+	r := render(t, nil)
+	pod := mustGet(t, r.pods, gatewayName+"-test")
+	if pod.Annotations["helm.sh/hook"] != "test" || pod.Spec.RestartPolicy != "Never" {
+		t.Errorf("test pod hook %q restartPolicy %q", pod.Annotations["helm.sh/hook"], pod.Spec.RestartPolicy)
+	}
+	script := strings.Join(pod.Spec.Containers[0].Args, "\n")
+	// The script greps for what the translator's direct 404 says.
+	if !strings.Contains(translator.NotFoundBody, "NOT_FOUND") {
+		t.Fatalf("gateway 404 body %s no longer says NOT_FOUND; update the test pod", translator.NotFoundBody)
+	}
+	svc := mustGet(t, r.services, gatewayName)
+	for _, want := range []string{
+		fmt.Sprintf("http://%s:%d/v1/mailboxes/", svc.Name, svc.Spec.Ports[0].Port),
+		`[ "$code" = 404 ]`, "NOT_FOUND",
+	} {
+		if !strings.Contains(script, want) {
+			t.Errorf("test script lacks %q:\n%s", want, script)
 		}
 	}
 }

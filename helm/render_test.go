@@ -77,6 +77,7 @@ type rendered struct {
 	configMaps   map[string]*corev1.ConfigMap
 	secrets      map[string]*corev1.Secret
 	accounts     map[string]*corev1.ServiceAccount
+	pods         map[string]*corev1.Pod
 	pdbs         map[string]*policyv1.PodDisruptionBudget
 	webhooks     map[string]*admissionregistrationv1.MutatingWebhookConfiguration
 	issuers      map[string]*certManagerIssuer
@@ -124,7 +125,7 @@ func decodeAll(t testing.TB, files map[string]string) *rendered {
 	r := &rendered{
 		statefulSets: map[string]*appsv1.StatefulSet{}, deployments: map[string]*appsv1.Deployment{},
 		services: map[string]*corev1.Service{}, configMaps: map[string]*corev1.ConfigMap{},
-		secrets: map[string]*corev1.Secret{}, accounts: map[string]*corev1.ServiceAccount{},
+		secrets: map[string]*corev1.Secret{}, accounts: map[string]*corev1.ServiceAccount{}, pods: map[string]*corev1.Pod{},
 		pdbs: map[string]*policyv1.PodDisruptionBudget{}, webhooks: map[string]*admissionregistrationv1.MutatingWebhookConfiguration{},
 		issuers: map[string]*certManagerIssuer{}, certificates: map[string]*certManagerCertificate{},
 	}
@@ -191,6 +192,8 @@ func (r *rendered) add(t testing.TB, file string, doc []byte) {
 		obj = put(r.configMaps, name, t, gvk)
 	case "v1/Secret":
 		obj = put(r.secrets, name, t, gvk)
+	case "v1/Pod":
+		obj = put(r.pods, name, t, gvk)
 	case "v1/ServiceAccount":
 		obj = put(r.accounts, name, t, gvk)
 	case "policy/v1/PodDisruptionBudget":
@@ -234,9 +237,13 @@ func put[T any](m map[string]*T, name string, t testing.TB, gvk string) *T {
 	return v
 }
 
-// podTemplates are every workload's pod template, by workload name.
+// podTemplates are every workload's pod template, by workload name, and
+// the bare pods (helm test hooks).
 func (r *rendered) podTemplates() map[string]corev1.PodTemplateSpec {
 	out := map[string]corev1.PodTemplateSpec{}
+	for n, p := range r.pods {
+		out[n] = corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}
+	}
 	for n, s := range r.statefulSets {
 		out[n] = s.Spec.Template
 	}
