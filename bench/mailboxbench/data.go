@@ -129,19 +129,18 @@ func itemOf(i int) *mailboxv1.MailboxItem {
 	}
 }
 
-// batches generates the items 0..n-1 in batches on its own goroutine, so building envelopes overlaps with the
-// engine under test instead of adding to its measured time.
-func batches(n, size int) <-chan []*mailboxv1.MailboxItem {
-	ch := make(chan []*mailboxv1.MailboxItem, 2)
-	go func() {
-		defer close(ch)
-		for i := 0; i < n; i += size {
-			b := make([]*mailboxv1.MailboxItem, 0, size)
-			for j := i; j < min(i+size, n); j++ {
-				b = append(b, itemOf(j))
-			}
-			ch <- b
+// forBatches builds items 0..n-1 in batches and hands each to write. Building is not overlapped with writing:
+// callers time only write, and a generator running beside it would take CPU from the engine under test.
+func forBatches(n, size int, write func([]*mailboxv1.MailboxItem) error) error {
+	b := make([]*mailboxv1.MailboxItem, 0, size)
+	for i := 0; i < n; i += size {
+		b = b[:0]
+		for j := i; j < min(i+size, n); j++ {
+			b = append(b, itemOf(j))
 		}
-	}()
-	return ch
+		if err := write(b); err != nil {
+			return fmt.Errorf("batch at item %d: %w", i, err)
+		}
+	}
+	return nil
 }

@@ -186,19 +186,20 @@ func benchStore(c config, dir string, queries map[string][]query) error {
 	var inWrite time.Duration
 	var raw int64
 	wall := time.Now()
-	for batch := range batches(c.n, c.batch) {
+	err = forBatches(c.n, c.batch, func(batch []*mailboxv1.MailboxItem) error {
 		for _, it := range batch {
 			raw += int64(len(it.GetEnvelopeBlob()))
 		}
 		t := time.Now()
 		res, err := s.Write(ctx, batch)
-		if err != nil {
-			return err
-		}
 		inWrite += time.Since(t)
-		if res.Stored != len(batch) {
-			return fmt.Errorf("batch of %s: stored %d of %d", batch[0].GetMessageId(), res.Stored, len(batch))
+		if err == nil && res.Stored != len(batch) {
+			err = fmt.Errorf("stored %d of %d", res.Stored, len(batch))
 		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	note("store: loaded %d items in %v (%v inside Write, batches of %d, each synced)", c.n, time.Since(wall).Round(time.Millisecond), inWrite.Round(time.Millisecond), c.batch)
 	bench("mailbox.store_write_events_per_s", float64(c.n)/inWrite.Seconds(), "events/s")

@@ -71,12 +71,14 @@ func benchSQLite(c config, path string, queries map[string][]query) error {
 	}
 	var inTx time.Duration
 	wall := time.Now()
-	for rows := range batches(c.n, sqliteBatch) {
+	err = forBatches(c.n, sqliteBatch, func(rows []*mailboxv1.MailboxItem) error {
 		t := time.Now()
-		if err := insertBatch(db, rows); err != nil {
-			return fmt.Errorf("batch of %s: %w", rows[0].GetMessageId(), err)
-		}
+		err := insertBatch(db, rows)
 		inTx += time.Since(t)
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	note("sqlite: loaded %d items in %v (%v inside transactions of %d)", c.n, time.Since(wall).Round(time.Millisecond), inTx.Round(time.Millisecond), sqliteBatch)
 	bench("mailbox.ingest_sqlite_events_per_s", float64(c.n)/inTx.Seconds(), "events/s")

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -100,26 +101,11 @@ func indexPrefix[T string | []byte](kind byte, value T) []byte {
 	return append(k, value...)
 }
 
-func indexKey[T string | []byte](kind byte, value T, p pos) []byte {
-	return append(indexPrefix(kind, value), p[:]...)
-}
-
 // indexed are the header fields that keys are made of, sliced out of a record without decoding all of it: the
 // retention pass and query filters need only these, and a full proto decode would allocate every header.
 type indexed struct {
 	msgID, topic, principal, corr, trace []byte
 	blobLen                              int
-}
-
-func indexedOf(it *mailboxv1.MailboxItem) indexed {
-	return indexed{
-		msgID:     []byte(it.GetMessageId()),
-		topic:     []byte(it.GetTopic()),
-		principal: []byte(it.GetPrincipal()),
-		corr:      []byte(it.GetCorrelationId()),
-		trace:     []byte(it.GetTraceId()),
-		blobLen:   len(it.GetEnvelopeBlob()),
-	}
 }
 
 // Field numbers of MailboxItem (proto/prism/mailbox/v1); TestParseIndexed checks them against the generated code.
@@ -173,52 +159,106 @@ func parseIndexed(rec []byte) (indexed, error) {
 	return x, nil
 }
 
-// indexEntries lists the index keys of an item. Topic and principal are indexed even when empty so a filter for
-// the empty value is still an index lookup; correlation and trace ids only when set, since an empty filter value
-// means "no filter" for them.
-func indexEntries(x indexed, p pos) [][]byte {
-	keys := [][]byte{
-		indexKey(kindTopic, x.topic, p),
-		indexKey(kindPrincipal, x.principal, p),
+// itemKeys returns every key of an item, carved out of one allocation: its primary key, its message-id key, then
+// its index keys. Topic and principal are indexed even when empty so a filter for the empty value is still an
+// index lookup; correlation and trace ids only when set, since an empty filter value means "no filter" for them.
+func itemKeys[T string | []byte](p pos, msgID, topic, principal, corr, trace T) [][]byte {
+	vals := [...]T{topic, principal, corr, trace}
+	kinds := [...]byte{kindTopic, kindPrincipal, kindCorrelation, kindTrace}
+	size := 2*(1+posLen) + len(msgID)
+	for _, v := range vals {
+		size += 2 + binary.MaxVarintLen64 + len(v) + posLen
 	}
-	if len(x.corr) > 0 {
-		keys = append(keys, indexKey(kindCorrelation, x.corr, p))
-	}
-	if len(x.trace) > 0 {
-		keys = append(keys, indexKey(kindTrace, x.trace, p))
+	// buf never grows past its capacity, so the keys sliced from it stay valid.
+	buf := make([]byte, 0, size)
+	keys := make([][]byte, 0, 2+len(vals))
+	cut := func(start int) { keys = append(keys, buf[start:len(buf):len(buf)]) }
+	buf = append(buf, prefixItem)
+	buf = append(buf, p[:]...)
+	cut(0)
+	start := len(buf)
+	buf = append(buf, prefixMsgID)
+	buf = append(buf, msgID...)
+	cut(start)
+	for i, v := range vals {
+		if len(v) == 0 && (kinds[i] == kindCorrelation || kinds[i] == kindTrace) {
+			continue
+		}
+		start = len(buf)
+		buf = append(buf, prefixIndex, kinds[i])
+		buf = binary.AppendUvarint(buf, uint64(len(v)))
+		buf = append(buf, v...)
+		buf = append(buf, p[:]...)
+		cut(start)
 	}
 	return keys
 }
 
-// headersOf is the item without its blob, field by field: proto messages must not be copied by value.
-func headersOf(it *mailboxv1.MailboxItem) *mailboxv1.MailboxItem {
-	return &mailboxv1.MailboxItem{
-		MessageId:     it.GetMessageId(),
-		Timestamp:     it.GetTimestamp(),
-		Topic:         it.GetTopic(),
-		ContentType:   it.GetContentType(),
-		SchemaUrl:     it.GetSchemaUrl(),
-		SchemaVersion: it.GetSchemaVersion(),
-		Encryption:    it.GetEncryption(),
-		CorrelationId: it.GetCorrelationId(),
-		Principal:     it.GetPrincipal(),
-		Namespace:     it.GetNamespace(),
-		TraceId:       it.GetTraceId(),
-		SpanId:        it.GetSpanId(),
-		CustomHeaders: it.GetCustomHeaders(),
+// Field numbers of MailboxItem's headers, for the encoder below.
+const (
+	fieldTimestamp     = 2
+	fieldContentType   = 4
+	fieldSchemaURL     = 5
+	fieldSchemaVersion = 6
+	fieldEncryption    = 7
+	fieldNamespace     = 10
+	fieldSpanID        = 12
+	fieldCustomHeaders = 13
+)
+
+// appendHeaders appends the item without its blob in protobuf wire format, exactly what proto.Marshal writes for
+// it (TestEncodeHeaders checks that), without the reflection and allocations of the generic marshaler: this runs
+// for every stored event.
+func appendHeaders(b []byte, it *mailboxv1.MailboxItem) []byte {
+	str := func(num protowire.Number, v string) {
+		if v != "" {
+			b = protowire.AppendTag(b, num, protowire.BytesType)
+			b = protowire.AppendString(b, v)
+		}
 	}
+	str(fieldMessageID, it.GetMessageId())
+	if ts := it.GetTimestamp(); ts != 0 {
+		b = protowire.AppendTag(b, fieldTimestamp, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(ts))
+	}
+	str(fieldTopic, it.GetTopic())
+	str(fieldContentType, it.GetContentType())
+	str(fieldSchemaURL, it.GetSchemaUrl())
+	str(fieldSchemaVersion, it.GetSchemaVersion())
+	str(fieldEncryption, it.GetEncryption())
+	str(fieldCorrelationID, it.GetCorrelationId())
+	str(fieldPrincipal, it.GetPrincipal())
+	str(fieldNamespace, it.GetNamespace())
+	str(fieldTraceID, it.GetTraceId())
+	str(fieldSpanID, it.GetSpanId())
+	if h := it.GetCustomHeaders(); len(h) > 0 {
+		keys := make([]string, 0, len(h))
+		for k := range h {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			v := h[k]
+			// A map entry is a message {1: key, 2: value}; proto.Marshal writes both fields even when empty.
+			n := protowire.SizeTag(1) + protowire.SizeBytes(len(k)) + protowire.SizeTag(2) + protowire.SizeBytes(len(v))
+			b = protowire.AppendTag(b, fieldCustomHeaders, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(n))
+			b = protowire.AppendTag(b, 1, protowire.BytesType)
+			b = protowire.AppendString(b, k)
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			b = protowire.AppendString(b, v)
+		}
+	}
+	return b
 }
 
-func encodeRecord(it *mailboxv1.MailboxItem) ([]byte, error) {
-	hdr, err := proto.Marshal(headersOf(it))
-	if err != nil {
-		return nil, fmt.Errorf("marshal headers of %q: %w", it.GetMessageId(), err)
-	}
+func encodeRecord(it *mailboxv1.MailboxItem) []byte {
+	hdr := appendHeaders(make([]byte, 0, 512), it)
 	blob := it.GetEnvelopeBlob()
 	rec := make([]byte, 0, binary.MaxVarintLen64+len(hdr)+len(blob))
 	rec = binary.AppendUvarint(rec, uint64(len(hdr)))
 	rec = append(rec, hdr...)
-	return append(rec, blob...), nil
+	return append(rec, blob...)
 }
 
 var errCorruptRecord = errors.New("corrupt record")

@@ -98,7 +98,7 @@ func (s *Store) collectVictims(ctx context.Context, cutoff int64, out chan<- []v
 					return err
 				}
 				v.bytes = int64(x.blobLen)
-				v.keys = append(indexEntries(x, p), itemKey(p), msgIDKey(x.msgID))
+				v.keys = itemKeys(p, x.msgID, x.topic, x.principal, x.corr, x.trace)
 				return nil
 			})
 			if err != nil {

@@ -86,20 +86,19 @@ func (w *batchWriter) add(it *mailboxv1.MailboxItem) error {
 		w.res.Duplicates++
 		return nil
 	}
-	rec, err := encodeRecord(it)
-	if err != nil {
-		return fmt.Errorf("write: %w", err)
-	}
+	rec := encodeRecord(it)
 	w.m.seq++
 	p := makePos(it.GetTimestamp(), w.m.seq)
-	if err := w.txn.Set(itemKey(p), rec); err != nil {
-		return fmt.Errorf("write %q: %w", id, err)
-	}
-	if err := w.txn.Set(msgIDKey(id), p[:]); err != nil {
-		return fmt.Errorf("write %q: %w", id, err)
-	}
-	for _, k := range indexEntries(indexedOf(it), p) {
-		if err := w.txn.Set(k, nil); err != nil {
+	keys := itemKeys(p, id, it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId())
+	for i, k := range keys {
+		var v []byte
+		switch i {
+		case 0:
+			v = rec
+		case 1:
+			v = p[:]
+		}
+		if err := w.txn.Set(k, v); err != nil {
 			return fmt.Errorf("write %q: %w", id, err)
 		}
 	}
