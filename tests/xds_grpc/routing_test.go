@@ -5,8 +5,8 @@ package xdsgrpc
 
 import (
 	"context"
-	"os"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 

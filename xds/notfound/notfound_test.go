@@ -20,10 +20,22 @@ func TestCodes(t *testing.T) {
 		ctx  context.Context
 		want codes.Code
 	}{
-		{"stats", func(ctx context.Context) error { _, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{}); return err }, withID, codes.NotFound},
-		{"query", func(ctx context.Context) error { _, err := Server{}.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{}); return err }, withID, codes.NotFound},
-		{"event", func(ctx context.Context) error { _, err := Server{}.GetEvent(ctx, &mailboxv1.GetEventRequest{}); return err }, withID, codes.NotFound},
-		{"no id", func(ctx context.Context) error { _, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{}); return err }, context.Background(), codes.InvalidArgument},
+		{"stats", func(ctx context.Context) error {
+			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
+			return err
+		}, withID, codes.NotFound},
+		{"query", func(ctx context.Context) error {
+			_, err := Server{}.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{})
+			return err
+		}, withID, codes.NotFound},
+		{"event", func(ctx context.Context) error {
+			_, err := Server{}.GetEvent(ctx, &mailboxv1.GetEventRequest{})
+			return err
+		}, withID, codes.NotFound},
+		{"no id", func(ctx context.Context) error {
+			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
+			return err
+		}, context.Background(), codes.InvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
