@@ -1,0 +1,475 @@
+// Package agent is the lease sidecar (RFC-049's runner protocol, DESIGN.md
+// "Lease semantics", client side). It runs next to one runner, registers its
+// proxy with the admin cluster, watches the proxy's namespace assignments
+// and, per assigned namespace, has the runner open mailbox
+// "{namespace}@{proxy_id}", acquires its lease, and only then lets the
+// runner consume and serve it under the lease's epoch.
+//
+// # One worker per mailbox, one heartbeat path
+//
+// Each mailbox has one goroutine owning its lease: it alone acquires,
+// heartbeats (at most one heartbeat in flight), fences and releases it, so
+// there is no second path that could keep a lease alive, or drop it, behind
+// the worker's back (SPEC-032 §2). Heartbeats carry the runner's stats.
+//
+// # Self-fencing
+//
+// The worker stops the runner (FenceMailbox) once ttl has passed since it
+// *sent* the last heartbeat (or acquire) the admin acknowledged: the leader
+// renewed at or after that moment, so it cannot expire the lease before
+// ttl + grace later, and the runner is always stopped first. The deadline is
+// a timer on the injected clock, independent of the RPC in flight, so a
+// blackholed admin cannot delay it. An explicit refusal (expired, not the
+// holder, stale epoch, unknown lease) fences at once. After a fence the
+// worker tries to acquire again; the runner resumes only under the new
+// epoch. Every loss is logged with its reason and counted.
+//
+// The runner does not depend on the sidecar being alive either: each
+// activation and each acknowledged heartbeat hands it the time left on this
+// clock (valid_for), and the runner fences by itself when it runs out.
+//
+// # Graceful stop
+//
+// On stop the workers halt (no new acquires or heartbeats), the runner
+// drains (stop fetching, flush, commit offsets), and then every lease is
+// released, in parallel, within StopTimeout (RFC-049: under 5 s).
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+)
+
+// Config of an Agent. ProxyID, AdvertiseAddr, Admin and Runner are required.
+type Config struct {
+	// ProxyID is the proxy this sidecar registers (the pod name in
+	// Kubernetes); mailboxes are "{namespace}@{ProxyID}".
+	ProxyID string
+	// RunnerID names the runner in leases; empty means ProxyID (one runner
+	// per proxy), so a restarted sidecar of the same pod reconnects to its
+	// lease instead of waiting for it to expire.
+	RunnerID string
+	// AdvertiseAddr is the runner's MailboxQuery address, which routes send
+	// queries to; also the proxy's registered address.
+	AdvertiseAddr string
+	// Registration carries the optional ADR-055 fields (version,
+	// capabilities, labels, region, zone); proxy id and address are filled in.
+	Registration *adminv1.ProxyRegistration
+	// LeaseTTL is the ttl asked for on acquire; 0 takes the namespace's.
+	// The ttl the admin grants is what the sidecar fences by.
+	LeaseTTL time.Duration
+	// HeartbeatInterval between heartbeats (jittered down by up to 20%);
+	// the lease's own interval wins when shorter. Default 5s.
+	HeartbeatInterval time.Duration
+	// StopTimeout bounds the graceful stop (drain + release). Default 4.5s.
+	StopTimeout time.Duration
+	// RPCTimeout bounds one call to the runner, and one whole admin call
+	// (across failover). Default 5s.
+	RPCTimeout time.Duration
+	// Backoff between retries; zero value means 100ms doubling to 5s, 20%
+	// jitter.
+	Backoff wait.Backoff
+
+	Admin  adminv1.ControlPlaneClient
+	Runner runnerv1.RunnerControlClient
+
+	Clock clock.Clock // nil = real clock
+	// Jitter shortens a heartbeat interval; nil takes 80-100% at random.
+	Jitter     func(time.Duration) time.Duration
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+func (c *Config) setDefaults() error {
+	if c.ProxyID == "" {
+		return errors.New("agent: proxy id is required")
+	}
+	if strings.Contains(c.ProxyID, "@") {
+		return fmt.Errorf("agent: proxy id %q must not contain '@'", c.ProxyID)
+	}
+	if c.AdvertiseAddr == "" {
+		return errors.New("agent: advertise address (the runner's MailboxQuery host:port) is required")
+	}
+	if c.Admin == nil || c.Runner == nil {
+		return errors.New("agent: admin and runner clients are required")
+	}
+	if c.RunnerID == "" {
+		c.RunnerID = c.ProxyID
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 5 * time.Second
+	}
+	if c.LeaseTTL < 0 {
+		return fmt.Errorf("agent: lease ttl %v must not be negative", c.LeaseTTL)
+	}
+	if c.LeaseTTL > 0 && c.HeartbeatInterval >= c.LeaseTTL {
+		return fmt.Errorf("agent: heartbeat interval %v must be below the lease ttl %v", c.HeartbeatInterval, c.LeaseTTL)
+	}
+	if c.StopTimeout <= 0 {
+		c.StopTimeout = 4500 * time.Millisecond
+	}
+	if c.RPCTimeout <= 0 {
+		c.RPCTimeout = 5 * time.Second
+	}
+	if c.Backoff.Duration <= 0 {
+		c.Backoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: 5 * time.Second}
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Jitter == nil {
+		c.Jitter = func(d time.Duration) time.Duration { return time.Duration(float64(d) * (0.8 + 0.2*rand.Float64())) }
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Agent is the sidecar.
+type Agent struct {
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+	reg prometheus.Gatherer
+
+	registered atomic.Bool
+	synced     atomic.Bool
+	stopping   atomic.Bool
+
+	mu        sync.Mutex
+	workers   map[string]*worker // assigned now, by mailbox id
+	all       sync.WaitGroup     // every worker, unassigned ones included
+	lastIndex uint64
+	stopped   []*worker // workers that halted for the graceful stop
+}
+
+// New validates cfg and makes an agent; Run starts it.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	a := &Agent{
+		cfg:     cfg,
+		log:     cfg.Logger.With("proxy_id", cfg.ProxyID, "runner_id", cfg.RunnerID),
+		m:       newMetrics(cfg.Registerer),
+		workers: map[string]*worker{},
+	}
+	if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
+		a.reg = g
+	}
+	return a, nil
+}
+
+// Run registers the proxy, follows its assignments and keeps the leases
+// until ctx ends, then stops gracefully: the runner drains and every lease
+// is released, within StopTimeout. It returns the stop's errors.
+func (a *Agent) Run(ctx context.Context) error {
+	a.log.Info("sidecar starting", "advertise_addr", a.cfg.AdvertiseAddr, "lease_ttl", a.cfg.LeaseTTL, "heartbeat_interval", a.cfg.HeartbeatInterval)
+	loops, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if a.register(loops) {
+			wg.Go(func() { a.proxyHeartbeats(loops) })
+			a.watch(loops)
+		}
+	})
+	<-ctx.Done()
+	cancel()
+	wg.Wait()
+	stopCtx, stop := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.StopTimeout)
+	defer stop()
+	return a.Shutdown(stopCtx)
+}
+
+func (a *Agent) registration() *adminv1.ProxyRegistration {
+	r := proto.CloneOf(a.cfg.Registration)
+	if r == nil {
+		r = &adminv1.ProxyRegistration{}
+	}
+	r.ProxyId, r.Address = a.cfg.ProxyID, a.cfg.AdvertiseAddr
+	if len(r.Capabilities) == 0 {
+		r.Capabilities = []string{"mailbox"}
+	}
+	return r
+}
+
+// register retries RegisterProxy until it succeeds; false if ctx ended.
+func (a *Agent) register(ctx context.Context) bool {
+	bo := a.cfg.Backoff
+	for {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
+		resp, err := a.cfg.Admin.RegisterProxy(cctx, &adminv1.RegisterProxyRequest{Registration: a.registration()})
+		cancel()
+		if err == nil {
+			if !a.registered.Swap(true) {
+				a.log.Info("proxy registered", "index", resp.GetIndex(), "assignments", len(resp.GetAssignments()))
+			}
+			return true
+		}
+		a.log.Warn("register proxy failed; retrying", "err", err)
+		if !sleep(ctx, a.cfg.Clock, bo.Step()) {
+			return false
+		}
+	}
+}
+
+// proxyHeartbeats keeps the proxy live for placement, re-registering when
+// the admin has forgotten it.
+func (a *Agent) proxyHeartbeats(ctx context.Context) {
+	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(a.cfg.HeartbeatInterval)) {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
+		_, err := a.cfg.Admin.ProxyHeartbeat(cctx, &adminv1.ProxyHeartbeatRequest{ProxyId: a.cfg.ProxyID, NamespaceHealth: a.namespaceHealth()})
+		cancel()
+		switch {
+		case err == nil:
+		case status.Code(err) == codes.NotFound:
+			a.log.Warn("admin does not know this proxy; registering again", "err", err)
+			a.register(ctx)
+		default:
+			a.log.Warn("proxy heartbeat failed", "err", err)
+		}
+	}
+}
+
+func (a *Agent) namespaceHealth() []*adminv1.NamespaceHealth {
+	var out []*adminv1.NamespaceHealth
+	for _, v := range a.Leases() {
+		h := adminv1.HealthStatus_HEALTH_STATUS_HEALTHY
+		if v.State != StateActive {
+			h = adminv1.HealthStatus_HEALTH_STATUS_UNHEALTHY
+		}
+		out = append(out, &adminv1.NamespaceHealth{Namespace: v.Namespace, Status: h})
+	}
+	return out
+}
+
+// watch follows WatchAssignments, reconnecting with backoff across the
+// admin endpoints.
+func (a *Agent) watch(ctx context.Context) {
+	bo := a.cfg.Backoff
+	for ctx.Err() == nil {
+		a.m.watchConns.Inc()
+		stream, err := a.cfg.Admin.WatchAssignments(ctx, &adminv1.WatchAssignmentsRequest{ProxyId: a.cfg.ProxyID})
+		for err == nil {
+			var msg *adminv1.WatchAssignmentsResponse
+			if msg, err = stream.Recv(); err == nil {
+				a.apply(msg)
+				bo = a.cfg.Backoff
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Warn("assignment watch broken; reconnecting", "err", err)
+		if !sleep(ctx, a.cfg.Clock, bo.Step()) {
+			return
+		}
+	}
+}
+
+// apply makes the workers match an assignment set. A set older than one
+// already applied (from a lagging node after a reconnect) is ignored.
+func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopping.Load() {
+		return
+	}
+	if msg.GetIndex() < a.lastIndex {
+		a.log.Info("ignoring an older assignment set", "index", msg.GetIndex(), "applied_index", a.lastIndex)
+		return
+	}
+	a.lastIndex = msg.GetIndex()
+	want := map[string]*adminv1.NamespaceAssignment{}
+	for _, as := range msg.GetAssignments() {
+		id := as.GetMailboxId()
+		if id == "" {
+			id = as.GetNamespace() + "@" + a.cfg.ProxyID
+		}
+		want[id] = as
+	}
+	for id, w := range a.workers {
+		if as, ok := want[id]; !ok || !proto.Equal(as.GetConfig(), w.assignment.GetConfig()) {
+			a.log.Info("mailbox unassigned", "mailbox_id", id, "epoch", w.view().Epoch, "index", msg.GetIndex(), "reassigned_with_new_config", ok)
+			w.stop(stopUnassign)
+			delete(a.workers, id)
+		}
+	}
+	for id, as := range want {
+		if _, ok := a.workers[id]; ok {
+			continue
+		}
+		a.log.Info("mailbox assigned", "mailbox_id", id, "namespace", as.GetNamespace(), "index", msg.GetIndex())
+		w := newWorker(a, id, as)
+		a.workers[id] = w
+		a.all.Go(w.run)
+	}
+	a.synced.Store(true)
+}
+
+// Shutdown halts every worker, drains the runner and releases every lease
+// the workers held; Run calls it when its context ends.
+func (a *Agent) Shutdown(ctx context.Context) error {
+	start := a.cfg.Clock.Now()
+	a.stopping.Store(true)
+	a.mu.Lock()
+	for _, w := range a.workers {
+		w.stop(stopShutdown)
+		a.stopped = append(a.stopped, w)
+	}
+	a.workers = map[string]*worker{}
+	stopped := a.stopped
+	a.mu.Unlock()
+	done := make(chan struct{})
+	go func() { a.all.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		a.log.Error("workers did not halt in time; draining anyway", "err", ctx.Err())
+	}
+
+	var errs []error
+	// The runner drains before any lease goes: offsets are committed while
+	// nobody else can hold the mailbox.
+	dctx, cancel := context.WithTimeout(ctx, remaining(ctx)*2/3)
+	resp, err := a.cfg.Runner.Drain(dctx, &runnerv1.DrainRequest{})
+	cancel()
+	if err != nil {
+		a.log.Warn("runner drain failed; releasing anyway (a runner that cannot be reached is not serving through us)", "err", err)
+		errs = append(errs, fmt.Errorf("drain runner: %w", err))
+	} else {
+		a.log.Info("runner drained", "mailboxes", resp.GetClosed())
+	}
+	var wg sync.WaitGroup
+	relErrs := make([]error, len(stopped))
+	for i, w := range stopped {
+		if v := w.view(); v.Epoch != 0 {
+			wg.Go(func() { relErrs[i] = w.release(ctx, "shutdown", v.Epoch) })
+		}
+	}
+	wg.Wait()
+	errs = append(errs, relErrs...)
+	a.log.Info("sidecar stopped", "took", a.cfg.Clock.Since(start), "leases", len(stopped))
+	return errors.Join(errs...)
+}
+
+func remaining(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return time.Until(d)
+	}
+	return 5 * time.Second
+}
+
+// Leases reports every assigned mailbox's lease state, sorted by id.
+func (a *Agent) Leases() []LeaseView {
+	a.mu.Lock()
+	ws := make([]*worker, 0, len(a.workers))
+	for _, w := range a.workers {
+		ws = append(ws, w)
+	}
+	a.mu.Unlock()
+	out := make([]LeaseView, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, w.view())
+	}
+	slices.SortFunc(out, func(x, y LeaseView) int { return strings.Compare(x.MailboxID, y.MailboxID) })
+	return out
+}
+
+// Ready is nil only while the sidecar has its assignments and holds the
+// lease of every one of them with the runner serving it.
+func (a *Agent) Ready() error {
+	if a.stopping.Load() {
+		return errors.New("stopping")
+	}
+	if !a.synced.Load() {
+		return errors.New("no assignment set received yet")
+	}
+	var missing []string
+	for _, v := range a.Leases() {
+		if v.State != StateActive {
+			missing = append(missing, v.MailboxID+" "+string(v.State))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("leases not held: %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// Healthy is nil once the proxy has registered: a sidecar cut off from the
+// admin later is still alive (and fences by itself), so liveness must not
+// restart it.
+func (a *Agent) Healthy() error {
+	if !a.registered.Load() {
+		return errors.New("proxy not registered yet")
+	}
+	return nil
+}
+
+// Handler serves /healthz, /readyz and /metrics (when the registerer is a
+// gatherer).
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	probe := func(check func() error) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			if err := check(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			w.Write([]byte("ok\n"))
+		}
+	}
+	mux.HandleFunc("GET /healthz", probe(a.Healthy))
+	mux.HandleFunc("GET /readyz", probe(a.Ready))
+	if a.reg != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	}
+	return mux
+}
+
+// sleep waits d on clk; false if ctx ended first.
+func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
+	t := clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
+}
+
+// Hostname is the default proxy id outside Kubernetes.
+func Hostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return h
+}
+
+func durationOf(d time.Duration) *durationpb.Duration { return durationpb.New(d) }

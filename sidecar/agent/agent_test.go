@@ -1,0 +1,313 @@
+package agent
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/admin/lease"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+)
+
+// The runner is asked to open the mailbox, the lease is acquired with the
+// runner's query address, and only then is the runner activated, with the
+// lease's epoch and the whole ttl as its deadline.
+func TestAcquireThenActivate(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit")
+	iOpen, _ := h.waitEvent(0, "runner open audit@p1 0")
+	iAcq, _ := h.waitEvent(iOpen, "admin acquire audit@p1 p1 10.0.0.1:9090")
+	_, act := h.waitEvent(iAcq, "runner activate audit@p1 ")
+	if act.what != "runner activate audit@p1 5 valid_for=10s" {
+		t.Fatalf("activation %q, want epoch 5 valid for the full ttl", act.what)
+	}
+	h.waitFor("ready", func() bool { return h.agent.Ready() == nil })
+	if v := h.lease("audit@p1"); v.State != StateActive || v.Epoch != 5 || !v.FenceAt.Equal(h.t0.Add(testTTL)) {
+		t.Fatalf("lease %+v", v)
+	}
+	if got := testutil.ToFloat64(h.agent.m.held); got != 1 {
+		t.Fatalf("leases held gauge %v", got)
+	}
+}
+
+// The heartbeat at t0+3s is acknowledged; the next one (t0+6s) never is.
+// The runner must be fenced exactly ttl after the acknowledged one was
+// *sent* (t0+13s), not earlier, and a late answer to the lost heartbeat
+// must not bring the old epoch back.
+func TestFenceExactlyTTLAfterLastAckedSend(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit")
+	h.waitEvent(0, "runner activate audit@p1 5")
+	h.settle(2)
+	h.clk.Step(testInterval)
+	h.waitFor("first heartbeat acknowledged", func() bool { return h.lease("audit@p1").LastAckSent.Equal(h.t0.Add(testInterval)) })
+	if v := h.lease("audit@p1"); !v.FenceAt.Equal(h.t0.Add(testInterval + testTTL)) {
+		t.Fatalf("fence deadline %v, want sent time + ttl = %v", v.FenceAt, h.t0.Add(testInterval+testTTL))
+	}
+	_, ext := h.waitEvent(0, "runner extend audit@p1 5")
+	if ext.what != "runner extend audit@p1 5 valid_for=10s" {
+		t.Fatalf("extension %q", ext.what)
+	}
+
+	unblock := make(chan struct{})
+	h.admin.setHeartbeat(func(in *adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error) {
+		<-unblock
+		return &adminv1.MailboxHeartbeatResponse{Renewed: true, Epoch: in.GetEpoch()}, nil
+	})
+	h.settle(2)
+	h.clk.Step(testInterval)
+	h.waitFor("second heartbeat sent", func() bool { return h.ev.count("admin heartbeat") == 2 })
+
+	fenceAt := h.t0.Add(testInterval + testTTL)
+	h.settle(2)
+	h.clk.SetTime(fenceAt.Add(-time.Millisecond))
+	h.settle(2)
+	if n := h.ev.count("runner fence"); n != 0 {
+		t.Fatalf("fenced before ttl had passed:\n%s", h.ev)
+	}
+	if h.agent.Ready() != nil {
+		t.Fatal("not ready while the lease is still held")
+	}
+	h.clk.Step(time.Millisecond)
+	iFence, fence := h.waitEvent(0, "runner fence audit@p1")
+	if fence.what != "runner fence audit@p1 ttl_elapsed" || !fence.at.Equal(fenceAt) {
+		t.Fatalf("fence %q at %v, want ttl_elapsed at exactly %v", fence.what, fence.at, fenceAt)
+	}
+	if got := testutil.ToFloat64(h.agent.m.losses.WithLabelValues("ttl_elapsed")); got != 1 {
+		t.Fatalf("losses counted %v", got)
+	}
+
+	// Re-acquired at once (epoch 6), then the stale answer arrives.
+	iAcq, _ := h.waitEvent(iFence, "admin acquire audit@p1")
+	_, act := h.waitEvent(iAcq, "runner activate audit@p1")
+	if !strings.HasPrefix(act.what, "runner activate audit@p1 6 ") {
+		t.Fatalf("re-activation %q, want the new epoch 6", act.what)
+	}
+	h.admin.setHeartbeat(nil)
+	close(unblock)
+	h.waitFor("ready again", func() bool { return h.agent.Ready() == nil })
+	for _, e := range h.ev.all()[iFence:] {
+		if strings.HasPrefix(e.what, "runner activate audit@p1 5") || strings.HasPrefix(e.what, "runner extend audit@p1 5") {
+			t.Fatalf("old epoch used after the fence: %q\n%s", e.what, h.ev)
+		}
+	}
+}
+
+// Heartbeats that fail outright (admin unreachable) are retried with
+// backoff and never move the deadline; the fence still comes at ttl after
+// the last acknowledged send.
+func TestFailingHeartbeatsFenceAtDeadline(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit")
+	h.waitEvent(0, "runner activate audit@p1 5")
+	h.admin.setHeartbeat(func(*adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error) {
+		return nil, status.Error(codes.Unavailable, "connection refused")
+	})
+	fenceAt := h.t0.Add(testTTL) // only the acquire was acknowledged
+	for h.clk.Now().Before(fenceAt.Add(-time.Second)) {
+		h.settle(2)
+		h.clk.Step(time.Second)
+	}
+	h.waitFor("retries", func() bool { return h.ev.count("admin heartbeat") >= 3 })
+	if n := h.ev.count("runner fence"); n != 0 {
+		t.Fatalf("fenced before the deadline:\n%s", h.ev)
+	}
+	if v := h.lease("audit@p1"); !v.FenceAt.Equal(fenceAt) {
+		t.Fatalf("deadline moved by failed heartbeats: %v", v.FenceAt)
+	}
+	h.settle(2)
+	h.clk.Step(time.Second)
+	_, fence := h.waitEvent(0, "runner fence audit@p1 ttl_elapsed")
+	if fence.at.Before(fenceAt) {
+		t.Fatalf("fenced at %v, before %v", fence.at, fenceAt)
+	}
+}
+
+// Every explicit refusal fences at once (no waiting for ttl), is counted
+// with its reason, and is followed by a new acquire; a NOT_LEADER answer is
+// not a loss.
+func TestRefusalFencesThenReacquires(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		reason adminv1.LeaseRefusalReason
+		label  string
+		inBand bool
+	}{
+		{"expired in band", adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED, "expired", true},
+		{"not holder in band", adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_HOLDER, "not_holder", true},
+		{"stale epoch as status", adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_STALE_EPOCH, "stale_epoch", false},
+		{"unknown lease as status", adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_LEASE, "unknown_lease", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			h.assign(1, "audit")
+			h.waitEvent(0, "runner activate audit@p1 5")
+			ref := &adminv1.LeaseRefusal{Reason: tc.reason, Message: "scripted", Current: &adminv1.Lease{RunnerId: "other", Epoch: 77}}
+			h.admin.setHeartbeat(func(*adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error) {
+				if tc.inBand {
+					return &adminv1.MailboxHeartbeatResponse{Refusal: ref}, nil
+				}
+				return nil, lease.RefusalError(ref)
+			})
+			// Held by the other runner twice, then granted.
+			refusals := 0
+			h.admin.setAcquire(func(*adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error) {
+				if refusals < 2 {
+					refusals++
+					return &adminv1.AcquireLeaseResponse{Refusal: &adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER, Current: ref.GetCurrent()}}, nil
+				}
+				return nil, nil
+			})
+			h.settle(2)
+			h.clk.Step(testInterval)
+			iFence, fence := h.waitEvent(0, "runner fence audit@p1")
+			if fence.what != "runner fence audit@p1 "+tc.label || !fence.at.Equal(h.t0.Add(testInterval)) {
+				t.Fatalf("fence %q at %v, want %s at once", fence.what, fence.at, tc.label)
+			}
+			if got := testutil.ToFloat64(h.agent.m.losses.WithLabelValues(tc.label)); got != 1 {
+				t.Fatalf("loss %s counted %v", tc.label, got)
+			}
+			h.admin.setHeartbeat(nil)
+			for h.ev.count("admin acquire") < 4 {
+				h.settle(2)
+				h.clk.Step(time.Second)
+			}
+			iAcq, _ := h.waitEvent(iFence, "admin acquire")
+			_, act := h.waitEvent(iAcq, "runner activate audit@p1")
+			if !strings.HasPrefix(act.what, "runner activate audit@p1 6 ") {
+				t.Fatalf("re-activation %q, want epoch 6 after the refusals", act.what)
+			}
+			if n := h.ev.count("runner fence"); n != 1 {
+				t.Fatalf("%d fences, want 1:\n%s", n, h.ev)
+			}
+		})
+	}
+}
+
+func TestNotLeaderIsRetriedNotALoss(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit")
+	h.waitEvent(0, "runner activate audit@p1 5")
+	h.admin.setHeartbeat(func(*adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error) {
+		return nil, lease.RefusalError(&adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER, LeaderAddress: "10.9.9.9:1"})
+	})
+	h.settle(2)
+	h.clk.Step(testInterval)
+	h.waitFor("heartbeat failure handled", func() bool {
+		return testutil.ToFloat64(h.agent.m.heartbeats.WithLabelValues("error")) == 1
+	})
+	h.admin.setHeartbeat(nil)
+	h.settle(2)
+	h.clk.Step(time.Second)
+	h.waitFor("retried heartbeat acknowledged", func() bool {
+		return h.lease("audit@p1").LastAckSent.Equal(h.t0.Add(testInterval + time.Second))
+	})
+	if n := h.ev.count("runner fence"); n != 0 {
+		t.Fatalf("NOT_LEADER fenced the runner:\n%s", h.ev)
+	}
+}
+
+// Unassigned: the runner closes (drains, commits) the mailbox first, then
+// the lease is released with its epoch; the other mailbox is untouched.
+func TestUnassignClosesThenReleases(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit", "billing")
+	h.waitEvent(0, "runner activate audit@p1")
+	h.waitEvent(0, "runner activate billing@p1")
+	h.waitFor("ready", func() bool { return h.agent.Ready() == nil })
+	epoch := h.lease("audit@p1").Epoch
+	h.assign(2, "billing")
+	iClose, _ := h.waitEvent(0, "runner close audit@p1")
+	_, rel := h.waitEvent(iClose, "admin release audit@p1")
+	if want := "admin release audit@p1 " + strconv.FormatUint(epoch, 10); rel.what != want {
+		t.Fatalf("release %q, want %q", rel.what, want)
+	}
+	if h.ev.count("runner close billing@p1")+h.ev.count("admin release billing@p1") != 0 {
+		t.Fatalf("billing touched:\n%s", h.ev)
+	}
+	if got := testutil.ToFloat64(h.agent.m.releases.WithLabelValues("unassigned", "released")); got != 1 {
+		t.Fatalf("releases counted %v", got)
+	}
+	// An older set from a lagging admin node changes nothing.
+	h.assign(1, "audit", "billing")
+	h.assign(3, "billing")
+	h.waitFor("index 3 applied", func() bool {
+		h.agent.mu.Lock()
+		defer h.agent.mu.Unlock()
+		return h.agent.lastIndex == 3
+	})
+	if n := h.ev.count("runner open audit@p1"); n != 1 {
+		t.Fatalf("stale assignment set reopened audit:\n%s", h.ev)
+	}
+}
+
+// SIGTERM: no heartbeat or acquire after the stop begins, the runner drains
+// before any lease is released, and every lease is released.
+func TestShutdownDrainsThenReleases(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit", "billing")
+	h.waitEvent(0, "runner activate audit@p1")
+	h.waitEvent(0, "runner activate billing@p1")
+	h.waitFor("ready", func() bool { return h.agent.Ready() == nil })
+	if err := h.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	iDrain, _ := h.waitEvent(0, "runner drain")
+	for _, id := range []string{"audit@p1", "billing@p1"} {
+		if i, _, ok := h.ev.find(0, "admin release "+id); !ok || i < iDrain {
+			t.Fatalf("%s released before the drain (or never):\n%s", id, h.ev)
+		}
+	}
+	for _, e := range h.ev.all()[iDrain:] {
+		if strings.HasPrefix(e.what, "admin heartbeat") || strings.HasPrefix(e.what, "admin acquire") || strings.HasPrefix(e.what, "runner activate") {
+			t.Fatalf("%q after the drain:\n%s", e.what, h.ev)
+		}
+	}
+	if h.agent.Ready() == nil {
+		t.Fatal("ready after stop")
+	}
+}
+
+
+func TestConfigErrors(t *testing.T) {
+	t.Parallel()
+	ev := &events{}
+	base := func() Config {
+		return Config{ProxyID: "p1", AdvertiseAddr: "127.0.0.1:1", Admin: newFakeAdmin(ev), Runner: newFakeRunner(ev)}
+	}
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"no proxy id", func(c *Config) { c.ProxyID = "" }, "proxy id is required"},
+		{"@ in proxy id", func(c *Config) { c.ProxyID = "a@b" }, "must not contain '@'"},
+		{"no advertise address", func(c *Config) { c.AdvertiseAddr = "" }, "advertise address"},
+		{"interval not below ttl", func(c *Config) { c.LeaseTTL, c.HeartbeatInterval = time.Second, time.Second }, "must be below the lease ttl"},
+		{"negative ttl", func(c *Config) { c.LeaseTTL = -time.Second }, "must not be negative"},
+	}
+	for _, tc := range tests {
+		c := base()
+		tc.edit(&c)
+		if _, err := New(c); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if a, err := New(base()); err != nil || a.cfg.RunnerID != "p1" {
+		t.Fatalf("defaults: %v, runner id %q (want the proxy id)", err, a.cfg.RunnerID)
+	}
+}

@@ -1,0 +1,378 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+)
+
+// events is the ordered record of every call both fakes saw, stamped with
+// the fake clock, so tests can assert ordering across admin and runner.
+type events struct {
+	clk *clocktesting.FakeClock
+	mu  sync.Mutex
+	log []event
+}
+
+type event struct {
+	at   time.Time
+	what string
+}
+
+func (e *events) add(format string, args ...any) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.log = append(e.log, event{e.clk.Now(), fmt.Sprintf(format, args...)})
+}
+
+func (e *events) all() []event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.log)
+}
+
+// find returns the first event with prefix at or after index from.
+func (e *events) find(from int, prefix string) (int, event, bool) {
+	all := e.all()
+	for i := from; i < len(all); i++ {
+		if strings.HasPrefix(all[i].what, prefix) {
+			return i, all[i], true
+		}
+	}
+	return -1, event{}, false
+}
+
+func (e *events) count(prefix string) int {
+	n := 0
+	for _, ev := range e.all() {
+		if strings.HasPrefix(ev.what, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+func (e *events) String() string {
+	var b strings.Builder
+	for _, ev := range e.all() {
+		fmt.Fprintf(&b, "  %s %s\n", ev.at.Format("15:04:05.000"), ev.what)
+	}
+	return b.String()
+}
+
+// fakeAdmin is a ControlPlane with scripted lease answers.
+type fakeAdmin struct {
+	adminv1.ControlPlaneClient // unused methods panic
+	ev                         *events
+	assign                     chan *adminv1.WatchAssignmentsResponse
+
+	mu        sync.Mutex
+	epoch     uint64
+	ttl       time.Duration
+	acquireFn func(*adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error)
+	hbFn      func(*adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error)
+}
+
+func newFakeAdmin(ev *events) *fakeAdmin {
+	return &fakeAdmin{ev: ev, assign: make(chan *adminv1.WatchAssignmentsResponse, 16), epoch: 4, ttl: 10 * time.Second}
+}
+
+func (f *fakeAdmin) RegisterProxy(_ context.Context, in *adminv1.RegisterProxyRequest, _ ...grpc.CallOption) (*adminv1.RegisterProxyResponse, error) {
+	f.ev.add("admin register %s %s", in.GetRegistration().GetProxyId(), in.GetRegistration().GetAddress())
+	return &adminv1.RegisterProxyResponse{}, nil
+}
+
+func (f *fakeAdmin) ProxyHeartbeat(context.Context, *adminv1.ProxyHeartbeatRequest, ...grpc.CallOption) (*adminv1.ProxyHeartbeatResponse, error) {
+	return &adminv1.ProxyHeartbeatResponse{}, nil
+}
+
+func (f *fakeAdmin) grant(req *adminv1.AcquireLeaseRequest) *adminv1.AcquireLeaseResponse {
+	f.epoch++
+	return &adminv1.AcquireLeaseResponse{Granted: true, Lease: &adminv1.Lease{
+		MailboxId: req.GetMailboxId(), RunnerId: req.GetRunnerId(), RunnerAddress: req.GetRunnerAddress(),
+		Epoch: f.epoch, Ttl: durationpb.New(f.ttl),
+	}}
+}
+
+func (f *fakeAdmin) AcquireLease(_ context.Context, in *adminv1.AcquireLeaseRequest, _ ...grpc.CallOption) (*adminv1.AcquireLeaseResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ev.add("admin acquire %s %s %s", in.GetMailboxId(), in.GetRunnerId(), in.GetRunnerAddress())
+	if f.acquireFn != nil {
+		if resp, err := f.acquireFn(in); resp != nil || err != nil {
+			return resp, err
+		}
+	}
+	return f.grant(in), nil
+}
+
+func (f *fakeAdmin) MailboxHeartbeat(_ context.Context, in *adminv1.MailboxHeartbeatRequest, _ ...grpc.CallOption) (*adminv1.MailboxHeartbeatResponse, error) {
+	f.mu.Lock()
+	fn, ttl := f.hbFn, f.ttl
+	f.mu.Unlock()
+	f.ev.add("admin heartbeat %s %d events=%d", in.GetMailboxId(), in.GetEpoch(), in.GetStats().GetEventsStored())
+	if fn != nil {
+		return fn(in)
+	}
+	return &adminv1.MailboxHeartbeatResponse{Renewed: true, Epoch: in.GetEpoch(), Ttl: durationpb.New(ttl)}, nil
+}
+
+func (f *fakeAdmin) ReleaseLease(_ context.Context, in *adminv1.ReleaseLeaseRequest, _ ...grpc.CallOption) (*adminv1.ReleaseLeaseResponse, error) {
+	f.ev.add("admin release %s %d", in.GetMailboxId(), in.GetEpoch())
+	return &adminv1.ReleaseLeaseResponse{Released: true}, nil
+}
+
+func (f *fakeAdmin) setHeartbeat(fn func(*adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hbFn = fn
+}
+
+func (f *fakeAdmin) setAcquire(fn func(*adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.acquireFn = fn
+}
+
+func (f *fakeAdmin) WatchAssignments(ctx context.Context, _ *adminv1.WatchAssignmentsRequest, _ ...grpc.CallOption) (grpc.ServerStreamingClient[adminv1.WatchAssignmentsResponse], error) {
+	return &fakeStream{ctx: ctx, ch: f.assign}, nil
+}
+
+type fakeStream struct {
+	grpc.ClientStream
+	ctx context.Context
+	ch  chan *adminv1.WatchAssignmentsResponse
+}
+
+func (s *fakeStream) Recv() (*adminv1.WatchAssignmentsResponse, error) {
+	select {
+	case <-s.ctx.Done():
+		return nil, status.FromContextError(s.ctx.Err()).Err()
+	case m, ok := <-s.ch:
+		if !ok {
+			return nil, io.EOF
+		}
+		return m, nil
+	}
+}
+
+// fakeRunner keeps mailbox states the way mailbox/control does.
+type fakeRunner struct {
+	ev *events
+	mu sync.Mutex
+	mb map[string]*runnerv1.MailboxStatus
+}
+
+func newFakeRunner(ev *events) *fakeRunner {
+	return &fakeRunner{ev: ev, mb: map[string]*runnerv1.MailboxStatus{}}
+}
+
+func (r *fakeRunner) OpenMailbox(_ context.Context, in *runnerv1.OpenMailboxRequest, _ ...grpc.CallOption) (*runnerv1.OpenMailboxResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ev.add("runner open %s %d", in.GetMailboxId(), in.GetEpoch())
+	st, ok := r.mb[in.GetMailboxId()]
+	if !ok {
+		st = &runnerv1.MailboxStatus{MailboxId: in.GetMailboxId(), State: runnerv1.MailboxState_MAILBOX_STATE_OPEN}
+		r.mb[in.GetMailboxId()] = st
+	}
+	if in.GetEpoch() != 0 {
+		st.State, st.Epoch = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, in.GetEpoch()
+	}
+	return &runnerv1.OpenMailboxResponse{Status: st}, nil
+}
+
+func (r *fakeRunner) ActivateMailbox(_ context.Context, in *runnerv1.ActivateMailboxRequest, _ ...grpc.CallOption) (*runnerv1.ActivateMailboxResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ev.add("runner activate %s %d valid_for=%v", in.GetMailboxId(), in.GetEpoch(), in.GetValidFor().AsDuration())
+	st, ok := r.mb[in.GetMailboxId()]
+	if !ok {
+		return nil, status.Error(codes.NotFound, "not open")
+	}
+	st.State, st.Epoch = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, in.GetEpoch()
+	return &runnerv1.ActivateMailboxResponse{Status: st}, nil
+}
+
+func (r *fakeRunner) ExtendMailbox(_ context.Context, in *runnerv1.ExtendMailboxRequest, _ ...grpc.CallOption) (*runnerv1.ExtendMailboxResponse, error) {
+	r.ev.add("runner extend %s %d valid_for=%v", in.GetMailboxId(), in.GetEpoch(), in.GetValidFor().AsDuration())
+	return &runnerv1.ExtendMailboxResponse{}, nil
+}
+
+func (r *fakeRunner) FenceMailbox(_ context.Context, in *runnerv1.FenceMailboxRequest, _ ...grpc.CallOption) (*runnerv1.FenceMailboxResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ev.add("runner fence %s %s", in.GetMailboxId(), in.GetReason())
+	if st, ok := r.mb[in.GetMailboxId()]; ok {
+		st.State = runnerv1.MailboxState_MAILBOX_STATE_FENCED
+	}
+	return &runnerv1.FenceMailboxResponse{}, nil
+}
+
+func (r *fakeRunner) CloseMailbox(_ context.Context, in *runnerv1.CloseMailboxRequest, _ ...grpc.CallOption) (*runnerv1.CloseMailboxResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ev.add("runner close %s", in.GetMailboxId())
+	_, ok := r.mb[in.GetMailboxId()]
+	delete(r.mb, in.GetMailboxId())
+	return &runnerv1.CloseMailboxResponse{Closed: ok}, nil
+}
+
+func (r *fakeRunner) Drain(context.Context, *runnerv1.DrainRequest, ...grpc.CallOption) (*runnerv1.DrainResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ev.add("runner drain")
+	var ids []string
+	for id := range r.mb {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	r.mb = map[string]*runnerv1.MailboxStatus{}
+	return &runnerv1.DrainResponse{Closed: ids}, nil
+}
+
+func (r *fakeRunner) GetStats(_ context.Context, in *runnerv1.GetStatsRequest, _ ...grpc.CallOption) (*runnerv1.GetStatsResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st, ok := r.mb[in.GetMailboxId()]
+	if !ok {
+		return nil, status.Error(codes.NotFound, "not open")
+	}
+	c := proto.CloneOf(st)
+	c.EventsStored, c.Consuming = 42, true
+	return &runnerv1.GetStatsResponse{Mailboxes: []*runnerv1.MailboxStatus{c}}, nil
+}
+
+// harness is an agent over the fakes with a fake clock.
+type harness struct {
+	t      *testing.T
+	clk    *clocktesting.FakeClock
+	ev     *events
+	admin  *fakeAdmin
+	runner *fakeRunner
+	agent  *Agent
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan error
+	t0     time.Time
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// stop ends Run (the SIGTERM path) and returns its error.
+func (h *harness) stop() error {
+	h.stopOnce.Do(func() {
+		h.cancel()
+		select {
+		case h.stopErr = <-h.done:
+		case <-time.After(20 * time.Second):
+			h.stopErr = fmt.Errorf("agent did not stop")
+		}
+	})
+	return h.stopErr
+}
+
+const (
+	testTTL      = 10 * time.Second
+	testInterval = 3 * time.Second
+)
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	t0 := time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(t0)
+	ev := &events{clk: clk}
+	h := &harness{t: t, clk: clk, ev: ev, admin: newFakeAdmin(ev), runner: newFakeRunner(ev), reg: prometheus.NewRegistry(), t0: t0}
+	a, err := New(Config{
+		ProxyID: "p1", AdvertiseAddr: "10.0.0.1:9090",
+		LeaseTTL: testTTL, HeartbeatInterval: testInterval, StopTimeout: 4 * time.Second, RPCTimeout: 30 * time.Second,
+		Backoff: wait.Backoff{Duration: time.Second, Factor: 1, Steps: 1 << 30},
+		Admin:   h.admin, Runner: h.runner, Clock: clk,
+		Jitter:     func(d time.Duration) time.Duration { return d },
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registerer: h.reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel, h.done = cancel, make(chan error, 1)
+	go func() { h.done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		if err := h.stop(); err != nil && strings.Contains(err.Error(), "did not stop") {
+			t.Error(err)
+		}
+	})
+	return h
+}
+
+func (h *harness) assign(index uint64, namespaces ...string) {
+	msg := &adminv1.WatchAssignmentsResponse{ProxyId: "p1", Index: index}
+	for _, ns := range namespaces {
+		msg.Assignments = append(msg.Assignments, &adminv1.NamespaceAssignment{
+			Namespace: ns, MailboxId: ns + "@p1", Config: &adminv1.NamespaceConfig{Topics: []string{ns + ".events"}},
+		})
+	}
+	h.admin.assign <- msg
+}
+
+// waitFor polls cond in real time: the agent's goroutines run on their own.
+func (h *harness) waitFor(what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting for %s; events:\n%s", what, h.ev)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (h *harness) waitEvent(from int, prefix string) (int, event) {
+	h.t.Helper()
+	var i int
+	var e event
+	h.waitFor(prefix, func() bool {
+		var ok bool
+		i, e, ok = h.ev.find(from, prefix)
+		return ok
+	})
+	return i, e
+}
+
+// settle waits until n timers are armed on the fake clock: the proxy
+// heartbeat loop's and one per idle mailbox worker, so that a Step lands on
+// goroutines that are all waiting.
+func (h *harness) settle(n int) {
+	h.t.Helper()
+	h.waitFor(fmt.Sprintf("%d clock waiters", n), func() bool { return h.clk.Waiters() == n })
+}
+
+func (h *harness) lease(id string) LeaseView {
+	for _, v := range h.agent.Leases() {
+		if v.MailboxID == id {
+			return v
+		}
+	}
+	return LeaseView{}
+}

@@ -1,0 +1,469 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/admin/lease"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+)
+
+// State is where a mailbox's lease is, as the sidecar sees it.
+type State string
+
+const (
+	// StateOpening: asking the runner to record the mailbox.
+	StateOpening State = "opening"
+	// StateAcquiring: the runner has the mailbox (not serving); no lease.
+	StateAcquiring State = "acquiring"
+	// StateActive: lease held, runner consuming and serving under Epoch.
+	StateActive State = "active"
+	// StateFenced: the lease may be lost; the runner was stopped and the
+	// sidecar is acquiring again.
+	StateFenced State = "fenced"
+)
+
+// LeaseView is one mailbox's lease as the sidecar holds it.
+type LeaseView struct {
+	MailboxID string
+	Namespace string
+	State     State
+	// Epoch of the current (or, once fenced, the last) grant.
+	Epoch uint64
+	// LastAckSent is when the last acknowledged heartbeat (or the acquire)
+	// was sent; FenceAt = LastAckSent + ttl.
+	LastAckSent, FenceAt time.Time
+	TTL                  time.Duration
+}
+
+type stopMode int
+
+const (
+	stopNone stopMode = iota
+	// stopUnassign: the runner closes the mailbox, then the lease goes.
+	stopUnassign
+	// stopShutdown: halt only; Agent.Shutdown drains and releases.
+	stopShutdown
+)
+
+// worker owns one mailbox's lease; see the package doc.
+type worker struct {
+	a          *Agent
+	id         string
+	assignment *adminv1.NamespaceAssignment
+	log        *slog.Logger
+	ctx        context.Context
+	cancel     context.CancelFunc
+	done       chan struct{}
+	assigned   time.Time
+
+	mu   sync.Mutex
+	mode stopMode
+	v    LeaseView
+}
+
+func newWorker(a *Agent, id string, as *adminv1.NamespaceAssignment) *worker {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &worker{
+		a: a, id: id, assignment: as, ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		log:      a.log.With("mailbox_id", id),
+		assigned: a.cfg.Clock.Now(),
+		v:        LeaseView{MailboxID: id, Namespace: as.GetNamespace(), State: StateOpening},
+	}
+}
+
+func (w *worker) view() LeaseView {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.v
+}
+
+func (w *worker) update(f func(*LeaseView)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f(&w.v)
+}
+
+func (w *worker) stop(m stopMode) {
+	w.mu.Lock()
+	w.mode = m
+	w.mu.Unlock()
+	w.cancel()
+}
+
+func (w *worker) stopMode() stopMode {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mode
+}
+
+// run is the worker's whole life: open in the runner, then acquire and hold
+// until stopped, re-acquiring after every loss.
+func (w *worker) run() {
+	defer close(w.done)
+	if w.openInRunner() {
+		for w.ctx.Err() == nil {
+			l, sentAt, ok := w.acquire()
+			if !ok {
+				break
+			}
+			w.hold(l, sentAt)
+		}
+	}
+	if w.stopMode() == stopUnassign {
+		w.unassign()
+	}
+}
+
+func (w *worker) runnerCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(w.ctx), w.a.cfg.RPCTimeout)
+}
+
+// openInRunner records the mailbox in the runner (not serving); false if
+// the worker was stopped first.
+func (w *worker) openInRunner() bool {
+	bo := w.a.cfg.Backoff
+	for {
+		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
+		_, err := w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig())})
+		cancel()
+		if err == nil {
+			w.update(func(v *LeaseView) { v.State = StateAcquiring })
+			return true
+		}
+		if w.ctx.Err() != nil {
+			return false
+		}
+		if status.Code(err) == codes.FailedPrecondition && strings.Contains(err.Error(), "different config") {
+			// A record left by an earlier assignment: replace it.
+			w.log.Warn("runner holds the mailbox with another config; closing it first", "err", err)
+			cctx, cancel := w.runnerCtx()
+			_, err = w.a.cfg.Runner.CloseMailbox(cctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id})
+			cancel()
+			if err == nil {
+				continue
+			}
+		}
+		w.log.Warn("runner could not open the mailbox; retrying", "err", err)
+		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
+			return false
+		}
+	}
+}
+
+// acquire asks for the lease until granted; it returns the lease and when
+// the granted request was sent, or false if the worker was stopped.
+func (w *worker) acquire() (*adminv1.Lease, time.Time, bool) {
+	bo := w.a.cfg.Backoff
+	var lastRefusal adminv1.LeaseRefusalReason
+	for {
+		var ttl = w.a.cfg.LeaseTTL
+		req := &adminv1.AcquireLeaseRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, RunnerAddress: w.a.cfg.AdvertiseAddr}
+		if ttl > 0 {
+			req.Ttl = durationOf(ttl)
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
+		sentAt := w.a.cfg.Clock.Now()
+		resp, err := w.a.cfg.Admin.AcquireLease(ctx, req)
+		cancel()
+		switch {
+		case err == nil && resp.GetGranted():
+			w.a.m.acquires.WithLabelValues("granted").Inc()
+			return resp.GetLease(), sentAt, true
+		case err == nil:
+			w.a.m.acquires.WithLabelValues("refused").Inc()
+			r := resp.GetRefusal()
+			if r.GetReason() != lastRefusal {
+				w.log.Info("lease refused; retrying", "reason", r.GetReason(), "holder", r.GetCurrent().GetRunnerId(), "holder_epoch", r.GetCurrent().GetEpoch(), "message", r.GetMessage())
+				lastRefusal = r.GetReason()
+			}
+		default:
+			if w.ctx.Err() != nil {
+				return nil, time.Time{}, false
+			}
+			w.a.m.acquires.WithLabelValues("error").Inc()
+			w.log.Warn("acquire failed; retrying", "err", err)
+		}
+		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
+			return nil, time.Time{}, false
+		}
+	}
+}
+
+type hbResult struct {
+	sentAt     time.Time
+	resp       *adminv1.MailboxHeartbeatResponse
+	err        error
+	runnerLost bool // the runner no longer serves the mailbox actively
+}
+
+// hold activates the runner under l and heartbeats until the lease is lost
+// (the runner is fenced before hold returns) or the worker is stopped.
+func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) {
+	clk := w.a.cfg.Clock
+	epoch := l.GetEpoch()
+	ttl := l.GetTtl().AsDuration()
+	if ttl <= 0 {
+		ttl = w.a.cfg.LeaseTTL
+	}
+	interval := w.a.cfg.HeartbeatInterval
+	if li := l.GetHeartbeatInterval().AsDuration(); li > 0 && li < interval {
+		interval = li
+	}
+	// At least two tries before the fence, whatever was configured.
+	interval = min(interval, ttl/3)
+	fenceAt := sentAt.Add(ttl)
+	log := w.log.With("epoch", epoch)
+	w.update(func(v *LeaseView) { v.Epoch, v.TTL, v.LastAckSent, v.FenceAt = epoch, ttl, sentAt, fenceAt })
+	log.Info("lease acquired", "ttl", ttl, "heartbeat_interval", interval, "runner_address", l.GetRunnerAddress())
+
+	if !w.activate(epoch, fenceAt) {
+		return
+	}
+	w.a.m.acqLatency.Observe(clk.Since(w.assigned).Seconds())
+	w.a.m.held.Inc()
+	active := true
+	defer func() {
+		if active {
+			w.a.m.held.Dec()
+		}
+	}()
+	w.update(func(v *LeaseView) { v.State = StateActive })
+	log.Info("runner serving under the lease")
+
+	bo := w.a.cfg.Backoff
+	nextHB := sentAt.Add(w.a.cfg.Jitter(interval))
+	var inflight chan hbResult
+	for {
+		now := clk.Now()
+		if !now.Before(fenceAt) {
+			w.a.m.held.Dec()
+			active = false
+			w.fence(epoch, "ttl_elapsed", "no heartbeat acknowledged for ttl since the last one was sent", fenceAt.Add(-ttl))
+			return
+		}
+		if inflight == nil && !now.Before(nextHB) {
+			inflight = w.heartbeat(epoch)
+			continue
+		}
+		wake := fenceAt
+		if inflight == nil && nextHB.Before(wake) {
+			wake = nextHB
+		}
+		t := clk.NewTimer(wake.Sub(now))
+		select {
+		case <-w.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+			continue
+		case r := <-inflight:
+			t.Stop()
+			inflight = nil
+			if reason, detail, lost := refused(r); lost {
+				w.a.m.heartbeats.WithLabelValues("refused").Inc()
+				w.a.m.held.Dec()
+				active = false
+				w.fence(epoch, reason, detail, fenceAt.Add(-ttl))
+				return
+			}
+			if r.err != nil || !r.resp.GetRenewed() {
+				w.a.m.heartbeats.WithLabelValues("error").Inc()
+				retry := bo.Step()
+				log.Warn("heartbeat failed; retrying", "err", r.err, "retry_in", retry, "fence_in", fenceAt.Sub(clk.Now()))
+				nextHB = clk.Now().Add(retry)
+				continue
+			}
+			w.a.m.heartbeats.WithLabelValues("renewed").Inc()
+			w.a.m.hbLatency.Observe(clk.Since(r.sentAt).Seconds())
+			bo = w.a.cfg.Backoff
+			if d := r.resp.GetTtl().AsDuration(); d > 0 {
+				ttl = d
+			}
+			if at := r.sentAt.Add(ttl); at.After(fenceAt) {
+				fenceAt = at
+			}
+			nextHB = r.sentAt.Add(w.a.cfg.Jitter(interval))
+			w.update(func(v *LeaseView) { v.LastAckSent, v.FenceAt, v.TTL = r.sentAt, fenceAt, ttl })
+			if r.runnerLost {
+				log.Warn("runner no longer serves the mailbox; activating it again")
+				if !w.activate(epoch, fenceAt) {
+					return
+				}
+				continue
+			}
+			w.extend(epoch, fenceAt)
+		}
+	}
+}
+
+// refused tells a lost lease from a failure to reach the leader.
+func refused(r hbResult) (reason, detail string, lost bool) {
+	ref := r.resp.GetRefusal()
+	if r.err != nil {
+		var ok bool
+		if ref, ok = lease.RefusalFrom(r.err); !ok {
+			return "", "", false
+		}
+	}
+	if ref == nil || ref.GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER || ref.GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNSPECIFIED {
+		return "", "", false
+	}
+	return strings.ToLower(strings.TrimPrefix(ref.GetReason().String(), "LEASE_REFUSAL_REASON_")), ref.GetMessage(), true
+}
+
+// heartbeat sends one heartbeat with the runner's stats, in the background.
+func (w *worker) heartbeat(epoch uint64) chan hbResult {
+	ch := make(chan hbResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
+		defer cancel()
+		stats := &adminv1.LeaseStats{Health: adminv1.RunnerHealth_RUNNER_HEALTH_HEALTHY}
+		lost := false
+		rctx, rcancel := context.WithTimeout(ctx, w.a.cfg.RPCTimeout/2)
+		sr, err := w.a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{MailboxId: w.id})
+		rcancel()
+		switch {
+		case err == nil && len(sr.GetMailboxes()) == 1:
+			st := sr.GetMailboxes()[0]
+			stats.EventsStored, stats.QueriesServed, stats.StorageBytes = st.GetEventsStored(), st.GetQueriesServed(), st.GetStorageBytes()
+			lost = st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetEpoch() != epoch
+			if lost || !st.GetConsuming() {
+				stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
+			}
+		case status.Code(err) == codes.NotFound:
+			lost = true
+			stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
+		default:
+			stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
+		}
+		sentAt := w.a.cfg.Clock.Now()
+		resp, err := w.a.cfg.Admin.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch, Stats: stats})
+		ch <- hbResult{sentAt: sentAt, resp: resp, err: err, runnerLost: lost}
+	}()
+	return ch
+}
+
+// activate lets the runner consume and serve under epoch until fenceAt,
+// retrying until then; false if the worker was stopped or fenceAt came
+// first (then the lease lapsed on this side and acquire starts over).
+func (w *worker) activate(epoch uint64, fenceAt time.Time) bool {
+	bo := w.a.cfg.Backoff
+	for {
+		now := w.a.cfg.Clock.Now()
+		if !now.Before(fenceAt) {
+			w.fence(epoch, "ttl_elapsed", "the runner could not be activated before ttl ran out", fenceAt)
+			return false
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
+		vf := durationOf(fenceAt.Sub(now))
+		_, err := w.a.cfg.Runner.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: vf})
+		if status.Code(err) == codes.NotFound {
+			// The runner restarted and forgot the mailbox: open and
+			// activate in one call.
+			_, err = w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), Epoch: epoch, ValidFor: vf})
+		}
+		cancel()
+		if err == nil {
+			return true
+		}
+		if w.ctx.Err() != nil {
+			return false
+		}
+		w.log.Warn("runner activation failed; retrying", "epoch", epoch, "err", err)
+		if !sleep(w.ctx, w.a.cfg.Clock, min(bo.Step(), fenceAt.Sub(now))) {
+			return false
+		}
+	}
+}
+
+// extend hands the runner the new time left after an acknowledged heartbeat.
+// A failure is only logged: the runner fences itself at the old deadline,
+// and the next heartbeat's stats reveal it.
+func (w *worker) extend(epoch uint64, fenceAt time.Time) {
+	ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
+	defer cancel()
+	vf := fenceAt.Sub(w.a.cfg.Clock.Now())
+	if vf <= 0 {
+		return
+	}
+	if _, err := w.a.cfg.Runner.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationOf(vf)}); err != nil {
+		w.log.Warn("runner did not take the extension", "epoch", epoch, "err", err)
+	}
+}
+
+// fence stops the runner on the mailbox at once and records the loss; it
+// retries until the runner confirms or the worker is stopped (a stopped
+// worker's runner is drained or closed next anyway).
+func (w *worker) fence(epoch uint64, reason, detail string, lastAckSent time.Time) {
+	w.a.m.losses.WithLabelValues(reason).Inc()
+	w.update(func(v *LeaseView) { v.State = StateFenced })
+	w.log.Warn("lease lost; fencing the runner", "epoch", epoch, "reason", reason, "detail", detail, "last_ack_sent", lastAckSent)
+	bo := w.a.cfg.Backoff
+	for {
+		ctx, cancel := w.runnerCtx()
+		_, err := w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: reason})
+		cancel()
+		if err == nil || status.Code(err) == codes.NotFound {
+			w.log.Info("runner fenced", "epoch", epoch, "reason", reason)
+			return
+		}
+		w.log.Error("runner did not confirm the fence; retrying", "epoch", epoch, "err", err)
+		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
+			return
+		}
+	}
+}
+
+// unassign closes the mailbox in the runner (drain, commit), then releases
+// the lease: the route goes only after the offsets are committed.
+func (w *worker) unassign() {
+	ctx, cancel := context.WithTimeout(context.Background(), w.a.cfg.StopTimeout)
+	defer cancel()
+	_, err := w.a.cfg.Runner.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id})
+	if err != nil {
+		w.log.Warn("runner close failed", "err", err)
+	}
+	if v := w.view(); v.Epoch != 0 {
+		w.release(ctx, "unassigned", v.Epoch)
+	}
+}
+
+// release gives the lease back; every outcome is logged and counted.
+func (w *worker) release(ctx context.Context, cause string, epoch uint64) error {
+	resp, err := w.a.cfg.Admin.ReleaseLease(ctx, &adminv1.ReleaseLeaseRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch})
+	log := w.log.With("epoch", epoch, "cause", cause)
+	switch {
+	case err != nil:
+		w.a.m.releases.WithLabelValues(cause, "error").Inc()
+		log.Error("lease release failed; it expires after ttl + grace", "err", err)
+		return err
+	case resp.GetReleased():
+		w.a.m.releases.WithLabelValues(cause, "released").Inc()
+		log.Info("lease released", "index", resp.GetIndex())
+	case resp.GetRefusal() != nil:
+		w.a.m.releases.WithLabelValues(cause, "refused").Inc()
+		log.Warn("lease release refused: it was no longer ours", "reason", resp.GetRefusal().GetReason(), "message", resp.GetRefusal().GetMessage())
+	default:
+		w.a.m.releases.WithLabelValues(cause, "absent").Inc()
+		log.Info("lease already gone at release")
+	}
+	w.update(func(v *LeaseView) { v.State = StateFenced })
+	return nil
+}
+
+func runnerConfig(c *adminv1.NamespaceConfig) *runnerv1.MailboxConfig {
+	return &runnerv1.MailboxConfig{
+		Topics:         c.GetTopics(),
+		ValidationMode: runnerv1.ValidationMode(c.GetValidationMode()),
+		MaxAgeMillis:   c.GetRetention().GetMaxAge().AsDuration().Milliseconds(),
+		MaxSizeBytes:   c.GetRetention().GetMaxSizeBytes(),
+	}
+}

@@ -1,0 +1,59 @@
+package agent
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the sidecar's figures. Every lease loss is counted with its
+// reason (SPEC-032 §2: no silent release).
+type metrics struct {
+	losses     *prometheus.CounterVec
+	acquires   *prometheus.CounterVec
+	heartbeats *prometheus.CounterVec
+	releases   *prometheus.CounterVec
+	held       prometheus.Gauge
+	hbLatency  prometheus.Histogram
+	acqLatency prometheus.Histogram
+	watchConns prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		losses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_sidecar_lease_losses_total",
+			Help: "Leases lost (runner fenced), by reason: ttl_elapsed, expired, not_holder, unknown_lease, stale_epoch, runner_refused.",
+		}, []string{"reason"}),
+		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_sidecar_lease_acquires_total",
+			Help: "Lease acquire attempts by result: granted, refused (held by another runner) or error.",
+		}, []string{"result"}),
+		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_sidecar_heartbeats_total",
+			Help: "Mailbox heartbeats by result: renewed, refused or error.",
+		}, []string{"result"}),
+		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_sidecar_lease_releases_total",
+			Help: "Lease releases by cause (unassigned, shutdown) and result (released, absent, refused, error).",
+		}, []string{"cause", "result"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "prism_sidecar_leases_held",
+			Help: "Leases held with the runner active on them.",
+		}),
+		hbLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "prism_sidecar_heartbeat_seconds",
+			Help:    "Mailbox heartbeat round trip, including failover across admin nodes.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		acqLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "prism_sidecar_acquire_seconds",
+			Help:    "Time from assignment to the runner serving under a granted lease.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		watchConns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prism_sidecar_watch_connects_total",
+			Help: "WatchAssignments streams opened (reconnects included).",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.losses, m.acquires, m.heartbeats, m.releases, m.held, m.hbLatency, m.acqLatency, m.watchConns)
+	}
+	return m
+}
