@@ -282,7 +282,6 @@ func TestShutdownDrainsThenReleases(t *testing.T) {
 	}
 }
 
-
 func TestConfigErrors(t *testing.T) {
 	t.Parallel()
 	ev := &events{}
