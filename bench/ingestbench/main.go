@@ -1,0 +1,196 @@
+// Command ingestbench measures a mailbox's ingest end to end: envelopes are
+// pre-produced into an in-process kfake broker, then one ingester (IBM/sarama
+// consumer group over loopback TCP) consumes them into a Badger store on disk
+// in durable batches, committing offsets after each, until all are stored.
+// It prints `BENCH mailbox.ingest_events_per_s <v> events/s`.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/pprof"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/prism-mesh/prism/mailbox/envelope/demo"
+	"github.com/prism-mesh/prism/mailbox/ingest"
+	"github.com/prism-mesh/prism/mailbox/store"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+var (
+	profile       string
+	discard       bool
+	maxProcessing time.Duration
+)
+
+func main() {
+	n := flag.Int("n", 200_000, "envelopes to ingest")
+	size := flag.Int("size", 1024, "approximate envelope size in bytes")
+	partitions := flag.Int("partitions", 4, "partitions of the topic")
+	batch := flag.Int("batch", 0, "records per durable write (0: ingest default)")
+	fetch := flag.Int("fetch", 0, "sarama Consumer.Fetch.Default bytes (0: ingest default)")
+	buffer := flag.Int("buffer", 0, "sarama ChannelBufferSize (0: ingest default)")
+	flag.BoolVar(&discard, "discard", false, "drop items instead of storing them (measures Kafka consumption and decoding alone)")
+	maxProc := flag.Duration("max-processing", 0, "sarama Consumer.MaxProcessingTime (0: ingest default)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the ingest phase here")
+	flag.Parse()
+	profile, maxProcessing = *cpuprofile, *maxProc
+	if err := run(*n, *size, *partitions, *batch, *fetch, *buffer); err != nil {
+		fmt.Fprintln(os.Stderr, "ingestbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(n, size, partitions, batch, fetch, buffer int) error {
+	const topic = "bench.events"
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(partitions), topic, topic+ingest.DLQSuffix))
+	if err != nil {
+		return fmt.Errorf("kfake: %w", err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+
+	start := time.Now()
+	bytes, err := preProduce(brokers, topic, n, size)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "# produced %d envelopes (%d bytes each) in %v\n", n, bytes/int64(n), time.Since(start).Round(time.Millisecond))
+
+	dir, err := os.MkdirTemp("", "ingestbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st, err := store.Open(store.Options{Dir: dir, Logger: quiet})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	cfg := ingest.SaramaConfig()
+	if fetch > 0 {
+		cfg.Consumer.Fetch.Default = int32(fetch)
+	}
+	if maxProcessing > 0 {
+		cfg.Consumer.MaxProcessingTime = maxProcessing
+	}
+	if buffer > 0 {
+		cfg.ChannelBufferSize = buffer
+	}
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	start = time.Now()
+	w := &countingWriter{}
+	if !discard {
+		w.store = st
+	}
+	ing, err := ingest.Start(ingest.Config{MailboxID: "bench@proxy-01", Brokers: brokers, Topics: []string{topic},
+		BatchSize: batch, Sarama: cfg, Logger: quiet}, w)
+	if err != nil {
+		return err
+	}
+	var firstStored time.Duration
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		got := w.written.Load()
+		if got > 0 && firstStored == 0 {
+			firstStored = time.Since(start)
+		}
+		if got >= int64(n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d written after 10 minutes", got, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	if err := ing.Close(); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "# ingested %d in %v (first batch stored after %v: group join and first fetch)\n",
+		n, elapsed.Round(time.Millisecond), firstStored.Round(time.Millisecond))
+	name := "mailbox.ingest"
+	if discard {
+		name = "mailbox.ingest_discard"
+	}
+	fmt.Printf("BENCH %s_events_per_s %.0f events/s\n", name, float64(n)/elapsed.Seconds())
+	fmt.Printf("BENCH %s_mib_per_s %.1f MiB/s\n", name, float64(bytes)/elapsed.Seconds()/(1<<20))
+	return nil
+}
+
+// preProduce writes n demo envelopes padded to about size bytes, round-robin
+// over the partitions, and returns the bytes produced.
+func preProduce(brokers []string, topic string, n, size int) (int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond),
+		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.MaxBufferedRecords(20_000))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	probe := demo.New(demo.Options{PayloadSize: 1})
+	_, b := probe.NextBytes(topic)
+	gen := demo.New(demo.Options{Seed: 1, IDPrefix: "bench", PayloadSize: max(1, size-len(b))})
+	ctx := context.Background()
+	var total int64
+	errs := make(chan error, 1)
+	for range n {
+		id, v := gen.NextBytes(topic)
+		total += int64(len(v))
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: v}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				select {
+				case errs <- err:
+				default:
+				}
+			}
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return 0, err
+	}
+	select {
+	case err := <-errs:
+		return 0, fmt.Errorf("produce: %w", err)
+	default:
+	}
+	return total, nil
+}
+
+// countingWriter writes to store (or drops the items when store is nil) and
+// counts the items written, duplicates included, so the benchmark knows when
+// everything has passed through.
+type countingWriter struct {
+	store   *store.Store
+	written atomic.Int64
+}
+
+func (c *countingWriter) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
+	res := store.WriteResult{Stored: len(items)}
+	if c.store != nil {
+		var err error
+		if res, err = c.store.Write(ctx, items); err != nil {
+			return res, err
+		}
+	}
+	c.written.Add(int64(res.Stored + res.Duplicates))
+	return res, nil
+}
