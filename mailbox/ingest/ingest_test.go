@@ -1,0 +1,194 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prism-mesh/prism/mailbox/store"
+	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// flakyWriter fails its first failures calls (all of them while failAll is
+// set), then writes to an in-memory store.
+type flakyWriter struct {
+	st       *store.Store
+	failures atomic.Int64
+	failAll  atomic.Bool
+	calls    atomic.Int64
+}
+
+func (f *flakyWriter) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
+	f.calls.Add(1)
+	if f.failAll.Load() || f.failures.Add(-1) >= 0 {
+		return store.WriteResult{}, errors.New("disk on fire")
+	}
+	return f.st.Write(ctx, items)
+}
+
+func committed(t *testing.T, brokers []string, group, topic string) int64 {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(brokers, sarama.NewConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: {0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetBlock(topic, 0).Offset
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStoreErrorsNeverCommit: while the store fails, ingest retries with
+// backoff and commits nothing, and a stop at the drain deadline leaves the
+// offsets where they were; the next run, with a store that recovers after a
+// few more failures, stores everything and commits past it.
+func TestStoreErrorsNeverCommit(t *testing.T) {
+	t.Parallel()
+	const topic, group = "t", "flaky@proxy-01"
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic, topic+DLQSuffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const n = 100
+	for i := range n {
+		b, _ := proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{
+			MessageId: fmt.Sprintf("m-%03d", i), Topic: topic, PublishedAt: timestamppb.Now()}})
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Value: b}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+
+	m := NewMetrics(prometheus.NewRegistry())
+	cfg := Config{MailboxID: group, Brokers: brokers, Topics: []string{topic}, BatchSize: 30, BatchWait: 10 * time.Millisecond,
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 40 * time.Millisecond, DrainTimeout: 300 * time.Millisecond, Metrics: m}
+
+	w := &flakyWriter{st: st}
+	w.failAll.Store(true)
+	ing, err := Start(cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "retries", func() bool { return testutil.ToFloat64(m.retries.WithLabelValues(group, "store")) >= 5 })
+	if err := ing.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if off := committed(t, brokers, group, topic); off >= 0 {
+		t.Fatalf("offset %d committed although nothing was stored", off)
+	}
+
+	w = &flakyWriter{st: st}
+	w.failures.Store(3)
+	ing, err = Start(cfg, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "all stored", func() bool {
+		s, err := st.Stats(context.Background())
+		return err == nil && s.TotalEvents == n
+	})
+	if err := ing.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if off := committed(t, brokers, group, topic); off != n {
+		t.Fatalf("committed offset %d, want %d", off, n)
+	}
+	if w.calls.Load() < 4 {
+		t.Fatalf("%d write calls; the 3 failures were not retried", w.calls.Load())
+	}
+}
+
+// TestConsumeClaimFlushesOnClose checks the batching contract with a fake
+// session: a partial batch is flushed when the claim closes, and the offset
+// marked is the one after the last record, committed after the write.
+func TestConsumeClaimFlushesOnClose(t *testing.T) {
+	t.Parallel()
+	st, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg := Config{MailboxID: "unit@p", Brokers: []string{"x"}, Topics: []string{"t"}, BatchSize: 1000, BatchWait: time.Hour}
+	cfg.setDefaults()
+	i := &Ingester{cfg: cfg, w: st, log: cfg.Logger}
+	i.drainCtx = context.Background()
+	claim := &fakeClaim{ch: make(chan *sarama.ConsumerMessage, 10)}
+	for k := range 3 {
+		b, _ := proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{
+			MessageId: fmt.Sprint(k), Topic: "t", PublishedAt: timestamppb.Now()}})
+		claim.ch <- &sarama.ConsumerMessage{Topic: "t", Offset: int64(10 + k), Value: b}
+	}
+	close(claim.ch)
+	sess := &fakeSession{}
+	if err := (handler{i}).ConsumeClaim(sess, claim); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := st.Stats(context.Background())
+	if s.TotalEvents != 3 || sess.marked != 13 || sess.commits != 1 {
+		t.Fatalf("stored %d, marked %d, commits %d; want 3, 13, 1", s.TotalEvents, sess.marked, sess.commits)
+	}
+}
+
+type fakeClaim struct{ ch chan *sarama.ConsumerMessage }
+
+func (c *fakeClaim) Topic() string                            { return "t" }
+func (c *fakeClaim) Partition() int32                         { return 0 }
+func (c *fakeClaim) InitialOffset() int64                     { return 0 }
+func (c *fakeClaim) HighWaterMarkOffset() int64               { return 13 }
+func (c *fakeClaim) Messages() <-chan *sarama.ConsumerMessage { return c.ch }
+
+type fakeSession struct {
+	sarama.ConsumerGroupSession
+	mu      sync.Mutex
+	marked  int64
+	commits int
+}
+
+func (s *fakeSession) MarkMessage(m *sarama.ConsumerMessage, _ string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.marked = m.Offset + 1
+}
+
+func (s *fakeSession) Commit() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.commits++
+}
