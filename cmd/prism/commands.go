@@ -8,6 +8,7 @@ func subcommands() []*cobra.Command {
 		injectCommand(),
 		runnerCommand(),
 		devCommand(),
+		sidecarCommand(),
 		adminCommand(),
 	}
 }

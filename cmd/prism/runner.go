@@ -14,6 +14,9 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
+	"google.golang.org/grpc"
+
+	"github.com/prism-mesh/prism/mailbox/control"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/runner"
 )
@@ -34,7 +37,14 @@ type runnerFlags struct {
 	batchWait  time.Duration
 	logLevel   string
 	logFormat  string
+	// controlAddr serves the sidecar's control API; runners without
+	// --mailbox take their mailboxes from it.
+	controlAddr string
 }
+
+// defaultControlAddr is where the injected sidecar looks for the runner
+// (sidecar/inject DefaultOptions().RunnerAddr, helm sidecar.runnerAddr).
+const defaultControlAddr = "127.0.0.1:7071"
 
 func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs := cmd.Flags()
@@ -51,6 +61,8 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.DurationVar(&f.batchWait, "batch-wait", 0, "longest a partial batch waits for more records (0: default)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", defaults.logFormat, "log format: json or text")
+	fs.StringVar(&f.controlAddr, "control-addr", defaults.controlAddr,
+		"serve the sidecar's control API (prism.runner.v1.RunnerControl) here, loopback only; without --mailbox it defaults to "+defaultControlAddr+" and the sidecar opens the mailboxes")
 }
 
 func (f *runnerFlags) logger() (*slog.Logger, error) {
@@ -115,6 +127,64 @@ func (f *runnerFlags) start(log *slog.Logger, brokers []string) (*runner.Runner,
 	return r, hl.Addr().String(), nil
 }
 
+// startControlled serves a runner hosting no mailbox yet, with the control
+// API on --control-addr: the sidecar opens its mailboxes and gives them their
+// lease epochs. The caller closes the runner, then the control server.
+func (f *runnerFlags) startControlled(log *slog.Logger, brokers []string) (*runner.Runner, *grpc.Server, error) {
+	if err := loopbackOnly(f.controlAddr); err != nil {
+		return nil, nil, fmt.Errorf("--control-addr: %w", err)
+	}
+	var lis []net.Listener
+	closeAll := func() {
+		for _, l := range lis {
+			l.Close()
+		}
+	}
+	for _, a := range []struct{ flag, addr string }{{"--control-addr", f.controlAddr}, {"--grpc-addr", f.grpcAddr}, {"--http-addr", f.httpAddr}} {
+		l, err := net.Listen("tcp", a.addr)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("%s: %w", a.flag, err)
+		}
+		lis = append(lis, l)
+	}
+	var ctl *control.Server
+	r, err := runner.New(runner.Config{
+		DataDir: f.dataDir, Brokers: brokers, BatchSize: f.batchSize, BatchWait: f.batchWait, Logger: log,
+		Ready: func() error { return ctl.Ready() },
+	})
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	ctl = control.New(control.Config{Host: r, Gatherer: r.Registry(), Registerer: r.Registry(), Logger: log})
+	cs := grpc.NewServer()
+	ctl.Register(cs)
+	go func() {
+		if err := cs.Serve(lis[0]); err != nil {
+			log.Error("control server stopped", "err", err)
+		}
+	}()
+	r.Serve(lis[1], lis[2])
+	log.Info("runner waiting for the sidecar", "control_addr", lis[0].Addr().String())
+	return r, cs, nil
+}
+
+// loopbackOnly keeps the unauthenticated control API off the network.
+func loopbackOnly(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%q: must be a loopback address (127.0.0.1, ::1 or localhost)", addr)
+}
+
 func splitBrokers(s string) []string {
 	var out []string
 	for _, b := range strings.Split(s, ",") {
@@ -130,9 +200,13 @@ func runnerCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "runner",
 		Short: "Consume a mailbox's Kafka topics into its store and serve queries",
-		Long: `runner hosts one mailbox: it consumes --topic from --kafka with consumer group = mailbox id,
+		Long: `runner hosts mailboxes: for each it consumes its topics from --kafka with consumer group = mailbox id,
 stores envelopes in Badger under --data-dir (committing offsets only after durable writes),
 dead-letters invalid ones to <topic>.dlq, and serves the query API over gRPC and HTTP.
+
+With --mailbox and --topic it hosts that one mailbox, without a lease. Without --mailbox it serves
+the control API on --control-addr (default ` + defaultControlAddr + `) and hosts what the lease sidecar
+(prism sidecar) opens there, consuming and serving each mailbox only under a held lease's epoch.
 SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -146,6 +220,23 @@ SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
+			if f.mailbox == "" {
+				if f.controlAddr == "" {
+					f.controlAddr = defaultControlAddr
+				}
+				r, cs, err := f.startControlled(log, brokers)
+				if err != nil {
+					return err
+				}
+				<-ctx.Done()
+				log.Info("signal received; draining every mailbox")
+				err = r.Close()
+				cs.GracefulStop()
+				return err
+			}
+			if f.controlAddr != "" {
+				return fmt.Errorf("--control-addr: not with --mailbox (a static mailbox has no lease); leave --mailbox out to let the sidecar open mailboxes")
+			}
 			r, _, err := f.start(log, brokers)
 			if err != nil {
 				return err
