@@ -1,0 +1,160 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+)
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func status(t *testing.T, url string) (int, http.Header) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header
+}
+
+// TestRunnerLifecycle hosts two mailboxes in one runner, checks readiness,
+// epochs in responses, retention on an injected clock, and that a closed
+// mailbox is no longer served.
+func TestRunnerLifecycle(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "a.events", "b.events", "a.events.dlq", "b.events.dlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	old := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 20 {
+		topic := []string{"a.events", "b.events"}[i%2]
+		b, _ := proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{
+			MessageId: fmt.Sprint("m-", i), Topic: topic, PublishedAt: timestamppb.New(old.Add(time.Duration(i) * time.Minute))}})
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Value: b}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The clock says 2020-01-01 01:00 once retention is switched on: items
+	// older than 50 minutes (m-0 … m-9) must go.
+	var clock atomic.Int64
+	clock.Store(old.Add(-time.Hour).UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	r, err := New(Config{DataDir: t.TempDir(), Brokers: brokers, RetentionInterval: 20 * time.Millisecond, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	gl, _ := net.Listen("tcp", "127.0.0.1:0")
+	hl, _ := net.Listen("tcp", "127.0.0.1:0")
+	r.Serve(gl, hl)
+	base := "http://" + hl.Addr().String()
+
+	if code, _ := status(t, base+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with no mailbox = %d, want 503", code)
+	}
+	if err := r.Open(MailboxConfig{ID: "a@p1", Topics: []string{"a.events"}, MaxAge: 50 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Open(MailboxConfig{ID: "$b@p1", Topics: []string{"b.events"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Open(MailboxConfig{ID: "a@p1", Topics: []string{"a.events"}}); err == nil {
+		t.Fatal("second Open of a@p1 succeeded")
+	}
+	if err := r.Open(MailboxConfig{ID: "../x", Topics: []string{"a.events"}}); err == nil {
+		t.Fatal("Open accepted a path-like id")
+	}
+	waitFor(t, "ready", func() bool { code, _ := status(t, base+"/readyz"); return code == 200 })
+	cc, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	waitFor(t, "grpc health SERVING", func() bool {
+		resp, err := healthpb.NewHealthClient(cc).Check(context.Background(), &healthpb.HealthCheckRequest{})
+		return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
+	})
+	waitFor(t, "both mailboxes filled", func() bool {
+		a, errA := r.Stats(context.Background(), "a@p1")
+		b, errB := r.Stats(context.Background(), "$b@p1")
+		return errA == nil && errB == nil && a.TotalEvents == 10 && b.TotalEvents == 10
+	})
+
+	if err := r.SetEpoch("$b@p1", 42); err != nil {
+		t.Fatal(err)
+	}
+	code, hdr := status(t, base+"/v1/mailboxes/%24b%40p1/stats")
+	if code != 200 || hdr.Get("x-prism-epoch") != "42" || hdr.Get("x-prism-mailbox") != "$b@p1" {
+		t.Fatalf("stats: %d, headers %v", code, hdr)
+	}
+
+	clock.Store(old.Add(time.Hour).UnixNano())
+	waitFor(t, "retention of a@p1", func() bool {
+		a, err := r.Stats(context.Background(), "a@p1")
+		return err == nil && a.TotalEvents == 5 // m-10 … m-18 (even ids) remain
+	})
+	if b, _ := r.Stats(context.Background(), "$b@p1"); b.TotalEvents != 10 {
+		t.Fatalf("mailbox without max age lost items: %d", b.TotalEvents)
+	}
+
+	if err := r.CloseMailbox("a@p1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CloseMailbox("a@p1"); !errors.Is(err, ErrNotOpen) {
+		t.Fatalf("second close: %v", err)
+	}
+	if code, _ := status(t, base+"/v1/mailboxes/a@p1/events"); code != http.StatusNotFound {
+		t.Fatalf("closed mailbox answered %d", code)
+	}
+	if ids := r.IDs(); len(ids) != 1 || ids[0] != "$b@p1" {
+		t.Fatalf("IDs = %v", ids)
+	}
+	// Reopening resumes from the committed offsets and the same data: nothing new, nothing lost.
+	if err := r.Open(MailboxConfig{ID: "a@p1", Topics: []string{"a.events"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ready again", func() bool { return r.Ready() == nil })
+	if a, _ := r.Stats(context.Background(), "a@p1"); a.TotalEvents != 5 {
+		t.Fatalf("reopened a@p1 holds %d items, want 5", a.TotalEvents)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Ready(); err == nil {
+		t.Fatal("closed runner is ready")
+	}
+}
