@@ -43,6 +43,9 @@ const (
 
 var metaKey = []byte("!meta")
 
+// afterLastItem sorts after every primary key: a reverse iteration seeks here to start at the oldest item.
+var afterLastItem = append([]byte{prefixItem}, bytes.Repeat([]byte{0xff}, posLen+1)...)
+
 // Index kinds; the byte values are part of the on-disk format.
 const (
 	kindTopic       byte = 't'

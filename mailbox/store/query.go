@@ -121,9 +121,11 @@ func planQuery(f *mailboxv1.EventFilter) (*plan, error) {
 		pl.empty = true // a range narrower than one millisecond holds no item
 		return pl, nil
 	}
-	// Positions of items at endMs-1 with any sequence start with invTs(endMs-1); the smallest such is all-zero
-	// sequence bytes.
-	pl.from = makePos(endMs-1, math.MaxUint64)
+	// Without an end the walk starts at the very first position (the zero value). With one, it starts at the
+	// newest position an item at endMs-1 can have: invTs(endMs-1) followed by the inverse of the largest sequence.
+	if f.GetEndTime() != nil {
+		pl.from = makePos(endMs-1, math.MaxUint64)
+	}
 	last := makePos(startMs, 0)
 	copy(pl.last[:], last[:8])
 	if tok := f.GetPageToken(); tok != "" {

@@ -84,7 +84,7 @@ func (s *Store) collectVictims(ctx context.Context, cutoff int64, out chan<- []v
 		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: []byte{prefixItem}, PrefetchValues: true, PrefetchSize: 256})
 		defer it.Close()
 		vs := make([]victim, 0, s.chunk)
-		for it.Seek([]byte{prefixItem, 0xff}); it.Valid(); it.Next() {
+		for it.Seek(afterLastItem); it.Valid(); it.Next() {
 			item := it.Item()
 			var p pos
 			copy(p[:], item.Key()[1:])

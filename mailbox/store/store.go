@@ -257,7 +257,7 @@ func (s *Store) Stats(ctx context.Context) (*mailboxv1.MailboxStats, error) {
 			it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: false, Reverse: reverse, Prefix: []byte{prefixItem}})
 			seek := []byte{prefixItem}
 			if reverse {
-				seek = []byte{prefixItem, 0xff}
+				seek = afterLastItem
 			}
 			it.Seek(seek)
 			if it.Valid() {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -359,5 +360,38 @@ func TestEncodeHeaders(t *testing.T) {
 		if err != nil || !proto.Equal(back, withBlob) {
 			t.Errorf("record round trip of %v: %v, %v", withBlob, back, err)
 		}
+	}
+}
+
+// TestExtremeTimestamps: the order and the oldest/newest ends hold over the whole int64 range.
+func TestExtremeTimestamps(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	tss := []int64{math.MinInt64, math.MinInt64 + 1, -1, 0, 1, math.MaxInt64 - 1, math.MaxInt64}
+	for i, ts := range tss {
+		mustWrite(t, s, item(fmt.Sprint(i), ts))
+	}
+	resp, err := s.Query(context.Background(), &mailboxv1.EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, it := range resp.GetItems() {
+		got = append(got, it.GetTimestamp())
+	}
+	want := slices.Clone(tss)
+	slices.Reverse(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
+	}
+	st, err := s.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, n := st.GetOldestEvent().AsTime().UnixMilli(), st.GetNewestEvent().AsTime().UnixMilli(); o != math.MinInt64 || n != math.MaxInt64 {
+		t.Errorf("oldest %d newest %d, want the int64 extremes", o, n)
+	}
+	if got := len(rawKeys(t, s)[prefixItem]); got != len(tss) {
+		t.Errorf("%d items stored, want %d", got, len(tss))
 	}
 }
