@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
@@ -51,7 +52,7 @@ func sidecarCommand() *cobra.Command {
 		proxyID, runnerID, adminEndpoints, runnerAddr, advertiseAddr, httpAddr string
 		logLevel, logFormat, region, zone                                      string
 		labels                                                                 map[string]string
-		leaseTTL, heartbeat, stopTimeout, attemptTimeout                       time.Duration
+		leaseTTL, heartbeat, stopTimeout, attemptTimeout, retryMax             time.Duration
 	)
 	ttlDefault, ttlErr := envDuration(inject.EnvLeaseTTL, 15*time.Second)
 	hbDefault, hbErr := envDuration(inject.EnvHeartbeatInterval, 5*time.Second)
@@ -86,6 +87,9 @@ PRISM_RUNNER_ID), as set by the injector.`,
 			if len(endpoints) == 0 {
 				return errors.New("--admin-endpoints: at least one admin host:port is required")
 			}
+			if retryMax <= 0 || attemptTimeout <= 0 {
+				return errors.New("--retry-max and --admin-attempt-timeout must be positive")
+			}
 			if advertiseAddr == "" {
 				return errors.New("--advertise-addr: the runner's MailboxQuery host:port, as Envoy and clients reach it, is required")
 			}
@@ -108,7 +112,8 @@ PRISM_RUNNER_ID), as set by the injector.`,
 					Version: version, Capabilities: []string{"mailbox"}, Labels: labels, Region: region, Zone: zone,
 				},
 				LeaseTTL: leaseTTL, HeartbeatInterval: heartbeat, StopTimeout: stopTimeout,
-				Admin: admin, Runner: runnerv1.NewRunnerControlClient(rc),
+				Backoff: wait.Backoff{Duration: min(100*time.Millisecond, retryMax), Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: retryMax},
+				Admin:   admin, Runner: runnerv1.NewRunnerControlClient(rc),
 				Logger: log, Registerer: reg,
 			})
 			if err != nil {
@@ -148,6 +153,7 @@ PRISM_RUNNER_ID), as set by the injector.`,
 	f.StringVar(&zone, "zone", envOr("PRISM_ZONE", ""), "zone reported at registration")
 	f.StringToStringVar(&labels, "label", nil, "label reported at registration, key=value (repeatable)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 4500*time.Millisecond, "bound on the graceful stop: runner drain, then every release (RFC-049: under 5s)")
+	f.DurationVar(&retryMax, "retry-max", 5*time.Second, "longest wait between retries (acquire, heartbeat, watch), which start at 100ms and double")
 	f.DurationVar(&attemptTimeout, "admin-attempt-timeout", 2*time.Second, "bound on one call to one admin node before trying the next")
 	return cmd
 }
