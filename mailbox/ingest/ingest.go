@@ -38,6 +38,11 @@ const (
 	HeaderMailbox         = "prism-mailbox-id"
 )
 
+// reasonUnextractable covers an envelope that decoded and validated but could
+// not be turned into an item; envelope.Process has no such case today, and the
+// DLQ header must never be empty.
+const reasonUnextractable envelope.Reason = "unextractable"
+
 // DLQSuffix is appended to a source topic to name its dead-letter topic.
 const DLQSuffix = ".dlq"
 
@@ -322,7 +327,11 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 	for _, msg := range batch {
 		item, err := envelope.Process(msg.Value, i.cfg.Mode, i.log)
 		if err != nil {
-			dead = append(dead, deadLetter{msg: msg, reason: envelope.ReasonOf(err), err: err})
+			reason := envelope.ReasonOf(err)
+			if reason == "" {
+				reason = reasonUnextractable
+			}
+			dead = append(dead, deadLetter{msg: msg, reason: reason, err: err})
 			continue
 		}
 		items = append(items, item)
