@@ -181,7 +181,7 @@ func (w *worker) acquire() (*adminv1.Lease, time.Time, bool) {
 			w.a.m.acquires.WithLabelValues("refused").Inc()
 			r := resp.GetRefusal()
 			if r.GetReason() != lastRefusal {
-				w.log.Info("lease refused; retrying", "reason", r.GetReason(), "holder", r.GetCurrent().GetRunnerId(), "holder_epoch", r.GetCurrent().GetEpoch(), "message", r.GetMessage())
+				w.log.Info("lease refused; retrying", "reason", r.GetReason().String(), "holder", r.GetCurrent().GetRunnerId(), "holder_epoch", r.GetCurrent().GetEpoch(), "message", r.GetMessage())
 				lastRefusal = r.GetReason()
 			}
 		default:
@@ -450,7 +450,7 @@ func (w *worker) release(ctx context.Context, cause string, epoch uint64) error 
 		log.Info("lease released", "index", resp.GetIndex())
 	case resp.GetRefusal() != nil:
 		w.a.m.releases.WithLabelValues(cause, "refused").Inc()
-		log.Warn("lease release refused: it was no longer ours", "reason", resp.GetRefusal().GetReason(), "message", resp.GetRefusal().GetMessage())
+		log.Warn("lease release refused: it was no longer ours", "reason", resp.GetRefusal().GetReason().String(), "message", resp.GetRefusal().GetMessage())
 	default:
 		w.a.m.releases.WithLabelValues(cause, "absent").Inc()
 		log.Info("lease already gone at release")
