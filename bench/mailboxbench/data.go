@@ -129,13 +129,13 @@ func itemOf(i int) *mailboxv1.MailboxItem {
 	}
 }
 
-// forBatches builds items 0..n-1 in batches and hands each to write. Building is not overlapped with writing:
+// forBatches builds items from..to-1 in batches and hands each to write. Building is not overlapped with writing:
 // callers time only write, and a generator running beside it would take CPU from the engine under test.
-func forBatches(n, size int, write func([]*mailboxv1.MailboxItem) error) error {
+func forBatches(from, to, size int, write func([]*mailboxv1.MailboxItem) error) error {
 	b := make([]*mailboxv1.MailboxItem, 0, size)
-	for i := 0; i < n; i += size {
+	for i := from; i < to; i += size {
 		b = b[:0]
-		for j := i; j < min(i+size, n); j++ {
+		for j := i; j < min(i+size, to); j++ {
 			b = append(b, itemOf(j))
 		}
 		if err := write(b); err != nil {

@@ -29,6 +29,7 @@ type config struct {
 	retain     int
 	dir        string
 	skipSQLite bool
+	sqliteRate int
 }
 
 func main() {
@@ -40,6 +41,7 @@ func main() {
 	flag.IntVar(&c.retain, "retain", 100_000, "oldest items to delete in the retention benchmark")
 	flag.StringVar(&c.dir, "dir", "", "scratch directory (default: a new temp dir, removed afterwards)")
 	flag.BoolVar(&c.skipSQLite, "skip-sqlite", false, "skip the SQLite baseline")
+	flag.IntVar(&c.sqliteRate, "sqlite-rate-items", 200_000, "SQLite items loaded RFC-037's way (100-row transactions) to measure its ingest rate; the rest are bulk-loaded to reach -n")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -187,7 +189,7 @@ func benchStore(c config, dir string, queries map[string][]query) error {
 	cpu0 := cpuTime()
 	var raw int64
 	wall := time.Now()
-	err = forBatches(c.n, c.batch, func(batch []*mailboxv1.MailboxItem) error {
+	err = forBatches(0, c.n, c.batch, func(batch []*mailboxv1.MailboxItem) error {
 		for _, it := range batch {
 			raw += int64(len(it.GetEnvelopeBlob()))
 		}

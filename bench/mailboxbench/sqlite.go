@@ -53,8 +53,13 @@ var sqlitePragmas = []string{
 const sqliteColumns = `message_id, timestamp, topic, content_type, schema_url, schema_version, encryption,
 	correlation_id, principal, namespace, trace_id, span_id, custom_headers, envelope_blob`
 
-// sqliteBatch is RFC-037's "batch inserts: 100 events per transaction".
-const sqliteBatch = 100
+// sqliteBatch is RFC-037's "batch inserts: 100 events per transaction". sqliteBulkBatch only fills the table up
+// to the query benchmark's size in the time budget: with 5 indexes, every small transaction rewrites hundreds of
+// index pages into the WAL, which big transactions amortize.
+const (
+	sqliteBatch     = 100
+	sqliteBulkBatch = 20_000
+)
 
 func benchSQLite(c config, path string, queries map[string][]query) error {
 	db, err := sql.Open("sqlite3", "file:"+filepath.ToSlash(path))
@@ -71,7 +76,8 @@ func benchSQLite(c config, path string, queries map[string][]query) error {
 	}
 	var inTx time.Duration
 	wall := time.Now()
-	err = forBatches(c.n, sqliteBatch, func(rows []*mailboxv1.MailboxItem) error {
+	measured := min(c.sqliteRate, c.n)
+	err = forBatches(0, measured, sqliteBatch, func(rows []*mailboxv1.MailboxItem) error {
 		t := time.Now()
 		err := insertBatch(db, rows)
 		inTx += time.Since(t)
@@ -80,8 +86,17 @@ func benchSQLite(c config, path string, queries map[string][]query) error {
 	if err != nil {
 		return err
 	}
-	note("sqlite: loaded %d items in %v (%v inside transactions of %d)", c.n, time.Since(wall).Round(time.Millisecond), inTx.Round(time.Millisecond), sqliteBatch)
-	bench("mailbox.ingest_sqlite_events_per_s", float64(c.n)/inTx.Seconds(), "events/s")
+	note("sqlite: loaded %d items in %v (%v inside transactions of %d)", measured, time.Since(wall).Round(time.Millisecond), inTx.Round(time.Millisecond), sqliteBatch)
+	// Measured on the first items, while the table and its indexes are smallest: the rate SQLite starts at,
+	// which is its best.
+	bench("mailbox.ingest_sqlite_events_per_s", float64(measured)/inTx.Seconds(), "events/s")
+	wall = time.Now()
+	if err := forBatches(measured, c.n, sqliteBulkBatch, func(rows []*mailboxv1.MailboxItem) error {
+		return insertBatch(db, rows)
+	}); err != nil {
+		return err
+	}
+	note("sqlite: bulk-loaded the other %d items in %v (transactions of %d, not a measured figure)", c.n-measured, time.Since(wall).Round(time.Millisecond), sqliteBulkBatch)
 	if _, err := db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
 		return err
 	}
