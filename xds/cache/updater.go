@@ -50,12 +50,13 @@ type UpdaterConfig struct {
 // Updater feeds IR states into a Cache: it coalesces bursts, skips states
 // equal to the one served, translates, and sets the snapshot.
 type Updater struct {
-	cache    *Cache
-	debounce time.Duration
-	maxDelay time.Duration
-	clock    Clock
-	log      *slog.Logger
-	wake     chan struct{}
+	cache      *Cache
+	translator *translator.Translator
+	debounce   time.Duration
+	maxDelay   time.Duration
+	clock      Clock
+	log        *slog.Logger
+	wake       chan struct{}
 
 	mu           sync.Mutex
 	pending      *ir.IR
@@ -77,13 +78,14 @@ const stampsKept = 64
 // NewUpdater returns an updater for c; call Run to start it.
 func NewUpdater(c *Cache, cfg UpdaterConfig) *Updater {
 	u := &Updater{
-		cache:    c,
-		debounce: cfg.Debounce,
-		maxDelay: cfg.MaxDelay,
-		clock:    cfg.Clock,
-		log:      cfg.Log,
-		wake:     make(chan struct{}, 1),
-		stamps:   map[string]time.Time{},
+		cache:      c,
+		translator: translator.New(),
+		debounce:   cfg.Debounce,
+		maxDelay:   cfg.MaxDelay,
+		clock:      cfg.Clock,
+		log:        cfg.Log,
+		wake:       make(chan struct{}, 1),
+		stamps:     map[string]time.Time{},
 		version: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "prism_xds_snapshot_version", Help: "IR version (Raft applied index) of the snapshot being served.",
 		}),
@@ -181,7 +183,7 @@ func (u *Updater) flush(ctx context.Context) {
 		return
 	}
 	start := u.clock.Now()
-	res, err := translator.Translate(x)
+	res, err := u.translator.Translate(x)
 	result := "ok"
 	if err != nil {
 		result = "error"

@@ -2,6 +2,7 @@ package ir
 
 import (
 	"errors"
+	"regexp"
 	"testing"
 )
 
@@ -95,5 +96,21 @@ func TestSortedDoesNotAliasInput(t *testing.T) {
 	}
 	if s.Runners[1].ID != "runner-b" {
 		t.Fatalf("Sorted order = %+v", s.Runners)
+	}
+}
+
+// TestNameMatchersFollowPatterns checks the hand-written matchers against the
+// documented patterns.
+func TestNameMatchersFollowPatterns(t *testing.T) {
+	t.Parallel()
+	ns := regexp.MustCompile(`^` + namespacePattern + `$`)
+	id := regexp.MustCompile(`^` + runnerIDPattern + `$`)
+	for _, s := range []string{"", "a", "$admin", "a$b", "-a", ".a", "a-b.c_d~e", "a/b", "a@b", "é", "A9", "$", "a b", "_x", "x_"} {
+		if got, want := namespaceName.MatchString(s), ns.MatchString(s); got != want {
+			t.Errorf("namespace %q: %v, pattern says %v", s, got, want)
+		}
+		if got, want := runnerIDName.MatchString(s), id.MatchString(s); got != want {
+			t.Errorf("runner id %q: %v, pattern says %v", s, got, want)
+		}
 	}
 }

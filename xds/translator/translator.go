@@ -36,6 +36,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -110,7 +111,36 @@ type validator interface {
 // the object is left out, its error joined into the returned error, and the
 // resources for everything else are returned. The error is nil only when the
 // whole IR translated.
-func Translate(x *ir.IR) (*Resources, error) {
+func Translate(x *ir.IR) (*Resources, error) { return New().Translate(x) }
+
+// Translator translates a sequence of IR states, reusing the built and
+// validated routes of every mailbox and alias that did not change since the
+// previous call: at 10,000 mailboxes a lease change then costs the table's
+// assembly, not 20,000 route validations. Its output is exactly Translate's.
+type Translator struct {
+	mu        sync.Mutex
+	mailboxes map[ir.Mailbox]mailboxRoutes
+	aliases   map[aliasKey]*routev3.Route
+}
+
+type mailboxRoutes struct{ header, path *routev3.Route }
+
+type aliasKey struct {
+	alias   ir.Alias
+	mailbox ir.Mailbox
+}
+
+// New returns a Translator with nothing remembered.
+func New() *Translator {
+	return &Translator{mailboxes: map[ir.Mailbox]mailboxRoutes{}, aliases: map[aliasKey]*routev3.Route{}}
+}
+
+// Translate is the package's Translate, remembering routes for the next call.
+// The returned resources are shared with later results and must not be
+// modified.
+func (t *Translator) Translate(x *ir.IR) (*Resources, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if x == nil {
 		return nil, errors.New("translate: nil IR")
 	}
@@ -148,9 +178,16 @@ func Translate(x *ir.IR) (*Resources, error) {
 	// Clusters sort by name: "prism/..." sorts before "runner/...", and runners
 	// are already sorted by id.
 
-	rc, rcErrs := routeConfig(v, runners)
+	rc, rcErrs := t.routeConfig(v, runners)
 	errs = append(errs, rcErrs...)
+	// Every route was validated on its own (so a bad one is skipped, not
+	// the table); validating the table again would double the cost of the
+	// largest resource, so only its shell is checked here.
+	vh := rc.GetVirtualHosts()[0]
+	routes := vh.Routes
+	vh.Routes = nil
 	add("route configuration", rc, func() { out.Routes = append(out.Routes, rc) })
+	vh.Routes = routes
 
 	gw, err := gatewayListener(v.Gateway.Address)
 	if err != nil {
@@ -171,37 +208,50 @@ func Translate(x *ir.IR) (*Resources, error) {
 	return out, nil
 }
 
-func routeConfig(v *ir.IR, runners map[string]bool) (*routev3.RouteConfiguration, []error) {
+func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.RouteConfiguration, []error) {
 	var errs []error
 	byID := map[string]ir.Mailbox{}
 	var headerRoutes, pathRoutes, aliasRoutes []*routev3.Route
+	mailboxes := make(map[ir.Mailbox]mailboxRoutes, len(v.Mailboxes))
 	for _, m := range v.Mailboxes {
 		if !runners[m.RunnerID] {
 			errs = append(errs, fmt.Errorf("mailbox %q: runner %q has no cluster", m.ID, m.RunnerID))
 			continue
 		}
-		hr, pr := headerRoute(m), pathRoute(m)
-		if err := errors.Join(hr.ValidateAll(), pr.ValidateAll()); err != nil {
-			errs = append(errs, fmt.Errorf("mailbox %q routes: %w", m.ID, err))
-			continue
+		mr, ok := t.mailboxes[m]
+		if !ok {
+			mr = mailboxRoutes{header: headerRoute(m), path: pathRoute(m)}
+			if err := errors.Join(mr.header.ValidateAll(), mr.path.ValidateAll()); err != nil {
+				errs = append(errs, fmt.Errorf("mailbox %q routes: %w", m.ID, err))
+				continue
+			}
 		}
+		mailboxes[m] = mr
 		byID[m.ID] = m
-		headerRoutes = append(headerRoutes, hr)
-		pathRoutes = append(pathRoutes, pr)
+		headerRoutes = append(headerRoutes, mr.header)
+		pathRoutes = append(pathRoutes, mr.path)
 	}
+	aliases := make(map[aliasKey]*routev3.Route, len(v.Aliases))
 	for _, a := range v.Aliases {
 		m, ok := byID[a.MailboxID]
 		if !ok {
 			errs = append(errs, fmt.Errorf("alias %q: mailbox %q has no route", a.Namespace, a.MailboxID))
 			continue
 		}
-		r := aliasRoute(a, m)
-		if err := r.ValidateAll(); err != nil {
-			errs = append(errs, fmt.Errorf("alias %q route: %w", a.Namespace, err))
-			continue
+		key := aliasKey{alias: a, mailbox: m}
+		r, ok := t.aliases[key]
+		if !ok {
+			r = aliasRoute(a, m)
+			if err := r.ValidateAll(); err != nil {
+				errs = append(errs, fmt.Errorf("alias %q route: %w", a.Namespace, err))
+				continue
+			}
 		}
+		aliases[key] = r
 		aliasRoutes = append(aliasRoutes, r)
 	}
+	// Remember only what this state uses, so the memory follows the table.
+	t.mailboxes, t.aliases = mailboxes, aliases
 	routes := make([]*routev3.Route, 0, len(headerRoutes)+len(pathRoutes)+len(aliasRoutes)+2)
 	routes = append(routes, headerRoutes...)
 	routes = append(routes, pathRoutes...)

@@ -148,3 +148,25 @@ func msgs[M proto.Message](in []M) []proto.Message {
 	}
 	return out
 }
+
+// TestTranslatorReuseMatchesFresh feeds one Translator every golden input
+// twice, in sequence, and checks each result against a fresh translation:
+// remembered routes must never leak from one state into another.
+func TestTranslatorReuseMatchesFresh(t *testing.T) {
+	t.Parallel()
+	inputs, err := filepath.Glob("testdata/*.in.yaml")
+	if err != nil || len(inputs) == 0 {
+		t.Fatalf("no inputs: %v", err)
+	}
+	tr := New()
+	for range 2 {
+		for _, in := range inputs {
+			x := readIR(t, in)
+			got, gotErr := tr.Translate(x)
+			want, wantErr := Translate(x)
+			if !sameResources(got, want) || errorText(gotErr) == nil != (errorText(wantErr) == nil) {
+				t.Fatalf("%s: reused translator differs from a fresh one", in)
+			}
+		}
+	}
+}
