@@ -94,6 +94,7 @@ type Runner struct {
 
 	mu        sync.RWMutex
 	mailboxes map[string]*mailbox
+	prepared  map[string]*store.Store // opened ahead of Open; not served
 	closed    bool
 }
 
@@ -126,6 +127,7 @@ func New(cfg Config) (*Runner, error) {
 		queryM:    query.NewMetrics(cfg.Registry),
 		health:    health.NewServer(),
 		mailboxes: map[string]*mailbox{},
+		prepared:  map[string]*store.Store{},
 	}
 	if r.cfg.Ready == nil {
 		r.cfg.Ready = r.Ready
@@ -147,8 +149,51 @@ func Dir(dataDir, id string) string {
 	return filepath.Join(dataDir, "mailboxes", url.PathEscape(id))
 }
 
-// Open opens mailbox mc's store and starts consuming its topics. Opening a
-// mailbox that is already open is an error: its config might differ.
+// Prepare opens mailbox mc's store ahead of Open, which then only starts
+// consuming and serving: a lease-driven mailbox waits for the disk before
+// its lease is acquired, not after. A prepared mailbox is neither consumed
+// nor served; preparing it again does nothing.
+func (r *Runner) Prepare(mc MailboxConfig) error {
+	if err := validID(mc.ID); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("prepare %s: runner closed", mc.ID)
+	}
+	if _, ok := r.prepared[mc.ID]; ok {
+		return nil
+	}
+	if _, ok := r.mailboxes[mc.ID]; ok {
+		return fmt.Errorf("prepare %s: already open", mc.ID)
+	}
+	st, err := store.Open(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)})
+	if err != nil {
+		return fmt.Errorf("prepare %s: %w", mc.ID, err)
+	}
+	r.prepared[mc.ID] = st
+	return nil
+}
+
+// Discard closes the store of a prepared mailbox that will not be opened.
+func (r *Runner) Discard(id string) error {
+	r.mu.Lock()
+	st, ok := r.prepared[id]
+	delete(r.prepared, id)
+	r.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if err := st.Close(); err != nil {
+		return fmt.Errorf("discard %s: %w", id, err)
+	}
+	return nil
+}
+
+// Open starts consuming mailbox mc's topics into its store (opening the
+// store unless Prepare did) and serves it. Opening a mailbox that is already
+// open is an error: its config might differ.
 func (r *Runner) Open(mc MailboxConfig) error {
 	if err := validID(mc.ID); err != nil {
 		return err
@@ -165,9 +210,13 @@ func (r *Runner) Open(mc MailboxConfig) error {
 		return fmt.Errorf("open %s: already open", mc.ID)
 	}
 	log := r.log.With("mailbox_id", mc.ID)
-	st, err := store.Open(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: log})
-	if err != nil {
-		return fmt.Errorf("open %s: %w", mc.ID, err)
+	st, ok := r.prepared[mc.ID]
+	delete(r.prepared, mc.ID)
+	if !ok {
+		var err error
+		if st, err = store.Open(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: log}); err != nil {
+			return fmt.Errorf("open %s: %w", mc.ID, err)
+		}
 	}
 	ing, err := ingest.Start(ingest.Config{
 		MailboxID: mc.ID, Brokers: r.cfg.Brokers, Topics: mc.Topics, Mode: mc.Mode,
@@ -382,6 +431,8 @@ func (r *Runner) Close() error {
 	for _, mb := range r.mailboxes {
 		mbs = append(mbs, mb)
 	}
+	prepared := r.prepared
+	r.prepared = map[string]*store.Store{}
 	r.mu.Unlock()
 	if r.stopWatch != nil {
 		r.stopWatch()
@@ -407,6 +458,11 @@ func (r *Runner) Close() error {
 	r.mu.Unlock()
 	for _, mb := range mbs {
 		errs = append(errs, r.closeMailbox(mb))
+	}
+	for id, st := range prepared {
+		if err := st.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close prepared %s: %w", id, err))
+		}
 	}
 	return errors.Join(errs...)
 }
