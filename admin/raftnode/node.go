@@ -26,6 +26,9 @@ var (
 	// ErrNotLeader: the call needs the leader and this node is not it (or
 	// lost leadership while waiting). Callers forward or retry.
 	ErrNotLeader = errors.New("not the raft leader")
+	// ErrLeadershipLost: leadership was lost after the entry was appended;
+	// it may still commit. Callers must not blindly re-propose it.
+	ErrLeadershipLost = errors.New("leadership lost while committing; outcome unknown")
 	// ErrShutdown: the node is stopping.
 	ErrShutdown = errors.New("raft node shut down")
 )
@@ -56,9 +59,9 @@ func DefaultTiming() Timing {
 // down before a new one can be elected.
 func FastTiming() Timing {
 	return Timing{
-		HeartbeatTimeout:   200 * time.Millisecond,
-		ElectionTimeout:    200 * time.Millisecond,
-		LeaderLeaseTimeout: 150 * time.Millisecond,
+		HeartbeatTimeout:   150 * time.Millisecond,
+		ElectionTimeout:    150 * time.Millisecond,
+		LeaderLeaseTimeout: 100 * time.Millisecond,
 		CommitTimeout:      20 * time.Millisecond,
 	}
 }
@@ -376,8 +379,9 @@ func (n *Node) timeout(ctx context.Context) time.Duration {
 }
 
 // Apply commits data through Raft on the leader and returns the FSM's answer
-// and the entry's index. ErrNotLeader means nothing was appended here; any
-// other error leaves the outcome unknown (the entry may still commit).
+// and the entry's index. ErrNotLeader means nothing was appended here, so the
+// caller may propose it elsewhere; any other error (ErrLeadershipLost, a
+// timeout) leaves the outcome unknown: the entry may still commit.
 func (n *Node) Apply(ctx context.Context, data []byte) (any, uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
@@ -395,9 +399,10 @@ func (n *Node) Apply(ctx context.Context, data []byte) (any, uint64, error) {
 
 func mapErr(err error) error {
 	switch {
-	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
-		errors.Is(err, raft.ErrLeadershipTransferInProgress):
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 		return fmt.Errorf("%w: %v", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrLeadershipLost):
+		return ErrLeadershipLost
 	case errors.Is(err, raft.ErrRaftShutdown):
 		return ErrShutdown
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,7 +62,10 @@ func forwarded(ctx context.Context) bool {
 // leaderCall runs local on the leader or re-issues the call on the leader
 // with remote. While there is no usable leader (election, leadership moved,
 // leader unreachable) it waits for the next leadership change and tries
-// again, until the caller's deadline or ForwardWait.
+// again, until the caller's deadline or ForwardWait, but only after failures
+// that prove the call did not run: a write applied by a dying leader and
+// then again by its successor would answer the client with the second
+// outcome, which a linearizable history cannot explain.
 func leaderCall[Resp any](s *Server, ctx context.Context, method string,
 	local func(context.Context) (Resp, error),
 	remote func(context.Context, *grpc.ClientConn) (Resp, error),
@@ -96,7 +100,7 @@ func leaderCall[Resp any](s *Server, ctx context.Context, method string,
 			start := time.Now()
 			resp, err := remote(out, cc)
 			s.metrics.observeForward(method, err, time.Since(start))
-			if status.Code(err) != codes.Unavailable {
+			if !retryableForward(err) {
 				return resp, err
 			}
 			lastErr = fmt.Errorf("forward to %s at %s: %w", l.LeaderID, addr, err)
@@ -113,6 +117,22 @@ func leaderCall[Resp any](s *Server, ctx context.Context, method string,
 			// instead of waiting only for a change.
 		}
 	}
+}
+
+// retryableForward reports whether a forwarded call certainly did not run on
+// the leader, so re-issuing it cannot apply it twice: the leader refused it
+// as not leader (checked before proposing), or the connection was never made.
+// Any other failure (the leader died mid-call, a deadline) is ambiguous and
+// goes back to the client, which knows whether it may retry.
+func retryableForward(err error) bool {
+	if status.Code(err) != codes.Unavailable {
+		return false
+	}
+	if r, ok := lease.RefusalFrom(err); ok {
+		return r.GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER
+	}
+	msg := status.Convert(err).Message()
+	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "Error while dialing")
 }
 
 func notLeaderError(l raftnode.Leadership, addr string) error {
@@ -141,7 +161,7 @@ func toStatus(err error) error {
 		return status.Error(codes.AlreadyExists, err.Error())
 	case errors.Is(err, fsm.ErrUnknownCommand):
 		return status.Error(codes.Internal, err.Error())
-	case errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown):
+	case errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown), errors.Is(err, raftnode.ErrLeadershipLost):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())

@@ -5,8 +5,9 @@
 // Any node answers any call. Writes are proposed through Raft on the leader;
 // a follower re-issues the identical RPC on the leader over a pooled
 // connection (one hop: a forwarded call is never forwarded again) and, if
-// leadership moved meanwhile, waits for the next leader and tries again within
-// the caller's deadline. Reads are served from the local FSM (STALE) or, for
+// leadership moved before the call ran, waits for the next leader and tries
+// again within the caller's deadline; when the outcome is unknown (the leader
+// died mid-call) it answers UNAVAILABLE and leaves the retry to the client. Reads are served from the local FSM (STALE) or, for
 // LINEARIZABLE, after the ReadIndex barrier on the leader (a follower forwards
 // those too). Mailbox heartbeats are renewals in the leader's lessor, not Raft
 // writes; the leader alone expires leases, marks proxies stale and checkpoints

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -254,6 +255,7 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 		if err := porcupine.VisualizePath(model, info, path); err == nil {
 			t.Logf("visualization: %s", path)
 		}
+		explain(t, model, history)
 		t.Fatalf("lease history is not linearizable (%d operations)", len(history))
 	}
 }
@@ -323,4 +325,48 @@ func TestLeaseModelRejectsSplitBrain(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// explain logs, for each mailbox whose history is illegal, the operations
+// around the point where the longest linearization gets stuck.
+func explain(t *testing.T, model porcupine.Model, history []porcupine.Operation) {
+	for _, part := range model.Partition(history) {
+		res, info := porcupine.CheckOperationsVerbose(model, part, 60*time.Second)
+		if res != porcupine.Illegal {
+			continue
+		}
+		var longest []int
+		for _, lin := range info.PartialLinearizations()[0] {
+			if len(lin) > len(longest) {
+				longest = lin
+			}
+		}
+		done := map[int]bool{}
+		for _, i := range longest {
+			done[i] = true
+		}
+		last := longest[len(longest)-1]
+		t.Logf("%s: stuck after %d of %d operations; last linearized: %s", part[0].Input.(linInput).mailbox, len(longest), len(part), describe(part[last]))
+		for _, i := range longest[max(0, len(longest)-6):] {
+			t.Logf("  linearized %s", describe(part[i]))
+		}
+		var pending []porcupine.Operation
+		for i, op := range part {
+			if !done[i] {
+				pending = append(pending, op)
+			}
+		}
+		sort.Slice(pending, func(a, b int) bool { return pending[a].Call < pending[b].Call })
+		for _, op := range pending[:min(8, len(pending))] {
+			t.Logf("  not placed %s", describe(op))
+		}
+	}
+}
+
+func describe(op porcupine.Operation) string {
+	ret := "never"
+	if op.Return != math.MaxInt64 {
+		ret = time.Duration(op.Return).String()
+	}
+	return fmt.Sprintf("[client %d, %s..%s] %s", op.ClientId, time.Duration(op.Call), ret, leaseModel.DescribeOperation(op.Input, op.Output))
 }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Admin cluster benchmarks (issue 3). Prints BENCH <name> <value> <unit> lines on stdout, notes on stderr.
+# Same machine, same run, same client concurrency for every system:
+#   prism admin, 1 and 3 nodes (raft-wal, fsync on every append), clients on the leader and on a follower;
+#   etcd (Debian's etcd-server, 3 members, default fsync): LeaseGrant + put-if-absent with the lease, KeepAliveOnce, Revoke;
+#   Redis (Debian's redis-server, appendfsync always): SET NX PX, PEXPIRE, DEL.
+# Then failover (kill -9 of the leader to the first acknowledged write, ADMIN_BENCH_KILLS times) and scale
+# (10,000 leases each heartbeating every second on 3 nodes: heartbeat latency and admin CPU).
+#   ADMIN_BENCH_ARGS   extra flags for bench/adminbench (go run ./bench/adminbench -h)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "# installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+go build -o "$tmp/prism" ./cmd/prism
+go build -o "$tmp/adminbench" ./bench/adminbench
+# shellcheck disable=SC2086
+"$tmp/adminbench" -prism "$tmp/prism" -etcd "$(command -v etcd)" -redis "$(command -v redis-server)" \
+  -concurrency 16 -phase 3s -kills "${ADMIN_BENCH_KILLS:-20}" ${ADMIN_BENCH_ARGS:-}

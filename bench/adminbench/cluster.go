@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// proc is one server process of a cluster under test.
+type proc struct {
+	name   string
+	args   []string
+	bin    string
+	log    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+func (p *proc) start() error {
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", p.name, err)
+	}
+	p.cmd, p.exited = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); f.Close(); close(p.exited) }()
+	return nil
+}
+
+func (p *proc) kill() {
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+	p.cmd = nil
+}
+
+// cpuTicks is the process's user+system time in clock ticks (1/100 s).
+func (p *proc) cpuTicks() int64 {
+	if p.cmd == nil {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + st
+}
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// prismCluster is size `prism admin` processes with fsync'd raft-wal stores.
+type prismCluster struct {
+	nodes []*proc
+	grpc  []string
+	conns []*grpc.ClientConn
+}
+
+func startPrism(bin, dir string, size int) (*prismCluster, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	c := &prismCluster{}
+	var peers []string
+	type addrs struct{ raft, grpc, http string }
+	var as []addrs
+	for range size {
+		a := addrs{freeAddr(), freeAddr(), freeAddr()}
+		as = append(as, a)
+		c.grpc = append(c.grpc, a.grpc)
+	}
+	for i, a := range as {
+		peers = append(peers, fmt.Sprintf("admin-%d=%s=%s", i+1, a.raft, a.grpc))
+	}
+	for i, a := range as {
+		args := []string{"admin", "--node-id", fmt.Sprintf("admin-%d", i+1), "--raft-addr", a.raft, "--grpc-addr", a.grpc,
+			"--http-addr", a.http, "--data-dir", filepath.Join(dir, fmt.Sprintf("prism-%d", i+1)), "--raft-timing", "fast",
+			"--log-level", "warn"}
+		if size == 1 {
+			args = append(args, "--bootstrap")
+		} else {
+			args = append(args, "--peers", strings.Join(peers, ","))
+		}
+		p := &proc{name: fmt.Sprintf("admin-%d", i+1), args: args, bin: bin, log: filepath.Join(dir, fmt.Sprintf("prism-%d.log", i+1))}
+		if err := p.start(); err != nil {
+			c.stop()
+			return nil, err
+		}
+		c.nodes = append(c.nodes, p)
+		cc, err := grpc.NewClient(a.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			c.stop()
+			return nil, err
+		}
+		c.conns = append(c.conns, cc)
+	}
+	return c, nil
+}
+
+func (c *prismCluster) stop() {
+	for _, n := range c.nodes {
+		n.kill()
+	}
+	for _, cc := range c.conns {
+		cc.Close()
+	}
+}
+
+// leader waits for the running nodes (except skip) to agree on a leader.
+func (c *prismCluster) leader(ctx context.Context, skip int) (int, error) {
+	for ctx.Err() == nil {
+		idx, agreed := -1, true
+		var leaderID string
+		for i, cc := range c.conns {
+			if i == skip || c.nodes[i].cmd == nil {
+				continue
+			}
+			sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			st, err := adminv1.NewAdminClient(cc).GetClusterStatus(sctx, &adminv1.GetClusterStatusRequest{})
+			cancel()
+			if err != nil || st.GetLeaderId() == "" || (leaderID != "" && st.GetLeaderId() != leaderID) {
+				agreed = false
+				break
+			}
+			leaderID = st.GetLeaderId()
+			if st.GetState() == "Leader" {
+				idx = i
+			}
+		}
+		if agreed && idx >= 0 {
+			return idx, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return -1, fmt.Errorf("no leader: %w", ctx.Err())
+}
+
+// etcdCluster is size etcd members with default (fsync'd) storage.
+type etcdCluster struct {
+	nodes     []*proc
+	endpoints []string
+}
+
+func startEtcd(bin, dir string, size int) (*etcdCluster, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	c := &etcdCluster{}
+	type addrs struct{ peer, client string }
+	var as []addrs
+	var initial []string
+	for i := range size {
+		a := addrs{freeAddr(), freeAddr()}
+		as = append(as, a)
+		initial = append(initial, fmt.Sprintf("e%d=http://%s", i+1, a.peer))
+		c.endpoints = append(c.endpoints, a.client)
+	}
+	for i, a := range as {
+		args := []string{"--name", fmt.Sprintf("e%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("etcd-%d", i+1)),
+			"--listen-peer-urls", "http://" + a.peer, "--initial-advertise-peer-urls", "http://" + a.peer,
+			"--listen-client-urls", "http://" + a.client, "--advertise-client-urls", "http://" + a.client,
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
+			"--initial-cluster-token", "prism-bench", "--log-level", "warn"}
+		p := &proc{name: fmt.Sprintf("etcd-%d", i+1), args: args, bin: bin, log: filepath.Join(dir, fmt.Sprintf("etcd-%d.log", i+1))}
+		if err := p.start(); err != nil {
+			c.stop()
+			return nil, err
+		}
+		c.nodes = append(c.nodes, p)
+	}
+	return c, nil
+}
+
+func (c *etcdCluster) stop() {
+	for _, n := range c.nodes {
+		n.kill()
+	}
+}

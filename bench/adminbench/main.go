@@ -1,0 +1,149 @@
+// Command adminbench measures the admin cluster's lease operations against
+// etcd and Redis on the same machine, at the same client concurrency, and the
+// cluster's failover time and heartbeat scale. It prints BENCH lines.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+type options struct {
+	prism, etcd, redis string
+	concurrency        int
+	phase              time.Duration
+	maxOps             int
+	kills              int
+	scaleLeases        int
+	scaleFor           time.Duration
+	only               string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.prism, "prism", "", "prism binary (required)")
+	flag.StringVar(&o.etcd, "etcd", "/usr/bin/etcd", "etcd binary; empty skips the baseline")
+	flag.StringVar(&o.redis, "redis", "/usr/bin/redis-server", "redis-server binary; empty skips the baseline")
+	flag.IntVar(&o.concurrency, "concurrency", 16, "concurrent clients in the latency runs")
+	flag.DurationVar(&o.phase, "phase", 3*time.Second, "length of each acquire/heartbeat/release phase")
+	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per phase")
+	flag.IntVar(&o.kills, "kills", 20, "leader kills in the failover run")
+	flag.IntVar(&o.scaleLeases, "scale-leases", 10000, "leases in the heartbeat scale run")
+	flag.DurationVar(&o.scaleFor, "scale-for", 10*time.Second, "length of the heartbeat scale run")
+	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, etcd, redis")
+	flag.Parse()
+	if o.prism == "" {
+		log.Fatal("adminbench: -prism is required")
+	}
+	dir, err := os.MkdirTemp("", "adminbench-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	run := func(part string, f func() error) {
+		if o.only != "" && o.only != part {
+			return
+		}
+		if err := f(); err != nil {
+			log.Printf("adminbench %s: %v", part, err)
+		}
+	}
+	run("latency", func() error {
+		for _, size := range []int{1, 3} {
+			if err := prismLatency(ctx, o, filepath.Join(dir, fmt.Sprintf("lat%d", size)), size); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	run("etcd", func() error { return etcdLatency(ctx, o, filepath.Join(dir, "etcd")) })
+	run("redis", func() error { return redisLatency(ctx, o, filepath.Join(dir, "redis")) })
+	run("failover", func() error { return failover(ctx, o, filepath.Join(dir, "failover")) })
+	run("scale", func() error { return scale(ctx, o, filepath.Join(dir, "scale")) })
+}
+
+func bench(name string, v float64, unit string) {
+	fmt.Printf("BENCH %s %.3f %s\n", name, v, unit)
+}
+
+// recorder collects latencies from many goroutines.
+type recorder struct {
+	mu   sync.Mutex
+	lat  []time.Duration
+	errs atomic.Int64
+}
+
+func (r *recorder) add(d time.Duration) {
+	r.mu.Lock()
+	r.lat = append(r.lat, d)
+	r.mu.Unlock()
+}
+
+func (r *recorder) pct(p float64) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.lat) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), r.lat...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(p * float64(len(s)-1))
+	return s[i]
+}
+
+func (r *recorder) n() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.lat)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// phase runs op(worker, i) from `concurrency` workers until the phase time,
+// maxOps, or the worker's own items run out (op returns false).
+func phase(o options, op func(worker, i int) (ok, more bool)) (*recorder, float64) {
+	r := &recorder{}
+	deadline := time.Now().Add(o.phase)
+	var issued atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range o.concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(deadline) && issued.Add(1) <= int64(o.maxOps); i++ {
+				t0 := time.Now()
+				ok, more := op(w, i)
+				if ok {
+					r.add(time.Since(t0))
+				} else {
+					r.errs.Add(1)
+				}
+				if !more {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return r, float64(r.n()) / time.Since(start).Seconds()
+}
+
+// report prints p50, p99 and ops/s of one phase under prefix_<metric><suffix>.
+func report(prefix, op, suffix string, r *recorder, rate float64) {
+	bench(fmt.Sprintf("%s.%s_p50_ms%s", prefix, op, suffix), ms(r.pct(0.50)), "ms")
+	bench(fmt.Sprintf("%s.%s_p99_ms%s", prefix, op, suffix), ms(r.pct(0.99)), "ms")
+	bench(fmt.Sprintf("%s.%s_ops_per_s%s", prefix, op, suffix), rate, "ops/s")
+	if e := r.errs.Load(); e > 0 {
+		fmt.Fprintf(os.Stderr, "# %s.%s%s: %d failed operations\n", prefix, op, suffix, e)
+	}
+}

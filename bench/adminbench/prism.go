@@ -1,0 +1,257 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func mailbox(w, i int) string { return fmt.Sprintf("bench@w%d-%d", w, i) }
+
+func prismLatency(ctx context.Context, o options, dir string, size int) error {
+	c, err := startPrism(o.prism, dir, size)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	lead, err := c.leader(lctx, -1)
+	if err != nil {
+		return err
+	}
+	suffix := fmt.Sprintf("_%dn", size)
+	targets := []struct {
+		suffix string
+		cc     *grpc.ClientConn
+	}{{suffix, c.conns[lead]}}
+	if size > 1 {
+		targets = append(targets, struct {
+			suffix string
+			cc     *grpc.ClientConn
+		}{suffix + "_via_follower", c.conns[(lead+1)%size]})
+	}
+	for round, t := range targets {
+		cp := adminv1.NewControlPlaneClient(t.cc)
+		acquired := make([]int, o.concurrency)
+		ns := fmt.Sprintf("r%d", round)
+		mb := func(w, i int) string { return ns + mailbox(w, i)[len("bench"):] }
+		r, rate := phase(o, func(w, i int) (bool, bool) {
+			resp, err := cp.AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb(w, i), RunnerId: fmt.Sprintf("w%d", w),
+				RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(time.Hour)})
+			ok := err == nil && resp.GetGranted()
+			if ok {
+				acquired[w] = i + 1
+			}
+			return ok, true
+		})
+		report("admin", "acquire", t.suffix, r, rate)
+		r, rate = phase(o, func(w, i int) (bool, bool) {
+			if acquired[w] == 0 {
+				return false, false
+			}
+			resp, err := cp.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: mb(w, i%acquired[w]), RunnerId: fmt.Sprintf("w%d", w)})
+			return err == nil && resp.GetRenewed(), true
+		})
+		report("admin", "heartbeat", t.suffix, r, rate)
+		r, rate = phase(o, func(w, i int) (bool, bool) {
+			if i >= acquired[w] {
+				return false, false
+			}
+			resp, err := cp.ReleaseLease(ctx, &adminv1.ReleaseLeaseRequest{MailboxId: mb(w, i), RunnerId: fmt.Sprintf("w%d", w)})
+			return err == nil && resp.GetReleased(), i+1 < acquired[w]
+		})
+		report("admin", "release", t.suffix, r, rate)
+	}
+	return nil
+}
+
+// failover kills the leader -9 repeatedly and measures the time from the
+// kill to the first acknowledged write through a surviving node.
+func failover(ctx context.Context, o options, dir string) error {
+	c, err := startPrism(o.prism, dir, 3)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	var times []time.Duration
+	for k := 0; k < o.kills; k++ {
+		lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		lead, err := c.leader(lctx, -1)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("kill %d: %w", k, err)
+		}
+		t0 := time.Now()
+		c.nodes[lead].kill()
+		var done atomic.Bool
+		var once sync.Once
+		var took time.Duration
+		var wg sync.WaitGroup
+		// One writer per survivor, as clients of a real cluster would be.
+		for i, cc := range c.conns {
+			if i == lead {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cp := adminv1.NewControlPlaneClient(cc)
+				for n := 0; !done.Load() && time.Since(t0) < 30*time.Second; n++ {
+					actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					resp, err := cp.AcquireLease(actx, &adminv1.AcquireLeaseRequest{MailboxId: fmt.Sprintf("fo@k%d-%d-%d", k, i, n),
+						RunnerId: "fo", RunnerAddress: "127.0.0.1:9000"})
+					cancel()
+					if err == nil && resp.GetGranted() {
+						once.Do(func() { took = time.Since(t0); done.Store(true) })
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if !done.Load() {
+			return fmt.Errorf("kill %d: no write succeeded within 30s", k)
+		}
+		times = append(times, took)
+		if err := c.nodes[lead].start(); err != nil {
+			return err
+		}
+		// Let the restarted node rejoin before the next kill so every kill
+		// leaves a quorum.
+		rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		err = waitCaughtUp(rctx, c, lead)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("kill %d: restart: %w", k, err)
+		}
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+	p := func(q float64) time.Duration { return times[int(q*float64(len(times)-1))] }
+	bench("admin.failover_p50_ms", ms(p(0.5)), "ms")
+	bench("admin.failover_p99_ms", ms(p(0.99)), "ms")
+	bench("admin.failover_max_ms", ms(times[len(times)-1]), "ms")
+	bench("admin.failover_kills", float64(len(times)), "kills")
+	return nil
+}
+
+func waitCaughtUp(ctx context.Context, c *prismCluster, i int) error {
+	adm := adminv1.NewAdminClient(c.conns[i])
+	for ctx.Err() == nil {
+		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		st, err := adm.GetClusterStatus(sctx, &adminv1.GetClusterStatusRequest{})
+		cancel()
+		if err == nil && st.GetLeaderId() != "" && st.GetAppliedIndex() > 0 && st.GetAppliedIndex()+5 >= st.GetCommitIndex() {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return ctx.Err()
+}
+
+// scale holds many leases on 3 nodes, each heartbeated every second, and
+// reports heartbeat latency and the admin processes' CPU.
+func scale(ctx context.Context, o options, dir string) error {
+	c, err := startPrism(o.prism, dir, 3)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	lead, err := c.leader(lctx, -1)
+	cancel()
+	if err != nil {
+		return err
+	}
+	cp := adminv1.NewControlPlaneClient(c.conns[lead])
+	const workers = 64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= o.scaleLeases {
+					return
+				}
+				resp, err := cp.AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: fmt.Sprintf("scale@m%d", i),
+					RunnerId: fmt.Sprintf("r%d", i), RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(5 * time.Second)})
+				if err != nil || !resp.GetGranted() {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		return fmt.Errorf("scale: %d of %d acquires failed", f, o.scaleLeases)
+	}
+	r := &recorder{}
+	var refused atomic.Int64
+	cpu0 := make([]int64, len(c.nodes))
+	for i, n := range c.nodes {
+		cpu0[i] = n.cpuTicks()
+	}
+	start := time.Now()
+	end := start.Add(o.scaleFor)
+	var late atomic.Int64
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Spread each worker's leases over the second, like independent
+			// sidecars would be.
+			offset := time.Duration(rand.Int64N(int64(time.Second)))
+			for round := 0; ; round++ {
+				due := start.Add(time.Duration(round)*time.Second + offset/time.Duration(workers)*time.Duration(w%workers))
+				if due.After(end) {
+					return
+				}
+				if d := time.Until(due); d > 0 {
+					time.Sleep(d)
+				}
+				for i := w; i < o.scaleLeases; i += workers {
+					t0 := time.Now()
+					resp, err := cp.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: fmt.Sprintf("scale@m%d", i), RunnerId: fmt.Sprintf("r%d", i)})
+					if err != nil || !resp.GetRenewed() {
+						refused.Add(1)
+						continue
+					}
+					r.add(time.Since(t0))
+				}
+				if time.Since(due) > time.Second {
+					late.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	var total float64
+	for i, n := range c.nodes {
+		pct := float64(n.cpuTicks()-cpu0[i]) / elapsed
+		total += pct
+		if i == lead {
+			bench("admin.heartbeat_leader_cpu_pct_10k", pct, "%")
+		}
+	}
+	bench("admin.heartbeat_cluster_cpu_pct_10k", total, "%")
+	bench("admin.heartbeat_p50_ms_10k", ms(r.pct(0.5)), "ms")
+	bench("admin.heartbeat_p99_ms_10k", ms(r.pct(0.99)), "ms")
+	bench("admin.heartbeat_rate_10k", float64(r.n())/elapsed, "heartbeats/s")
+	if f := refused.Load(); f > 0 || late.Load() > 0 {
+		fmt.Fprintf(os.Stderr, "# scale: %d heartbeats failed or refused, %d rounds overran their second\n", f, late.Load())
+	}
+	return nil
+}
