@@ -46,6 +46,8 @@ import (
 
 // Host is the part of *runner.Runner the control API drives.
 type Host interface {
+	Prepare(runner.MailboxConfig) error
+	Discard(id string) error
 	Open(runner.MailboxConfig) error
 	CloseMailbox(id string) error
 	SetEpoch(id string, epoch uint64) error
@@ -93,6 +95,7 @@ type entry struct {
 	epoch uint64
 	gone  bool // closed; a caller that waited on mu must look it up again
 
+	prepared    bool        // the store is open in the runner, unserved
 	deadline    time.Time   // ACTIVE: when the runner fences by itself
 	timer       clock.Timer // fires at deadline
 	gen         uint64      // tells a stale timer from the current one
@@ -179,7 +182,8 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 	if err := validateID(id); err != nil {
 		return nil, err
 	}
-	if _, err := toRunnerConfig(id, req.GetConfig(), 0); err != nil {
+	mc, err := toRunnerConfig(id, req.GetConfig(), 0)
+	if err != nil {
 		return nil, err
 	}
 	if req.GetEpoch() != 0 {
@@ -194,19 +198,34 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 	}
 	e, ok := s.mailboxes[id]
 	if !ok {
+		// Locked before it is published: nobody sees it unprepared.
 		e = &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), state: runnerv1.MailboxState_MAILBOX_STATE_OPEN}
+		e.mu.Lock()
 		s.mailboxes[id] = e
 	}
 	s.mu.Unlock()
-	if ok {
+	if !ok {
+		start := time.Now()
+		err := s.host.Prepare(mc)
+		if err != nil {
+			e.gone = true
+			s.mu.Lock()
+			delete(s.mailboxes, id)
+			s.mu.Unlock()
+		}
+		e.prepared = err == nil
+		e.mu.Unlock()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "open %s: %v", id, err)
+		}
+		s.log.Info("mailbox store opened; waiting for a lease epoch", "mailbox_id", id, "topics", req.GetConfig().GetTopics(), "took", time.Since(start))
+	} else {
 		e.mu.Lock()
 		same := proto.Equal(e.cfg, req.GetConfig())
 		e.mu.Unlock()
 		if !same {
 			return nil, status.Errorf(codes.FailedPrecondition, "open %s: already open with a different config; close it first", id)
 		}
-	} else {
-		s.log.Info("mailbox recorded; waiting for a lease epoch", "mailbox_id", id, "topics", req.GetConfig().GetTopics())
 	}
 	if req.GetEpoch() == 0 {
 		return s.status(ctx, e), nil
@@ -268,6 +287,7 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 		if err := s.host.Open(mc); err != nil {
 			return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
 		}
+		e.prepared = false
 		e.state, e.epoch, e.fenceReason = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, epoch, ""
 		log.Info("mailbox active: consuming and serving", "valid_for", d, "took", time.Since(start))
 	}
@@ -398,9 +418,12 @@ func (s *Server) close(id string) (bool, error) {
 		return false, nil
 	}
 	var err error
-	if e.state == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+	switch {
+	case e.state == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE:
 		e.timer.Stop()
 		err = s.host.CloseMailbox(id)
+	case e.prepared:
+		err = s.host.Discard(id)
 	}
 	e.gone = true
 	s.mu.Lock()

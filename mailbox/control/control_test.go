@@ -31,6 +31,23 @@ type fakeHost struct {
 
 func newFakeHost() *fakeHost { return &fakeHost{open: map[string]runner.MailboxConfig{}} }
 
+func (h *fakeHost) Prepare(mc runner.MailboxConfig) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, "prepare "+mc.ID)
+	if h.failOn == "prepare "+mc.ID {
+		return fmt.Errorf("disk full")
+	}
+	return nil
+}
+
+func (h *fakeHost) Discard(id string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, "discard "+id)
+	return nil
+}
+
 func (h *fakeHost) Open(mc runner.MailboxConfig) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -122,8 +139,8 @@ func TestOpenDoesNotServeUntilActivated(t *testing.T) {
 	if got := resp.GetStatus().GetState(); got != runnerv1.MailboxState_MAILBOX_STATE_OPEN {
 		t.Fatalf("state %v, want OPEN", got)
 	}
-	if c := h.takeCalls(); len(c) != 0 {
-		t.Fatalf("runner touched before a lease epoch: %v", c)
+	if c := h.takeCalls(); !slices.Equal(c, []string{"prepare audit@p1"}) {
+		t.Fatalf("calls %v: before a lease epoch the runner only opens the store", c)
 	}
 	if s.Ready() == nil {
 		t.Fatal("ready with a mailbox waiting for its lease")
@@ -157,7 +174,7 @@ func TestOpenWithEpochActivatesAtOnce(t *testing.T) {
 	if resp.GetStatus().GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
 		t.Fatalf("state %v", resp.GetStatus().GetState())
 	}
-	if c := h.takeCalls(); !slices.Equal(c, []string{"open a@p 3"}) {
+	if c := h.takeCalls(); !slices.Equal(c, []string{"prepare a@p", "open a@p 3"}) {
 		t.Fatalf("calls %v", c)
 	}
 }
@@ -248,7 +265,7 @@ func TestCloseAndDrain(t *testing.T) {
 		t.Fatalf("second close: %v %v, want closed=false", c, err)
 	}
 	if calls := h.takeCalls(); !slices.Equal(calls, []string{"close b@p"}) {
-		t.Fatalf("calls %v: the OPEN mailbox a@p (epoch 0) must not be closed in the runner", calls)
+		t.Fatalf("calls %v", calls)
 	}
 	d, err := s.Drain(ctx, &runnerv1.DrainRequest{})
 	if err != nil {
@@ -257,8 +274,8 @@ func TestCloseAndDrain(t *testing.T) {
 	if !slices.Equal(d.GetClosed(), []string{"a@p", "c@p"}) {
 		t.Fatalf("drained %v", d.GetClosed())
 	}
-	if calls := h.takeCalls(); !slices.Equal(calls, []string{"close c@p"}) {
-		t.Fatalf("calls %v", calls)
+	if calls := h.takeCalls(); !slices.Equal(calls, []string{"discard a@p", "close c@p"}) && !slices.Equal(calls, []string{"close c@p", "discard a@p"}) {
+		t.Fatalf("calls %v: the OPEN mailbox's store is discarded, the active one closed", calls)
 	}
 	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "d@p", Config: cfg}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("open while draining: %v", err)
@@ -358,11 +375,21 @@ func TestBadRequests(t *testing.T) {
 			_, err := s.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: "a@p", Epoch: 1, ValidFor: vf})
 			return err
 		}, codes.FailedPrecondition},
+		{"open when the store cannot be opened", func() error {
+			h.failOn = "prepare disk@p"
+			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "disk@p", Config: cfg})
+			return err
+		}, codes.Internal},
+		{"activate what failed to open", func() error {
+			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "disk@p", Epoch: 1, ValidFor: vf})
+			return err
+		}, codes.NotFound},
 		{"activate unknown", func() error {
 			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "nope@p", Epoch: 1, ValidFor: vf})
 			return err
 		}, codes.NotFound},
 		{"activate when the runner fails", func() error {
+			h.failOn = "broken@p"
 			_, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "broken@p", Epoch: 1, ValidFor: vf})
 			return err
 		}, codes.Internal},
