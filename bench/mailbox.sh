@@ -21,3 +21,4 @@ fi
 go run -tags libsqlite3 ./bench/mailboxbench -n "${MAILBOX_BENCH_N:-1000000}" ${MAILBOX_BENCH_ARGS:-}
 
 # End-to-end ingest (broker -> sarama -> store, mailbox.ingest_events_per_s) is appended below by the runner.
+go run ./bench/ingestbench -n "${MAILBOX_INGEST_N:-200000}"
