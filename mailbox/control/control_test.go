@@ -3,6 +3,8 @@ package control
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"slices"
 	"sync"
 	"testing"
@@ -125,7 +127,7 @@ func newServerClock(t *testing.T) (*Server, *fakeHost, *prometheus.Registry, *cl
 	h := newFakeHost()
 	reg := prometheus.NewRegistry()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	return New(Config{Host: h, Registerer: reg, Gatherer: reg, Clock: clk}), h, reg, clk
+	return New(Config{Host: h, Registerer: reg, Gatherer: reg, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}), h, reg, clk
 }
 
 func TestOpenDoesNotServeUntilActivated(t *testing.T) {
