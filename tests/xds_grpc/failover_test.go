@@ -1,0 +1,100 @@
+package xdsgrpc
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+
+	"github.com/prism-mesh/prism/xds/ir"
+	"github.com/prism-mesh/prism/xds/xdstest"
+)
+
+// TestClientSurvivesLosingItsAdminNode runs three control planes fed the
+// same states, as three admin nodes applying the same Raft log. The grpc-go
+// client reaches them through one name resolving to all three (as a headless
+// Service does); the node it is connected to dies: routes stay served, and a
+// later lease change arrives through another node.
+func TestClientSurvivesLosingItsAdminNode(t *testing.T) {
+	t.Parallel()
+	var nodes []*xdstest.ControlPlane
+	var addrs []resolver.Address
+	for range 3 {
+		cp, err := xdstest.StartControlPlane(quiet(), time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cp.Close)
+		nodes = append(nodes, cp)
+		addrs = append(addrs, resolver.Address{Addr: cp.Addr})
+	}
+	runners := map[string]*xdstest.Runner{}
+	for _, id := range []string{"runner-a", "runner-b"} {
+		r, err := xdstest.StartRunner(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		runners[id] = r
+	}
+	publish := func(version uint64, owner string, alive []*xdstest.ControlPlane) {
+		x := &ir.IR{Version: version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}}
+		for _, n := range alive {
+			x.NotFound = append(x.NotFound, n.Addr)
+		}
+		for id, r := range runners {
+			x.Runners = append(x.Runners, ir.Runner{ID: id, Address: r.Addr, Healthy: true})
+		}
+		x.Mailboxes = []ir.Mailbox{{ID: "audit@proxy-a", Namespace: "audit", RunnerID: owner, Epoch: version}}
+		for _, n := range alive {
+			n.Updater.Update(x)
+		}
+	}
+
+	// A resolver scheme of its own keeps this test's global registration
+	// from touching any other test.
+	scheme := fmt.Sprintf("prism-admins-%d", time.Now().UnixNano())
+	admins := manual.NewBuilderWithScheme(scheme)
+	admins.InitialState(resolver.State{Addresses: addrs})
+	resolver.Register(admins)
+	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(scheme+":///admins", "failover-client"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func(ctx context.Context) string { return outcome(xdstest.WhoAnswers(ctx, conn, "audit@proxy-a")) }
+
+	publish(10, "runner-a", nodes)
+	await(t, "audit on runner-a", ask, "runner-a")
+
+	connected := -1
+	for i, n := range nodes {
+		if metric(t, n.Registry, "prism_xds_connected_clients", map[string]string{"protocol": "sotw"}) == 1 {
+			connected = i
+		}
+	}
+	if connected < 0 {
+		t.Fatal("the client is connected to no admin node")
+	}
+	nodes[connected].Close()
+	alive := append(append([]*xdstest.ControlPlane{}, nodes[:connected]...), nodes[connected+1:]...)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got := ask(ctx); got != "runner-a" {
+		t.Fatalf("with its admin node gone the client answers %q, want runner-a from the routes it has", got)
+	}
+
+	publish(11, "runner-b", alive)
+	await(t, "audit after the move, served by another admin node", ask, "runner-b")
+	total := 0.0
+	for _, n := range alive {
+		total += metric(t, n.Registry, "prism_xds_connected_clients", map[string]string{"protocol": "sotw"})
+	}
+	if total != 1 {
+		t.Errorf("surviving admin nodes hold %v client streams, want 1", total)
+	}
+}
