@@ -1,0 +1,317 @@
+package sidecare2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prism-mesh/prism/internal/faultproxy"
+)
+
+// env is one admin cluster, one broker and one runner with its sidecar.
+type env struct {
+	admins  []*adminNode
+	brokers []string
+	runner  *runnerProc
+	sidecar *sidecarProc
+	tl      *timeline
+	started time.Time
+}
+
+func setup(t *testing.T, admins int, endpoints func([]*adminNode) []string) *env {
+	t.Helper()
+	e := &env{brokers: startKafka(t), tl: newTimeline()}
+	e.admins = startAdmin(t, admins)
+	createNamespace(t, e.admins[0])
+	e.runner = startRunner(t, "runner-a", e.brokers)
+	eps := endpoints(e.admins)
+	e.started = e.tl.mark("sidecar started")
+	e.sidecar = startSidecar(t, "sidecar-a", "runner-a", e.runner, eps...)
+	return e
+}
+
+func grpcAddrs(ns []*adminNode) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, n.grpcAddr)
+	}
+	return out
+}
+
+// heldBy waits until the admin shows the lease held by runnerID and the
+// runner serving under its epoch; it returns the epoch.
+func (e *env) heldBy(t *testing.T, n *adminNode, runnerID string, r *runnerProc, after uint64) uint64 {
+	t.Helper()
+	var epoch uint64
+	waitFor(t, 30*time.Second, "lease held by "+runnerID+" and served", func() (bool, string) {
+		l, err := lease(n)
+		if err != nil || l == nil || l.GetRunnerId() != runnerID || l.GetEpoch() <= after {
+			return false, fmt.Sprintf("lease %v err %v", l, err)
+		}
+		code, served, _, err := r.mailboxStats()
+		if code != 200 || served != l.GetEpoch() {
+			return false, fmt.Sprintf("runner stats %d epoch %d (lease epoch %d) err %v", code, served, l.GetEpoch(), err)
+		}
+		epoch = l.GetEpoch()
+		return true, ""
+	})
+	return epoch
+}
+
+// Start → lease held, route to the runner, events flow; SIGTERM → the
+// runner drains and commits, then the lease and route are gone, in < 5 s.
+func TestSidecarStartAndSIGTERM(t *testing.T) {
+	e := setup(t, 1, grpcAddrs)
+	admin := e.admins[0]
+	epoch := e.heldBy(t, admin, "runner-a", e.runner, 0)
+	held := e.tl.mark("lease held, epoch %d", epoch)
+	rt, err := route(admin)
+	if err != nil || rt == nil || rt.GetRunnerAddress() != e.runner.grpcAddr || rt.GetEpoch() != epoch {
+		t.Fatalf("route %v (err %v), want %s at epoch %d", rt, err, e.runner.grpcAddr, epoch)
+	}
+	waitFor(t, 10*time.Second, "sidecar ready", e.sidecar.ready)
+
+	const n = 200
+	produce(t, e.brokers, "ev", n)
+	waitFor(t, 30*time.Second, "events stored", func() (bool, string) {
+		_, _, stored, err := e.runner.mailboxStats()
+		return stored == n, fmt.Sprint(stored, err)
+	})
+
+	sent := e.tl.mark("SIGTERM to the sidecar")
+	if err := e.sidecar.term(5 * time.Second); err != nil {
+		t.Fatalf("sidecar stop: %v", err)
+	}
+	exited := e.tl.mark("sidecar exited")
+	var gone time.Time
+	waitFor(t, 5*time.Second, "lease and route gone", func() (bool, string) {
+		l, err1 := lease(admin)
+		r, err2 := route(admin)
+		if err1 != nil || err2 != nil || l != nil || r != nil {
+			return false, fmt.Sprintf("lease %v route %v errs %v %v", l, r, err1, err2)
+		}
+		gone = e.tl.mark("lease and route gone")
+		return true, ""
+	})
+	t.Logf("timeline:\n%s", e.tl)
+	if d := gone.Sub(sent); d >= 5*time.Second {
+		t.Fatalf("release took %v, want < 5s", d)
+	}
+	if d := exited.Sub(sent); d >= 5*time.Second {
+		t.Fatalf("sidecar exit took %v", d)
+	}
+	if got := committed(t, e.brokers, mailboxID); got != n {
+		t.Fatalf("committed offsets sum to %d, want %d: the drain must commit before the release", got, n)
+	}
+	if code, _, _, _ := e.runner.mailboxStats(); code != 404 {
+		t.Fatalf("runner still serves the released mailbox: %d", code)
+	}
+	if !e.sidecar.logHas("runner drained") || !e.sidecar.logHas("lease released", mailboxID) {
+		t.Fatalf("sidecar log lacks the drain or the release:\n%s", e.sidecar.tail(30))
+	}
+	// From the sidecar's first log line to the runner serving under the
+	// lease, by the sidecar's own clock: register, watch, open, acquire,
+	// activate.
+	start, ok1 := e.sidecar.logTime("sidecar starting")
+	serving, ok2 := e.sidecar.logTime("runner serving under the lease")
+	if !ok1 || !ok2 {
+		t.Fatal("sidecar log lacks its start or the activation")
+	}
+	for _, msg := range []string{"proxy registered", "mailbox assigned", "lease acquired", "runner serving under the lease"} {
+		if at, ok := e.sidecar.logTime(msg); ok {
+			t.Logf("sidecar start + %6.1f ms: %s", float64(at.Sub(start).Microseconds())/1000, msg)
+		}
+	}
+	fmt.Printf("BENCH sidecar.acquire_ms %.1f ms\n", float64(serving.Sub(start).Microseconds())/1000)
+	fmt.Printf("BENCH sidecar.acquire_from_exec_ms %.1f ms\n", float64(held.Sub(e.started).Microseconds())/1000)
+	fmt.Printf("BENCH sidecar.release_ms %.1f ms\n", float64(gone.Sub(sent).Microseconds())/1000)
+}
+
+// kill -9 the sidecar: the runner stops serving on its own within ttl of the
+// last acknowledged heartbeat, and another runner gets the lease only after
+// ttl + grace, with a newer epoch. The holder always stops first.
+func TestSidecarKill9FencesBeforeRegrant(t *testing.T) {
+	e := setup(t, 1, grpcAddrs)
+	admin := e.admins[0]
+	epochA := e.heldBy(t, admin, "runner-a", e.runner, 0)
+	e.tl.mark("runner-a serving, epoch %d", epochA)
+	runnerB := startRunner(t, "runner-b", e.brokers)
+
+	killed := e.tl.mark("kill -9 sidecar-a")
+	e.sidecar.kill()
+	sidecarB := startSidecar(t, "sidecar-b", "runner-b", runnerB, admin.grpcAddr)
+
+	var fenced, granted time.Time
+	var epochB uint64
+	waitFor(t, ttl+grace+15*time.Second, "runner-a fenced and lease re-granted to runner-b", func() (bool, string) {
+		if fenced.IsZero() {
+			if code, _, _, _ := e.runner.mailboxStats(); code == 404 {
+				fenced = e.tl.mark("runner-a stopped serving")
+			}
+		}
+		if granted.IsZero() {
+			if l, err := lease(admin); err == nil && l != nil && l.GetRunnerId() == "runner-b" {
+				granted, epochB = e.tl.mark("lease granted to runner-b, epoch %d", l.GetEpoch()), l.GetEpoch()
+			}
+		}
+		return !fenced.IsZero() && !granted.IsZero(), fmt.Sprintf("fenced %v granted %v", !fenced.IsZero(), !granted.IsZero())
+	})
+	e.heldBy(t, admin, "runner-b", runnerB, epochA)
+	e.tl.mark("runner-b serving, epoch %d", epochB)
+	t.Logf("timeline:\n%s", e.tl)
+
+	if d := fenced.Sub(killed); d > ttl+500*time.Millisecond {
+		t.Errorf("runner-a kept serving %v after its sidecar died, want within ttl %v", d, ttl)
+	}
+	if !fenced.Before(granted) {
+		t.Errorf("runner-a fenced at %v, not before the re-grant at %v", fenced.Sub(killed), granted.Sub(killed))
+	}
+	// The last heartbeat was acknowledged at most one interval before the
+	// kill, so the admin may not expire the lease before ttl + grace after it.
+	if d, min := granted.Sub(killed), ttl+grace-interval-100*time.Millisecond; d < min {
+		t.Errorf("lease re-granted %v after the kill, before ttl + grace (at least %v)", d, min)
+	}
+	if epochB <= epochA {
+		t.Errorf("epoch %d after %d: must grow", epochB, epochA)
+	}
+	if v, err := metric("http://"+e.runner.httpAddr, "prism_runner_fences_total", `reason="deadline_passed"`); err != nil || v != 1 {
+		t.Errorf("runner-a fences by deadline: %v %v", v, err)
+	}
+	if !sidecarB.logHas("lease refused", "HELD_BY_OTHER") {
+		t.Errorf("sidecar-b never saw the lease held by runner-a:\n%s", sidecarB.tail(20))
+	}
+	fmt.Printf("BENCH sidecar.fence_ms %.1f ms\n", float64(fenced.Sub(killed).Microseconds())/1000)
+	fmt.Printf("BENCH sidecar.regrant_ms %.1f ms\n", float64(granted.Sub(killed).Microseconds())/1000)
+}
+
+// The admin unreachable (blackholed) for less than ttl interrupts nothing;
+// for longer, the runner is fenced, and it serves again under a new epoch
+// once the admin is back.
+func TestSidecarAdminPartition(t *testing.T) {
+	var fp *faultproxy.Proxy
+	e := setup(t, 1, func(ns []*adminNode) []string {
+		p, err := faultproxy.New("127.0.0.1:0", ns[0].grpcAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		fp = p
+		return []string{p.Addr()}
+	})
+	admin := e.admins[0]
+	epoch := e.heldBy(t, admin, "runner-a", e.runner, 0)
+	base := "http://" + e.sidecar.httpAddr
+
+	short := ttl / 2
+	e.tl.mark("blackhole for %v", short)
+	fp.Blackhole()
+	end := time.Now().Add(short)
+	for time.Now().Before(end) {
+		if code, served, _, err := e.runner.mailboxStats(); code != 200 || served != epoch {
+			t.Fatalf("runner interrupted during a %v partition: %d epoch %d err %v", short, code, served, err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	fp.Restore()
+	e.tl.mark("restored")
+	// A few heartbeats after the restore, still the same lease, no loss.
+	hbs, _ := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+	waitFor(t, 10*time.Second, "heartbeats renewed again", func() (bool, string) {
+		v, err := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+		return v >= hbs+3, fmt.Sprint(v, err)
+	})
+	if l, err := lease(admin); err != nil || l.GetEpoch() != epoch {
+		t.Fatalf("lease after a short partition: %v %v, want epoch %d", l, err, epoch)
+	}
+	if v, _ := metric(base, "prism_sidecar_lease_losses_total"); v != 0 {
+		t.Fatalf("%v losses after a partition shorter than ttl", v)
+	}
+
+	long := ttl + 2*time.Second
+	cut := e.tl.mark("blackhole for %v", long)
+	fp.Blackhole()
+	var fenced time.Time
+	waitFor(t, long, "runner fenced", func() (bool, string) {
+		code, _, _, err := e.runner.mailboxStats()
+		if code == 404 {
+			fenced = e.tl.mark("runner fenced")
+		}
+		return code == 404, fmt.Sprint(code, err)
+	})
+	if ok, _ := e.sidecar.ready(); ok {
+		t.Fatal("sidecar ready while fenced")
+	}
+	if d := fenced.Sub(cut); d > ttl+500*time.Millisecond {
+		t.Fatalf("fenced %v after the cut, want within ttl", d)
+	}
+	time.Sleep(time.Until(cut.Add(long)))
+	fp.Restore()
+	e.tl.mark("restored")
+	epoch2 := e.heldBy(t, admin, "runner-a", e.runner, epoch)
+	e.tl.mark("serving again, epoch %d", epoch2)
+	waitFor(t, 10*time.Second, "sidecar ready again", e.sidecar.ready)
+	t.Logf("timeline:\n%s", e.tl)
+	if v, err := metric(base, "prism_sidecar_lease_losses_total", `reason="ttl_elapsed"`); err != nil || v < 1 {
+		t.Fatalf("ttl_elapsed losses %v %v", v, err)
+	}
+	if !e.sidecar.logHas("lease lost; fencing the runner", "ttl_elapsed", mailboxID) {
+		t.Fatal("the loss is not logged with its reason")
+	}
+}
+
+// Three admin nodes; the leader is killed: heartbeats go on through the
+// others and the runner is never interrupted.
+func TestSidecarAdminLeaderKilled(t *testing.T) {
+	e := setup(t, 3, grpcAddrs)
+	epoch := e.heldBy(t, leaderOf(e.admins), "runner-a", e.runner, 0)
+	base := "http://" + e.sidecar.httpAddr
+	leader := leaderOf(e.admins)
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	before, _ := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+	killed := e.tl.mark("kill -9 leader %s", leader.id)
+	leader.kill()
+	var survivors []*adminNode
+	for _, n := range e.admins {
+		if n != leader {
+			survivors = append(survivors, n)
+		}
+	}
+	watch := 2 * ttl
+	var mid float64
+	for time.Since(killed) < watch {
+		if mid == 0 && time.Since(killed) >= ttl {
+			mid, _ = metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+			e.tl.mark("renewed heartbeats at kill + ttl: %v", mid)
+		}
+		if code, served, _, err := e.runner.mailboxStats(); code != 200 || served != epoch {
+			t.Fatalf("runner interrupted %v after the leader died: %d epoch %d err %v\n%s", time.Since(killed), code, served, err, e.tl)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	after, _ := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+	e.tl.mark("renewed heartbeats %v → %v", before, after)
+	newLeader := leaderOf(survivors)
+	if newLeader == nil {
+		t.Fatal("no new leader")
+	}
+	e.tl.mark("new leader %s", newLeader.id)
+	t.Logf("timeline:\n%s", e.tl)
+	// Renewals in the second ttl after the kill come from the new leader:
+	// the old one is dead, and every lease would have been fenced by then.
+	if after < mid+float64(ttl/interval)/2 {
+		t.Fatalf("renewed heartbeats %v at kill, %v at kill + ttl, %v at kill + 2 ttl: heartbeats did not continue", before, mid, after)
+	}
+	if v, _ := metric(base, "prism_sidecar_lease_losses_total"); v != 0 {
+		t.Fatalf("%v losses across a leader change", v)
+	}
+	l, err := lease(newLeader)
+	if err != nil || l.GetEpoch() != epoch || l.GetRunnerId() != "runner-a" {
+		t.Fatalf("lease on the new leader %v %v, want epoch %d", l, err, epoch)
+	}
+	if !strings.Contains(e.tl.String(), "new leader") {
+		t.Fatal("timeline incomplete")
+	}
+}
