@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Benchmarks of the sidecar area. Prints one line per figure:
 #   BENCH inject.p99_ms <v> ms   admission review latency (HTTPS, loopback, runner pod)
-# The sidecar agent's figures, sidecar.acquire_ms, sidecar.release_ms and
-# sidecar.fence_ms, come with the sidecar agent (prism sidecar), which lands
-# in a later session; this script gains them then.
+#   BENCH sidecar.acquire_ms <v> ms   sidecar start -> runner serving under a granted lease
+#   BENCH sidecar.release_ms <v> ms   SIGTERM to the sidecar -> lease and route gone (drain first)
+#   BENCH sidecar.fence_ms <v> ms     sidecar kill -9 -> runner stopped serving (<= ttl, 3s here)
+#   BENCH sidecar.regrant_ms <v> ms   sidecar kill -9 -> lease granted to another runner (>= ttl + grace, 5s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(go test -run '^$' -bench '^BenchmarkInject$' -benchtime 3000x -count 1 ./sidecar/inject)
@@ -15,3 +16,9 @@ echo "$out" | awk '/^BenchmarkInject/ {
   }
 }
 END { if (!found) { print "bench sidecar: no p99_ms in benchmark output" > "/dev/stderr"; exit 1 } }'
+
+# The agent's figures come from the process tests in tests/sidecar_e2e: real
+# prism admin, runner (on an in-process kfake broker) and sidecar on loopback.
+out=$(go test -count 1 -v -run '^(TestSidecarStartAndSIGTERM|TestSidecarKill9FencesBeforeRegrant)$' ./tests/sidecar_e2e 2>&1) || { echo "$out" >&2; exit 1; }
+echo "$out" | grep -v '^BENCH' >&2 || true
+echo "$out" | grep '^BENCH sidecar\.' || { echo "bench sidecar: no sidecar figures in test output" >&2; exit 1; }
