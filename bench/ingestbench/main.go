@@ -128,6 +128,12 @@ func run(n, size, partitions, batch, fetch, buffer int) error {
 	}
 	fmt.Fprintf(os.Stderr, "# ingested %d in %v (first batch stored after %v: group join and first fetch)\n",
 		n, elapsed.Round(time.Millisecond), firstStored.Round(time.Millisecond))
+	if calls := w.calls.Load(); calls > 0 {
+		busy := time.Duration(w.busy.Load())
+		fmt.Fprintf(os.Stderr, "# %d store writes, %v mean; claims spent %.0f%% of the run in Write, summed over claims "+
+			"(writes are serialized, so 100%% or more means the store is the limit)\n",
+			calls, (busy / time.Duration(calls)).Round(time.Microsecond), 100*busy.Seconds()/elapsed.Seconds())
+	}
 	name := "mailbox.ingest"
 	if discard {
 		name = "mailbox.ingest_discard"
@@ -181,13 +187,19 @@ func preProduce(brokers []string, topic string, n, size int) (int64, error) {
 type countingWriter struct {
 	store   *store.Store
 	written atomic.Int64
+	busy    atomic.Int64 // nanoseconds spent inside store writes
+	calls   atomic.Int64
 }
 
 func (c *countingWriter) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
 	res := store.WriteResult{Stored: len(items)}
 	if c.store != nil {
+		start := time.Now()
 		var err error
-		if res, err = c.store.Write(ctx, items); err != nil {
+		res, err = c.store.Write(ctx, items)
+		c.busy.Add(int64(time.Since(start)))
+		c.calls.Add(1)
+		if err != nil {
 			return res, err
 		}
 	}
