@@ -310,3 +310,26 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatalf("defaults: %v, runner id %q (want the proxy id)", err, a.cfg.RunnerID)
 	}
 }
+
+// A runner that restarted has forgotten the mailbox: the next heartbeat's
+// stats reveal it, and the sidecar opens it again under the lease it still
+// holds, without a loss.
+func TestRestartedRunnerIsReactivated(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit")
+	iAct, _ := h.waitEvent(0, "runner activate audit@p1 5")
+	h.runner.forget("audit@p1")
+	h.settle(2)
+	h.clk.Step(testInterval)
+	_, reopen := h.waitEvent(iAct, "runner open audit@p1 5")
+	if !reopen.at.Equal(h.t0.Add(testInterval)) {
+		t.Fatalf("reopened at %v", reopen.at)
+	}
+	if n := h.ev.count("runner fence"); n != 0 {
+		t.Fatalf("fenced:\n%s", h.ev)
+	}
+	if got := testutil.ToFloat64(h.agent.m.losses.WithLabelValues("ttl_elapsed")); got != 0 {
+		t.Fatalf("loss counted %v", got)
+	}
+}

@@ -376,3 +376,10 @@ func (h *harness) lease(id string) LeaseView {
 	}
 	return LeaseView{}
 }
+
+// forget drops a mailbox as a restarted runner would.
+func (r *fakeRunner) forget(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.mb, id)
+}

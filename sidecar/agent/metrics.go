@@ -19,7 +19,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		losses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_lease_losses_total",
-			Help: "Leases lost (runner fenced), by reason: ttl_elapsed, expired, not_holder, unknown_lease, stale_epoch, runner_refused.",
+			Help: "Leases lost (runner fenced), by reason: ttl_elapsed, expired, not_holder, unknown_lease, stale_epoch.",
 		}, []string{"reason"}),
 		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_lease_acquires_total",
