@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"testing"
@@ -154,4 +155,19 @@ func TestMailboxEndToEnd(t *testing.T) {
 	if dead != 3 {
 		t.Errorf("dead-lettered %s = %v, want 3", envelope.ReasonBadVersion, dead)
 	}
+	stored, err1 := metric(httpBase, "prism_mailbox_events_stored_total", "mailbox="+mb)
+	writes, err2 := metric(httpBase, "prism_mailbox_batch_write_seconds_count", "mailbox="+mb)
+	queries, err3 := metric(httpBase, "prism_mailbox_query_seconds_count", "api=http", "method=QueryEvents")
+	grpcQueries, err4 := metric(httpBase, "prism_mailbox_queries_total", "mailbox="+mb, "api=grpc", "method=QueryEvents", "code=OK")
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		t.Error(err)
+	}
+	if stored != valid || writes == 0 || queries == 0 || grpcQueries == 0 {
+		t.Errorf("metrics: stored %v (want %d), batch writes %v, http queries %v, grpc queries %v", stored, valid, writes, queries, grpcQueries)
+	}
+	// Every partition was consumed to its end, so the lag reads 0 on each.
+	waitFor(t, 10*time.Second, "zero lag", func() (bool, string) {
+		lag, err := metric(httpBase, "prism_mailbox_consumer_lag", "mailbox="+mb)
+		return err == nil && lag == 0, fmt.Sprintf("lag %v (%v)", lag, err)
+	})
 }

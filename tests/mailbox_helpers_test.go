@@ -180,7 +180,8 @@ func httpIDs(t *testing.T, base, mailbox string) []string {
 }
 
 // metric scrapes /metrics and returns the value of the sample named name with
-// all of labels (a "k=v" list), summed over the matching series.
+// all of labels (a "k=v" list), summed over the matching series; it is an
+// error if no series matches.
 func metric(base, name string, labels ...string) (float64, error) {
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
@@ -188,6 +189,7 @@ func metric(base, name string, labels ...string) (float64, error) {
 	}
 	defer resp.Body.Close()
 	var sum float64
+	matched := 0
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -210,8 +212,15 @@ func metric(base, name string, labels ...string) (float64, error) {
 			return 0, fmt.Errorf("metric line %q: %w", line, err)
 		}
 		sum += f
+		matched++
 	}
-	return sum, sc.Err()
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	if matched == 0 {
+		return 0, fmt.Errorf("no series %s%v", name, labels)
+	}
+	return sum, nil
 }
 
 // exactlyOnce checks that got holds every id of want once and nothing else.
