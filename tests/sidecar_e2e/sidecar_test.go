@@ -1,12 +1,14 @@
 package sidecare2e
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prism-mesh/prism/internal/faultproxy"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
 // env is one admin cluster, one broker and one runner with its sidecar.
@@ -314,4 +316,40 @@ func TestSidecarAdminLeaderKilled(t *testing.T) {
 	if !strings.Contains(e.tl.String(), "new leader") {
 		t.Fatal("timeline incomplete")
 	}
+}
+
+// Deleting the namespace unassigns the mailbox: the runner drains and
+// commits, then the lease and route go, and the sidecar stays ready (it
+// holds every lease it is assigned: none).
+func TestSidecarUnassign(t *testing.T) {
+	e := setup(t, 1, grpcAddrs)
+	admin := e.admins[0]
+	epoch := e.heldBy(t, admin, "runner-a", e.runner, 0)
+	const n = 50
+	produce(t, e.brokers, "un", n)
+	waitFor(t, 30*time.Second, "events stored", func() (bool, string) {
+		_, _, stored, err := e.runner.mailboxStats()
+		return stored == n, fmt.Sprint(stored, err)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := admin.control().DeleteNamespace(ctx, &adminv1.DeleteNamespaceRequest{Namespace: namespace}); err != nil {
+		t.Fatal(err)
+	}
+	e.tl.mark("namespace deleted")
+	waitFor(t, 10*time.Second, "lease, route and mailbox gone", func() (bool, string) {
+		l, err1 := lease(admin)
+		r, err2 := route(admin)
+		code, _, _, _ := e.runner.mailboxStats()
+		return l == nil && r == nil && code == 404 && err1 == nil && err2 == nil, fmt.Sprintf("lease %v route %v runner %d", l, r, code)
+	})
+	e.tl.mark("lease, route and mailbox gone")
+	t.Logf("timeline:\n%s", e.tl)
+	if got := committed(t, e.brokers, mailboxID); got != n {
+		t.Fatalf("committed %d, want %d", got, n)
+	}
+	if !e.sidecar.logHas("lease released", `"cause":"unassigned"`, fmt.Sprintf(`"epoch":%d`, epoch)) {
+		t.Fatalf("no release logged:\n%s", e.sidecar.tail(20))
+	}
+	waitFor(t, 5*time.Second, "sidecar ready with nothing assigned", e.sidecar.ready)
 }
