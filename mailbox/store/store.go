@@ -99,7 +99,10 @@ func Open(opts Options) (*Store, error) {
 	} else {
 		// Envelopes (about 1 KiB) go to the value log; the LSM tree holds only keys and small values. (In memory
 		// there is no value log, so values stay in the tree.)
-		bo = bo.WithValueThreshold(256)
+		bo = bo.WithValueThreshold(256).
+			// Value-log GC rewrites a whole file once half of it is garbage: files of 128 MiB (not Badger's
+			// 1 GiB) let retention give space back in steps proportionate to a mailbox.
+			WithValueLogFileSize(128 << 20)
 		if opts.Dir == "" {
 			return nil, errors.New("open store: Dir is empty")
 		}
