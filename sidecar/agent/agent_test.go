@@ -333,3 +333,28 @@ func TestRestartedRunnerIsReactivated(t *testing.T) {
 		t.Fatalf("loss counted %v", got)
 	}
 }
+
+// An unreachable admin cannot hold up a graceful stop beyond StopTimeout;
+// the runner is still drained first and the failure is returned.
+func TestShutdownBoundedWhenAdminHangs(t *testing.T) {
+	t.Parallel()
+	const stop = 300 * time.Millisecond
+	h := newHarness(t, func(c *Config) { c.StopTimeout = stop })
+	h.assign(1, "audit")
+	h.waitFor("ready", func() bool { return h.agent.Ready() == nil })
+	h.admin.mu.Lock()
+	h.admin.releaseHangs = true
+	h.admin.mu.Unlock()
+	start := time.Now()
+	err := h.stop()
+	if err == nil || !strings.Contains(err.Error(), "DeadlineExceeded") {
+		t.Fatalf("stop: %v, want the release's deadline error", err)
+	}
+	if took := time.Since(start); took > stop+5*time.Second {
+		t.Fatalf("stop took %v with StopTimeout %v", took, stop)
+	}
+	iDrain, _ := h.waitEvent(0, "runner drain")
+	if i, _, ok := h.ev.find(0, "admin release audit@p1"); !ok || i < iDrain {
+		t.Fatalf("release not attempted after the drain:\n%s", h.ev)
+	}
+}

@@ -89,6 +89,9 @@ type fakeAdmin struct {
 	ttl       time.Duration
 	acquireFn func(*adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error)
 	hbFn      func(*adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error)
+	// releaseHangs makes ReleaseLease wait for its context, like a
+	// blackholed admin.
+	releaseHangs bool
 }
 
 func newFakeAdmin(ev *events) *fakeAdmin {
@@ -135,8 +138,15 @@ func (f *fakeAdmin) MailboxHeartbeat(_ context.Context, in *adminv1.MailboxHeart
 	return &adminv1.MailboxHeartbeatResponse{Renewed: true, Epoch: in.GetEpoch(), Ttl: durationpb.New(ttl)}, nil
 }
 
-func (f *fakeAdmin) ReleaseLease(_ context.Context, in *adminv1.ReleaseLeaseRequest, _ ...grpc.CallOption) (*adminv1.ReleaseLeaseResponse, error) {
+func (f *fakeAdmin) ReleaseLease(ctx context.Context, in *adminv1.ReleaseLeaseRequest, _ ...grpc.CallOption) (*adminv1.ReleaseLeaseResponse, error) {
 	f.ev.add("admin release %s %d", in.GetMailboxId(), in.GetEpoch())
+	f.mu.Lock()
+	hang := f.releaseHangs
+	f.mu.Unlock()
+	if hang {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	return &adminv1.ReleaseLeaseResponse{Released: true}, nil
 }
 
@@ -296,13 +306,13 @@ const (
 	testInterval = 3 * time.Second
 )
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T, opts ...func(*Config)) *harness {
 	t.Helper()
 	t0 := time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakeClock(t0)
 	ev := &events{clk: clk}
 	h := &harness{t: t, clk: clk, ev: ev, admin: newFakeAdmin(ev), runner: newFakeRunner(ev), reg: prometheus.NewRegistry(), t0: t0}
-	a, err := New(Config{
+	cfg := Config{
 		ProxyID: "p1", AdvertiseAddr: "10.0.0.1:9090",
 		LeaseTTL: testTTL, HeartbeatInterval: testInterval, StopTimeout: 4 * time.Second, RPCTimeout: 30 * time.Second,
 		Backoff: wait.Backoff{Duration: time.Second, Factor: 1, Steps: 1 << 30},
@@ -310,7 +320,11 @@ func newHarness(t *testing.T) *harness {
 		Jitter:     func(d time.Duration) time.Duration { return d },
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registerer: h.reg,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
