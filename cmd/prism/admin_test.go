@@ -1,0 +1,84 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParsePeers(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		in      string
+		peers   int
+		wantErr string
+	}{
+		{"", 0, ""},
+		{"a=127.0.0.1:1=127.0.0.1:2", 1, ""},
+		{" a=h:1=h:2 , b=h:3=h:4 ,c=h:5=h:6", 3, ""},
+		{"a=h:1", 0, "not id=raft_addr=grpc_addr"},
+		{"a=h:1=h:2,a=h:3=h:4", 0, "appears twice"},
+		{"=h:1=h:2", 0, "not id=raft_addr=grpc_addr"},
+		{"a=h:1=h:2,", 0, "not id=raft_addr=grpc_addr"},
+	}
+	for _, tc := range cases {
+		peers, grpcAddrs, err := parsePeers(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("parsePeers(%q) error = %v, want %q", tc.in, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || len(peers) != tc.peers || len(grpcAddrs) != tc.peers {
+			t.Errorf("parsePeers(%q) = %v, %v, %v", tc.in, peers, grpcAddrs, err)
+		}
+	}
+}
+
+func TestAdminFlagValidation(t *testing.T) {
+	t.Parallel()
+	base := adminFlags{nodeID: "a", dataDir: "/tmp/x", timing: "fast", raftAddr: "127.0.0.1:1"}
+	cases := []struct {
+		mod  func(*adminFlags)
+		want string
+	}{
+		{func(f *adminFlags) { f.nodeID = "" }, "--node-id"},
+		{func(f *adminFlags) { f.dataDir = "" }, "--data-dir"},
+		{func(f *adminFlags) { f.timing = "slow" }, "--raft-timing"},
+		{func(f *adminFlags) { f.peers = "b=h:1=h:2" }, "does not include"},
+		{func(f *adminFlags) { f.inMemory = true }, "--in-memory"},
+		{func(f *adminFlags) { f.peerDial = "b" }, "--peer-dial"},
+	}
+	for _, tc := range cases {
+		f := base
+		tc.mod(&f)
+		if _, err := f.nodeConfig(nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("error = %v, want %q", err, tc.want)
+		}
+	}
+	f := base
+	f.peers = "a=127.0.0.1:7=127.0.0.1:8,b=127.0.0.1:9=127.0.0.1:10"
+	cfg, err := f.nodeConfig(nil)
+	if err != nil || cfg.Raft.Advertise != "127.0.0.1:7" || len(cfg.Raft.Peers) != 2 || cfg.GRPCAddrs["b"] != "127.0.0.1:10" {
+		t.Fatalf("config from peers: %+v, %v", cfg, err)
+	}
+}
+
+func FuzzParsePeers(f *testing.F) {
+	for _, s := range []string{"a=h:1=h:2", "a=h:1=h:2,b=h:3=h:4", "", "=", "a==", ",,,"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		peers, grpcAddrs, err := parsePeers(s)
+		if err != nil {
+			return
+		}
+		if len(peers) != len(grpcAddrs) {
+			t.Fatalf("%d peers but %d grpc addresses", len(peers), len(grpcAddrs))
+		}
+		for _, p := range peers {
+			if p.ID == "" || p.Addr == "" || grpcAddrs[p.ID] == "" {
+				t.Fatalf("empty field in %+v", p)
+			}
+		}
+	})
+}

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/admin/server"
+)
+
+// startAdmin runs an in-memory single-node admin for the CLI to talk to.
+func startAdmin(t *testing.T) string {
+	t.Helper()
+	n, err := server.Start(server.NodeConfig{
+		Raft:     raftnode.Config{ID: "solo", Bootstrap: true, Timing: raftnode.FastTiming()},
+		GRPCAddr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = n.Stop(ctx)
+	})
+	return n.GRPCAddr()
+}
+
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func prismctl(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	root := rootCommand()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestCommandsAgainstAdmin(t *testing.T) {
+	t.Parallel()
+	// The first endpoint is dead: the client must move on to the next one,
+	// and retry while the fresh node has no leader yet.
+	admin := deadAddr(t) + "," + startAdmin(t)
+	g := []string{"--admin", admin, "--attempt-timeout", "1s", "--timeout", "20s"}
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := prismctl(t, append(g, args...)...)
+		if err != nil {
+			t.Fatalf("prismctl %v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+	if out := run("namespace", "create", "audit-logs", "--topic", "audit.events", "--lease-ttl", "20s", "--validation", "warn"); !strings.Contains(out, "audit-logs") {
+		t.Fatalf("create:\n%s", out)
+	}
+	if out := run("namespace", "create", "audit-logs", "--topic", "audit.events", "--lease-ttl", "20s", "--validation", "warn"); !strings.Contains(out, "already existed") {
+		t.Fatalf("create again:\n%s", out)
+	}
+	var list struct {
+		Namespaces []struct {
+			Name   string `json:"name"`
+			Config struct {
+				Topics         []string `json:"topics"`
+				ValidationMode string   `json:"validationMode"`
+				Lease          struct {
+					TTL string `json:"ttl"`
+				} `json:"lease"`
+			} `json:"config"`
+		} `json:"namespaces"`
+	}
+	if err := json.Unmarshal([]byte(run("namespace", "list", "--format", "json", "--consistent")), &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Namespaces) != 1 || list.Namespaces[0].Config.Lease.TTL != "20s" || list.Namespaces[0].Config.ValidationMode != "VALIDATION_MODE_WARN" {
+		t.Fatalf("namespace list json: %+v", list)
+	}
+	if out := run("cluster", "status"); !strings.Contains(out, "solo (Leader)") || !strings.Contains(out, "namespaces/proxies/leases  1/0/0") {
+		t.Fatalf("cluster status:\n%s", out)
+	}
+	for _, args := range [][]string{{"proxy", "list"}, {"lease", "list", "--namespace", "audit-logs"}, {"route", "list"}} {
+		if out := run(args...); !strings.Contains(out, "ADDRESS") {
+			t.Fatalf("%v:\n%s", args, out)
+		}
+	}
+	if out := run("namespace", "delete", "audit-logs"); !strings.Contains(out, "deleted audit-logs") {
+		t.Fatalf("delete:\n%s", out)
+	}
+	if out := run("namespace", "delete", "audit-logs"); !strings.Contains(out, "no namespace audit-logs") {
+		t.Fatalf("delete again:\n%s", out)
+	}
+}
+
+func TestErrorsAreClear(t *testing.T) {
+	t.Parallel()
+	admin := startAdmin(t)
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--admin", admin, "namespace", "get", "missing"}, `NotFound: namespace "missing" not found`},
+		{[]string{"--admin", admin, "namespace", "create", "x"}, "InvalidArgument"},
+		{[]string{"--admin", admin, "namespace", "create", "x", "--topic", "t", "--validation", "loose"}, "--validation"},
+		{[]string{"--admin", admin, "--format", "yaml", "cluster", "status"}, "--format"},
+		{[]string{"--admin", admin, "member", "add", "n2", "nowhere"}, "InvalidArgument"},
+		{[]string{"--admin", " , ", "cluster", "status"}, "no admin endpoints"},
+		{[]string{"--admin", deadAddr(t), "--timeout", "1s", "--attempt-timeout", "200ms", "cluster", "status"}, "Unavailable: no admin node could answer"},
+	}
+	for _, tc := range cases {
+		out, err := prismctl(t, tc.args...)
+		if err == nil {
+			t.Fatalf("%v succeeded:\n%s", tc.args, out)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %q does not contain %q", tc.args, err, tc.want)
+		}
+	}
+}
