@@ -12,8 +12,10 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -191,4 +193,97 @@ func (s *fakeSession) Commit() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.commits++
+}
+
+// TestDLQErrorsAreRetried fails the broker's first produce requests to the
+// dead-letter topic: ingest retries until they are acknowledged, dead-letters
+// each rejected record once, and only then commits.
+func TestDLQErrorsAreRetried(t *testing.T) {
+	t.Parallel()
+	const topic, group = "p", "dlq@proxy-01"
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic, topic+DLQSuffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var failed atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		pr := req.(*kmsg.ProduceRequest)
+		if len(pr.Topics) == 0 || pr.Topics[0].Topic != topic+DLQSuffix || failed.Load() >= 3 {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		failed.Add(1)
+		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range pr.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.InvalidRecord.Code // not retried inside sarama
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	brokers := c.ListenAddrs()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range 10 {
+		v := []byte{0xff, byte(i)}
+		if i%2 == 0 {
+			v, _ = proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{
+				MessageId: fmt.Sprint(i), Topic: topic, PublishedAt: timestamppb.Now()}})
+		}
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Key: []byte(fmt.Sprint(i)), Value: v}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	m := NewMetrics(prometheus.NewRegistry())
+	ing, err := Start(Config{MailboxID: group, Brokers: brokers, Topics: []string{topic}, BatchWait: 10 * time.Millisecond,
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: m}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "committed past the batch", func() bool { return committed(t, brokers, group, topic) == 10 })
+	// sarama may absorb a failure in its own retry; at least one must reach ingest.
+	if r := testutil.ToFloat64(m.retries.WithLabelValues(group, "dlq")); r < 1 {
+		t.Fatalf("dlq retries = %v, want >= 1", r)
+	}
+	if err := ing.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := failed.Load(); n != 3 {
+		t.Fatalf("%d DLQ produce requests failed, want 3", n)
+	}
+	s, _ := st.Stats(context.Background())
+	if s.TotalEvents != 5 {
+		t.Fatalf("stored %d, want 5", s.TotalEvents)
+	}
+	rd, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic+DLQSuffix), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	keys := map[string]int{}
+	for len(keys) < 5 && ctx.Err() == nil {
+		rd.PollFetches(ctx).EachRecord(func(r *kgo.Record) { keys[string(r.Key)]++ })
+	}
+	for _, k := range []string{"1", "3", "5", "7", "9"} {
+		if keys[k] != 1 {
+			t.Errorf("DLQ holds record %s %d times, want once (all: %v)", k, keys[k], keys)
+		}
+	}
 }
