@@ -241,8 +241,10 @@ func (r *Runner) Open(mc MailboxConfig) error {
 	return nil
 }
 
-// CloseMailbox stops consuming mailbox id (flushing and committing what was
-// fetched), stops serving it and closes its store.
+// CloseMailbox stops serving mailbox id at once (queries get NotFound from
+// the moment it returns from the map), then stops consuming it, flushing and
+// committing what was fetched, and closes its store. Serving stops first so a
+// sidecar fencing a lost lease never has this runner answer for it again.
 func (r *Runner) CloseMailbox(id string) error {
 	r.mu.Lock()
 	mb, ok := r.mailboxes[id]
