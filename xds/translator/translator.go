@@ -264,9 +264,6 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 			Domains: []string{"*"},
 			Routes:  routes,
 		}},
-		// Runners add no x-prism-* headers of their own; drop any a client or
-		// upstream sends so the ones we add are the only ones.
-		ResponseHeadersToRemove: []string{MailboxResponseHeader, EpochResponseHeader},
 	}, errs
 }
 
@@ -339,10 +336,13 @@ func routeTo(runnerID string) *routev3.Route_Route {
 	}}
 }
 
+// whoAnswered names the mailbox and epoch the route was built for, unless
+// the runner already named itself: the runner knows the epoch it serves
+// under, so its own word on who answered wins and the route's fills in.
 func whoAnswered(m ir.Mailbox) []*corev3.HeaderValueOption {
 	return []*corev3.HeaderValueOption{
-		{Header: &corev3.HeaderValue{Key: MailboxResponseHeader, Value: m.ID}},
-		{Header: &corev3.HeaderValue{Key: EpochResponseHeader, Value: strconv.FormatUint(m.Epoch, 10)}},
+		{Header: &corev3.HeaderValue{Key: MailboxResponseHeader, Value: m.ID}, AppendAction: corev3.HeaderValueOption_ADD_IF_ABSENT},
+		{Header: &corev3.HeaderValue{Key: EpochResponseHeader, Value: strconv.FormatUint(m.Epoch, 10)}, AppendAction: corev3.HeaderValueOption_ADD_IF_ABSENT},
 	}
 }
 
