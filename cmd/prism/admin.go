@@ -25,6 +25,7 @@ type adminFlags struct {
 	dataDir           string
 	inMemory          bool
 	bootstrap         bool
+	join              bool
 	peers             string
 	peerDial          string
 	timing            string
@@ -45,7 +46,8 @@ func adminCommand() *cobra.Command {
 		Long: `Run one admin node. A single node: --bootstrap --data-dir DIR. A static cluster
 of 3 or 5: the same --peers list on every node (id=raft_addr=grpc_addr,...), each
 with its own --node-id, --raft-addr and --data-dir. A node restarting on its data
-dir rejoins with its state; bootstrap only happens on an empty data dir.`,
+dir rejoins with its state; bootstrap only happens on an empty data dir. A node
+added at runtime starts with --join and is added with prismctl member add.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runAdmin(cmd.Context(), f)
@@ -61,6 +63,7 @@ dir rejoins with its state; bootstrap only happens on an empty data dir.`,
 	fs.BoolVar(&f.inMemory, "in-memory", false, "keep raft state in memory only (single node, lost on exit)")
 	fs.BoolVar(&f.bootstrap, "bootstrap", false, "start a new single-node cluster if the data dir is empty")
 	fs.StringVar(&f.peers, "peers", "", "static voters, id=raft_addr=grpc_addr,... (this node included)")
+	fs.BoolVar(&f.join, "join", false, "join a running cluster (someone runs `prismctl member add`): --peers only names the members' gRPC addresses, nothing is bootstrapped")
 	fs.StringVar(&f.peerDial, "peer-dial", "", "dial these raft addresses instead, id=addr,... (e.g. through a local proxy)")
 	fs.StringVar(&f.timing, "raft-timing", "default", "raft timeouts: default (1s heartbeat, WAN-tolerant) or fast (200ms, for one host or a LAN)")
 	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 0, "how often raft checks whether to snapshot (0: raft default 2m)")
@@ -135,8 +138,11 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if err != nil {
 		return cfg, err
 	}
-	if f.inMemory && (len(peers) > 0 || f.dataDir != "") {
-		return cfg, fmt.Errorf("--in-memory is a single node without --peers or --data-dir")
+	if f.inMemory && (len(peers) > 0 || f.dataDir != "" || f.join) {
+		return cfg, fmt.Errorf("--in-memory is a single node without --peers, --join or --data-dir")
+	}
+	if f.join && f.bootstrap {
+		return cfg, fmt.Errorf("--join and --bootstrap exclude each other")
 	}
 	advertise := f.raftAdvertise
 	if len(peers) > 0 {
@@ -170,10 +176,16 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if f.inMemory {
 		raftAddr = ""
 	}
+	bootPeers := peers
+	if f.join {
+		// A joining node must not invent a configuration of its own: the
+		// leader's replaces it only where the logs differ in term.
+		bootPeers = nil
+	}
 	return server.NodeConfig{
 		Raft: raftnode.Config{
 			ID: f.nodeID, DataDir: f.dataDir, BindAddr: raftAddr, Advertise: advertise,
-			Peers: peers, Bootstrap: f.bootstrap || f.inMemory, DialAddrs: dial, Timing: timing,
+			Peers: bootPeers, Bootstrap: f.bootstrap || f.inMemory, DialAddrs: dial, Timing: timing,
 			SnapshotInterval: f.snapshotInterval, SnapshotThreshold: f.snapshotThreshold, TrailingLogs: f.trailingLogs,
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,

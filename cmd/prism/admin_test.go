@@ -47,6 +47,7 @@ func TestAdminFlagValidation(t *testing.T) {
 		{func(f *adminFlags) { f.peers = "b=h:1=h:2" }, "does not include"},
 		{func(f *adminFlags) { f.inMemory = true }, "--in-memory"},
 		{func(f *adminFlags) { f.peerDial = "b" }, "--peer-dial"},
+		{func(f *adminFlags) { f.join, f.bootstrap = true, true }, "exclude each other"},
 	}
 	for _, tc := range cases {
 		f := base
@@ -60,6 +61,11 @@ func TestAdminFlagValidation(t *testing.T) {
 	cfg, err := f.nodeConfig(nil)
 	if err != nil || cfg.Raft.Advertise != "127.0.0.1:7" || len(cfg.Raft.Peers) != 2 || cfg.GRPCAddrs["b"] != "127.0.0.1:10" {
 		t.Fatalf("config from peers: %+v, %v", cfg, err)
+	}
+	f.join = true
+	cfg, err = f.nodeConfig(nil)
+	if err != nil || len(cfg.Raft.Peers) != 0 || cfg.Raft.Bootstrap || cfg.GRPCAddrs["b"] != "127.0.0.1:10" {
+		t.Fatalf("joining node must know gRPC addresses but bootstrap nothing: %+v, %v", cfg, err)
 	}
 }
 

@@ -296,3 +296,34 @@ func anyNode[T any](ctx context.Context, c *cluster, start int, f func(context.C
 	}
 	return zero, fmt.Errorf("no node answered: %w", err)
 }
+
+// addJoiner starts one more node with --join: it knows every member's gRPC
+// address but bootstraps nothing until the leader adds it.
+func (c *cluster) addJoiner() int {
+	c.t.Helper()
+	n := &node{
+		id:       fmt.Sprintf("admin-%d", len(c.nodes)+1),
+		raftAddr: freeAddr(c.t),
+		grpcAddr: freeAddr(c.t),
+		httpAddr: freeAddr(c.t),
+		dataDir:  filepath.Join(c.t.TempDir(), "joiner"),
+	}
+	n.logPath = n.dataDir + ".log"
+	var peers []string
+	for _, o := range append(append([]*node(nil), c.nodes...), n) {
+		peers = append(peers, o.id+"="+o.raftAddr+"="+o.grpcAddr)
+	}
+	n.args = []string{"admin", "--join",
+		"--node-id", n.id, "--raft-addr", n.raftAddr, "--grpc-addr", n.grpcAddr, "--http-addr", n.httpAddr,
+		"--data-dir", n.dataDir, "--peers", strings.Join(peers, ","), "--raft-timing", "fast", "--log-format", "text",
+	}
+	cc, err := grpc.NewClient(n.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { cc.Close() })
+	n.cc = cc
+	c.nodes = append(c.nodes, n)
+	c.start(len(c.nodes) - 1)
+	return len(c.nodes) - 1
+}
