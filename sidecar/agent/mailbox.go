@@ -164,10 +164,9 @@ func (w *worker) acquire() (*adminv1.Lease, time.Time, bool) {
 	bo := w.a.cfg.Backoff
 	var lastRefusal adminv1.LeaseRefusalReason
 	for {
-		var ttl = w.a.cfg.LeaseTTL
 		req := &adminv1.AcquireLeaseRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, RunnerAddress: w.a.cfg.AdvertiseAddr}
-		if ttl > 0 {
-			req.Ttl = durationOf(ttl)
+		if w.a.cfg.LeaseTTL > 0 {
+			req.Ttl = durationOf(w.a.cfg.LeaseTTL)
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		sentAt := w.a.cfg.Clock.Now()
@@ -250,7 +249,7 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) {
 			return
 		}
 		if inflight == nil && !now.Before(nextHB) {
-			inflight = w.heartbeat(epoch)
+			inflight = w.heartbeat(epoch, interval)
 			continue
 		}
 		wake := fenceAt
@@ -320,14 +319,16 @@ func refused(r hbResult) (reason, detail string, lost bool) {
 }
 
 // heartbeat sends one heartbeat with the runner's stats, in the background.
-func (w *worker) heartbeat(epoch uint64) chan hbResult {
+// A slow runner delays it by at most one interval: its stats are not worth
+// the lease.
+func (w *worker) heartbeat(epoch uint64, interval time.Duration) chan hbResult {
 	ch := make(chan hbResult, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		defer cancel()
 		stats := &adminv1.LeaseStats{Health: adminv1.RunnerHealth_RUNNER_HEALTH_HEALTHY}
 		lost := false
-		rctx, rcancel := context.WithTimeout(ctx, w.a.cfg.RPCTimeout/2)
+		rctx, rcancel := context.WithTimeout(ctx, min(w.a.cfg.RPCTimeout/2, interval))
 		sr, err := w.a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{MailboxId: w.id})
 		rcancel()
 		switch {
