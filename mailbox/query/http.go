@@ -215,6 +215,8 @@ func writeStoreError(w http.ResponseWriter, err error) codes.Code {
 		status = 499 // client closed request; it will not read the answer
 	case codes.DeadlineExceeded:
 		status = http.StatusGatewayTimeout
+	case codes.Unavailable:
+		status = http.StatusServiceUnavailable
 	}
 	writeError(w, status, err.Error())
 	return c

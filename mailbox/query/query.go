@@ -32,6 +32,11 @@ type Mailboxes interface {
 	Mailbox(id string) (src Source, epoch uint64, ok bool)
 }
 
+// ErrClosed is what a Source returns for a mailbox closed while a request was
+// on its way; it is answered Unavailable / 503 so the client retries, by then
+// routed to the mailbox's new holder.
+var ErrClosed = errors.New("mailbox closed")
+
 // Response headers naming the mailbox (and its epoch, when known) that answered.
 const (
 	HeaderMailbox = "x-prism-mailbox"
@@ -78,6 +83,8 @@ func code(err error) codes.Code {
 	switch {
 	case err == nil:
 		return codes.OK
+	case errors.Is(err, ErrClosed):
+		return codes.Unavailable
 	case errors.Is(err, store.ErrNotFound):
 		return codes.NotFound
 	case errors.Is(err, store.ErrInvalidFilter):

@@ -73,6 +73,7 @@ var ErrNotOpen = errors.New("mailbox not open")
 type mailbox struct {
 	cfg          MailboxConfig
 	store        *store.Store
+	reads        readGuard
 	ingest       *ingest.Ingester
 	epoch        atomic.Uint64
 	stopRetain   context.CancelFunc
@@ -260,6 +261,7 @@ func (r *Runner) closeMailbox(mb *mailbox) error {
 	errIngest := mb.ingest.Close()
 	mb.stopRetain()
 	<-mb.retainExited
+	mb.reads.close()
 	errStore := mb.store.Close()
 	r.queryM.Forget(mb.cfg.ID)
 	r.log.Info("mailbox closed", "mailbox_id", mb.cfg.ID, "epoch", mb.epoch.Load())
@@ -290,7 +292,58 @@ func (r *Runner) Mailbox(id string) (query.Source, uint64, bool) {
 	if !ok {
 		return nil, 0, false
 	}
-	return mb.store, mb.epoch.Load(), true
+	return guarded{mb}, mb.epoch.Load(), true
+}
+
+// readGuard lets a store close only once the reads that found it open are
+// done; reads that come later get query.ErrClosed instead of a closed DB.
+type readGuard struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+func (g *readGuard) acquire() error {
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return query.ErrClosed
+	}
+	return nil
+}
+
+func (g *readGuard) release() { g.mu.RUnlock() }
+
+func (g *readGuard) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}
+
+// guarded is a mailbox's store as the query servers see it.
+type guarded struct{ mb *mailbox }
+
+func (g guarded) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1.QueryEventsResponse, error) {
+	if err := g.mb.reads.acquire(); err != nil {
+		return nil, err
+	}
+	defer g.mb.reads.release()
+	return g.mb.store.Query(ctx, f)
+}
+
+func (g guarded) Get(ctx context.Context, id string) (*mailboxv1.MailboxItem, error) {
+	if err := g.mb.reads.acquire(); err != nil {
+		return nil, err
+	}
+	defer g.mb.reads.release()
+	return g.mb.store.Get(ctx, id)
+}
+
+func (g guarded) Stats(ctx context.Context) (*mailboxv1.MailboxStats, error) {
+	if err := g.mb.reads.acquire(); err != nil {
+		return nil, err
+	}
+	defer g.mb.reads.release()
+	return g.mb.store.Stats(ctx)
 }
 
 // Stats returns mailbox id's store totals with id and epoch filled in.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/mailbox/query"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
 
@@ -131,8 +132,12 @@ func TestRunnerLifecycle(t *testing.T) {
 		t.Fatalf("mailbox without max age lost items: %d", b.TotalEvents)
 	}
 
+	held, _, _ := r.Mailbox("a@p1") // as a request in flight holds it
 	if err := r.CloseMailbox("a@p1"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := held.Stats(context.Background()); !errors.Is(err, query.ErrClosed) {
+		t.Fatalf("read of a closed mailbox: %v, want query.ErrClosed", err)
 	}
 	if err := r.CloseMailbox("a@p1"); !errors.Is(err, ErrNotOpen) {
 		t.Fatalf("second close: %v", err)
