@@ -86,7 +86,7 @@ func convergence(log *slog.Logger, n, rounds int) (p50, p99 float64, err error) 
 	for i, r := range runners {
 		x.Runners[i].Address = r.Addr
 	}
-	cp.Updater.Update(x)
+	cp.Update(x)
 	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(cp.Addr, fmt.Sprintf("bench-%d", n)))
 	if err != nil {
 		return 0, 0, err
@@ -104,7 +104,7 @@ func convergence(log *slog.Logger, n, rounds int) (p50, p99 float64, err error) 
 		}
 		x = xdstest.MoveLease(x, x.Version+1, i, to)
 		start := time.Now()
-		cp.Updater.Update(x)
+		cp.Update(x)
 		if _, err := await(conn, x.Mailboxes[i].ID, to, 30*time.Second); err != nil {
 			return 0, 0, fmt.Errorf("round %d: %w", round, err)
 		}
@@ -167,7 +167,7 @@ func pushCost(log *slog.Logger) error {
 	}
 	bench("xds.translate_ms_per_change_10k", float64(translate.Microseconds())/1000/rounds, "ms")
 
-	cp.Updater.Update(x)
+	cp.Update(x)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sotw, err := xdstest.DialSotW(ctx, cp.Addr, "bench-sotw")
@@ -225,7 +225,7 @@ func pushCost(log *slog.Logger) error {
 	for round := range rounds {
 		i := (round * 7919) % n
 		x = xdstest.MoveLease(x, x.Version+1, i, xdstest.RunnerID((round+1)%runners))
-		cp.Updater.Update(x)
+		cp.Update(x)
 		if err := both(sotwRoutes, deltaRoutes, strconv.FormatUint(x.Version, 10)); err != nil {
 			return err
 		}

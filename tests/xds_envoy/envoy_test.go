@@ -59,7 +59,7 @@ func TestEnvoyGatewayRoutesByMailbox(t *testing.T) {
 	defer runner.Close()
 
 	gateway, admin := freePort(t), freePort(t)
-	cp.Updater.Update(&ir.IR{
+	cp.Update(&ir.IR{
 		Version:   1,
 		Gateway:   ir.Gateway{Address: gateway},
 		NotFound:  []string{cp.Addr},

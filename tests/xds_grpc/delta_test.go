@@ -75,7 +75,7 @@ func TestDeltaSendsOnlyWhatChanged(t *testing.T) {
 
 	const runners, mailboxes = 10, 1000
 	x := xdstest.Mesh(1, runners, mailboxes, cp.Addr)
-	cp.Updater.Update(x)
+	cp.Update(x)
 	dc, err := xdstest.DialDelta(ctx, cp.Addr, "delta-client")
 	if err != nil {
 		t.Fatal(err)
@@ -159,11 +159,11 @@ func TestDeltaSendsOnlyWhatChanged(t *testing.T) {
 	for _, step := range steps {
 		version++
 		x = step.change(x, version)
-		cp.Updater.Update(x)
+		cp.Update(x)
 		version++
 		marker++
 		x = xdstest.MoveLease(x, version, marker, xdstest.RunnerID(9))
-		cp.Updater.Update(x)
+		cp.Update(x)
 		// The change and the marker may or may not be coalesced into one
 		// snapshot; either way only the changed resources may appear.
 		want := append(slices.Clone(step.want), routeOnly...)
@@ -197,7 +197,7 @@ func TestSotWSendsOnlyChangedTypes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	x := xdstest.Mesh(1, 10, 1000, cp.Addr)
-	cp.Updater.Update(x)
+	cp.Update(x)
 	sc, err := xdstest.DialSotW(ctx, cp.Addr, "sotw-client")
 	if err != nil {
 		t.Fatal(err)
@@ -211,7 +211,7 @@ func TestSotWSendsOnlyChangedTypes(t *testing.T) {
 		}
 		seen[short(resp.GetTypeUrl())] = true
 	}
-	cp.Updater.Update(xdstest.MoveLease(x, 2, 500, xdstest.RunnerID(3)))
+	cp.Update(xdstest.MoveLease(x, 2, 500, xdstest.RunnerID(3)))
 	resp, err := sc.Next()
 	if err != nil {
 		t.Fatal(err)

@@ -50,7 +50,7 @@ func TestClientSurvivesLosingItsAdminNode(t *testing.T) {
 		}
 		x.Mailboxes = []ir.Mailbox{{ID: "audit@proxy-a", Namespace: "audit", RunnerID: owner, Epoch: version}}
 		for _, n := range alive {
-			n.Updater.Update(x)
+			n.Update(x)
 		}
 	}
 

@@ -60,7 +60,7 @@ func (w *world) publish(leases map[string]string) uint64 {
 		ns, _, _ := cut(mailbox)
 		x.Mailboxes = append(x.Mailboxes, ir.Mailbox{ID: mailbox, Namespace: ns, RunnerID: runner, Epoch: w.version})
 	}
-	w.cp.Updater.Update(x)
+	w.cp.Update(x)
 	return w.version
 }
 

@@ -18,12 +18,11 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/xds"
+	grpcxds "google.golang.org/grpc/xds"
 
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
-	"github.com/prism-mesh/prism/xds/cache"
+	"github.com/prism-mesh/prism/xds"
 	"github.com/prism-mesh/prism/xds/notfound"
-	"github.com/prism-mesh/prism/xds/server"
 	"github.com/prism-mesh/prism/xds/translator"
 )
 
@@ -31,9 +30,8 @@ import (
 type ControlPlane struct {
 	// Addr is the gRPC address serving ADS and the not-found service.
 	Addr     string
-	Cache    *cache.Cache
-	Updater  *cache.Updater
 	Registry *prometheus.Registry
+	*xds.ControlPlane
 
 	grpc   *grpc.Server
 	cancel context.CancelFunc
@@ -49,16 +47,13 @@ func StartControlPlane(log *slog.Logger, debounce time.Duration) (*ControlPlane,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	reg := prometheus.NewRegistry()
-	c := cache.New(log)
-	u := cache.NewUpdater(c, cache.UpdaterConfig{Debounce: debounce, Log: log, Registerer: reg})
-	srv := server.New(ctx, server.Config{Cache: c, Stamps: u, Registerer: reg, Log: log})
+	x := xds.New(ctx, xds.Config{Registerer: reg, Log: log, Debounce: debounce})
 	g := grpc.NewServer()
-	srv.Register(g)
-	notfound.Register(g)
+	x.Register(g)
 	healthpb.RegisterHealthServer(g, health.NewServer())
-	cp := &ControlPlane{Addr: lis.Addr().String(), Cache: c, Updater: u, Registry: reg, grpc: g, cancel: cancel, done: make(chan struct{})}
+	cp := &ControlPlane{Addr: lis.Addr().String(), Registry: reg, ControlPlane: x, grpc: g, cancel: cancel, done: make(chan struct{})}
 	go func() { _ = g.Serve(lis) }()
-	go func() { defer close(cp.done); _ = u.Run(ctx) }()
+	go func() { defer close(cp.done); _ = x.Run(ctx) }()
 	return cp, nil
 }
 
@@ -86,7 +81,7 @@ func Bootstrap(addr, nodeID string) []byte {
 // resolver, configured with bootstrap rather than the process environment so
 // tests can run in parallel.
 func DialMailboxQuery(bootstrap []byte) (*grpc.ClientConn, error) {
-	rb, err := xds.NewXDSResolverWithConfigForTesting(bootstrap)
+	rb, err := grpcxds.NewXDSResolverWithConfigForTesting(bootstrap)
 	if err != nil {
 		return nil, fmt.Errorf("xds resolver: %w", err)
 	}
