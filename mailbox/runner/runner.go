@@ -271,6 +271,22 @@ func (r *Runner) closeMailbox(mb *mailbox) error {
 	return nil
 }
 
+// Drain stops consuming mailbox id (stop fetching, flush, commit offsets, leave
+// the consumer group) but keeps serving its queries; CloseMailbox ends it.
+// A graceful shutdown drains before the lease is released.
+func (r *Runner) Drain(id string) error {
+	r.mu.RLock()
+	mb, ok := r.mailboxes[id]
+	r.mu.RUnlock()
+	if !ok {
+		return fmt.Errorf("drain %s: %w", id, ErrNotOpen)
+	}
+	if err := mb.ingest.Close(); err != nil {
+		return fmt.Errorf("drain %s: %w", id, err)
+	}
+	return nil
+}
+
 // SetEpoch records the lease epoch mailbox id is served under; queries and
 // stats then report it.
 func (r *Runner) SetEpoch(id string, epoch uint64) error {

@@ -132,6 +132,15 @@ func TestRunnerLifecycle(t *testing.T) {
 		t.Fatalf("mailbox without max age lost items: %d", b.TotalEvents)
 	}
 
+	if err := r.Drain("a@p1"); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := status(t, base+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with a drained mailbox = %d, want 503", code)
+	}
+	if code, _ := status(t, base+"/v1/mailboxes/a@p1/events"); code != http.StatusOK {
+		t.Fatalf("drained mailbox answered %d, want 200 (still served)", code)
+	}
 	held, _, _ := r.Mailbox("a@p1") // as a request in flight holds it
 	if err := r.CloseMailbox("a@p1"); err != nil {
 		t.Fatal(err)
