@@ -21,6 +21,7 @@ type Metrics struct {
 	commit      prometheus.Histogram
 	fsmApply    prometheus.Histogram
 	expirations prometheus.Counter
+	expiryScans prometheus.Counter
 	forwards    *prometheus.CounterVec
 	forwardTime prometheus.Histogram
 	rpcs        *prometheus.CounterVec
@@ -43,6 +44,10 @@ func NewMetrics() *Metrics {
 		expirations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prism_admin_lease_expirations_total",
 			Help: "Leases removed by expire commands this node committed as leader.",
+		}),
+		expiryScans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prism_admin_lease_expiry_scans_total",
+			Help: "Times the leader asked the lessor for leases past expires + grace.",
 		}),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_admin_forwards_total",
@@ -76,7 +81,7 @@ func (m *Metrics) register(reg prometheus.Registerer, s *Server) error {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	cs := []prometheus.Collector{
-		m.commit, m.fsmApply, m.expirations, m.forwards, m.forwardTime, m.rpcs, m.rpcTime,
+		m.commit, m.fsmApply, m.expirations, m.expiryScans, m.forwards, m.forwardTime, m.rpcs, m.rpcTime,
 		stat("prism_admin_raft_term", "Current raft term.", func() float64 { return float64(s.node.Stats().Term) }),
 		stat("prism_admin_raft_commit_index", "Raft commit index.", func() float64 { return float64(s.node.Stats().CommitIndex) }),
 		stat("prism_admin_raft_applied_index", "Index the FSM applied.", func() float64 { return float64(s.node.Stats().AppliedIndex) }),

@@ -254,6 +254,7 @@ func (s *Server) every(ctx context.Context, d time.Duration, f func(context.Cont
 // expireDue commits the leases the lessor says are past expires + grace.
 func (s *Server) expireDue(ctx context.Context) {
 	refs := s.lessor.Expired()
+	s.metrics.expiryScans.Inc()
 	if len(refs) == 0 {
 		return
 	}

@@ -2,6 +2,9 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"strconv"
+	"sync"
 	"io"
 	"log/slog"
 	"net/http"
@@ -21,12 +24,35 @@ import (
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// fakeClock is the leader clock the tests move by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
 // startSingle runs an in-memory single-node admin and returns its clients.
 func startSingle(t *testing.T) (*Node, adminv1.ControlPlaneClient, adminv1.AdminClient, *grpc.ClientConn) {
 	t.Helper()
+	return startSingleAt(t, time.Now, 0)
+}
+
+func startSingleAt(t *testing.T, now func() time.Time, staleAfter time.Duration) (*Node, adminv1.ControlPlaneClient, adminv1.AdminClient, *grpc.ClientConn) {
+	t.Helper()
 	n, err := Start(NodeConfig{
 		Raft:     raftnode.Config{ID: "solo", Bootstrap: true, Timing: raftnode.FastTiming()},
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: quiet(),
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: quiet(), Now: now, StaleProxyAfter: staleAfter,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -109,34 +135,120 @@ func TestLeaseLifecycleOnOneNode(t *testing.T) {
 	}
 }
 
+// awaitState polls until cond holds; the leader loops run on their own
+// tickers, so the test waits for them instead of sleeping.
+func awaitState(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func TestLeaseExpiresOnlyAfterTTLPlusGrace(t *testing.T) {
 	t.Parallel()
-	n, cp, adm, _ := startSingle(t)
+	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	n, cp, adm, _ := startSingleAt(t, clk.Now, 0)
 	c := ctx(t)
 	acq, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "a@p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001", Ttl: durationpb.New(time.Second)})
 	if err != nil || !acq.GetGranted() {
 		t.Fatalf("acquire: %v, %v", acq, err)
 	}
-	deadline := acq.GetLease().GetExpiresAt().AsTime().Add(acq.GetLease().GetGrace().AsDuration())
-	for {
+	grace := acq.GetLease().GetGrace().AsDuration()
+	// Just before expires + grace: several expiry ticks pass, the lease stays.
+	clk.Advance(time.Second + grace - time.Millisecond)
+	scans := scrapeValue(t, n, "prism_admin_lease_expiry_scans_total")
+	awaitState(t, "expiry scans", func() bool { return scrapeValue(t, n, "prism_admin_lease_expiry_scans_total") >= scans+3 })
+	if _, err := adm.GetLease(c, &adminv1.GetLeaseRequest{MailboxId: "a@p"}); err != nil {
+		t.Fatalf("lease gone before expires+grace: %v", err)
+	}
+	hb, err := cp.MailboxHeartbeat(c, &adminv1.MailboxHeartbeatRequest{MailboxId: "a@p", RunnerId: "r1"})
+	if err != nil || !hb.GetRenewed() {
+		t.Fatalf("heartbeat within grace: %v, %v", hb, err)
+	}
+	// The renewal moved the deadline: past the old one, still held.
+	clk.Advance(2 * time.Millisecond)
+	if _, err := adm.GetLease(c, &adminv1.GetLeaseRequest{MailboxId: "a@p"}); err != nil {
+		t.Fatalf("renewed lease gone: %v", err)
+	}
+	clk.Advance(time.Second + grace)
+	awaitState(t, "the lease to expire", func() bool {
 		_, err := adm.GetLease(c, &adminv1.GetLeaseRequest{MailboxId: "a@p"})
-		if status.Code(err) == codes.NotFound {
-			break
+		return status.Code(err) == codes.NotFound
+	})
+	hb, err = cp.MailboxHeartbeat(c, &adminv1.MailboxHeartbeatRequest{MailboxId: "a@p", RunnerId: "r1"})
+	if err != nil || hb.GetRenewed() || hb.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_LEASE {
+		t.Fatalf("heartbeat after expiry: %v, %v", hb, err)
+	}
+	if v := scrapeValue(t, n, "prism_admin_lease_expirations_total"); v != 1 {
+		t.Fatalf("expirations = %v", v)
+	}
+}
+
+func TestStaleProxyLosesItsNamespaces(t *testing.T) {
+	t.Parallel()
+	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	_, cp, adm, _ := startSingleAt(t, clk.Now, 30*time.Second)
+	c := ctx(t)
+	for _, p := range []string{"p1", "p2"} {
+		if _, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: p, Address: "127.0.0.1:9000"}}); err != nil {
+			t.Fatal(err)
 		}
+	}
+	var onP2 string
+	for i := 0; onP2 == ""; i++ {
+		name := fmt.Sprintf("ns-%d", i)
+		r, err := cp.CreateNamespace(c, &adminv1.CreateNamespaceRequest{Namespace: name, Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if time.Now().After(deadline.Add(20 * time.Second)) {
-			t.Fatal("lease never expired")
+		if r.GetNamespace().GetAssignedProxyId() == "p2" {
+			onP2 = name
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	if now := time.Now(); now.Before(deadline) {
-		t.Fatalf("lease expired at %v, before expires+grace %v", now, deadline)
+	watch, err := cp.WatchAssignments(c, &adminv1.WatchAssignmentsRequest{ProxyId: "p1"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	body := scrape(t, n)
-	if !strings.Contains(body, "prism_admin_lease_expirations_total 1") {
-		t.Fatalf("expiration not counted:\n%s", grepLines(body, "expiration"))
+	first, err := watch.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range first.GetAssignments() {
+		if a.GetNamespace() == onP2 {
+			t.Fatalf("%s already on p1", onP2)
+		}
+	}
+	// p1 keeps heartbeating; p2 goes silent past the stale time.
+	clk.Advance(20 * time.Second)
+	if _, err := cp.ProxyHeartbeat(c, &adminv1.ProxyHeartbeatRequest{ProxyId: "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(15 * time.Second)
+	awaitState(t, "p2 to be marked stale", func() bool {
+		r, err := adm.GetProxy(c, &adminv1.GetProxyRequest{ProxyId: "p2"})
+		return err == nil && r.GetProxy().GetProxy().GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_STALE
+	})
+	if r, _ := adm.GetProxy(c, &adminv1.GetProxyRequest{ProxyId: "p1"}); r.GetProxy().GetProxy().GetStatus() != adminv1.ProxyStatus_PROXY_STATUS_LIVE {
+		t.Fatalf("p1 marked stale although it heartbeated: %v", r)
+	}
+	ns, err := adm.GetNamespace(c, &adminv1.GetNamespaceRequest{Namespace: onP2})
+	if err != nil || ns.GetNamespace().GetAssignedProxyId() != "p1" {
+		t.Fatalf("%s after p2 went stale: %v, %v", onP2, ns, err)
+	}
+	for {
+		next, err := watch.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range next.GetAssignments() {
+			if a.GetNamespace() == onP2 {
+				return
+			}
+		}
 	}
 }
 
@@ -151,14 +263,18 @@ func scrape(t *testing.T, n *Node) string {
 	return string(b)
 }
 
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
+// scrapeValue sums a metric's samples.
+func scrapeValue(t *testing.T, n *Node, name string) float64 {
+	t.Helper()
+	total := 0.0
+	for _, l := range strings.Split(scrape(t, n), "\n") {
+		if strings.HasPrefix(l, name+" ") || strings.HasPrefix(l, name+"{") {
+			f := strings.Fields(l)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			total += v
 		}
 	}
-	return strings.Join(out, "\n")
+	return total
 }
 
 func TestHealthAndMetrics(t *testing.T) {
