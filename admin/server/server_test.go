@@ -3,12 +3,12 @@ package server
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"sync"
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
