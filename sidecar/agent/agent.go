@@ -161,6 +161,7 @@ type Agent struct {
 
 	mu        sync.Mutex
 	workers   map[string]*worker // assigned now, by mailbox id
+	closing   map[string]*worker // unassigned, still closing and releasing
 	all       sync.WaitGroup     // every worker, unassigned ones included
 	lastIndex uint64
 	stopped   []*worker // workers that halted for the graceful stop
@@ -176,6 +177,7 @@ func New(cfg Config) (*Agent, error) {
 		log:     cfg.Logger.With("proxy_id", cfg.ProxyID, "runner_id", cfg.RunnerID),
 		m:       newMetrics(cfg.Registerer),
 		workers: map[string]*worker{},
+		closing: map[string]*worker{},
 	}
 	if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
 		a.reg = g
@@ -316,6 +318,7 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 			a.log.Info("mailbox unassigned", "mailbox_id", id, "epoch", w.view().Epoch, "index", msg.GetIndex(), "reassigned_with_new_config", ok)
 			w.stop(stopUnassign)
 			delete(a.workers, id)
+			a.closing[id] = w
 		}
 	}
 	for id, as := range want {
@@ -324,10 +327,22 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 		}
 		a.log.Info("mailbox assigned", "mailbox_id", id, "namespace", as.GetNamespace(), "index", msg.GetIndex())
 		w := newWorker(a, id, as)
+		// A worker still closing the same mailbox goes first: its close
+		// and release must not land after this one's open and acquire.
+		w.prev = a.closing[id]
 		a.workers[id] = w
 		a.all.Go(w.run)
 	}
 	a.synced.Store(true)
+}
+
+// closed forgets a worker that finished closing.
+func (a *Agent) closed(w *worker) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closing[w.id] == w {
+		delete(a.closing, w.id)
+	}
 }
 
 // Shutdown halts every worker, drains the runner and releases every lease

@@ -358,3 +358,29 @@ func TestShutdownBoundedWhenAdminHangs(t *testing.T) {
 		t.Fatalf("release not attempted after the drain:\n%s", h.ev)
 	}
 }
+
+// Unassigned and assigned again while the runner is still draining: the new
+// open and acquire wait for the old close and release.
+func TestReassignWaitsForClose(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit")
+	h.waitEvent(0, "runner activate audit@p1 5")
+	gate := make(chan struct{})
+	h.runner.mu.Lock()
+	h.runner.closeGate = gate
+	h.runner.mu.Unlock()
+	h.assign(2)
+	h.assign(3, "audit")
+	h.waitFor("new worker registered", func() bool { return len(h.agent.Leases()) == 1 })
+	if n := h.ev.count("runner open audit@p1"); n != 1 {
+		t.Fatalf("reopened while the old close is pending:\n%s", h.ev)
+	}
+	close(gate)
+	iRel, _ := h.waitEvent(0, "admin release audit@p1 5")
+	iOpen, _ := h.waitEvent(iRel, "runner open audit@p1 0")
+	_, act := h.waitEvent(iOpen, "runner activate audit@p1")
+	if !strings.HasPrefix(act.what, "runner activate audit@p1 6 ") {
+		t.Fatalf("activation %q", act.what)
+	}
+}

@@ -189,6 +189,8 @@ type fakeRunner struct {
 	ev *events
 	mu sync.Mutex
 	mb map[string]*runnerv1.MailboxStatus
+	// closeGate, when set, holds CloseMailbox until closed: a slow drain.
+	closeGate chan struct{}
 }
 
 func newFakeRunner(ev *events) *fakeRunner {
@@ -238,6 +240,12 @@ func (r *fakeRunner) FenceMailbox(_ context.Context, in *runnerv1.FenceMailboxRe
 }
 
 func (r *fakeRunner) CloseMailbox(_ context.Context, in *runnerv1.CloseMailboxRequest, _ ...grpc.CallOption) (*runnerv1.CloseMailboxResponse, error) {
+	r.mu.Lock()
+	gate := r.closeGate
+	r.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ev.add("runner close %s", in.GetMailboxId())

@@ -63,6 +63,7 @@ type worker struct {
 	cancel     context.CancelFunc
 	done       chan struct{}
 	assigned   time.Time
+	prev       *worker // the previous worker of this mailbox, if still closing
 
 	mu   sync.Mutex
 	mode stopMode
@@ -108,7 +109,13 @@ func (w *worker) stopMode() stopMode {
 // until stopped, re-acquiring after every loss.
 func (w *worker) run() {
 	defer close(w.done)
-	if w.openInRunner() {
+	if w.prev != nil {
+		select {
+		case <-w.prev.done:
+		case <-w.ctx.Done():
+		}
+	}
+	if w.ctx.Err() == nil && w.openInRunner() {
 		for w.ctx.Err() == nil {
 			l, sentAt, ok := w.acquire()
 			if !ok {
@@ -119,6 +126,7 @@ func (w *worker) run() {
 	}
 	if w.stopMode() == stopUnassign {
 		w.unassign()
+		w.a.closed(w)
 	}
 }
 
