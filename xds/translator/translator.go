@@ -11,15 +11,18 @@
 //
 // The route table is one resource sent whole on every change, and grpc-go's
 // xDS client refuses messages over 4 MiB, so routes carry nothing optional:
-// no names, no metadata (about 290 bytes per mailbox with 24-character ids,
-// 2.9 MB at 10,000 mailboxes). Sharding the table is the next step past that.
+// no names, no metadata, x-prism-* response headers only where the runner
+// does not set them itself (about 270 bytes per mailbox with 17-character
+// ids, 2.7 MB at 10,000 mailboxes, plus about 100 bytes per namespace alias).
+// Sharding the table is the next step past that.
 //
 // Route order matters because the first match wins:
-//  1. per mailbox, header x-mailbox-id exact → its runner. First, so a gRPC
-//     call (path /prism.mailbox.v1.MailboxQuery/...) matches without grpc-go
-//     evaluating any path regex;
-//  2. per mailbox, path /v1/mailboxes/{id}/... with "$" and "@" raw or
-//     percent-encoded → its runner;
+//  1. per mailbox, header x-mailbox-id exact → its runner, adding
+//     x-prism-mailbox and x-prism-epoch. First, so a gRPC call (path
+//     /prism.mailbox.v1.MailboxQuery/...) matches after one cheap compare
+//     per mailbox;
+//  2. per mailbox, path prefix /v1/mailboxes/{id}/ with "$" and "@" raw or
+//     percent-encoded, one prefix per form → its runner;
 //  3. per namespace alias, /v1/namespaces/{ns}/... → the current mailbox's
 //     runner, the path rewritten to /v1/mailboxes/{id}/... because runners only
 //     serve that form;
@@ -120,10 +123,13 @@ func Translate(x *ir.IR) (*Resources, error) { return New().Translate(x) }
 type Translator struct {
 	mu        sync.Mutex
 	mailboxes map[ir.Mailbox]mailboxRoutes
-	aliases   map[aliasKey]*routev3.Route
+	aliases   map[aliasKey][]*routev3.Route
 }
 
-type mailboxRoutes struct{ header, path *routev3.Route }
+type mailboxRoutes struct {
+	header *routev3.Route
+	path   []*routev3.Route
+}
 
 type aliasKey struct {
 	alias   ir.Alias
@@ -132,7 +138,7 @@ type aliasKey struct {
 
 // New returns a Translator with nothing remembered.
 func New() *Translator {
-	return &Translator{mailboxes: map[ir.Mailbox]mailboxRoutes{}, aliases: map[aliasKey]*routev3.Route{}}
+	return &Translator{mailboxes: map[ir.Mailbox]mailboxRoutes{}, aliases: map[aliasKey][]*routev3.Route{}}
 }
 
 // Translate is the package's Translate, remembering routes for the next call.
@@ -220,8 +226,8 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		}
 		mr, ok := t.mailboxes[m]
 		if !ok {
-			mr = mailboxRoutes{header: headerRoute(m), path: pathRoute(m)}
-			if err := errors.Join(mr.header.ValidateAll(), mr.path.ValidateAll()); err != nil {
+			mr = mailboxRoutes{header: headerRoute(m), path: mailboxPathRoutes(m)}
+			if err := validateRoutes(append([]*routev3.Route{mr.header}, mr.path...)); err != nil {
 				errs = append(errs, fmt.Errorf("mailbox %q routes: %w", m.ID, err))
 				continue
 			}
@@ -229,9 +235,9 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		mailboxes[m] = mr
 		byID[m.ID] = m
 		headerRoutes = append(headerRoutes, mr.header)
-		pathRoutes = append(pathRoutes, mr.path)
+		pathRoutes = append(pathRoutes, mr.path...)
 	}
-	aliases := make(map[aliasKey]*routev3.Route, len(v.Aliases))
+	aliases := make(map[aliasKey][]*routev3.Route, len(v.Aliases))
 	for _, a := range v.Aliases {
 		m, ok := byID[a.MailboxID]
 		if !ok {
@@ -241,14 +247,14 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		key := aliasKey{alias: a, mailbox: m}
 		r, ok := t.aliases[key]
 		if !ok {
-			r = aliasRoute(a, m)
-			if err := r.ValidateAll(); err != nil {
+			r = namespaceAliasRoutes(a, m)
+			if err := validateRoutes(r); err != nil {
 				errs = append(errs, fmt.Errorf("alias %q route: %w", a.Namespace, err))
 				continue
 			}
 		}
 		aliases[key] = r
-		aliasRoutes = append(aliasRoutes, r)
+		aliasRoutes = append(aliasRoutes, r...)
 	}
 	// Remember only what this state uses, so the memory follows the table.
 	t.mailboxes, t.aliases = mailboxes, aliases
@@ -267,6 +273,14 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 	}, errs
 }
 
+func validateRoutes(routes []*routev3.Route) error {
+	var errs []error
+	for _, r := range routes {
+		errs = append(errs, r.ValidateAll())
+	}
+	return errors.Join(errs...)
+}
+
 func headerRoute(m ir.Mailbox) *routev3.Route {
 	return &routev3.Route{
 		Match: &routev3.RouteMatch{
@@ -278,33 +292,90 @@ func headerRoute(m ir.Mailbox) *routev3.Route {
 	}
 }
 
-func pathRoute(m ir.Mailbox) *routev3.Route {
-	return &routev3.Route{
-		Match: &routev3.RouteMatch{
-			PathSpecifier: &routev3.RouteMatch_SafeRegex{SafeRegex: regex(
-				"/v1/mailboxes/" + pathSegmentRegex(m.ID) + "/.*")},
-		},
-		Action:               routeTo(m.RunnerID),
-		ResponseHeadersToAdd: whoAnswered(m),
-	}
+// mailboxPathRoutes route /v1/mailboxes/{id}/... to the mailbox's runner.
+// They carry no x-prism-* response headers: the runner's HTTP API sets them
+// itself, and the table's size is what every change costs.
+func mailboxPathRoutes(m ir.Mailbox) []*routev3.Route {
+	return idRoutes("/v1/mailboxes/", m.ID, func(bool) *routev3.Route_Route { return routeTo(m.RunnerID) })
 }
 
-func aliasRoute(a ir.Alias, m ir.Mailbox) *routev3.Route {
-	action := routeTo(m.RunnerID)
-	// The runner serves /v1/mailboxes/{id}/... only, so the alias is rewritten
-	// rather than forwarded as is.
-	action.Route.RegexRewrite = &matcherv3.RegexMatchAndSubstitute{
-		Pattern:      regex(`^/v1/namespaces/[^/]+/`),
-		Substitution: "/v1/mailboxes/" + escapeSubstitution(m.ID) + "/",
+// namespaceAliasRoutes route /v1/namespaces/{ns}/... to the current
+// mailbox's runner, rewriting the path to /v1/mailboxes/{id}/... because
+// runners serve only that form.
+func namespaceAliasRoutes(a ir.Alias, m ir.Mailbox) []*routev3.Route {
+	target := "/v1/mailboxes/" + m.ID + "/"
+	return idRoutes("/v1/namespaces/", a.Namespace, func(prefix bool) *routev3.Route_Route {
+		action := routeTo(m.RunnerID)
+		if prefix {
+			action.Route.PrefixRewrite = target
+		} else {
+			action.Route.RegexRewrite = &matcherv3.RegexMatchAndSubstitute{
+				Pattern:      regex(`^/v1/namespaces/[^/]+/`),
+				Substitution: escapeSubstitution(target),
+			}
+		}
+		return action
+	})
+}
+
+// idRoutes matches base + s + "/" with each "$" and "@" in s raw or
+// percent-encoded (%24, %40), so curl's raw form, encodeURIComponent's and
+// any mix route alike. With at most maxEncoded such characters every form
+// is a prefix route: grpc-go parses the whole table on every change, and a
+// prefix costs it nothing to compile where a regex costs ~30 µs. Rarer ids
+// fall back to one regex route. action builds the route's action for a
+// prefix (true) or regex (false) match.
+func idRoutes(base, s string, action func(prefix bool) *routev3.Route_Route) []*routev3.Route {
+	forms := pathForms(s)
+	if forms == nil {
+		return []*routev3.Route{{
+			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_SafeRegex{SafeRegex: regex(base + pathSegmentRegex(s) + "/.*")}},
+			Action: action(false),
+		}}
 	}
-	return &routev3.Route{
-		Match: &routev3.RouteMatch{
-			PathSpecifier: &routev3.RouteMatch_SafeRegex{SafeRegex: regex(
-				"/v1/namespaces/" + pathSegmentRegex(a.Namespace) + "/.*")},
-		},
-		Action:               action,
-		ResponseHeadersToAdd: whoAnswered(m),
+	out := make([]*routev3.Route, 0, len(forms))
+	for _, f := range forms {
+		out = append(out, &routev3.Route{
+			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: base + f + "/"}},
+			Action: action(true),
+		})
 	}
+	return out
+}
+
+// maxEncoded bounds the prefix routes of one id at 2^maxEncoded: a mailbox
+// id has one "@", and "$admin@proxy" ids one "$" more.
+const maxEncoded = 2
+
+// pathForms returns every way s can appear in a URL path, each "$" and "@"
+// raw or percent-encoded, or nil when s has more than maxEncoded of them.
+// The other characters ir allows are unreserved and never encoded.
+func pathForms(s string) []string {
+	forms := []string{""}
+	encoded := 0
+	for _, r := range s {
+		var enc string
+		switch r {
+		case '$':
+			enc = "%24"
+		case '@':
+			enc = "%40"
+		default:
+			for i := range forms {
+				forms[i] += string(r)
+			}
+			continue
+		}
+		if encoded++; encoded > maxEncoded {
+			return nil
+		}
+		next := make([]string, 0, 2*len(forms))
+		for _, f := range forms {
+			next = append(next, f+string(r), f+enc)
+		}
+		forms = next
+	}
+	return forms
 }
 
 func notFoundGRPCRoute() *routev3.Route {
