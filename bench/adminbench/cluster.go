@@ -81,6 +81,7 @@ func freeAddr() string {
 type prismCluster struct {
 	nodes []*proc
 	grpc  []string
+	http  []string
 	conns []*grpc.ClientConn
 }
 
@@ -96,6 +97,7 @@ func startPrism(bin, dir string, size int) (*prismCluster, error) {
 		a := addrs{freeAddr(), freeAddr(), freeAddr()}
 		as = append(as, a)
 		c.grpc = append(c.grpc, a.grpc)
+		c.http = append(c.http, a.http)
 	}
 	for i, a := range as {
 		peers = append(peers, fmt.Sprintf("admin-%d=%s=%s", i+1, a.raft, a.grpc))

@@ -55,6 +55,13 @@ func prismLatency(ctx context.Context, o options, dir string, size int) error {
 			return ok, true
 		})
 		report("admin", "acquire", t.suffix, r, rate)
+		if round == 0 {
+			// Where acquire time goes on the leader: raft commit (append,
+			// fsync on leader and a follower, apply) against end to end.
+			if q, err := histogramQuantile("http://"+c.http[lead]+"/metrics", "prism_admin_raft_commit_seconds", 0.99); err == nil {
+				bench("admin.raft_commit_p99_ms"+suffix, q*1000, "ms")
+			}
+		}
 		r, rate = phase(o, func(w, i int) (bool, bool) {
 			if acquired[w] == 0 {
 				return false, false
