@@ -388,7 +388,7 @@ func (s *Server) fenceLocked(e *entry, reason string) {
 	// Whatever the drain reported, the mailbox is no longer served or
 	// consumed: CloseMailbox unpublishes it before anything else.
 	e.state, e.fenceReason = runnerv1.MailboxState_MAILBOX_STATE_FENCED, reason
-	s.fences.WithLabelValues(reason).Inc()
+	s.fences.WithLabelValues(reasonLabel(reason)).Inc()
 	s.log.Warn("mailbox fenced: stopped consuming and serving", "mailbox_id", e.id, "epoch", e.epoch, "reason", reason, "took", time.Since(start), "err", err)
 }
 
@@ -561,6 +561,21 @@ func (s *Server) count(method string, err error) {
 }
 
 const maxIDBytes = 512
+
+// reasonLabel keeps the fence metric's label set small and valid: reasons
+// are short snake_case words (ttl_elapsed, expired, deadline_passed); any
+// other text counts as "other" and is only logged.
+func reasonLabel(r string) string {
+	if len(r) == 0 || len(r) > 32 {
+		return "other"
+	}
+	for _, c := range r {
+		if (c < 'a' || c > 'z') && c != '_' {
+			return "other"
+		}
+	}
+	return r
+}
 
 func validFor(id string, d *durationpb.Duration) (time.Duration, error) {
 	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
