@@ -221,8 +221,11 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 		s.log.Info("mailbox store opened; waiting for a lease epoch", "mailbox_id", id, "topics", req.GetConfig().GetTopics(), "took", time.Since(start))
 	} else {
 		e.mu.Lock()
-		same := proto.Equal(e.cfg, req.GetConfig())
+		same, gone := proto.Equal(e.cfg, req.GetConfig()), e.gone
 		e.mu.Unlock()
+		if gone {
+			return nil, status.Errorf(codes.Unavailable, "open %s: closed or failed meanwhile; retry", id)
+		}
 		if !same {
 			return nil, status.Errorf(codes.FailedPrecondition, "open %s: already open with a different config; close it first", id)
 		}

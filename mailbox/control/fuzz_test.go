@@ -19,7 +19,7 @@ func FuzzControlCalls(f *testing.F) {
 	f.Add("a@p", "t", int32(1), int64(0), int64(0), uint64(3), int64(1e9), []byte{0, 1, 2, 3, 4, 5})
 	f.Add("../x", "", int32(9), int64(-1), int64(-5), uint64(0), int64(-1), []byte{1, 1, 3, 2, 0})
 	f.Add("a@p", "t", int32(0), int64(1), int64(1), uint64(1<<63), int64(0), []byte{0, 0, 1, 1, 2, 2, 5, 4})
-	allowed := map[codes.Code]bool{codes.OK: true, codes.InvalidArgument: true, codes.NotFound: true, codes.FailedPrecondition: true, codes.Internal: true}
+	allowed := map[codes.Code]bool{codes.OK: true, codes.InvalidArgument: true, codes.NotFound: true, codes.FailedPrecondition: true, codes.Internal: true, codes.Unavailable: true}
 	f.Fuzz(func(t *testing.T, id, topic string, mode int32, maxAge, maxSize int64, epoch uint64, validFor int64, ops []byte) {
 		s, _, _, _ := newServerClock(t)
 		ctx := context.Background()
