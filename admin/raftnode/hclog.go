@@ -2,6 +2,7 @@ package raftnode
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -16,10 +17,13 @@ type hclogAdapter struct {
 	name  string
 	args  []any
 	level hclog.Level
+	// term, when it returns non-zero, stamps every line with the current
+	// raft term, so logs of different nodes can be lined up by term.
+	term func() uint64
 }
 
-func newHclog(l *slog.Logger, level hclog.Level) hclog.Logger {
-	return &hclogAdapter{l: l, level: level}
+func newHclog(l *slog.Logger, level hclog.Level, term func() uint64) hclog.Logger {
+	return &hclogAdapter{l: l, level: level, term: term}
 }
 
 func toSlogLevel(l hclog.Level) slog.Level {
@@ -45,7 +49,38 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	if h.name != "" {
 		l = l.With("component", h.name)
 	}
-	l.Log(context.Background(), toSlogLevel(level), msg, append(h.args[:len(h.args):len(h.args)], args...)...)
+	all := normalize(append(h.args[:len(h.args):len(h.args)], args...))
+	if t := h.term(); t > 0 && !hasKey(all, "term") {
+		all = append(all, "term", t)
+	}
+	l.Log(context.Background(), toSlogLevel(level), msg, all...)
+}
+
+// normalize renders hclog.Fmt values and renames raft's own "node" (a
+// description like "Node at a1 [Leader]") so it does not shadow our node id.
+func normalize(args []any) []any {
+	out := make([]any, len(args))
+	copy(out, args)
+	for i := 0; i+1 < len(out); i += 2 {
+		if out[i] == "node" {
+			out[i] = "raft_node"
+		}
+		if f, ok := out[i+1].(hclog.Format); ok && len(f) > 0 {
+			if format, ok := f[0].(string); ok {
+				out[i+1] = fmt.Sprintf(format, f[1:]...)
+			}
+		}
+	}
+	return out
+}
+
+func hasKey(args []any, key string) bool {
+	for i := 0; i+1 < len(args); i += 2 {
+		if args[i] == key {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *hclogAdapter) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -142,11 +143,12 @@ func (c *Config) withDefaults() error {
 
 // Node is a running Raft member.
 type Node struct {
-	cfg    Config
-	log    *slog.Logger
-	raft   *raft.Raft
-	trans  raft.Transport
-	closer func() error // closes transport and stores after raft shut down
+	cfg     Config
+	log     *slog.Logger
+	raft    *raft.Raft
+	current atomic.Pointer[raft.Raft] // for the log adapter, which exists before raft
+	trans   raft.Transport
+	closer  func() error // closes transport and stores after raft shut down
 
 	notifyCh chan bool
 	obsCh    chan raft.Observation
@@ -175,7 +177,12 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		stop:     make(chan struct{}),
 		changed:  make(chan struct{}),
 	}
-	hl := newHclog(n.log, hclog.Info)
+	hl := newHclog(n.log, hclog.Info, func() uint64 {
+		if r := n.current.Load(); r != nil {
+			return r.CurrentTerm()
+		}
+		return 0
+	})
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
@@ -274,6 +281,7 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		return nil, fmt.Errorf("start raft %s: %w", cfg.ID, err)
 	}
 	n.raft = r
+	n.current.Store(r)
 	n.observer = raft.NewObserver(n.obsCh, false, func(o *raft.Observation) bool {
 		switch o.Data.(type) {
 		case raft.LeaderObservation, raft.RaftState:
