@@ -72,7 +72,18 @@ func newFixture(t *testing.T) *fixture {
 	if _, err := st.Write(context.Background(), items); err != nil {
 		t.Fatal(err)
 	}
-	mb := staticMailboxes{mailboxID: st}
+	other, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	raw, _ := proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{
+		MessageId: "order/42 #1", Topic: "a.events", PublishedAt: timestamppb.New(base)}})
+	odd, _ := envelope.Process(raw, envelope.Strict, nil)
+	if _, err := other.Write(context.Background(), []*mailboxv1.MailboxItem{odd}); err != nil {
+		t.Fatal(err)
+	}
+	mb := staticMailboxes{mailboxID: st, "odd/box": other}
 	m := NewMetrics(prometheus.NewRegistry())
 	hs := httptest.NewServer(NewHTTPHandler(mb, m))
 	t.Cleanup(hs.Close)
@@ -179,6 +190,11 @@ func TestHTTPEventAndStats(t *testing.T) {
 	env, _ := item["envelope"].(map[string]any)
 	if env["metadata"].(map[string]any)["message_id"] != "m-3" {
 		t.Fatalf("decoded envelope = %v", env)
+	}
+	// Escaped '/', ' ' and '#' stay inside their path segment.
+	status, _, body = f.get(t, "/v1/mailboxes/odd%2Fbox/events/order%2F42%20%231")
+	if status != 200 || body["item"].(map[string]any)["message_id"] != "order/42 #1" {
+		t.Fatalf("escaped ids: %d %v", status, body)
 	}
 	status, _, body = f.get(t, "/v1/mailboxes/"+mailboxID+"/stats")
 	if status != 200 || body["total_events"] != float64(5) || body["mailbox_id"] != mailboxID || body["epoch"] != float64(7) {
