@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/query"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
@@ -69,6 +70,12 @@ func TestRunnerLifecycle(t *testing.T) {
 		}
 	}
 
+	// Strict would dead-letter this one; b's mailbox runs in warn mode and stores it.
+	v2, _ := proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 2, Metadata: &envelopev1.PrismMetadata{MessageId: "v2", Topic: "b.events"}})
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: "b.events", Value: v2}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
 	// The clock says 2020-01-01 01:00 once retention is switched on: items
 	// older than 50 minutes (m-0 … m-9) must go.
 	var clock atomic.Int64
@@ -90,7 +97,7 @@ func TestRunnerLifecycle(t *testing.T) {
 	if err := r.Open(MailboxConfig{ID: "a@p1", Topics: []string{"a.events"}, MaxAge: 50 * time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Open(MailboxConfig{ID: "$b@p1", Topics: []string{"b.events"}}); err != nil {
+	if err := r.Open(MailboxConfig{ID: "$b@p1", Topics: []string{"b.events"}, Mode: envelope.Warn}); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Open(MailboxConfig{ID: "a@p1", Topics: []string{"a.events"}}); err == nil {
@@ -112,7 +119,7 @@ func TestRunnerLifecycle(t *testing.T) {
 	waitFor(t, "both mailboxes filled", func() bool {
 		a, errA := r.Stats(context.Background(), "a@p1")
 		b, errB := r.Stats(context.Background(), "$b@p1")
-		return errA == nil && errB == nil && a.TotalEvents == 10 && b.TotalEvents == 10
+		return errA == nil && errB == nil && a.TotalEvents == 10 && b.TotalEvents == 11
 	})
 
 	if err := r.SetEpoch("$b@p1", 42); err != nil {
@@ -128,7 +135,7 @@ func TestRunnerLifecycle(t *testing.T) {
 		a, err := r.Stats(context.Background(), "a@p1")
 		return err == nil && a.TotalEvents == 5 // m-10 … m-18 (even ids) remain
 	})
-	if b, _ := r.Stats(context.Background(), "$b@p1"); b.TotalEvents != 10 {
+	if b, _ := r.Stats(context.Background(), "$b@p1"); b.TotalEvents != 11 {
 		t.Fatalf("mailbox without max age lost items: %d", b.TotalEvents)
 	}
 
