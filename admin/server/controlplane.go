@@ -170,6 +170,8 @@ func (s *Server) WatchAssignments(req *adminv1.WatchAssignmentsRequest, stream g
 		select {
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
+		case <-s.draining:
+			return status.Error(codes.Unavailable, "admin node shutting down; watch another node")
 		case <-changed:
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/xds"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 )
@@ -28,8 +29,13 @@ type NodeConfig struct {
 	// GRPCAddrs maps raft server ids to admin gRPC addresses, for forwarding.
 	GRPCAddrs       map[string]string
 	StaleProxyAfter time.Duration
-	Now             func() time.Time
-	Logger          *slog.Logger
+	// XDS serves the routes to Envoy and grpc-go clients (ADS, plus the
+	// not-found MailboxQuery) on the gRPC listener; GatewayAddr is the Envoy
+	// gateway's query listener put into the listener resource.
+	XDS         bool
+	GatewayAddr string
+	Now         func() time.Time
+	Logger      *slog.Logger
 }
 
 // Node is a running admin node.
@@ -92,6 +98,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	})
 	n.FSM = fsm.New(fsm.WithLeaseObserver(n.Lessor), fsm.WithLogger(cfg.Logger.With("node", cfg.Raft.ID)))
 	m := NewMetrics()
+	reg := prometheus.NewRegistry()
 	cfg.Raft.Metrics = m.RaftHooks()
 	if n.Raft, err = raftnode.New(cfg.Raft, n.FSM); err != nil {
 		closeListeners()
@@ -100,7 +107,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	n.Server, err = New(Config{
 		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Now: cfg.Now,
 		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger,
-		Registry: prometheus.NewRegistry(), Metrics: m,
+		Registry: reg, Metrics: m,
 	})
 	if err != nil {
 		_ = n.Raft.Shutdown()
@@ -114,6 +121,14 @@ func Start(cfg NodeConfig) (*Node, error) {
 	n.Server.Register(n.grpc)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
+	if cfg.XDS {
+		cp := xds.New(ctx, xds.Config{Registerer: reg, Log: cfg.Logger.With("node", cfg.Raft.ID)})
+		cp.Register(n.grpc)
+		feed := &xdsFeed{s: n.Server, cp: cp, gateway: cfg.GatewayAddr, notFound: notFoundAddrs(addrs)}
+		n.wg.Add(2)
+		go func() { defer n.wg.Done(); _ = cp.Run(ctx) }()
+		go func() { defer n.wg.Done(); feed.run(ctx) }()
+	}
 	n.wg.Add(2)
 	go func() { defer n.wg.Done(); n.Server.Run(ctx) }()
 	go func() { defer n.wg.Done(); _ = n.grpc.Serve(n.grpcLn) }()
@@ -149,6 +164,11 @@ func (n *Node) Stop(ctx context.Context) error {
 				_ = n.Raft.LeadershipTransfer()
 			}
 		}
+		// End the streams first (xDS streams end with the node's context,
+		// assignment watches on Drain) so GracefulStop only waits for unary
+		// calls in flight.
+		n.Server.Drain()
+		n.cancel()
 		done := make(chan struct{})
 		go func() { n.grpc.GracefulStop(); close(done) }()
 		select {
@@ -159,7 +179,6 @@ func (n *Node) Stop(ctx context.Context) error {
 		if n.http != nil {
 			_ = n.http.Shutdown(ctx)
 		}
-		n.cancel()
 		n.Server.Close()
 		err = n.Raft.Shutdown()
 		n.wg.Wait()

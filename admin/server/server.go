@@ -114,6 +114,10 @@ type Server struct {
 
 	mu    sync.Mutex
 	addrs map[string]string
+	// draining is closed when the node starts shutting down, ending watch
+	// streams so proxies reconnect to another node.
+	draining  chan struct{}
+	drainOnce sync.Once
 }
 
 // New builds a server; Run starts its leadership work.
@@ -122,14 +126,15 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:    cfg,
-		node:   cfg.Node,
-		fsm:    cfg.FSM,
-		lessor: cfg.Lessor,
-		log:    cfg.Logger.With("node", cfg.Node.ID()),
-		health: health.NewServer(),
-		pool:   newConnPool(),
-		addrs:  map[string]string{},
+		cfg:      cfg,
+		node:     cfg.Node,
+		fsm:      cfg.FSM,
+		lessor:   cfg.Lessor,
+		log:      cfg.Logger.With("node", cfg.Node.ID()),
+		health:   health.NewServer(),
+		pool:     newConnPool(),
+		addrs:    map[string]string{},
+		draining: make(chan struct{}),
 	}
 	for id, a := range cfg.GRPCAddrs {
 		s.addrs[id] = a
@@ -154,6 +159,12 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor { return s.metri
 
 // StreamInterceptor counts streams by method and code.
 func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor { return s.metrics.stream }
+
+// Drain ends long-lived streams (WatchAssignments) so a graceful stop does
+// not wait on them; unary calls keep being served.
+func (s *Server) Drain() {
+	s.drainOnce.Do(func() { close(s.draining) })
+}
 
 // Close releases forwarding connections.
 func (s *Server) Close() {

@@ -53,6 +53,7 @@ func startSingleAt(t *testing.T, now func() time.Time, staleAfter time.Duration)
 	n, err := Start(NodeConfig{
 		Raft:     raftnode.Config{ID: "solo", Bootstrap: true, Timing: raftnode.FastTiming()},
 		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: quiet(), Now: now, StaleProxyAfter: staleAfter,
+		XDS: true, GatewayAddr: "127.0.0.1:8080",
 	})
 	if err != nil {
 		t.Fatal(err)
