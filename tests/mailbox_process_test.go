@@ -30,7 +30,7 @@ func startRunnerProc(t *testing.T, brokers []string, mailbox, dataDir string, to
 	}
 	httpAddr := freeAddr(t)
 	args := []string{"runner", "--mailbox", mailbox, "--kafka", brokers[0], "--data-dir", dataDir,
-		"--grpc-addr", freeAddr(t), "--http-addr", httpAddr, "--batch-size", "250", "--log-level", "warn"}
+		"--grpc-addr", freeAddr(t), "--http-addr", httpAddr, "--batch-size", "100", "--log-level", "warn"}
 	for _, tp := range topics {
 		args = append(args, "--topic", tp)
 	}
@@ -84,8 +84,10 @@ func TestMailboxRunnerKill9(t *testing.T) {
 	t.Parallel()
 	const mailbox, topic = "crash@proxy-01", "crash.events"
 	brokers := startKafka(t, map[string]int32{topic: 3, topic + ".dlq": 1})
-	recs, want := envelopes("crash", topic, 30000)
-	produce(t, brokers, recs[:20000])
+	// Small batches (flag above) and a large backlog keep the runner busy
+	// long enough that the kill lands mid-ingest even on a fast machine.
+	recs, want := envelopes("crash", topic, 50000)
+	produce(t, brokers, recs[:40000])
 
 	dataDir := t.TempDir()
 	p := startRunnerProc(t, brokers, mailbox, dataDir, topic)
@@ -99,11 +101,11 @@ func TestMailboxRunnerKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-p.exited
-	if before >= 20000 {
+	if before >= 40000 {
 		t.Fatalf("runner stored everything (%d) before the kill; the test proves nothing", before)
 	}
-	t.Logf("killed with %d of 20000 stored", before)
-	produce(t, brokers, recs[20000:]) // arrives while the runner is down
+	t.Logf("killed with %d of 40000 stored", before)
+	produce(t, brokers, recs[40000:]) // arrives while the runner is down
 
 	p2 := startRunnerProc(t, brokers, mailbox, dataDir, topic)
 	// The killed member stays in the group until its session times out, so
@@ -120,7 +122,7 @@ func TestMailboxRunnerSIGTERM(t *testing.T) {
 	t.Parallel()
 	const mailbox, topic = "term@proxy-01", "term.events"
 	brokers := startKafka(t, map[string]int32{topic: 3, topic + ".dlq": 1})
-	recs, want := envelopes("term", topic, 20000)
+	recs, want := envelopes("term", topic, 40000)
 	produce(t, brokers, recs)
 
 	dataDir := t.TempDir()
