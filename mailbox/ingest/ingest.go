@@ -68,6 +68,10 @@ type Config struct {
 	// fetched before the retries are abandoned (uncommitted records are then
 	// redelivered on the next start). Default 10s.
 	DrainTimeout time.Duration
+	// LagInterval is how often each claim's consumer lag is reported even
+	// while no batch completes, so a stuck partition shows a growing lag.
+	// Default 5s.
+	LagInterval time.Duration
 
 	Sarama  *sarama.Config // nil = SaramaConfig(); must keep auto-commit off
 	Logger  *slog.Logger   // nil = slog.Default()
@@ -111,6 +115,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 10 * time.Second
+	}
+	if c.LagInterval <= 0 {
+		c.LagInterval = 5 * time.Second
 	}
 	if c.Sarama == nil {
 		c.Sarama = SaramaConfig()
@@ -273,6 +280,15 @@ func (h handler) Cleanup(s sarama.ConsumerGroupSession) error {
 // revoked or the ingester stops, sarama closes Messages(); the batch in hand is
 // then flushed and committed before the partition is let go.
 func (h handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
+	// next is the offset after the last committed record; negative (sarama's
+	// OffsetOldest) until the first record shows where the partition starts.
+	var next atomic.Int64
+	next.Store(c.InitialOffset())
+	stopLag, lagDone := make(chan struct{}), make(chan struct{})
+	go func() { defer close(lagDone); h.i.reportLag(c, &next, stopLag) }()
+	// Wait for the reporter so no gauge is set after Close forgot the series.
+	defer func() { close(stopLag); <-lagDone }()
+
 	batch := make([]*sarama.ConsumerMessage, 0, h.i.cfg.BatchSize)
 	timer := time.NewTimer(h.i.cfg.BatchWait)
 	timer.Stop()
@@ -282,7 +298,7 @@ func (h handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGr
 			return nil
 		}
 		timer.Stop()
-		err := h.i.flush(s, c, batch)
+		err := h.i.flush(s, c, batch, &next)
 		batch = make([]*sarama.ConsumerMessage, 0, h.i.cfg.BatchSize)
 		return err
 	}
@@ -291,6 +307,9 @@ func (h handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGr
 		case msg, ok := <-c.Messages():
 			if !ok {
 				return flush()
+			}
+			if next.Load() < 0 {
+				next.Store(msg.Offset)
 			}
 			batch = append(batch, msg)
 			if len(batch) == 1 {
@@ -309,6 +328,22 @@ func (h handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGr
 	}
 }
 
+// reportLag sets the claim's lag gauge every LagInterval until stop closes.
+func (i *Ingester) reportLag(c sarama.ConsumerGroupClaim, next *atomic.Int64, stop <-chan struct{}) {
+	t := time.NewTicker(i.cfg.LagInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			if n := next.Load(); n >= 0 {
+				i.cfg.Metrics.setLag(i.cfg.MailboxID, c.Topic(), c.Partition(), max(0, c.HighWaterMarkOffset()-n))
+			}
+		}
+	}
+}
+
 type deadLetter struct {
 	msg    *sarama.ConsumerMessage
 	reason envelope.Reason
@@ -318,7 +353,7 @@ type deadLetter struct {
 // flush makes batch durable (items in the store, rejects in their DLQ) and
 // only then marks and commits its offsets. It returns an error only when the
 // drain deadline passed; the batch then stays uncommitted and is redelivered.
-func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim, batch []*sarama.ConsumerMessage) error {
+func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim, batch []*sarama.ConsumerMessage, next *atomic.Int64) error {
 	id := i.cfg.MailboxID
 	m := i.cfg.Metrics
 	m.consumed.WithLabelValues(id).Add(float64(len(batch)))
@@ -359,6 +394,7 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 	last := batch[len(batch)-1]
 	s.MarkMessage(last, "")
 	s.Commit()
+	next.Store(last.Offset + 1)
 	m.setLag(id, c.Topic(), c.Partition(), max(0, c.HighWaterMarkOffset()-last.Offset-1))
 	return nil
 }

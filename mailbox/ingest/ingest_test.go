@@ -100,7 +100,8 @@ func TestStoreErrorsNeverCommit(t *testing.T) {
 
 	m := NewMetrics(prometheus.NewRegistry())
 	cfg := Config{MailboxID: group, Brokers: brokers, Topics: []string{topic}, BatchSize: 30, BatchWait: 10 * time.Millisecond,
-		BackoffMin: 5 * time.Millisecond, BackoffMax: 40 * time.Millisecond, DrainTimeout: 300 * time.Millisecond, Metrics: m}
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 40 * time.Millisecond, DrainTimeout: 300 * time.Millisecond,
+		LagInterval: 10 * time.Millisecond, Metrics: m}
 
 	w := &flakyWriter{st: st}
 	w.failAll.Store(true)
@@ -109,6 +110,10 @@ func TestStoreErrorsNeverCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "retries", func() bool { return testutil.ToFloat64(m.retries.WithLabelValues(group, "store")) >= 5 })
+	// Nothing gets through, and the lag gauge says so while the write is stuck.
+	waitFor(t, "lag of the stuck partition", func() bool {
+		return testutil.ToFloat64(m.lag.WithLabelValues(group, topic, "0")) == n
+	})
 	if err := ing.Close(); err != nil {
 		t.Fatal(err)
 	}
