@@ -72,8 +72,9 @@ const (
 	EpochResponseHeader   = "x-prism-epoch"
 	// MailboxQueryPrefix is the gRPC path prefix of prism.mailbox.v1.MailboxQuery.
 	MailboxQueryPrefix = "/prism.mailbox.v1.MailboxQuery/"
-	// NotFoundBody is the gateway's answer for a request no route knows.
-	NotFoundBody = `{"error":{"code":404,"status":"NOT_FOUND","message":"no such mailbox or namespace"}}`
+	// NotFoundBody is the gateway's answer for a request no route knows, in
+	// the runners' error shape ({"error": message}).
+	NotFoundBody = `{"error":"NOT_FOUND: no mailbox or namespace is routed at this path"}`
 )
 
 // ClusterName is the cluster of the runner with the given id.
