@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"time"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/prism-mesh/prism/xds"
@@ -28,7 +29,13 @@ func (f *xdsFeed) run(ctx context.Context) {
 	)
 	for {
 		_, changed := f.s.fsm.Changed()
+		start := time.Now()
 		routes, aliases, idx := f.s.fsm.Routes()
+		// Routes sorts every lease under the FSM's read lock. Under a burst
+		// of writes, reading again at once would hold that lock most of the
+		// time; resting 4x the read time caps it near 20% while adding
+		// little delay (about 20 ms at 10,000 leases, well under 1 ms at 100).
+		rest := min(4*time.Since(start), 100*time.Millisecond)
 		stale := f.staleProxies()
 		// Proxy heartbeats and lease checkpoints change the FSM often and
 		// routing rarely; only a new routes index or stale set is news.
@@ -43,6 +50,11 @@ func (f *xdsFeed) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-changed:
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(rest):
 		}
 	}
 }

@@ -85,7 +85,7 @@ type prismCluster struct {
 	conns []*grpc.ClientConn
 }
 
-func startPrism(bin, dir string, size int) (*prismCluster, error) {
+func startPrism(bin, dir string, size int, xds bool) (*prismCluster, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -105,7 +105,7 @@ func startPrism(bin, dir string, size int) (*prismCluster, error) {
 	for i, a := range as {
 		args := []string{"admin", "--node-id", fmt.Sprintf("admin-%d", i+1), "--raft-addr", a.raft, "--grpc-addr", a.grpc,
 			"--http-addr", a.http, "--data-dir", filepath.Join(dir, fmt.Sprintf("prism-%d", i+1)), "--raft-timing", "fast",
-			"--log-level", "warn"}
+			"--log-level", "warn", fmt.Sprintf("--xds=%v", xds)}
 		if size == 1 {
 			args = append(args, "--bootstrap")
 		} else {

@@ -24,6 +24,7 @@ type options struct {
 	kills              int
 	scaleLeases        int
 	scaleFor           time.Duration
+	scaleXDS           bool
 	only               string
 }
 
@@ -38,6 +39,7 @@ func main() {
 	flag.IntVar(&o.kills, "kills", 20, "leader kills in the failover run")
 	flag.IntVar(&o.scaleLeases, "scale-leases", 10000, "leases in the heartbeat scale run")
 	flag.DurationVar(&o.scaleFor, "scale-for", 10*time.Second, "length of the heartbeat scale run")
+	flag.BoolVar(&o.scaleXDS, "scale-xds", true, "serve xDS during the scale run, as a production admin node does")
 	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, etcd, redis")
 	flag.Parse()
 	if o.prism == "" {

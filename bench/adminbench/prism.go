@@ -12,13 +12,17 @@ import (
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 func mailbox(w, i int) string { return fmt.Sprintf("bench@w%d-%d", w, i) }
 
 func prismLatency(ctx context.Context, o options, dir string, size int) error {
-	c, err := startPrism(o.prism, dir, size)
+	// Lease operations alone, as the baselines do them: no xDS translation
+	// competing for the same two cores.
+	c, err := startPrism(o.prism, dir, size, false)
 	if err != nil {
 		return err
 	}
@@ -85,7 +89,7 @@ func prismLatency(ctx context.Context, o options, dir string, size int) error {
 // failover kills the leader -9 repeatedly and measures the time from the
 // kill to the first acknowledged write through a surviving node.
 func failover(ctx context.Context, o options, dir string) error {
-	c, err := startPrism(o.prism, dir, 3)
+	c, err := startPrism(o.prism, dir, 3, true)
 	if err != nil {
 		return err
 	}
@@ -167,7 +171,7 @@ func waitCaughtUp(ctx context.Context, c *prismCluster, i int) error {
 // scale holds many leases on 3 nodes, each heartbeated every second, and
 // reports heartbeat latency and the admin processes' CPU.
 func scale(ctx context.Context, o options, dir string) error {
-	c, err := startPrism(o.prism, dir, 3)
+	c, err := startPrism(o.prism, dir, 3, o.scaleXDS)
 	if err != nil {
 		return err
 	}
@@ -183,6 +187,7 @@ func scale(ctx context.Context, o options, dir string) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var failed atomic.Int64
+	var firstErr atomic.Value
 	for range workers {
 		wg.Add(1)
 		go func() {
@@ -192,17 +197,30 @@ func scale(ctx context.Context, o options, dir string) error {
 				if i >= o.scaleLeases {
 					return
 				}
-				resp, err := cp.AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: fmt.Sprintf("scale@m%d", i),
-					RunnerId: fmt.Sprintf("r%d", i), RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(5 * time.Second)})
+				var (
+					resp *adminv1.AcquireLeaseResponse
+					err  error
+				)
+				// A sidecar retries an acquire that failed with Unavailable
+				// (a leader change during the ramp); so does the ramp.
+				for try := 0; try < 5; try++ {
+					resp, err = cp.AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: fmt.Sprintf("scale@m%d", i),
+						RunnerId: fmt.Sprintf("r%d", i), RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(5 * time.Second)})
+					if status.Code(err) != codes.Unavailable {
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
 				if err != nil || !resp.GetGranted() {
 					failed.Add(1)
+					firstErr.CompareAndSwap(nil, fmt.Sprintf("%v %v", err, resp.GetRefusal()))
 				}
 			}
 		}()
 	}
 	wg.Wait()
 	if f := failed.Load(); f > 0 {
-		return fmt.Errorf("scale: %d of %d acquires failed", f, o.scaleLeases)
+		return fmt.Errorf("scale: %d of %d acquires failed, first: %v", f, o.scaleLeases, firstErr.Load())
 	}
 	r := &recorder{}
 	var refused atomic.Int64
