@@ -1,0 +1,138 @@
+// Package xdsadmin drives the xDS control plane from the real admin FSM, as
+// an admin node does (log entries applied directly, without Raft): leases
+// granted and released through FSM commands route and unroute grpc-go's
+// queries.
+package xdsadmin
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prism-mesh/prism/admin/fsm"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/xds/ir"
+	"github.com/prism-mesh/prism/xds/xdstest"
+)
+
+type log struct {
+	t     *testing.T
+	f     *fsm.FSM
+	index uint64
+	now   time.Time
+}
+
+func (l *log) apply(cmd *adminv1.Command) {
+	l.t.Helper()
+	l.index++
+	l.now = l.now.Add(time.Second)
+	cmd.Now = timestamppb.New(l.now)
+	data, err := fsm.Encode(cmd)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	if res, ok := l.f.Apply(&raft.Log{Index: l.index, Term: 1, Type: raft.LogCommand, Data: data}).(error); ok {
+		l.t.Fatalf("apply %v: %v", cmd, res)
+	}
+}
+
+func acquire(mailbox, runner, addr string) *adminv1.Command {
+	return &adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: &adminv1.AcquireLeaseRequest{
+		MailboxId: mailbox, RunnerId: runner, RunnerAddress: addr,
+	}}}
+}
+
+func TestFollowRoutesLeasesFromTheFSM(t *testing.T) {
+	t.Parallel()
+	cp, err := xdstest.StartControlPlane(slog.New(slog.NewTextHandler(io.Discard, nil)), time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	a, err := xdstest.StartRunner("runner-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := xdstest.StartRunner("runner-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+
+	l := &log{t: t, f: fsm.New(), now: time.Unix(1_700_000_000, 0)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cp.Follow(ctx, l.f, ir.Gateway{Address: "127.0.0.1:8080"}, []string{cp.Addr}) }()
+	defer func() { cancel(); <-done }()
+
+	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(cp.Addr, "follow-client"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func(mailbox string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		who, err := xdstest.WhoAnswers(ctx, conn, mailbox)
+		if err != nil {
+			return "code:" + status.Code(err).String()
+		}
+		return who
+	}
+	await := func(what, mailbox, want string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		got := ""
+		for time.Now().Before(deadline) {
+			if got = ask(mailbox); got == want {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("%s: %s answers %q, want %q", what, mailbox, got, want)
+	}
+
+	l.apply(&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: &adminv1.RegisterProxyRequest{
+		Registration: &adminv1.ProxyRegistration{ProxyId: "proxy-01", Address: "127.0.0.1:7000"},
+	}}})
+	registeredAt := l.now
+	l.apply(acquire("audit@proxy-01", "runner-a", a.Addr))
+	l.apply(acquire("$admin@proxy-01", "runner-b", b.Addr))
+	await("granted lease", "audit@proxy-01", "runner-a")
+	await("granted lease", "$admin@proxy-01", "runner-b")
+	if got := ask("ghost@proxy-01"); got != "code:"+codes.NotFound.String() {
+		t.Fatalf("unknown mailbox answers %q, want NotFound", got)
+	}
+
+	_, _, before := l.f.Routes()
+	l.apply(&adminv1.Command{Body: &adminv1.Command_ReleaseLease{ReleaseLease: &adminv1.ReleaseLeaseRequest{
+		MailboxId: "audit@proxy-01", RunnerId: "runner-a",
+	}}})
+	await("released lease", "audit@proxy-01", "code:"+codes.NotFound.String())
+	l.apply(acquire("audit@proxy-01", "runner-b", b.Addr))
+	await("lease re-granted to another runner", "audit@proxy-01", "runner-b")
+	_, _, after := l.f.Routes()
+	if cp.Version() != strconv.FormatUint(after, 10) || after <= before {
+		t.Fatalf("serving version %s, want the FSM's routes index %d (was %d)", cp.Version(), after, before)
+	}
+
+	// The proxy goes stale: its runners' endpoints are sent unhealthy, so
+	// queries fail fast instead of waiting out the leases, under a version
+	// newer than the routes index.
+	l.apply(&adminv1.Command{Body: &adminv1.Command_MarkProxiesStale{MarkProxiesStale: &adminv1.MarkProxiesStaleCommand{
+		Proxies: []*adminv1.ProxyRef{{ProxyId: "proxy-01", LastSeen: timestamppb.New(registeredAt)}},
+	}}})
+	await("stale proxy", "audit@proxy-01", "code:"+codes.Unavailable.String())
+	if v, _ := strconv.ParseUint(cp.Version(), 10, 64); v <= after {
+		t.Fatalf("serving version %d after the proxy went stale, want one above the routes index %d", v, after)
+	}
+}

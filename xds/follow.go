@@ -1,0 +1,67 @@
+package xds
+
+import (
+	"context"
+	"maps"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/xds/ir"
+)
+
+// Source is what the control plane reads from an admin node's FSM;
+// *admin/fsm.FSM implements it.
+type Source interface {
+	// Changed returns the applied index and a channel closed by the next
+	// state change.
+	Changed() (uint64, <-chan struct{})
+	// Routes returns the live leases' routes, the namespace alias routes and
+	// the index of their last change.
+	Routes() ([]*adminv1.Route, []*adminv1.NamespaceRoute, uint64)
+	// Proxies returns the registered proxies.
+	Proxies() ([]*adminv1.ProxyInfo, uint64)
+}
+
+// Follow keeps the control plane on src's routing state until ctx ends. After
+// every FSM change it re-reads the routes and which proxies are stale, and
+// hands over a new state when either moved. The version is the routes index,
+// or the applied index at which a change of stale proxies was seen when that
+// is newer: staleness has no index of its own in the FSM, so two admin nodes
+// may label such a state differently (a reconnecting client is then re-sent
+// the same resources, nothing worse). gateway and notFound (this cluster's
+// admin gRPC addresses) complete the IR.
+func (cp *ControlPlane) Follow(ctx context.Context, src Source, gateway ir.Gateway, notFound []string) error {
+	var (
+		lastRoutes uint64
+		lastStale  map[string]bool
+		version    uint64
+		started    bool
+	)
+	for {
+		applied, changed := src.Changed()
+		routes, aliases, routesIndex := src.Routes()
+		proxies, _ := src.Proxies()
+		stale := map[string]bool{}
+		for _, p := range proxies {
+			if p.GetProxy().GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_STALE {
+				stale[p.GetProxy().GetRegistration().GetProxyId()] = true
+			}
+		}
+		staleMoved := started && !maps.Equal(stale, lastStale)
+		if !started || routesIndex != lastRoutes || staleMoved {
+			version = max(version, routesIndex, 1) // 1: an empty FSM still serves listeners
+			if staleMoved {
+				version = max(version, applied)
+			}
+			cp.Update(ir.FromAdmin(ir.AdminState{
+				Routes: routes, NamespaceRoutes: aliases, RoutesIndex: version,
+				StaleProxies: stale, Gateway: gateway, NotFound: notFound,
+			}))
+			lastRoutes, lastStale, started = routesIndex, stale, true
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
