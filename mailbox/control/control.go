@@ -50,6 +50,7 @@ type Host interface {
 	Discard(id string) error
 	Open(runner.MailboxConfig) error
 	CloseMailbox(id string) error
+	Drain(id string) error
 	SetEpoch(id string, epoch uint64) error
 	Stats(ctx context.Context, id string) (*mailboxv1.MailboxStats, error)
 	Consuming(id string) bool
@@ -96,6 +97,7 @@ type entry struct {
 	gone  bool // closed; a caller that waited on mu must look it up again
 
 	prepared    bool        // the store is open in the runner, unserved
+	drained     bool        // ACTIVE but no longer consuming
 	deadline    time.Time   // ACTIVE: when the runner fences by itself
 	timer       clock.Timer // fires at deadline
 	gen         uint64      // tells a stale timer from the current one
@@ -290,7 +292,7 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 		if err := s.host.Open(mc); err != nil {
 			return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
 		}
-		e.prepared = false
+		e.prepared, e.drained = false, false
 		e.state, e.epoch, e.fenceReason = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, epoch, ""
 		log.Info("mailbox active: consuming and serving", "valid_for", d, "took", time.Since(start))
 	}
@@ -440,20 +442,34 @@ func (s *Server) close(id string) (bool, error) {
 	return true, nil
 }
 
-// Drain implements RunnerControl: every mailbox closes in parallel.
-func (s *Server) Drain(context.Context, *runnerv1.DrainRequest) (*runnerv1.DrainResponse, error) {
+// Drain implements RunnerControl: the mailboxes drain in parallel.
+func (s *Server) Drain(_ context.Context, req *runnerv1.DrainRequest) (*runnerv1.DrainResponse, error) {
+	ids := req.GetMailboxIds()
+	for _, id := range ids {
+		if err := validateID(id); err != nil {
+			s.count("Drain", err)
+			return nil, err
+		}
+	}
 	s.mu.Lock()
-	s.draining = true
-	ids := make([]string, 0, len(s.mailboxes))
-	for id := range s.mailboxes {
-		ids = append(ids, id)
+	if len(ids) == 0 {
+		s.draining = true
+		for id := range s.mailboxes {
+			ids = append(ids, id)
+		}
+	}
+	entries := make([]*entry, 0, len(ids))
+	for _, id := range ids {
+		if e, ok := s.mailboxes[id]; ok {
+			entries = append(entries, e)
+		}
 	}
 	s.mu.Unlock()
-	slices.Sort(ids)
-	errs := make([]error, len(ids))
+	drained := make([]string, len(entries))
+	errs := make([]error, len(entries))
 	var wg sync.WaitGroup
-	for i, id := range ids {
-		wg.Go(func() { _, errs[i] = s.close(id) })
+	for i, e := range entries {
+		wg.Go(func() { drained[i], errs[i] = s.drain(e) })
 	}
 	wg.Wait()
 	err := errors.Join(errs...)
@@ -461,8 +477,30 @@ func (s *Server) Drain(context.Context, *runnerv1.DrainRequest) (*runnerv1.Drain
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "drain: %v", err)
 	}
-	s.log.Info("runner drained", "mailboxes", ids)
-	return &runnerv1.DrainResponse{Closed: ids}, nil
+	out := &runnerv1.DrainResponse{}
+	for _, id := range drained {
+		if id != "" {
+			out.Drained = append(out.Drained, id)
+		}
+	}
+	slices.Sort(out.Drained)
+	s.log.Info("mailboxes drained: offsets committed, still serving until closed", "mailboxes", out.Drained)
+	return out, nil
+}
+
+// drain stops e consuming; it returns e's id if it was consuming.
+func (s *Server) drain(e *entry) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gone || e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || e.drained {
+		return "", nil
+	}
+	if err := s.host.Drain(e.id); err != nil {
+		return "", fmt.Errorf("%s: %w", e.id, err)
+	}
+	e.drained = true
+	s.log.Info("mailbox drained", "mailbox_id", e.id, "epoch", e.epoch)
+	return e.id, nil
 }
 
 // GetStats implements RunnerControl.
@@ -501,7 +539,7 @@ func (s *Server) status(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
 }
 
 func (s *Server) statusLocked(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
-	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: e.state, Epoch: e.epoch, FenceReason: e.fenceReason}
+	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: e.state, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: e.drained}
 	if e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
 		return st
 	}

@@ -25,13 +25,27 @@ import (
 
 // fakeHost records what the control API asked of the runner.
 type fakeHost struct {
-	mu     sync.Mutex
-	open   map[string]runner.MailboxConfig
-	calls  []string
-	failOn string
+	mu      sync.Mutex
+	open    map[string]runner.MailboxConfig
+	drained map[string]bool
+	calls   []string
+	failOn  string
 }
 
-func newFakeHost() *fakeHost { return &fakeHost{open: map[string]runner.MailboxConfig{}} }
+func newFakeHost() *fakeHost {
+	return &fakeHost{open: map[string]runner.MailboxConfig{}, drained: map[string]bool{}}
+}
+
+func (h *fakeHost) Drain(id string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, "drain "+id)
+	if _, ok := h.open[id]; !ok {
+		return runner.ErrNotOpen
+	}
+	h.drained[id] = true
+	return nil
+}
 
 func (h *fakeHost) Prepare(mc runner.MailboxConfig) error {
 	h.mu.Lock()
@@ -72,6 +86,7 @@ func (h *fakeHost) CloseMailbox(id string) error {
 		return runner.ErrNotOpen
 	}
 	delete(h.open, id)
+	delete(h.drained, id)
 	return nil
 }
 
@@ -102,7 +117,7 @@ func (h *fakeHost) Consuming(id string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	_, ok := h.open[id]
-	return ok
+	return ok && !h.drained[id]
 }
 
 func (h *fakeHost) takeCalls() []string {
@@ -273,17 +288,53 @@ func TestCloseAndDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(d.GetClosed(), []string{"a@p", "c@p"}) {
-		t.Fatalf("drained %v", d.GetClosed())
+	if !slices.Equal(d.GetDrained(), []string{"c@p"}) {
+		t.Fatalf("drained %v: only the consuming mailbox drains", d.GetDrained())
 	}
-	if calls := h.takeCalls(); !slices.Equal(calls, []string{"discard a@p", "close c@p"}) && !slices.Equal(calls, []string{"close c@p", "discard a@p"}) {
-		t.Fatalf("calls %v: the OPEN mailbox's store is discarded, the active one closed", calls)
+	if calls := h.takeCalls(); !slices.Equal(calls, []string{"drain c@p"}) {
+		t.Fatalf("calls %v", calls)
+	}
+	if st := stateOf(t, s, "c@p"); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || !st.GetDrained() || st.GetConsuming() {
+		t.Fatalf("drained mailbox %v: still served, no longer consuming", st)
 	}
 	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "d@p", Config: cfg}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("open while draining: %v", err)
 	}
 	if s.Ready() == nil {
 		t.Fatal("ready while draining")
+	}
+	for _, id := range []string{"a@p", "c@p"} {
+		if _, err := s.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls := h.takeCalls(); !slices.Equal(calls, []string{"discard a@p", "close c@p"}) {
+		t.Fatalf("calls %v: the OPEN mailbox's store is discarded, the drained one closed", calls)
+	}
+}
+
+func TestDrainOne(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	for _, id := range []string{"a@p", "b@p"} {
+		if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: id, Config: cfg, Epoch: 1, ValidFor: vf}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.takeCalls()
+	d, err := s.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{"a@p"}})
+	if err != nil || !slices.Equal(d.GetDrained(), []string{"a@p"}) {
+		t.Fatalf("drain a: %v %v", d, err)
+	}
+	if !h.Consuming("b@p") || h.Consuming("a@p") {
+		t.Fatal("draining a@p touched b@p, or a@p still consumes")
+	}
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "c@p", Config: cfg}); err != nil {
+		t.Fatalf("draining one mailbox must not stop the runner taking others: %v", err)
+	}
+	if _, err := s.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{"../x"}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("bad id: %v", err)
 	}
 }
 

@@ -31,8 +31,9 @@
 // # Graceful stop
 //
 // On stop the workers halt (no new acquires or heartbeats), the runner
-// drains (stop fetching, flush, commit offsets), and then every lease is
-// released, in parallel, within StopTimeout (RFC-049: under 5 s).
+// drains (stop fetching, flush, commit offsets; queries still answered),
+// then every lease is released and its mailbox closed, in parallel, within
+// StopTimeout (RFC-049: under 5 s). An unassigned mailbox goes the same way.
 package agent
 
 import (
@@ -367,8 +368,8 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	}
 
 	var errs []error
-	// The runner drains before any lease goes: offsets are committed while
-	// nobody else can hold the mailbox.
+	// The runner stops consuming and commits before any lease goes, and
+	// keeps answering until the routes are withdrawn; then it closes.
 	dctx, cancel := context.WithTimeout(ctx, remaining(ctx)*2/3)
 	resp, err := a.cfg.Runner.Drain(dctx, &runnerv1.DrainRequest{})
 	cancel()
@@ -376,14 +377,17 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		a.log.Warn("runner drain failed; releasing anyway (a runner that cannot be reached is not serving through us)", "err", err)
 		errs = append(errs, fmt.Errorf("drain runner: %w", err))
 	} else {
-		a.log.Info("runner drained", "mailboxes", resp.GetClosed())
+		a.log.Info("runner drained", "mailboxes", resp.GetDrained())
 	}
 	var wg sync.WaitGroup
 	relErrs := make([]error, len(stopped))
 	for i, w := range stopped {
-		if v := w.view(); v.Epoch != 0 {
-			wg.Go(func() { relErrs[i] = w.release(ctx, "shutdown", v.Epoch) })
-		}
+		wg.Go(func() {
+			if v := w.view(); v.Epoch != 0 {
+				relErrs[i] = w.release(ctx, "shutdown", v.Epoch)
+			}
+			w.closeInRunner(ctx)
+		})
 	}
 	wg.Wait()
 	errs = append(errs, relErrs...)

@@ -219,8 +219,9 @@ func TestNotLeaderIsRetriedNotALoss(t *testing.T) {
 	}
 }
 
-// Unassigned: the runner closes (drains, commits) the mailbox first, then
-// the lease is released with its epoch; the other mailbox is untouched.
+// Unassigned: the runner drains (stops fetching, commits) the mailbox, then
+// the lease is released with its epoch, then the runner closes it; the
+// other mailbox is untouched.
 func TestUnassignClosesThenReleases(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -230,12 +231,13 @@ func TestUnassignClosesThenReleases(t *testing.T) {
 	h.waitFor("ready", func() bool { return h.agent.Ready() == nil })
 	epoch := h.lease("audit@p1").Epoch
 	h.assign(2, "billing")
-	iClose, _ := h.waitEvent(0, "runner close audit@p1")
-	_, rel := h.waitEvent(iClose, "admin release audit@p1")
+	iDrain, _ := h.waitEvent(0, "runner drain audit@p1")
+	iRel, rel := h.waitEvent(iDrain, "admin release audit@p1")
 	if want := "admin release audit@p1 " + strconv.FormatUint(epoch, 10); rel.what != want {
 		t.Fatalf("release %q, want %q", rel.what, want)
 	}
-	if h.ev.count("runner close billing@p1")+h.ev.count("admin release billing@p1") != 0 {
+	h.waitEvent(iRel, "runner close audit@p1")
+	if h.ev.count("runner drain billing@p1")+h.ev.count("runner close billing@p1")+h.ev.count("admin release billing@p1") != 0 {
 		t.Fatalf("billing touched:\n%s", h.ev)
 	}
 	if got := testutil.ToFloat64(h.agent.m.releases.WithLabelValues("unassigned", "released")); got != 1 {
@@ -255,7 +257,8 @@ func TestUnassignClosesThenReleases(t *testing.T) {
 }
 
 // SIGTERM: no heartbeat or acquire after the stop begins, the runner drains
-// before any lease is released, and every lease is released.
+// before any lease is released, every lease is released, and each mailbox
+// is closed only after its release.
 func TestShutdownDrainsThenReleases(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -268,8 +271,12 @@ func TestShutdownDrainsThenReleases(t *testing.T) {
 	}
 	iDrain, _ := h.waitEvent(0, "runner drain")
 	for _, id := range []string{"audit@p1", "billing@p1"} {
-		if i, _, ok := h.ev.find(0, "admin release "+id); !ok || i < iDrain {
+		iRel, _, ok := h.ev.find(0, "admin release "+id)
+		if !ok || iRel < iDrain {
 			t.Fatalf("%s released before the drain (or never):\n%s", id, h.ev)
+		}
+		if iClose, _, ok := h.ev.find(0, "runner close "+id); !ok || iClose < iRel {
+			t.Fatalf("%s closed before its release (or never):\n%s", id, h.ev)
 		}
 	}
 	for _, e := range h.ev.all()[iDrain:] {

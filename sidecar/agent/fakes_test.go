@@ -254,17 +254,25 @@ func (r *fakeRunner) CloseMailbox(_ context.Context, in *runnerv1.CloseMailboxRe
 	return &runnerv1.CloseMailboxResponse{Closed: ok}, nil
 }
 
-func (r *fakeRunner) Drain(context.Context, *runnerv1.DrainRequest, ...grpc.CallOption) (*runnerv1.DrainResponse, error) {
+func (r *fakeRunner) Drain(_ context.Context, in *runnerv1.DrainRequest, _ ...grpc.CallOption) (*runnerv1.DrainResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.ev.add("runner drain")
-	var ids []string
-	for id := range r.mb {
-		ids = append(ids, id)
+	r.ev.add("runner drain %s", strings.Join(in.GetMailboxIds(), ","))
+	ids := in.GetMailboxIds()
+	if len(ids) == 0 {
+		for id := range r.mb {
+			ids = append(ids, id)
+		}
 	}
 	slices.Sort(ids)
-	r.mb = map[string]*runnerv1.MailboxStatus{}
-	return &runnerv1.DrainResponse{Closed: ids}, nil
+	var drained []string
+	for _, id := range ids {
+		if st, ok := r.mb[id]; ok && st.GetState() == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+			st.Drained = true
+			drained = append(drained, id)
+		}
+	}
+	return &runnerv1.DrainResponse{Drained: drained}, nil
 }
 
 func (r *fakeRunner) GetStats(_ context.Context, in *runnerv1.GetStatsRequest, _ ...grpc.CallOption) (*runnerv1.GetStatsResponse, error) {

@@ -431,17 +431,25 @@ func (w *worker) fence(epoch uint64, reason, detail string, lastAckSent time.Tim
 	}
 }
 
-// unassign closes the mailbox in the runner (drain, commit), then releases
-// the lease: the route goes only after the offsets are committed.
+// unassign drains the mailbox in the runner (stop fetching, flush, commit),
+// releases the lease, then closes the mailbox: the route goes only after
+// the offsets are committed, and queries are answered until it has gone.
 func (w *worker) unassign() {
 	ctx, cancel := context.WithTimeout(context.Background(), w.a.cfg.StopTimeout)
 	defer cancel()
-	_, err := w.a.cfg.Runner.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id})
-	if err != nil {
-		w.log.Warn("runner close failed", "err", err)
+	if _, err := w.a.cfg.Runner.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{w.id}}); err != nil {
+		w.log.Warn("runner drain failed", "err", err)
 	}
 	if v := w.view(); v.Epoch != 0 {
 		w.release(ctx, "unassigned", v.Epoch)
+	}
+	w.closeInRunner(ctx)
+}
+
+// closeInRunner has the runner stop serving and forget the mailbox.
+func (w *worker) closeInRunner(ctx context.Context) {
+	if _, err := w.a.cfg.Runner.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id}); err != nil {
+		w.log.Warn("runner close failed", "err", err)
 	}
 }
 

@@ -114,9 +114,10 @@ func startAndSIGTERM(t *testing.T, size int) {
 	if got := committed(t, e.brokers, mailboxID); got != n {
 		t.Fatalf("committed offsets sum to %d, want %d: the drain must commit before the release", got, n)
 	}
-	if code, _, _, _ := e.runner.mailboxStats(); code != 404 {
-		t.Fatalf("runner still serves the released mailbox: %d", code)
-	}
+	waitFor(t, 5*time.Second, "runner no longer serving the released mailbox", func() (bool, string) {
+		code, _, _, err := e.runner.mailboxStats()
+		return code == 404, fmt.Sprint(code, err)
+	})
 	if !e.sidecar.logHas("runner drained") || !e.sidecar.logHas("lease released", mailboxID) {
 		t.Fatalf("sidecar log lacks the drain or the release:\n%s", e.sidecar.tail(30))
 	}
@@ -174,7 +175,9 @@ func TestSidecarKill9FencesBeforeRegrant(t *testing.T) {
 	e.tl.mark("runner-b serving, epoch %d", epochB)
 	t.Logf("timeline:\n%s", e.tl)
 
-	if d := fenced.Sub(killed); d > ttl+500*time.Millisecond {
+	// ttl after the last acknowledged send, which precedes the kill; the
+	// slack is for polling and scheduling on a loaded machine.
+	if d := fenced.Sub(killed); d > ttl+time.Second {
 		t.Errorf("runner-a kept serving %v after its sidecar died, want within ttl %v", d, ttl)
 	}
 	if !fenced.Before(granted) {
@@ -252,10 +255,13 @@ func TestSidecarAdminPartition(t *testing.T) {
 		}
 		return code == 404, fmt.Sprint(code, err)
 	})
-	if ok, _ := e.sidecar.ready(); ok {
-		t.Fatal("sidecar ready while fenced")
-	}
-	if d := fenced.Sub(cut); d > ttl+500*time.Millisecond {
+	// The runner's own deadline and the sidecar's timer both fire at ttl
+	// after the last acknowledged send; either may come first.
+	waitFor(t, 5*time.Second, "sidecar not ready while fenced", func() (bool, string) {
+		ok, got := e.sidecar.ready()
+		return !ok, got
+	})
+	if d := fenced.Sub(cut); d > ttl+time.Second {
 		t.Fatalf("fenced %v after the cut, want within ttl", d)
 	}
 	time.Sleep(time.Until(cut.Add(long)))

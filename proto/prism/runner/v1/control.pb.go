@@ -8,7 +8,7 @@
 // called only by the lease sidecar of the same pod (RFC-049, issue 5).
 //
 // A mailbox moves through OPEN → ACTIVE ⇄ FENCED and is forgotten by
-// CloseMailbox or Drain. The runner never consumes or serves a mailbox
+// CloseMailbox. The runner never consumes or serves a mailbox
 // without a lease epoch: OpenMailbox without an epoch only checks and records
 // the mailbox; ActivateMailbox (or OpenMailbox with an epoch) starts
 // consuming and serving under that epoch; FenceMailbox stops both at once
@@ -737,7 +737,10 @@ func (x *CloseMailboxResponse) GetClosed() bool {
 }
 
 type DrainRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Mailboxes to drain; empty drains every one and the runner takes no new
+	// ones.
+	MailboxIds    []string `protobuf:"bytes,1,rep,name=mailbox_ids,json=mailboxIds,proto3" json:"mailbox_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -772,10 +775,17 @@ func (*DrainRequest) Descriptor() ([]byte, []int) {
 	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
+func (x *DrainRequest) GetMailboxIds() []string {
+	if x != nil {
+		return x.MailboxIds
+	}
+	return nil
+}
+
 type DrainResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Mailboxes closed, sorted.
-	Closed        []string `protobuf:"bytes,1,rep,name=closed,proto3" json:"closed,omitempty"`
+	// Mailboxes that were consuming and are now drained, sorted.
+	Drained       []string `protobuf:"bytes,1,rep,name=drained,proto3" json:"drained,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -810,9 +820,9 @@ func (*DrainResponse) Descriptor() ([]byte, []int) {
 	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
-func (x *DrainResponse) GetClosed() []string {
+func (x *DrainResponse) GetDrained() []string {
 	if x != nil {
-		return x.Closed
+		return x.Drained
 	}
 	return nil
 }
@@ -922,6 +932,8 @@ type MailboxStatus struct {
 	StorageBytes int64 `protobuf:"varint,6,opt,name=storage_bytes,json=storageBytes,proto3" json:"storage_bytes,omitempty"`
 	// Whether the mailbox is in an active consumer group session.
 	Consuming bool `protobuf:"varint,7,opt,name=consuming,proto3" json:"consuming,omitempty"`
+	// Drained: served but no longer consuming, waiting for CloseMailbox.
+	Drained bool `protobuf:"varint,10,opt,name=drained,proto3" json:"drained,omitempty"`
 	// Time left before the runner fences the mailbox by itself (ACTIVE only).
 	ValidFor *durationpb.Duration `protobuf:"bytes,8,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
 	// Why the mailbox was last fenced (FENCED only), e.g. "ttl_elapsed" from
@@ -1010,6 +1022,13 @@ func (x *MailboxStatus) GetConsuming() bool {
 	return false
 }
 
+func (x *MailboxStatus) GetDrained() bool {
+	if x != nil {
+		return x.Drained
+	}
+	return false
+}
+
 func (x *MailboxStatus) GetValidFor() *durationpb.Duration {
 	if x != nil {
 		return x.ValidFor
@@ -1066,15 +1085,17 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\".\n" +
 	"\x14CloseMailboxResponse\x12\x16\n" +
-	"\x06closed\x18\x01 \x01(\bR\x06closed\"\x0e\n" +
-	"\fDrainRequest\"'\n" +
-	"\rDrainResponse\x12\x16\n" +
-	"\x06closed\x18\x01 \x03(\tR\x06closed\"0\n" +
+	"\x06closed\x18\x01 \x01(\bR\x06closed\"/\n" +
+	"\fDrainRequest\x12\x1f\n" +
+	"\vmailbox_ids\x18\x01 \x03(\tR\n" +
+	"mailboxIds\")\n" +
+	"\rDrainResponse\x12\x18\n" +
+	"\adrained\x18\x01 \x03(\tR\adrained\"0\n" +
 	"\x0fGetStatsRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\"P\n" +
 	"\x10GetStatsResponse\x12<\n" +
-	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\xe3\x02\n" +
+	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\xfd\x02\n" +
 	"\rMailboxStatus\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x123\n" +
@@ -1083,7 +1104,9 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\revents_stored\x18\x04 \x01(\x03R\feventsStored\x12%\n" +
 	"\x0equeries_served\x18\x05 \x01(\x03R\rqueriesServed\x12#\n" +
 	"\rstorage_bytes\x18\x06 \x01(\x03R\fstorageBytes\x12\x1c\n" +
-	"\tconsuming\x18\a \x01(\bR\tconsuming\x126\n" +
+	"\tconsuming\x18\a \x01(\bR\tconsuming\x12\x18\n" +
+	"\adrained\x18\n" +
+	" \x01(\bR\adrained\x126\n" +
 	"\tvalid_for\x18\b \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x12!\n" +
 	"\ffence_reason\x18\t \x01(\tR\vfenceReason*\x85\x01\n" +
 	"\x0eValidationMode\x12\x1f\n" +

@@ -8,7 +8,7 @@
 // called only by the lease sidecar of the same pod (RFC-049, issue 5).
 //
 // A mailbox moves through OPEN → ACTIVE ⇄ FENCED and is forgotten by
-// CloseMailbox or Drain. The runner never consumes or serves a mailbox
+// CloseMailbox. The runner never consumes or serves a mailbox
 // without a lease epoch: OpenMailbox without an epoch only checks and records
 // the mailbox; ActivateMailbox (or OpenMailbox with an epoch) starts
 // consuming and serving under that epoch; FenceMailbox stops both at once
@@ -73,8 +73,11 @@ type RunnerControlClient interface {
 	// stops serving it, closes its store and forgets it. Closing an unknown
 	// mailbox succeeds with closed=false.
 	CloseMailbox(ctx context.Context, in *CloseMailboxRequest, opts ...grpc.CallOption) (*CloseMailboxResponse, error)
-	// Drain closes every mailbox as CloseMailbox does and refuses new ones:
-	// the runner's half of a graceful stop.
+	// Drain stops consuming mailboxes (stop fetching, flush, commit offsets)
+	// while they keep answering queries, so the sidecar can release their
+	// leases with the offsets committed and nothing unanswered while the
+	// route is withdrawn; CloseMailbox then ends them. Draining every mailbox
+	// (no ids) also refuses new ones: the runner's half of a graceful stop.
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error)
 	// GetStats reports every mailbox the runner knows, or only mailbox_id.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
@@ -184,8 +187,11 @@ type RunnerControlServer interface {
 	// stops serving it, closes its store and forgets it. Closing an unknown
 	// mailbox succeeds with closed=false.
 	CloseMailbox(context.Context, *CloseMailboxRequest) (*CloseMailboxResponse, error)
-	// Drain closes every mailbox as CloseMailbox does and refuses new ones:
-	// the runner's half of a graceful stop.
+	// Drain stops consuming mailboxes (stop fetching, flush, commit offsets)
+	// while they keep answering queries, so the sidecar can release their
+	// leases with the offsets committed and nothing unanswered while the
+	// route is withdrawn; CloseMailbox then ends them. Draining every mailbox
+	// (no ids) also refuses new ones: the runner's half of a graceful stop.
 	Drain(context.Context, *DrainRequest) (*DrainResponse, error)
 	// GetStats reports every mailbox the runner knows, or only mailbox_id.
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
