@@ -52,8 +52,8 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.StringVar(&f.kafka, "kafka", defaults.kafka, "Kafka bootstrap brokers, comma-separated host:port")
 	fs.StringArrayVar(&f.topics, "topic", defaults.topics, "topic to consume (repeatable)")
 	fs.StringVar(&f.dataDir, "data-dir", defaults.dataDir, "directory for the mailbox stores")
-	fs.StringVar(&f.grpcAddr, "grpc-addr", defaults.grpcAddr, "gRPC listen address (MailboxQuery, health)")
-	fs.StringVar(&f.httpAddr, "http-addr", defaults.httpAddr, "HTTP listen address (query API, /metrics, /healthz, /readyz)")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", defaults.grpcAddr, "query listen address: gRPC (MailboxQuery, health) and the HTTP query API (HTTP/1.1 and h2c) on one port, the address the sidecar advertises")
+	fs.StringVar(&f.httpAddr, "http-addr", defaults.httpAddr, "HTTP listen address (query API, /metrics, /healthz, /readyz; HTTP/1.1 and h2c)")
 	fs.StringVar(&f.validation, "validation", "strict", "envelope validation: strict, warn or disabled")
 	fs.DurationVar(&f.maxAge, "max-age", 0, "retention: delete events older than this (0 keeps them)")
 	fs.StringVar(&f.maxSize, "max-size", "0", "retention: bound on stored envelope bytes, e.g. 10GiB (0 is unbounded)")
@@ -202,7 +202,8 @@ func runnerCommand() *cobra.Command {
 		Short: "Consume a mailbox's Kafka topics into its store and serve queries",
 		Long: `runner hosts mailboxes: for each it consumes its topics from --kafka with consumer group = mailbox id,
 stores envelopes in Badger under --data-dir (committing offsets only after durable writes),
-dead-letters invalid ones to <topic>.dlq, and serves the query API over gRPC and HTTP.
+dead-letters invalid ones to <topic>.dlq, and serves the query API over gRPC and HTTP, both on
+--grpc-addr (the address routes point at) and HTTP alone on --http-addr.
 
 With --mailbox and --topic it hosts that one mailbox, without a lease. Without --mailbox it serves
 the control API on --control-addr (default ` + defaultControlAddr + `) and hosts what the lease sidecar

@@ -89,6 +89,7 @@ type Runner struct {
 	queryM    *query.Metrics
 	health    *health.Server
 	grpc      *grpc.Server
+	query     *http.Server // gRPC and HTTP on the advertised address
 	http      *http.Server
 	stopWatch context.CancelFunc
 	watchDone chan struct{}
@@ -448,26 +449,48 @@ func (r *Runner) RegisterGRPC(s *grpc.Server) {
 	healthpb.RegisterHealthServer(s, r.health)
 }
 
-// Serve answers gRPC on grpcLis and HTTP on httpLis until Close, and keeps
-// the gRPC health status in line with Ready.
-func (r *Runner) Serve(grpcLis, httpLis net.Listener) {
+// Serve answers on queryLis both gRPC and the HTTP API (HTTP/1.1 and
+// unencrypted HTTP/2), telling them apart per request by content type, and
+// the HTTP API alone on httpLis, until Close; it keeps the gRPC health status
+// in line with Ready. queryLis is the address the sidecar advertises: Envoy
+// has one endpoint per runner and sends it gRPC calls and /v1/mailboxes
+// requests alike, multiplexed on one HTTP/2 connection, so one port must
+// answer both.
+func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 	r.grpc = grpc.NewServer()
 	r.RegisterGRPC(r.grpc)
-	r.http = &http.Server{Handler: r.HTTPHandler(), ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := r.grpc.Serve(grpcLis); err != nil {
-			r.log.Error("grpc server stopped", "err", err)
-		}
-	}()
-	go func() {
-		if err := r.http.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			r.log.Error("http server stopped", "err", err)
-		}
-	}()
+	api := r.HTTPHandler()
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	r.query = &http.Server{Handler: grpcOr(r.grpc, api), Protocols: &protocols, ReadHeaderTimeout: 10 * time.Second}
+	r.http = &http.Server{Handler: api, Protocols: &protocols, ReadHeaderTimeout: 10 * time.Second}
+	for _, s := range []struct {
+		srv *http.Server
+		lis net.Listener
+	}{{r.query, queryLis}, {r.http, httpLis}} {
+		go func() {
+			if err := s.srv.Serve(s.lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				r.log.Error("server stopped", "addr", s.lis.Addr().String(), "err", err)
+			}
+		}()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.stopWatch, r.watchDone = cancel, make(chan struct{})
 	go r.watchHealth(ctx)
-	r.log.Info("runner serving", "grpc_addr", grpcLis.Addr().String(), "http_addr", httpLis.Addr().String())
+	r.log.Info("runner serving", "query_addr", queryLis.Addr().String(), "http_addr", httpLis.Addr().String())
+}
+
+// grpcOr sends gRPC requests (HTTP/2, content type application/grpc[+...])
+// to g and every other request to h.
+func grpcOr(g *grpc.Server, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.ProtoMajor == 2 && strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc") {
+			g.ServeHTTP(w, req)
+			return
+		}
+		h.ServeHTTP(w, req)
+	})
 }
 
 func (r *Runner) watchHealth(ctx context.Context) {
@@ -519,10 +542,18 @@ func (r *Runner) Close() error {
 	wg.Wait()
 	errs := ingestErrs
 	if r.http != nil {
+		// Shutting the HTTP servers down waits for in-flight RPCs too: gRPC
+		// is served through them, and GracefulStop would cut those streams.
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
-		errs = append(errs, r.http.Shutdown(ctx))
+		var wg sync.WaitGroup
+		shutdownErrs := make([]error, 2)
+		for i, s := range []*http.Server{r.query, r.http} {
+			wg.Go(func() { shutdownErrs[i] = s.Shutdown(ctx) })
+		}
+		wg.Wait()
 		cancel()
-		stopGRPC(r.grpc, r.cfg.ShutdownTimeout)
+		errs = append(errs, shutdownErrs...)
+		r.grpc.Stop()
 	}
 	r.mu.Lock()
 	r.mailboxes = map[string]*mailbox{}
@@ -536,15 +567,4 @@ func (r *Runner) Close() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// stopGRPC lets in-flight RPCs finish for up to d, then cuts them.
-func stopGRPC(s *grpc.Server, d time.Duration) {
-	done := make(chan struct{})
-	go func() { s.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(d):
-		s.Stop()
-	}
 }
