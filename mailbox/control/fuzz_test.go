@@ -30,7 +30,7 @@ func FuzzControlCalls(f *testing.F) {
 		}
 		for i, op := range ops {
 			var err error
-			switch op % 7 {
+			switch op % 8 {
 			case 0:
 				_, err = s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: id, Config: cfg})
 			case 1:
@@ -45,9 +45,11 @@ func FuzzControlCalls(f *testing.F) {
 				_, err = s.GetStats(ctx, &runnerv1.GetStatsRequest{MailboxId: id})
 			case 6:
 				_, err = s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: id, Config: cfg, Epoch: epoch, ValidFor: vf})
+			case 7:
+				_, err = s.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{id}})
 			}
 			if c := status.Code(err); !allowed[c] {
-				t.Fatalf("op %d: code %v: %v", op%7, c, err)
+				t.Fatalf("op %d: code %v: %v", op%8, c, err)
 			}
 		}
 		_ = s.Ready()
