@@ -70,11 +70,7 @@ func (h *httpServer) events(w http.ResponseWriter, r *http.Request) {
 		h.metrics.observe("http", "QueryEvents", id, start, writeStoreError(w, err))
 		return
 	}
-	out := eventsJSON{MailboxID: id, Items: make([]itemJSON, 0, len(resp.GetItems())), NextPageToken: resp.GetNextPageToken()}
-	for _, it := range resp.GetItems() {
-		out.Items = append(out.Items, toItemJSON(it))
-	}
-	writeJSON(w, http.StatusOK, out)
+	WriteEvents(w, id, resp)
 	h.metrics.observe("http", "QueryEvents", id, start, codes.OK)
 }
 
@@ -96,7 +92,7 @@ func (h *httpServer) event(w http.ResponseWriter, r *http.Request) {
 		h.metrics.observe("http", "GetEvent", id, start, writeStoreError(w, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"mailbox_id": id, "item": toItemJSON(it)})
+	WriteEvent(w, id, it)
 	h.metrics.observe("http", "GetEvent", id, start, codes.OK)
 }
 
@@ -112,14 +108,7 @@ func (h *httpServer) stats(w http.ResponseWriter, r *http.Request) {
 		h.metrics.observe("http", "GetStats", id, start, writeStoreError(w, err))
 		return
 	}
-	out := statsJSON{MailboxID: id, TotalEvents: st.GetTotalEvents(), TotalBytes: st.GetTotalBytes(), Epoch: st.GetEpoch()}
-	if st.GetOldestEvent() != nil {
-		out.OldestEvent = st.GetOldestEvent().AsTime().Format(time.RFC3339Nano)
-	}
-	if st.GetNewestEvent() != nil {
-		out.NewestEvent = st.GetNewestEvent().AsTime().Format(time.RFC3339Nano)
-	}
-	writeJSON(w, http.StatusOK, out)
+	WriteStats(w, st)
 	h.metrics.observe("http", "GetStats", id, start, codes.OK)
 }
 
@@ -205,19 +194,68 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 // writeStoreError answers a store error with the status matching its code.
 func writeStoreError(w http.ResponseWriter, err error) codes.Code {
 	c := code(err)
-	status := http.StatusInternalServerError
-	switch c {
-	case codes.InvalidArgument:
-		status = http.StatusBadRequest
-	case codes.NotFound:
-		status = http.StatusNotFound
-	case codes.Canceled:
-		status = 499 // client closed request; it will not read the answer
-	case codes.DeadlineExceeded:
-		status = http.StatusGatewayTimeout
-	case codes.Unavailable:
-		status = http.StatusServiceUnavailable
-	}
-	writeError(w, status, err.Error())
+	writeError(w, HTTPStatus(c), err.Error())
 	return c
+}
+
+// The exported writers answer in the HTTP API's JSON shapes, so that
+// prism gateway, which gets the same answers over gRPC, renders them exactly
+// as the runners do.
+
+// WriteEvents answers 200 with a page of mailbox id's items.
+func WriteEvents(w http.ResponseWriter, id string, resp *mailboxv1.QueryEventsResponse) {
+	out := eventsJSON{MailboxID: id, Items: make([]itemJSON, 0, len(resp.GetItems())), NextPageToken: resp.GetNextPageToken()}
+	for _, it := range resp.GetItems() {
+		out.Items = append(out.Items, toItemJSON(it))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// WriteEvent answers 200 with one item of mailbox id.
+func WriteEvent(w http.ResponseWriter, id string, it *mailboxv1.MailboxItem) {
+	writeJSON(w, http.StatusOK, map[string]any{"mailbox_id": id, "item": toItemJSON(it)})
+}
+
+// WriteStats answers 200 with a mailbox's totals.
+func WriteStats(w http.ResponseWriter, st *mailboxv1.MailboxStats) {
+	out := statsJSON{MailboxID: st.GetMailboxId(), TotalEvents: st.GetTotalEvents(), TotalBytes: st.GetTotalBytes(), Epoch: st.GetEpoch()}
+	if st.GetOldestEvent() != nil {
+		out.OldestEvent = st.GetOldestEvent().AsTime().Format(time.RFC3339Nano)
+	}
+	if st.GetNewestEvent() != nil {
+		out.NewestEvent = st.GetNewestEvent().AsTime().Format(time.RFC3339Nano)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// WriteError answers status with {"error": msg}.
+func WriteError(w http.ResponseWriter, status int, msg string) { writeError(w, status, msg) }
+
+// HTTPStatus is the HTTP status the API answers a gRPC code with.
+func HTTPStatus(c codes.Code) int {
+	switch c {
+	case codes.OK:
+		return http.StatusOK
+	case codes.InvalidArgument, codes.OutOfRange, codes.FailedPrecondition:
+		return http.StatusBadRequest
+	case codes.NotFound:
+		return http.StatusNotFound
+	case codes.Canceled:
+		return 499 // client closed request; it will not read the answer
+	case codes.DeadlineExceeded:
+		return http.StatusGatewayTimeout
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable
+	case codes.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case codes.Unauthenticated:
+		return http.StatusUnauthorized
+	case codes.PermissionDenied:
+		return http.StatusForbidden
+	case codes.AlreadyExists, codes.Aborted:
+		return http.StatusConflict
+	case codes.Unimplemented:
+		return http.StatusNotImplemented
+	}
+	return http.StatusInternalServerError
 }
