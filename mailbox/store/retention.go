@@ -25,8 +25,10 @@ type victim struct {
 // transactions of up to retentionChunk items that also rewrite the counters.
 //
 // One read snapshot walks the items oldest first and hands chunks of victims to a committer, so reading the
-// next chunk overlaps with Badger writing the tombstones of the previous one. Writes wait for the pass (wmu),
-// which keeps the counters exact.
+// next chunk overlaps with Badger writing the tombstones of the previous one. The committer takes the write lock
+// per chunk, not for the pass, so a long pass (a backlog after downtime, a lowered MaxAge) never stalls
+// ingestion. The snapshot may miss items written during the pass; the next pass sees them. Deleting from it is
+// safe because nothing but retention removes or changes a stored item.
 //
 // Dropping the message-id entry means a message redelivered after its item aged out is stored again. That is
 // accepted: Kafka only redelivers what is still within its own retention, which for a mailbox that keeps data
@@ -40,8 +42,10 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 	if cutoff == math.MinInt64 && s.opts.MaxSize <= 0 {
 		return RetentionResult{}, nil
 	}
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 
 	chunks := make(chan []victim, 1)
 	var res RetentionResult
@@ -51,21 +55,29 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 		defer close(committed)
 		for vs := range chunks {
 			if commitErr != nil {
-				continue // drain: the reader stops at its next send
+				continue // the reader stops at its next chunk
 			}
-			if commitErr = s.deleteChunk(vs); commitErr == nil {
-				res.Deleted += len(vs)
-				for _, v := range vs {
-					res.DeletedBytes += v.bytes
-				}
+			s.wmu.Lock()
+			commitErr = s.deleteChunk(vs)
+			s.wmu.Unlock()
+			if commitErr != nil {
+				cancel()
+				continue
+			}
+			res.Deleted += len(vs)
+			for _, v := range vs {
+				res.DeletedBytes += v.bytes
 			}
 		}
 	}()
 	readErr := s.collectVictims(ctx, cutoff, chunks)
 	close(chunks)
 	<-committed
-	if err := errors.Join(readErr, commitErr); err != nil {
-		return res, fmt.Errorf("retention: %w", err)
+	if commitErr != nil {
+		return res, fmt.Errorf("retention: %w", commitErr)
+	}
+	if readErr != nil {
+		return res, fmt.Errorf("retention: %w", readErr)
 	}
 	if res.Deleted > 0 {
 		s.log.Info("retention pass", "deleted", res.Deleted, "deleted_bytes", res.DeletedBytes, "dir", s.opts.Dir)
@@ -77,9 +89,11 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 }
 
 // collectVictims walks the primary order from the oldest item and sends, in chunks of s.chunk, the items that
-// are older than cutoff or must go to get under MaxSize. It must be called with wmu held.
+// are older than cutoff or must go to get under MaxSize (as the store stood when the walk began).
 func (s *Store) collectVictims(ctx context.Context, cutoff int64, out chan<- []victim) error {
+	s.mmu.Lock()
 	remaining := s.m.bytes
+	s.mmu.Unlock()
 	return s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: []byte{prefixItem}, PrefetchValues: true, PrefetchSize: 256})
 		defer it.Close()
@@ -137,7 +151,7 @@ func (s *Store) deleteChunk(vs []victim) error {
 func (s *Store) deleteTxn(vs []victim) error {
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
-	m := s.m // only writers change s.m, and the retention pass holds wmu
+	m := s.m // only writers change s.m, and the caller holds wmu
 	for _, v := range vs {
 		for _, k := range v.keys {
 			if err := txn.Delete(k); err != nil {

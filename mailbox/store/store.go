@@ -45,7 +45,7 @@ type Options struct {
 	MaxAge   time.Duration // retention: items older than this are deleted; 0 = keep forever
 	// MaxSize bounds the stored envelope bytes (Stats.total_bytes), oldest deleted first; 0 = unbounded. The
 	// bound is on the counted bytes rather than on the files, which lag behind deletes until compaction and
-	// value-log GC, so one pass always lands under it.
+	// value-log GC, so a pass lands under it (as of the pass's start) rather than chasing disk usage.
 	MaxSize int64
 	Logger  *slog.Logger // nil = slog.Default()
 }
@@ -59,15 +59,18 @@ type RetentionResult struct {
 	DeletedBytes int64
 }
 
-// Store is one mailbox's event store. It is safe for concurrent use; writes and retention are serialized (there
-// is one ingest path per mailbox anyway), reads run concurrently on Badger snapshots.
+// Store is one mailbox's event store. It is safe for concurrent use; writes are serialized (there is one ingest
+// path per mailbox anyway), reads run concurrently on Badger snapshots.
 type Store struct {
 	opts Options
 	log  *slog.Logger
 	db   *badger.DB
 
-	// wmu serializes Write and RetainOnce: dedup checks and counters are only correct with one writer.
+	// wmu serializes Write and retention's delete transactions: dedup checks and counters are only correct with
+	// one writer.
 	wmu sync.Mutex
+	// rmu serializes retention passes.
+	rmu sync.Mutex
 	// mmu guards m, so Stats does not wait behind a write's fsync.
 	mmu sync.Mutex
 	m   meta
@@ -90,7 +93,8 @@ func Open(opts Options) (*Store, error) {
 		WithLogger(badgerLogger{log}).
 		// Write calls are serialized by the store, so Badger's conflict tracking is pure overhead.
 		WithDetectConflicts(false).
-		// Every commit is fsynced: a returned Write must survive kill -9 (Kafka offsets are committed after it).
+		// Every commit is fsynced: a returned Write must survive a crash of the process or the machine, since
+		// the Kafka offsets covering it are committed next.
 		WithSyncWrites(true).
 		WithNumCompactors(2).
 		WithMetricsEnabled(false)
