@@ -325,7 +325,8 @@ func decodeMeta(b []byte) (meta, error) {
 }
 
 // Page tokens are base64url(version byte, pos of the last item returned). The version lets the format change
-// without old tokens being misread.
+// without old tokens being misread. A token is only a position, so it needs no server state and stays valid
+// across restarts; used with a changed filter it continues that filter from the same point in time.
 const pageTokenVersion = 1
 
 func encodePageToken(p pos) string {
