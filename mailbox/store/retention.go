@@ -173,6 +173,7 @@ func (s *Store) deleteTxn(vs []victim) error {
 
 // RunRetention runs RetainOnce every interval until ctx ends, and after a pass that deleted something runs
 // Badger's value-log GC until it finds nothing more to rewrite, so deleted envelopes give their disk space back.
+// It returns once ctx is done and its pass has stopped; callers cancel ctx and wait for it before Close.
 func (s *Store) RunRetention(ctx context.Context, interval time.Duration, now func() time.Time) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
