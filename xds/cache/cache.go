@@ -22,7 +22,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/xds/translator"
 )
@@ -87,7 +86,7 @@ func sameResources(prev map[string]types.Resource, next []types.Resource) bool {
 	}
 	for _, r := range next {
 		p, ok := prev[cachev3.GetResourceName(r)]
-		if !ok || !proto.Equal(p, r) {
+		if !ok || !equal(p.ProtoReflect(), r.ProtoReflect()) {
 			return false
 		}
 	}
