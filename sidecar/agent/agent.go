@@ -55,7 +55,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
@@ -490,5 +489,3 @@ func Hostname() string {
 	}
 	return h
 }
-
-func durationOf(d time.Duration) *durationpb.Duration { return durationpb.New(d) }

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/prism-mesh/prism/admin/lease"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -46,6 +47,7 @@ type LeaseView struct {
 type stopMode int
 
 const (
+	// stopNone: running.
 	stopNone stopMode = iota
 	// stopUnassign: the runner closes the mailbox, then the lease goes.
 	stopUnassign
@@ -174,7 +176,7 @@ func (w *worker) acquire() (*adminv1.Lease, time.Time, bool) {
 	for {
 		req := &adminv1.AcquireLeaseRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, RunnerAddress: w.a.cfg.AdvertiseAddr}
 		if w.a.cfg.LeaseTTL > 0 {
-			req.Ttl = durationOf(w.a.cfg.LeaseTTL)
+			req.Ttl = durationpb.New(w.a.cfg.LeaseTTL)
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		sentAt := w.a.cfg.Clock.Now()
@@ -372,7 +374,7 @@ func (w *worker) activate(epoch uint64, fenceAt time.Time) bool {
 			return false
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
-		vf := durationOf(fenceAt.Sub(now))
+		vf := durationpb.New(fenceAt.Sub(now))
 		_, err := w.a.cfg.Runner.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: vf})
 		if status.Code(err) == codes.NotFound {
 			// The runner restarted and forgot the mailbox: open and
@@ -403,7 +405,7 @@ func (w *worker) extend(epoch uint64, fenceAt time.Time) {
 	if vf <= 0 {
 		return
 	}
-	if _, err := w.a.cfg.Runner.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationOf(vf)}); err != nil {
+	if _, err := w.a.cfg.Runner.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationpb.New(vf)}); err != nil {
 		w.log.Warn("runner did not take the extension", "epoch", epoch, "err", err)
 	}
 }
