@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/admin/lease"
@@ -47,7 +48,13 @@ func DialEndpoints(addrs []string, attempt time.Duration, log *slog.Logger, opts
 	if log == nil {
 		log = slog.Default()
 	}
-	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	opts = append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// The watch stream is silent between changes, so only pings can
+		// tell a dead admin node (no RST) from a quiet one. Servers refuse
+		// pings more often than every 5 minutes by default.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 6 * time.Minute, Timeout: 20 * time.Second}),
+	}, opts...)
 	e := &Endpoints{addrs: slices.Clone(addrs), attempt: attempt, log: log}
 	for _, a := range addrs {
 		cc, err := grpc.NewClient(a, opts...)
