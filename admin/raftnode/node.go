@@ -177,7 +177,11 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		stop:     make(chan struct{}),
 		changed:  make(chan struct{}),
 	}
-	hl := newHclog(n.log, hclog.Info, func() uint64 {
+	level := hclog.Info
+	if n.log.Enabled(context.Background(), slog.LevelDebug) {
+		level = hclog.Debug
+	}
+	hl := newHclog(n.log, level, func() uint64 {
 		if r := n.current.Load(); r != nil {
 			return r.CurrentTerm()
 		}
