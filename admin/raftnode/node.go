@@ -374,9 +374,6 @@ func (n *Node) ID() string { return n.cfg.ID }
 // Addr is the raft address this node advertises.
 func (n *Node) Addr() string { return n.cfg.Advertise }
 
-// Raft exposes the underlying instance for stats and tests.
-func (n *Node) Raft() *raft.Raft { return n.raft }
-
 func (n *Node) timeout(ctx context.Context) time.Duration {
 	t := n.cfg.ApplyTimeout
 	if dl, ok := ctx.Deadline(); ok {

@@ -178,12 +178,6 @@ func (s *Server) grpcAddr(id string) string {
 	return s.addrs[id]
 }
 
-// Ready reports whether the node knows a leader (itself or another).
-func (s *Server) Ready() bool {
-	l, _ := s.node.Leadership()
-	return l.LeaderID != ""
-}
-
 // Run follows leadership until ctx ends: on becoming leader it promotes the
 // lessor (every live lease gets a full ttl plus the election timeout) and
 // starts the leader loops; on losing it, it stops them and demotes.
