@@ -10,5 +10,6 @@ func subcommands() []*cobra.Command {
 		devCommand(),
 		sidecarCommand(),
 		adminCommand(),
+		gatewayCommand(),
 	}
 }

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/prism-mesh/prism/gateway"
+)
+
+type gatewayFlags struct {
+	admin     string
+	nodeID    string
+	httpAddr  string
+	grpcAddr  string
+	timeout   time.Duration
+	logLevel  string
+	logFormat string
+}
+
+func gatewayCommand() *cobra.Command {
+	var f gatewayFlags
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "HTTP/JSON and gRPC front door to the mailboxes, routed by xDS (for machines without Envoy)",
+		Long: `gateway answers the query API (GET /v1/mailboxes/{id}/events, /events/{message_id}, /stats and the same
+under /v1/namespaces/{namespace}/) on --http-addr and prism.mailbox.v1.MailboxQuery on --grpc-addr, turning each
+request into one MailboxQuery call on grpc-go's xDS channel xds:///mailbox-query. The routes come from the admin
+nodes in --admin (tried in order; the gateway moves to the next when its node goes away), so queries land on the
+runner holding the mailbox's lease; the gateway does no routing of its own.
+
+Without --admin, grpc-go's bootstrap is read from $GRPC_XDS_BOOTSTRAP or $GRPC_XDS_BOOTSTRAP_CONFIG.
+/readyz turns 200 once the routes have arrived. SIGTERM or SIGINT stops serving.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			return runGateway(ctx, cmd, f)
+		},
+	}
+	host, _ := os.Hostname()
+	fs := cmd.Flags()
+	fs.StringVar(&f.admin, "admin", "", "admin nodes' gRPC addresses (xDS), comma-separated host:port, tried in order")
+	fs.StringVar(&f.nodeID, "node-id", "prism-gateway-"+host, "xDS node id this gateway reports to the admin nodes")
+	fs.StringVar(&f.httpAddr, "http-addr", ":8088", "HTTP listen address (query API, /metrics, /healthz, /readyz)")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", ":9088", "gRPC listen address (MailboxQuery, health); empty disables")
+	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "bound on each upstream call")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
+	return cmd
+}
+
+func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
+	log, err := (&runnerFlags{logLevel: f.logLevel, logFormat: f.logFormat}).logger()
+	if err != nil {
+		return err
+	}
+	cfg := gateway.Config{Timeout: f.timeout, Logger: log}
+	if admins := splitBrokers(f.admin); len(admins) > 0 {
+		if cfg.Bootstrap, err = gateway.Bootstrap(admins, f.nodeID); err != nil {
+			return fmt.Errorf("--admin: %w", err)
+		}
+	} else if os.Getenv("GRPC_XDS_BOOTSTRAP") == "" && os.Getenv("GRPC_XDS_BOOTSTRAP_CONFIG") == "" {
+		return errors.New("--admin: required unless $GRPC_XDS_BOOTSTRAP or $GRPC_XDS_BOOTSTRAP_CONFIG is set")
+	}
+	hl, err := net.Listen("tcp", f.httpAddr)
+	if err != nil {
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+	var gl net.Listener
+	if f.grpcAddr != "" {
+		if gl, err = net.Listen("tcp", f.grpcAddr); err != nil {
+			hl.Close()
+			return fmt.Errorf("--grpc-addr: %w", err)
+		}
+	}
+	gw, err := gateway.New(cfg)
+	if err != nil {
+		hl.Close()
+		if gl != nil {
+			gl.Close()
+		}
+		return err
+	}
+	defer gw.Close()
+	hs := &http.Server{Handler: gw.HTTPHandler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server stopped", "err", err)
+		}
+	}()
+	gs := grpc.NewServer()
+	gw.RegisterGRPC(gs)
+	if gl != nil {
+		go func() {
+			if err := gs.Serve(gl); err != nil {
+				log.Error("grpc server stopped", "err", err)
+			}
+		}()
+	}
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	go func() { _ = gw.Run(runCtx) }()
+
+	attrs := []any{"http_addr", hl.Addr().String(), "admin", f.admin, "node_id", f.nodeID}
+	if gl != nil {
+		attrs = append(attrs, "grpc_addr", gl.Addr().String())
+	}
+	log.Info("gateway serving", attrs...)
+	fmt.Fprintf(cmd.OutOrStdout(), "prism gateway: http://%s\n", hl.Addr().String())
+
+	<-ctx.Done()
+	log.Info("signal received; stopping the gateway")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), f.timeout+time.Second)
+	defer cancel()
+	err = hs.Shutdown(shutdownCtx)
+	gs.GracefulStop()
+	return err
+}

@@ -1,0 +1,200 @@
+// Package gateway is prism gateway: an HTTP/JSON and gRPC front door to the
+// mailboxes for machines without Envoy. Every request becomes one
+// prism.mailbox.v1.MailboxQuery call on a grpc-go xDS channel
+// (xds:///mailbox-query) fed by the admin nodes, so grpc-go picks the runner
+// from the mesh's routes; the gateway has no routing logic of its own. It
+// names the mailbox in x-mailbox-id metadata, or the namespace in
+// x-prism-namespace for the /v1/namespaces/{namespace}/ paths.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/status"
+	grpcxds "google.golang.org/grpc/xds"
+
+	"github.com/prism-mesh/prism/mailbox/query"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/xds/translator"
+)
+
+// Metadata the gateway sends upstream and passes back.
+const (
+	// MetadataNamespace names the namespace of a /v1/namespaces/ request; a
+	// route on it sends the call to the namespace's current mailbox.
+	MetadataNamespace = "x-prism-namespace"
+	// ProbeMailbox is the mailbox id the readiness probe asks for. It is not
+	// a valid mailbox id, so no route ever has it and the answer, NotFound,
+	// comes from the not-found cluster: proof that the listener, the routes
+	// and a cluster with its endpoints all arrived.
+	ProbeMailbox = "prism-gateway-readiness-probe"
+)
+
+// Config of a Gateway; zero fields take defaults.
+type Config struct {
+	// Bootstrap is the grpc-go xDS bootstrap (see Bootstrap). Nil takes
+	// grpc-go's own, from $GRPC_XDS_BOOTSTRAP or $GRPC_XDS_BOOTSTRAP_CONFIG.
+	Bootstrap []byte
+	// Timeout bounds every upstream call; default 10s.
+	Timeout time.Duration
+	// ProbeInterval is how often Run probes until the routes arrive;
+	// default 250ms.
+	ProbeInterval time.Duration
+	// Registry receives the gateway's metrics; nil makes one with the Go and
+	// process collectors.
+	Registry *prometheus.Registry
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Gateway forwards queries over its xDS channel.
+type Gateway struct {
+	cfg     Config
+	log     *slog.Logger
+	conn    *grpc.ClientConn
+	client  mailboxv1.MailboxQueryClient
+	health  *health.Server
+	metrics *metrics
+	ready   atomic.Bool
+}
+
+// New dials xds:///mailbox-query. The channel connects lazily; Run reports
+// when the routes have arrived.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = 250 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if cfg.Bootstrap != nil {
+		// grpc-go reads its bootstrap environment once, at package init, so
+		// a bootstrap built from flags can only reach it this way (the
+		// resolver lacks CSDS support, which the gateway does not use).
+		rb, err := grpcxds.NewXDSResolverWithConfigForTesting(cfg.Bootstrap)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: xds bootstrap: %w", err)
+		}
+		opts = append(opts, grpc.WithResolvers(rb))
+	} else if resolver.Get("xds") == nil {
+		return nil, errors.New("gateway: no xds resolver registered")
+	}
+	conn, err := grpc.NewClient("xds:///"+translator.APIListenerName, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: dial xds:///%s: %w", translator.APIListenerName, err)
+	}
+	g := &Gateway{
+		cfg: cfg, log: cfg.Logger, conn: conn, client: mailboxv1.NewMailboxQueryClient(conn),
+		health: health.NewServer(), metrics: newMetrics(cfg.Registry),
+	}
+	g.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	g.health.SetServingStatus(mailboxv1.MailboxQuery_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	return g, nil
+}
+
+// Registry is where the gateway's metrics live.
+func (g *Gateway) Registry() *prometheus.Registry { return g.cfg.Registry }
+
+// Ready is nil once a call through the xDS channel has been answered by the
+// mesh, i.e. the listener, routes, clusters and endpoints have arrived.
+// grpc-go keeps serving its last routes if the admin nodes go away, so the
+// gateway stays ready from then on.
+func (g *Gateway) Ready() error {
+	if !g.ready.Load() {
+		return errors.New("no routes from the admin nodes yet")
+	}
+	return nil
+}
+
+// Run probes until the routes have arrived, then marks the gateway ready
+// (/readyz, gRPC health) and returns; it returns ctx's error if they never do.
+func (g *Gateway) Run(ctx context.Context) error {
+	t := time.NewTicker(g.cfg.ProbeInterval)
+	defer t.Stop()
+	for attempt := 1; ; attempt++ {
+		err := g.probe(ctx)
+		if err == nil {
+			g.ready.Store(true)
+			g.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+			g.health.SetServingStatus(mailboxv1.MailboxQuery_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+			g.log.Info("gateway ready: routes received", "probes", attempt)
+			return nil
+		}
+		if attempt == 1 || attempt%40 == 0 {
+			g.log.Info("waiting for routes from the admin nodes", "err", err, "probes", attempt)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (g *Gateway) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, min(g.cfg.Timeout, 2*time.Second))
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, query.MetadataMailboxID, ProbeMailbox)
+	_, err := g.client.GetStats(ctx, &mailboxv1.GetStatsRequest{})
+	if c := status.Code(err); c != codes.NotFound && c != codes.OK {
+		return fmt.Errorf("probe: %w", err)
+	}
+	return nil
+}
+
+// RegisterGRPC adds the MailboxQuery front door and the gRPC health service
+// to s.
+func (g *Gateway) RegisterGRPC(s *grpc.Server) {
+	mailboxv1.RegisterMailboxQueryServer(s, &grpcProxy{g: g})
+	healthpb.RegisterHealthServer(s, g.health)
+}
+
+// Close ends the xDS channel; calls in flight fail.
+func (g *Gateway) Close() error {
+	g.health.Shutdown()
+	return g.conn.Close()
+}
+
+// upstream is what a request names its mailbox by.
+type upstream struct {
+	key, value string // query.MetadataMailboxID or MetadataNamespace
+}
+
+// call runs fn with the request's metadata and a bounded deadline, and
+// returns the x-prism-* headers the runner answered with.
+func (g *Gateway) call(ctx context.Context, up upstream, fn func(context.Context, ...grpc.CallOption) error) (metadata.MD, error) {
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, up.key, up.value)
+	var hdr metadata.MD
+	err := fn(ctx, grpc.Header(&hdr))
+	out := metadata.MD{}
+	for _, k := range []string{query.HeaderMailbox, query.HeaderEpoch} {
+		if v := hdr.Get(k); len(v) > 0 {
+			out.Set(k, v[0])
+		}
+	}
+	return out, err
+}

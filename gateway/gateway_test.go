@@ -1,0 +1,344 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prism-mesh/prism/gateway"
+	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mailbox/runner"
+	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/xds/ir"
+	"github.com/prism-mesh/prism/xds/xdstest"
+)
+
+// quiet logs only warnings, which go test shows when a test fails.
+func quiet() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func waitFor(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		var ok bool
+		if ok, last = cond(); ok {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s; last: %s", what, last)
+}
+
+// testRunner is a real mailbox runner hosting one mailbox on loopback.
+type testRunner struct {
+	*runner.Runner
+	id, mailbox, queryAddr, httpAddr string
+}
+
+func startRunner(t *testing.T, brokers []string, id, mailbox, topic string, epoch uint64) *testRunner {
+	t.Helper()
+	r, err := runner.New(runner.Config{DataDir: t.TempDir(), Brokers: brokers, BatchWait: 10 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	ql, _ := net.Listen("tcp", "127.0.0.1:0")
+	hl, _ := net.Listen("tcp", "127.0.0.1:0")
+	r.Serve(ql, hl)
+	if err := r.Open(runner.MailboxConfig{ID: mailbox, Topics: []string{topic}, Epoch: epoch}); err != nil {
+		t.Fatal(err)
+	}
+	return &testRunner{Runner: r, id: id, mailbox: mailbox, queryAddr: ql.Addr().String(), httpAddr: hl.Addr().String()}
+}
+
+func produce(t *testing.T, brokers []string, topic string, n int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range n {
+		b, _ := proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{
+			MessageId: fmt.Sprintf("%s-%d", topic, i), Topic: topic, PublishedAt: timestamppb.New(time.UnixMilli(int64(1e12 + i)))}})
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Value: b}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+type response struct {
+	code   int
+	header http.Header
+	body   string
+}
+
+func get(t *testing.T, url string) response {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return response{resp.StatusCode, resp.Header, string(b)}
+}
+
+// mesh is an in-process xDS control plane routing to two real runners, and
+// a gateway fed by it.
+type mesh struct {
+	cp     *xdstest.ControlPlane
+	a, b   *testRunner
+	gw     *gateway.Gateway
+	url    string
+	gwGRPC string
+}
+
+func (m *mesh) publish(version uint64, mailboxes ...ir.Mailbox) {
+	x := &ir.IR{Version: version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{m.cp.Addr}}
+	for _, r := range []*testRunner{m.a, m.b} {
+		x.Runners = append(x.Runners, ir.Runner{ID: r.id, Address: r.queryAddr, Healthy: true})
+	}
+	x.Mailboxes = mailboxes
+	m.cp.Update(x)
+}
+
+func startMesh(t *testing.T) *mesh {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "a.events", "b.events", "a.events.dlq", "b.events.dlq"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	produce(t, brokers, "a.events", 3)
+	produce(t, brokers, "b.events", 5)
+	m := &mesh{
+		a: startRunner(t, brokers, "runner-a", "audit@proxy-a", "a.events", 5),
+		b: startRunner(t, brokers, "runner-b", "$admin@proxy-b", "b.events", 6),
+	}
+	for _, r := range []*testRunner{m.a, m.b} {
+		waitFor(t, r.mailbox+" filled", func() (bool, string) {
+			st, err := r.Stats(context.Background(), r.mailbox)
+			return err == nil && st.TotalEvents > 0 && st.TotalEvents == map[string]int64{"runner-a": 3, "runner-b": 5}[r.id], fmt.Sprint(st, err)
+		})
+	}
+	if m.cp, err = xdstest.StartControlPlane(quiet(), time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.cp.Close)
+	boot, err := gateway.Bootstrap([]string{m.cp.Addr}, "gateway-"+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.gw, err = gateway.New(gateway.Config{Bootstrap: boot, Timeout: 5 * time.Second, ProbeInterval: 20 * time.Millisecond, Logger: quiet()}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.gw.Close() })
+	hs := httptest.NewServer(m.gw.HTTPHandler())
+	t.Cleanup(hs.Close)
+	m.url = hs.URL
+	gs := grpc.NewServer()
+	m.gw.RegisterGRPC(gs)
+	gl, _ := net.Listen("tcp", "127.0.0.1:0")
+	go gs.Serve(gl)
+	t.Cleanup(gs.Stop)
+	m.gwGRPC = gl.Addr().String()
+	return m
+}
+
+func (m *mesh) run(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := m.gw.Run(ctx); err != nil {
+		t.Fatalf("gateway never got its routes: %v", err)
+	}
+}
+
+var leases = []ir.Mailbox{
+	{ID: "audit@proxy-a", Namespace: "audit", RunnerID: "runner-a", Epoch: 5},
+	{ID: "$admin@proxy-b", Namespace: "$admin", RunnerID: "runner-b", Epoch: 6},
+}
+
+// TestGatewayHTTP: queries land on the runner holding the mailbox and are
+// answered exactly as that runner answers them itself; unknown mailboxes
+// are a JSON 404, bad parameters the runner's own 400, a dead runner 503.
+func TestGatewayHTTP(t *testing.T) {
+	t.Parallel()
+	m := startMesh(t)
+	if r := get(t, m.url+"/readyz"); r.code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz before any routes = %d, want 503", r.code)
+	}
+	m.publish(1, leases...)
+	m.run(t)
+	if r := get(t, m.url+"/readyz"); r.code != http.StatusOK {
+		t.Fatalf("/readyz with routes = %d %q", r.code, r.body)
+	}
+
+	for _, tc := range []struct {
+		name, path string
+		runner     *testRunner
+		wantCode   int
+		wantEpoch  string
+	}{
+		{"events of a", "/v1/mailboxes/audit@proxy-a/events", m.a, 200, "5"},
+		{"events of b, encoded id", "/v1/mailboxes/%24admin%40proxy-b/events?limit=2", m.b, 200, "6"},
+		{"events of b, raw id", "/v1/mailboxes/$admin@proxy-b/events?topic=b.events&start=0", m.b, 200, "6"},
+		{"one event", "/v1/mailboxes/$admin@proxy-b/events/b.events-3", m.b, 200, "6"},
+		{"stats of a", "/v1/mailboxes/audit@proxy-a/stats", m.a, 200, "5"},
+		{"stats of b", "/v1/mailboxes/%24admin@proxy-b/stats", m.b, 200, "6"},
+		{"event of another mailbox", "/v1/mailboxes/audit@proxy-a/events/b.events-3", m.a, 404, "5"},
+		{"bad limit", "/v1/mailboxes/audit@proxy-a/events?limit=-1", m.a, 400, ""},
+		{"unknown parameter", "/v1/mailboxes/audit@proxy-a/events?principals=x", m.a, 400, ""},
+		{"bad start", "/v1/mailboxes/audit@proxy-a/events?start=yesterday", m.a, 400, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := get(t, m.url+tc.path)
+			direct := get(t, "http://"+tc.runner.httpAddr+tc.path)
+			if got.code != tc.wantCode || got.body != direct.body || got.code != direct.code {
+				t.Fatalf("through the gateway %d %s\nfrom the runner      %d %s\nwant %d", got.code, got.body, direct.code, direct.body, tc.wantCode)
+			}
+			if ct := got.header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type = %q", ct)
+			}
+			if tc.wantEpoch != "" && (got.header.Get("x-prism-epoch") != tc.wantEpoch || got.header.Get("x-prism-mailbox") != tc.runner.mailbox) {
+				t.Errorf("x-prism headers = %q %q, want %q %q", got.header.Get("x-prism-mailbox"), got.header.Get("x-prism-epoch"), tc.runner.mailbox, tc.wantEpoch)
+			}
+		})
+	}
+
+	var items struct {
+		MailboxID string `json:"mailbox_id"`
+		Items     []struct {
+			Topic string `json:"topic"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(get(t, m.url+"/v1/mailboxes/$admin@proxy-b/events").body), &items); err != nil || len(items.Items) != 5 || items.Items[0].Topic != "b.events" || items.MailboxID != "$admin@proxy-b" {
+		t.Fatalf("events of b = %+v, %v", items, err)
+	}
+
+	for _, path := range []string{"/v1/mailboxes/nobody@proxy-z/events", "/v1/mailboxes/nobody@proxy-z/stats", "/v1/mailboxes/nobody@proxy-z/events/m-1", "/v1/nowhere"} {
+		r := get(t, m.url+path)
+		var body map[string]string
+		if r.code != http.StatusNotFound || json.Unmarshal([]byte(r.body), &body) != nil || body["error"] == "" {
+			t.Errorf("GET %s = %d %q, want a JSON 404", path, r.code, r.body)
+		}
+	}
+
+	// The lease moves away from runner-b's mailbox: NotFound from then on.
+	m.publish(2, leases[0])
+	waitFor(t, "released mailbox 404", func() (bool, string) {
+		r := get(t, m.url+"/v1/mailboxes/$admin@proxy-b/stats")
+		return r.code == http.StatusNotFound, fmt.Sprint(r.code, r.body)
+	})
+
+	// runner-a dies while it still holds its lease: 503, never a hang.
+	m.a.Close()
+	start := time.Now()
+	r := get(t, m.url+"/v1/mailboxes/audit@proxy-a/stats")
+	var body map[string]string
+	if r.code != http.StatusServiceUnavailable || json.Unmarshal([]byte(r.body), &body) != nil || !strings.Contains(body["error"], "no runner available") {
+		t.Fatalf("stats of a mailbox whose runner is down = %d %q, want a JSON 503", r.code, r.body)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("503 took %v, past the upstream timeout", took)
+	}
+
+	metrics := get(t, m.url+"/metrics").body
+	for _, want := range []string{
+		`prism_gateway_http_requests_total{code="200",method="QueryEvents"}`,
+		`prism_gateway_http_requests_total{code="400",method="QueryEvents"}`,
+		`prism_gateway_http_requests_total{code="404",method="GetStats"}`,
+		`prism_gateway_http_requests_total{code="503",method="GetStats"}`,
+		`prism_gateway_request_seconds_count{api="http",method="GetStats"}`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// TestGatewayGRPC: the gRPC front door forwards MailboxQuery calls by their
+// x-mailbox-id, passing back the runner's answer, code and headers.
+func TestGatewayGRPC(t *testing.T) {
+	t.Parallel()
+	m := startMesh(t)
+	cc, err := grpc.NewClient(m.gwGRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	if resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || resp.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health before routes = %v, %v; want NOT_SERVING", resp, err)
+	}
+	m.publish(1, leases...)
+	m.run(t)
+	if resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health with routes = %v, %v; want SERVING", resp, err)
+	}
+
+	qc := mailboxv1.NewMailboxQueryClient(cc)
+	call := func(mailbox string) (*mailboxv1.GetStatsResponse, metadata.MD, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if mailbox != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, query.MetadataMailboxID, mailbox)
+		}
+		var hdr metadata.MD
+		resp, err := qc.GetStats(ctx, &mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
+		return resp, hdr, err
+	}
+	for _, tc := range []struct {
+		mailbox string
+		events  int64
+		epoch   string
+	}{{"audit@proxy-a", 3, "5"}, {"$admin@proxy-b", 5, "6"}} {
+		resp, hdr, err := call(tc.mailbox)
+		if err != nil || resp.GetStats().GetTotalEvents() != tc.events || resp.GetStats().GetMailboxId() != tc.mailbox {
+			t.Fatalf("GetStats %s = %v, %v", tc.mailbox, resp, err)
+		}
+		if got := hdr.Get(query.HeaderEpoch); len(got) != 1 || got[0] != tc.epoch {
+			t.Errorf("GetStats %s epoch header = %v, want %s", tc.mailbox, got, tc.epoch)
+		}
+	}
+	if _, _, err := call("nobody@proxy-z"); status.Code(err) != codes.NotFound {
+		t.Errorf("unknown mailbox = %v, want NotFound", err)
+	}
+	if _, _, err := call(""); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("no x-mailbox-id = %v, want InvalidArgument", err)
+	}
+	ctx := metadata.AppendToOutgoingContext(context.Background(), query.MetadataMailboxID, "audit@proxy-a")
+	if _, err := qc.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{Limit: -1}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("negative limit = %v, want the runner's InvalidArgument", err)
+	}
+	m.b.Close()
+	if _, _, err := call("$admin@proxy-b"); status.Code(err) != codes.Unavailable {
+		t.Errorf("runner down = %v, want Unavailable", err)
+	}
+}

@@ -1,0 +1,73 @@
+package gateway
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/mailbox/query"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// grpcProxy is the MailboxQuery front door: each call goes upstream as it
+// came, naming its mailbox the way the caller did, and the runner's answer,
+// code and x-prism-* headers come back unchanged.
+type grpcProxy struct {
+	mailboxv1.UnimplementedMailboxQueryServer
+	g *Gateway
+}
+
+// target is how the incoming call names its mailbox: x-mailbox-id, else
+// x-prism-namespace.
+func target(ctx context.Context) (upstream, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, k := range []string{query.MetadataMailboxID, MetadataNamespace} {
+		if v := md.Get(k); len(v) > 0 && v[0] != "" {
+			return upstream{key: k, value: v[0]}, nil
+		}
+	}
+	return upstream{}, status.Errorf(codes.InvalidArgument, "%s (or %s) metadata is required", query.MetadataMailboxID, MetadataNamespace)
+}
+
+// forward makes one upstream call for the incoming call in ctx.
+func (p *grpcProxy) forward(ctx context.Context, method string, fn func(context.Context, ...grpc.CallOption) error) error {
+	start := time.Now()
+	up, err := target(ctx)
+	if err == nil {
+		var hdr metadata.MD
+		hdr, err = p.g.call(ctx, up, fn)
+		if len(hdr) > 0 {
+			_ = grpc.SetHeader(ctx, hdr) // fails only once headers are sent, never here
+		}
+	}
+	p.g.metrics.grpc(method, status.Code(err), start)
+	return err
+}
+
+func (p *grpcProxy) QueryEvents(ctx context.Context, req *mailboxv1.QueryEventsRequest) (resp *mailboxv1.QueryEventsResponse, err error) {
+	err = p.forward(ctx, "QueryEvents", func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+		resp, err = p.g.client.QueryEvents(ctx, req, opts...)
+		return err
+	})
+	return resp, err
+}
+
+func (p *grpcProxy) GetEvent(ctx context.Context, req *mailboxv1.GetEventRequest) (resp *mailboxv1.GetEventResponse, err error) {
+	err = p.forward(ctx, "GetEvent", func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+		resp, err = p.g.client.GetEvent(ctx, req, opts...)
+		return err
+	})
+	return resp, err
+}
+
+func (p *grpcProxy) GetStats(ctx context.Context, req *mailboxv1.GetStatsRequest) (resp *mailboxv1.GetStatsResponse, err error) {
+	err = p.forward(ctx, "GetStats", func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+		resp, err = p.g.client.GetStats(ctx, req, opts...)
+		return err
+	})
+	return resp, err
+}

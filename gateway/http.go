@@ -1,0 +1,131 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/mailbox/query"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// HTTPHandler serves the query API of DESIGN.md under /v1/mailboxes/{id}/
+// and /v1/namespaces/{namespace}/, plus /metrics, /healthz and /readyz.
+// Parameters are parsed and answers rendered by mailbox/query, as the
+// runners do, so a query gets the same answer through the gateway as
+// through Envoy.
+func (g *Gateway) HTTPHandler() http.Handler {
+	mux := http.NewServeMux()
+	for _, p := range []struct {
+		base, key string
+	}{{"/v1/mailboxes/{id}", query.MetadataMailboxID}, {"/v1/namespaces/{id}", MetadataNamespace}} {
+		mux.HandleFunc("GET "+p.base+"/events", g.handle("QueryEvents", p.key, g.events))
+		mux.HandleFunc("GET "+p.base+"/events/{message_id}", g.handle("GetEvent", p.key, g.event))
+		mux.HandleFunc("GET "+p.base+"/stats", g.handle("GetStats", p.key, g.stats))
+	}
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		query.WriteError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		g.metrics.http("none", http.StatusNotFound, time.Now())
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Registry, promhttp.HandlerOpts{Registry: g.cfg.Registry}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := g.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+// endpoint answers one request for the mailbox up names; it returns the
+// status it answered with.
+type endpoint func(w http.ResponseWriter, r *http.Request, up upstream) int
+
+func (g *Gateway) handle(method, key string, e endpoint) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		g.metrics.http(method, e(w, r, upstream{key: key, value: r.PathValue("id")}), start)
+	}
+}
+
+func (g *Gateway) events(w http.ResponseWriter, r *http.Request, up upstream) int {
+	f, err := query.ParseFilter(r.URL.Query())
+	if err != nil {
+		query.WriteError(w, http.StatusBadRequest, err.Error())
+		return http.StatusBadRequest
+	}
+	var resp *mailboxv1.QueryEventsResponse
+	hdr, err := g.call(r.Context(), up, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+		resp, err = g.client.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{Filter: f}, opts...)
+		return err
+	})
+	if err != nil {
+		return writeUpstreamError(w, hdr, err)
+	}
+	query.WriteEvents(w, answeredBy(w, hdr, up), resp)
+	return http.StatusOK
+}
+
+func (g *Gateway) event(w http.ResponseWriter, r *http.Request, up upstream) int {
+	req := &mailboxv1.GetEventRequest{MessageId: r.PathValue("message_id")}
+	var resp *mailboxv1.GetEventResponse
+	hdr, err := g.call(r.Context(), up, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+		resp, err = g.client.GetEvent(ctx, req, opts...)
+		return err
+	})
+	if err != nil {
+		return writeUpstreamError(w, hdr, err)
+	}
+	query.WriteEvent(w, answeredBy(w, hdr, up), resp.GetItem())
+	return http.StatusOK
+}
+
+func (g *Gateway) stats(w http.ResponseWriter, r *http.Request, up upstream) int {
+	var resp *mailboxv1.GetStatsResponse
+	hdr, err := g.call(r.Context(), up, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+		resp, err = g.client.GetStats(ctx, &mailboxv1.GetStatsRequest{}, opts...)
+		return err
+	})
+	if err != nil {
+		return writeUpstreamError(w, hdr, err)
+	}
+	answeredBy(w, hdr, up)
+	query.WriteStats(w, resp.GetStats())
+	return http.StatusOK
+}
+
+// answeredBy copies the runner's x-prism-* headers to w and returns the
+// mailbox that answered: the runner's word, else the one the path named.
+func answeredBy(w http.ResponseWriter, hdr metadata.MD, up upstream) string {
+	for k, v := range hdr {
+		w.Header().Set(k, v[0])
+	}
+	if v := hdr.Get(query.HeaderMailbox); len(v) > 0 {
+		return v[0]
+	}
+	return up.value
+}
+
+// writeUpstreamError answers err's gRPC code with the status the runners'
+// HTTP API uses for it, and its message; it returns that status.
+func writeUpstreamError(w http.ResponseWriter, hdr metadata.MD, err error) int {
+	for k, v := range hdr {
+		w.Header().Set(k, v[0])
+	}
+	st := status.Convert(err)
+	code := query.HTTPStatus(st.Code())
+	msg := st.Message()
+	if st.Code() == codes.Unavailable {
+		msg = "no runner available for this mailbox: " + msg
+	}
+	query.WriteError(w, code, msg)
+	return code
+}
