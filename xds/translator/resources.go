@@ -15,6 +15,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -72,9 +73,12 @@ func edsCluster(name string) *clusterv3.Cluster {
 			HealthyThreshold:   wrapperspb.UInt32(1),
 			HealthChecker:      &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{}},
 		}},
-		// A runner that refuses connections is taken out quickly; with one
-		// host per cluster Envoy's panic threshold still routes to it, so
-		// ejection never turns a flaky runner into a guaranteed 503.
+		// No panic routing: a runner the control plane marks unhealthy, or
+		// that failed three connects running, gets no traffic and queries
+		// fail at once (503) instead of each waiting out a connect timeout,
+		// as grpc-go does with unhealthy endpoints. Each cluster has one host,
+		// so Envoy's default 50% threshold would route to it regardless.
+		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
 		OutlierDetection: &clusterv3.OutlierDetection{
 			ConsecutiveGatewayFailure:          wrapperspb.UInt32(3),
 			EnforcingConsecutiveGatewayFailure: wrapperspb.UInt32(100),
