@@ -21,6 +21,13 @@ type Source interface {
 	Proxies() ([]*adminv1.ProxyInfo, uint64)
 }
 
+// routesIndexer is an optional cheap read of the routes index: with it,
+// Follow copies the routes only when they changed, not on every heartbeat
+// checkpoint the FSM applies.
+type routesIndexer interface {
+	RoutesIndex() uint64
+}
+
 // Follow keeps the control plane on src's routing state until ctx ends. After
 // every FSM change it re-reads the routes and which proxies are stale, and
 // hands over a new state when either moved. The version is the routes index,
@@ -38,7 +45,6 @@ func (cp *ControlPlane) Follow(ctx context.Context, src Source, gateway ir.Gatew
 	)
 	for {
 		applied, changed := src.Changed()
-		routes, aliases, routesIndex := src.Routes()
 		proxies, _ := src.Proxies()
 		stale := map[string]bool{}
 		for _, p := range proxies {
@@ -47,6 +53,18 @@ func (cp *ControlPlane) Follow(ctx context.Context, src Source, gateway ir.Gatew
 			}
 		}
 		staleMoved := started && !maps.Equal(stale, lastStale)
+		routesMoved := true
+		if ri, ok := src.(routesIndexer); ok && started {
+			routesMoved = ri.RoutesIndex() != lastRoutes
+		}
+		var (
+			routes      []*adminv1.Route
+			aliases     []*adminv1.NamespaceRoute
+			routesIndex = lastRoutes
+		)
+		if routesMoved || staleMoved {
+			routes, aliases, routesIndex = src.Routes()
+		}
 		if !started || routesIndex != lastRoutes || staleMoved {
 			version = max(version, routesIndex, 1) // 1: an empty FSM still serves listeners
 			if staleMoved {

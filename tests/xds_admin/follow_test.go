@@ -19,6 +19,7 @@ import (
 
 	"github.com/prism-mesh/prism/admin/fsm"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/xds"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/xdstest"
 )
@@ -50,8 +51,29 @@ func acquire(mailbox, runner, addr string) *adminv1.Command {
 	}}}
 }
 
+// indexed gives the FSM the optional RoutesIndex read Follow uses to skip
+// unchanged routes.
+type indexed struct{ *fsm.FSM }
+
+func (i indexed) RoutesIndex() uint64 { _, _, idx := i.Routes(); return idx }
+
 func TestFollowRoutesLeasesFromTheFSM(t *testing.T) {
 	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		source func(*fsm.FSM) xds.Source
+	}{
+		{"fsm", func(f *fsm.FSM) xds.Source { return f }},
+		{"fsm with routes index", func(f *fsm.FSM) xds.Source { return indexed{f} }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			follow(t, tt.source)
+		})
+	}
+}
+
+func follow(t *testing.T, source func(*fsm.FSM) xds.Source) {
 	cp, err := xdstest.StartControlPlane(slog.New(slog.NewTextHandler(io.Discard, nil)), time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +93,7 @@ func TestFollowRoutesLeasesFromTheFSM(t *testing.T) {
 	l := &log{t: t, f: fsm.New(), now: time.Unix(1_700_000_000, 0)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- cp.Follow(ctx, l.f, ir.Gateway{Address: "127.0.0.1:8080"}, []string{cp.Addr}) }()
+	go func() { done <- cp.Follow(ctx, source(l.f), ir.Gateway{Address: "127.0.0.1:8080"}, []string{cp.Addr}) }()
 	defer func() { cancel(); <-done }()
 
 	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(cp.Addr, "follow-client"))
