@@ -1,0 +1,135 @@
+package gatewaye2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// stats asks the gateway for a mailbox's stats and describes the answer.
+func stats(gw *gatewayProc, mailbox string) (code int, events int64, epoch string, body string) {
+	code, body, hdr, err := get("http://" + gw.httpAddr + "/v1/mailboxes/" + mailbox + "/stats")
+	if err != nil {
+		return 0, 0, "", err.Error()
+	}
+	var st struct {
+		TotalEvents int64 `json:"total_events"`
+	}
+	_ = json.Unmarshal([]byte(body), &st)
+	return code, st.TotalEvents, hdr.Get("x-prism-epoch"), body
+}
+
+// served waits until the gateway answers 200 for mailbox with wantEvents
+// events (any number when negative) and returns the epoch it was served under.
+func served(t *testing.T, gw *gatewayProc, mailbox string, wantEvents int64) string {
+	t.Helper()
+	var epoch string
+	waitFor(t, 60*time.Second, mailbox+" served through the gateway", func() (bool, string) {
+		code, events, e, body := stats(gw, mailbox)
+		epoch = e
+		return code == 200 && e != "" && (wantEvents < 0 || events == wantEvents), fmt.Sprint(code, " ", body)
+	})
+	return epoch
+}
+
+// connectedTo is the admin node holding the gateway's ADS stream, or nil.
+func connectedTo(nodes []*adminNode) *adminNode {
+	for _, n := range nodes {
+		if !n.alive() {
+			continue
+		}
+		if v, err := metric("http://"+n.httpAddr, "prism_xds_connected_clients", `protocol="sotw"`); err == nil && v == 1 {
+			return n
+		}
+	}
+	return nil
+}
+
+// TestGatewayThroughAdminFailover: the gateway is given the followers first,
+// so it takes its routes from a follower. The leader is killed: queries stay
+// served and a new namespace's mailbox becomes reachable through the same
+// follower. Then, with the old leader back, the gateway's own node is
+// killed: queries stay served, the gateway moves to another node, and later
+// changes (a new mailbox, a released lease) still arrive.
+func TestGatewayThroughAdminFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three admin nodes, a runner, a sidecar and a gateway")
+	}
+	brokers := startKafka(t, "audit.events", "billing.events", "orders.events")
+	produce(t, brokers, "audit.events", 5)
+	admins := startAdmins(t)
+	createNamespace(t, admins, "audit", "audit.events")
+	r := startRunner(t, brokers)
+	var grpcAddrs []string
+	for _, n := range admins {
+		grpcAddrs = append(grpcAddrs, n.grpcAddr)
+	}
+	sidecar := startSidecar(t, r, grpcAddrs)
+
+	leader := leaderOf(admins)
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	var followers []*adminNode
+	for _, n := range admins {
+		if n != leader {
+			followers = append(followers, n)
+		}
+	}
+	gw := startGateway(t, []string{followers[0].grpcAddr, followers[1].grpcAddr, leader.grpcAddr})
+	epoch := served(t, gw, "audit@proxy-1", 5)
+	if code, _, _, err := get("http://" + gw.httpAddr + "/readyz"); code != 200 {
+		t.Fatalf("gateway /readyz = %d %v while serving", code, err)
+	}
+	if c := connectedTo(admins); c != followers[0] {
+		t.Fatalf("gateway takes its routes from %v, want the first follower %s", c, followers[0].id)
+	}
+
+	// The leader dies; the gateway's follower lives on.
+	leader.kill()
+	for range 20 {
+		if code, _, e, body := stats(gw, "audit@proxy-1"); code != 200 || e != epoch {
+			t.Fatalf("with the leader dead the gateway answers %d epoch %q: %s", code, e, body)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	createNamespace(t, admins, "billing", "billing.events")
+	served(t, gw, "billing@proxy-1", -1)
+	if c := connectedTo(admins); c != followers[0] {
+		t.Fatalf("after the leader's death the gateway is connected to %v, want %s", c, followers[0].id)
+	}
+
+	// The old leader comes back, so two nodes remain a quorum once the
+	// gateway's own node dies.
+	leader.restart(t)
+	waitFor(t, 60*time.Second, "a leader with the old one back", func() (bool, string) {
+		return leaderOf(admins) != nil, "no leader"
+	})
+	followers[0].kill()
+	for range 20 {
+		if code, _, e, body := stats(gw, "audit@proxy-1"); code != 200 || e != epoch {
+			t.Fatalf("with its admin node dead the gateway answers %d epoch %q: %s", code, e, body)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	createNamespace(t, admins, "orders", "orders.events")
+	served(t, gw, "orders@proxy-1", -1)
+	if c := connectedTo(admins); c == nil || c == followers[0] {
+		t.Fatalf("gateway connected to %v after its node died", c)
+	}
+
+	// A released lease withdraws the route: the answer is the admin's
+	// not-found service's, not the runner's.
+	if err := sidecar.term(15 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "released mailbox 404 from the mesh", func() (bool, string) {
+		code, _, _, body := stats(gw, "audit@proxy-1")
+		return code == 404 && strings.Contains(body, "no live lease"), fmt.Sprint(code, " ", body)
+	})
+	if v, err := metric("http://"+gw.httpAddr, "prism_gateway_http_requests_total", `code="200"`, `method="GetStats"`); err != nil || v < 40 {
+		t.Errorf("gateway counted %v successful GetStats (%v), want at least 40", v, err)
+	}
+}
