@@ -27,8 +27,11 @@ func (s *Server) validate(cmd *adminv1.Command) error {
 }
 
 // write validates cmd, then commits it on the leader (forwarding if needed)
-// and returns the FSM's typed response.
-func write[Resp proto.Message](s *Server, ctx context.Context, method string, cmd *adminv1.Command,
+// and returns the FSM's typed response. With readYourWrite, a forwarded
+// write is answered only once this node has applied it too (for operator
+// writes that are read back at once, like prismctl's; lease calls carry
+// their result and skip the wait).
+func write[Resp proto.Message](s *Server, ctx context.Context, method string, cmd *adminv1.Command, readYourWrite bool,
 	remote func(context.Context, *grpc.ClientConn) (Resp, error),
 ) (Resp, error) {
 	var zero Resp
@@ -47,7 +50,7 @@ func write[Resp proto.Message](s *Server, ctx context.Context, method string, cm
 		return r, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (Resp, error) {
 		r, err := remote(ctx, cc)
-		if err == nil {
+		if err == nil && readYourWrite {
 			s.awaitApplied(ctx, r)
 		}
 		return r, err
@@ -77,7 +80,7 @@ func (s *Server) awaitApplied(ctx context.Context, resp any) {
 
 func (s *Server) RegisterProxy(ctx context.Context, req *adminv1.RegisterProxyRequest) (*adminv1.RegisterProxyResponse, error) {
 	return write(s, ctx, "RegisterProxy",
-		&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: req}},
+		&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: req}}, true,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RegisterProxyResponse, error) {
 			return adminv1.NewControlPlaneClient(cc).RegisterProxy(ctx, req)
 		})
@@ -85,7 +88,7 @@ func (s *Server) RegisterProxy(ctx context.Context, req *adminv1.RegisterProxyRe
 
 func (s *Server) ProxyHeartbeat(ctx context.Context, req *adminv1.ProxyHeartbeatRequest) (*adminv1.ProxyHeartbeatResponse, error) {
 	return write(s, ctx, "ProxyHeartbeat",
-		&adminv1.Command{Body: &adminv1.Command_ProxyHeartbeat{ProxyHeartbeat: req}},
+		&adminv1.Command{Body: &adminv1.Command_ProxyHeartbeat{ProxyHeartbeat: req}}, false,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ProxyHeartbeatResponse, error) {
 			return adminv1.NewControlPlaneClient(cc).ProxyHeartbeat(ctx, req)
 		})
@@ -93,7 +96,7 @@ func (s *Server) ProxyHeartbeat(ctx context.Context, req *adminv1.ProxyHeartbeat
 
 func (s *Server) CreateNamespace(ctx context.Context, req *adminv1.CreateNamespaceRequest) (*adminv1.CreateNamespaceResponse, error) {
 	return write(s, ctx, "CreateNamespace",
-		&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: req}},
+		&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: req}}, true,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
 			return adminv1.NewControlPlaneClient(cc).CreateNamespace(ctx, req)
 		})
@@ -101,7 +104,7 @@ func (s *Server) CreateNamespace(ctx context.Context, req *adminv1.CreateNamespa
 
 func (s *Server) DeleteNamespace(ctx context.Context, req *adminv1.DeleteNamespaceRequest) (*adminv1.DeleteNamespaceResponse, error) {
 	return write(s, ctx, "DeleteNamespace",
-		&adminv1.Command{Body: &adminv1.Command_DeleteNamespace{DeleteNamespace: req}},
+		&adminv1.Command{Body: &adminv1.Command_DeleteNamespace{DeleteNamespace: req}}, true,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.DeleteNamespaceResponse, error) {
 			return adminv1.NewControlPlaneClient(cc).DeleteNamespace(ctx, req)
 		})
@@ -109,7 +112,7 @@ func (s *Server) DeleteNamespace(ctx context.Context, req *adminv1.DeleteNamespa
 
 func (s *Server) AcquireLease(ctx context.Context, req *adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error) {
 	resp, err := write(s, ctx, "AcquireLease",
-		&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: req}},
+		&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: req}}, false,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AcquireLeaseResponse, error) {
 			return adminv1.NewControlPlaneClient(cc).AcquireLease(ctx, req)
 		})
@@ -121,7 +124,7 @@ func (s *Server) AcquireLease(ctx context.Context, req *adminv1.AcquireLeaseRequ
 
 func (s *Server) ReleaseLease(ctx context.Context, req *adminv1.ReleaseLeaseRequest) (*adminv1.ReleaseLeaseResponse, error) {
 	return write(s, ctx, "ReleaseLease",
-		&adminv1.Command{Body: &adminv1.Command_ReleaseLease{ReleaseLease: req}},
+		&adminv1.Command{Body: &adminv1.Command_ReleaseLease{ReleaseLease: req}}, false,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ReleaseLeaseResponse, error) {
 			return adminv1.NewControlPlaneClient(cc).ReleaseLease(ctx, req)
 		})
