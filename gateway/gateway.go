@@ -182,6 +182,13 @@ type upstream struct {
 	key, value string // query.MetadataMailboxID or MetadataNamespace
 }
 
+func (u upstream) logKey() string {
+	if u.key == MetadataNamespace {
+		return "namespace"
+	}
+	return "mailbox_id"
+}
+
 // call runs fn with the request's metadata and a bounded deadline, and
 // returns the x-prism-* headers the runner answered with.
 func (g *Gateway) call(ctx context.Context, up upstream, fn func(context.Context, ...grpc.CallOption) error) (metadata.MD, error) {
@@ -190,6 +197,12 @@ func (g *Gateway) call(ctx context.Context, up upstream, fn func(context.Context
 	ctx = metadata.AppendToOutgoingContext(ctx, up.key, up.value)
 	var hdr metadata.MD
 	err := fn(ctx, grpc.Header(&hdr))
+	switch c := status.Code(err); c {
+	case codes.OK, codes.NotFound, codes.InvalidArgument, codes.Canceled:
+	default:
+		// The mesh failed the call, not the caller's input.
+		g.log.Warn("upstream call failed", up.logKey(), up.value, "code", c.String(), "err", status.Convert(err).Message())
+	}
 	out := metadata.MD{}
 	for _, k := range []string{query.HeaderMailbox, query.HeaderEpoch} {
 		if v := hdr.Get(k); len(v) > 0 {
