@@ -39,7 +39,7 @@ func quiet() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-func waitFor(t *testing.T, what string, cond func() (bool, string)) {
+func waitFor(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	var last string
@@ -59,7 +59,7 @@ type testRunner struct {
 	id, mailbox, queryAddr, httpAddr string
 }
 
-func startRunner(t *testing.T, brokers []string, id, mailbox, topic string, epoch uint64) *testRunner {
+func startRunner(t testing.TB, brokers []string, id, mailbox, topic string, epoch uint64) *testRunner {
 	t.Helper()
 	r, err := runner.New(runner.Config{DataDir: t.TempDir(), Brokers: brokers, BatchWait: 10 * time.Millisecond, Logger: quiet()})
 	if err != nil {
@@ -75,7 +75,7 @@ func startRunner(t *testing.T, brokers []string, id, mailbox, topic string, epoc
 	return &testRunner{Runner: r, id: id, mailbox: mailbox, queryAddr: ql.Addr().String(), httpAddr: hl.Addr().String()}
 }
 
-func produce(t *testing.T, brokers []string, topic string, n int) {
+func produce(t testing.TB, brokers []string, topic string, n int) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
@@ -97,7 +97,7 @@ type response struct {
 	body   string
 }
 
-func get(t *testing.T, url string) response {
+func get(t testing.TB, url string) response {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -127,7 +127,7 @@ func (m *mesh) publish(version uint64, mailboxes ...ir.Mailbox) {
 	m.cp.Update(x)
 }
 
-func startMesh(t *testing.T) *mesh {
+func startMesh(t testing.TB) *mesh {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "a.events", "b.events", "a.events.dlq", "b.events.dlq"))
 	if err != nil {
@@ -171,7 +171,7 @@ func startMesh(t *testing.T) *mesh {
 	return m
 }
 
-func (m *mesh) run(t *testing.T) {
+func (m *mesh) run(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
