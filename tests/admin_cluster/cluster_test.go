@@ -15,6 +15,8 @@ import (
 
 	"github.com/prism-mesh/prism/internal/testbin"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -356,4 +358,43 @@ func TestMembershipThroughPrismctl(t *testing.T) {
 	})
 	// Removing a non-member succeeds (safe to retry).
 	prismctl("member", "remove", joiner.id)
+}
+
+// TestPartitionedLeader: a leader cut off by the fault proxies cannot commit
+// (a write sent to it fails instead of succeeding), the majority elects a new
+// leader and keeps committing, and after the heal the old leader follows and
+// has everything.
+func TestPartitionedLeader(t *testing.T) {
+	c := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	old := c.leader()
+	c.isolate(old, true)
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err := c.nodes[old].control().CreateNamespace(wctx, &adminv1.CreateNamespaceRequest{Namespace: "minority", Config: nsConfig()})
+	wcancel()
+	if err == nil {
+		t.Fatal("the isolated leader acknowledged a write")
+	}
+	next := c.leader(old)
+	if _, err := c.nodes[next].control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "majority", Config: nsConfig()}); err != nil {
+		t.Fatal(err)
+	}
+	c.isolate(old, false)
+	waitFor(t, 30*time.Second, "the old leader to follow and catch up", func() (bool, string) {
+		st, err := c.nodes[old].status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		r, err := c.nodes[old].admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "majority"})
+		return st.GetState() == "Follower" && err == nil && r.GetNamespace() != nil, fmt.Sprintf("%s leader=%s: %v", st.GetState(), st.GetLeaderId(), err)
+	})
+	// The minority's entry never reached a majority: the new leader's log
+	// replaced it on the old leader, so it exists nowhere.
+	for _, n := range []*node{c.nodes[old], c.nodes[next]} {
+		_, err := n.admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "minority"})
+		if status.Code(err) != codes.NotFound {
+			t.Fatalf("%s: the unacknowledged minority write: %v", n.id, err)
+		}
+	}
 }
