@@ -40,6 +40,11 @@ type Cache struct {
 	mu      sync.Mutex
 	version string
 	prev    *cachev3.Snapshot
+	// lastIR and again label a changed state that arrives under the IR
+	// version already served ("N.1", "N.2", ...), so SotW clients, which
+	// only compare version strings, still receive it.
+	lastIR uint64
+	again  int
 }
 
 // New returns an empty cache. Clients that connect before the first Set wait
@@ -62,9 +67,13 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	v := strconv.FormatUint(version, 10)
+	label := v
+	if c.prev != nil && version == c.lastIR {
+		label = v + "." + strconv.Itoa(c.again+1)
+	}
 	snap := &cachev3.Snapshot{}
 	for typ, items := range res.ByType() {
-		tv := v
+		tv := label
 		if c.prev != nil && sameResources(c.prev.GetResources(typ), items) {
 			tv = c.prev.GetVersion(typ)
 		}
@@ -76,7 +85,12 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 	if err := c.snapshots.SetSnapshot(ctx, NodeKey, snap); err != nil {
 		return fmt.Errorf("set snapshot %d: %w", version, err)
 	}
-	c.prev, c.version = snap, v
+	if label != v {
+		c.again++
+	} else {
+		c.again = 0
+	}
+	c.prev, c.version, c.lastIR = snap, v, version
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -148,6 +149,9 @@ func (u *Updater) Update(x *ir.IR) {
 // StampedAt is when the first update that led to the snapshot version was
 // handed to the updater; the xDS server measures push latency from it.
 func (u *Updater) StampedAt(version string) (time.Time, bool) {
+	if i := strings.IndexByte(version, '.'); i >= 0 {
+		version = version[:i] // "N.1": a later state under the same IR version
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	t, ok := u.stamps[version]
@@ -204,7 +208,7 @@ func (u *Updater) flush(ctx context.Context) {
 		return
 	}
 	if u.last != nil && x.Version == u.last.Version {
-		log.Error("xds routing state changed without a new version; clients that hold this version will not see it")
+		log.Warn("xds routing state changed without a new version; served under a suffixed one, which other admin nodes may label differently")
 	}
 	// Stamped before the snapshot is set: the server measures push latency
 	// as the responses go out, which can be before Set returns.
