@@ -89,7 +89,11 @@ func Start(cfg NodeConfig) (*Node, error) {
 	for id, a := range cfg.GRPCAddrs {
 		addrs[id] = a
 	}
-	addrs[cfg.Raft.ID] = n.grpcLn.Addr().String()
+	// The peer list names this node as the others reach it; the listener
+	// address (often 0.0.0.0) only stands in when there is no list.
+	if _, ok := addrs[cfg.Raft.ID]; !ok {
+		addrs[cfg.Raft.ID] = n.grpcLn.Addr().String()
+	}
 
 	n.Lessor = lease.New(lease.Config{
 		Now:             cfg.Now,
@@ -124,7 +128,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	if cfg.XDS {
 		cp := xds.New(ctx, xds.Config{Registerer: reg, Log: cfg.Logger.With("node", cfg.Raft.ID)})
 		cp.Register(n.grpc)
-		feed := &xdsFeed{s: n.Server, cp: cp, gateway: cfg.GatewayAddr, notFound: notFoundAddrs(addrs)}
+		feed := &xdsFeed{s: n.Server, cp: cp, gateway: cfg.GatewayAddr, notFound: notFoundAddrs(addrs), resolve: net.DefaultResolver.LookupHost}
 		n.wg.Add(2)
 		go func() { defer n.wg.Done(); _ = cp.Run(ctx) }()
 		go func() { defer n.wg.Done(); feed.run(ctx) }()

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"maps"
+	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"time"
@@ -16,16 +18,21 @@ import (
 // node, leader or follower, serves xDS from its own FSM; the IR version is
 // the routes index, identical on every replica for the same routes.
 type xdsFeed struct {
-	s        *Server
-	cp       *xds.ControlPlane
-	gateway  string
+	s       *Server
+	cp      *xds.ControlPlane
+	gateway string
+	// notFound lists the admin nodes' gRPC addresses; Envoy needs IPs, so
+	// host names (a StatefulSet's peer DNS names) are resolved when the IR
+	// is built.
 	notFound []string
+	resolve  func(ctx context.Context, host string) ([]string, error)
 }
 
 func (f *xdsFeed) run(ctx context.Context) {
 	var (
 		lastIndex uint64
 		lastStale map[string]bool
+		lastNF    []string
 		sent      bool
 	)
 	for {
@@ -33,14 +40,15 @@ func (f *xdsFeed) run(ctx context.Context) {
 		start := time.Now()
 		routes, aliases, idx := f.s.fsm.Routes()
 		stale := f.staleProxies()
+		nf := f.notFoundIPs(ctx)
 		// Proxy heartbeats and lease checkpoints change the FSM often and
 		// routing rarely; only a new routes index or stale set is news.
-		if !sent || idx != lastIndex || !maps.Equal(stale, lastStale) {
+		if !sent || idx != lastIndex || !maps.Equal(stale, lastStale) || !slices.Equal(nf, lastNF) {
 			f.cp.Update(ir.FromAdmin(ir.AdminState{
 				Routes: routes, NamespaceRoutes: aliases, RoutesIndex: idx, StaleProxies: stale,
-				Gateway: ir.Gateway{Address: f.gateway}, NotFound: f.notFound,
+				Gateway: ir.Gateway{Address: f.gateway}, NotFound: nf,
 			}))
-			lastIndex, lastStale, sent = idx, stale, true
+			lastIndex, lastStale, lastNF, sent = idx, stale, nf, true
 			f.awaitServed(ctx, strconv.FormatUint(idx, 10))
 		}
 		// Back-pressure: reading the routes (under the FSM's read lock) and
@@ -91,6 +99,35 @@ func (f *xdsFeed) staleProxies() map[string]bool {
 // build the same IR.
 func notFoundAddrs(addrs map[string]string) []string {
 	out := slices.Collect(maps.Values(addrs))
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// notFoundIPs turns the admin gRPC addresses into IP:port: IPs stay, host
+// names resolve (first address), unspecified or unresolvable ones are left
+// out. Sorted, so nodes resolving the same names build the same IR.
+func (f *xdsFeed) notFoundIPs(ctx context.Context) []string {
+	var out []string
+	for _, a := range f.notFound {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			continue
+		}
+		if ip, err := netip.ParseAddr(host); err == nil {
+			if !ip.IsUnspecified() {
+				out = append(out, a)
+			}
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		ips, err := f.resolve(rctx, host)
+		cancel()
+		if err != nil || len(ips) == 0 {
+			continue
+		}
+		slices.Sort(ips)
+		out = append(out, net.JoinHostPort(ips[0], port))
+	}
 	slices.Sort(out)
 	return slices.Compact(out)
 }
