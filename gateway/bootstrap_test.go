@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	grpcxds "google.golang.org/grpc/xds"
 )
 
 func TestBootstrap(t *testing.T) {
@@ -78,4 +79,22 @@ func TestAdminsResolverSkipsDeadNodes(t *testing.T) {
 	if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health through %s = %v, %v", AdminScheme, resp, err)
 	}
+}
+
+// FuzzBootstrap: whatever --admin holds, Bootstrap either refuses it or
+// produces a bootstrap grpc-go accepts.
+func FuzzBootstrap(f *testing.F) {
+	f.Add("127.0.0.1:7000,127.0.0.1:7001", "gw-1")
+	f.Add("[::1]:1", "prism-gateway-host")
+	f.Add("admin:x", "")
+	f.Add(`"a\":1`, `}{`)
+	f.Fuzz(func(t *testing.T, admins, node string) {
+		b, err := Bootstrap(strings.Split(admins, ","), node)
+		if err != nil {
+			return
+		}
+		if _, err := grpcxds.NewXDSResolverWithConfigForTesting(b); err != nil {
+			t.Fatalf("grpc-go refuses Bootstrap(%q, %q) = %s: %v", admins, node, b, err)
+		}
+	})
 }
