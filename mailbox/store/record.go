@@ -1,0 +1,303 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// A record is the value of an item's primary key: uvarint(len(hdr)) hdr blob, where hdr is the item without its
+// blob in protobuf wire format and blob the envelope bytes as received.
+
+// indexed are the header fields that keys are made of, sliced out of a record without decoding all of it: the
+// retention pass and query filters need only these, and a full proto decode would allocate every header.
+type indexed struct {
+	msgID, topic, principal, corr, trace []byte
+	blobLen                              int
+}
+
+// Field numbers of MailboxItem (proto/prism/mailbox/v1); TestParseIndexed checks them against the generated code.
+const (
+	fieldMessageID     = 1
+	fieldTopic         = 3
+	fieldCorrelationID = 8
+	fieldPrincipal     = 9
+	fieldTraceID       = 11
+)
+
+// parseIndexed reads the indexed fields of a record; the slices alias rec.
+func parseIndexed(rec []byte) (indexed, error) {
+	var x indexed
+	hdr, blob, err := splitRecord(rec)
+	if err != nil {
+		return x, err
+	}
+	x.blobLen = len(blob)
+	for len(hdr) > 0 {
+		num, typ, n := protowire.ConsumeTag(hdr)
+		if n < 0 {
+			return x, errCorruptRecord
+		}
+		hdr = hdr[n:]
+		if typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, hdr); n < 0 {
+				return x, errCorruptRecord
+			}
+			hdr = hdr[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(hdr)
+		if n < 0 {
+			return x, errCorruptRecord
+		}
+		hdr = hdr[n:]
+		switch num {
+		case fieldMessageID:
+			x.msgID = v
+		case fieldTopic:
+			x.topic = v
+		case fieldCorrelationID:
+			x.corr = v
+		case fieldPrincipal:
+			x.principal = v
+		case fieldTraceID:
+			x.trace = v
+		}
+	}
+	return x, nil
+}
+
+// Field numbers of MailboxItem's headers, for the encoder below.
+const (
+	fieldTimestamp     = 2
+	fieldContentType   = 4
+	fieldSchemaURL     = 5
+	fieldSchemaVersion = 6
+	fieldEncryption    = 7
+	fieldNamespace     = 10
+	fieldSpanID        = 12
+	fieldCustomHeaders = 13
+)
+
+// appendHeaders appends the item without its blob in protobuf wire format, exactly what proto.Marshal writes for
+// it (TestEncodeHeaders checks that), without the reflection and allocations of the generic marshaler: this runs
+// for every stored event.
+func appendHeaders(b []byte, it *mailboxv1.MailboxItem) []byte {
+	str := func(num protowire.Number, v string) {
+		if v != "" {
+			b = protowire.AppendTag(b, num, protowire.BytesType)
+			b = protowire.AppendString(b, v)
+		}
+	}
+	str(fieldMessageID, it.GetMessageId())
+	if ts := it.GetTimestamp(); ts != 0 {
+		b = protowire.AppendTag(b, fieldTimestamp, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(ts))
+	}
+	str(fieldTopic, it.GetTopic())
+	str(fieldContentType, it.GetContentType())
+	str(fieldSchemaURL, it.GetSchemaUrl())
+	str(fieldSchemaVersion, it.GetSchemaVersion())
+	str(fieldEncryption, it.GetEncryption())
+	str(fieldCorrelationID, it.GetCorrelationId())
+	str(fieldPrincipal, it.GetPrincipal())
+	str(fieldNamespace, it.GetNamespace())
+	str(fieldTraceID, it.GetTraceId())
+	str(fieldSpanID, it.GetSpanId())
+	if h := it.GetCustomHeaders(); len(h) > 0 {
+		keys := make([]string, 0, len(h))
+		for k := range h {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			v := h[k]
+			// A map entry is a message {1: key, 2: value}; proto.Marshal writes both fields even when empty.
+			n := protowire.SizeTag(1) + protowire.SizeBytes(len(k)) + protowire.SizeTag(2) + protowire.SizeBytes(len(v))
+			b = protowire.AppendTag(b, fieldCustomHeaders, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(n))
+			b = protowire.AppendTag(b, 1, protowire.BytesType)
+			b = protowire.AppendString(b, k)
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			b = protowire.AppendString(b, v)
+		}
+	}
+	return b
+}
+
+func encodeRecord(it *mailboxv1.MailboxItem) []byte {
+	hdr := appendHeaders(make([]byte, 0, 512), it)
+	blob := it.GetEnvelopeBlob()
+	rec := make([]byte, 0, binary.MaxVarintLen64+len(hdr)+len(blob))
+	rec = binary.AppendUvarint(rec, uint64(len(hdr)))
+	rec = append(rec, hdr...)
+	return append(rec, blob...)
+}
+
+var errCorruptRecord = errors.New("corrupt record")
+
+// splitRecord returns the header bytes and the blob of a record without copying.
+func splitRecord(rec []byte) (hdr, blob []byte, err error) {
+	n, w := binary.Uvarint(rec)
+	if w <= 0 || n > uint64(len(rec)-w) {
+		return nil, nil, errCorruptRecord
+	}
+	return rec[w : w+int(n)], rec[w+int(n):], nil
+}
+
+// decodeItem decodes a whole record; rec may be reused by the caller afterwards. It is the inverse of
+// appendHeaders, hand-written for the same reason: every item a query returns goes through it. All header
+// strings are cut from one string copy of the header bytes, one allocation instead of one per field.
+func decodeItem(rec []byte) (*mailboxv1.MailboxItem, error) {
+	hdr, blob, err := splitRecord(rec)
+	if err != nil {
+		return nil, err
+	}
+	it := &mailboxv1.MailboxItem{EnvelopeBlob: bytes.Clone(blob)}
+	hs := string(hdr)
+	for off := 0; off < len(hdr); {
+		num, typ, n := protowire.ConsumeTag(hdr[off:])
+		if n < 0 {
+			return nil, errCorruptRecord
+		}
+		off += n
+		switch {
+		case num == fieldTimestamp && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(hdr[off:])
+			if n < 0 {
+				return nil, errCorruptRecord
+			}
+			it.Timestamp = int64(v)
+			off += n
+		case typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(hdr[off:])
+			if n < 0 {
+				return nil, errCorruptRecord
+			}
+			start := off + n - len(v)
+			str := hs[start : start+len(v)]
+			off += n
+			if num == fieldCustomHeaders {
+				k, val, err := decodeMapEntry(v, str)
+				if err != nil {
+					return nil, err
+				}
+				if it.CustomHeaders == nil {
+					it.CustomHeaders = map[string]string{}
+				}
+				it.CustomHeaders[k] = val
+				continue
+			}
+			if f := stringField(it, num); f != nil {
+				*f = str
+			}
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, hdr[off:])
+			if n < 0 {
+				return nil, errCorruptRecord
+			}
+			off += n
+		}
+	}
+	return it, nil
+}
+
+func stringField(it *mailboxv1.MailboxItem, num protowire.Number) *string {
+	switch num {
+	case fieldMessageID:
+		return &it.MessageId
+	case fieldTopic:
+		return &it.Topic
+	case fieldContentType:
+		return &it.ContentType
+	case fieldSchemaURL:
+		return &it.SchemaUrl
+	case fieldSchemaVersion:
+		return &it.SchemaVersion
+	case fieldEncryption:
+		return &it.Encryption
+	case fieldCorrelationID:
+		return &it.CorrelationId
+	case fieldPrincipal:
+		return &it.Principal
+	case fieldNamespace:
+		return &it.Namespace
+	case fieldTraceID:
+		return &it.TraceId
+	case fieldSpanID:
+		return &it.SpanId
+	}
+	return nil
+}
+
+// decodeMapEntry decodes one custom_headers entry {1: key, 2: value} from b; s holds the same bytes as a
+// string, which the results are cut from.
+func decodeMapEntry(b []byte, s string) (key, val string, err error) {
+	for off := 0; off < len(b); {
+		num, typ, n := protowire.ConsumeTag(b[off:])
+		if n < 0 {
+			return "", "", errCorruptRecord
+		}
+		off += n
+		if typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, b[off:]); n < 0 {
+				return "", "", errCorruptRecord
+			}
+			off += n
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b[off:])
+		if n < 0 {
+			return "", "", errCorruptRecord
+		}
+		start := off + n - len(v)
+		off += n
+		switch num {
+		case 1:
+			key = s[start : start+len(v)]
+		case 2:
+			val = s[start : start+len(v)]
+		}
+	}
+	return key, val, nil
+}
+
+type meta struct {
+	events, bytes int64
+	seq           uint64
+}
+
+const metaVersion = 1
+
+func (m meta) encode() []byte {
+	b := []byte{metaVersion}
+	b = binary.AppendVarint(b, m.events)
+	b = binary.AppendVarint(b, m.bytes)
+	return binary.AppendUvarint(b, m.seq)
+}
+
+func decodeMeta(b []byte) (meta, error) {
+	if len(b) == 0 || b[0] != metaVersion {
+		return meta{}, fmt.Errorf("meta: unknown version")
+	}
+	b = b[1:]
+	var m meta
+	var w int
+	if m.events, w = binary.Varint(b); w <= 0 {
+		return meta{}, fmt.Errorf("meta: bad events counter")
+	}
+	b = b[w:]
+	if m.bytes, w = binary.Varint(b); w <= 0 {
+		return meta{}, fmt.Errorf("meta: bad bytes counter")
+	}
+	b = b[w:]
+	if m.seq, w = binary.Uvarint(b); w <= 0 {
+		return meta{}, fmt.Errorf("meta: bad sequence")
+	}
+	return m, nil
+}
