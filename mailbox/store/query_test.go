@@ -331,3 +331,48 @@ func TestPlannerPicksMostSelectiveIndex(t *testing.T) {
 		})
 	}
 }
+
+// TestQueryDuringWrites reads while a writer keeps storing: every page is newest first and holds only items
+// that were written, and nothing races (run with -race).
+func TestQueryDuringWrites(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	const batches, per = 50, 40
+	done := make(chan error, 1)
+	go func() {
+		for b := range batches {
+			batch := make([]*mailboxv1.MailboxItem, per)
+			for i := range batch {
+				batch[i] = item(fmt.Sprintf("w-%d-%d", b, i), int64((b*per+i)%97))
+			}
+			if _, err := s.Write(context.Background(), batch); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for reading := true; reading; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			reading = false
+		default:
+		}
+		resp, err := s.Query(context.Background(), &mailboxv1.EventFilter{Topics: []string{"orders.created"}, Limit: 25})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i < len(resp.GetItems()); i++ {
+			if resp.GetItems()[i].GetTimestamp() > resp.GetItems()[i-1].GetTimestamp() {
+				t.Fatalf("page not newest first: %v", ids(resp.GetItems()))
+			}
+		}
+	}
+	st, _ := s.Stats(context.Background())
+	if st.GetTotalEvents() != batches*per {
+		t.Errorf("%d events, want %d", st.GetTotalEvents(), batches*per)
+	}
+}
