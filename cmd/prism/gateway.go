@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -64,23 +65,44 @@ func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
 	if err != nil {
 		return err
 	}
+	gw, err := startGateway(log, f)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "prism gateway: %s\n", gw.url)
+	<-ctx.Done()
+	log.Info("signal received; stopping the gateway")
+	return gw.stop()
+}
+
+// runningGateway is a gateway serving in this process; prism dev runs one
+// next to its admin node the same way.
+type runningGateway struct {
+	url  string // the HTTP API, http://host:port
+	stop func() error
+}
+
+// startGateway serves a gateway on f's addresses until stop; it is ready
+// (/readyz) once its routes arrive.
+func startGateway(log *slog.Logger, f gatewayFlags) (*runningGateway, error) {
 	cfg := gateway.Config{Timeout: f.timeout, Logger: log}
+	var err error
 	if admins := splitBrokers(f.admin); len(admins) > 0 {
 		if cfg.Bootstrap, err = gateway.Bootstrap(admins, f.nodeID); err != nil {
-			return fmt.Errorf("--admin: %w", err)
+			return nil, fmt.Errorf("--admin: %w", err)
 		}
 	} else if os.Getenv("GRPC_XDS_BOOTSTRAP") == "" && os.Getenv("GRPC_XDS_BOOTSTRAP_CONFIG") == "" {
-		return errors.New("--admin: required unless $GRPC_XDS_BOOTSTRAP or $GRPC_XDS_BOOTSTRAP_CONFIG is set")
+		return nil, errors.New("--admin: required unless $GRPC_XDS_BOOTSTRAP or $GRPC_XDS_BOOTSTRAP_CONFIG is set")
 	}
 	hl, err := net.Listen("tcp", f.httpAddr)
 	if err != nil {
-		return fmt.Errorf("--http-addr: %w", err)
+		return nil, fmt.Errorf("--http-addr: %w", err)
 	}
 	var gl net.Listener
 	if f.grpcAddr != "" {
 		if gl, err = net.Listen("tcp", f.grpcAddr); err != nil {
 			hl.Close()
-			return fmt.Errorf("--grpc-addr: %w", err)
+			return nil, fmt.Errorf("--grpc-addr: %w", err)
 		}
 	}
 	gw, err := gateway.New(cfg)
@@ -89,9 +111,8 @@ func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
 		if gl != nil {
 			gl.Close()
 		}
-		return err
+		return nil, err
 	}
-	defer gw.Close()
 	hs := &http.Server{Handler: gw.HTTPHandler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -107,8 +128,7 @@ func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
 			}
 		}()
 	}
-	runCtx, cancelRun := context.WithCancel(ctx)
-	defer cancelRun()
+	runCtx, cancelRun := context.WithCancel(context.Background())
 	go func() { _ = gw.Run(runCtx) }()
 
 	attrs := []any{"http_addr", hl.Addr().String(), "admin", f.admin, "node_id", f.nodeID}
@@ -116,13 +136,13 @@ func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
 		attrs = append(attrs, "grpc_addr", gl.Addr().String())
 	}
 	log.Info("gateway serving", attrs...)
-	fmt.Fprintf(cmd.OutOrStdout(), "prism gateway: http://%s\n", hl.Addr().String())
-
-	<-ctx.Done()
-	log.Info("signal received; stopping the gateway")
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), f.timeout+time.Second)
-	defer cancel()
-	err = hs.Shutdown(shutdownCtx)
-	gs.GracefulStop()
-	return err
+	stop := func() error {
+		cancelRun()
+		ctx, cancel := context.WithTimeout(context.Background(), f.timeout+time.Second)
+		defer cancel()
+		err := hs.Shutdown(ctx)
+		gs.GracefulStop()
+		return errors.Join(err, gw.Close())
+	}
+	return &runningGateway{url: "http://" + hl.Addr().String(), stop: stop}, nil
 }
