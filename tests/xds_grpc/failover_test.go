@@ -98,3 +98,85 @@ func TestClientSurvivesLosingItsAdminNode(t *testing.T) {
 		t.Errorf("surviving admin nodes hold %v client streams, want 1", total)
 	}
 }
+
+// TestLaggingAdminNodeDoesNotRollClientsBack: the client's node dies and the
+// next node it reaches has not applied the latest routes yet (restarted,
+// replaying its log). That node must not hand the client older routes; once
+// it catches up, the client follows it again.
+func TestLaggingAdminNodeDoesNotRollClientsBack(t *testing.T) {
+	t.Parallel()
+	var nodes []*xdstest.ControlPlane
+	var addrs []resolver.Address
+	for range 2 {
+		cp, err := xdstest.StartControlPlane(quiet(), time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cp.Close)
+		nodes = append(nodes, cp)
+		addrs = append(addrs, resolver.Address{Addr: cp.Addr})
+	}
+	current, lagging := nodes[0], nodes[1]
+	runners := map[string]*xdstest.Runner{}
+	for _, id := range []string{"runner-a", "runner-b"} {
+		r, err := xdstest.StartRunner(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		runners[id] = r
+	}
+	state := func(version uint64, owner string) *ir.IR {
+		x := &ir.IR{Version: version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{current.Addr, lagging.Addr}}
+		for id, r := range runners {
+			x.Runners = append(x.Runners, ir.Runner{ID: id, Address: r.Addr, Healthy: true})
+		}
+		if owner != "" {
+			x.Mailboxes = []ir.Mailbox{{ID: "audit@proxy-a", Namespace: "audit", RunnerID: owner, Epoch: version}}
+		}
+		return x
+	}
+
+	scheme := fmt.Sprintf("prism-lagging-%d", time.Now().UnixNano())
+	admins := manual.NewBuilderWithScheme(scheme)
+	admins.InitialState(resolver.State{Addresses: addrs}) // pick_first: current first
+	resolver.Register(admins)
+	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(scheme+":///admins", "lagging-client"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func(ctx context.Context) string { return outcome(xdstest.WhoAnswers(ctx, conn, "audit@proxy-a")) }
+
+	current.Update(state(10, "runner-a"))
+	lagging.Update(state(10, "runner-a"))
+	current.Update(state(11, "runner-b"))
+	await(t, "client on the current node", ask, "runner-b")
+	if metric(t, current.Registry, "prism_xds_connected_clients", map[string]string{"protocol": "sotw"}) != 1 {
+		t.Fatal("the client did not connect to the first admin node")
+	}
+
+	current.Close()
+	// The lagging node (version 10) refuses the client (version 11); the
+	// client keeps its routes. A rollback would send audit to runner-a.
+	await(t, "lagging node refuses the client", func(context.Context) string {
+		if metric(t, lagging.Registry, "prism_xds_refused_streams_total", nil) > 0 {
+			return "refused"
+		}
+		return "not yet"
+	}, "refused")
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		got := ask(ctx)
+		cancel()
+		if got != "runner-b" {
+			t.Fatalf("client answered by %q while its admin node lags, want runner-b from the routes it had", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// The lagging node catches up and goes on: the client follows it.
+	lagging.Update(state(11, "runner-b"))
+	lagging.Update(state(12, ""))
+	await(t, "client follows the caught-up node", ask, "code:NotFound")
+}

@@ -5,6 +5,7 @@ package server
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,8 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/xds/cache"
@@ -63,6 +66,7 @@ const (
 
 type callbacks struct {
 	stamps Stamps
+	served func() string
 	now    func() time.Time
 	log    *slog.Logger
 
@@ -72,6 +76,7 @@ type callbacks struct {
 	sent map[int64]map[string]bool
 
 	clients *prometheus.GaugeVec
+	refused prometheus.Counter
 	pushes  *prometheus.CounterVec
 	bytes   *prometheus.CounterVec
 	latency *prometheus.HistogramVec
@@ -86,6 +91,9 @@ func newCallbacks(cfg Config) *callbacks {
 		clients: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prism_xds_connected_clients", Help: "Open ADS streams, by protocol (sotw, delta).",
 		}, []string{"protocol"}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prism_xds_refused_streams_total", Help: "ADS streams refused because the client held a newer version than this node serves.",
+		}),
 		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_xds_pushes_total", Help: "xDS responses sent, by resource type and protocol.",
 		}, []string{"type", "protocol"}),
@@ -101,11 +109,14 @@ func newCallbacks(cfg Config) *callbacks {
 	if c.now == nil {
 		c.now = time.Now
 	}
+	if cfg.Cache != nil {
+		c.served = cfg.Cache.Version
+	}
 	if c.log == nil {
 		c.log = slog.Default()
 	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(c.clients, c.pushes, c.bytes, c.latency)
+		cfg.Registerer.MustRegister(c.clients, c.refused, c.pushes, c.bytes, c.latency)
 	}
 	return c
 }
@@ -135,7 +146,31 @@ func (c *callbacks) OnStreamClosed(id int64, node *corev3.Node) {
 	c.log.Debug("xds stream closed", "stream", id, "node", node.GetId())
 }
 
-func (c *callbacks) OnStreamRequest(int64, *discoveryv3.DiscoveryRequest) error { return nil }
+// OnStreamRequest refuses a client that holds a newer version than this node
+// serves: versions are Raft indexes, so this node is behind (restarted and
+// still replaying its log, or cut off) and answering would roll the client's
+// routes back. The stream fails UNAVAILABLE; the client keeps what it has
+// and reconnects, here once caught up or to another admin node.
+func (c *callbacks) OnStreamRequest(_ int64, req *discoveryv3.DiscoveryRequest) error {
+	has, ok := irVersion(req.GetVersionInfo())
+	if !ok || c.served == nil {
+		return nil
+	}
+	if served, _ := irVersion(c.served()); has > served {
+		c.refused.Inc()
+		return status.Errorf(codes.Unavailable, "admin node serves xDS version %d, behind the client's %d; retry", served, has)
+	}
+	return nil
+}
+
+// irVersion is the Raft index a version string starts with ("12" or "12.1").
+func irVersion(v string) (uint64, bool) {
+	if i := strings.IndexByte(v, '.'); i >= 0 {
+		v = v[:i]
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	return n, err == nil
+}
 
 // OnStreamResponse counts a state-of-the-world response. A request that
 // carries a version is from a client that already had resources, so the

@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 type stamps map[string]time.Time
@@ -75,5 +77,31 @@ func TestCallbacksMeasurePushes(t *testing.T) {
 	}
 	if len(c.sent) != 0 {
 		t.Fatalf("closed delta stream still tracked: %v", c.sent)
+	}
+}
+
+func TestCallbacksRefuseClientsAheadOfThisNode(t *testing.T) {
+	t.Parallel()
+	c := newCallbacks(Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	c.served = func() string { return "40" }
+	tests := []struct {
+		has  string
+		want codes.Code
+	}{
+		{"", codes.OK},     // a new client
+		{"12", codes.OK},   // behind: it gets this node's newer state
+		{"40", codes.OK},   // the same state
+		{"40.2", codes.OK}, // same IR version, later relabel on another node
+		{"41", codes.Unavailable},
+		{"not-a-version", codes.OK},
+	}
+	for _, tt := range tests {
+		err := c.OnStreamRequest(1, &discoveryv3.DiscoveryRequest{TypeUrl: resource.RouteType, VersionInfo: tt.has})
+		if got := status.Code(err); got != tt.want {
+			t.Errorf("client at %q: %v, want %v", tt.has, err, tt.want)
+		}
+	}
+	if got := testutil.ToFloat64(c.refused); got != 1 {
+		t.Errorf("refused streams = %v, want 1", got)
 	}
 }
