@@ -113,6 +113,7 @@ func get(t testing.TB, url string) response {
 type mesh struct {
 	cp     *xdstest.ControlPlane
 	a, b   *testRunner
+	extra  []ir.Runner // runners that are not real
 	gw     *gateway.Gateway
 	url    string
 	gwGRPC string
@@ -123,6 +124,7 @@ func (m *mesh) publish(version uint64, mailboxes ...ir.Mailbox) {
 	for _, r := range []*testRunner{m.a, m.b} {
 		x.Runners = append(x.Runners, ir.Runner{ID: r.id, Address: r.queryAddr, Healthy: true})
 	}
+	x.Runners = append(x.Runners, m.extra...)
 	x.Mailboxes = mailboxes
 	m.cp.Update(x)
 }
@@ -155,7 +157,7 @@ func startMesh(t testing.TB) *mesh {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.gw, err = gateway.New(gateway.Config{Bootstrap: boot, Timeout: 5 * time.Second, ProbeInterval: 20 * time.Millisecond, Logger: quiet()}); err != nil {
+	if m.gw, err = gateway.New(gateway.Config{Bootstrap: boot, Timeout: upstreamTimeout, ProbeInterval: 20 * time.Millisecond, Logger: quiet()}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.gw.Close() })
@@ -178,6 +180,36 @@ func (m *mesh) run(t testing.TB) {
 	if err := m.gw.Run(ctx); err != nil {
 		t.Fatalf("gateway never got its routes: %v", err)
 	}
+}
+
+// upstreamTimeout bounds the gateway's calls in these tests.
+const upstreamTimeout = 3 * time.Second
+
+// hang accepts connections and never answers on them, like a runner wedged
+// before it speaks HTTP/2.
+func hang(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	return l.Addr().String()
 }
 
 var leases = []ir.Mailbox{
@@ -257,6 +289,20 @@ func TestGatewayHTTP(t *testing.T) {
 		return r.code == http.StatusNotFound, fmt.Sprint(r.code, r.body)
 	})
 
+	// A runner that never answers: 504 once the gateway's timeout is up.
+	m.extra = []ir.Runner{{ID: "runner-h", Address: hang(t), Healthy: true}}
+	m.publish(3, leases[0], ir.Mailbox{ID: "stuck@proxy-h", Namespace: "stuck", RunnerID: "runner-h", Epoch: 9})
+	var took time.Duration
+	waitFor(t, "stuck mailbox 504", func() (bool, string) {
+		start := time.Now()
+		r := get(t, m.url+"/v1/mailboxes/stuck@proxy-h/stats")
+		took = time.Since(start)
+		return r.code == http.StatusGatewayTimeout, fmt.Sprint(r.code, r.body)
+	})
+	if took < upstreamTimeout || took > upstreamTimeout+2*time.Second {
+		t.Errorf("504 after %v, want the upstream timeout %v", took, upstreamTimeout)
+	}
+
 	// runner-a dies while it still holds its lease: 503, never a hang.
 	m.a.Close()
 	start := time.Now()
@@ -265,7 +311,7 @@ func TestGatewayHTTP(t *testing.T) {
 	if r.code != http.StatusServiceUnavailable || json.Unmarshal([]byte(r.body), &body) != nil || !strings.Contains(body["error"], "no runner available") {
 		t.Fatalf("stats of a mailbox whose runner is down = %d %q, want a JSON 503", r.code, r.body)
 	}
-	if took := time.Since(start); took > 5*time.Second {
+	if took := time.Since(start); took > upstreamTimeout {
 		t.Errorf("503 took %v, past the upstream timeout", took)
 	}
 
@@ -275,6 +321,7 @@ func TestGatewayHTTP(t *testing.T) {
 		`prism_gateway_http_requests_total{code="400",method="QueryEvents"}`,
 		`prism_gateway_http_requests_total{code="404",method="GetStats"}`,
 		`prism_gateway_http_requests_total{code="503",method="GetStats"}`,
+		`prism_gateway_http_requests_total{code="504",method="GetStats"}`,
 		`prism_gateway_request_seconds_count{api="http",method="GetStats"}`,
 	} {
 		if !strings.Contains(metrics, want) {
