@@ -2,11 +2,15 @@ package tests
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,75 +18,200 @@ import (
 	"github.com/prism-mesh/prism/internal/testbin"
 )
 
-// TestMailboxDevCurlLine runs `prism dev` and follows the curl line it
-// prints: it must return demo events. SIGINT then stops everything cleanly.
-func TestMailboxDevCurlLine(t *testing.T) {
-	t.Parallel()
+// devProcess is a running `prism dev` on free loopback ports.
+type devProcess struct {
+	cmd *exec.Cmd
+	// addrs maps each address flag of prism dev to the port given to it.
+	addrs  map[string]string
+	exited chan error
+
+	mu     sync.Mutex
+	stdout []string
+	stderr bytes.Buffer
+}
+
+// devAddrFlags are every listen address of prism dev, so a test never
+// touches the fixed defaults (another prism dev, or a helper's test, may hold
+// them).
+var devAddrFlags = []string{
+	"--gateway-addr", "--gateway-grpc-addr", "--envoy-admin-addr", "--admin-addr", "--admin-http-addr",
+	"--raft-addr", "--runner-addr", "--runner-http-addr", "--control-addr", "--sidecar-http-addr",
+}
+
+// startDev runs prism dev with every address on a free port and waits for
+// its ready line. The process is killed at cleanup if still running.
+func startDev(t *testing.T, args ...string) *devProcess {
+	t.Helper()
 	bin, err := testbin.Path("prism")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "dev", "--http-addr", freeAddr(t), "--grpc-addr", freeAddr(t), "--rate", "100", "--log-level", "warn")
-	stdout, err := cmd.StdoutPipe()
+	d := &devProcess{addrs: map[string]string{}, exited: make(chan error, 1)}
+	argv := []string{"dev", "--log-level", "info", "--kafka-port", strconv.Itoa(freePort(t))}
+	for _, f := range devAddrFlags {
+		d.addrs[f] = freeAddr(t)
+		argv = append(argv, f, d.addrs[f])
+	}
+	d.cmd = exec.Command(bin, append(argv, args...)...)
+	d.cmd.Stderr = &lockedWriter{mu: &d.mu, w: &d.stderr}
+	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
+	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	defer func() {
-		cmd.Process.Kill()
-		<-exited
-	}()
-
-	curl := regexp.MustCompile(`curl -s '(http://127\.0\.0\.1:\d+/v1/mailboxes/demo@proxy-01/events\?limit=5)'`)
-	found := make(chan string, 1)
+	ready := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if m := curl.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case found <- m[1]:
-				default:
-				}
+			d.mu.Lock()
+			d.stdout = append(d.stdout, sc.Text())
+			d.mu.Unlock()
+			if strings.HasPrefix(sc.Text(), "prism dev: ready") {
+				close(ready)
 			}
 		}
-		exited <- cmd.Wait()
+		d.exited <- d.cmd.Wait()
 	}()
-	var url string
+	t.Cleanup(func() {
+		if d.cmd.ProcessState == nil {
+			_ = d.cmd.Process.Kill()
+		}
+		if t.Failed() {
+			d.mu.Lock()
+			t.Logf("prism dev stdout:\n%s\nstderr (tail):\n%s", strings.Join(d.stdout, "\n"), tail(d.stderr.String(), 8000))
+			d.mu.Unlock()
+		}
+	})
 	select {
-	case url = <-found:
-	case <-time.After(90 * time.Second):
-		t.Fatal("prism dev printed no curl line within 90s")
+	case <-ready:
+	case err := <-d.exited:
+		d.exited <- err
+		t.Fatalf("prism dev exited before ready: %v", err)
+	case <-time.After(150 * time.Second):
+		t.Fatal("prism dev not ready within 150s")
 	}
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var body struct {
-		Items []struct {
-			MessageID string `json:"message_id"`
-			Principal string `json:"principal"`
-		} `json:"items"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&body)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != 200 || len(body.Items) == 0 || body.Items[0].Principal == "" {
-		t.Fatalf("GET %s: %d, %v, %+v", url, resp.StatusCode, err, body)
-	}
+	return d
+}
 
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+// output is what prism dev printed to stdout so far.
+func (d *devProcess) output() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return strings.Join(d.stdout, "\n")
+}
+
+func (d *devProcess) logs() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stderr.String()
+}
+
+// interrupt sends SIGINT and expects a clean exit within 60s.
+func (d *devProcess) interrupt(t *testing.T) {
+	t.Helper()
+	if err := d.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-exited:
-		exited <- err // for the deferred cleanup
+	case err := <-d.exited:
 		if err != nil {
 			t.Fatalf("prism dev exited with %v after SIGINT", err)
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("prism dev did not stop within 60s of SIGINT")
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(freeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+type devEvents struct {
+	MailboxID string `json:"mailbox_id"`
+	Items     []struct {
+		MessageID string `json:"message_id"`
+		Principal string `json:"principal"`
+	} `json:"items"`
+}
+
+// TestMailboxDevCurlLine runs `prism dev` and follows the curl line it
+// prints: through the gateway, it must return demo events from mailbox
+// demo@proxy-01, which the sidecar holds a lease on. SIGINT then stops the
+// parts in order, the leases released before the admin node stops.
+func TestMailboxDevCurlLine(t *testing.T) {
+	t.Parallel()
+	d := startDev(t, "--rate", "100")
+	out := d.output()
+
+	gw := d.addrs["--gateway-addr"]
+	curl := regexp.MustCompile(`curl -s '(http://` + regexp.QuoteMeta(gw) + `/v1/mailboxes/demo@proxy-01/events\?limit=5)'`)
+	m := curl.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no curl line through the gateway %s in:\n%s", gw, out)
+	}
+	for _, want := range []string{
+		"http://" + gw + " ",
+		"prismctl --admin " + d.addrs["--admin-addr"],
+		"prism gateway (in-process",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	resp, err := http.Get(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body devEvents
+	err = json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || len(body.Items) == 0 || body.Items[0].Principal == "" || body.MailboxID != "demo@proxy-01" {
+		t.Fatalf("GET %s: %d, %v, %+v", m[1], resp.StatusCode, err, body)
+	}
+	// The gateway got the route from the lease: the answer came from the
+	// runner the sidecar registered (its query address), under an epoch.
+	if ep := resp.Header.Get("x-prism-epoch"); ep == "" || ep == "0" {
+		t.Errorf("x-prism-epoch = %q, want the lease's epoch", ep)
+	}
+
+	d.interrupt(t)
+	logs := d.logs()
+	last := -1
+	for _, c := range []string{`"demo producer"`, "gateway", "sidecar", "runner", "admin", "kafka"} {
+		i := strings.Index(logs, "msg=stopped component="+c)
+		if i < 0 || i < last {
+			t.Errorf("stop of %s missing or out of order (demo producer, gateway, sidecar, runner, admin, kafka)", c)
+		}
+		last = max(last, i)
+	}
+	rel := regexp.MustCompile(`msg="lease released" .*mailbox_id=demo@proxy-01`).FindStringIndex(logs)
+	if rel == nil || rel[0] > strings.Index(logs, "msg=stopped component=admin") {
+		t.Error("lease of demo@proxy-01 not released before the admin stopped")
 	}
 }
