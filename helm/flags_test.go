@@ -2,6 +2,7 @@ package helm
 
 import (
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -28,10 +29,10 @@ func TestChartArgsParseWithPrism(t *testing.T) {
 	inject.Mutate(runnerPod, injectorOptions(t, injector))
 
 	cases := map[string][]string{
-		"admin":    container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin").Args,
-		"runner":   container(t, runnerPod.Spec, "runner").Args,
-		"injector": injector.Args,
-		"sidecar":  runnerPod.Spec.InitContainers[len(runnerPod.Spec.InitContainers)-1].Args,
+		"admin":    kubeletArgs(container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")),
+		"runner":   kubeletArgs(container(t, runnerPod.Spec, "runner")),
+		"injector": kubeletArgs(injector),
+		"sidecar":  kubeletArgs(runnerPod.Spec.InitContainers[len(runnerPod.Spec.InitContainers)-1]),
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -51,6 +52,42 @@ func TestChartArgsParseWithPrism(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fieldRefStandIns are what the downward API would put into a pod's env.
+var fieldRefStandIns = map[string]string{
+	"metadata.name":      "prism-runner-0",
+	"metadata.namespace": "prism",
+	"status.podIP":       "127.0.0.1",
+}
+
+// kubeletArgs expands $(VAR) in c's args from its env the way the kubelet
+// does, so typed flags are parsed with the values they get in a pod rather
+// than the literal reference.
+func kubeletArgs(c corev1.Container) []string {
+	env := map[string]string{}
+	ref := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	expand := func(s string) string {
+		return ref.ReplaceAllStringFunc(s, func(m string) string {
+			if v, ok := env[m[2:len(m)-1]]; ok {
+				return v
+			}
+			return m
+		})
+	}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil:
+			env[e.Name] = fieldRefStandIns[e.ValueFrom.FieldRef.FieldPath]
+		case e.ValueFrom == nil:
+			env[e.Name] = expand(e.Value)
+		}
+	}
+	out := make([]string, len(c.Args))
+	for i, a := range c.Args {
+		out[i] = expand(a)
+	}
+	return out
 }
 
 func hasSubcommand(t *testing.T, bin, name string) bool {
