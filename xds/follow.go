@@ -30,21 +30,18 @@ type routesIndexer interface {
 
 // Follow keeps the control plane on src's routing state until ctx ends. After
 // every FSM change it re-reads the routes and which proxies are stale, and
-// hands over a new state when either moved. The version is the routes index,
-// or the applied index at which a change of stale proxies was seen when that
-// is newer: staleness has no index of its own in the FSM, so two admin nodes
-// may label such a state differently (a reconnecting client is then re-sent
-// the same resources, nothing worse). gateway and notFound (this cluster's
-// admin gRPC addresses) complete the IR.
+// hands over a new state when either moved. The version is always the routes
+// index, the same on every replica; a stale-proxy change, which has no index
+// of its own, is served under a suffixed label of it (see cache.Cache.Set).
+// gateway and notFound (this cluster's admin gRPC addresses) complete the IR.
 func (cp *ControlPlane) Follow(ctx context.Context, src Source, gateway ir.Gateway, notFound []string) error {
 	var (
 		lastRoutes uint64
 		lastStale  map[string]bool
-		version    uint64
 		started    bool
 	)
 	for {
-		applied, changed := src.Changed()
+		_, changed := src.Changed()
 		proxies, _ := src.Proxies()
 		stale := map[string]bool{}
 		for _, p := range proxies {
@@ -66,12 +63,9 @@ func (cp *ControlPlane) Follow(ctx context.Context, src Source, gateway ir.Gatew
 			routes, aliases, routesIndex = src.Routes()
 		}
 		if !started || routesIndex != lastRoutes || staleMoved {
-			version = max(version, routesIndex, 1) // 1: an empty FSM still serves listeners
-			if staleMoved {
-				version = max(version, applied)
-			}
 			cp.Update(ir.FromAdmin(ir.AdminState{
-				Routes: routes, NamespaceRoutes: aliases, RoutesIndex: version,
+				// 1: an FSM that never had a route still serves listeners.
+				Routes: routes, NamespaceRoutes: aliases, RoutesIndex: max(routesIndex, 1),
 				StaleProxies: stale, Gateway: gateway, NotFound: notFound,
 			}))
 			lastRoutes, lastStale, started = routesIndex, stale, true
