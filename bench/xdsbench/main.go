@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -47,7 +48,7 @@ func main() {
 }
 
 func bench(name string, value float64, unit string) {
-	fmt.Printf("BENCH %s %s %s\n", name, strconv.FormatFloat(value, 'f', -1, 64), unit)
+	fmt.Printf("BENCH %s %s %s\n", name, strconv.FormatFloat(math.Round(value*1000)/1000, 'f', -1, 64), unit)
 }
 
 func note(format string, args ...any) { fmt.Fprintf(os.Stderr, "# "+format+"\n", args...) }
