@@ -215,3 +215,45 @@ func TestMailboxDevCurlLine(t *testing.T) {
 		t.Error("lease of demo@proxy-01 not released before the admin stopped")
 	}
 }
+
+type devStatsBody struct {
+	TotalEvents int64  `json:"total_events"`
+	Epoch       uint64 `json:"epoch"`
+}
+
+func devStats(t *testing.T, d *devProcess) devStatsBody {
+	t.Helper()
+	var st devStatsBody
+	code, err := getJSON("http://"+d.addrs["--gateway-addr"], "/v1/mailboxes/demo@proxy-01/stats", &st)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("stats through the gateway: %d %v", code, err)
+	}
+	return st
+}
+
+// TestMailboxDevDataDirAndExternalKafka stops a prism dev that kept its
+// state in --data-dir and starts it again on other ports, against a broker
+// of the test's (--kafka) and without demo traffic: the admin comes back
+// from its Raft log (namespace demo, proxy-01), the sidecar takes a new
+// lease, and the gateway serves every event the first run stored.
+func TestMailboxDevDataDirAndExternalKafka(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	d := startDev(t, "--data-dir", dir, "--rate", "100")
+	first := devStats(t, d)
+	d.interrupt(t)
+	if first.TotalEvents == 0 || first.Epoch == 0 {
+		t.Fatalf("first run: %+v, want events under a lease", first)
+	}
+
+	brokers := startKafka(t, map[string]int32{"audit.events": 1, "admin.events": 1, "audit.events.dlq": 1, "admin.events.dlq": 1})
+	d2 := startDev(t, "--data-dir", dir, "--demo=false", "--kafka", strings.Join(brokers, ","))
+	if out := d2.output(); !strings.Contains(out, "kafka     "+brokers[0]+"\n") || strings.Contains(out, "demo      ") {
+		t.Errorf("second run should name the test's broker %s and no demo producer:\n%s", brokers[0], out)
+	}
+	second := devStats(t, d2)
+	if second.TotalEvents < first.TotalEvents || second.Epoch <= first.Epoch {
+		t.Errorf("second run %+v, first %+v: want every stored event kept and a later lease epoch", second, first)
+	}
+	d2.interrupt(t)
+}
