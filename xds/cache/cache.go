@@ -36,6 +36,7 @@ func (sharedHash) ID(*corev3.Node) string { return NodeKey }
 // Cache is the snapshot every xDS client is served.
 type Cache struct {
 	snapshots cachev3.SnapshotCache
+	watcher   *sharedMarshal
 
 	mu      sync.Mutex
 	version string
@@ -53,11 +54,12 @@ func New(log *slog.Logger) *Cache {
 	// ads=false: in ADS mode the cache answers only requests naming every
 	// resource of a type, but grpc-go asks for the one listener it needs
 	// (mailbox-query) while Envoy asks for all; both must be served.
-	return &Cache{snapshots: cachev3.NewSnapshotCache(false, sharedHash{}, logger{log})}
+	snapshots := cachev3.NewSnapshotCache(false, sharedHash{}, logger{log})
+	return &Cache{snapshots: snapshots, watcher: newSharedMarshal(snapshots)}
 }
 
 // Watcher is what the xDS server serves from.
-func (c *Cache) Watcher() cachev3.Cache { return c.snapshots }
+func (c *Cache) Watcher() cachev3.Cache { return c.watcher }
 
 // Set replaces the served resources with res, labelled version. A resource
 // type whose resources are unchanged keeps the version it had, so
