@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/envoy"
 	"github.com/prism-mesh/prism/internal/testbin"
 )
 
@@ -42,17 +45,34 @@ var devAddrFlags = []string{
 // its ready line. The process is killed at cleanup if still running.
 func startDev(t *testing.T, args ...string) *devProcess {
 	t.Helper()
+	return startDevEnv(t, nil, args...)
+}
+
+// startDevEnv is startDev with env added to the process's environment.
+func startDevEnv(t *testing.T, env []string, args ...string) *devProcess {
+	t.Helper()
 	bin, err := testbin.Path("prism")
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &devProcess{addrs: map[string]string{}, exited: make(chan error, 1)}
+	// An address flag in args is kept; the others get free ports.
+	for i := 0; i+1 < len(args); i++ {
+		if strings.HasSuffix(args[i], "-addr") {
+			d.addrs[args[i]] = args[i+1]
+		}
+	}
 	argv := []string{"dev", "--log-level", "info", "--kafka-port", strconv.Itoa(freePort(t))}
 	for _, f := range devAddrFlags {
-		d.addrs[f] = freeAddr(t)
-		argv = append(argv, f, d.addrs[f])
+		if _, given := d.addrs[f]; !given {
+			d.addrs[f] = freeAddr(t)
+			argv = append(argv, f, d.addrs[f])
+		}
 	}
 	d.cmd = exec.Command(bin, append(argv, args...)...)
+	if env != nil {
+		d.cmd.Env = append(os.Environ(), env...)
+	}
 	d.cmd.Stderr = &lockedWriter{mu: &d.mu, w: &d.stderr}
 	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
@@ -256,4 +276,68 @@ func TestMailboxDevDataDirAndExternalKafka(t *testing.T) {
 		t.Errorf("second run %+v, first %+v: want every stored event kept and a later lease epoch", second, first)
 	}
 	d2.interrupt(t)
+}
+
+// fakeEnvoy stands in for an envoy binary, which cannot be installed on our
+// build machines: it keeps a copy of the bootstrap it was started with, then
+// serves the gateway address it is told (in Envoy that listener comes over
+// ADS) as prism gateway, which exits on SIGTERM as Envoy does.
+const fakeEnvoy = `#!/bin/sh
+[ "$1" = "-c" ] && [ -f "$2" ] || { echo "fake envoy: want -c BOOTSTRAP, got $*" >&2; exit 2; }
+cp "$2" "$FAKE_ENVOY_BOOTSTRAP_COPY" || exit 2
+exec "$FAKE_ENVOY_PRISM" gateway --admin "$FAKE_ENVOY_ADMIN" --http-addr "$FAKE_ENVOY_LISTEN" --grpc-addr "" --log-format text
+`
+
+// TestMailboxDevEnvoyOnPath: with an envoy on PATH, prism dev starts it
+// with the envoy/ bootstrap pointing at its admin node, says so, waits for
+// events through it, and stops it on SIGINT. Envoy itself is a stand-in
+// here (see fakeEnvoy); its routing is covered by tests/xds_envoy.
+func TestMailboxDevEnvoyOnPath(t *testing.T) {
+	t.Parallel()
+	prism, err := testbin.Path("prism")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "envoy"), []byte(fakeEnvoy), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyPath := filepath.Join(dir, "bootstrap-copy.yaml")
+	// The stand-in is told the addresses prism dev is given.
+	admin, gw := freeAddr(t), freeAddr(t)
+	d := startDevEnv(t, []string{
+		"PATH=" + dir + string(os.PathListSeparator) + os.Getenv("PATH"),
+		"FAKE_ENVOY_BOOTSTRAP_COPY=" + copyPath, "FAKE_ENVOY_PRISM=" + prism,
+		"FAKE_ENVOY_ADMIN=" + admin, "FAKE_ENVOY_LISTEN=" + gw,
+	}, "--admin-addr", admin, "--gateway-addr", gw)
+	if out := d.output(); !strings.Contains(out, "envoy ("+filepath.Join(dir, "envoy")+")") {
+		t.Errorf("output does not say envoy runs the gateway:\n%s", out)
+	}
+	y, err := os.ReadFile(copyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := envoy.Parse(y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xds []string
+	for _, c := range b.GetStaticResources().GetClusters() {
+		for _, le := range c.GetLoadAssignment().GetEndpoints() {
+			for _, ep := range le.GetLbEndpoints() {
+				sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
+				xds = append(xds, net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))))
+			}
+		}
+	}
+	if len(xds) != 1 || xds[0] != admin {
+		t.Errorf("bootstrap xDS endpoints %v, want the admin node %s", xds, admin)
+	}
+	if st := devStats(t, d); st.TotalEvents == 0 {
+		t.Errorf("no events through the gateway: %+v", st)
+	}
+	d.interrupt(t)
+	if !strings.Contains(d.logs(), "msg=stopped component=gateway") {
+		t.Error("the envoy gateway was not stopped")
+	}
 }
