@@ -342,7 +342,9 @@ func (e *devEnv) startSidecar(context.Context) error {
 			attemptTimeout: 2 * time.Second, retryMax: 2 * time.Second,
 		})
 		if ctx.Err() == nil {
+			// Reported as the failure; not again as a stop error.
 			e.fail("sidecar", err)
+			err = nil
 		}
 		done <- err
 	}()
@@ -394,7 +396,8 @@ func (e *devEnv) startGateway(_ context.Context, kind string) error {
 			timeout: 10 * time.Second, logLevel: e.f.logLevel, logFormat: e.f.logFormat,
 		})
 		if ctx.Err() == nil {
-			e.fail("gateway", err)
+			e.fail("gateway on --gateway-addr "+e.f.gatewayAddr, err)
+			err = nil
 		}
 		done <- err
 	}()
@@ -501,7 +504,7 @@ func (e *devEnv) awaitGateway(ctx context.Context) error {
 		select {
 		case err := <-e.failed:
 			e.failed <- err
-			return backoffStop{err}
+			return pollStop{err}
 		default:
 		}
 		resp, err := client.Get(e.demoQueryURL())
@@ -553,12 +556,12 @@ func (e *devEnv) printReady(out io.Writer) {
 	fmt.Fprintf(out, "prism dev: ready (Ctrl-C stops)\n")
 }
 
-// backoffStop ends a poll at once with its error.
-type backoffStop struct{ err error }
+// pollStop ends a poll at once with its error.
+type pollStop struct{ err error }
 
-func (b backoffStop) Error() string { return b.err.Error() }
+func (b pollStop) Error() string { return b.err.Error() }
 
-// poll calls try until it succeeds, returns a backoffStop, ctx ends or
+// poll calls try until it succeeds, returns a pollStop, ctx ends or
 // devStartTimeout passes.
 func poll(ctx context.Context, what string, try func() error) error {
 	deadline := time.Now().Add(devStartTimeout)
@@ -567,7 +570,7 @@ func poll(ctx context.Context, what string, try func() error) error {
 		if err == nil {
 			return nil
 		}
-		var stop backoffStop
+		var stop pollStop
 		if errors.As(err, &stop) {
 			return stop.err
 		}
