@@ -55,7 +55,7 @@ func New(log *slog.Logger) *Cache {
 	// resource of a type, but grpc-go asks for the one listener it needs
 	// (mailbox-query) while Envoy asks for all; both must be served.
 	snapshots := cachev3.NewSnapshotCache(false, sharedHash{}, logger{log})
-	return &Cache{snapshots: snapshots, watcher: newSharedMarshal(snapshots)}
+	return &Cache{snapshots: snapshots, watcher: newSharedMarshal(snapshots, log)}
 }
 
 // Watcher is what the xDS server serves from.

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"fmt"
+	"log/slog"
 	"sync"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -18,6 +19,7 @@ import (
 // (type, version, name) names one content.
 type sharedMarshal struct {
 	cachev3.Cache
+	log *slog.Logger
 
 	mu   sync.Mutex
 	memo map[string]*typeMemo // by type URL: the latest version only
@@ -28,9 +30,13 @@ type typeMemo struct {
 	anys    map[string]func() (*anypb.Any, error)
 }
 
-func newSharedMarshal(c cachev3.Cache) *sharedMarshal {
-	return &sharedMarshal{Cache: c, memo: map[string]*typeMemo{}}
+func newSharedMarshal(c cachev3.Cache, log *slog.Logger) *sharedMarshal {
+	return &sharedMarshal{Cache: c, log: log, memo: map[string]*typeMemo{}}
 }
+
+// grpcMaxMessage is grpc-go's default receive limit, which its xDS client
+// does not raise: a bigger resource is refused by every proxyless client.
+const grpcMaxMessage = 4 << 20
 
 // CreateWatch forwards the cache's one response for the watch, wrapped.
 func (s *sharedMarshal) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, value chan cachev3.Response) (func(), error) {
@@ -84,6 +90,10 @@ func (s *sharedMarshal) marshal(typeURL, version string, res types.Resource) (*a
 			b, err := cachev3.MarshalResource(res)
 			if err != nil {
 				return nil, fmt.Errorf("marshal %s %s: %w", typeURL, name, err)
+			}
+			if len(b) > grpcMaxMessage {
+				s.log.Error("xds resource exceeds grpc-go's default 4 MiB message limit; proxyless clients will reject it",
+					"type", typeURL, "name", name, "version", version, "bytes", len(b))
 			}
 			return &anypb.Any{TypeUrl: typeURL, Value: b}, nil
 		})

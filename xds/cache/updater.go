@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
@@ -69,15 +68,10 @@ type Updater struct {
 	last *ir.IR // only touched by Run
 
 	version      prometheus.Gauge
-	tableBytes   prometheus.Gauge
 	translations *prometheus.CounterVec
 	translateDur prometheus.Histogram
 	coalesced    prometheus.Counter
 }
-
-// grpcMaxMessage is grpc-go's default receive limit, which its xDS client
-// does not raise.
-const grpcMaxMessage = 4 << 20
 
 // stampsKept bounds the version → update time map used for push latency.
 const stampsKept = 64
@@ -95,9 +89,6 @@ func NewUpdater(c *Cache, cfg UpdaterConfig) *Updater {
 		stamps:     map[string]time.Time{},
 		version: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "prism_xds_snapshot_version", Help: "IR version (Raft applied index) of the snapshot being served.",
-		}),
-		tableBytes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "prism_xds_route_table_bytes", Help: "Size of the route configuration, sent whole on every routing change.",
 		}),
 		translations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_xds_translations_total", Help: "IR states processed, by result: ok, error (partial snapshot served), unchanged (skipped).",
@@ -123,7 +114,7 @@ func NewUpdater(c *Cache, cfg UpdaterConfig) *Updater {
 		u.log = slog.Default()
 	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(u.version, u.tableBytes, u.translations, u.translateDur, u.coalesced)
+		cfg.Registerer.MustRegister(u.version, u.translations, u.translateDur, u.coalesced)
 	}
 	return u
 }
@@ -219,14 +210,6 @@ func (u *Updater) flush(ctx context.Context) {
 		return
 	}
 	u.translateDur.Observe(u.clock.Now().Sub(start).Seconds())
-	if len(res.Routes) > 0 {
-		size := proto.Size(res.Routes[0])
-		u.tableBytes.Set(float64(size))
-		if size > grpcMaxMessage {
-			log.Error("xds route table exceeds grpc-go's default 4 MiB message limit; proxyless clients will reject it",
-				"bytes", size, "mailboxes", len(x.Mailboxes), "aliases", len(x.Aliases))
-		}
-	}
 	u.translations.WithLabelValues(result).Inc()
 	u.version.Set(float64(x.Version))
 	u.last = x
