@@ -71,6 +71,9 @@ type Store struct {
 	wmu sync.Mutex
 	// rmu serializes retention passes.
 	rmu sync.Mutex
+	// qmu guards queue: Writes waiting for wmu, committed together by the next holder.
+	qmu   sync.Mutex
+	queue []*writeReq
 	// mmu guards m, so Stats does not wait behind a write's fsync.
 	mmu sync.Mutex
 	m   meta
