@@ -25,8 +25,10 @@ import (
 type devProcess struct {
 	cmd *exec.Cmd
 	// addrs maps each address flag of prism dev to the port given to it.
-	addrs  map[string]string
-	exited chan error
+	addrs map[string]string
+	// done is closed once the process has exited, with waitErr set.
+	done    chan struct{}
+	waitErr error
 
 	mu     sync.Mutex
 	stdout []string
@@ -55,7 +57,7 @@ func startDevEnv(t *testing.T, env []string, args ...string) *devProcess {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &devProcess{addrs: map[string]string{}, exited: make(chan error, 1)}
+	d := &devProcess{addrs: map[string]string{}, done: make(chan struct{})}
 	// An address flag in args is kept; the others get free ports.
 	for i := 0; i+1 < len(args); i++ {
 		if strings.HasSuffix(args[i], "-addr") {
@@ -82,6 +84,7 @@ func startDevEnv(t *testing.T, env []string, args ...string) *devProcess {
 		t.Fatal(err)
 	}
 	ready := make(chan struct{})
+	var readyOnce sync.Once
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -89,14 +92,18 @@ func startDevEnv(t *testing.T, env []string, args ...string) *devProcess {
 			d.stdout = append(d.stdout, sc.Text())
 			d.mu.Unlock()
 			if strings.HasPrefix(sc.Text(), "prism dev: ready") {
-				close(ready)
+				readyOnce.Do(func() { close(ready) })
 			}
 		}
-		d.exited <- d.cmd.Wait()
+		d.waitErr = d.cmd.Wait()
+		close(d.done)
 	}()
 	t.Cleanup(func() {
-		if d.cmd.ProcessState == nil {
-			_ = d.cmd.Process.Kill()
+		_ = d.cmd.Process.Kill() // no-op once it has exited
+		select {
+		case <-d.done:
+		case <-time.After(30 * time.Second):
+			t.Error("prism dev still running 30s after kill")
 		}
 		if t.Failed() {
 			d.mu.Lock()
@@ -106,9 +113,8 @@ func startDevEnv(t *testing.T, env []string, args ...string) *devProcess {
 	})
 	select {
 	case <-ready:
-	case err := <-d.exited:
-		d.exited <- err
-		t.Fatalf("prism dev exited before ready: %v", err)
+	case <-d.done:
+		t.Fatalf("prism dev exited before ready: %v", d.waitErr)
 	case <-time.After(150 * time.Second):
 		t.Fatal("prism dev not ready within 150s")
 	}
@@ -135,9 +141,9 @@ func (d *devProcess) interrupt(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-d.exited:
-		if err != nil {
-			t.Fatalf("prism dev exited with %v after SIGINT", err)
+	case <-d.done:
+		if d.waitErr != nil {
+			t.Fatalf("prism dev exited with %v after SIGINT", d.waitErr)
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("prism dev did not stop within 60s of SIGINT")
