@@ -312,10 +312,13 @@ func TestSidecarAdminLeaderKilled(t *testing.T) {
 	}
 	after, _ := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
 	e.tl.mark("renewed heartbeats %v → %v", before, after)
-	newLeader := leaderOf(survivors)
-	if newLeader == nil {
-		t.Fatal("no new leader")
-	}
+	// On a loaded machine the survivors' leadership can flap for a moment
+	// (fast raft timing); what matters is that one of them leads.
+	var newLeader *adminNode
+	waitFor(t, 15*time.Second, "a survivor leads", func() (bool, string) {
+		newLeader = leaderOf(survivors)
+		return newLeader != nil, "no survivor reports Leader"
+	})
 	e.tl.mark("new leader %s", newLeader.id)
 	t.Logf("timeline:\n%s", e.tl)
 	// Renewals in the second ttl after the kill come from the new leader:
