@@ -208,7 +208,7 @@ func (e *devEnv) run(ctx context.Context, out io.Writer) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("prism dev: %s: %w", s.name, err)
+			return fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
 	e.printReady(out)
@@ -216,7 +216,7 @@ func (e *devEnv) run(ctx context.Context, out io.Writer) error {
 	case <-ctx.Done():
 		return nil
 	case err := <-e.failed:
-		return fmt.Errorf("prism dev: %w", err)
+		return err
 	}
 }
 
