@@ -54,3 +54,26 @@ func BenchmarkSnapshot10k(b *testing.B) {
 		b.SetBytes(int64(sink.Len()))
 	}
 }
+
+// BenchmarkRoutes10k is the copy the xDS feed makes when routes changed.
+func BenchmarkRoutes10k(b *testing.B) {
+	h := populated(b, 10_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		if r, _, _ := h.f.Routes(); len(r) != 10_000 {
+			b.Fatalf("%d routes", len(r))
+		}
+	}
+}
+
+// BenchmarkRoutesIndex10k is what the xDS feed pays after a change that left
+// routes alone (a lease checkpoint, a proxy heartbeat).
+func BenchmarkRoutesIndex10k(b *testing.B) {
+	h := populated(b, 10_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		if h.f.RoutesIndex() == 0 {
+			b.Fatal("no routes index")
+		}
+	}
+}

@@ -89,6 +89,15 @@ func (f *FSM) Routes() ([]*adminv1.Route, []*adminv1.NamespaceRoute, uint64) {
 	return routes, sortedValues(f.st.namespaceRoutes()), f.st.routesIndex
 }
 
+// RoutesIndex is the index Routes would report, without copying anything:
+// watchers call it after every change and copy the routes only when it moved,
+// since most changes (lease checkpoints, proxy heartbeats) leave routes alone.
+func (f *FSM) RoutesIndex() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.routesIndex
+}
+
 // Route returns a mailbox's route, or nil.
 func (f *FSM) Route(mailboxID string) (*adminv1.Route, uint64) {
 	f.mu.RLock()

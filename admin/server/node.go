@@ -128,7 +128,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	if cfg.XDS {
 		cp := xds.New(ctx, xds.Config{Registerer: reg, Log: cfg.Logger.With("node", cfg.Raft.ID)})
 		cp.Register(n.grpc)
-		feed := &xdsFeed{s: n.Server, cp: cp, gateway: cfg.GatewayAddr, notFound: notFoundAddrs(addrs), resolve: net.DefaultResolver.LookupHost}
+		feed := &xdsFeed{src: n.FSM, cp: cp, gateway: cfg.GatewayAddr, notFound: notFoundAddrs(addrs), resolve: net.DefaultResolver.LookupHost}
 		n.wg.Add(2)
 		go func() { defer n.wg.Done(); _ = cp.Run(ctx) }()
 		go func() { defer n.wg.Done(); feed.run(ctx) }()

@@ -18,7 +18,7 @@ import (
 // node, leader or follower, serves xDS from its own FSM; the IR version is
 // the routes index, identical on every replica for the same routes.
 type xdsFeed struct {
-	s       *Server
+	src     routeSource
 	cp      *xds.ControlPlane
 	gateway string
 	// notFound lists the admin nodes' gRPC addresses; Envoy needs IPs, so
@@ -28,21 +28,36 @@ type xdsFeed struct {
 	resolve  func(ctx context.Context, host string) ([]string, error)
 }
 
+// routeSource is what the feed reads of the FSM (*fsm.FSM).
+type routeSource interface {
+	Changed() (uint64, <-chan struct{})
+	RoutesIndex() uint64
+	Routes() ([]*adminv1.Route, []*adminv1.NamespaceRoute, uint64)
+	Proxies() ([]*adminv1.ProxyInfo, uint64)
+}
+
 func (f *xdsFeed) run(ctx context.Context) {
 	var (
 		lastIndex uint64
 		lastStale map[string]bool
 		lastNF    []string
+		routes    []*adminv1.Route
+		aliases   []*adminv1.NamespaceRoute
 		sent      bool
 	)
 	for {
-		_, changed := f.s.fsm.Changed()
+		_, changed := f.src.Changed()
 		start := time.Now()
-		routes, aliases, idx := f.s.fsm.Routes()
+		// Proxy heartbeats and lease checkpoints change the FSM often and
+		// routing rarely. Copying the routes costs a sort of every lease
+		// under the FSM's read lock (about 12 ms at 10,000), so it happens
+		// only when the routes index moved.
+		idx := lastIndex
+		if !sent || f.src.RoutesIndex() != lastIndex {
+			routes, aliases, idx = f.src.Routes()
+		}
 		stale := f.staleProxies()
 		nf := f.notFoundIPs(ctx)
-		// Proxy heartbeats and lease checkpoints change the FSM often and
-		// routing rarely; only a new routes index or stale set is news.
 		if !sent || idx != lastIndex || !maps.Equal(stale, lastStale) || !slices.Equal(nf, lastNF) {
 			f.cp.Update(ir.FromAdmin(ir.AdminState{
 				Routes: routes, NamespaceRoutes: aliases, RoutesIndex: idx, StaleProxies: stale,
@@ -85,7 +100,7 @@ func (f *xdsFeed) awaitServed(ctx context.Context, version string) {
 }
 
 func (f *xdsFeed) staleProxies() map[string]bool {
-	infos, _ := f.s.fsm.Proxies()
+	infos, _ := f.src.Proxies()
 	stale := map[string]bool{}
 	for _, p := range infos {
 		if p.GetProxy().GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_STALE {
