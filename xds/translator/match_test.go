@@ -111,8 +111,10 @@ func TestAliasRoutesRewriteToTheMailbox(t *testing.T) {
 	}
 }
 
-// TestHeaderRoutesComeFirst pins the order grpc-go's performance relies on: a
-// gRPC call matches on its header before any path route is looked at.
+// TestHeaderRoutesComeFirst pins the order grpc-go's performance and
+// correctness rely on: a gRPC call matches on its header before any path
+// route is looked at, a call naming a mailbox is routed by it even when it
+// names a namespace too, and every header route precedes the catch-alls.
 func TestHeaderRoutesComeFirst(t *testing.T) {
 	t.Parallel()
 	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"},
@@ -120,6 +122,7 @@ func TestHeaderRoutesComeFirst(t *testing.T) {
 	for _, id := range []string{"a@p", "b@p", "c@p"} {
 		x.Mailboxes = append(x.Mailboxes, ir.Mailbox{ID: id, Namespace: id[:1], RunnerID: "r", Epoch: 1})
 	}
+	x.Aliases = []ir.Alias{{Namespace: "a", MailboxID: "a@p"}, {Namespace: "c", MailboxID: "c@p"}}
 	res, err := Translate(x)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +131,7 @@ func TestHeaderRoutesComeFirst(t *testing.T) {
 	for _, r := range res.Routes[0].GetVirtualHosts()[0].GetRoutes() {
 		switch {
 		case len(r.GetMatch().GetHeaders()) > 0:
-			kinds += "h"
+			kinds += map[string]string{MailboxHeader: "m", NamespaceHeader: "s"}[r.GetMatch().GetHeaders()[0].GetName()]
 		case r.GetDirectResponse() != nil:
 			kinds += "4"
 		case r.GetRoute().GetCluster() == NotFoundCluster:
@@ -137,7 +140,76 @@ func TestHeaderRoutesComeFirst(t *testing.T) {
 			kinds += "p"
 		}
 	}
-	if want := "hhh" + "pppppp" + "n4"; kinds != want {
+	if want := "mmm" + "ss" + "pppppp" + "pp" + "n4"; kinds != want {
 		t.Fatalf("route kinds in order = %q, want %q", kinds, want)
 	}
+}
+
+// TestNamespaceHeaderRoutes checks the route a gRPC call naming only its
+// namespace takes: the alias's mailbox's runner, answering with that
+// mailbox's id and epoch, and nothing for a namespace with no alias.
+func TestNamespaceHeaderRoutes(t *testing.T) {
+	t.Parallel()
+	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"},
+		Runners: []ir.Runner{{ID: "r1", Address: "127.0.0.1:1", Healthy: true}, {ID: "r2", Address: "127.0.0.1:2", Healthy: true}},
+		Mailboxes: []ir.Mailbox{
+			{ID: "$admin@p1", Namespace: "$admin", RunnerID: "r1", Epoch: 4},
+			{ID: "audit@p2", Namespace: "audit", RunnerID: "r2", Epoch: 9},
+			{ID: "plain@p1", Namespace: "plain", RunnerID: "r1", Epoch: 2},
+		},
+		Aliases: []ir.Alias{{Namespace: "$admin", MailboxID: "$admin@p1"}, {Namespace: "audit", MailboxID: "audit@p2"}},
+	}
+	res, err := Translate(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := res.Routes[0].GetVirtualHosts()[0].GetRoutes()
+	tests := []struct {
+		ns, cluster, mailbox, epoch string
+	}{
+		{"$admin", "runner/r1", "$admin@p1", "4"},
+		{"audit", "runner/r2", "audit@p2", "9"},
+		{"plain", NotFoundCluster, "", ""}, // a mailbox but no alias
+		{"audi", NotFoundCluster, "", ""},
+		{"audit-logs", NotFoundCluster, "", ""},
+	}
+	for _, tt := range tests {
+		r := grpcRoute(routes, map[string]string{NamespaceHeader: tt.ns})
+		if r == nil {
+			t.Fatalf("namespace %q: no route", tt.ns)
+		}
+		if got := r.GetRoute().GetCluster(); got != tt.cluster {
+			t.Errorf("namespace %q: cluster %q, want %q", tt.ns, got, tt.cluster)
+		}
+		hdr := map[string]string{}
+		for _, h := range r.GetResponseHeadersToAdd() {
+			hdr[h.GetHeader().GetKey()] = h.GetHeader().GetValue()
+		}
+		if hdr[MailboxResponseHeader] != tt.mailbox || hdr[EpochResponseHeader] != tt.epoch {
+			t.Errorf("namespace %q: response headers %v, want mailbox %q epoch %q", tt.ns, hdr, tt.mailbox, tt.epoch)
+		}
+	}
+	both := grpcRoute(routes, map[string]string{MailboxHeader: "plain@p1", NamespaceHeader: "audit"})
+	if got := both.GetRoute().GetCluster(); got != "runner/r1" {
+		t.Errorf("call naming mailbox plain@p1 and namespace audit routed to %q, want the mailbox's runner/r1", got)
+	}
+}
+
+// grpcRoute returns the first route a MailboxQuery call with the given
+// metadata matches, as grpc-go matches (path prefix and exact headers).
+func grpcRoute(routes []*routev3.Route, md map[string]string) *routev3.Route {
+	const path = MailboxQueryPrefix + "GetStats"
+next:
+	for _, r := range routes {
+		if r.GetMatch().GetSafeRegex() != nil || !strings.HasPrefix(path, r.GetMatch().GetPrefix()) {
+			continue
+		}
+		for _, h := range r.GetMatch().GetHeaders() {
+			if v, ok := md[h.GetName()]; !ok || v != h.GetStringMatch().GetExact() {
+				continue next
+			}
+		}
+		return r
+	}
+	return nil
 }

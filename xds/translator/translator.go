@@ -12,24 +12,31 @@
 // The route table is one resource sent whole on every change, and grpc-go's
 // xDS client refuses messages over 4 MiB, so routes carry nothing optional:
 // no names, no metadata, x-prism-* response headers only where the runner
-// does not set them itself: about 250 bytes per mailbox with 17-character
-// ids plus 85 per namespace alias, 3.3 MB for 10,000 of each. Sharding the
-// table (a header-only one for grpc-go) is the next step past that.
+// does not set them itself: about 255 bytes per mailbox with 17-character
+// ids plus 215 per namespace alias (130 of it the header route, 72 of those
+// its response headers), 4.7 MB for 10,000 of each: past grpc-go's limit.
+// Sharding the table (a header-only one for grpc-go) is the next step.
 //
 // Route order matters because the first match wins:
 //  1. per mailbox, header x-mailbox-id exact → its runner, adding
 //     x-prism-mailbox and x-prism-epoch. First, so a gRPC call (path
 //     /prism.mailbox.v1.MailboxQuery/...) matches after one cheap compare
 //     per mailbox;
-//  2. per mailbox, path prefix /v1/mailboxes/{id}/ with "$" and "@" raw or
+//  2. per namespace alias, header x-prism-namespace exact → the current
+//     mailbox's runner, with the same response headers. grpc-go ignores path
+//     rewrites and request-header additions, so a gRPC call for a namespace
+//     can only be routed by a header it already carries, and the runner finds
+//     the namespace's mailbox itself. After the mailbox header routes, so a
+//     call naming both is routed by its mailbox, as the runner resolves it;
+//  3. per mailbox, path prefix /v1/mailboxes/{id}/ with "$" and "@" raw or
 //     percent-encoded, one prefix per form → its runner;
-//  3. per namespace alias, /v1/namespaces/{ns}/... → the current mailbox's
+//  4. per namespace alias, /v1/namespaces/{ns}/... → the current mailbox's
 //     runner, the path rewritten to /v1/mailboxes/{id}/... because runners only
-//     serve that form;
-//  4. any other MailboxQuery call → "prism/notfound", whose server answers
+//     serve that form (Envoy);
+//  5. any other MailboxQuery call → "prism/notfound", whose server answers
 //     NotFound. A direct response cannot serve gRPC: grpc-go fails RPCs that
 //     match a non-forwarding route with UNAVAILABLE;
-//  5. everything else → a direct 404 with a JSON body (the HTTP gateway).
+//  6. everything else → a direct 404 with a JSON body (the HTTP gateway).
 package translator
 
 import (
@@ -67,6 +74,9 @@ const (
 	NotFoundCluster = "prism/notfound"
 	// MailboxHeader names the mailbox of a gRPC call or HTTP request.
 	MailboxHeader = "x-mailbox-id"
+	// NamespaceHeader names the namespace of a gRPC call; it routes to the
+	// namespace's current mailbox.
+	NamespaceHeader = "x-prism-namespace"
 	// MailboxResponseHeader and EpochResponseHeader tell a client who answered.
 	MailboxResponseHeader = "x-prism-mailbox"
 	EpochResponseHeader   = "x-prism-epoch"
@@ -123,13 +133,19 @@ func Translate(x *ir.IR) (*Resources, error) { return New().Translate(x) }
 // assembly, not 20,000 route validations. Its output is exactly Translate's.
 type Translator struct {
 	mu        sync.Mutex
-	mailboxes map[ir.Mailbox]mailboxRoutes
-	aliases   map[aliasKey][]*routev3.Route
+	mailboxes map[ir.Mailbox]idRoutesPair
+	aliases   map[aliasKey]idRoutesPair
 }
 
-type mailboxRoutes struct {
+// idRoutesPair is the header route and the path routes of one mailbox or
+// namespace alias.
+type idRoutesPair struct {
 	header *routev3.Route
 	path   []*routev3.Route
+}
+
+func (p idRoutesPair) validate() error {
+	return validateRoutes(append([]*routev3.Route{p.header}, p.path...))
 }
 
 type aliasKey struct {
@@ -139,7 +155,7 @@ type aliasKey struct {
 
 // New returns a Translator with nothing remembered.
 func New() *Translator {
-	return &Translator{mailboxes: map[ir.Mailbox]mailboxRoutes{}, aliases: map[aliasKey][]*routev3.Route{}}
+	return &Translator{mailboxes: map[ir.Mailbox]idRoutesPair{}, aliases: map[aliasKey]idRoutesPair{}}
 }
 
 // Translate is the package's Translate, remembering routes for the next call.
@@ -218,8 +234,8 @@ func (t *Translator) Translate(x *ir.IR) (*Resources, error) {
 func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.RouteConfiguration, []error) {
 	var errs []error
 	byID := map[string]ir.Mailbox{}
-	var headerRoutes, pathRoutes, aliasRoutes []*routev3.Route
-	mailboxes := make(map[ir.Mailbox]mailboxRoutes, len(v.Mailboxes))
+	var headerRoutes, aliasHeaderRoutes, pathRoutes, aliasRoutes []*routev3.Route
+	mailboxes := make(map[ir.Mailbox]idRoutesPair, len(v.Mailboxes))
 	for _, m := range v.Mailboxes {
 		if !runners[m.RunnerID] {
 			errs = append(errs, fmt.Errorf("mailbox %q: runner %q has no cluster", m.ID, m.RunnerID))
@@ -227,8 +243,8 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		}
 		mr, ok := t.mailboxes[m]
 		if !ok {
-			mr = mailboxRoutes{header: headerRoute(m), path: mailboxPathRoutes(m)}
-			if err := validateRoutes(append([]*routev3.Route{mr.header}, mr.path...)); err != nil {
+			mr = idRoutesPair{header: headerRoute(MailboxHeader, m.ID, m), path: mailboxPathRoutes(m)}
+			if err := mr.validate(); err != nil {
 				errs = append(errs, fmt.Errorf("mailbox %q routes: %w", m.ID, err))
 				continue
 			}
@@ -238,7 +254,7 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		headerRoutes = append(headerRoutes, mr.header)
 		pathRoutes = append(pathRoutes, mr.path...)
 	}
-	aliases := make(map[aliasKey][]*routev3.Route, len(v.Aliases))
+	aliases := make(map[aliasKey]idRoutesPair, len(v.Aliases))
 	for _, a := range v.Aliases {
 		m, ok := byID[a.MailboxID]
 		if !ok {
@@ -248,19 +264,21 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		key := aliasKey{alias: a, mailbox: m}
 		r, ok := t.aliases[key]
 		if !ok {
-			r = namespaceAliasRoutes(a, m)
-			if err := validateRoutes(r); err != nil {
-				errs = append(errs, fmt.Errorf("alias %q route: %w", a.Namespace, err))
+			r = idRoutesPair{header: headerRoute(NamespaceHeader, a.Namespace, m), path: namespaceAliasRoutes(a, m)}
+			if err := r.validate(); err != nil {
+				errs = append(errs, fmt.Errorf("alias %q routes: %w", a.Namespace, err))
 				continue
 			}
 		}
 		aliases[key] = r
-		aliasRoutes = append(aliasRoutes, r...)
+		aliasHeaderRoutes = append(aliasHeaderRoutes, r.header)
+		aliasRoutes = append(aliasRoutes, r.path...)
 	}
 	// Remember only what this state uses, so the memory follows the table.
 	t.mailboxes, t.aliases = mailboxes, aliases
-	routes := make([]*routev3.Route, 0, len(headerRoutes)+len(pathRoutes)+len(aliasRoutes)+2)
+	routes := make([]*routev3.Route, 0, len(headerRoutes)+len(aliasHeaderRoutes)+len(pathRoutes)+len(aliasRoutes)+2)
 	routes = append(routes, headerRoutes...)
+	routes = append(routes, aliasHeaderRoutes...)
 	routes = append(routes, pathRoutes...)
 	routes = append(routes, aliasRoutes...)
 	routes = append(routes, notFoundGRPCRoute(), notFoundHTTPRoute())
@@ -282,11 +300,13 @@ func validateRoutes(routes []*routev3.Route) error {
 	return errors.Join(errs...)
 }
 
-func headerRoute(m ir.Mailbox) *routev3.Route {
+// headerRoute sends requests whose header name is exactly value to m's
+// runner, naming m and its epoch in the response.
+func headerRoute(name, value string, m ir.Mailbox) *routev3.Route {
 	return &routev3.Route{
 		Match: &routev3.RouteMatch{
 			PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
-			Headers:       []*routev3.HeaderMatcher{exactHeader(MailboxHeader, m.ID)},
+			Headers:       []*routev3.HeaderMatcher{exactHeader(name, value)},
 		},
 		Action:               routeTo(m.RunnerID),
 		ResponseHeadersToAdd: whoAnswered(m),
