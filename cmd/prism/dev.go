@@ -386,22 +386,15 @@ func (e *devEnv) startGateway(_ context.Context, kind string) error {
 	if e.f.gateway == "prism" {
 		e.gatewayKind = "prism gateway (in-process)"
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	quiet := &cobra.Command{}
-	quiet.SetOut(io.Discard)
-	go func() {
-		err := runGateway(ctx, quiet, gatewayFlags{
-			admin: e.f.adminAddr, nodeID: "prism-dev-gateway", httpAddr: e.f.gatewayAddr, grpcAddr: e.f.gatewayGRPCAddr,
-			timeout: 10 * time.Second, logLevel: e.f.logLevel, logFormat: e.f.logFormat,
-		})
-		if ctx.Err() == nil {
-			e.fail("gateway on --gateway-addr "+e.f.gatewayAddr, err)
-			err = nil
-		}
-		done <- err
-	}()
-	e.onStop("gateway", func() error { cancel(); return <-done })
+	gw, err := startGateway(e.log.With("component", "gateway"), gatewayFlags{
+		admin: e.f.adminAddr, nodeID: "prism-dev-gateway", httpAddr: e.f.gatewayAddr, grpcAddr: e.f.gatewayGRPCAddr,
+		timeout: 10 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("--gateway-addr %s, --gateway-grpc-addr %s: %w", e.f.gatewayAddr, e.f.gatewayGRPCAddr, err)
+	}
+	e.gatewayURL = gw.url
+	e.onStop("gateway", gw.stop)
 	return nil
 }
 
