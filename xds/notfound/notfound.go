@@ -16,11 +16,15 @@ import (
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-// MailboxHeader is the metadata key naming the mailbox of a call.
-const MailboxHeader = "x-mailbox-id"
+// Metadata keys naming what a call is for: its mailbox or, failing that, its
+// namespace (whose current mailbox answers).
+const (
+	MailboxHeader   = "x-mailbox-id"
+	NamespaceHeader = "x-prism-namespace"
+)
 
-// Server answers every MailboxQuery call with NotFound naming the mailbox,
-// or InvalidArgument when the call names none.
+// Server answers every MailboxQuery call with NotFound naming the mailbox or
+// namespace, or InvalidArgument when the call names neither.
 type Server struct {
 	mailboxv1.UnimplementedMailboxQueryServer
 }
@@ -47,9 +51,18 @@ func (Server) GetStats(ctx context.Context, _ *mailboxv1.GetStatsRequest) (*mail
 
 func notFound(ctx context.Context) error {
 	md, _ := metadata.FromIncomingContext(ctx)
-	ids := md.Get(MailboxHeader)
-	if len(ids) == 0 || ids[0] == "" {
-		return status.Error(codes.InvalidArgument, "missing x-mailbox-id metadata naming the mailbox")
+	if id := first(md, MailboxHeader); id != "" {
+		return status.Errorf(codes.NotFound, "mailbox %q not found: no live lease routes it", id)
 	}
-	return status.Errorf(codes.NotFound, "mailbox %q not found: no live lease routes it", ids[0])
+	if ns := first(md, NamespaceHeader); ns != "" {
+		return status.Errorf(codes.NotFound, "namespace %q is not routed: no live lease serves it", ns)
+	}
+	return status.Error(codes.InvalidArgument, "missing x-mailbox-id (or x-prism-namespace) metadata naming the mailbox")
+}
+
+func first(md metadata.MD, key string) string {
+	if v := md.Get(key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }

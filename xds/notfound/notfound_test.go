@@ -13,35 +13,52 @@ import (
 
 func TestCodes(t *testing.T) {
 	t.Parallel()
-	withID := metadata.NewIncomingContext(context.Background(), metadata.Pairs(MailboxHeader, "gone@proxy-01"))
+	ctx := func(kv ...string) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(kv...))
+	}
+	withID := ctx(MailboxHeader, "gone@proxy-01")
 	tests := []struct {
-		name string
-		call func(context.Context) error
-		ctx  context.Context
-		want codes.Code
+		name    string
+		call    func(context.Context) error
+		ctx     context.Context
+		want    codes.Code
+		message string
 	}{
 		{"stats", func(ctx context.Context) error {
 			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 			return err
-		}, withID, codes.NotFound},
+		}, withID, codes.NotFound, `mailbox "gone@proxy-01" not found: no live lease routes it`},
 		{"query", func(ctx context.Context) error {
 			_, err := Server{}.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{})
 			return err
-		}, withID, codes.NotFound},
+		}, withID, codes.NotFound, `mailbox "gone@proxy-01" not found: no live lease routes it`},
 		{"event", func(ctx context.Context) error {
 			_, err := Server{}.GetEvent(ctx, &mailboxv1.GetEventRequest{})
 			return err
-		}, withID, codes.NotFound},
+		}, withID, codes.NotFound, `mailbox "gone@proxy-01" not found: no live lease routes it`},
+		{"namespace", func(ctx context.Context) error {
+			_, err := Server{}.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{})
+			return err
+		}, ctx(NamespaceHeader, "audit-logs"), codes.NotFound, `namespace "audit-logs" is not routed: no live lease serves it`},
+		{"mailbox and namespace name the mailbox", func(ctx context.Context) error {
+			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
+			return err
+		}, ctx(NamespaceHeader, "audit-logs", MailboxHeader, "gone@proxy-01"), codes.NotFound, `mailbox "gone@proxy-01" not found: no live lease routes it`},
+		{"empty namespace", func(ctx context.Context) error {
+			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
+			return err
+		}, ctx(NamespaceHeader, ""), codes.InvalidArgument, "missing x-mailbox-id (or x-prism-namespace) metadata naming the mailbox"},
 		{"no id", func(ctx context.Context) error {
 			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 			return err
-		}, context.Background(), codes.InvalidArgument},
+		}, context.Background(), codes.InvalidArgument, "missing x-mailbox-id (or x-prism-namespace) metadata naming the mailbox"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if got := status.Code(tt.call(tt.ctx)); got != tt.want {
-				t.Fatalf("code = %v, want %v", got, tt.want)
+			st := status.Convert(tt.call(tt.ctx))
+			if st.Code() != tt.want || st.Message() != tt.message {
+				t.Fatalf("got %v %q, want %v %q", st.Code(), st.Message(), tt.want, tt.message)
 			}
 		})
 	}
