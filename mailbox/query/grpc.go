@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -29,13 +30,21 @@ func NewGRPCServer(mb Mailboxes, m *Metrics) *GRPCServer {
 func (g *GRPCServer) Register(s grpc.ServiceRegistrar) { mailboxv1.RegisterMailboxQueryServer(s, g) }
 
 // resolve finds the request's mailbox and sets the response headers naming it.
+// x-mailbox-id names it; without one, x-prism-namespace names its namespace,
+// which routes send to the runner serving the namespace's current mailbox.
 func (g *GRPCServer) resolve(ctx context.Context) (string, Source, uint64, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	ids := md.Get(MetadataMailboxID)
-	if len(ids) == 0 || ids[0] == "" {
-		return "", nil, 0, status.Errorf(codes.InvalidArgument, "%s metadata is required", MetadataMailboxID)
+	id := first(md, MetadataMailboxID)
+	if id == "" {
+		ns := first(md, MetadataNamespace)
+		if ns == "" {
+			return "", nil, 0, status.Errorf(codes.InvalidArgument, "%s (or %s) metadata is required", MetadataMailboxID, MetadataNamespace)
+		}
+		var err error
+		if id, err = namespaceMailbox(g.mailboxes, ns); err != nil {
+			return "", nil, 0, err
+		}
 	}
-	id := ids[0]
 	src, epoch, ok := g.mailboxes.Mailbox(id)
 	if !ok {
 		return "", nil, 0, status.Errorf(codes.NotFound, "mailbox %q is not served here", id)
@@ -46,6 +55,35 @@ func (g *GRPCServer) resolve(ctx context.Context) (string, Source, uint64, error
 	}
 	_ = grpc.SetHeader(ctx, hdr) // fails only outside a unary handler
 	return id, src, epoch, nil
+}
+
+// namespaceMailbox returns the id of namespace ns's mailbox served here.
+// Mailbox ids are "{namespace}@{proxy_id}" and namespaces hold no "@", so
+// the prefix "{ns}@" picks them out. A runner serves at most one mailbox per
+// namespace; more is a placement fault the caller cannot resolve by retrying.
+func namespaceMailbox(mb Mailboxes, ns string) (string, error) {
+	var found []string
+	for _, id := range mb.IDs() {
+		if strings.HasPrefix(id, ns+"@") {
+			found = append(found, id)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", status.Errorf(codes.NotFound, "namespace %q has no mailbox served here", ns)
+	case 1:
+		return found[0], nil
+	default:
+		return "", status.Errorf(codes.FailedPrecondition, "namespace %q has %d mailboxes served here (%s); name one in %s",
+			ns, len(found), strings.Join(found, ", "), MetadataMailboxID)
+	}
+}
+
+func first(md metadata.MD, key string) string {
+	if v := md.Get(key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 func (g *GRPCServer) finish(method, mailbox string, start time.Time, err error) error {

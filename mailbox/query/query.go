@@ -1,5 +1,6 @@
 // Package query serves mailboxes over gRPC (prism.mailbox.v1.MailboxQuery,
-// mailbox named by x-mailbox-id metadata) and HTTP/JSON (/v1/mailboxes/{id}/…).
+// mailbox named by x-mailbox-id metadata, or by its namespace in
+// x-prism-namespace) and HTTP/JSON (/v1/mailboxes/{id}/…).
 // It finds mailboxes through a Mailboxes lookup, so the set of hosted
 // mailboxes can change while the servers run.
 package query
@@ -30,6 +31,8 @@ type Mailboxes interface {
 	// Mailbox returns the mailbox's read side and the lease epoch it is served
 	// under (0 without a lease), or ok=false if it is not served here.
 	Mailbox(id string) (src Source, epoch uint64, ok bool)
+	// IDs lists the mailboxes served here.
+	IDs() []string
 }
 
 // ErrClosed is what a Source returns for a mailbox closed while a request was
@@ -43,6 +46,9 @@ const (
 	HeaderEpoch   = "x-prism-epoch"
 	// MetadataMailboxID is the gRPC request metadata key naming the mailbox.
 	MetadataMailboxID = "x-mailbox-id"
+	// MetadataNamespace names the namespace of a call without x-mailbox-id;
+	// the call is for the namespace's mailbox served here.
+	MetadataNamespace = "x-prism-namespace"
 )
 
 // ValidateFilter checks what the store does not: timestamps in range, a

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +38,8 @@ func (m staticMailboxes) Mailbox(id string) (Source, uint64, bool) {
 	s, ok := m[id]
 	return s, 7, ok
 }
+
+func (m staticMailboxes) IDs() []string { return slices.Sorted(maps.Keys(m)) }
 
 // fixture is a mailbox with 5 items (m-0 oldest … m-4 newest) behind real
 // HTTP and gRPC servers on loopback.
@@ -83,7 +87,9 @@ func newFixture(t *testing.T) *fixture {
 	if _, err := other.Write(context.Background(), []*mailboxv1.MailboxItem{odd}); err != nil {
 		t.Fatal(err)
 	}
-	mb := staticMailboxes{mailboxID: st, "odd/box": other}
+	// Two mailboxes of namespace "dup" on one runner is a placement fault
+	// namespace lookups must refuse, not resolve to either.
+	mb := staticMailboxes{mailboxID: st, "odd/box": other, "dup@proxy-01": other, "dup@proxy-02": other}
 	m := NewMetrics(prometheus.NewRegistry())
 	hs := httptest.NewServer(NewHTTPHandler(mb, m))
 	t.Cleanup(hs.Close)
@@ -235,6 +241,9 @@ func TestGRPC(t *testing.T) {
 	withID := func(id string) context.Context {
 		return metadata.AppendToOutgoingContext(context.Background(), MetadataMailboxID, id)
 	}
+	withNamespace := func(ns string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(), MetadataNamespace, ns)
+	}
 	tests := []struct {
 		name string
 		call func() error
@@ -247,6 +256,31 @@ func TestGRPC(t *testing.T) {
 		}, codes.InvalidArgument, MetadataMailboxID},
 		{"unknown mailbox", func() error {
 			_, err := f.grpc.GetStats(withID("nope@proxy-01"), &mailboxv1.GetStatsRequest{})
+			return err
+		}, codes.NotFound, "nope@proxy-01"},
+		{"empty namespace", func() error {
+			_, err := f.grpc.GetStats(withNamespace(""), &mailboxv1.GetStatsRequest{})
+			return err
+		}, codes.InvalidArgument, MetadataNamespace},
+		{"namespace with no mailbox here", func() error {
+			_, err := f.grpc.GetStats(withNamespace("audit"), &mailboxv1.GetStatsRequest{})
+			return err
+		}, codes.NotFound, `namespace "audit" has no mailbox served here`},
+		{"namespace a prefix of a served one", func() error {
+			_, err := f.grpc.GetStats(withNamespace("$adm"), &mailboxv1.GetStatsRequest{})
+			return err
+		}, codes.NotFound, `namespace "$adm"`},
+		{"namespace with two mailboxes here", func() error {
+			_, err := f.grpc.QueryEvents(withNamespace("dup"), &mailboxv1.QueryEventsRequest{})
+			return err
+		}, codes.FailedPrecondition, `namespace "dup" has 2 mailboxes served here (dup@proxy-01, dup@proxy-02)`},
+		{"namespace, unknown event", func() error {
+			_, err := f.grpc.GetEvent(withNamespace("$admin"), &mailboxv1.GetEventRequest{MessageId: "nope"})
+			return err
+		}, codes.NotFound, `"nope" not found in mailbox "$admin@proxy-01"`},
+		{"unknown mailbox wins over a served namespace", func() error {
+			ctx := metadata.AppendToOutgoingContext(withNamespace("$admin"), MetadataMailboxID, "nope@proxy-01")
+			_, err := f.grpc.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 			return err
 		}, codes.NotFound, "nope@proxy-01"},
 		{"negative limit", func() error {
@@ -299,6 +333,59 @@ func TestGRPC(t *testing.T) {
 	st, err := f.grpc.GetStats(withID(mailboxID), &mailboxv1.GetStatsRequest{})
 	if err != nil || st.Stats.TotalEvents != 5 || st.Stats.MailboxId != mailboxID || st.Stats.Epoch != 7 {
 		t.Fatalf("stats = %v, %v", st, err)
+	}
+}
+
+// TestGRPCByNamespace: a call naming only its namespace is answered by the
+// namespace's mailbox exactly as a call naming the mailbox, headers naming
+// the real mailbox and epoch; x-mailbox-id wins when both are given.
+func TestGRPCByNamespace(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := func(kv ...string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(), kv...)
+	}
+	filter := &mailboxv1.EventFilter{Topics: []string{"a.events"}, Limit: 2}
+	tests := []struct {
+		name    string
+		ctx     context.Context
+		mailbox string
+	}{
+		{"namespace", ctx(MetadataNamespace, "$admin"), mailboxID},
+		{"mailbox", ctx(MetadataMailboxID, mailboxID), mailboxID},
+		{"both: the mailbox wins", ctx(MetadataNamespace, "$admin", MetadataMailboxID, "odd/box"), "odd/box"},
+		{"empty mailbox, namespace", ctx(MetadataMailboxID, "", MetadataNamespace, "$admin"), mailboxID},
+	}
+	want := map[string]*mailboxv1.QueryEventsResponse{}
+	for _, id := range []string{mailboxID, "odd/box"} {
+		resp, err := f.grpc.QueryEvents(ctx(MetadataMailboxID, id), &mailboxv1.QueryEventsRequest{Filter: filter})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[id] = resp
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var hdr metadata.MD
+			resp, err := f.grpc.QueryEvents(tt.ctx, &mailboxv1.QueryEventsRequest{Filter: filter}, grpc.Header(&hdr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(resp, want[tt.mailbox]) {
+				t.Errorf("events = %v, want mailbox %q's %v", resp, tt.mailbox, want[tt.mailbox])
+			}
+			if got := hdr.Get(HeaderMailbox); len(got) != 1 || got[0] != tt.mailbox {
+				t.Errorf("header %s = %v, want %q", HeaderMailbox, got, tt.mailbox)
+			}
+			if got := hdr.Get(HeaderEpoch); len(got) != 1 || got[0] != "7" {
+				t.Errorf("header %s = %v, want 7", HeaderEpoch, got)
+			}
+			st, err := f.grpc.GetStats(tt.ctx, &mailboxv1.GetStatsRequest{})
+			if err != nil || st.GetStats().GetMailboxId() != tt.mailbox || st.GetStats().GetEpoch() != 7 {
+				t.Errorf("stats = %v, %v; want mailbox %q epoch 7", st, err, tt.mailbox)
+			}
+		})
 	}
 }
 
