@@ -422,3 +422,27 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestWriteGroup: batches committed together keep their own counts, and dedup runs across them in queue order.
+func TestWriteGroup(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	mustWrite(t, s, item("stored", 1))
+	group := []*writeReq{
+		{items: []*mailboxv1.MailboxItem{item("a", 2), item("stored", 1)}},
+		{items: []*mailboxv1.MailboxItem{item("a", 2), item("b", 3), item("b", 3)}},
+		{items: []*mailboxv1.MailboxItem{item("c", 4)}},
+	}
+	s.wmu.Lock()
+	s.writeGroup(group)
+	s.wmu.Unlock()
+	want := []WriteResult{{Stored: 1, Duplicates: 1}, {Stored: 1, Duplicates: 2}, {Stored: 1}}
+	for i, r := range group {
+		if !r.done || r.err != nil || r.res != want[i] {
+			t.Errorf("batch %d: done %v, %+v, %v; want %+v", i, r.done, r.res, r.err, want[i])
+		}
+	}
+	if n := len(rawKeys(t, s)[prefixItem]); n != 4 {
+		t.Errorf("%d items stored, want 4", n)
+	}
+}
