@@ -389,3 +389,84 @@ func TestGatewayGRPC(t *testing.T) {
 		t.Errorf("runner down = %v, want Unavailable", err)
 	}
 }
+
+// TestGatewayNamespaces: /v1/namespaces/{ns}/... answers byte for byte as
+// /v1/mailboxes/{id}/... for the namespace's current mailbox (grpc-go routes
+// the call by its x-prism-namespace metadata, the runner finds the mailbox),
+// over HTTP and gRPC; a namespace with no alias is a JSON 404 naming it.
+func TestGatewayNamespaces(t *testing.T) {
+	t.Parallel()
+	m := startMesh(t)
+	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{m.cp.Addr},
+		Runners: []ir.Runner{
+			{ID: m.a.id, Address: m.a.queryAddr, Healthy: true},
+			{ID: m.b.id, Address: m.b.queryAddr, Healthy: true},
+		},
+		Mailboxes: leases,
+		// audit@proxy-a has a lease but no alias: its namespace is not routed.
+		Aliases: []ir.Alias{{Namespace: "$admin", MailboxID: "$admin@proxy-b"}},
+	}
+	m.cp.Update(x)
+	m.run(t)
+
+	for _, tc := range []struct{ namespace, mailbox string }{
+		{"/v1/namespaces/$admin/events", "/v1/mailboxes/$admin@proxy-b/events"},
+		{"/v1/namespaces/%24admin/events?limit=2&topic=b.events", "/v1/mailboxes/$admin@proxy-b/events?limit=2&topic=b.events"},
+		{"/v1/namespaces/$admin/events/b.events-3", "/v1/mailboxes/$admin@proxy-b/events/b.events-3"},
+		{"/v1/namespaces/$admin/events/a.events-1", "/v1/mailboxes/$admin@proxy-b/events/a.events-1"},
+		{"/v1/namespaces/$admin/stats", "/v1/mailboxes/$admin@proxy-b/stats"},
+		{"/v1/namespaces/$admin/events?limit=-1", "/v1/mailboxes/$admin@proxy-b/events?limit=-1"},
+	} {
+		t.Run(tc.namespace, func(t *testing.T) {
+			got, want := get(t, m.url+tc.namespace), get(t, m.url+tc.mailbox)
+			if got.code != want.code || got.body != want.body {
+				t.Fatalf("by namespace %d %s\nby mailbox   %d %s", got.code, got.body, want.code, want.body)
+			}
+			for _, h := range []string{"Content-Type", "x-prism-mailbox", "x-prism-epoch"} {
+				if got.header.Get(h) != want.header.Get(h) {
+					t.Errorf("%s = %q, by mailbox %q", h, got.header.Get(h), want.header.Get(h))
+				}
+			}
+			if want.code == http.StatusOK && got.header.Get("x-prism-mailbox") != "$admin@proxy-b" {
+				t.Errorf("x-prism-mailbox = %q, want the mailbox that answered", got.header.Get("x-prism-mailbox"))
+			}
+		})
+	}
+	if r := get(t, m.url+"/v1/namespaces/$admin/stats"); r.code != http.StatusOK || !strings.Contains(r.body, `"total_events":5,`) {
+		t.Errorf("stats by namespace = %d %s, want runner-b's 5 events", r.code, r.body)
+	}
+
+	for _, ns := range []string{"nobody", "audit", "$admi"} {
+		for _, path := range []string{"/events", "/stats", "/events/m-1"} {
+			r := get(t, m.url+"/v1/namespaces/"+ns+path)
+			var body map[string]string
+			if r.code != http.StatusNotFound || json.Unmarshal([]byte(r.body), &body) != nil || !strings.Contains(body["error"], fmt.Sprintf("namespace %q", ns)) {
+				t.Errorf("GET /v1/namespaces/%s%s = %d %q, want a JSON 404 naming the namespace", ns, path, r.code, r.body)
+			}
+		}
+	}
+
+	cc, err := grpc.NewClient(m.gwGRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	qc := mailboxv1.NewMailboxQueryClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var hdr metadata.MD
+	resp, err := qc.GetStats(metadata.AppendToOutgoingContext(ctx, gateway.MetadataNamespace, "$admin"), &mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
+	if err != nil || resp.GetStats().GetMailboxId() != "$admin@proxy-b" || resp.GetStats().GetTotalEvents() != 5 || resp.GetStats().GetEpoch() != 6 {
+		t.Fatalf("gRPC GetStats by namespace = %v, %v", resp, err)
+	}
+	if got := hdr.Get(query.HeaderMailbox); len(got) != 1 || got[0] != "$admin@proxy-b" {
+		t.Errorf("gRPC %s = %v", query.HeaderMailbox, got)
+	}
+	if got := hdr.Get(query.HeaderEpoch); len(got) != 1 || got[0] != "6" {
+		t.Errorf("gRPC %s = %v", query.HeaderEpoch, got)
+	}
+	_, err = qc.GetStats(metadata.AppendToOutgoingContext(ctx, gateway.MetadataNamespace, "nobody"), &mailboxv1.GetStatsRequest{})
+	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), `namespace "nobody"`) {
+		t.Errorf("gRPC GetStats of an unknown namespace = %v, want NotFound naming it", err)
+	}
+}
