@@ -115,6 +115,8 @@ var handlers = map[protoreflect.Name]handler{
 	"release_lease":      {validateReleaseLease, applyReleaseLease},
 	"expire_leases":      {validateExpireLeases, applyExpireLeases},
 	"checkpoint_leases":  {validateCheckpointLeases, applyCheckpointLeases},
+	"put_members":        {validatePutMembers, applyPutMembers},
+	"remove_member":      {validateRemoveMember, applyRemoveMember},
 }
 
 func lookup(cmd *adminv1.Command) (handler, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"testing"
 	"time"
 
@@ -40,6 +41,10 @@ func c(d time.Duration, body any) *adminv1.Command {
 		cmd.Body = &adminv1.Command_ExpireLeases{ExpireLeases: b}
 	case *adminv1.CheckpointLeasesCommand:
 		cmd.Body = &adminv1.Command_CheckpointLeases{CheckpointLeases: b}
+	case *adminv1.PutMembersCommand:
+		cmd.Body = &adminv1.Command_PutMembers{PutMembers: b}
+	case *adminv1.RemoveMemberCommand:
+		cmd.Body = &adminv1.Command_RemoveMember{RemoveMember: b}
 	default:
 		panic(fmt.Sprintf("no command body for %T", body))
 	}
@@ -133,6 +138,11 @@ func tables(t testing.TB, f *FSM) []byte {
 	return buf.Bytes()
 }
 
+func memberAddrs(f *FSM) map[string]string {
+	m, _ := f.MemberAddresses()
+	return m
+}
+
 // roundTrip snapshots f, restores into a fresh FSM and checks that every
 // table and every accessor answers identically (Nomad's fsm_test helper).
 func roundTrip(t *testing.T, f *FSM) *FSM {
@@ -166,6 +176,9 @@ func roundTrip(t *testing.T, f *FSM) *FSM {
 	same("routes", r1, r2)
 	same("namespace routes", a1, a2)
 	same("routes version", v1, v2)
+	if m1, m2 := memberAddrs(f), memberAddrs(g); !maps.Equal(m1, m2) {
+		t.Fatalf("members differ after restore:\n%v\n%v", m1, m2)
+	}
 	for _, p := range p1 {
 		id := p.GetProxy().GetRegistration().GetProxyId()
 		w1, _ := f.Assignments(id)

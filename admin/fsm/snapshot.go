@@ -52,6 +52,7 @@ func (s *snapshot) write(w io.Writer) error {
 		ProxyCount:     uint64(len(s.st.proxies)),
 		NamespaceCount: uint64(len(s.st.namespaces)),
 		LeaseCount:     uint64(len(s.st.leases)),
+		MemberCount:    uint64(len(s.st.members)),
 	}
 	if _, err := opts.MarshalTo(bw, hdr); err != nil {
 		return err
@@ -65,6 +66,9 @@ func (s *snapshot) write(w io.Writer) error {
 	}
 	for _, l := range sortedValues(s.st.leases) {
 		recs = append(recs, &adminv1.SnapshotRecord{Record: &adminv1.SnapshotRecord_Lease{Lease: l}})
+	}
+	for _, m := range sortedValues(s.st.members) {
+		recs = append(recs, &adminv1.SnapshotRecord{Record: &adminv1.SnapshotRecord_Member{Member: m}})
 	}
 	for _, r := range recs {
 		if _, err := opts.MarshalTo(bw, r); err != nil {
@@ -116,7 +120,7 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 			break
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("record %d: %w", len(st.proxies)+len(st.namespaces)+len(st.leases), err)
+			return nil, 0, fmt.Errorf("record %d: %w", len(st.proxies)+len(st.namespaces)+len(st.leases)+len(st.members), err)
 		}
 		switch x := rec.GetRecord().(type) {
 		case *adminv1.SnapshotRecord_Proxy:
@@ -125,13 +129,17 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 			st.namespaces[x.Namespace.GetName()] = x.Namespace
 		case *adminv1.SnapshotRecord_Lease:
 			st.leases[x.Lease.GetMailboxId()] = x.Lease
+		case *adminv1.SnapshotRecord_Member:
+			st.members[x.Member.GetId()] = x.Member
 		default:
 			return nil, 0, fmt.Errorf("record of unknown kind")
 		}
 	}
-	if uint64(len(st.proxies)) != hdr.GetProxyCount() || uint64(len(st.namespaces)) != hdr.GetNamespaceCount() || uint64(len(st.leases)) != hdr.GetLeaseCount() {
-		return nil, 0, fmt.Errorf("truncated: header promises %d proxies, %d namespaces, %d leases; read %d, %d, %d",
-			hdr.GetProxyCount(), hdr.GetNamespaceCount(), hdr.GetLeaseCount(), len(st.proxies), len(st.namespaces), len(st.leases))
+	if uint64(len(st.proxies)) != hdr.GetProxyCount() || uint64(len(st.namespaces)) != hdr.GetNamespaceCount() ||
+		uint64(len(st.leases)) != hdr.GetLeaseCount() || uint64(len(st.members)) != hdr.GetMemberCount() {
+		return nil, 0, fmt.Errorf("truncated: header promises %d proxies, %d namespaces, %d leases, %d members; read %d, %d, %d, %d",
+			hdr.GetProxyCount(), hdr.GetNamespaceCount(), hdr.GetLeaseCount(), hdr.GetMemberCount(),
+			len(st.proxies), len(st.namespaces), len(st.leases), len(st.members))
 	}
 	st.table = placement.Compute(st.liveProxyIDs())
 	return st, hdr.GetAppliedIndex(), nil

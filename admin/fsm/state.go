@@ -17,6 +17,7 @@ type state struct {
 	proxies    map[string]*adminv1.Proxy
 	namespaces map[string]*adminv1.Namespace
 	leases     map[string]*adminv1.Lease
+	members    map[string]*adminv1.MemberAddress
 	// table is derived from the live proxies; recomputed, never persisted.
 	table placement.Table
 	// routesIndex is the index of the last change to anything routes are
@@ -29,6 +30,7 @@ func newState() *state {
 		proxies:    map[string]*adminv1.Proxy{},
 		namespaces: map[string]*adminv1.Namespace{},
 		leases:     map[string]*adminv1.Lease{},
+		members:    map[string]*adminv1.MemberAddress{},
 	}
 }
 
@@ -37,6 +39,7 @@ func (s *state) clone() *state {
 		proxies:     maps.Clone(s.proxies),
 		namespaces:  maps.Clone(s.namespaces),
 		leases:      maps.Clone(s.leases),
+		members:     maps.Clone(s.members),
 		table:       s.table,
 		routesIndex: s.routesIndex,
 	}

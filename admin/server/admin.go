@@ -201,7 +201,21 @@ func (s *Server) AddVoter(ctx context.Context, req *adminv1.AddVoterRequest) (*a
 	if err := fsm.ValidateAddress("raft_address", req.GetRaftAddress()); err != nil {
 		return nil, toStatus(err)
 	}
+	if req.GetGrpcAddress() != "" {
+		if err := fsm.ValidateAddress("grpc_address", req.GetGrpcAddress()); err != nil {
+			return nil, toStatus(err)
+		}
+	}
 	resp, err := leaderCall(s, ctx, "AddVoter", func(ctx context.Context) (*adminv1.AddVoterResponse, error) {
+		// The address is committed before the member joins, so no node can
+		// see it lead without knowing where to forward to.
+		if a := req.GetGrpcAddress(); a != "" {
+			if _, err := s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_PutMembers{PutMembers: &adminv1.PutMembersCommand{
+				Members: []*adminv1.MemberAddress{{Id: req.GetId(), GrpcAddress: a}},
+			}}}); err != nil {
+				return nil, err
+			}
+		}
 		idx, err := s.node.AddVoter(ctx, req.GetId(), req.GetRaftAddress())
 		if err != nil {
 			return nil, err
@@ -218,6 +232,14 @@ func (s *Server) RemoveServer(ctx context.Context, req *adminv1.RemoveServerRequ
 		return nil, toStatus(err)
 	}
 	resp, err := leaderCall(s, ctx, "RemoveServer", func(ctx context.Context) (*adminv1.RemoveServerResponse, error) {
+		// The row goes first: a leader removing itself cannot commit after
+		// it stepped down. If RemoveServer then fails, the member forwards
+		// by --peers until the client retries.
+		if _, err := s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_RemoveMember{
+			RemoveMember: &adminv1.RemoveMemberCommand{Id: req.GetId()},
+		}}); err != nil {
+			return nil, err
+		}
 		idx, err := s.node.RemoveServer(ctx, req.GetId())
 		if err != nil {
 			return nil, err

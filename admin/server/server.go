@@ -22,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -175,7 +177,12 @@ func (s *Server) Close() {
 	s.pool.close()
 }
 
+// grpcAddr is a member's admin gRPC address: the replicated members table,
+// else this node's --peers.
 func (s *Server) grpcAddr(id string) string {
+	if a := s.fsm.MemberAddress(id); a != "" {
+		return a
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.addrs[id]
@@ -236,6 +243,8 @@ func (s *Server) startLeaderLoops(ctx context.Context) *leaderLoops {
 		l.wg.Add(1)
 		go func() { defer l.wg.Done(); s.every(ctx, loop.d, loop.f) }()
 	}
+	l.wg.Add(1)
+	go func() { defer l.wg.Done(); s.publishPeers(ctx) }()
 	return l
 }
 
@@ -257,6 +266,67 @@ func (s *Server) every(ctx context.Context, d time.Duration, f func(context.Cont
 			f(ctx)
 		}
 	}
+}
+
+// publishPeers puts the gRPC addresses this node knows from --peers (and its
+// own) into the members table for the current raft members that have no
+// row, so a cluster bootstrapped from a static list forwards by the table
+// too. only_absent makes it idempotent and never overrides an AddVoter row;
+// ids outside the configuration are left out so a removed member's row does
+// not come back from some node's old --peers. Retried until it commits or
+// the term ends.
+func (s *Server) publishPeers(ctx context.Context) {
+	for {
+		missing, err := s.unpublishedPeers()
+		if err == nil && len(missing) == 0 {
+			return
+		}
+		if err == nil {
+			_, err = s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_PutMembers{PutMembers: &adminv1.PutMembersCommand{
+				Members: missing, OnlyAbsent: true,
+			}}})
+			if err == nil {
+				s.log.Info("published member addresses", "members", len(missing))
+				return
+			}
+		}
+		s.log.Warn("publish member addresses", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (s *Server) unpublishedPeers() ([]*adminv1.MemberAddress, error) {
+	members, err := s.node.Members()
+	if err != nil {
+		return nil, err
+	}
+	known, _ := s.fsm.MemberAddresses()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*adminv1.MemberAddress
+	for _, m := range members {
+		a := s.addrs[m.ID]
+		if _, ok := known[m.ID]; ok || !publishable(a) {
+			continue
+		}
+		out = append(out, &adminv1.MemberAddress{Id: m.ID, GrpcAddress: a})
+	}
+	return out, nil
+}
+
+// publishable is an address other nodes can dial: valid, and not a wildcard
+// listen address such as 0.0.0.0:8981.
+func publishable(addr string) bool {
+	if fsm.ValidateAddress("grpc_address", addr) != nil {
+		return false
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	ip, err := netip.ParseAddr(host)
+	return err != nil || !ip.IsUnspecified()
 }
 
 // expireDue commits the leases the lessor says are past expires + grace.

@@ -410,6 +410,10 @@ func TestBadInputGetsInvalidArgument(t *testing.T) {
 			_, err := adm.AddVoter(c, &adminv1.AddVoterRequest{Id: "x", RaftAddress: "127.0.0.1:0"})
 			return err
 		}, codes.InvalidArgument},
+		{"add voter: bad grpc address", func() error {
+			_, err := adm.AddVoter(c, &adminv1.AddVoterRequest{Id: "x", RaftAddress: "127.0.0.1:1", GrpcAddress: "nowhere"})
+			return err
+		}, codes.InvalidArgument},
 		{"remove server: empty id", func() error { _, err := adm.RemoveServer(c, &adminv1.RemoveServerRequest{}); return err }, codes.InvalidArgument},
 		{"watch: empty proxy", func() error {
 			s, err := cp.WatchAssignments(c, &adminv1.WatchAssignmentsRequest{})

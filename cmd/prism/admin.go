@@ -49,7 +49,8 @@ func adminCommand() *cobra.Command {
 of 3 or 5: the same --peers list on every node (id=raft_addr=grpc_addr,...), each
 with its own --node-id, --raft-addr and --data-dir. A node restarting on its data
 dir rejoins with its state; bootstrap only happens on an empty data dir. A node
-added at runtime starts with --join and is added with prismctl member add.`,
+added at runtime starts with --join and is added with prismctl member add ID
+RAFT_ADDR GRPC_ADDR, which replicates its gRPC address to every node.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runAdmin(cmd.Context(), f)

@@ -278,10 +278,12 @@ func routeCommand(g *globals) *cobra.Command {
 func memberCommand(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "member", Short: "Raft membership"}
 	c.AddCommand(&cobra.Command{
-		Use: "add ID RAFT_ADDR", Short: "Add a voter", Args: cobra.ExactArgs(2),
+		Use:   "add ID RAFT_ADDR GRPC_ADDR",
+		Short: "Add a voter; its admin gRPC address is replicated so every node can forward to it when it leads",
+		Args:  cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AddVoterResponse, error) {
-				return adminv1.NewAdminClient(cc).AddVoter(ctx, &adminv1.AddVoterRequest{Id: args[0], RaftAddress: args[1]})
+				return adminv1.NewAdminClient(cc).AddVoter(ctx, &adminv1.AddVoterRequest{Id: args[0], RaftAddress: args[1], GrpcAddress: args[2]})
 			}, func(w io.Writer, r *adminv1.AddVoterResponse) {
 				fmt.Fprintf(w, "added %s at index %d\n", args[0], r.GetIndex())
 			})

@@ -119,7 +119,8 @@ func TestErrorsAreClear(t *testing.T) {
 		{[]string{"--admin", admin, "namespace", "create", "x"}, "InvalidArgument"},
 		{[]string{"--admin", admin, "namespace", "create", "x", "--topic", "t", "--validation", "loose"}, "--validation"},
 		{[]string{"--admin", admin, "--format", "yaml", "cluster", "status"}, "--format"},
-		{[]string{"--admin", admin, "member", "add", "n2", "nowhere"}, "InvalidArgument"},
+		{[]string{"--admin", admin, "member", "add", "n2", "nowhere", "127.0.0.1:1"}, "InvalidArgument"},
+		{[]string{"--admin", admin, "member", "add", "n2", "127.0.0.1:1", "nowhere"}, "grpc_address"},
 		{[]string{"--admin", " , ", "cluster", "status"}, "no admin endpoints"},
 		{[]string{"--admin", deadAddr(t), "--timeout", "1s", "--attempt-timeout", "200ms", "cluster", "status"}, "Unavailable: no admin node could answer"},
 	}

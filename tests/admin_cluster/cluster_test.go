@@ -121,7 +121,7 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "NotFound") {
 		t.Fatalf("get deleted namespace: %v\n%s", err, out)
 	}
-	cmd = exec.CommandContext(ctx, ctl, "--admin", fol.grpcAddr, "member", "add", "x", "not-an-address")
+	cmd = exec.CommandContext(ctx, ctl, "--admin", fol.grpcAddr, "member", "add", "x", "not-an-address", "127.0.0.1:1")
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "InvalidArgument") {
 		t.Fatalf("member add with a bad address: %v\n%s", err, out)
 	}
@@ -339,7 +339,7 @@ func TestMembershipThroughPrismctl(t *testing.T) {
 		}
 		return string(out)
 	}
-	prismctl("member", "add", joiner.id, joiner.raftAddr)
+	prismctl("member", "add", joiner.id, joiner.raftAddr, joiner.grpcAddr)
 	waitFor(t, 30*time.Second, "the joiner to replicate", func() (bool, string) {
 		r, err := joiner.admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "before-join"})
 		return err == nil && r.GetNamespace() != nil, fmt.Sprint(err)

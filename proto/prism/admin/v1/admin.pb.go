@@ -1231,7 +1231,10 @@ type AddVoterRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Raft transport address, host:port.
-	RaftAddress   string `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	RaftAddress string `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	// Admin gRPC address, host:port, recorded in the replicated members table
+	// so every node can forward writes to the new member once it leads.
+	GrpcAddress   string `protobuf:"bytes,3,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1276,6 +1279,13 @@ func (x *AddVoterRequest) GetId() string {
 func (x *AddVoterRequest) GetRaftAddress() string {
 	if x != nil {
 		return x.RaftAddress
+	}
+	return ""
+}
+
+func (x *AddVoterRequest) GetGrpcAddress() string {
+	if x != nil {
+		return x.GrpcAddress
 	}
 	return ""
 }
@@ -1497,10 +1507,11 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\vconsistency\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"U\n" +
 	"\x10GetRouteResponse\x12+\n" +
 	"\x05route\x18\x01 \x01(\v2\x15.prism.admin.v1.RouteR\x05route\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"D\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"g\n" +
 	"\x0fAddVoterRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
-	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\"(\n" +
+	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12!\n" +
+	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\"(\n" +
 	"\x10AddVoterResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\"%\n" +
 	"\x13RemoveServerRequest\x12\x0e\n" +

@@ -45,6 +45,8 @@ type Command struct {
 	//	*Command_ReleaseLease
 	//	*Command_ExpireLeases
 	//	*Command_CheckpointLeases
+	//	*Command_PutMembers
+	//	*Command_RemoveMember
 	Body          isCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -175,6 +177,24 @@ func (x *Command) GetCheckpointLeases() *CheckpointLeasesCommand {
 	return nil
 }
 
+func (x *Command) GetPutMembers() *PutMembersCommand {
+	if x != nil {
+		if x, ok := x.Body.(*Command_PutMembers); ok {
+			return x.PutMembers
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRemoveMember() *RemoveMemberCommand {
+	if x != nil {
+		if x, ok := x.Body.(*Command_RemoveMember); ok {
+			return x.RemoveMember
+		}
+	}
+	return nil
+}
+
 type isCommand_Body interface {
 	isCommand_Body()
 }
@@ -215,6 +235,14 @@ type Command_CheckpointLeases struct {
 	CheckpointLeases *CheckpointLeasesCommand `protobuf:"bytes,18,opt,name=checkpoint_leases,json=checkpointLeases,proto3,oneof"`
 }
 
+type Command_PutMembers struct {
+	PutMembers *PutMembersCommand `protobuf:"bytes,19,opt,name=put_members,json=putMembers,proto3,oneof"`
+}
+
+type Command_RemoveMember struct {
+	RemoveMember *RemoveMemberCommand `protobuf:"bytes,20,opt,name=remove_member,json=removeMember,proto3,oneof"`
+}
+
 func (*Command_RegisterProxy) isCommand_Body() {}
 
 func (*Command_ProxyHeartbeat) isCommand_Body() {}
@@ -232,6 +260,10 @@ func (*Command_ReleaseLease) isCommand_Body() {}
 func (*Command_ExpireLeases) isCommand_Body() {}
 
 func (*Command_CheckpointLeases) isCommand_Body() {}
+
+func (*Command_PutMembers) isCommand_Body() {}
+
+func (*Command_RemoveMember) isCommand_Body() {}
 
 // LeaseRef names one grant of a mailbox's lease.
 type LeaseRef struct {
@@ -557,11 +589,113 @@ func (x *MarkProxiesStaleCommand) GetProxies() []*ProxyRef {
 	return nil
 }
 
+// PutMembersCommand records members' admin gRPC addresses. The leader
+// commits one before AddVoter (so the address is replicated before the
+// member can lead) and one with its static --peers when it first leads; that
+// one sets only_absent, so it never overwrites an address a later AddVoter
+// recorded and repeating it changes nothing.
+type PutMembersCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*MemberAddress       `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	OnlyAbsent    bool                   `protobuf:"varint,2,opt,name=only_absent,json=onlyAbsent,proto3" json:"only_absent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutMembersCommand) Reset() {
+	*x = PutMembersCommand{}
+	mi := &file_prism_admin_v1_command_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutMembersCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutMembersCommand) ProtoMessage() {}
+
+func (x *PutMembersCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_command_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutMembersCommand.ProtoReflect.Descriptor instead.
+func (*PutMembersCommand) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_command_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PutMembersCommand) GetMembers() []*MemberAddress {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *PutMembersCommand) GetOnlyAbsent() bool {
+	if x != nil {
+		return x.OnlyAbsent
+	}
+	return false
+}
+
+// RemoveMemberCommand drops a member's address after RemoveServer.
+type RemoveMemberCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberCommand) Reset() {
+	*x = RemoveMemberCommand{}
+	mi := &file_prism_admin_v1_command_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberCommand) ProtoMessage() {}
+
+func (x *RemoveMemberCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_command_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberCommand.ProtoReflect.Descriptor instead.
+func (*RemoveMemberCommand) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_command_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RemoveMemberCommand) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 var File_prism_admin_v1_command_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\n" +
-	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\x9f\x06\n" +
+	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\xb1\a\n" +
 	"\aCommand\x12,\n" +
 	"\x03now\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12M\n" +
 	"\x0eregister_proxy\x18\n" +
@@ -573,7 +707,10 @@ const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\racquire_lease\x18\x0f \x01(\v2#.prism.admin.v1.AcquireLeaseRequestH\x00R\facquireLease\x12J\n" +
 	"\rrelease_lease\x18\x10 \x01(\v2#.prism.admin.v1.ReleaseLeaseRequestH\x00R\freleaseLease\x12J\n" +
 	"\rexpire_leases\x18\x11 \x01(\v2#.prism.admin.v1.ExpireLeasesCommandH\x00R\fexpireLeases\x12V\n" +
-	"\x11checkpoint_leases\x18\x12 \x01(\v2'.prism.admin.v1.CheckpointLeasesCommandH\x00R\x10checkpointLeasesB\x06\n" +
+	"\x11checkpoint_leases\x18\x12 \x01(\v2'.prism.admin.v1.CheckpointLeasesCommandH\x00R\x10checkpointLeases\x12D\n" +
+	"\vput_members\x18\x13 \x01(\v2!.prism.admin.v1.PutMembersCommandH\x00R\n" +
+	"putMembers\x12J\n" +
+	"\rremove_member\x18\x14 \x01(\v2#.prism.admin.v1.RemoveMemberCommandH\x00R\fremoveMemberB\x06\n" +
 	"\x04body\"?\n" +
 	"\bLeaseRef\x12\x1d\n" +
 	"\n" +
@@ -595,7 +732,13 @@ const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x127\n" +
 	"\tlast_seen\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\"M\n" +
 	"\x17MarkProxiesStaleCommand\x122\n" +
-	"\aproxies\x18\x01 \x03(\v2\x18.prism.admin.v1.ProxyRefR\aproxiesB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
+	"\aproxies\x18\x01 \x03(\v2\x18.prism.admin.v1.ProxyRefR\aproxies\"m\n" +
+	"\x11PutMembersCommand\x127\n" +
+	"\amembers\x18\x01 \x03(\v2\x1d.prism.admin.v1.MemberAddressR\amembers\x12\x1f\n" +
+	"\vonly_absent\x18\x02 \x01(\bR\n" +
+	"onlyAbsent\"%\n" +
+	"\x13RemoveMemberCommand\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02idB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_prism_admin_v1_command_proto_rawDescOnce sync.Once
@@ -609,7 +752,7 @@ func file_prism_admin_v1_command_proto_rawDescGZIP() []byte {
 	return file_prism_admin_v1_command_proto_rawDescData
 }
 
-var file_prism_admin_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_prism_admin_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_prism_admin_v1_command_proto_goTypes = []any{
 	(*Command)(nil),                 // 0: prism.admin.v1.Command
 	(*LeaseRef)(nil),                // 1: prism.admin.v1.LeaseRef
@@ -618,38 +761,44 @@ var file_prism_admin_v1_command_proto_goTypes = []any{
 	(*CheckpointLeasesCommand)(nil), // 4: prism.admin.v1.CheckpointLeasesCommand
 	(*ProxyRef)(nil),                // 5: prism.admin.v1.ProxyRef
 	(*MarkProxiesStaleCommand)(nil), // 6: prism.admin.v1.MarkProxiesStaleCommand
-	(*timestamppb.Timestamp)(nil),   // 7: google.protobuf.Timestamp
-	(*RegisterProxyRequest)(nil),    // 8: prism.admin.v1.RegisterProxyRequest
-	(*ProxyHeartbeatRequest)(nil),   // 9: prism.admin.v1.ProxyHeartbeatRequest
-	(*CreateNamespaceRequest)(nil),  // 10: prism.admin.v1.CreateNamespaceRequest
-	(*DeleteNamespaceRequest)(nil),  // 11: prism.admin.v1.DeleteNamespaceRequest
-	(*AcquireLeaseRequest)(nil),     // 12: prism.admin.v1.AcquireLeaseRequest
-	(*ReleaseLeaseRequest)(nil),     // 13: prism.admin.v1.ReleaseLeaseRequest
-	(*LeaseStats)(nil),              // 14: prism.admin.v1.LeaseStats
+	(*PutMembersCommand)(nil),       // 7: prism.admin.v1.PutMembersCommand
+	(*RemoveMemberCommand)(nil),     // 8: prism.admin.v1.RemoveMemberCommand
+	(*timestamppb.Timestamp)(nil),   // 9: google.protobuf.Timestamp
+	(*RegisterProxyRequest)(nil),    // 10: prism.admin.v1.RegisterProxyRequest
+	(*ProxyHeartbeatRequest)(nil),   // 11: prism.admin.v1.ProxyHeartbeatRequest
+	(*CreateNamespaceRequest)(nil),  // 12: prism.admin.v1.CreateNamespaceRequest
+	(*DeleteNamespaceRequest)(nil),  // 13: prism.admin.v1.DeleteNamespaceRequest
+	(*AcquireLeaseRequest)(nil),     // 14: prism.admin.v1.AcquireLeaseRequest
+	(*ReleaseLeaseRequest)(nil),     // 15: prism.admin.v1.ReleaseLeaseRequest
+	(*LeaseStats)(nil),              // 16: prism.admin.v1.LeaseStats
+	(*MemberAddress)(nil),           // 17: prism.admin.v1.MemberAddress
 }
 var file_prism_admin_v1_command_proto_depIdxs = []int32{
-	7,  // 0: prism.admin.v1.Command.now:type_name -> google.protobuf.Timestamp
-	8,  // 1: prism.admin.v1.Command.register_proxy:type_name -> prism.admin.v1.RegisterProxyRequest
-	9,  // 2: prism.admin.v1.Command.proxy_heartbeat:type_name -> prism.admin.v1.ProxyHeartbeatRequest
+	9,  // 0: prism.admin.v1.Command.now:type_name -> google.protobuf.Timestamp
+	10, // 1: prism.admin.v1.Command.register_proxy:type_name -> prism.admin.v1.RegisterProxyRequest
+	11, // 2: prism.admin.v1.Command.proxy_heartbeat:type_name -> prism.admin.v1.ProxyHeartbeatRequest
 	6,  // 3: prism.admin.v1.Command.mark_proxies_stale:type_name -> prism.admin.v1.MarkProxiesStaleCommand
-	10, // 4: prism.admin.v1.Command.create_namespace:type_name -> prism.admin.v1.CreateNamespaceRequest
-	11, // 5: prism.admin.v1.Command.delete_namespace:type_name -> prism.admin.v1.DeleteNamespaceRequest
-	12, // 6: prism.admin.v1.Command.acquire_lease:type_name -> prism.admin.v1.AcquireLeaseRequest
-	13, // 7: prism.admin.v1.Command.release_lease:type_name -> prism.admin.v1.ReleaseLeaseRequest
+	12, // 4: prism.admin.v1.Command.create_namespace:type_name -> prism.admin.v1.CreateNamespaceRequest
+	13, // 5: prism.admin.v1.Command.delete_namespace:type_name -> prism.admin.v1.DeleteNamespaceRequest
+	14, // 6: prism.admin.v1.Command.acquire_lease:type_name -> prism.admin.v1.AcquireLeaseRequest
+	15, // 7: prism.admin.v1.Command.release_lease:type_name -> prism.admin.v1.ReleaseLeaseRequest
 	2,  // 8: prism.admin.v1.Command.expire_leases:type_name -> prism.admin.v1.ExpireLeasesCommand
 	4,  // 9: prism.admin.v1.Command.checkpoint_leases:type_name -> prism.admin.v1.CheckpointLeasesCommand
-	1,  // 10: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
-	7,  // 11: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 12: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	14, // 13: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
-	3,  // 14: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
-	7,  // 15: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
-	5,  // 16: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	7,  // 10: prism.admin.v1.Command.put_members:type_name -> prism.admin.v1.PutMembersCommand
+	8,  // 11: prism.admin.v1.Command.remove_member:type_name -> prism.admin.v1.RemoveMemberCommand
+	1,  // 12: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
+	9,  // 13: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
+	9,  // 14: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	16, // 15: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
+	3,  // 16: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
+	9,  // 17: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
+	5,  // 18: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
+	17, // 19: prism.admin.v1.PutMembersCommand.members:type_name -> prism.admin.v1.MemberAddress
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_command_proto_init() }
@@ -669,6 +818,8 @@ func file_prism_admin_v1_command_proto_init() {
 		(*Command_ReleaseLease)(nil),
 		(*Command_ExpireLeases)(nil),
 		(*Command_CheckpointLeases)(nil),
+		(*Command_PutMembers)(nil),
+		(*Command_RemoveMember)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -676,7 +827,7 @@ func file_prism_admin_v1_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_command_proto_rawDesc), len(file_prism_admin_v1_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

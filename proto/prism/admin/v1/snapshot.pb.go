@@ -6,7 +6,7 @@
 
 // The FSM snapshot format: one length-delimited SnapshotHeader, then one
 // length-delimited SnapshotRecord per row, in a fixed order (proxies,
-// namespaces, leases, each sorted by key), so equal states give equal bytes.
+// namespaces, leases, members, each sorted by key), so equal states give equal bytes.
 
 package adminv1
 
@@ -36,6 +36,7 @@ type SnapshotHeader struct {
 	ProxyCount     uint64 `protobuf:"varint,4,opt,name=proxy_count,json=proxyCount,proto3" json:"proxy_count,omitempty"`
 	NamespaceCount uint64 `protobuf:"varint,5,opt,name=namespace_count,json=namespaceCount,proto3" json:"namespace_count,omitempty"`
 	LeaseCount     uint64 `protobuf:"varint,6,opt,name=lease_count,json=leaseCount,proto3" json:"lease_count,omitempty"`
+	MemberCount    uint64 `protobuf:"varint,7,opt,name=member_count,json=memberCount,proto3" json:"member_count,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -112,6 +113,13 @@ func (x *SnapshotHeader) GetLeaseCount() uint64 {
 	return 0
 }
 
+func (x *SnapshotHeader) GetMemberCount() uint64 {
+	if x != nil {
+		return x.MemberCount
+	}
+	return 0
+}
+
 type SnapshotRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Record:
@@ -119,6 +127,7 @@ type SnapshotRecord struct {
 	//	*SnapshotRecord_Proxy
 	//	*SnapshotRecord_Namespace
 	//	*SnapshotRecord_Lease
+	//	*SnapshotRecord_Member
 	Record        isSnapshotRecord_Record `protobuf_oneof:"record"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -188,6 +197,15 @@ func (x *SnapshotRecord) GetLease() *Lease {
 	return nil
 }
 
+func (x *SnapshotRecord) GetMember() *MemberAddress {
+	if x != nil {
+		if x, ok := x.Record.(*SnapshotRecord_Member); ok {
+			return x.Member
+		}
+	}
+	return nil
+}
+
 type isSnapshotRecord_Record interface {
 	isSnapshotRecord_Record()
 }
@@ -204,17 +222,23 @@ type SnapshotRecord_Lease struct {
 	Lease *Lease `protobuf:"bytes,3,opt,name=lease,proto3,oneof"`
 }
 
+type SnapshotRecord_Member struct {
+	Member *MemberAddress `protobuf:"bytes,4,opt,name=member,proto3,oneof"`
+}
+
 func (*SnapshotRecord_Proxy) isSnapshotRecord_Record() {}
 
 func (*SnapshotRecord_Namespace) isSnapshotRecord_Record() {}
 
 func (*SnapshotRecord_Lease) isSnapshotRecord_Record() {}
 
+func (*SnapshotRecord_Member) isSnapshotRecord_Record() {}
+
 var File_prism_admin_v1_snapshot_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_snapshot_proto_rawDesc = "" +
 	"\n" +
-	"\x1dprism/admin/v1/snapshot.proto\x12\x0eprism.admin.v1\x1a\x1aprism/admin/v1/types.proto\"\xdb\x01\n" +
+	"\x1dprism/admin/v1/snapshot.proto\x12\x0eprism.admin.v1\x1a\x1aprism/admin/v1/types.proto\"\xfe\x01\n" +
 	"\x0eSnapshotHeader\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12!\n" +
@@ -223,11 +247,13 @@ const file_prism_admin_v1_snapshot_proto_rawDesc = "" +
 	"proxyCount\x12'\n" +
 	"\x0fnamespace_count\x18\x05 \x01(\x04R\x0enamespaceCount\x12\x1f\n" +
 	"\vlease_count\x18\x06 \x01(\x04R\n" +
-	"leaseCount\"\xb3\x01\n" +
+	"leaseCount\x12!\n" +
+	"\fmember_count\x18\a \x01(\x04R\vmemberCount\"\xec\x01\n" +
 	"\x0eSnapshotRecord\x12-\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyH\x00R\x05proxy\x129\n" +
 	"\tnamespace\x18\x02 \x01(\v2\x19.prism.admin.v1.NamespaceH\x00R\tnamespace\x12-\n" +
-	"\x05lease\x18\x03 \x01(\v2\x15.prism.admin.v1.LeaseH\x00R\x05leaseB\b\n" +
+	"\x05lease\x18\x03 \x01(\v2\x15.prism.admin.v1.LeaseH\x00R\x05lease\x127\n" +
+	"\x06member\x18\x04 \x01(\v2\x1d.prism.admin.v1.MemberAddressH\x00R\x06memberB\b\n" +
 	"\x06recordB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
 var (
@@ -249,16 +275,18 @@ var file_prism_admin_v1_snapshot_proto_goTypes = []any{
 	(*Proxy)(nil),          // 2: prism.admin.v1.Proxy
 	(*Namespace)(nil),      // 3: prism.admin.v1.Namespace
 	(*Lease)(nil),          // 4: prism.admin.v1.Lease
+	(*MemberAddress)(nil),  // 5: prism.admin.v1.MemberAddress
 }
 var file_prism_admin_v1_snapshot_proto_depIdxs = []int32{
 	2, // 0: prism.admin.v1.SnapshotRecord.proxy:type_name -> prism.admin.v1.Proxy
 	3, // 1: prism.admin.v1.SnapshotRecord.namespace:type_name -> prism.admin.v1.Namespace
 	4, // 2: prism.admin.v1.SnapshotRecord.lease:type_name -> prism.admin.v1.Lease
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	5, // 3: prism.admin.v1.SnapshotRecord.member:type_name -> prism.admin.v1.MemberAddress
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_snapshot_proto_init() }
@@ -271,6 +299,7 @@ func file_prism_admin_v1_snapshot_proto_init() {
 		(*SnapshotRecord_Proxy)(nil),
 		(*SnapshotRecord_Namespace)(nil),
 		(*SnapshotRecord_Lease)(nil),
+		(*SnapshotRecord_Member)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

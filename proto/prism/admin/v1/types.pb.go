@@ -371,6 +371,63 @@ func (Consistency) EnumDescriptor() ([]byte, []int) {
 	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
+// MemberAddress is where a raft member serves the admin gRPC API. The FSM
+// keeps one per member so every node can forward to whichever member leads,
+// including members added at runtime that no node's --peers names.
+type MemberAddress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Raft server id.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// host:port of the member's admin gRPC API.
+	GrpcAddress   string `protobuf:"bytes,2,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberAddress) Reset() {
+	*x = MemberAddress{}
+	mi := &file_prism_admin_v1_types_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberAddress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberAddress) ProtoMessage() {}
+
+func (x *MemberAddress) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_types_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberAddress.ProtoReflect.Descriptor instead.
+func (*MemberAddress) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *MemberAddress) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MemberAddress) GetGrpcAddress() string {
+	if x != nil {
+		return x.GrpcAddress
+	}
+	return ""
+}
+
 // ProxyRegistration is what a proxy says about itself (ADR-055). Registering
 // again with the same proxy_id replaces these fields.
 type ProxyRegistration struct {
@@ -398,7 +455,7 @@ type ProxyRegistration struct {
 
 func (x *ProxyRegistration) Reset() {
 	*x = ProxyRegistration{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[0]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +467,7 @@ func (x *ProxyRegistration) String() string {
 func (*ProxyRegistration) ProtoMessage() {}
 
 func (x *ProxyRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[0]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +480,7 @@ func (x *ProxyRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyRegistration.ProtoReflect.Descriptor instead.
 func (*ProxyRegistration) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{0}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *ProxyRegistration) GetProxyId() string {
@@ -499,7 +556,7 @@ type Proxy struct {
 
 func (x *Proxy) Reset() {
 	*x = Proxy{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[1]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +568,7 @@ func (x *Proxy) String() string {
 func (*Proxy) ProtoMessage() {}
 
 func (x *Proxy) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[1]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +581,7 @@ func (x *Proxy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Proxy.ProtoReflect.Descriptor instead.
 func (*Proxy) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{1}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Proxy) GetRegistration() *ProxyRegistration {
@@ -575,7 +632,7 @@ type NamespaceHealth struct {
 
 func (x *NamespaceHealth) Reset() {
 	*x = NamespaceHealth{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[2]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +644,7 @@ func (x *NamespaceHealth) String() string {
 func (*NamespaceHealth) ProtoMessage() {}
 
 func (x *NamespaceHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[2]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +657,7 @@ func (x *NamespaceHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceHealth.ProtoReflect.Descriptor instead.
 func (*NamespaceHealth) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NamespaceHealth) GetNamespace() string {
@@ -642,7 +699,7 @@ type PartitionRange struct {
 
 func (x *PartitionRange) Reset() {
 	*x = PartitionRange{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[3]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +711,7 @@ func (x *PartitionRange) String() string {
 func (*PartitionRange) ProtoMessage() {}
 
 func (x *PartitionRange) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[3]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +724,7 @@ func (x *PartitionRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionRange.ProtoReflect.Descriptor instead.
 func (*PartitionRange) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PartitionRange) GetStart() uint32 {
@@ -700,7 +757,7 @@ type LeaseConfig struct {
 
 func (x *LeaseConfig) Reset() {
 	*x = LeaseConfig{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +769,7 @@ func (x *LeaseConfig) String() string {
 func (*LeaseConfig) ProtoMessage() {}
 
 func (x *LeaseConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +782,7 @@ func (x *LeaseConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseConfig.ProtoReflect.Descriptor instead.
 func (*LeaseConfig) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LeaseConfig) GetTtl() *durationpb.Duration {
@@ -760,7 +817,7 @@ type RetentionConfig struct {
 
 func (x *RetentionConfig) Reset() {
 	*x = RetentionConfig{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +829,7 @@ func (x *RetentionConfig) String() string {
 func (*RetentionConfig) ProtoMessage() {}
 
 func (x *RetentionConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +842,7 @@ func (x *RetentionConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetentionConfig.ProtoReflect.Descriptor instead.
 func (*RetentionConfig) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RetentionConfig) GetMaxAge() *durationpb.Duration {
@@ -819,7 +876,7 @@ type NamespaceConfig struct {
 
 func (x *NamespaceConfig) Reset() {
 	*x = NamespaceConfig{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +888,7 @@ func (x *NamespaceConfig) String() string {
 func (*NamespaceConfig) ProtoMessage() {}
 
 func (x *NamespaceConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +901,7 @@ func (x *NamespaceConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceConfig.ProtoReflect.Descriptor instead.
 func (*NamespaceConfig) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NamespaceConfig) GetTopics() []string {
@@ -911,7 +968,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +980,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +993,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Namespace) GetName() string {
@@ -1001,7 +1058,7 @@ type LeaseStats struct {
 
 func (x *LeaseStats) Reset() {
 	*x = LeaseStats{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1070,7 @@ func (x *LeaseStats) String() string {
 func (*LeaseStats) ProtoMessage() {}
 
 func (x *LeaseStats) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1083,7 @@ func (x *LeaseStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseStats.ProtoReflect.Descriptor instead.
 func (*LeaseStats) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LeaseStats) GetEventsStored() int64 {
@@ -1092,7 +1149,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1104,7 +1161,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1117,7 +1174,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Lease) GetMailboxId() string {
@@ -1235,7 +1292,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1304,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1317,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Route) GetMailboxId() string {
@@ -1328,7 +1385,7 @@ type NamespaceRoute struct {
 
 func (x *NamespaceRoute) Reset() {
 	*x = NamespaceRoute{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1397,7 @@ func (x *NamespaceRoute) String() string {
 func (*NamespaceRoute) ProtoMessage() {}
 
 func (x *NamespaceRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1410,7 @@ func (x *NamespaceRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceRoute.ProtoReflect.Descriptor instead.
 func (*NamespaceRoute) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NamespaceRoute) GetNamespace() string {
@@ -1396,7 +1453,7 @@ type LeaseRefusal struct {
 
 func (x *LeaseRefusal) Reset() {
 	*x = LeaseRefusal{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1465,7 @@ func (x *LeaseRefusal) String() string {
 func (*LeaseRefusal) ProtoMessage() {}
 
 func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1478,7 @@ func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRefusal.ProtoReflect.Descriptor instead.
 func (*LeaseRefusal) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LeaseRefusal) GetReason() LeaseRefusalReason {
@@ -1475,7 +1532,7 @@ type NamespaceAssignment struct {
 
 func (x *NamespaceAssignment) Reset() {
 	*x = NamespaceAssignment{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1544,7 @@ func (x *NamespaceAssignment) String() string {
 func (*NamespaceAssignment) ProtoMessage() {}
 
 func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1557,7 @@ func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceAssignment.ProtoReflect.Descriptor instead.
 func (*NamespaceAssignment) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NamespaceAssignment) GetNamespace() string {
@@ -1542,7 +1599,10 @@ var File_prism_admin_v1_types_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x1aprism/admin/v1/types.proto\x12\x0eprism.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x02\n" +
+	"\x1aprism/admin/v1/types.proto\x12\x0eprism.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"B\n" +
+	"\rMemberAddress\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress\"\xe7\x02\n" +
 	"\x11ProxyRegistration\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x121\n" +
@@ -1691,7 +1751,7 @@ func file_prism_admin_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_admin_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_prism_admin_v1_types_proto_goTypes = []any{
 	(ProxyStatus)(0),              // 0: prism.admin.v1.ProxyStatus
 	(HealthStatus)(0),             // 1: prism.admin.v1.HealthStatus
@@ -1699,54 +1759,55 @@ var file_prism_admin_v1_types_proto_goTypes = []any{
 	(RunnerHealth)(0),             // 3: prism.admin.v1.RunnerHealth
 	(LeaseRefusalReason)(0),       // 4: prism.admin.v1.LeaseRefusalReason
 	(Consistency)(0),              // 5: prism.admin.v1.Consistency
-	(*ProxyRegistration)(nil),     // 6: prism.admin.v1.ProxyRegistration
-	(*Proxy)(nil),                 // 7: prism.admin.v1.Proxy
-	(*NamespaceHealth)(nil),       // 8: prism.admin.v1.NamespaceHealth
-	(*PartitionRange)(nil),        // 9: prism.admin.v1.PartitionRange
-	(*LeaseConfig)(nil),           // 10: prism.admin.v1.LeaseConfig
-	(*RetentionConfig)(nil),       // 11: prism.admin.v1.RetentionConfig
-	(*NamespaceConfig)(nil),       // 12: prism.admin.v1.NamespaceConfig
-	(*Namespace)(nil),             // 13: prism.admin.v1.Namespace
-	(*LeaseStats)(nil),            // 14: prism.admin.v1.LeaseStats
-	(*Lease)(nil),                 // 15: prism.admin.v1.Lease
-	(*Route)(nil),                 // 16: prism.admin.v1.Route
-	(*NamespaceRoute)(nil),        // 17: prism.admin.v1.NamespaceRoute
-	(*LeaseRefusal)(nil),          // 18: prism.admin.v1.LeaseRefusal
-	(*NamespaceAssignment)(nil),   // 19: prism.admin.v1.NamespaceAssignment
-	nil,                           // 20: prism.admin.v1.ProxyRegistration.LabelsEntry
-	nil,                           // 21: prism.admin.v1.NamespaceConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
+	(*MemberAddress)(nil),         // 6: prism.admin.v1.MemberAddress
+	(*ProxyRegistration)(nil),     // 7: prism.admin.v1.ProxyRegistration
+	(*Proxy)(nil),                 // 8: prism.admin.v1.Proxy
+	(*NamespaceHealth)(nil),       // 9: prism.admin.v1.NamespaceHealth
+	(*PartitionRange)(nil),        // 10: prism.admin.v1.PartitionRange
+	(*LeaseConfig)(nil),           // 11: prism.admin.v1.LeaseConfig
+	(*RetentionConfig)(nil),       // 12: prism.admin.v1.RetentionConfig
+	(*NamespaceConfig)(nil),       // 13: prism.admin.v1.NamespaceConfig
+	(*Namespace)(nil),             // 14: prism.admin.v1.Namespace
+	(*LeaseStats)(nil),            // 15: prism.admin.v1.LeaseStats
+	(*Lease)(nil),                 // 16: prism.admin.v1.Lease
+	(*Route)(nil),                 // 17: prism.admin.v1.Route
+	(*NamespaceRoute)(nil),        // 18: prism.admin.v1.NamespaceRoute
+	(*LeaseRefusal)(nil),          // 19: prism.admin.v1.LeaseRefusal
+	(*NamespaceAssignment)(nil),   // 20: prism.admin.v1.NamespaceAssignment
+	nil,                           // 21: prism.admin.v1.ProxyRegistration.LabelsEntry
+	nil,                           // 22: prism.admin.v1.NamespaceConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
 }
 var file_prism_admin_v1_types_proto_depIdxs = []int32{
-	20, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
-	6,  // 1: prism.admin.v1.Proxy.registration:type_name -> prism.admin.v1.ProxyRegistration
+	21, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
+	7,  // 1: prism.admin.v1.Proxy.registration:type_name -> prism.admin.v1.ProxyRegistration
 	0,  // 2: prism.admin.v1.Proxy.status:type_name -> prism.admin.v1.ProxyStatus
-	22, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
-	22, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
-	8,  // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
+	23, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
+	23, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
+	9,  // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
 	1,  // 6: prism.admin.v1.NamespaceHealth.status:type_name -> prism.admin.v1.HealthStatus
-	23, // 7: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
-	23, // 8: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	23, // 9: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
-	23, // 10: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
-	10, // 11: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
+	24, // 7: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
+	24, // 8: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	24, // 9: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
+	24, // 10: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
+	11, // 11: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
 	2,  // 12: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
-	11, // 13: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
-	21, // 14: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
-	12, // 15: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
-	22, // 16: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
+	12, // 13: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
+	22, // 14: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
+	13, // 15: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
+	23, // 16: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 17: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
-	22, // 18: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	22, // 19: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	23, // 20: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	23, // 21: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
-	23, // 22: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
-	22, // 23: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	14, // 24: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
+	23, // 18: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	23, // 19: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	24, // 20: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	24, // 21: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
+	24, // 22: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
+	23, // 23: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	15, // 24: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
 	4,  // 25: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
-	15, // 26: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
-	12, // 27: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
+	16, // 26: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
+	13, // 27: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
 	28, // [28:28] is the sub-list for method output_type
 	28, // [28:28] is the sub-list for method input_type
 	28, // [28:28] is the sub-list for extension type_name
@@ -1765,7 +1826,7 @@ func file_prism_admin_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_types_proto_rawDesc), len(file_prism_admin_v1_types_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,94 @@
+package admincluster
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/prism-mesh/prism/internal/testbin"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+)
+
+// TestRuntimeMemberLeadsAndIsForwardedTo: a fourth node joins at runtime
+// (--join, prismctl member add with its gRPC address); no original node's
+// --peers names it. Cutting the raft links among the original three (each
+// still reaches the joiner directly) leaves the joiner the only node that
+// can win an election. A write sent to an original node must then be
+// forwarded to the joiner, which needs its gRPC address from the replicated
+// members table.
+func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
+	c := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	lead := c.leader()
+	j := c.addJoiner()
+	joiner := c.nodes[j]
+	ctl, err := testbin.Path("prismctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, ctl, "--admin", c.nodes[c.follower(lead)].grpcAddr,
+		"member", "add", joiner.id, joiner.raftAddr, joiner.grpcAddr).CombinedOutput()
+	if err != nil {
+		t.Fatalf("prismctl member add: %v\n%s", err, out)
+	}
+	// Every original node lists the joiner with its gRPC address, and the
+	// bootstrap rows for the static members.
+	for i := range 3 {
+		waitFor(t, 30*time.Second, c.nodes[i].id+" to know every member's gRPC address", func() (bool, string) {
+			st, err := c.nodes[i].status(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			want := map[string]string{}
+			for _, n := range c.nodes {
+				want[n.id] = n.grpcAddr
+			}
+			for _, m := range st.GetMembers() {
+				if want[m.GetId()] != m.GetGrpcAddress() {
+					return false, fmt.Sprintf("%s at %q", m.GetId(), m.GetGrpcAddress())
+				}
+				delete(want, m.GetId())
+			}
+			return len(want) == 0, fmt.Sprintf("missing %v", want)
+		})
+	}
+
+	for a := range 3 {
+		for b := range 3 {
+			if a != b {
+				c.links[a][b].Blackhole()
+			}
+		}
+	}
+	waitFor(t, 60*time.Second, "the joiner to lead", func() (bool, string) {
+		st, err := joiner.status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.GetState() == "Leader", st.GetState()
+	})
+	for i := range 3 {
+		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err := c.nodes[i].control().CreateNamespace(wctx, &adminv1.CreateNamespaceRequest{
+			Namespace: fmt.Sprintf("via-old-%d", i+1), Config: nsConfig(),
+		})
+		wcancel()
+		if err != nil {
+			st, _ := joiner.status(ctx)
+			t.Fatalf("write through %s while %s leads (state %s): %v", c.nodes[i].id, joiner.id, st.GetState(), err)
+		}
+	}
+	r, err := joiner.admin().ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.GetNamespaces()) != 3 {
+		t.Fatalf("the leader has %d namespaces, want the 3 forwarded writes: %v", len(r.GetNamespaces()), r.GetNamespaces())
+	}
+	if got := metricValue(t, c.nodes[0], "prism_admin_forwards_total"); got == 0 {
+		t.Fatalf("%s forwarded nothing", c.nodes[0].id)
+	}
+}
