@@ -233,8 +233,8 @@ func (s *Server) RemoveServer(ctx context.Context, req *adminv1.RemoveServerRequ
 	}
 	resp, err := leaderCall(s, ctx, "RemoveServer", func(ctx context.Context) (*adminv1.RemoveServerResponse, error) {
 		// The row goes first: a leader removing itself cannot commit after
-		// it stepped down. If RemoveServer then fails, the member forwards
-		// by --peers until the client retries.
+		// it stepped down. If RemoveServer then fails, the others find the
+		// member by their --peers until the client retries.
 		if _, err := s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_RemoveMember{
 			RemoveMember: &adminv1.RemoveMemberCommand{Id: req.GetId()},
 		}}); err != nil {
