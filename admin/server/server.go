@@ -2,20 +2,21 @@
 // and prism.admin.v1.Admin over the replicated FSM (package fsm), the
 // leader's lessor (package lease) and a Raft member (package raftnode).
 //
-// Any node answers any call. Writes are proposed through Raft on the leader;
-// a follower re-issues the identical RPC on the leader (its gRPC address from
+// Any node answers any call. Writes are proposed through Raft on the leader; a
+// follower re-issues the identical RPC on the leader (its gRPC address from
 // the replicated members table, else --peers) over a pooled connection (one
 // hop: a forwarded call is never forwarded again) and, if leadership moved
 // before the call ran, waits for the next leader and tries again within the
-// caller's deadline; when the outcome is unknown (the leader died mid-call)
-// it answers UNAVAILABLE and leaves the retry to the client. Reads are served
-// from the local FSM (STALE) or, for LINEARIZABLE, after the ReadIndex
-// barrier on the leader (a follower forwards those too). Operator writes
-// forwarded by a follower are answered once the follower has applied them as
-// well, so a client reads its own write from the node it wrote through. Mailbox heartbeats are renewals in the leader's
-// lessor, not Raft writes; the leader alone expires leases, marks proxies
-// stale and checkpoints renewals, each by committing a command stamped with
-// its clock. Every node also serves xDS (ADS) from its own FSM.
+// caller's deadline; when the outcome is unknown (the leader died mid-call) it
+// answers UNAVAILABLE and leaves the retry to the client. Reads are served
+// from the local FSM (STALE) or, for LINEARIZABLE, after the ReadIndex barrier
+// on the leader (a follower forwards those too). Operator writes forwarded by
+// a follower are answered once the follower has applied them as well, so a
+// client reads its own write from the node it wrote through. Mailbox
+// heartbeats are renewals in the leader's lessor, not Raft writes; the leader
+// alone expires leases, marks proxies stale and checkpoints renewals, each by
+// committing a command stamped with its clock. Every node also serves xDS
+// (ADS) from its own FSM.
 package server
 
 import (
