@@ -86,6 +86,7 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 	if c := connectedTo(admins); c != followers[0] {
 		t.Fatalf("gateway takes its routes from %v, want the first follower %s", c, followers[0].id)
 	}
+	sameByNamespace(t, gw, "audit", "audit@proxy-1")
 
 	// The leader dies; the gateway's follower lives on.
 	leader.kill()
@@ -134,7 +135,33 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 		code, _, _, body := stats(gw, "audit@proxy-1")
 		return code == 404 && strings.Contains(body, "no live lease"), fmt.Sprint(code, " ", body)
 	})
+	waitFor(t, 30*time.Second, "released namespace 404 from the mesh", func() (bool, string) {
+		code, body, _, err := get("http://" + gw.httpAddr + "/v1/namespaces/audit/stats")
+		return code == 404 && strings.Contains(body, `namespace \"audit\" is not routed`), fmt.Sprint(code, " ", body, err)
+	})
 	if v, err := metric("http://"+gw.httpAddr, "prism_gateway_http_requests_total", `code="200"`, `method="GetStats"`); err != nil || v < 40 {
 		t.Errorf("gateway counted %v successful GetStats (%v), want at least 40", v, err)
+	}
+}
+
+// sameByNamespace waits until the gateway answers /v1/namespaces/{ns}/...
+// exactly as /v1/mailboxes/{mailbox}/... (the admin's alias route and the
+// runner's namespace lookup), and checks an unknown namespace is a JSON 404.
+func sameByNamespace(t *testing.T, gw *gatewayProc, ns, mailbox string) {
+	t.Helper()
+	base := "http://" + gw.httpAddr
+	for _, path := range []string{"/stats", "/events?limit=3", "/events/audit.events-0002"} {
+		waitFor(t, 60*time.Second, "namespace "+ns+path+" served as its mailbox", func() (bool, string) {
+			code, body, hdr, err := get(base + "/v1/namespaces/" + ns + path)
+			wantCode, wantBody, wantHdr, _ := get(base + "/v1/mailboxes/" + mailbox + path)
+			return err == nil && code == 200 && code == wantCode && body == wantBody &&
+					hdr.Get("x-prism-mailbox") == mailbox && hdr.Get("x-prism-epoch") == wantHdr.Get("x-prism-epoch"),
+				fmt.Sprintf("by namespace %d %s %v; by mailbox %d %s", code, body, err, wantCode, wantBody)
+		})
+	}
+	code, body, _, err := get(base + "/v1/namespaces/nobody/stats")
+	var e map[string]string
+	if code != 404 || json.Unmarshal([]byte(body), &e) != nil || !strings.Contains(e["error"], `namespace "nobody"`) {
+		t.Errorf("unknown namespace = %d %q %v, want a JSON 404 naming it", code, body, err)
 	}
 }
