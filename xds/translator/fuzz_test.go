@@ -10,8 +10,9 @@ import (
 )
 
 // FuzzMailboxRoutes: any mailbox the IR accepts translates into resources
-// that pass ValidateAll, and its raw and percent-encoded paths, and its
-// namespace alias, route to its runner.
+// that pass ValidateAll, and its raw and percent-encoded paths, its
+// namespace alias, and gRPC calls naming either by header route to its
+// runner.
 func FuzzMailboxRoutes(f *testing.F) {
 	for _, seed := range [][2]string{{"$admin", "proxy-01"}, {"audit.v2", "p"}, {"$a$b$c", "x"}, {"a", "b~c_d"}} {
 		f.Add(seed[0], seed[1])
@@ -30,8 +31,14 @@ func FuzzMailboxRoutes(f *testing.F) {
 		if err != nil {
 			t.Fatalf("valid mailbox %q: %v", m.ID, err)
 		}
+		routes := res.Routes[0].GetVirtualHosts()[0].GetRoutes()
+		for _, md := range []map[string]string{{MailboxHeader: m.ID}, {NamespaceHeader: ns}} {
+			if got := grpcRoute(routes, md).GetRoute().GetCluster(); got != ClusterName("runner-1") {
+				t.Fatalf("gRPC call with %v routes to %q", md, got)
+			}
+		}
 		var paths []*routev3.Route
-		for _, r := range res.Routes[0].GetVirtualHosts()[0].GetRoutes() {
+		for _, r := range routes {
 			if len(r.GetMatch().GetHeaders()) == 0 {
 				paths = append(paths, r)
 			}
