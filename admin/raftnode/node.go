@@ -200,7 +200,11 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 	rc.NotifyCh = n.notifyCh
 	rc.Logger = hl
 	rc.NoLegacyTelemetry = true
-	// Concurrent acquires arrive together; let raft batch them into one append.
+	// Concurrent acquires arrive together; let raft batch them into one append
+	// (group commit: one fsync per batch). MaxAppendEntries stays at 64, above
+	// any client concurrency we bench: 512 measured no better. Commit latency
+	// is the leader's fsync, then the follower's, in series: hashicorp/raft
+	// (through v1.8.0) stores the leader's entries before it replicates them.
 	rc.BatchApplyCh = true
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("raft config for %s: %w", cfg.ID, err)
