@@ -68,8 +68,15 @@ func (cp *ControlPlane) Register(g *grpc.Server) {
 }
 
 // Update hands over a new routing state; it never blocks. Calling it with an
-// unchanged state is cheap and pushes nothing.
-func (cp *ControlPlane) Update(x *ir.IR) { cp.updater.Update(x) }
+// unchanged state is cheap and pushes nothing. The returned generation is
+// what Processed waits for.
+func (cp *ControlPlane) Update(x *ir.IR) uint64 { return cp.updater.Update(x) }
+
+// Processed waits until the update of generation gen (or a later one) has
+// been served, skipped as unchanged, or refused.
+func (cp *ControlPlane) Processed(ctx context.Context, gen uint64) error {
+	return cp.updater.Processed(ctx, gen)
+}
 
 // Run translates and publishes states until ctx ends.
 func (cp *ControlPlane) Run(ctx context.Context) error { return cp.updater.Run(ctx) }

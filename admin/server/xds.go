@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strconv"
 	"time"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -59,12 +58,18 @@ func (f *xdsFeed) run(ctx context.Context) {
 		stale := f.staleProxies()
 		nf := f.notFoundIPs(ctx)
 		if !sent || idx != lastIndex || !maps.Equal(stale, lastStale) || !slices.Equal(nf, lastNF) {
-			f.cp.Update(ir.FromAdmin(ir.AdminState{
-				Routes: routes, NamespaceRoutes: aliases, RoutesIndex: idx, StaleProxies: stale,
+			gen := f.cp.Update(ir.FromAdmin(ir.AdminState{
+				// 1: an FSM that never had a route still serves listeners and
+				// the not-found routes (index 1 is Raft's bootstrap entry, never
+				// a routes change).
+				Routes: routes, NamespaceRoutes: aliases, RoutesIndex: max(idx, 1), StaleProxies: stale,
 				Gateway: ir.Gateway{Address: f.gateway}, NotFound: nf,
 			}))
 			lastIndex, lastStale, lastNF, sent = idx, stale, nf, true
-			f.awaitServed(ctx, strconv.FormatUint(idx, 10))
+			// Bounded in case the control plane is not running.
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_ = f.cp.Processed(wctx, gen)
+			cancel()
 		}
 		// Back-pressure: reading the routes (under the FSM's read lock) and
 		// translating them cost time proportional to the table, about
@@ -82,19 +87,6 @@ func (f *xdsFeed) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-time.After(rest):
-		}
-	}
-}
-
-// awaitServed waits (bounded) until the control plane serves version; an
-// unchanged or rejected state never gets there, hence the bound.
-func (f *xdsFeed) awaitServed(ctx context.Context, version string) {
-	deadline := time.Now().Add(2 * time.Second)
-	for f.cp.Version() != version && time.Now().Before(deadline) {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(2 * time.Millisecond):
 		}
 	}
 }

@@ -62,8 +62,13 @@ type Updater struct {
 	mu           sync.Mutex
 	pending      *ir.IR
 	pendingSince time.Time
-	stamps       map[string]time.Time
-	stampOrder   []string
+	// gen numbers the updates handed over; done is the latest one Run has
+	// finished with (served, skipped as unchanged, or refused), and
+	// doneCh is closed and replaced each time done moves.
+	gen, pendingGen, done uint64
+	doneCh                chan struct{}
+	stamps                map[string]time.Time
+	stampOrder            []string
 
 	last *ir.IR // only touched by Run
 
@@ -86,6 +91,7 @@ func NewUpdater(c *Cache, cfg UpdaterConfig) *Updater {
 		clock:      cfg.Clock,
 		log:        cfg.Log,
 		wake:       make(chan struct{}, 1),
+		doneCh:     make(chan struct{}),
 		stamps:     map[string]time.Time{},
 		version: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "prism_xds_snapshot_version", Help: "IR version (Raft applied index) of the snapshot being served.",
@@ -120,8 +126,9 @@ func NewUpdater(c *Cache, cfg UpdaterConfig) *Updater {
 }
 
 // Update hands the updater a new state. It never blocks; a state not yet
-// translated is replaced. x must not be modified afterwards.
-func (u *Updater) Update(x *ir.IR) {
+// translated is replaced. x must not be modified afterwards. The returned
+// generation is what Processed waits for.
+func (u *Updater) Update(x *ir.IR) uint64 {
 	now := u.clock.Now()
 	u.mu.Lock()
 	if u.pending == nil {
@@ -130,10 +137,34 @@ func (u *Updater) Update(x *ir.IR) {
 		u.coalesced.Inc()
 	}
 	u.pending = x
+	u.gen++
+	u.pendingGen = u.gen
+	gen := u.gen
 	u.mu.Unlock()
 	select {
 	case u.wake <- struct{}{}:
 	default:
+	}
+	return gen
+}
+
+// Processed waits until Run is done with the update of generation gen, or
+// with a later one that replaced it, whatever the outcome: an unchanged or
+// refused state is never served under its own version, so waiting for a
+// version string could wait for nothing.
+func (u *Updater) Processed(ctx context.Context, gen uint64) error {
+	for {
+		u.mu.Lock()
+		done, ch := u.done, u.doneCh
+		u.mu.Unlock()
+		if done >= gen {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
 	}
 }
 
@@ -175,12 +206,13 @@ func (u *Updater) Run(ctx context.Context) error {
 
 func (u *Updater) flush(ctx context.Context) {
 	u.mu.Lock()
-	x, since := u.pending, u.pendingSince
+	x, since, gen := u.pending, u.pendingSince, u.pendingGen
 	u.pending = nil
 	u.mu.Unlock()
 	if x == nil {
 		return
 	}
+	defer u.markDone(gen)
 	log := u.log.With("version", x.Version)
 	if u.last != nil && x.Equal(u.last) {
 		u.translations.WithLabelValues("unchanged").Inc()
@@ -214,6 +246,14 @@ func (u *Updater) flush(ctx context.Context) {
 	u.version.Set(float64(x.Version))
 	u.last = x
 	log.Debug("xds snapshot set", "mailboxes", len(x.Mailboxes), "runners", len(x.Runners))
+}
+
+func (u *Updater) markDone(gen uint64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.done = gen
+	close(u.doneCh)
+	u.doneCh = make(chan struct{})
 }
 
 func (u *Updater) stamp(version string, at time.Time) {

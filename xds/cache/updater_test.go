@@ -201,3 +201,59 @@ func TestUpdaterServesGoodPartOfInvalidState(t *testing.T) {
 		t.Fatalf("routes = %d, want 5", n)
 	}
 }
+
+// Pinned bug: the admin's feed waited for the version string of its update
+// to be served, and an update equal to the served state (a routes index that
+// moved without a route change) never is, so the next real change waited
+// out the feed's whole bound. Processed reports every outcome.
+func TestProcessedReportsEveryOutcome(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		second *ir.IR
+		result string
+		want   float64
+	}{
+		{name: "served", second: state(2, 2), result: "ok", want: 2},
+		{name: "unchanged", second: state(2, 1), result: "unchanged", want: 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := start(t)
+			before := h.clock.Arms()
+			first := h.u.Update(state(1, 1))
+			h.eventually(func() bool { return h.clock.Arms() > before }, "timer armed")
+			h.clock.Advance(10 * time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := h.u.Processed(ctx, first); err != nil {
+				t.Fatalf("first update: %v", err)
+			}
+			before = h.clock.Arms()
+			gen := h.u.Update(tc.second)
+			if gen != first+1 {
+				t.Fatalf("generation %d after %d", gen, first)
+			}
+			h.eventually(func() bool { return h.clock.Arms() > before }, "timer armed")
+			h.clock.Advance(10 * time.Millisecond)
+			if err := h.u.Processed(ctx, gen); err != nil {
+				t.Fatalf("second update (%s): %v", tc.name, err)
+			}
+			if got := h.translations(tc.result); got != tc.want {
+				t.Fatalf("%s translations = %v, want %v", tc.result, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestProcessedHonoursContext(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	gen := h.u.Update(state(1, 1))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := h.u.Processed(ctx, gen); err == nil {
+		t.Fatal("Processed returned nil for an update never flushed and a cancelled context")
+	}
+}
