@@ -13,9 +13,12 @@
 // xDS client refuses messages over 4 MiB, so routes carry nothing optional:
 // no names, no metadata, x-prism-* response headers only where the runner
 // does not set them itself: about 255 bytes per mailbox with 17-character
-// ids plus 215 per namespace alias (130 of it the header route, 72 of those
-// its response headers), 4.7 MB for 10,000 of each: past grpc-go's limit.
-// Sharding the table (a header-only one for grpc-go) is the next step.
+// ids plus about 145 per namespace alias. Namespace header routes carry no
+// x-prism-* response headers: grpc-go ignores them and the runner that
+// serves a namespace names the real mailbox and epoch itself, and the 72
+// bytes they cost per alias put 10,000 mailboxes with their aliases past
+// grpc-go's 4 MiB limit (TestRouteTableFitsGRPCLimit guards it). Sharding
+// the table (a header-only one for grpc-go) is the next step.
 //
 // Route order matters because the first match wins:
 //  1. per mailbox, header x-mailbox-id exact → its runner, adding
@@ -23,7 +26,7 @@
 //     /prism.mailbox.v1.MailboxQuery/...) matches after one cheap compare
 //     per mailbox;
 //  2. per namespace alias, header x-prism-namespace exact → the current
-//     mailbox's runner, with the same response headers. grpc-go ignores path
+//     mailbox's runner (the runner sets the response headers). grpc-go ignores path
 //     rewrites and request-header additions, so a gRPC call for a namespace
 //     can only be routed by a header it already carries, and the runner finds
 //     the namespace's mailbox itself. After the mailbox header routes, so a
@@ -243,7 +246,9 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		}
 		mr, ok := t.mailboxes[m]
 		if !ok {
-			mr = idRoutesPair{header: headerRoute(MailboxHeader, m.ID, m), path: mailboxPathRoutes(m)}
+			hr := headerRoute(MailboxHeader, m.ID, m)
+			hr.ResponseHeadersToAdd = whoAnswered(m)
+			mr = idRoutesPair{header: hr, path: mailboxPathRoutes(m)}
 			if err := mr.validate(); err != nil {
 				errs = append(errs, fmt.Errorf("mailbox %q routes: %w", m.ID, err))
 				continue
@@ -301,15 +306,14 @@ func validateRoutes(routes []*routev3.Route) error {
 }
 
 // headerRoute sends requests whose header name is exactly value to m's
-// runner, naming m and its epoch in the response.
+// runner.
 func headerRoute(name, value string, m ir.Mailbox) *routev3.Route {
 	return &routev3.Route{
 		Match: &routev3.RouteMatch{
 			PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
 			Headers:       []*routev3.HeaderMatcher{exactHeader(name, value)},
 		},
-		Action:               routeTo(m.RunnerID),
-		ResponseHeadersToAdd: whoAnswered(m),
+		Action: routeTo(m.RunnerID),
 	}
 }
 
