@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/xds"
+	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 )
@@ -128,10 +131,14 @@ func Start(cfg NodeConfig) (*Node, error) {
 	if cfg.XDS {
 		cp := xds.New(ctx, xds.Config{Registerer: reg, Log: cfg.Logger.With("node", cfg.Raft.ID)})
 		cp.Register(n.grpc)
-		feed := &xdsFeed{src: n.FSM, cp: cp, gateway: cfg.GatewayAddr, notFound: notFoundAddrs(addrs), resolve: net.DefaultResolver.LookupHost}
+		// Every node, leader or follower, serves xDS from its own FSM.
+		feed := xds.FollowConfig{
+			Gateway: ir.Gateway{Address: cfg.GatewayAddr}, NotFound: notFoundAddrs(addrs),
+			Resolve: net.DefaultResolver.LookupHost,
+		}
 		n.wg.Add(2)
 		go func() { defer n.wg.Done(); _ = cp.Run(ctx) }()
-		go func() { defer n.wg.Done(); feed.run(ctx) }()
+		go func() { defer n.wg.Done(); _ = cp.Follow(ctx, n.FSM, feed) }()
 	}
 	n.wg.Add(2)
 	go func() { defer n.wg.Done(); n.Server.Run(ctx) }()
@@ -191,4 +198,12 @@ func (n *Node) Stop(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// notFoundAddrs lists every admin node's gRPC address, sorted, so all nodes
+// build the same IR.
+func notFoundAddrs(addrs map[string]string) []string {
+	out := slices.Collect(maps.Values(addrs))
+	slices.Sort(out)
+	return slices.Compact(out)
 }

@@ -2,9 +2,6 @@ package server
 
 import (
 	"bytes"
-	"context"
-	"errors"
-	"slices"
 	"strconv"
 	"testing"
 
@@ -60,23 +57,5 @@ func TestXDSFollowsLeases(t *testing.T) {
 	}
 	if hasRunner("") {
 		t.Fatal("runner-a still has a cluster after the release")
-	}
-}
-
-func TestNotFoundIPs(t *testing.T) {
-	t.Parallel()
-	f := &xdsFeed{
-		notFound: []string{"admin-1.admin.prism.svc:8981", "10.0.0.2:8981", "0.0.0.0:8981", "[::]:8981", "gone.svc:8981", "no-port"},
-		resolve: func(_ context.Context, host string) ([]string, error) {
-			if host == "admin-1.admin.prism.svc" {
-				return []string{"10.0.0.9", "10.0.0.1"}, nil
-			}
-			return nil, errors.New("no such host")
-		},
-	}
-	got := f.notFoundIPs(context.Background())
-	want := []string{"10.0.0.1:8981", "10.0.0.2:8981"}
-	if !slices.Equal(got, want) {
-		t.Fatalf("notFoundIPs = %v, want %v", got, want)
 	}
 }

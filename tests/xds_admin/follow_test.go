@@ -93,7 +93,9 @@ func follow(t *testing.T, source func(*fsm.FSM) xds.Source) {
 	l := &log{t: t, f: fsm.New(), now: time.Unix(1_700_000_000, 0)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- cp.Follow(ctx, source(l.f), ir.Gateway{Address: "127.0.0.1:8080"}, []string{cp.Addr}) }()
+	go func() {
+		done <- cp.Follow(ctx, source(l.f), xds.FollowConfig{Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{cp.Addr}})
+	}()
 	defer func() { cancel(); <-done }()
 
 	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(cp.Addr, "follow-client"))

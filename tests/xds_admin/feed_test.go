@@ -1,4 +1,4 @@
-package server
+package xdsadmin
 
 import (
 	"context"
@@ -11,10 +11,11 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/prism-mesh/prism/xds"
+	"github.com/prism-mesh/prism/xds/ir"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// countingSource counts the feed's reads of a real FSM.
+// countingSource counts Follow's reads of a real FSM.
 type countingSource struct {
 	*fsm.FSM
 	routes, proxies atomic.Int64
@@ -31,8 +32,8 @@ func (c *countingSource) Proxies() ([]*adminv1.ProxyInfo, uint64) {
 }
 
 // A lease checkpoint (applied every second while runners heartbeat) makes
-// the feed look at the FSM again but not copy the routes; a grant does.
-func TestXDSFeedCopiesRoutesOnlyWhenTheyChange(t *testing.T) {
+// Follow look at the FSM again but not copy the routes; a grant does.
+func TestFollowCopiesRoutesOnlyWhenTheyChange(t *testing.T) {
 	t.Parallel()
 	f := fsm.New()
 	var index uint64
@@ -59,9 +60,12 @@ func TestXDSFeedCopiesRoutesOnlyWhenTheyChange(t *testing.T) {
 	cp := xds.New(ctx, xds.Config{})
 	go func() { _ = cp.Run(ctx) }()
 	src := &countingSource{FSM: f}
-	feed := &xdsFeed{src: src, cp: cp, gateway: "127.0.0.1:8080", resolve: func(context.Context, string) ([]string, error) { return nil, nil }}
+	cfg := xds.FollowConfig{
+		Gateway: ir.Gateway{Address: "127.0.0.1:8080"},
+		Resolve: func(context.Context, string) ([]string, error) { return nil, nil },
+	}
 	done := make(chan struct{})
-	go func() { defer close(done); feed.run(ctx) }()
+	go func() { defer close(done); _ = cp.Follow(ctx, src, cfg) }()
 	defer func() { cancel(); <-done }()
 
 	await := func(what string, cond func() bool) {
@@ -89,7 +93,7 @@ func TestXDSFeedCopiesRoutesOnlyWhenTheyChange(t *testing.T) {
 				ExpiresAt: timestamppb.New(now.Add(time.Minute)), LastHeartbeatAt: timestamppb.New(now),
 			}},
 		}}})
-		await("the feed to look at checkpoint "+strconv.Itoa(i), func() bool { return src.proxies.Load() > rounds })
+		await("Follow to look at checkpoint "+strconv.Itoa(i), func() bool { return src.proxies.Load() > rounds })
 		if got := src.routes.Load(); got != 1 {
 			t.Fatalf("checkpoint %d: %d route copies, want still 1", i, got)
 		}
