@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prism-mesh/prism/admin/fsm"
@@ -14,7 +13,6 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -22,37 +20,6 @@ import (
 // forwardedKey marks a call a follower re-issued on the leader, so the
 // leader never forwards it again (one hop).
 const forwardedKey = "x-prism-forwarded-by"
-
-// connPool keeps one client connection per leader address.
-type connPool struct {
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
-}
-
-func newConnPool() *connPool { return &connPool{conns: map[string]*grpc.ClientConn{}} }
-
-func (p *connPool) get(addr string) (*grpc.ClientConn, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if cc, ok := p.conns[addr]; ok {
-		return cc, nil
-	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, fmt.Errorf("connect to leader at %s: %w", addr, err)
-	}
-	p.conns[addr] = cc
-	return cc, nil
-}
-
-func (p *connPool) close() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for a, cc := range p.conns {
-		_ = cc.Close()
-		delete(p.conns, a)
-	}
-}
 
 func forwarded(ctx context.Context) bool {
 	md, ok := metadata.FromIncomingContext(ctx)
@@ -92,7 +59,7 @@ func leaderCall[Resp any](s *Server, ctx context.Context, method string,
 				lastErr = fmt.Errorf("gRPC address of leader %s unknown", l.LeaderID)
 				break
 			}
-			cc, err := s.pool.get(addr)
+			cc, err := s.pool.Get(addr)
 			if err != nil {
 				return zero, status.Error(codes.Internal, err.Error())
 			}

@@ -32,6 +32,7 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/internal/grpcpool"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -117,7 +118,7 @@ type Server struct {
 	log     *slog.Logger
 	metrics *Metrics
 	health  *health.Server
-	pool    *connPool
+	pool    grpcpool.Pool
 
 	mu    sync.Mutex
 	addrs map[string]string
@@ -139,7 +140,6 @@ func New(cfg Config) (*Server, error) {
 		lessor:   cfg.Lessor,
 		log:      cfg.Logger.With("node", cfg.Node.ID()),
 		health:   health.NewServer(),
-		pool:     newConnPool(),
 		addrs:    map[string]string{},
 		draining: make(chan struct{}),
 	}
@@ -176,7 +176,7 @@ func (s *Server) Drain() {
 // Close releases forwarding connections.
 func (s *Server) Close() {
 	s.health.Shutdown()
-	s.pool.close()
+	s.pool.Close()
 }
 
 // grpcAddr is a member's admin gRPC address: the replicated members table,

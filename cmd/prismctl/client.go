@@ -8,9 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prism-mesh/prism/internal/grpcpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -22,9 +22,10 @@ type client struct {
 	endpoints []string
 	attempt   time.Duration // per-call timeout on one endpoint
 
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
-	next  int // endpoint to try first: the last one that answered
+	conns grpcpool.Pool
+
+	mu   sync.Mutex
+	next int // endpoint to try first: the last one that answered
 }
 
 func newClient(admin string, attempt time.Duration) (*client, error) {
@@ -37,30 +38,10 @@ func newClient(admin string, attempt time.Duration) (*client, error) {
 	if len(eps) == 0 {
 		return nil, errors.New("no admin endpoints: set --admin host:port,... or PRISM_ADMIN")
 	}
-	return &client{endpoints: eps, attempt: attempt, conns: map[string]*grpc.ClientConn{}}, nil
+	return &client{endpoints: eps, attempt: attempt}, nil
 }
 
-func (c *client) conn(ep string) (*grpc.ClientConn, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cc, ok := c.conns[ep]; ok {
-		return cc, nil
-	}
-	cc, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, fmt.Errorf("admin endpoint %s: %w", ep, err)
-	}
-	c.conns[ep] = cc
-	return cc, nil
-}
-
-func (c *client) close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, cc := range c.conns {
-		_ = cc.Close()
-	}
-}
+func (c *client) close() { c.conns.Close() }
 
 // retryable: the node could not serve the call now, another might.
 func retryable(err error) bool {
@@ -84,7 +65,7 @@ func do[T any](ctx context.Context, c *client, f func(context.Context, *grpc.Cli
 		for i := range c.endpoints {
 			idx := (start + i) % len(c.endpoints)
 			ep := c.endpoints[idx]
-			cc, err := c.conn(ep)
+			cc, err := c.conns.Get(ep)
 			if err != nil {
 				return zero, err
 			}
