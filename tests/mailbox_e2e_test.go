@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/runner"
@@ -90,7 +91,7 @@ func TestMailboxEndToEnd(t *testing.T) {
 
 	// Consumed counts a record when its batch is fetched; only stored,
 	// dropped as a duplicate or dead-lettered says it has been handled.
-	waitFor(t, 60*time.Second, "all records handled", func() (bool, string) {
+	testwait.For(t, 60*time.Second, "all records handled", func() (bool, string) {
 		var handled float64
 		for _, name := range []string{"prism_mailbox_events_stored_total", "prism_mailbox_duplicates_dropped_total", "prism_mailbox_events_dead_lettered_total"} {
 			n, err := metric(httpBase, name, "mailbox="+mb)
@@ -101,7 +102,7 @@ func TestMailboxEndToEnd(t *testing.T) {
 		}
 		return handled == float64(len(recs)), fmt.Sprintf("handled %v of %d", handled, len(recs))
 	})
-	waitFor(t, 30*time.Second, "ready", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "ready", func() (bool, string) {
 		err := r.Ready()
 		return err == nil, fmt.Sprint(err)
 	})
@@ -175,7 +176,7 @@ func TestMailboxEndToEnd(t *testing.T) {
 		t.Errorf("metrics: stored %v (want %d), batch writes %v, http queries %v, grpc queries %v", stored, valid, writes, queries, grpcQueries)
 	}
 	// Every partition was consumed to its end, so the lag reads 0 on each.
-	waitFor(t, 10*time.Second, "zero lag", func() (bool, string) {
+	testwait.For(t, 10*time.Second, "zero lag", func() (bool, string) {
 		lag, err := metric(httpBase, "prism_mailbox_consumer_lag", "mailbox="+mb)
 		return err == nil && lag == 0, fmt.Sprintf("lag %v (%v)", lag, err)
 	})

@@ -98,22 +98,6 @@ func validEnvelope(id, topic string, ts time.Time) []byte {
 	return b
 }
 
-// waitFor polls cond until it holds or the deadline passes; cond's string
-// says what it saw, for the failure message.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	var last string
-	for time.Now().Before(deadline) {
-		var ok bool
-		if ok, last = cond(); ok {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %v waiting for %s; last: %s", d, what, last)
-}
-
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

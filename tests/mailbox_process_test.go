@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testwait"
 )
 
 // runnerProc is a `prism runner` process.
@@ -72,7 +73,7 @@ func envelopes(prefix, topic string, n int) ([]*kgo.Record, map[string]bool) {
 
 func waitStored(t *testing.T, p *runnerProc, mailbox string, want int, d time.Duration) {
 	t.Helper()
-	waitFor(t, d, fmt.Sprintf("%d events stored", want), func() (bool, string) {
+	testwait.For(t, d, fmt.Sprintf("%d events stored", want), func() (bool, string) {
 		n, err := p.stored(mailbox)
 		return err == nil && n == int64(want), fmt.Sprintf("%d stored (%v)", n, err)
 	})
@@ -92,7 +93,7 @@ func TestMailboxRunnerKill9(t *testing.T) {
 	dataDir := t.TempDir()
 	p := startRunnerProc(t, brokers, mailbox, dataDir, topic)
 	var before int64
-	waitFor(t, 120*time.Second, "ingest under way", func() (bool, string) {
+	testwait.For(t, 120*time.Second, "ingest under way", func() (bool, string) {
 		n, err := p.stored(mailbox)
 		before = n
 		return err == nil && n >= 1000, fmt.Sprintf("%d stored (%v)", n, err)
@@ -127,7 +128,7 @@ func TestMailboxRunnerSIGTERM(t *testing.T) {
 
 	dataDir := t.TempDir()
 	p := startRunnerProc(t, brokers, mailbox, dataDir, topic)
-	waitFor(t, 120*time.Second, "ingest under way", func() (bool, string) {
+	testwait.For(t, 120*time.Second, "ingest under way", func() (bool, string) {
 		n, err := p.stored(mailbox)
 		return err == nil && n >= 1000, fmt.Sprintf("%d stored (%v)", n, err)
 	})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -207,7 +208,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 		}()
 	}
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acks) }
-	waitFor(t, 30*time.Second, "load before the kill", func() (bool, string) { return count() >= 50, fmt.Sprint(count()) })
+	testwait.For(t, 30*time.Second, "load before the kill", func() (bool, string) { return count() >= 50, fmt.Sprint(count()) })
 
 	oldTerm := mustStatus(t, c.nodes[lead]).GetTerm()
 	killed := lead
@@ -220,7 +221,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 		t.Fatalf("term %d not after %d", term, oldTerm)
 	}
 	before := count()
-	waitFor(t, 30*time.Second, "load after the failover", func() (bool, string) { return count() >= before+50, fmt.Sprint(count()) })
+	testwait.For(t, 30*time.Second, "load after the failover", func() (bool, string) { return count() >= before+50, fmt.Sprint(count()) })
 	stopLoad()
 	wg.Wait()
 
@@ -257,7 +258,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	// leases expire now that nobody heartbeats them, so compare the rest.)
 	c.start(killed)
 	var target uint64
-	waitFor(t, 60*time.Second, "the restarted node to catch up", func() (bool, string) {
+	testwait.For(t, 60*time.Second, "the restarted node to catch up", func() (bool, string) {
 		target = mustStatus(t, c.nodes[newLead]).GetCommitIndex()
 		st, err := c.nodes[killed].status(ctx)
 		if err != nil {
@@ -340,7 +341,7 @@ func TestMembershipThroughPrismctl(t *testing.T) {
 		return string(out)
 	}
 	prismctl("member", "add", joiner.id, joiner.raftAddr, joiner.grpcAddr)
-	waitFor(t, 30*time.Second, "the joiner to replicate", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "the joiner to replicate", func() (bool, string) {
 		r, err := joiner.admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "before-join"})
 		return err == nil && r.GetNamespace() != nil, fmt.Sprint(err)
 	})
@@ -352,7 +353,7 @@ func TestMembershipThroughPrismctl(t *testing.T) {
 		t.Fatalf("write through the joiner: %v", err)
 	}
 	prismctl("member", "remove", joiner.id)
-	waitFor(t, 30*time.Second, "the member list to shrink", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "the member list to shrink", func() (bool, string) {
 		st := mustStatus(t, c.nodes[c.leader(j)])
 		return len(st.GetMembers()) == 3, fmt.Sprint(st.GetMembers())
 	})
@@ -381,7 +382,7 @@ func TestPartitionedLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.isolate(old, false)
-	waitFor(t, 30*time.Second, "the old leader to follow and catch up", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "the old leader to follow and catch up", func() (bool, string) {
 		st, err := c.nodes[old].status(ctx)
 		if err != nil {
 			return false, err.Error()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prism-mesh/prism/internal/faultproxy"
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -193,29 +194,12 @@ func (n *node) status(ctx context.Context) (*adminv1.GetClusterStatusResponse, e
 	return n.admin().GetClusterStatus(ctx, &adminv1.GetClusterStatusRequest{})
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	last := ""
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		last = why
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %s", d, what, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // leader waits until the running nodes (except those in skip) agree on one
 // leader that reports itself as such, and returns its index.
 func (c *cluster) leader(skip ...int) int {
 	c.t.Helper()
 	idx := -1
-	waitFor(c.t, 30*time.Second, "an agreed leader", func() (bool, string) {
+	testwait.For(c.t, 30*time.Second, "an agreed leader", func() (bool, string) {
 		ids := map[string]int{}
 		var seen []string
 		for i, n := range c.nodes {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -37,7 +38,7 @@ func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
 	// Every original node lists the joiner with its gRPC address, and the
 	// bootstrap rows for the static members.
 	for i := range 3 {
-		waitFor(t, 30*time.Second, c.nodes[i].id+" to know every member's gRPC address", func() (bool, string) {
+		testwait.For(t, 30*time.Second, c.nodes[i].id+" to know every member's gRPC address", func() (bool, string) {
 			st, err := c.nodes[i].status(ctx)
 			if err != nil {
 				return false, err.Error()
@@ -63,7 +64,7 @@ func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
 			}
 		}
 	}
-	waitFor(t, 60*time.Second, "the joiner to lead", func() (bool, string) {
+	testwait.For(t, 60*time.Second, "the joiner to lead", func() (bool, string) {
 		st, err := joiner.status(ctx)
 		if err != nil {
 			return false, err.Error()

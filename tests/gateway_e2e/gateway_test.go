@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prism-mesh/prism/internal/testwait"
 )
 
 // stats asks the gateway for a mailbox's stats and describes the answer.
@@ -26,7 +28,7 @@ func stats(gw *gatewayProc, mailbox string) (code int, events int64, epoch strin
 func served(t *testing.T, gw *gatewayProc, mailbox string, wantEvents int64) string {
 	t.Helper()
 	var epoch string
-	waitFor(t, 60*time.Second, mailbox+" served through the gateway", func() (bool, string) {
+	testwait.For(t, 60*time.Second, mailbox+" served through the gateway", func() (bool, string) {
 		code, events, e, body := stats(gw, mailbox)
 		epoch = e
 		return code == 200 && e != "" && (wantEvents < 0 || events == wantEvents), fmt.Sprint(code, " ", body)
@@ -105,7 +107,7 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 	// The old leader comes back, so two nodes remain a quorum once the
 	// gateway's own node dies.
 	leader.restart(t)
-	waitFor(t, 60*time.Second, "a leader with the old one back", func() (bool, string) {
+	testwait.For(t, 60*time.Second, "a leader with the old one back", func() (bool, string) {
 		return leaderOf(admins) != nil, "no leader"
 	})
 	followers[0].kill()
@@ -116,7 +118,7 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
-	waitFor(t, 60*time.Second, "the gateway on another admin node", func() (bool, string) {
+	testwait.For(t, 60*time.Second, "the gateway on another admin node", func() (bool, string) {
 		c := connectedTo(admins)
 		return c != nil && c != followers[0], fmt.Sprint(c)
 	})
@@ -131,11 +133,11 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 	if err := sidecar.term(15 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "released mailbox 404 from the mesh", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "released mailbox 404 from the mesh", func() (bool, string) {
 		code, _, _, body := stats(gw, "audit@proxy-1")
 		return code == 404 && strings.Contains(body, "no live lease"), fmt.Sprint(code, " ", body)
 	})
-	waitFor(t, 30*time.Second, "released namespace 404 from the mesh", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "released namespace 404 from the mesh", func() (bool, string) {
 		code, body, _, err := get("http://" + gw.httpAddr + "/v1/namespaces/audit/stats")
 		return code == 404 && strings.Contains(body, `namespace \"audit\" is not routed`), fmt.Sprint(code, " ", body, err)
 	})
@@ -151,7 +153,7 @@ func sameByNamespace(t *testing.T, gw *gatewayProc, ns, mailbox string) {
 	t.Helper()
 	base := "http://" + gw.httpAddr
 	for _, path := range []string{"/stats", "/events?limit=3", "/events/audit.events-0002"} {
-		waitFor(t, 60*time.Second, "namespace "+ns+path+" served as its mailbox", func() (bool, string) {
+		testwait.For(t, 60*time.Second, "namespace "+ns+path+" served as its mailbox", func() (bool, string) {
 			code, body, hdr, err := get(base + "/v1/namespaces/" + ns + path)
 			wantCode, wantBody, wantHdr, _ := get(base + "/v1/mailboxes/" + mailbox + path)
 			return err == nil && code == 200 && code == wantCode && body == wantBody &&

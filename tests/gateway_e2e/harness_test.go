@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
@@ -118,20 +119,6 @@ func (p *proc) tail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	var last string
-	for time.Now().Before(deadline) {
-		var ok bool
-		if ok, last = cond(); ok {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %v waiting for %s; last: %s", d, what, last)
-}
-
 // ---- Kafka ----
 
 func startKafka(t *testing.T, topics ...string) []string {
@@ -209,7 +196,7 @@ func startAdmins(t *testing.T) []*adminNode {
 		t.Cleanup(func() { cc.Close() })
 		n.cc = cc
 	}
-	waitFor(t, 60*time.Second, "an admin leader", func() (bool, string) {
+	testwait.For(t, 60*time.Second, "an admin leader", func() (bool, string) {
 		return leaderOf(nodes) != nil, "no leader"
 	})
 	return nodes
@@ -236,7 +223,7 @@ func leaderOf(nodes []*adminNode) *adminNode {
 func createNamespace(t *testing.T, nodes []*adminNode, ns, topic string) {
 	t.Helper()
 	lease := &adminv1.LeaseConfig{Ttl: durationpb.New(3 * time.Second), Grace: durationpb.New(2 * time.Second), HeartbeatInterval: durationpb.New(500 * time.Millisecond)}
-	waitFor(t, 60*time.Second, "namespace "+ns+" created", func() (bool, string) {
+	testwait.For(t, 60*time.Second, "namespace "+ns+" created", func() (bool, string) {
 		var errs []string
 		for _, n := range nodes {
 			if !n.alive() {
@@ -267,7 +254,7 @@ func startRunner(t *testing.T, brokers []string) *runnerProc {
 	r.proc = startProc(t, "runner", "runner", "--kafka", strings.Join(brokers, ","), "--data-dir", t.TempDir(),
 		"--grpc-addr", r.queryAddr, "--http-addr", r.httpAddr, "--control-addr", r.controlAddr,
 		"--batch-wait", "20ms", "--log-format", "json")
-	waitFor(t, 30*time.Second, "runner /healthz", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "runner /healthz", func() (bool, string) {
 		code, _, _, err := get("http://" + r.httpAddr + "/healthz")
 		return err == nil && code == 200, fmt.Sprint(code, err)
 	})

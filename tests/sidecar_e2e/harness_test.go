@@ -33,6 +33,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
@@ -172,20 +173,6 @@ func (p *proc) logTime(msg string) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	var last string
-	for time.Now().Before(deadline) {
-		var ok bool
-		if ok, last = cond(); ok {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %v waiting for %s; last: %s", d, what, last)
-}
-
 // ---- Kafka ----
 
 func startKafka(t *testing.T) []string {
@@ -290,7 +277,7 @@ func startAdmin(t *testing.T, size int) []*adminNode {
 		t.Cleanup(func() { cc.Close() })
 		n.cc = cc
 	}
-	waitFor(t, 60*time.Second, "an admin leader", func() (bool, string) {
+	testwait.For(t, 60*time.Second, "an admin leader", func() (bool, string) {
 		l := leaderOf(nodes)
 		return l != nil, "no leader"
 	})
@@ -317,7 +304,7 @@ func leaderOf(nodes []*adminNode) *adminNode {
 
 func createNamespace(t *testing.T, n *adminNode) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "namespace created", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "namespace created", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_, err := n.control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: namespace, Config: &adminv1.NamespaceConfig{
@@ -372,7 +359,7 @@ func startRunner(t *testing.T, name string, brokers []string) *runnerProc {
 	r.proc = startProc(t, name, "runner", "--kafka", strings.Join(brokers, ","), "--data-dir", t.TempDir(),
 		"--grpc-addr", r.grpcAddr, "--http-addr", r.httpAddr, "--control-addr", r.controlAddr,
 		"--batch-wait", "20ms", "--log-format", "json")
-	waitFor(t, 30*time.Second, name+" /healthz", func() (bool, string) {
+	testwait.For(t, 30*time.Second, name+" /healthz", func() (bool, string) {
 		code, _, err := get("http://" + r.httpAddr + "/healthz")
 		return err == nil && code == 200, fmt.Sprint(code, err)
 	})

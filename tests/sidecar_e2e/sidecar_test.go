@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/internal/faultproxy"
+	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -46,7 +47,7 @@ func grpcAddrs(ns []*adminNode) []string {
 func (e *env) heldBy(t *testing.T, n *adminNode, runnerID string, r *runnerProc, after uint64) uint64 {
 	t.Helper()
 	var epoch uint64
-	waitFor(t, 30*time.Second, "lease held by "+runnerID+" and served", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "lease held by "+runnerID+" and served", func() (bool, string) {
 		l, err := lease(n)
 		if err != nil || l == nil || l.GetRunnerId() != runnerID || l.GetEpoch() <= after {
 			return false, fmt.Sprintf("lease %v err %v", l, err)
@@ -73,18 +74,18 @@ func startAndSIGTERM(t *testing.T, size int) {
 	e := setup(t, size, grpcAddrs)
 	// Reads go to the leader so that linearizable reads see the release.
 	var admin *adminNode
-	waitFor(t, 30*time.Second, "leader", func() (bool, string) { admin = leaderOf(e.admins); return admin != nil, "" })
+	testwait.For(t, 30*time.Second, "leader", func() (bool, string) { admin = leaderOf(e.admins); return admin != nil, "" })
 	epoch := e.heldBy(t, admin, "runner-a", e.runner, 0)
 	held := e.tl.mark("lease held, epoch %d", epoch)
 	rt, err := route(admin)
 	if err != nil || rt == nil || rt.GetRunnerAddress() != e.runner.grpcAddr || rt.GetEpoch() != epoch {
 		t.Fatalf("route %v (err %v), want %s at epoch %d", rt, err, e.runner.grpcAddr, epoch)
 	}
-	waitFor(t, 10*time.Second, "sidecar ready", e.sidecar.ready)
+	testwait.For(t, 10*time.Second, "sidecar ready", e.sidecar.ready)
 
 	const n = 200
 	produce(t, e.brokers, "ev", n)
-	waitFor(t, 30*time.Second, "events stored", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "events stored", func() (bool, string) {
 		_, _, stored, err := e.runner.mailboxStats()
 		return stored == n, fmt.Sprint(stored, err)
 	})
@@ -95,7 +96,7 @@ func startAndSIGTERM(t *testing.T, size int) {
 	}
 	exited := e.tl.mark("sidecar exited")
 	var gone time.Time
-	waitFor(t, 5*time.Second, "lease and route gone", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "lease and route gone", func() (bool, string) {
 		l, err1 := lease(admin)
 		r, err2 := route(admin)
 		if err1 != nil || err2 != nil || l != nil || r != nil {
@@ -114,7 +115,7 @@ func startAndSIGTERM(t *testing.T, size int) {
 	if got := committed(t, e.brokers, mailboxID); got != n {
 		t.Fatalf("committed offsets sum to %d, want %d: the drain must commit before the release", got, n)
 	}
-	waitFor(t, 5*time.Second, "runner no longer serving the released mailbox", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "runner no longer serving the released mailbox", func() (bool, string) {
 		code, _, _, err := e.runner.mailboxStats()
 		return code == 404, fmt.Sprint(code, err)
 	})
@@ -158,7 +159,7 @@ func TestSidecarKill9FencesBeforeRegrant(t *testing.T) {
 
 	var fenced, granted time.Time
 	var epochB uint64
-	waitFor(t, ttl+grace+15*time.Second, "runner-a fenced and lease re-granted to runner-b", func() (bool, string) {
+	testwait.For(t, ttl+grace+15*time.Second, "runner-a fenced and lease re-granted to runner-b", func() (bool, string) {
 		if fenced.IsZero() {
 			if code, _, _, _ := e.runner.mailboxStats(); code == 404 {
 				fenced = e.tl.mark("runner-a stopped serving")
@@ -233,7 +234,7 @@ func TestSidecarAdminPartition(t *testing.T) {
 	e.tl.mark("restored")
 	// A few heartbeats after the restore, still the same lease, no loss.
 	hbs, _ := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
-	waitFor(t, 10*time.Second, "heartbeats renewed again", func() (bool, string) {
+	testwait.For(t, 10*time.Second, "heartbeats renewed again", func() (bool, string) {
 		v, err := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
 		return v >= hbs+3, fmt.Sprint(v, err)
 	})
@@ -248,7 +249,7 @@ func TestSidecarAdminPartition(t *testing.T) {
 	cut := e.tl.mark("blackhole for %v", long)
 	fp.Blackhole()
 	var fenced time.Time
-	waitFor(t, long, "runner fenced", func() (bool, string) {
+	testwait.For(t, long, "runner fenced", func() (bool, string) {
 		code, _, _, err := e.runner.mailboxStats()
 		if code == 404 {
 			fenced = e.tl.mark("runner fenced")
@@ -257,7 +258,7 @@ func TestSidecarAdminPartition(t *testing.T) {
 	})
 	// The runner's own deadline and the sidecar's timer both fire at ttl
 	// after the last acknowledged send; either may come first.
-	waitFor(t, 5*time.Second, "sidecar not ready while fenced", func() (bool, string) {
+	testwait.For(t, 5*time.Second, "sidecar not ready while fenced", func() (bool, string) {
 		ok, got := e.sidecar.ready()
 		return !ok, got
 	})
@@ -269,7 +270,7 @@ func TestSidecarAdminPartition(t *testing.T) {
 	e.tl.mark("restored")
 	epoch2 := e.heldBy(t, admin, "runner-a", e.runner, epoch)
 	e.tl.mark("serving again, epoch %d", epoch2)
-	waitFor(t, 10*time.Second, "sidecar ready again", e.sidecar.ready)
+	testwait.For(t, 10*time.Second, "sidecar ready again", e.sidecar.ready)
 	t.Logf("timeline:\n%s", e.tl)
 	if v, err := metric(base, "prism_sidecar_lease_losses_total", `reason="ttl_elapsed"`); err != nil || v < 1 {
 		t.Fatalf("ttl_elapsed losses %v %v", v, err)
@@ -315,7 +316,7 @@ func TestSidecarAdminLeaderKilled(t *testing.T) {
 	// On a loaded machine the survivors' leadership can flap for a moment
 	// (fast raft timing); what matters is that one of them leads.
 	var newLeader *adminNode
-	waitFor(t, 15*time.Second, "a survivor leads", func() (bool, string) {
+	testwait.For(t, 15*time.Second, "a survivor leads", func() (bool, string) {
 		newLeader = leaderOf(survivors)
 		return newLeader != nil, "no survivor reports Leader"
 	})
@@ -347,7 +348,7 @@ func TestSidecarUnassign(t *testing.T) {
 	epoch := e.heldBy(t, admin, "runner-a", e.runner, 0)
 	const n = 50
 	produce(t, e.brokers, "un", n)
-	waitFor(t, 30*time.Second, "events stored", func() (bool, string) {
+	testwait.For(t, 30*time.Second, "events stored", func() (bool, string) {
 		_, _, stored, err := e.runner.mailboxStats()
 		return stored == n, fmt.Sprint(stored, err)
 	})
@@ -357,7 +358,7 @@ func TestSidecarUnassign(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.tl.mark("namespace deleted")
-	waitFor(t, 10*time.Second, "lease, route and mailbox gone", func() (bool, string) {
+	testwait.For(t, 10*time.Second, "lease, route and mailbox gone", func() (bool, string) {
 		l, err1 := lease(admin)
 		r, err2 := route(admin)
 		code, _, _, _ := e.runner.mailboxStats()
@@ -371,5 +372,5 @@ func TestSidecarUnassign(t *testing.T) {
 	if !e.sidecar.logHas("lease released", `"cause":"unassigned"`, fmt.Sprintf(`"epoch":%d`, epoch)) {
 		t.Fatalf("no release logged:\n%s", e.sidecar.tail(20))
 	}
-	waitFor(t, 5*time.Second, "sidecar ready with nothing assigned", e.sidecar.ready)
+	testwait.For(t, 5*time.Second, "sidecar ready with nothing assigned", e.sidecar.ready)
 }
