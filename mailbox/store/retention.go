@@ -152,9 +152,10 @@ func (s *Store) deleteChunk(vs []victim) error {
 }
 
 func (s *Store) deleteTxn(vs []victim) error {
+	s.settle()
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
-	m := s.m // only writers change s.m, and the caller holds wmu
+	m := s.wm
 	for _, v := range vs {
 		for _, k := range v.keys {
 			if err := txn.Delete(k); err != nil {
@@ -170,6 +171,7 @@ func (s *Store) deleteTxn(vs []victim) error {
 	if err := txn.Commit(); err != nil {
 		return fmt.Errorf("commit deletes: %w", err)
 	}
+	s.wm = m
 	s.setMeta(m)
 	return nil
 }

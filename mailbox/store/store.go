@@ -67,8 +67,12 @@ type Store struct {
 	db   *badger.DB
 
 	// wmu serializes Write and retention's delete transactions: dedup checks and counters are only correct with
-	// one writer.
-	wmu sync.Mutex
+	// one writer. It also guards the write pipeline (write.go): wm, the counters as of the last group sent (m is
+	// as of the last one durable), the flight Badger is writing, and the spare transaction opened before it.
+	wmu      sync.Mutex
+	wm       meta
+	inflight *flight
+	spare    *badger.Txn
 	// rmu serializes retention passes.
 	rmu sync.Mutex
 	// qmu guards queue: Writes waiting for wmu, committed together by the next holder.
@@ -143,6 +147,7 @@ func Open(opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: read counters: %w", opts.Dir, err)
 	}
+	s.wm = s.m
 	if err := s.fixModes(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store: %w", err)
@@ -152,6 +157,9 @@ func Open(opts Options) (*Store, error) {
 
 // Close releases the store.
 func (s *Store) Close() error {
+	s.wmu.Lock()
+	s.settle()
+	s.wmu.Unlock()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close store %s: %w", s.opts.Dir, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -423,26 +424,110 @@ func FuzzDecodeRecord(f *testing.F) {
 	})
 }
 
+func req(items ...*mailboxv1.MailboxItem) *writeReq {
+	return &writeReq{items: items, enc: encodeItems(items)}
+}
+
+// sendAndWait sends group as one flight, with wmu held as Write holds it, and waits for it.
+func sendAndWait(s *Store, group ...*writeReq) {
+	s.wmu.Lock()
+	s.sendGroup(group)
+	s.wmu.Unlock()
+	for _, r := range group {
+		if r.f != nil {
+			<-r.f.done
+			if r.f.err != nil {
+				r.err = r.f.err
+			}
+		}
+	}
+}
+
 // TestWriteGroup: batches committed together keep their own counts, and dedup runs across them in queue order.
 func TestWriteGroup(t *testing.T) {
 	t.Parallel()
 	s := openMem(t, Options{})
 	mustWrite(t, s, item("stored", 1))
 	group := []*writeReq{
-		{items: []*mailboxv1.MailboxItem{item("a", 2), item("stored", 1)}},
-		{items: []*mailboxv1.MailboxItem{item("a", 2), item("b", 3), item("b", 3)}},
-		{items: []*mailboxv1.MailboxItem{item("c", 4)}},
+		req(item("a", 2), item("stored", 1)),
+		req(item("a", 2), item("b", 3), item("b", 3)),
+		req(item("c", 4)),
 	}
-	s.wmu.Lock()
-	s.writeGroup(group)
-	s.wmu.Unlock()
+	sendAndWait(s, group...)
 	want := []WriteResult{{Stored: 1, Duplicates: 1}, {Stored: 1, Duplicates: 2}, {Stored: 1}}
 	for i, r := range group {
-		if !r.done || r.err != nil || r.res != want[i] {
-			t.Errorf("batch %d: done %v, %+v, %v; want %+v", i, r.done, r.res, r.err, want[i])
+		if !r.taken || r.err != nil || r.res != want[i] {
+			t.Errorf("batch %d: taken %v, %+v, %v; want %+v", i, r.taken, r.res, r.err, want[i])
 		}
 	}
 	if n := len(rawKeys(t, s)[prefixItem]); n != 4 {
 		t.Errorf("%d items stored, want 4", n)
+	}
+}
+
+// TestPipelinedGroupDedupsTheGroupInFlight: the group after a flight fills the spare transaction, opened before
+// that flight was sent and so blind to it; the flight's ids must still count as stored.
+func TestPipelinedGroupDedupsTheGroupInFlight(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	first, second := req(item("a", 1), item("b", 2)), req(item("b", 2), item("c", 3))
+	s.wmu.Lock()
+	s.sendGroup([]*writeReq{first})
+	if s.spare == nil || s.inflight != first.f {
+		s.wmu.Unlock()
+		t.Fatalf("after a send: spare %v, inflight %p (want the first flight %p)", s.spare, s.inflight, first.f)
+	}
+	s.sendGroup([]*writeReq{second})
+	s.wmu.Unlock()
+	for _, r := range []*writeReq{first, second} {
+		<-r.f.done
+		if r.f.err != nil {
+			t.Fatal(r.f.err)
+		}
+	}
+	if want := (WriteResult{Stored: 1, Duplicates: 1}); second.res != want {
+		t.Errorf("second group %+v, want %+v", second.res, want)
+	}
+	if n := len(rawKeys(t, s)[prefixItem]); n != 3 {
+		t.Errorf("%d items stored, want 3", n)
+	}
+	st, err := s.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetTotalEvents() != 3 {
+		t.Errorf("stats count %d events, want 3", st.GetTotalEvents())
+	}
+}
+
+// TestGroupAfterAFailedFlightFails: a group whose dedup and counters assumed the flight before it fails when that
+// flight failed, sends nothing, and the next write starts again from what is durable.
+func TestGroupAfterAFailedFlightFails(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	mustWrite(t, s, item("a", 1))
+	// The state a failed flight of item "b" leaves: its counters and id assumed, its commit failed.
+	failed := &flight{ids: map[string]struct{}{"b": {}}, done: make(chan struct{}), err: errors.New("disk gone")}
+	close(failed.done)
+	s.wmu.Lock()
+	s.settle()
+	s.inflight, s.spare = failed, s.db.NewTransaction(true)
+	s.wm.events++
+	s.wm.seq++
+	s.wmu.Unlock()
+
+	_, err := s.Write(context.Background(), []*mailboxv1.MailboxItem{item("b", 2), item("c", 3)})
+	if err == nil || !strings.Contains(err.Error(), "disk gone") {
+		t.Fatalf("write after a failed flight: %v, want the flight's error", err)
+	}
+	if res := mustWrite(t, s, item("b", 2), item("c", 3)); res != (WriteResult{Stored: 2}) {
+		t.Errorf("retry %+v, want both stored", res)
+	}
+	st, err := s.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetTotalEvents() != 3 || len(rawKeys(t, s)[prefixItem]) != 3 {
+		t.Errorf("stats %d events, %d items stored; want 3 and 3", st.GetTotalEvents(), len(rawKeys(t, s)[prefixItem]))
 	}
 }

@@ -13,14 +13,22 @@ import (
 // offsets covering them. An item whose message_id is already stored (or repeated earlier in the same batch) is
 // skipped and counted as a duplicate: redelivery never creates a second item.
 //
-// A batch is one Badger transaction and so one fsync; measured on the 2-core bench machine, splitting it into
-// pipelined sub-transactions bought no throughput and cost an fsync each. Concurrent Writes (one per Kafka
-// partition claim) are committed together: the caller that gets the write lock takes every queued batch into
-// its transaction, so claims waiting on each other share one fsync. Each batch stays all-or-nothing, and dedup
-// runs across them in queue order. A group too big for one transaction falls back to one transaction per batch,
-// and a batch too big on its own (beyond 15% of Badger's 64 MiB memtable: tens of thousands of items) is split
-// in halves committed in turn; a crash between them leaves a prefix stored, which redelivery completes without
-// duplicates.
+// Concurrent Writes (one per Kafka partition claim) are committed together: the caller that gets the write lock
+// takes every queued batch into one transaction, so claims waiting on each other share one fsync. Each batch
+// stays all-or-nothing, and dedup runs across them in queue order.
+//
+// Groups are pipelined: Badger writes on a single goroutine, so while it writes and syncs one group the next
+// group's transaction is already being filled (records and keys are encoded before the lock, dedup lookups and
+// Sets under it), and is handed over the moment the previous one is durable. Two things make that safe:
+//   - a Badger transaction opened after another was sent waits until that one is applied, so the transaction for
+//     the next group (the spare) is opened before the current group is sent; its reads cannot see the group in
+//     flight, whose message ids the next group checks in memory instead;
+//   - a group is sent only once the previous one is durable, and fails if that one failed (its dedup assumed the
+//     previous group's items exist), so counters and dedup never build on a write that did not happen.
+//
+// A group too big for one transaction falls back to one transaction per batch, and a batch too big on its own
+// (beyond 15% of Badger's 64 MiB memtable: tens of thousands of items) is split in halves committed in turn; a
+// crash between them leaves a prefix stored, which redelivery completes without duplicates.
 func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (WriteResult, error) {
 	for i, it := range items {
 		if it == nil {
@@ -33,104 +41,188 @@ func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (Writ
 	if err := ctx.Err(); err != nil {
 		return WriteResult{}, err
 	}
-	req := &writeReq{items: items}
+	req := &writeReq{items: items, enc: encodeItems(items)}
 	s.qmu.Lock()
 	s.queue = append(s.queue, req)
 	s.qmu.Unlock()
 	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if !req.done {
+	if !req.taken {
 		s.qmu.Lock()
 		group := s.queue
 		s.queue = nil
 		s.qmu.Unlock()
-		s.writeGroup(group)
+		s.sendGroup(group)
+	}
+	s.wmu.Unlock()
+	if req.f != nil {
+		<-req.f.done
+		if req.f.err != nil {
+			return WriteResult{}, req.f.err
+		}
 	}
 	return req.res, req.err
 }
 
-// writeReq is one queued Write; res, err and done are set by whichever Write commits it, with wmu held.
+// writeReq is one queued Write. taken, res, err and f are set by whichever Write takes it into a group, with wmu
+// held; the result stands once f (if set) is done.
 type writeReq struct {
 	items []*mailboxv1.MailboxItem
+	enc   []encoded
+	taken bool
 	res   WriteResult
 	err   error
-	done  bool
+	f     *flight
 }
 
-func (s *Store) writeGroup(group []*writeReq) {
-	batches := make([][]*mailboxv1.MailboxItem, len(group))
-	for i, r := range group {
-		batches[i] = r.items
-	}
-	res, err := s.writeTxn(batches)
-	for i, r := range group {
-		r.done = true
-		switch {
-		case err == nil:
-			r.res = res[i]
-		case errors.Is(err, badger.ErrTxnTooBig):
-			r.res, r.err = s.writeChunk(r.items)
-		default:
-			r.err = err
+// encoded is an item's record and keys, built before the write lock; the keys' position bytes are filled in
+// under it, once the item's sequence number is known.
+type encoded struct {
+	rec  []byte
+	keys [][]byte
+}
+
+func encodeItems(items []*mailboxv1.MailboxItem) []encoded {
+	enc := make([]encoded, len(items))
+	for i, it := range items {
+		enc[i] = encoded{
+			rec:  encodeRecord(it),
+			keys: itemKeys(pos{}, it.GetMessageId(), it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId()),
 		}
 	}
+	return enc
 }
 
-func (s *Store) writeChunk(items []*mailboxv1.MailboxItem) (WriteResult, error) {
-	res, err := s.writeTxn([][]*mailboxv1.MailboxItem{items})
-	if err == nil {
-		return res[0], nil
+// setPos writes p into the keys built by itemKeys: after the prefix of the primary key, and at the end of every
+// index key.
+func setPos(keys [][]byte, p pos) {
+	copy(keys[0][1:], p[:])
+	for _, k := range keys[2:] {
+		copy(k[len(k)-posLen:], p[:])
 	}
-	if !errors.Is(err, badger.ErrTxnTooBig) || len(items) < 2 {
-		return WriteResult{}, err
-	}
-	half := len(items) / 2
-	a, err := s.writeChunk(items[:half])
-	if err != nil {
-		return a, err
-	}
-	b, err := s.writeChunk(items[half:])
-	return WriteResult{Stored: a.Stored + b.Stored, Duplicates: a.Duplicates + b.Duplicates}, err
 }
 
-// writeTxn writes batches in one transaction, in order, and counts each batch's items; it must be called with
-// wmu held.
-func (s *Store) writeTxn(batches [][]*mailboxv1.MailboxItem) ([]WriteResult, error) {
-	res := make([]WriteResult, len(batches))
-	txn := s.db.NewTransaction(true)
-	defer txn.Discard()
-	m := s.m // only writers change s.m, and wmu is held
-	seen := map[string]struct{}{}
+// flight is a group sent to Badger. done closes once it is durable (err nil) or failed.
+type flight struct {
+	ids  map[string]struct{} // message ids it stores, for the dedup of the group after it
+	done chan struct{}
+	err  error
+}
+
+// sendGroup fills a transaction with group and sends it to Badger once the previous flight is durable; it must be
+// called with wmu held.
+func (s *Store) sendGroup(group []*writeReq) {
+	for _, r := range group {
+		r.taken = true
+	}
+	prev, txn := s.inflight, s.spare
+	s.spare = nil
+	if txn == nil {
+		// Without a spare, a new transaction waits for every commit sent, so nothing is in flight any more.
+		s.settle()
+		prev, txn = nil, s.db.NewTransaction(true)
+	}
+	m := s.wm
+	f := &flight{ids: map[string]struct{}{}, done: make(chan struct{})}
+	res, stored, err := fill(txn, group, prev, &m, f.ids)
+	if err == nil && stored > 0 {
+		err = txn.Set(metaKey, m.encode())
+	}
+	if errors.Is(err, badger.ErrTxnTooBig) {
+		txn.Discard()
+		s.settle()
+		s.writeEach(group)
+		return
+	}
+	if err == nil && prev != nil {
+		// Badger is writing prev; ours is ready to follow it.
+		<-prev.done
+		s.inflight = nil
+		if prev.err != nil {
+			s.wm = s.m
+			err = fmt.Errorf("write: an earlier write this one depends on failed: %w", prev.err)
+		}
+	}
+	if err != nil || stored == 0 {
+		txn.Discard()
+		for i, r := range group {
+			r.res, r.err = res[i], err
+		}
+		return
+	}
+	// Every commit sent so far is applied, so this does not wait; it will not see the group sent next.
+	s.spare = s.db.NewTransaction(true)
+	s.wm = m
+	s.inflight = f
+	for i, r := range group {
+		r.res, r.f = res[i], f
+	}
+	txn.CommitWith(func(err error) {
+		if err != nil {
+			f.err = fmt.Errorf("write: commit: %w", err)
+		} else {
+			s.setMeta(m)
+		}
+		close(f.done)
+	})
+}
+
+// settle waits for the flight in progress and drops the spare transaction, so that what runs next under wmu
+// reads and writes the store as it is on disk; it must be called with wmu held.
+func (s *Store) settle() {
+	if f := s.inflight; f != nil {
+		<-f.done
+		s.inflight = nil
+		if f.err != nil {
+			s.wm = s.m
+		}
+	}
+	if s.spare != nil {
+		s.spare.Discard()
+		s.spare = nil
+	}
+}
+
+// fill dedups group's items (against each other, the flight prev that txn cannot see, and txn) and sets the keys
+// of the new ones in txn, advancing m and recording their ids in ids.
+func fill(txn *badger.Txn, group []*writeReq, prev *flight, m *meta, ids map[string]struct{}) ([]WriteResult, int, error) {
+	res := make([]WriteResult, len(group))
 	stored := 0
-	for b, items := range batches {
-		for _, it := range items {
+	for b, r := range group {
+		for i, it := range r.items {
 			id := it.GetMessageId()
-			if _, dup := seen[id]; dup {
+			if _, dup := ids[id]; dup {
 				res[b].Duplicates++
 				continue
 			}
-			seen[id] = struct{}{}
+			if prev != nil {
+				if _, dup := prev.ids[id]; dup {
+					res[b].Duplicates++
+					continue
+				}
+			}
 			_, found, err := lookupMsgID(txn, id)
 			if err != nil {
-				return nil, fmt.Errorf("write: dedup %q: %w", id, err)
+				return nil, 0, fmt.Errorf("write: dedup %q: %w", id, err)
 			}
 			if found {
 				res[b].Duplicates++
 				continue
 			}
+			ids[id] = struct{}{}
 			m.seq++
 			p := makePos(it.GetTimestamp(), m.seq)
-			keys := itemKeys(p, id, it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId())
-			for i, k := range keys {
+			e := r.enc[i]
+			setPos(e.keys, p)
+			for k, key := range e.keys {
 				var v []byte
-				switch i {
+				switch k {
 				case 0:
-					v = encodeRecord(it)
+					v = e.rec
 				case 1:
 					v = p[:]
 				}
-				if err := txn.Set(k, v); err != nil {
-					return nil, fmt.Errorf("write %q: %w", id, err)
+				if err := txn.Set(key, v); err != nil {
+					return nil, 0, fmt.Errorf("write %q: %w", id, err)
 				}
 			}
 			m.events++
@@ -139,17 +231,53 @@ func (s *Store) writeTxn(batches [][]*mailboxv1.MailboxItem) ([]WriteResult, err
 			stored++
 		}
 	}
+	return res, stored, nil
+}
+
+// writeEach commits the batches of a group too big for one transaction one by one; it must be called with wmu
+// held and nothing in flight.
+func (s *Store) writeEach(group []*writeReq) {
+	for _, r := range group {
+		r.res, r.err = s.writeChunk(r)
+	}
+}
+
+func (s *Store) writeChunk(r *writeReq) (WriteResult, error) {
+	res, err := s.writeTxn(r)
+	if !errors.Is(err, badger.ErrTxnTooBig) || len(r.items) < 2 {
+		return res, err
+	}
+	half := len(r.items) / 2
+	a, err := s.writeChunk(&writeReq{items: r.items[:half], enc: r.enc[:half]})
+	if err != nil {
+		return a, err
+	}
+	b, err := s.writeChunk(&writeReq{items: r.items[half:], enc: r.enc[half:]})
+	return WriteResult{Stored: a.Stored + b.Stored, Duplicates: a.Duplicates + b.Duplicates}, err
+}
+
+// writeTxn writes one batch in one synchronous transaction; it must be called with wmu held and nothing in
+// flight.
+func (s *Store) writeTxn(r *writeReq) (WriteResult, error) {
+	txn := s.db.NewTransaction(true)
+	defer txn.Discard()
+	m := s.wm
+	res, stored, err := fill(txn, []*writeReq{r}, nil, &m, map[string]struct{}{})
+	if err != nil {
+		return WriteResult{}, err
+	}
 	if stored == 0 {
-		return res, nil
+		return res[0], nil
 	}
 	if err := txn.Set(metaKey, m.encode()); err != nil {
-		return nil, fmt.Errorf("write counters: %w", err)
+		return WriteResult{}, fmt.Errorf("write counters: %w", err)
 	}
 	if err := txn.Commit(); err != nil {
-		return nil, fmt.Errorf("write: commit: %w", err)
+		return WriteResult{}, fmt.Errorf("write: commit: %w", err)
 	}
+	s.wm = m
 	s.setMeta(m)
-	return res, nil
+	return res[0], nil
 }
 
 func (s *Store) setMeta(m meta) {
