@@ -237,7 +237,7 @@ func (i *Ingester) run() {
 	defer close(i.done)
 	delay := i.cfg.BackoffMin
 	for {
-		err := i.group.Consume(i.runCtx, i.cfg.Topics, handler{i})
+		err := i.group.Consume(i.runCtx, i.cfg.Topics, &handler{i: i})
 		if i.runCtx.Err() != nil || errors.Is(err, sarama.ErrClosedConsumerGroup) {
 			return
 		}
@@ -259,27 +259,69 @@ func (i *Ingester) logErrors() {
 	}
 }
 
-type handler struct{ i *Ingester }
+// handler serves one consumer group session.
+type handler struct {
+	i       *Ingester
+	commits *committer // set by Setup, before sarama starts the claims
+}
 
-func (h handler) Setup(s sarama.ConsumerGroupSession) error {
+func (h *handler) Setup(s sarama.ConsumerGroupSession) error {
+	h.commits = startCommitter(s)
 	h.i.consuming.Store(true)
 	h.i.log.Info("consumer group session started", "generation", s.GenerationID(), "claims", s.Claims())
 	return nil
 }
 
-// Cleanup commits once more: every flush commits already, but a rebalance is
-// the last chance before the partitions move.
-func (h handler) Cleanup(s sarama.ConsumerGroupSession) error {
+// Cleanup commits once more: every flush asks for a commit already, but a
+// rebalance is the last chance before the partitions move.
+func (h *handler) Cleanup(s sarama.ConsumerGroupSession) error {
+	h.commits.stop()
 	s.Commit()
 	h.i.consuming.Store(false)
 	h.i.log.Info("consumer group session ended", "generation", s.GenerationID())
 	return nil
 }
 
-// ConsumeClaim batches the claim's records by size and time. When the claim is
-// revoked or the ingester stops, sarama closes Messages(); the batch in hand is
-// then flushed and committed before the partition is let go.
-func (h handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
+// committer commits a session's marked offsets in the background. A commit is
+// a round trip to the group coordinator; done inline it would hold each claim's
+// next batch back from the store, which then idles between groups. Requests
+// made while a commit runs are coalesced into the next one. Only offsets of
+// durable batches are ever marked, so a commit can never get ahead of the store.
+type committer struct {
+	req  chan struct{}
+	done chan struct{}
+}
+
+func startCommitter(s sarama.ConsumerGroupSession) *committer {
+	c := &committer{req: make(chan struct{}, 1), done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for range c.req {
+			s.Commit()
+		}
+	}()
+	return c
+}
+
+func (c *committer) request() {
+	select {
+	case c.req <- struct{}{}:
+	default: // one is already pending and will include this mark
+	}
+}
+
+func (c *committer) stop() {
+	close(c.req)
+	<-c.done
+}
+
+// ConsumeClaim batches the claim's records by size and time. A full batch is decoded here and handed to the
+// claim's writer goroutine, which stores it and commits its offsets, so the next batch is fetched and decoded
+// while the previous one is being synced to disk; the writer takes batches in order and commits an offset only
+// after the batch it ends is durable. When the claim is revoked or the ingester stops, sarama closes
+// Messages(); the batch in hand is then flushed, and the writer's backlog stored and committed, before the
+// partition is let go.
+func (h *handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
 	// next is the offset after the last committed record; negative (sarama's
 	// OffsetOldest) until the first record shows where the partition starts.
 	var next atomic.Int64
@@ -289,6 +331,7 @@ func (h handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGr
 	// Wait for the reporter so no gauge is set after Close forgot the series.
 	defer func() { close(stopLag); <-lagDone }()
 
+	w := h.i.startWriter(s, c, h.commits, &next)
 	batch := make([]*sarama.ConsumerMessage, 0, h.i.cfg.BatchSize)
 	timer := time.NewTimer(h.i.cfg.BatchWait)
 	timer.Stop()
@@ -298,15 +341,21 @@ func (h handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGr
 			return nil
 		}
 		timer.Stop()
-		err := h.i.flush(s, c, batch, &next)
+		if w.failed.Load() {
+			return w.finish()
+		}
+		w.work <- h.i.decode(batch)
 		batch = make([]*sarama.ConsumerMessage, 0, h.i.cfg.BatchSize)
-		return err
+		return nil
 	}
 	for {
 		select {
 		case msg, ok := <-c.Messages():
 			if !ok {
-				return flush()
+				if err := flush(); err != nil {
+					return err
+				}
+				return w.finish()
 			}
 			if next.Load() < 0 {
 				next.Store(msg.Offset)
@@ -350,15 +399,16 @@ type deadLetter struct {
 	err    error
 }
 
-// flush makes batch durable (items in the store, rejects in their DLQ) and
-// only then marks and commits its offsets. It returns an error only when the
-// drain deadline passed; the batch then stays uncommitted and is redelivered.
-func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim, batch []*sarama.ConsumerMessage, next *atomic.Int64) error {
-	id := i.cfg.MailboxID
-	m := i.cfg.Metrics
-	m.consumed.WithLabelValues(id).Add(float64(len(batch)))
-	items := make([]*mailboxv1.MailboxItem, 0, len(batch))
-	var dead []deadLetter
+// decoded is a batch of records split into the items to store and the records to dead-letter.
+type decoded struct {
+	batch []*sarama.ConsumerMessage
+	items []*mailboxv1.MailboxItem
+	dead  []deadLetter
+}
+
+func (i *Ingester) decode(batch []*sarama.ConsumerMessage) decoded {
+	i.cfg.Metrics.consumed.WithLabelValues(i.cfg.MailboxID).Add(float64(len(batch)))
+	d := decoded{batch: batch, items: make([]*mailboxv1.MailboxItem, 0, len(batch))}
 	for _, msg := range batch {
 		item, err := envelope.Process(msg.Value, i.cfg.Mode, i.log)
 		if err != nil {
@@ -366,16 +416,59 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 			if reason == "" {
 				reason = reasonUnextractable
 			}
-			dead = append(dead, deadLetter{msg: msg, reason: reason, err: err})
+			d.dead = append(d.dead, deadLetter{msg: msg, reason: reason, err: err})
 			continue
 		}
-		items = append(items, item)
+		d.items = append(d.items, item)
 	}
-	if len(items) > 0 {
+	return d
+}
+
+// claimWriter stores a claim's decoded batches in order. Its queue holds one batch, so the claim decodes at most
+// one batch ahead of the one being written.
+type claimWriter struct {
+	work   chan decoded
+	done   chan struct{}
+	failed atomic.Bool
+	err    error // set before done closes
+}
+
+func (i *Ingester) startWriter(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim, commits *committer, next *atomic.Int64) *claimWriter {
+	w := &claimWriter{work: make(chan decoded, 1), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for d := range w.work {
+			if w.err != nil {
+				continue // uncommitted: redelivered after the restart
+			}
+			if err := i.flush(s, c, commits, d, next); err != nil {
+				w.err = err
+				w.failed.Store(true)
+			}
+		}
+	}()
+	return w
+}
+
+// finish waits for the queued batches and returns the error that stopped the writer, if any.
+func (w *claimWriter) finish() error {
+	close(w.work)
+	<-w.done
+	return w.err
+}
+
+// flush makes a decoded batch durable (items in the store, rejects in their
+// DLQ) and only then marks its offsets and asks for a commit. It returns an error only
+// when the drain deadline passed; the batch then stays uncommitted and is
+// redelivered.
+func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim, commits *committer, d decoded, next *atomic.Int64) error {
+	id := i.cfg.MailboxID
+	m := i.cfg.Metrics
+	if len(d.items) > 0 {
 		var res store.WriteResult
 		err := i.retry("store", func(ctx context.Context) error {
 			start := time.Now()
-			r, err := i.w.Write(ctx, items)
+			r, err := i.w.Write(ctx, d.items)
 			m.batchWrite.WithLabelValues(id).Observe(time.Since(start).Seconds())
 			res = r
 			return err
@@ -386,14 +479,14 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 		m.stored.WithLabelValues(id).Add(float64(res.Stored))
 		m.duplicates.WithLabelValues(id).Add(float64(res.Duplicates))
 	}
-	if len(dead) > 0 {
-		if err := i.deadLetter(dead); err != nil {
+	if len(d.dead) > 0 {
+		if err := i.deadLetter(d.dead); err != nil {
 			return err
 		}
 	}
-	last := batch[len(batch)-1]
+	last := d.batch[len(d.batch)-1]
 	s.MarkMessage(last, "")
-	s.Commit()
+	commits.request()
 	next.Store(last.Offset + 1)
 	m.setLag(id, c.Topic(), c.Partition(), max(0, c.HighWaterMarkOffset()-last.Offset-1))
 	return nil

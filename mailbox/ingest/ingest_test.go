@@ -164,12 +164,25 @@ func TestConsumeClaimFlushesOnClose(t *testing.T) {
 	}
 	close(claim.ch)
 	sess := &fakeSession{}
-	if err := (handler{i}).ConsumeClaim(sess, claim); err != nil {
+	h := &handler{i: i}
+	if err := h.Setup(sess); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.ConsumeClaim(sess, claim); err != nil {
 		t.Fatal(err)
 	}
 	s, _ := st.Stats(context.Background())
-	if s.TotalEvents != 3 || sess.marked != 13 || sess.commits != 1 {
-		t.Fatalf("stored %d, marked %d, commits %d; want 3, 13, 1", s.TotalEvents, sess.marked, sess.commits)
+	if s.TotalEvents != 3 || sess.markedOffset() != 13 {
+		t.Fatalf("stored %d, marked %d; want 3, 13", s.TotalEvents, sess.markedOffset())
+	}
+	// The flush asked for a commit, which the session's committer makes without waiting for Cleanup.
+	waitFor(t, "a commit", func() bool { return sess.commitCount() >= 1 })
+	before := sess.commitCount()
+	if err := h.Cleanup(sess); err != nil {
+		t.Fatal(err)
+	}
+	if got := sess.commitCount(); got != before+1 {
+		t.Fatalf("%d commits after Cleanup, want %d: Cleanup commits once more", got, before+1)
 	}
 }
 
@@ -192,6 +205,21 @@ func (s *fakeSession) MarkMessage(m *sarama.ConsumerMessage, _ string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.marked = m.Offset + 1
+}
+
+func (s *fakeSession) GenerationID() int32        { return 1 }
+func (s *fakeSession) Claims() map[string][]int32 { return map[string][]int32{"t": {0}} }
+
+func (s *fakeSession) markedOffset() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.marked
+}
+
+func (s *fakeSession) commitCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.commits
 }
 
 func (s *fakeSession) Commit() {
