@@ -182,7 +182,7 @@ func preProduce(brokers []string, topic string, n, size int) (int64, error) {
 }
 
 // countingWriter writes to store (or drops the items when store is nil) and
-// counts the items written, duplicates included, so the benchmark knows when
+// counts the items written, duplicates and expired items included, so the benchmark knows when
 // everything has passed through.
 type countingWriter struct {
 	store   *store.Store
@@ -203,6 +203,6 @@ func (c *countingWriter) Write(ctx context.Context, items []*mailboxv1.MailboxIt
 			return res, err
 		}
 	}
-	c.written.Add(int64(res.Stored + res.Duplicates))
+	c.written.Add(int64(res.Stored + res.Duplicates + res.Expired))
 	return res, nil
 }

@@ -478,6 +478,7 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 		}
 		m.stored.WithLabelValues(id).Add(float64(res.Stored))
 		m.duplicates.WithLabelValues(id).Add(float64(res.Duplicates))
+		m.expired.WithLabelValues(id).Add(float64(res.Expired))
 	}
 	if len(d.dead) > 0 {
 		if err := i.deadLetter(d.dead); err != nil {

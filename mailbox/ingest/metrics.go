@@ -13,6 +13,7 @@ type Metrics struct {
 	stored       *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
 	duplicates   *prometheus.CounterVec
+	expired      *prometheus.CounterVec
 	retries      *prometheus.CounterVec
 	lag          *prometheus.GaugeVec
 	batchWrite   *prometheus.HistogramVec
@@ -37,6 +38,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prism_mailbox_duplicates_dropped_total",
 			Help: "Records whose message_id was already stored (redeliveries and duplicates).",
 		}, []string{"mailbox"}),
+		expired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_mailbox_events_expired_total",
+			Help: "Records older than the mailbox's retention floor on arrival, so not stored.",
+		}, []string{"mailbox"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_mailbox_ingest_retries_total",
 			Help: "Failed store writes or DLQ produces that were retried, by target.",
@@ -51,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}, []string{"mailbox"}),
 	}
-	reg.MustRegister(m.consumed, m.stored, m.deadLettered, m.duplicates, m.retries, m.lag, m.batchWrite)
+	reg.MustRegister(m.consumed, m.stored, m.deadLettered, m.duplicates, m.expired, m.retries, m.lag, m.batchWrite)
 	return m
 }
 
@@ -62,6 +67,7 @@ func (m *Metrics) forget(mailbox string) {
 	m.stored.DeletePartialMatch(l)
 	m.deadLettered.DeletePartialMatch(l)
 	m.duplicates.DeletePartialMatch(l)
+	m.expired.DeletePartialMatch(l)
 	m.retries.DeletePartialMatch(l)
 	m.lag.DeletePartialMatch(l)
 	m.batchWrite.DeletePartialMatch(l)

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"math"
 )
 
 // Key layout. Every item has a 16-byte position pos = invTs(8) | invSeq(8), big endian, where invTs is the
@@ -23,10 +24,13 @@ import (
 //	                                  'i' kind len value pos(end of the time range, or the cursor) and walks
 //	                                  forward key-only (PrefetchValues=false) until the start of the time range,
 //	                                  so it touches only matching keys and never earlier pages.
-//	'!' "meta"                     -> counters (events, envelope bytes, last sequence), rewritten in the same
-//	                                  transaction as every write and delete so Stats never scans and never drifts.
+//	'!' "meta"                     -> counters (events, envelope bytes, last sequence) and the retention floor,
+//	                                  rewritten in the same transaction as every write and retention pass so
+//	                                  Stats never scans and never drifts.
 //
-// The time index is the primary order itself.
+// The time index is the primary order itself. Retention deletes by raising the floor (retention.go): every read
+// bounds its walk at the floor, which costs nothing since all orders end in the position, and a sweep removes
+// the keys below it later.
 const (
 	prefixItem  = 'e'
 	prefixMsgID = 'm'
@@ -39,6 +43,15 @@ var metaKey = []byte("!meta")
 
 // afterLastItem sorts after every primary key: a reverse iteration seeks here to start at the oldest item.
 var afterLastItem = append([]byte{prefixItem}, bytes.Repeat([]byte{0xff}, posLen+1)...)
+
+// oldestFrom is where a reverse iteration of the primary order seeks to start at the oldest item not older
+// than ts: the largest position an item at ts can have.
+func oldestFrom(ts int64) []byte {
+	if ts == math.MinInt64 {
+		return afterLastItem
+	}
+	return itemKey(makePos(ts, 0))
+}
 
 // Index kinds; the byte values are part of the on-disk format.
 const (

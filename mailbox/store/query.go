@@ -170,6 +170,18 @@ func planQuery(f *mailboxv1.EventFilter) (*plan, error) {
 	return pl, nil
 }
 
+// raiseStart bounds the walk at ts when that is later than the filter's start: the retention floor, below which
+// index entries may remain until the sweep removes them but their items are deleted.
+func (pl *plan) raiseStart(ts int64) {
+	if ts == math.MinInt64 {
+		return
+	}
+	last := makePos(ts, 0)
+	if bytes.Compare(last[:8], pl.last[:]) < 0 {
+		copy(pl.last[:], last[:8])
+	}
+}
+
 // cursor walks one ordered range of positions: an index range (key-only) or the primary order.
 type cursor struct {
 	it     *badger.Iterator
@@ -202,6 +214,7 @@ func (s *Store) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1
 	if err != nil {
 		return nil, err
 	}
+	pl.raiseStart(s.meta().floor())
 	resp := &mailboxv1.QueryEventsResponse{}
 	if pl.empty {
 		return resp, nil

@@ -267,24 +267,37 @@ func decodeMapEntry(b []byte, s string) (key, val string, err error) {
 	return key, val, nil
 }
 
+// meta is the store's counters and its retention floor, rewritten in the transaction of every write and
+// retention pass.
 type meta struct {
 	events, bytes int64
 	seq           uint64
+	// floorBits is the retention floor with its sign bit flipped, so the zero value is math.MinInt64: no floor.
+	floorBits uint64
 }
 
-const metaVersion = 1
+// floor is the retention floor: items with an earlier timestamp are deleted, whether or not the sweep has
+// removed their keys yet.
+func (m meta) floor() int64 { return int64(m.floorBits ^ signBit) }
+
+func (m *meta) setFloor(ts int64) { m.floorBits = uint64(ts) ^ signBit }
+
+// Version 1 had no floor; it decodes as "no floor".
+const metaVersion = 2
 
 func (m meta) encode() []byte {
 	b := []byte{metaVersion}
 	b = binary.AppendVarint(b, m.events)
 	b = binary.AppendVarint(b, m.bytes)
-	return binary.AppendUvarint(b, m.seq)
+	b = binary.AppendUvarint(b, m.seq)
+	return binary.AppendUvarint(b, m.floorBits)
 }
 
 func decodeMeta(b []byte) (meta, error) {
-	if len(b) == 0 || b[0] != metaVersion {
+	if len(b) == 0 || (b[0] != 1 && b[0] != metaVersion) {
 		return meta{}, fmt.Errorf("meta: unknown version")
 	}
+	version := b[0]
 	b = b[1:]
 	var m meta
 	var w int
@@ -298,6 +311,13 @@ func decodeMeta(b []byte) (meta, error) {
 	b = b[w:]
 	if m.seq, w = binary.Uvarint(b); w <= 0 {
 		return meta{}, fmt.Errorf("meta: bad sequence")
+	}
+	if version == 1 {
+		return m, nil
+	}
+	b = b[w:]
+	if m.floorBits, w = binary.Uvarint(b); w <= 0 {
+		return meta{}, fmt.Errorf("meta: bad retention floor")
 	}
 	return m, nil
 }

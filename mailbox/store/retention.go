@@ -10,33 +10,34 @@ import (
 	badger "github.com/dgraph-io/badger/v4"
 )
 
-// retentionChunk is how many items one delete transaction removes at most. Each item is up to 6 keys; a chunk
+// retentionChunk is how many items one sweep transaction removes at most. Each item is up to 6 keys; a chunk
 // that still exceeds Badger's transaction limit is halved. Small chunks keep the reader and Badger's write
 // goroutine busy at the same time (the first commit starts after 1k items are read, not 10k, and the last one
-// trails the read by as little): deleting 100k items took 1.11-1.14 s with chunks of 1000 against 1.57-1.63 s
+// trails the read by as little): removing 100k items took 1.11-1.14 s with chunks of 1000 against 1.57-1.63 s
 // with 10,000 and 1.82-1.93 s with 50,000 (2-core machine, paired runs), the extra fsyncs notwithstanding.
 const retentionChunk = 1000
 
 type victim struct {
-	p     pos
-	keys  [][]byte // every key of the item: primary, message id, index entries
-	bytes int64
+	p    pos
+	keys [][]byte // every key of the item: primary, message id, index entries
 }
 
-// RetainOnce runs one retention pass at time now: it deletes items older than MaxAge, then the oldest items
-// until the stored envelope bytes are at most MaxSize, each with its index entries and its message-id entry, in
-// transactions of up to retentionChunk items that also rewrite the counters.
+// RetainOnce runs one retention pass at time now: it deletes every item older than MaxAge and then the oldest
+// items until the stored envelope bytes are at most MaxSize, by raising the store's retention floor, the
+// timestamp below which items are deleted. Like Kafka's log start offset, the floor deletes at once: from the
+// commit on, queries, Get and Stats skip everything below it and writes drop items older than it, while the
+// keys themselves are removed by Sweep (which RunRetention calls right after) at Badger's pace. The pass costs
+// one read of the deleted items (their sizes, for the counters) and one small transaction; the sweep writes a
+// tombstone for each of their keys, as deleting them in the pass did.
 //
-// One read snapshot walks the items oldest first and hands chunks of victims to a committer, so reading the
-// next chunk overlaps with Badger writing the tombstones of the previous one. The committer takes the write lock
-// per chunk, not for the pass, so a long pass (a backlog after downtime, a lowered MaxAge) never stalls
-// ingestion. The snapshot may miss items written during the pass; the next pass sees them. Deleting from it is
-// safe because nothing but retention removes or changes a stored item.
+// The floor is raised for writes first, under the write lock, so nothing lands below it while the pass counts
+// what it deletes; the count and the new floor are then committed together with the counters.
 //
-// Dropping the message-id entry means a message redelivered after its item aged out is stored again. That is
-// accepted: Kafka only redelivers what is still within its own retention, which for a mailbox that keeps data
-// at least as long as its topic never happens, and the alternative (tombstones kept forever) would grow without
-// bound.
+// Deleting an item also frees its message id: a message redelivered after its item aged out is dropped as
+// expired (it is as old as the item was) and, once the sweep has removed the id, would be stored again only if
+// it came with a newer timestamp. Kafka only redelivers what is still within its own retention, which for a
+// mailbox that keeps data at least as long as its topic never happens, and the alternative (ids kept forever)
+// would grow without bound.
 func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult, error) {
 	cutoff := int64(math.MinInt64)
 	if s.opts.MaxAge > 0 {
@@ -47,11 +48,157 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 	}
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
+	old := s.meta().floor()
+	floor := max(cutoff, old)
+	if s.opts.MaxSize > 0 {
+		f, err := s.sizeFloor(ctx, old, cutoff)
+		if err != nil {
+			return RetentionResult{}, fmt.Errorf("retention: %w", err)
+		}
+		floor = max(floor, f)
+	}
+	if floor <= old {
+		return RetentionResult{}, nil
+	}
+
+	s.wmu.Lock()
+	s.settle()
+	s.wfloor = max(s.wfloor, floor)
+	s.wmu.Unlock()
+	// Every write below floor is now applied and no other can come, so this count is exact.
+	res, err := s.countBetween(ctx, old, floor)
+	if err != nil {
+		return RetentionResult{}, fmt.Errorf("retention: %w", err)
+	}
+	if err := s.commitFloor(floor, res); err != nil {
+		return RetentionResult{}, fmt.Errorf("retention: %w", err)
+	}
+	if res.Deleted > 0 {
+		s.log.Info("retention pass", "deleted", res.Deleted, "deleted_bytes", res.DeletedBytes, "floor", floor, "dir", s.opts.Dir)
+	}
+	return res, nil
+}
+
+func (s *Store) commitFloor(floor int64, res RetentionResult) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.settle()
+	m := s.wm
+	m.events -= int64(res.Deleted)
+	m.bytes -= res.DeletedBytes
+	m.setFloor(floor)
+	txn := s.db.NewTransaction(true)
+	defer txn.Discard()
+	if err := txn.Set(metaKey, m.encode()); err != nil {
+		return fmt.Errorf("write floor: %w", err)
+	}
+	if err := txn.Commit(); err != nil {
+		return fmt.Errorf("commit floor: %w", err)
+	}
+	s.wm = m
+	s.setMeta(m)
+	return nil
+}
+
+// walkOldest calls fn with the items from the oldest not older than from, oldest first, and their records,
+// until fn returns false.
+func (s *Store) walkOldest(ctx context.Context, from int64, fn func(p pos, rec []byte) (bool, error)) error {
+	return s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: []byte{prefixItem}, PrefetchValues: true, PrefetchSize: 256})
+		defer it.Close()
+		for n, seek := 0, oldestFrom(from); ; n++ {
+			if n%1024 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+			if n == 0 {
+				it.Seek(seek)
+			} else {
+				it.Next()
+			}
+			if !it.Valid() {
+				return nil
+			}
+			item := it.Item()
+			var p pos
+			copy(p[:], item.Key()[1:])
+			more := true
+			err := item.Value(func(rec []byte) error {
+				var err error
+				more, err = fn(p, rec)
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("read %x: %w", p, err)
+			}
+			if !more {
+				return nil
+			}
+		}
+	})
+}
+
+// sizeFloor is the lowest floor that leaves at most MaxSize envelope bytes once everything older than cutoff
+// is gone, as the store stands when the walk begins. It deletes whole milliseconds: items sharing the
+// timestamp of the last one that must go go too.
+func (s *Store) sizeFloor(ctx context.Context, from, cutoff int64) (int64, error) {
+	remaining := s.meta().bytes
+	floor := int64(math.MinInt64)
+	err := s.walkOldest(ctx, from, func(p pos, rec []byte) (bool, error) {
+		ts := p.ts()
+		if ts >= cutoff && remaining <= s.opts.MaxSize && ts >= floor {
+			return false, nil
+		}
+		_, blob, err := splitRecord(rec)
+		if err != nil {
+			return false, err
+		}
+		remaining -= int64(len(blob))
+		if ts == math.MaxInt64 {
+			floor = ts // nothing can be newer; the floor cannot pass it
+			return false, nil
+		}
+		floor = ts + 1
+		return true, nil
+	})
+	return floor, err
+}
+
+// countBetween counts the items at or after from and before floor, and their envelope bytes.
+func (s *Store) countBetween(ctx context.Context, from, floor int64) (RetentionResult, error) {
+	var res RetentionResult
+	err := s.walkOldest(ctx, from, func(p pos, rec []byte) (bool, error) {
+		if p.ts() >= floor {
+			return false, nil
+		}
+		_, blob, err := splitRecord(rec)
+		if err != nil {
+			return false, err
+		}
+		res.Deleted++
+		res.DeletedBytes += int64(len(blob))
+		return true, nil
+	})
+	return res, err
+}
+
+// Sweep removes the keys of the items below the retention floor: primary key, message-id entry and index
+// entries, in transactions of up to retentionChunk items. One read snapshot walks them oldest first and hands
+// chunks to a committer, so reading the next chunk overlaps with Badger writing the tombstones of the previous
+// one; the committer takes the write lock per chunk, so a long sweep never stalls ingestion. It returns how many
+// items it removed. Until it runs, deleted items cost disk space but are invisible.
+func (s *Store) Sweep(ctx context.Context) (int, error) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	floor := s.meta().floor()
+	if floor == math.MinInt64 {
+		return 0, nil
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-
 	chunks := make(chan []victim, 1)
-	var res RetentionResult
+	swept := 0
 	var commitErr error
 	committed := make(chan struct{})
 	go func() {
@@ -67,75 +214,46 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 				cancel()
 				continue
 			}
-			res.Deleted += len(vs)
-			for _, v := range vs {
-				res.DeletedBytes += v.bytes
-			}
+			swept += len(vs)
 		}
 	}()
-	readErr := s.collectVictims(ctx, cutoff, chunks)
+	readErr := s.collectVictims(ctx, floor, chunks)
 	close(chunks)
 	<-committed
 	if commitErr != nil {
-		return res, fmt.Errorf("retention: %w", commitErr)
+		return swept, fmt.Errorf("sweep: %w", commitErr)
 	}
 	if readErr != nil {
-		return res, fmt.Errorf("retention: %w", readErr)
-	}
-	if res.Deleted > 0 {
-		s.log.Info("retention pass", "deleted", res.Deleted, "deleted_bytes", res.DeletedBytes, "dir", s.opts.Dir)
+		return swept, fmt.Errorf("sweep: %w", readErr)
 	}
 	if err := s.fixModes(); err != nil {
-		return res, fmt.Errorf("retention: %w", err)
+		return swept, fmt.Errorf("sweep: %w", err)
 	}
-	return res, nil
+	return swept, nil
 }
 
-// collectVictims walks the primary order from the oldest item and sends, in chunks of s.chunk, the items that
-// are older than cutoff or must go to get under MaxSize (as the store stood when the walk began).
-func (s *Store) collectVictims(ctx context.Context, cutoff int64, out chan<- []victim) error {
-	s.mmu.Lock()
-	remaining := s.m.bytes
-	s.mmu.Unlock()
-	return s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: []byte{prefixItem}, PrefetchValues: true, PrefetchSize: 256})
-		defer it.Close()
-		vs := make([]victim, 0, s.chunk)
-		for it.Seek(afterLastItem); it.Valid(); it.Next() {
-			item := it.Item()
-			var p pos
-			copy(p[:], item.Key()[1:])
-			if p.ts() >= cutoff && (s.opts.MaxSize <= 0 || remaining <= s.opts.MaxSize) {
-				break
-			}
-			v := victim{p: p}
-			err := item.Value(func(rec []byte) error {
-				x, err := parseIndexed(rec)
-				if err != nil {
-					return err
-				}
-				v.bytes = int64(x.blobLen)
-				v.keys = itemKeys(p, x.msgID, x.topic, x.principal, x.corr, x.trace)
-				return nil
-			})
-			if err != nil {
-				return fmt.Errorf("read %x: %w", p, err)
-			}
-			remaining -= v.bytes
-			vs = append(vs, v)
-			if len(vs) == s.chunk {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				out <- vs
-				vs = make([]victim, 0, s.chunk)
-			}
+// collectVictims sends, in chunks of s.chunk, the items below floor with all their keys.
+func (s *Store) collectVictims(ctx context.Context, floor int64, out chan<- []victim) error {
+	vs := make([]victim, 0, s.chunk)
+	err := s.walkOldest(ctx, math.MinInt64, func(p pos, rec []byte) (bool, error) {
+		if p.ts() >= floor {
+			return false, nil
 		}
-		if len(vs) > 0 {
+		x, err := parseIndexed(rec)
+		if err != nil {
+			return false, err
+		}
+		vs = append(vs, victim{p: p, keys: itemKeys(p, x.msgID, x.topic, x.principal, x.corr, x.trace)})
+		if len(vs) == s.chunk {
 			out <- vs
+			vs = make([]victim, 0, s.chunk)
 		}
-		return nil
+		return true, nil
 	})
+	if err == nil && len(vs) > 0 {
+		out <- vs
+	}
+	return err
 }
 
 // deleteChunk deletes vs in one transaction, halving it while Badger finds it too big.
@@ -151,33 +269,27 @@ func (s *Store) deleteChunk(vs []victim) error {
 	return s.deleteChunk(vs[half:])
 }
 
+// deleteTxn removes the keys of items already deleted by the floor (and so already out of the counters).
 func (s *Store) deleteTxn(vs []victim) error {
 	s.settle()
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
-	m := s.wm
 	for _, v := range vs {
 		for _, k := range v.keys {
 			if err := txn.Delete(k); err != nil {
 				return fmt.Errorf("delete %x: %w", v.p, err)
 			}
 		}
-		m.events--
-		m.bytes -= v.bytes
-	}
-	if err := txn.Set(metaKey, m.encode()); err != nil {
-		return fmt.Errorf("write counters: %w", err)
 	}
 	if err := txn.Commit(); err != nil {
 		return fmt.Errorf("commit deletes: %w", err)
 	}
-	s.wm = m
-	s.setMeta(m)
 	return nil
 }
 
-// RunRetention runs RetainOnce every interval until ctx ends, and after a pass that deleted something runs
-// Badger's value-log GC until it finds nothing more to rewrite, so deleted envelopes give their disk space back.
+// RunRetention runs RetainOnce and Sweep every interval until ctx ends, and after a sweep that removed something
+// runs Badger's value-log GC until it finds nothing more to rewrite, so deleted envelopes give their disk space
+// back.
 // It returns once ctx is done and its pass has stopped; callers cancel ctx and wait for it before Close.
 func (s *Store) RunRetention(ctx context.Context, interval time.Duration, now func() time.Time) {
 	t := time.NewTicker(interval)
@@ -188,14 +300,21 @@ func (s *Store) RunRetention(ctx context.Context, interval time.Duration, now fu
 			return
 		case <-t.C:
 		}
-		res, err := s.RetainOnce(ctx, now())
-		if err != nil {
+		if _, err := s.RetainOnce(ctx, now()); err != nil {
 			if ctx.Err() == nil {
 				s.log.Error("retention pass failed", "dir", s.opts.Dir, "err", err)
 			}
 			continue
 		}
-		if res.Deleted > 0 {
+		// Also after a pass that deleted nothing: a sweep cut short (by a stop or an error) resumes here.
+		swept, err := s.Sweep(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("retention sweep failed", "dir", s.opts.Dir, "err", err)
+			}
+			continue
+		}
+		if swept > 0 {
 			s.collectGarbage(ctx)
 		}
 	}

@@ -43,21 +43,33 @@ func seqItems(n int, blob int) []*mailboxv1.MailboxItem {
 	return items
 }
 
+// retain runs a retention pass at now and the sweep after it, as RunRetention does.
+func retain(t *testing.T, s *Store, now time.Time) RetentionResult {
+	t.Helper()
+	res, err := s.RetainOnce(context.Background(), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	swept, err := s.Sweep(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if swept != res.Deleted {
+		t.Errorf("swept %d items, the pass deleted %d", swept, res.Deleted)
+	}
+	return res
+}
+
 // checkOnlyNewest asserts that exactly the items with timestamp >= keepFrom remain, with no stray key of any
 // deleted item: primary keys, message-id entries and all four indexes are counted from the raw key space.
 func checkOnlyNewest(t *testing.T, s *Store, items []*mailboxv1.MailboxItem, keepFrom int64) {
 	t.Helper()
+	checkVisible(t, s, items, keepFrom)
 	var kept, indexKeys int
 	for _, it := range items {
-		_, err := s.Get(context.Background(), it.GetMessageId())
 		if it.GetTimestamp() >= keepFrom {
 			kept++
 			indexKeys += 4 // every test item has topic, principal, correlation and trace id
-			if err != nil {
-				t.Errorf("kept item %s: %v", it.GetMessageId(), err)
-			}
-		} else if !errors.Is(err, ErrNotFound) {
-			t.Errorf("deleted item %s: got %v, want ErrNotFound", it.GetMessageId(), err)
 		}
 	}
 	keys := rawKeys(t, s)
@@ -77,6 +89,52 @@ func checkOnlyNewest(t *testing.T, s *Store, items []*mailboxv1.MailboxItem, kee
 			t.Errorf("index key %q still points at deleted item at %d", k, p.ts())
 		}
 	}
+}
+
+// checkVisible asserts that Get, Query (by every index and by time) and Stats show exactly the items with
+// timestamp >= keepFrom, whatever keys remain on disk.
+func checkVisible(t *testing.T, s *Store, items []*mailboxv1.MailboxItem, keepFrom int64) {
+	t.Helper()
+	kept := 0
+	var newest *mailboxv1.MailboxItem
+	for _, it := range items {
+		_, err := s.Get(context.Background(), it.GetMessageId())
+		if it.GetTimestamp() >= keepFrom {
+			kept++
+			newest = it
+			if err != nil {
+				t.Errorf("kept item %s: %v", it.GetMessageId(), err)
+			}
+		} else if !errors.Is(err, ErrNotFound) {
+			t.Errorf("deleted item %s: got %v, want ErrNotFound", it.GetMessageId(), err)
+		}
+	}
+	oldest := items[0]
+	filters := map[string]*mailboxv1.EventFilter{
+		"time":        {},
+		"topic":       {Topics: []string{oldest.GetTopic()}},
+		"principal":   {Principals: []string{oldest.GetPrincipal()}},
+		"correlation": {CorrelationId: oldest.GetCorrelationId()},
+		"trace":       {TraceId: oldest.GetTraceId()},
+	}
+	for name, f := range filters {
+		f.Limit = MaxLimit
+		for tok := "start"; tok != ""; {
+			if tok != "start" {
+				f.PageToken = tok
+			}
+			resp, err := s.Query(context.Background(), f)
+			if err != nil {
+				t.Fatalf("query by %s: %v", name, err)
+			}
+			for _, it := range resp.GetItems() {
+				if it.GetTimestamp() < keepFrom {
+					t.Errorf("query by %s returned deleted item %s at %d", name, it.GetMessageId(), it.GetTimestamp())
+				}
+			}
+			tok = resp.GetNextPageToken()
+		}
+	}
 	st, err := s.Stats(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +144,12 @@ func checkOnlyNewest(t *testing.T, s *Store, items []*mailboxv1.MailboxItem, kee
 	}
 	if kept > 0 && st.GetOldestEvent().AsTime().UnixMilli() != keepFrom {
 		t.Errorf("oldest %v, want %d", st.GetOldestEvent().AsTime().UnixMilli(), keepFrom)
+	}
+	if kept > 0 && st.GetNewestEvent().AsTime().UnixMilli() != newest.GetTimestamp() {
+		t.Errorf("newest %v, want %d", st.GetNewestEvent().AsTime().UnixMilli(), newest.GetTimestamp())
+	}
+	if kept == 0 && (st.GetOldestEvent() != nil || st.GetNewestEvent() != nil) {
+		t.Errorf("stats of an emptied store: oldest %v, newest %v", st.GetOldestEvent(), st.GetNewestEvent())
 	}
 }
 
@@ -110,10 +174,7 @@ func TestRetainByAge(t *testing.T) {
 			s.chunk = 37 // many transactions, one partial
 			items := seqItems(1000, 10)
 			mustWrite(t, s, items...)
-			res, err := s.RetainOnce(context.Background(), tc.now)
-			if err != nil {
-				t.Fatal(err)
-			}
+			res := retain(t, s, tc.now)
 			wantDeleted := int(min(tc.keepFrom, 1000))
 			if res.Deleted != wantDeleted || res.DeletedBytes != int64(wantDeleted*10) {
 				t.Errorf("result %+v, want %d deleted, %d bytes", res, wantDeleted, wantDeleted*10)
@@ -146,9 +207,7 @@ func TestRetainBySize(t *testing.T) {
 			s.chunk = 64
 			items := seqItems(1000, 10)
 			mustWrite(t, s, items...)
-			if _, err := s.RetainOnce(context.Background(), time.UnixMilli(0)); err != nil {
-				t.Fatal(err)
-			}
+			retain(t, s, time.UnixMilli(0))
 			checkOnlyNewest(t, s, items, tc.keepFrom)
 			st, _ := s.Stats(context.Background())
 			if st.GetTotalBytes() > tc.maxSize {
@@ -164,11 +223,7 @@ func TestRetainAgeThenSize(t *testing.T) {
 	s := openMem(t, Options{MaxAge: time.Second, MaxSize: 1000})
 	items := seqItems(1000, 10)
 	mustWrite(t, s, items...)
-	res, err := s.RetainOnce(context.Background(), time.UnixMilli(1500))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Deleted != 900 {
+	if res := retain(t, s, time.UnixMilli(1500)); res.Deleted != 900 {
 		t.Errorf("deleted %d, want 900", res.Deleted)
 	}
 	checkOnlyNewest(t, s, items, 900)
@@ -182,27 +237,65 @@ func TestRetainBigBatches(t *testing.T) {
 	if res := mustWrite(t, s, items...); res.Stored != len(items) {
 		t.Fatalf("stored %d of %d", res.Stored, len(items))
 	}
-	res, err := s.RetainOnce(context.Background(), time.UnixMilli(1<<40))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Deleted != len(items) {
+	if res := retain(t, s, time.UnixMilli(1<<40)); res.Deleted != len(items) {
 		t.Errorf("deleted %d of %d", res.Deleted, len(items))
 	}
 	checkOnlyNewest(t, s, items, 1<<62)
 }
 
-// TestRedeliveryAfterRetention pins the documented trade-off: once an item has aged out, its message id may be
-// stored again.
+// TestRedeliveryAfterRetention pins the documented trade-off: a message redelivered after its item aged out is
+// dropped as expired, and once the sweep has freed its id it is stored again only with a newer timestamp.
 func TestRedeliveryAfterRetention(t *testing.T) {
 	t.Parallel()
 	s := openMem(t, Options{MaxAge: time.Second})
 	mustWrite(t, s, item("old", 0))
-	if _, err := s.RetainOnce(context.Background(), time.UnixMilli(10_000)); err != nil {
+	retain(t, s, time.UnixMilli(10_000))
+	if res := mustWrite(t, s, item("old", 0)); res != (WriteResult{Expired: 1}) {
+		t.Errorf("redelivery after retention: %+v, want it expired", res)
+	}
+	if res := mustWrite(t, s, item("old", 20_000)); res != (WriteResult{Stored: 1}) {
+		t.Errorf("same id, newer timestamp: %+v, want it stored", res)
+	}
+}
+
+// TestFloorDeletesBeforeTheSweep: a pass deletes at once and durably (queries, Get, Stats and writes obey the
+// floor, also after a reopen) while every key is still on disk; the sweep then removes them.
+func TestFloorDeletesBeforeTheSweep(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "mbox")
+	s := openDir(t, dir, Options{MaxAge: time.Second})
+	items := seqItems(300, 10)
+	mustWrite(t, s, items...)
+	res, err := s.RetainOnce(context.Background(), time.UnixMilli(1100))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if res := mustWrite(t, s, item("old", 0)); res.Stored != 1 {
-		t.Errorf("redelivery after retention: %+v", res)
+	if res.Deleted != 100 || res.DeletedBytes != 1000 {
+		t.Errorf("pass %+v, want 100 deleted, 1000 bytes", res)
+	}
+	checkVisible(t, s, items, 100)
+	if n := len(rawKeys(t, s)[prefixItem]); n != 300 {
+		t.Errorf("%d primary keys before the sweep, want all 300", n)
+	}
+	late := item("late", 99)
+	if res := mustWrite(t, s, late); res != (WriteResult{Expired: 1}) {
+		t.Errorf("write below the floor: %+v, want it expired", res)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openDir(t, dir, Options{MaxAge: time.Second})
+	defer s.Close()
+	checkVisible(t, s, items, 100)
+	if res := mustWrite(t, s, late); res != (WriteResult{Expired: 1}) {
+		t.Errorf("write below the floor after a reopen: %+v, want it expired", res)
+	}
+	if swept, err := s.Sweep(context.Background()); err != nil || swept != 100 {
+		t.Fatalf("sweep: %d, %v; want 100 swept", swept, err)
+	}
+	checkOnlyNewest(t, s, items, 100)
+	if swept, err := s.Sweep(context.Background()); err != nil || swept != 0 {
+		t.Errorf("second sweep: %d, %v; want nothing left", swept, err)
 	}
 }
 
@@ -239,8 +332,8 @@ func TestRunRetention(t *testing.T) {
 	}
 }
 
-// TestRetainWhileWriting runs a retention pass while new items keep arriving: the pass takes the write lock per
-// chunk, and the counters still match the keys on disk afterwards.
+// TestRetainWhileWriting runs a retention pass and its sweep while new items keep arriving: the sweep takes the
+// write lock per chunk, and the counters still match the keys on disk afterwards.
 func TestRetainWhileWriting(t *testing.T) {
 	t.Parallel()
 	s := openMem(t, Options{MaxAge: time.Second})
@@ -261,10 +354,7 @@ func TestRetainWhileWriting(t *testing.T) {
 		}
 		done <- nil
 	}()
-	res, err := s.RetainOnce(context.Background(), time.UnixMilli(1_000_000))
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := retain(t, s, time.UnixMilli(1_000_000))
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -50,8 +50,9 @@ type Options struct {
 	Logger  *slog.Logger // nil = slog.Default()
 }
 
-// WriteResult counts what a Write did with its items.
-type WriteResult struct{ Stored, Duplicates int }
+// WriteResult counts what a Write did with its items: stored, dropped as duplicates of a stored message id, or
+// dropped as older than the retention floor.
+type WriteResult struct{ Stored, Duplicates, Expired int }
 
 // RetentionResult reports what one retention pass removed.
 type RetentionResult struct {
@@ -73,6 +74,9 @@ type Store struct {
 	wm       meta
 	inflight *flight
 	spare    *badger.Txn
+	// wfloor is the floor writes obey, guarded by wmu: a retention pass raises it before it counts what it
+	// deletes, so nothing lands below the floor between the count and the commit (retention.go).
+	wfloor int64
 	// rmu serializes retention passes.
 	rmu sync.Mutex
 	// qmu guards queue: Writes waiting for wmu, committed together by the next holder.
@@ -148,6 +152,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: read counters: %w", opts.Dir, err)
 	}
 	s.wm = s.m
+	s.wfloor = s.m.floor()
 	if err := s.fixModes(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store: %w", err)
@@ -217,7 +222,7 @@ func (s *Store) Get(ctx context.Context, messageID string) (*mailboxv1.MailboxIt
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if !ok || p.ts() < s.meta().floor() {
 			return ErrNotFound
 		}
 		out, err = readItem(txn, p)
@@ -262,32 +267,31 @@ func readItem(txn *badger.Txn, p pos) (*mailboxv1.MailboxItem, error) {
 }
 
 // Stats reports total events, total envelope bytes, oldest and newest timestamps. mailbox_id and epoch are left
-// empty for the caller to fill. The counters are kept by every write and delete; oldest and newest are the first
-// key at either end of the primary order.
+// empty for the caller to fill. The counters are kept by every write and retention pass; oldest and newest are
+// the first live key at either end of the primary order.
 func (s *Store) Stats(ctx context.Context) (*mailboxv1.MailboxStats, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	s.mmu.Lock()
-	m := s.m
-	s.mmu.Unlock()
+	m := s.meta()
 	st := &mailboxv1.MailboxStats{TotalEvents: m.events, TotalBytes: m.bytes}
 	err := s.db.View(func(txn *badger.Txn) error {
 		for _, reverse := range []bool{false, true} {
 			it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: false, Reverse: reverse, Prefix: []byte{prefixItem}})
 			seek := []byte{prefixItem}
 			if reverse {
-				seek = afterLastItem
+				seek = oldestFrom(m.floor())
 			}
 			it.Seek(seek)
 			if it.Valid() {
 				var p pos
 				copy(p[:], it.Item().Key()[1:])
-				ts := timestamppb.New(time.UnixMilli(p.ts()))
-				if reverse {
-					st.OldestEvent = ts
-				} else {
-					st.NewestEvent = ts
+				if ts := p.ts(); ts >= m.floor() {
+					if reverse {
+						st.OldestEvent = timestamppb.New(time.UnixMilli(ts))
+					} else {
+						st.NewestEvent = timestamppb.New(time.UnixMilli(ts))
+					}
 				}
 			}
 			it.Close()

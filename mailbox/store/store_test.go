@@ -531,3 +531,30 @@ func TestGroupAfterAFailedFlightFails(t *testing.T) {
 		t.Errorf("stats %d events, %d items stored; want 3 and 3", st.GetTotalEvents(), len(rawKeys(t, s)[prefixItem]))
 	}
 }
+
+// TestMetaEncoding: counters and floor round-trip, a zero meta has no floor, and meta written before the floor
+// existed (version 1) decodes as having none.
+func TestMetaEncoding(t *testing.T) {
+	t.Parallel()
+	if f := (meta{}).floor(); f != math.MinInt64 {
+		t.Errorf("zero meta floor %d, want none (MinInt64)", f)
+	}
+	for _, floor := range []int64{math.MinInt64, -5, 0, 1_700_000_000_000, math.MaxInt64} {
+		m := meta{events: 3, bytes: -1, seq: 9}
+		m.setFloor(floor)
+		got, err := decodeMeta(m.encode())
+		if err != nil || got != m || got.floor() != floor {
+			t.Errorf("floor %d: decoded %+v (floor %d), %v; want %+v", floor, got, got.floor(), err, m)
+		}
+	}
+	v1 := []byte{1, 6, 20, 7} // events 3, bytes 10, seq 7
+	got, err := decodeMeta(v1)
+	if err != nil || got.events != 3 || got.bytes != 10 || got.seq != 7 || got.floor() != math.MinInt64 {
+		t.Errorf("version 1: %+v (floor %d), %v", got, got.floor(), err)
+	}
+	for _, bad := range [][]byte{nil, {3}, {2, 6, 20, 7}} {
+		if _, err := decodeMeta(bad); err == nil {
+			t.Errorf("decodeMeta(%v) accepted", bad)
+		}
+	}
+}

@@ -11,7 +11,8 @@ import (
 
 // Write stores items atomically and durably (synced to disk before it returns), so the caller may commit the Kafka
 // offsets covering them. An item whose message_id is already stored (or repeated earlier in the same batch) is
-// skipped and counted as a duplicate: redelivery never creates a second item.
+// skipped and counted as a duplicate: redelivery never creates a second item. An item older than the retention
+// floor is skipped and counted as expired: retention has already deleted everything that old.
 //
 // Concurrent Writes (one per Kafka partition claim) are committed together: the caller that gets the write lock
 // takes every queued batch into one transaction, so claims waiting on each other share one fsync. Each batch
@@ -123,7 +124,7 @@ func (s *Store) sendGroup(group []*writeReq) {
 	}
 	m := s.wm
 	f := &flight{ids: map[string]struct{}{}, done: make(chan struct{})}
-	res, stored, err := fill(txn, group, prev, &m, f.ids)
+	res, stored, err := fill(txn, group, prev, s.wfloor, &m, f.ids)
 	if err == nil && stored > 0 {
 		err = txn.Set(metaKey, m.encode())
 	}
@@ -182,13 +183,17 @@ func (s *Store) settle() {
 	}
 }
 
-// fill dedups group's items (against each other, the flight prev that txn cannot see, and txn) and sets the keys
-// of the new ones in txn, advancing m and recording their ids in ids.
-func fill(txn *badger.Txn, group []*writeReq, prev *flight, m *meta, ids map[string]struct{}) ([]WriteResult, int, error) {
+// fill drops group's items older than floor, dedups the others (against each other, the flight prev that txn
+// cannot see, and txn) and sets the keys of the new ones in txn, advancing m and recording their ids in ids.
+func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta, ids map[string]struct{}) ([]WriteResult, int, error) {
 	res := make([]WriteResult, len(group))
 	stored := 0
 	for b, r := range group {
 		for i, it := range r.items {
+			if it.GetTimestamp() < floor {
+				res[b].Expired++
+				continue
+			}
 			id := it.GetMessageId()
 			if _, dup := ids[id]; dup {
 				res[b].Duplicates++
@@ -253,7 +258,7 @@ func (s *Store) writeChunk(r *writeReq) (WriteResult, error) {
 		return a, err
 	}
 	b, err := s.writeChunk(&writeReq{items: r.items[half:], enc: r.enc[half:]})
-	return WriteResult{Stored: a.Stored + b.Stored, Duplicates: a.Duplicates + b.Duplicates}, err
+	return WriteResult{Stored: a.Stored + b.Stored, Duplicates: a.Duplicates + b.Duplicates, Expired: a.Expired + b.Expired}, err
 }
 
 // writeTxn writes one batch in one synchronous transaction; it must be called with wmu held and nothing in
@@ -262,7 +267,7 @@ func (s *Store) writeTxn(r *writeReq) (WriteResult, error) {
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
 	m := s.wm
-	res, stored, err := fill(txn, []*writeReq{r}, nil, &m, map[string]struct{}{})
+	res, stored, err := fill(txn, []*writeReq{r}, nil, s.wfloor, &m, map[string]struct{}{})
 	if err != nil {
 		return WriteResult{}, err
 	}
@@ -284,4 +289,11 @@ func (s *Store) setMeta(m meta) {
 	s.mmu.Lock()
 	s.m = m
 	s.mmu.Unlock()
+}
+
+// meta returns the counters and floor as of the last durable write or retention pass.
+func (s *Store) meta() meta {
+	s.mmu.Lock()
+	defer s.mmu.Unlock()
+	return s.m
 }
