@@ -558,3 +558,16 @@ func TestMetaEncoding(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteAfterCloseFails: a write to a closed store is an error for the caller to retry, not a crash.
+func TestWriteAfterCloseFails(t *testing.T) {
+	t.Parallel()
+	s := openDir(t, filepath.Join(t.TempDir(), "mbox"), Options{})
+	mustWrite(t, s, item("a", 1))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Write(context.Background(), []*mailboxv1.MailboxItem{item("b", 2)}); err == nil {
+		t.Fatal("write after close succeeded")
+	}
+}

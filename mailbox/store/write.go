@@ -146,7 +146,11 @@ func (s *Store) sendGroup(group []*writeReq) {
 	if err != nil || stored == 0 {
 		txn.Discard()
 		for i, r := range group {
-			r.res, r.err = res[i], err
+			if err != nil {
+				r.err = err
+			} else {
+				r.res = res[i]
+			}
 		}
 		return
 	}
