@@ -131,6 +131,7 @@ func New(cfg Config) (*Runner, error) {
 		mailboxes: map[string]*mailbox{},
 		prepared:  map[string]*store.Store{},
 	}
+	cfg.Registry.MustRegister(storeCollector{r})
 	if r.cfg.Ready == nil {
 		r.cfg.Ready = r.Ready
 	}

@@ -34,6 +34,31 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// gauge is the value of the metric name labelled mailbox in r's registry, or -1 when there is none.
+func gauge(t *testing.T, r *Runner, name, mailbox string) float64 {
+	t.Helper()
+	mfs, err := r.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "mailbox" && l.GetValue() == mailbox {
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue()
+					}
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
 func status(t *testing.T, url string) (int, http.Header) {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -137,6 +162,20 @@ func TestRunnerLifecycle(t *testing.T) {
 	})
 	if b, _ := r.Stats(context.Background(), "$b@p1"); b.TotalEvents != 11 {
 		t.Fatalf("mailbox without max age lost items: %d", b.TotalEvents)
+	}
+	// The pass and its sweep show in the metrics; the floor is the cutoff, 2020-01-01 00:10.
+	waitFor(t, "the sweep in the metrics", func() bool { return gauge(t, r, "prism_mailbox_retention_swept_events_total", "a@p1") == 5 })
+	for name, want := range map[string]float64{
+		"prism_mailbox_stored_events":                     5,
+		"prism_mailbox_retention_deleted_events_total":    5,
+		"prism_mailbox_retention_floor_timestamp_seconds": float64(old.Add(10 * time.Minute).Unix()),
+	} {
+		if got := gauge(t, r, name, "a@p1"); got != want {
+			t.Errorf("%s{mailbox=a@p1} = %v, want %v", name, got, want)
+		}
+	}
+	if got := gauge(t, r, "prism_mailbox_stored_events", "$b@p1"); got != 11 {
+		t.Errorf("prism_mailbox_stored_events{mailbox=$b@p1} = %v, want 11", got)
 	}
 
 	if err := r.Drain("a@p1"); err != nil {

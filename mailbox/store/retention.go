@@ -73,6 +73,8 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 	if err := s.commitFloor(floor, res); err != nil {
 		return RetentionResult{}, fmt.Errorf("retention: %w", err)
 	}
+	s.deleted.Add(int64(res.Deleted))
+	s.deletedBytes.Add(res.DeletedBytes)
 	if res.Deleted > 0 {
 		s.log.Info("retention pass", "deleted", res.Deleted, "deleted_bytes", res.DeletedBytes, "floor", floor, "dir", s.opts.Dir)
 	}
@@ -215,6 +217,7 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 				continue
 			}
 			swept += len(vs)
+			s.swept.Add(int64(len(vs)))
 		}
 	}()
 	readErr := s.collectVictims(ctx, floor, chunks)

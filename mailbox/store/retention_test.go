@@ -274,6 +274,9 @@ func TestFloorDeletesBeforeTheSweep(t *testing.T) {
 		t.Errorf("pass %+v, want 100 deleted, 1000 bytes", res)
 	}
 	checkVisible(t, s, items, 100)
+	if u := s.Usage(); u != (Usage{Events: 200, Bytes: 2000, Floor: time.UnixMilli(100), Deleted: 100, DeletedBytes: 1000}) {
+		t.Errorf("usage after the pass %+v", u)
+	}
 	if n := len(rawKeys(t, s)[prefixItem]); n != 300 {
 		t.Errorf("%d primary keys before the sweep, want all 300", n)
 	}
@@ -294,6 +297,9 @@ func TestFloorDeletesBeforeTheSweep(t *testing.T) {
 		t.Fatalf("sweep: %d, %v; want 100 swept", swept, err)
 	}
 	checkOnlyNewest(t, s, items, 100)
+	if u := s.Usage(); u.Swept != 100 || u.Deleted != 0 || !u.Floor.Equal(time.UnixMilli(100)) {
+		t.Errorf("usage after reopen and sweep %+v: want 100 swept, the floor kept", u)
+	}
 	if swept, err := s.Sweep(context.Background()); err != nil || swept != 0 {
 		t.Errorf("second sweep: %d, %v; want nothing left", swept, err)
 	}

@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
@@ -87,6 +89,9 @@ type Store struct {
 	m   meta
 
 	chunk int // items per retention transaction; retentionChunk except in tests
+
+	// Since Open: items and bytes deleted by retention passes, and items whose keys the sweep removed.
+	deleted, deletedBytes, swept atomic.Int64
 }
 
 const (
@@ -264,6 +269,25 @@ func readItem(txn *badger.Txn, p pos) (*mailboxv1.MailboxItem, error) {
 		return err
 	})
 	return out, err
+}
+
+// Usage is what a store holds and what retention has removed from it since it was opened, cheap enough for
+// every metrics scrape.
+type Usage struct {
+	Events, Bytes         int64     // stored, as Stats counts them
+	Floor                 time.Time // the retention floor; zero while retention has deleted nothing
+	Deleted, DeletedBytes int64     // deleted by retention passes since Open
+	Swept                 int64     // deleted items whose keys the sweep has removed since Open
+}
+
+// Usage reports the counters and the retention floor, without reading the store.
+func (s *Store) Usage() Usage {
+	m := s.meta()
+	u := Usage{Events: m.events, Bytes: m.bytes, Deleted: s.deleted.Load(), DeletedBytes: s.deletedBytes.Load(), Swept: s.swept.Load()}
+	if f := m.floor(); f != math.MinInt64 {
+		u.Floor = time.UnixMilli(f)
+	}
+	return u
 }
 
 // Stats reports total events, total envelope bytes, oldest and newest timestamps. mailbox_id and epoch are left
