@@ -5,6 +5,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,11 @@ type Options struct {
 	// value-log GC, so a pass lands under it (as of the pass's start) rather than chasing disk usage.
 	MaxSize int64
 	Logger  *slog.Logger // nil = slog.Default()
+
+	// Test knobs, so that GC finds whole value-log files and compaction starts after two L0 tables in a small
+	// store: 128 MiB and Badger's default otherwise.
+	vlogFileSize int64
+	l0Tables     int
 }
 
 // WriteResult counts what a Write did with its items: stored, dropped as duplicates of a stored message id, or
@@ -124,7 +130,10 @@ func Open(opts Options) (*Store, error) {
 		bo = bo.WithValueThreshold(256).
 			// Value-log GC rewrites a whole file once half of it is garbage: files of 128 MiB (not Badger's
 			// 1 GiB) let retention give space back in steps proportionate to a mailbox.
-			WithValueLogFileSize(128 << 20)
+			WithValueLogFileSize(cmp.Or(opts.vlogFileSize, 128<<20))
+		if opts.l0Tables > 0 {
+			bo = bo.WithNumLevelZeroTables(opts.l0Tables)
+		}
 		if opts.Dir == "" {
 			return nil, errors.New("open store: Dir is empty")
 		}
