@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -98,6 +99,9 @@ func TestMailboxRunnerKill9(t *testing.T) {
 		before = n
 		return err == nil && n >= 1000, fmt.Sprintf("%d stored (%v)", n, err)
 	})
+	if got := processUmask(t, p.cmd.Process.Pid); got != "0077" {
+		t.Errorf("runner umask %s, want 0077: store files must be created owner-only", got)
+	}
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -160,4 +164,20 @@ func TestMailboxRunnerSIGTERM(t *testing.T) {
 		t.Fatalf("second run consumed %v of %d records (%v); want the remainder only", consumed, len(want), err)
 	}
 	t.Logf("second run consumed %v records", consumed)
+}
+
+// processUmask reads a process's umask from /proc (Linux 4.7 and later).
+func processUmask(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no Umask line in /proc/%d/status", pid)
+	return ""
 }

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -13,6 +14,9 @@ import (
 var version = "dev"
 
 func main() {
+	// Mailbox stores and Raft logs hold users' events and leases: files are created owner-only (0600, directories
+	// 0700) from the start, rather than at the stores' permission sweeps, which cover what exists when they run.
+	syscall.Umask(0o077)
 	root := &cobra.Command{
 		Use:           "prism",
 		Short:         "Prism mailbox mesh: searchable event store as a service mesh",
