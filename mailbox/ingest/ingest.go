@@ -316,13 +316,13 @@ func (c *committer) stop() {
 }
 
 // ConsumeClaim batches the claim's records by size and time. A full batch is decoded here and handed to the
-// claim's writer goroutine, which stores it and commits its offsets, so the next batch is fetched and decoded
-// while the previous one is being synced to disk; the writer takes batches in order and commits an offset only
-// after the batch it ends is durable. When the claim is revoked or the ingester stops, sarama closes
-// Messages(); the batch in hand is then flushed, and the writer's backlog stored and committed, before the
-// partition is let go.
+// claim's writer goroutine, which stores it and marks its offsets for the session's committer, so the next batch
+// is fetched and decoded while the previous one is being synced to disk; the writer takes batches in order and
+// marks an offset only after the batch it ends is durable. When the claim is revoked or the ingester stops,
+// sarama closes Messages(); the batch in hand is then flushed and the writer's backlog stored and marked before
+// the partition is let go, and Cleanup commits.
 func (h *handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
-	// next is the offset after the last committed record; negative (sarama's
+	// next is the offset after the last durable (marked) record; negative (sarama's
 	// OffsetOldest) until the first record shows where the partition starts.
 	var next atomic.Int64
 	next.Store(c.InitialOffset())
