@@ -19,6 +19,7 @@ import (
 
 	"github.com/prism-mesh/prism/envoy"
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testproc"
 )
 
 // devProcess is a running `prism dev` on free loopback ports.
@@ -67,7 +68,7 @@ func startDevEnv(t *testing.T, env []string, args ...string) *devProcess {
 	argv := []string{"dev", "--log-level", "info", "--kafka-port", strconv.Itoa(freePort(t))}
 	for _, f := range devAddrFlags {
 		if _, given := d.addrs[f]; !given {
-			d.addrs[f] = freeAddr(t)
+			d.addrs[f] = testproc.FreeAddr(t)
 			argv = append(argv, f, d.addrs[f])
 		}
 	}
@@ -170,7 +171,7 @@ func tail(s string, n int) string {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	_, p, err := net.SplitHostPort(freeAddr(t))
+	_, p, err := net.SplitHostPort(testproc.FreeAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +311,7 @@ func TestMailboxDevEnvoyOnPath(t *testing.T) {
 	}
 	copyPath := filepath.Join(dir, "bootstrap-copy.yaml")
 	// The stand-in is told the addresses prism dev is given.
-	admin, gw := freeAddr(t), freeAddr(t)
+	admin, gw := testproc.FreeAddr(t), testproc.FreeAddr(t)
 	d := startDevEnv(t, []string{
 		"PATH=" + dir + string(os.PathListSeparator) + os.Getenv("PATH"),
 		"FAKE_ENVOY_BOOTSTRAP_COPY=" + copyPath, "FAKE_ENVOY_PRISM=" + prism,

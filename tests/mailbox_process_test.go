@@ -3,59 +3,31 @@ package tests
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/internal/testwait"
 )
 
 // runnerProc is a `prism runner` process.
 type runnerProc struct {
-	cmd     *exec.Cmd
+	*testproc.Proc
 	httpURL string
-	exited  chan struct{} // closed when the process has exited; then err is its Wait result
-	err     error
 }
 
 func startRunnerProc(t *testing.T, brokers []string, mailbox, dataDir string, topics ...string) *runnerProc {
 	t.Helper()
-	bin, err := testbin.Path("prism")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := freeAddr(t)
+	httpAddr := testproc.FreeAddr(t)
 	args := []string{"runner", "--mailbox", mailbox, "--kafka", brokers[0], "--data-dir", dataDir,
-		"--grpc-addr", freeAddr(t), "--http-addr", httpAddr, "--batch-size", "100", "--log-level", "warn"}
+		"--grpc-addr", testproc.FreeAddr(t), "--http-addr", httpAddr, "--batch-size", "100", "--log-level", "warn"}
 	for _, tp := range topics {
 		args = append(args, "--topic", tp)
 	}
-	logf, err := os.CreateTemp(t.TempDir(), "runner-*.log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &runnerProc{cmd: cmd, httpURL: "http://" + httpAddr, exited: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); logf.Close(); close(p.exited) }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("runner log %s:\n%s", filepath.Base(logf.Name()), b)
-		}
-	})
-	return p
+	return &runnerProc{Proc: testproc.Start(t, "runner", args...), httpURL: "http://" + httpAddr}
 }
 
 func (p *runnerProc) stored(mailbox string) (int64, error) { return totalEvents(p.httpURL, mailbox) }
@@ -99,13 +71,10 @@ func TestMailboxRunnerKill9(t *testing.T) {
 		before = n
 		return err == nil && n >= 1000, fmt.Sprintf("%d stored (%v)", n, err)
 	})
-	if got := processUmask(t, p.cmd.Process.Pid); got != "0077" {
+	if got := processUmask(t, p.Pid()); got != "0077" {
 		t.Errorf("runner umask %s, want 0077: store files must be created owner-only", got)
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-p.exited
+	p.Kill()
 	if before >= 40000 {
 		t.Fatalf("runner stored everything (%d) before the kill; the test proves nothing", before)
 	}
@@ -137,16 +106,8 @@ func TestMailboxRunnerSIGTERM(t *testing.T) {
 		return err == nil && n >= 1000, fmt.Sprintf("%d stored (%v)", n, err)
 	})
 	start := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.exited:
-		if p.err != nil {
-			t.Fatalf("runner exited with %v after SIGTERM", p.err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("runner did not exit within 60s of SIGTERM")
+	if err := p.Term(60 * time.Second); err != nil {
+		t.Fatalf("runner after SIGTERM: %v", err)
 	}
 	t.Logf("graceful stop took %v", time.Since(start))
 

@@ -6,13 +6,13 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
+	"github.com/prism-mesh/prism/internal/testproc"
 )
 
 // startAdmin runs an in-memory single-node admin for the CLI to talk to.
@@ -33,16 +33,6 @@ func startAdmin(t *testing.T) string {
 	return n.GRPCAddr()
 }
 
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func prismctl(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	root := rootCommand()
@@ -58,7 +48,7 @@ func TestCommandsAgainstAdmin(t *testing.T) {
 	t.Parallel()
 	// The first endpoint is dead: the client must move on to the next one,
 	// and retry while the fresh node has no leader yet.
-	admin := deadAddr(t) + "," + startAdmin(t)
+	admin := testproc.FreeAddr(t) + "," + startAdmin(t)
 	g := []string{"--admin", admin, "--attempt-timeout", "1s", "--timeout", "20s"}
 	run := func(args ...string) string {
 		t.Helper()
@@ -122,7 +112,7 @@ func TestErrorsAreClear(t *testing.T) {
 		{[]string{"--admin", admin, "member", "add", "n2", "nowhere", "127.0.0.1:1"}, "InvalidArgument"},
 		{[]string{"--admin", admin, "member", "add", "n2", "127.0.0.1:1", "nowhere"}, "grpc_address"},
 		{[]string{"--admin", " , ", "cluster", "status"}, "no admin endpoints"},
-		{[]string{"--admin", deadAddr(t), "--timeout", "1s", "--attempt-timeout", "200ms", "cluster", "status"}, "Unavailable: no admin node could answer"},
+		{[]string{"--admin", testproc.FreeAddr(t), "--timeout", "1s", "--attempt-timeout", "200ms", "cluster", "status"}, "Unavailable: no admin node could answer"},
 	}
 	for _, tc := range cases {
 		out, err := prismctl(t, tc.args...)

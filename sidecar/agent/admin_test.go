@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/admin/lease"
+	"github.com/prism-mesh/prism/internal/testproc"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -42,17 +43,6 @@ func startNode(t *testing.T, answer func() (*adminv1.MailboxHeartbeatResponse, e
 	return n
 }
 
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return addr
-}
-
 func TestEndpointsFailover(t *testing.T) {
 	t.Parallel()
 	ok := func() (*adminv1.MailboxHeartbeatResponse, error) {
@@ -66,7 +56,7 @@ func TestEndpointsFailover(t *testing.T) {
 	refusing := startNode(t, func() (*adminv1.MailboxHeartbeatResponse, error) {
 		return nil, lease.RefusalError(&adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED})
 	})
-	dead := deadAddr(t)
+	dead := testproc.FreeAddr(t)
 	req := &adminv1.MailboxHeartbeatRequest{MailboxId: "a@p", RunnerId: "r"}
 	ctx := context.Background()
 
@@ -117,7 +107,7 @@ func TestEndpointsFailover(t *testing.T) {
 		}
 	})
 	t.Run("all down is an error naming each", func(t *testing.T) {
-		e, err := DialEndpoints([]string{dead, deadAddr(t)}, 2*time.Second, nil)
+		e, err := DialEndpoints([]string{dead, testproc.FreeAddr(t)}, 2*time.Second, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc/codes"
@@ -79,7 +80,7 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := freeAddr(t)
+	dead := testproc.FreeAddr(t)
 	prismctl := func(args ...string) string {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, ctl, append([]string{"--admin", dead + "," + fol.grpcAddr, "--attempt-timeout", "1s"}, args...)...)

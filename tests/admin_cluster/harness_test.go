@@ -6,7 +6,6 @@ package admincluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/prism-mesh/prism/internal/faultproxy"
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
@@ -46,16 +46,6 @@ type cluster struct {
 	links [][]*faultproxy.Proxy
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // startCluster starts size voters with a static peer list.
 func startCluster(t *testing.T, size int) *cluster {
 	t.Helper()
@@ -69,9 +59,9 @@ func startCluster(t *testing.T, size int) *cluster {
 	for i := range size {
 		n := &node{
 			id:       fmt.Sprintf("admin-%d", i+1),
-			raftAddr: freeAddr(t),
-			grpcAddr: freeAddr(t),
-			httpAddr: freeAddr(t),
+			raftAddr: testproc.FreeAddr(t),
+			grpcAddr: testproc.FreeAddr(t),
+			httpAddr: testproc.FreeAddr(t),
 			dataDir:  filepath.Join(root, fmt.Sprintf("n%d", i+1)),
 			logPath:  filepath.Join(root, fmt.Sprintf("n%d.log", i+1)),
 		}
@@ -287,9 +277,9 @@ func (c *cluster) addJoiner() int {
 	c.t.Helper()
 	n := &node{
 		id:       fmt.Sprintf("admin-%d", len(c.nodes)+1),
-		raftAddr: freeAddr(c.t),
-		grpcAddr: freeAddr(c.t),
-		httpAddr: freeAddr(c.t),
+		raftAddr: testproc.FreeAddr(c.t),
+		grpcAddr: testproc.FreeAddr(c.t),
+		httpAddr: testproc.FreeAddr(c.t),
 		dataDir:  filepath.Join(c.t.TempDir(), "joiner"),
 	}
 	n.logPath = n.dataDir + ".log"

@@ -39,7 +39,7 @@ func served(t *testing.T, gw *gatewayProc, mailbox string, wantEvents int64) str
 // connectedTo is the admin node holding the gateway's ADS stream, or nil.
 func connectedTo(nodes []*adminNode) *adminNode {
 	for _, n := range nodes {
-		if !n.alive() {
+		if !n.Alive() {
 			continue
 		}
 		if v, err := metric("http://"+n.httpAddr, "prism_xds_connected_clients", `protocol="sotw"`); err == nil && v == 1 {
@@ -91,7 +91,7 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 	sameByNamespace(t, gw, "audit", "audit@proxy-1")
 
 	// The leader dies; the gateway's follower lives on.
-	leader.kill()
+	leader.Kill()
 	for range 20 {
 		if code, _, e, body := stats(gw, "audit@proxy-1"); code != 200 || e != epoch {
 			t.Fatalf("with the leader dead the gateway answers %d epoch %q: %s", code, e, body)
@@ -110,7 +110,7 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 	testwait.For(t, 60*time.Second, "a leader with the old one back", func() (bool, string) {
 		return leaderOf(admins) != nil, "no leader"
 	})
-	followers[0].kill()
+	followers[0].Kill()
 	killed := time.Now()
 	for range 20 {
 		if code, _, e, body := stats(gw, "audit@proxy-1"); code != 200 || e != epoch {
@@ -130,7 +130,7 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 
 	// A released lease withdraws the route: the answer is the admin's
 	// not-found service's, not the runner's.
-	if err := sidecar.term(15 * time.Second); err != nil {
+	if err := sidecar.Term(15 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	testwait.For(t, 30*time.Second, "released mailbox 404 from the mesh", func() (bool, string) {

@@ -9,14 +9,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,96 +23,13 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
 
 const proxyID = "proxy-1"
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// proc is one child process with its output in a log file.
-type proc struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	exited  chan struct{}
-	err     error
-}
-
-func startProc(t *testing.T, name string, args ...string) *proc {
-	t.Helper()
-	bin, err := testbin.Path("prism")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{name: name, logPath: filepath.Join(t.TempDir(), name+".log"), exited: make(chan struct{})}
-	logf, err := os.Create(p.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); logf.Close(); close(p.exited) }()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("--- %s log tail ---\n%s", name, p.tail(30))
-		}
-	})
-	return p
-}
-
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-	default:
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.exited
-	}
-}
-
-func (p *proc) alive() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// term sends SIGTERM and waits up to d for the exit.
-func (p *proc) term(d time.Duration) error {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-		return p.err
-	case <-time.After(d):
-		return fmt.Errorf("%s did not exit within %v of SIGTERM", p.name, d)
-	}
-}
-
-func (p *proc) tail(n int) string {
-	b, _ := os.ReadFile(p.logPath)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
 
 // ---- Kafka ----
 
@@ -160,7 +72,7 @@ func produce(t *testing.T, brokers []string, topic string, n int) {
 // ---- admin ----
 
 type adminNode struct {
-	*proc
+	*testproc.Proc
 	id, raftAddr, grpcAddr, httpAddr string
 	args                             []string
 	cc                               *grpc.ClientConn
@@ -172,7 +84,7 @@ func (n *adminNode) control() adminv1.ControlPlaneClient { return adminv1.NewCon
 // restart starts the node again on its addresses and data directory.
 func (n *adminNode) restart(t *testing.T) {
 	t.Helper()
-	n.proc = startProc(t, n.id+"-restarted", n.args...)
+	n.Proc = testproc.Start(t, n.id+"-restarted", n.args...)
 }
 
 // startAdmins starts three voters with a static peer list and waits for a
@@ -182,13 +94,13 @@ func startAdmins(t *testing.T) []*adminNode {
 	nodes := make([]*adminNode, 3)
 	var peers []string
 	for i := range nodes {
-		nodes[i] = &adminNode{id: fmt.Sprintf("admin-%d", i+1), raftAddr: freeAddr(t), grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
+		nodes[i] = &adminNode{id: fmt.Sprintf("admin-%d", i+1), raftAddr: testproc.FreeAddr(t), grpcAddr: testproc.FreeAddr(t), httpAddr: testproc.FreeAddr(t)}
 		peers = append(peers, nodes[i].id+"="+nodes[i].raftAddr+"="+nodes[i].grpcAddr)
 	}
 	for _, n := range nodes {
 		n.args = []string{"admin", "--node-id", n.id, "--raft-addr", n.raftAddr, "--grpc-addr", n.grpcAddr, "--http-addr", n.httpAddr,
 			"--data-dir", t.TempDir(), "--raft-timing", "fast", "--log-format", "text", "--peers", strings.Join(peers, ",")}
-		n.proc = startProc(t, n.id, n.args...)
+		n.Proc = testproc.Start(t, n.id, n.args...)
 		cc, err := grpc.NewClient(n.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -205,7 +117,7 @@ func startAdmins(t *testing.T) []*adminNode {
 // leaderOf is the live node that says it leads, or nil.
 func leaderOf(nodes []*adminNode) *adminNode {
 	for _, n := range nodes {
-		if !n.alive() {
+		if !n.Alive() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -226,7 +138,7 @@ func createNamespace(t *testing.T, nodes []*adminNode, ns, topic string) {
 	testwait.For(t, 60*time.Second, "namespace "+ns+" created", func() (bool, string) {
 		var errs []string
 		for _, n := range nodes {
-			if !n.alive() {
+			if !n.Alive() {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -244,14 +156,14 @@ func createNamespace(t *testing.T, nodes []*adminNode, ns, topic string) {
 // ---- runner, sidecar, gateway ----
 
 type runnerProc struct {
-	*proc
+	*testproc.Proc
 	queryAddr, httpAddr, controlAddr string
 }
 
 func startRunner(t *testing.T, brokers []string) *runnerProc {
 	t.Helper()
-	r := &runnerProc{queryAddr: freeAddr(t), httpAddr: freeAddr(t), controlAddr: freeAddr(t)}
-	r.proc = startProc(t, "runner", "runner", "--kafka", strings.Join(brokers, ","), "--data-dir", t.TempDir(),
+	r := &runnerProc{queryAddr: testproc.FreeAddr(t), httpAddr: testproc.FreeAddr(t), controlAddr: testproc.FreeAddr(t)}
+	r.Proc = testproc.Start(t, "runner", "runner", "--kafka", strings.Join(brokers, ","), "--data-dir", t.TempDir(),
 		"--grpc-addr", r.queryAddr, "--http-addr", r.httpAddr, "--control-addr", r.controlAddr,
 		"--batch-wait", "20ms", "--log-format", "json")
 	testwait.For(t, 30*time.Second, "runner /healthz", func() (bool, string) {
@@ -263,23 +175,23 @@ func startRunner(t *testing.T, brokers []string) *runnerProc {
 
 // startSidecar holds the runner's leases, advertising its query port (where
 // it answers gRPC and HTTP alike) as the address routes point at.
-func startSidecar(t *testing.T, r *runnerProc, admins []string) *proc {
+func startSidecar(t *testing.T, r *runnerProc, admins []string) *testproc.Proc {
 	t.Helper()
-	return startProc(t, "sidecar", "sidecar", "--proxy-id", proxyID, "--runner-id", "runner-1",
+	return testproc.Start(t, "sidecar", "sidecar", "--proxy-id", proxyID, "--runner-id", "runner-1",
 		"--admin-endpoints", strings.Join(admins, ","), "--runner-addr", r.controlAddr, "--advertise-addr", r.queryAddr,
-		"--http-addr", freeAddr(t), "--lease-ttl", "3s", "--heartbeat-interval", "500ms",
+		"--http-addr", testproc.FreeAddr(t), "--lease-ttl", "3s", "--heartbeat-interval", "500ms",
 		"--retry-max", "250ms", "--admin-attempt-timeout", "700ms", "--log-format", "json")
 }
 
 type gatewayProc struct {
-	*proc
+	*testproc.Proc
 	httpAddr, grpcAddr string
 }
 
 func startGateway(t *testing.T, admins []string) *gatewayProc {
 	t.Helper()
-	g := &gatewayProc{httpAddr: freeAddr(t), grpcAddr: freeAddr(t)}
-	g.proc = startProc(t, "gateway", "gateway", "--admin", strings.Join(admins, ","), "--node-id", "gateway-e2e",
+	g := &gatewayProc{httpAddr: testproc.FreeAddr(t), grpcAddr: testproc.FreeAddr(t)}
+	g.Proc = testproc.Start(t, "gateway", "gateway", "--admin", strings.Join(admins, ","), "--node-id", "gateway-e2e",
 		"--http-addr", g.httpAddr, "--grpc-addr", g.grpcAddr, "--timeout", "3s", "--log-format", "json")
 	return g
 }

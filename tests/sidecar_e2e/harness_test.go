@@ -6,20 +6,14 @@
 package sidecare2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,7 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
@@ -52,126 +46,6 @@ var (
 	grace    = 2 * time.Second
 	interval = 500 * time.Millisecond
 )
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// proc is one child process with its output in a log file.
-type proc struct {
-	t       *testing.T
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	exited  chan struct{}
-	err     error
-}
-
-func startProc(t *testing.T, name string, args ...string) *proc {
-	t.Helper()
-	bin, err := testbin.Path("prism")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{t: t, name: name, logPath: filepath.Join(t.TempDir(), name+".log"), exited: make(chan struct{})}
-	logf, err := os.Create(p.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); logf.Close(); close(p.exited) }()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("--- %s log tail ---\n%s", name, p.tail(40))
-		}
-	})
-	return p
-}
-
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-	default:
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.exited
-	}
-}
-
-// term sends SIGTERM and waits up to d for the exit.
-func (p *proc) term(d time.Duration) error {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-		return p.err
-	case <-time.After(d):
-		return fmt.Errorf("%s did not exit within %v of SIGTERM", p.name, d)
-	}
-}
-
-func (p *proc) tail(n int) string {
-	b, _ := os.ReadFile(p.logPath)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// logHas reports whether the process logged a line containing every part.
-func (p *proc) logHas(parts ...string) bool {
-	f, err := os.Open(p.logPath)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		ok := true
-		for _, s := range parts {
-			if !strings.Contains(sc.Text(), s) {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			return true
-		}
-	}
-	return false
-}
-
-// logTime is the time field of the first JSON log line whose msg is msg.
-func (p *proc) logTime(msg string) (time.Time, bool) {
-	f, err := os.Open(p.logPath)
-	if err != nil {
-		return time.Time{}, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var line struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
-		}
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == msg {
-			return line.Time, true
-		}
-	}
-	return time.Time{}, false
-}
 
 // ---- Kafka ----
 
@@ -243,7 +117,7 @@ func committed(t *testing.T, brokers []string, group string) int64 {
 // ---- admin ----
 
 type adminNode struct {
-	*proc
+	*testproc.Proc
 	id, raftAddr, grpcAddr, httpAddr string
 	cc                               *grpc.ClientConn
 }
@@ -258,7 +132,7 @@ func startAdmin(t *testing.T, size int) []*adminNode {
 	nodes := make([]*adminNode, size)
 	var peers []string
 	for i := range nodes {
-		nodes[i] = &adminNode{id: fmt.Sprintf("admin-%d", i+1), raftAddr: freeAddr(t), grpcAddr: freeAddr(t), httpAddr: freeAddr(t)}
+		nodes[i] = &adminNode{id: fmt.Sprintf("admin-%d", i+1), raftAddr: testproc.FreeAddr(t), grpcAddr: testproc.FreeAddr(t), httpAddr: testproc.FreeAddr(t)}
 		peers = append(peers, nodes[i].id+"="+nodes[i].raftAddr+"="+nodes[i].grpcAddr)
 	}
 	for _, n := range nodes {
@@ -269,7 +143,7 @@ func startAdmin(t *testing.T, size int) []*adminNode {
 		} else {
 			args = append(args, "--peers", strings.Join(peers, ","))
 		}
-		n.proc = startProc(t, n.id, args...)
+		n.Proc = testproc.Start(t, n.id, args...)
 		cc, err := grpc.NewClient(n.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -288,7 +162,7 @@ func startAdmin(t *testing.T, size int) []*adminNode {
 func leaderOf(nodes []*adminNode) *adminNode {
 	for _, n := range nodes {
 		select {
-		case <-n.exited:
+		case <-n.Exited():
 			continue
 		default:
 		}
@@ -349,14 +223,14 @@ func route(n *adminNode) (*adminv1.Route, error) {
 // ---- runner + sidecar ----
 
 type runnerProc struct {
-	*proc
+	*testproc.Proc
 	grpcAddr, httpAddr, controlAddr string
 }
 
 func startRunner(t *testing.T, name string, brokers []string) *runnerProc {
 	t.Helper()
-	r := &runnerProc{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), controlAddr: freeAddr(t)}
-	r.proc = startProc(t, name, "runner", "--kafka", strings.Join(brokers, ","), "--data-dir", t.TempDir(),
+	r := &runnerProc{grpcAddr: testproc.FreeAddr(t), httpAddr: testproc.FreeAddr(t), controlAddr: testproc.FreeAddr(t)}
+	r.Proc = testproc.Start(t, name, "runner", "--kafka", strings.Join(brokers, ","), "--data-dir", t.TempDir(),
 		"--grpc-addr", r.grpcAddr, "--http-addr", r.httpAddr, "--control-addr", r.controlAddr,
 		"--batch-wait", "20ms", "--log-format", "json")
 	testwait.For(t, 30*time.Second, name+" /healthz", func() (bool, string) {
@@ -384,14 +258,14 @@ func (r *runnerProc) mailboxStats() (int, uint64, int64, error) {
 }
 
 type sidecarProc struct {
-	*proc
+	*testproc.Proc
 	httpAddr string
 }
 
 func startSidecar(t *testing.T, name, runnerID string, r *runnerProc, admins ...string) *sidecarProc {
 	t.Helper()
-	s := &sidecarProc{httpAddr: freeAddr(t)}
-	s.proc = startProc(t, name, "sidecar", "--proxy-id", proxyID, "--runner-id", runnerID,
+	s := &sidecarProc{httpAddr: testproc.FreeAddr(t)}
+	s.Proc = testproc.Start(t, name, "sidecar", "--proxy-id", proxyID, "--runner-id", runnerID,
 		"--admin-endpoints", strings.Join(admins, ","), "--runner-addr", r.controlAddr, "--advertise-addr", r.grpcAddr,
 		"--http-addr", s.httpAddr, "--lease-ttl", ttl.String(), "--heartbeat-interval", interval.String(),
 		"--retry-max", "250ms", "--admin-attempt-timeout", "700ms", "--log-format", "json")

@@ -91,7 +91,7 @@ func startAndSIGTERM(t *testing.T, size int) {
 	})
 
 	sent := e.tl.mark("SIGTERM to the sidecar")
-	if err := e.sidecar.term(5 * time.Second); err != nil {
+	if err := e.sidecar.Term(5 * time.Second); err != nil {
 		t.Fatalf("sidecar stop: %v", err)
 	}
 	exited := e.tl.mark("sidecar exited")
@@ -119,19 +119,19 @@ func startAndSIGTERM(t *testing.T, size int) {
 		code, _, _, err := e.runner.mailboxStats()
 		return code == 404, fmt.Sprint(code, err)
 	})
-	if !e.sidecar.logHas("runner drained") || !e.sidecar.logHas("lease released", mailboxID) {
-		t.Fatalf("sidecar log lacks the drain or the release:\n%s", e.sidecar.tail(30))
+	if !e.sidecar.LogHas("runner drained") || !e.sidecar.LogHas("lease released", mailboxID) {
+		t.Fatalf("sidecar log lacks the drain or the release:\n%s", e.sidecar.Tail(30))
 	}
 	// From the sidecar's first log line to the runner serving under the
 	// lease, by the sidecar's own clock: register, watch, open, acquire,
 	// activate.
-	start, ok1 := e.sidecar.logTime("sidecar starting")
-	serving, ok2 := e.sidecar.logTime("runner serving under the lease")
+	start, ok1 := e.sidecar.LogTime("sidecar starting")
+	serving, ok2 := e.sidecar.LogTime("runner serving under the lease")
 	if !ok1 || !ok2 {
 		t.Fatal("sidecar log lacks its start or the activation")
 	}
 	for _, msg := range []string{"proxy registered", "mailbox assigned", "lease acquired", "runner serving under the lease"} {
-		if at, ok := e.sidecar.logTime(msg); ok {
+		if at, ok := e.sidecar.LogTime(msg); ok {
 			t.Logf("sidecar start + %6.1f ms: %s", float64(at.Sub(start).Microseconds())/1000, msg)
 		}
 	}
@@ -154,7 +154,7 @@ func TestSidecarKill9FencesBeforeRegrant(t *testing.T) {
 	runnerB := startRunner(t, "runner-b", e.brokers)
 
 	killed := e.tl.mark("kill -9 sidecar-a")
-	e.sidecar.kill()
+	e.sidecar.Kill()
 	sidecarB := startSidecar(t, "sidecar-b", "runner-b", runnerB, admin.grpcAddr)
 
 	var fenced, granted time.Time
@@ -195,8 +195,8 @@ func TestSidecarKill9FencesBeforeRegrant(t *testing.T) {
 	if v, err := metric("http://"+e.runner.httpAddr, "prism_runner_fences_total", `reason="deadline_passed"`); err != nil || v != 1 {
 		t.Errorf("runner-a fences by deadline: %v %v", v, err)
 	}
-	if !sidecarB.logHas("lease refused", "HELD_BY_OTHER") {
-		t.Errorf("sidecar-b never saw the lease held by runner-a:\n%s", sidecarB.tail(20))
+	if !sidecarB.LogHas("lease refused", "HELD_BY_OTHER") {
+		t.Errorf("sidecar-b never saw the lease held by runner-a:\n%s", sidecarB.Tail(20))
 	}
 	fmt.Printf("BENCH sidecar.fence_ms %.1f ms\n", float64(fenced.Sub(killed).Microseconds())/1000)
 	fmt.Printf("BENCH sidecar.regrant_ms %.1f ms\n", float64(granted.Sub(killed).Microseconds())/1000)
@@ -275,7 +275,7 @@ func TestSidecarAdminPartition(t *testing.T) {
 	if v, err := metric(base, "prism_sidecar_lease_losses_total", `reason="ttl_elapsed"`); err != nil || v < 1 {
 		t.Fatalf("ttl_elapsed losses %v %v", v, err)
 	}
-	if !e.sidecar.logHas("lease lost; fencing the runner", "ttl_elapsed", mailboxID) {
+	if !e.sidecar.LogHas("lease lost; fencing the runner", "ttl_elapsed", mailboxID) {
 		t.Fatal("the loss is not logged with its reason")
 	}
 }
@@ -292,7 +292,7 @@ func TestSidecarAdminLeaderKilled(t *testing.T) {
 	}
 	before, _ := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
 	killed := e.tl.mark("kill -9 leader %s", leader.id)
-	leader.kill()
+	leader.Kill()
 	var survivors []*adminNode
 	for _, n := range e.admins {
 		if n != leader {
@@ -369,8 +369,8 @@ func TestSidecarUnassign(t *testing.T) {
 	if got := committed(t, e.brokers, mailboxID); got != n {
 		t.Fatalf("committed %d, want %d", got, n)
 	}
-	if !e.sidecar.logHas("lease released", `"cause":"unassigned"`, fmt.Sprintf(`"epoch":%d`, epoch)) {
-		t.Fatalf("no release logged:\n%s", e.sidecar.tail(20))
+	if !e.sidecar.LogHas("lease released", `"cause":"unassigned"`, fmt.Sprintf(`"epoch":%d`, epoch)) {
+		t.Fatalf("no release logged:\n%s", e.sidecar.Tail(20))
 	}
 	testwait.For(t, 5*time.Second, "sidecar ready with nothing assigned", e.sidecar.ready)
 }

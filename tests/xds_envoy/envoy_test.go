@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,21 +23,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/envoy"
+	"github.com/prism-mesh/prism/internal/testproc"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
 	"github.com/prism-mesh/prism/xds/xdstest"
 )
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 func TestEnvoyGatewayRoutesByMailbox(t *testing.T) {
 	bin, err := exec.LookPath("envoy")
@@ -58,7 +48,7 @@ func TestEnvoyGatewayRoutesByMailbox(t *testing.T) {
 	}
 	defer runner.Close()
 
-	gateway, admin := freePort(t), freePort(t)
+	gateway, admin := testproc.FreeAddr(t), testproc.FreeAddr(t)
 	cp.Update(&ir.IR{
 		Version:   1,
 		Gateway:   ir.Gateway{Address: gateway},
