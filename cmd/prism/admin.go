@@ -116,21 +116,6 @@ func parseDial(s string) (map[string]string, error) {
 	return out, nil
 }
 
-func (f adminFlags) logger() (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch f.logFormat {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format: %q is not json or text", f.logFormat)
-}
-
 func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	var cfg server.NodeConfig
 	if f.nodeID == "" {
@@ -199,7 +184,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 }
 
 func runAdmin(ctx context.Context, f adminFlags) error {
-	log, err := f.logger()
+	log, err := newLogger(f.logLevel, f.logFormat)
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ Without --admin, grpc-go's bootstrap is read from $GRPC_XDS_BOOTSTRAP or $GRPC_X
 }
 
 func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
-	log, err := (&runnerFlags{logLevel: f.logLevel, logFormat: f.logFormat}).logger()
+	log, err := newLogger(f.logLevel, f.logFormat)
 	if err != nil {
 		return err
 	}

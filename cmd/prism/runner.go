@@ -65,21 +65,6 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 		"serve the sidecar's control API (prism.runner.v1.RunnerControl) here, loopback only; without --mailbox it defaults to "+defaultControlAddr+" and the sidecar opens the mailboxes")
 }
 
-func (f *runnerFlags) logger() (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch f.logFormat {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want json or text", f.logFormat)
-}
-
 func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
 	mode, err := envelope.ParseMode(f.validation)
 	if err != nil {
@@ -211,7 +196,7 @@ the control API on --control-addr (default ` + defaultControlAddr + `) and hosts
 SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := f.logger()
+			log, err := newLogger(f.logLevel, f.logFormat)
 			if err != nil {
 				return err
 			}

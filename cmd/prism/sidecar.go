@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -176,20 +175,4 @@ func runSidecar(ctx context.Context, log *slog.Logger, s sidecarRun) error {
 	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	return errors.Join(runErr, srv.Shutdown(sctx))
-}
-
-// newLogger builds the slog logger the flags ask for.
-func newLogger(level, format string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch strings.ToLower(format) {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want json or text", format)
 }
