@@ -11,11 +11,21 @@
 // update goes through sorted keys), and a lease's epoch is the Raft index of
 // its grant, so it is unique and only grows without any counter to replicate.
 //
-// Commands are dispatched through a table keyed by the Command body's oneof
-// field (Consul's typed dispatch). A command with no handler, including one
+// Commands are dispatched through a table keyed by the Go type of the
+// Command body's oneof (Consul's typed dispatch); a test walks the oneof so
+// no command goes without a handler. A command with no handler, including one
 // written by a newer version that this one decodes as an unknown field, is an
 // error. Handlers check everything that can fail before they touch state, so
 // an error never leaves a command half-applied.
+//
+// A client's command is checked on its way to the log in two places, each for
+// its own reason: a node that is not the leader checks the body
+// (ValidateBody) so it refuses a malformed request without forwarding it, and
+// the leader stamps its clock into Command.now and checks the whole command
+// once in Encode, right before proposing. The leader's stamp is the only one:
+// its lessor's clock governs expiry, so grants and renewals must be timed by
+// it. Apply checks again, not as a step of the request path but because a log
+// entry may hold bytes from anywhere.
 //
 // Liveness of leases is not evaluated here: a lease in the table is live until
 // a release or an expire command removes it. Only the leader knows when a

@@ -3,13 +3,13 @@ package fsm
 import (
 	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // LeaseObserver mirrors the lease table, e.g. package lease's Lessor. It is
@@ -57,8 +57,9 @@ func New(opts ...Option) *FSM {
 
 var _ raft.BatchingFSM = (*FSM)(nil)
 
-// Encode serializes a command for raft.Apply. It fails on commands the FSM
-// would refuse as malformed, so a bad request never reaches the log.
+// Encode checks a command whole (Validate) and serializes it for
+// raft.Apply. The server calls it once, on the leader, right after stamping
+// the leader's time into the command, so nothing malformed reaches the log.
 func Encode(cmd *adminv1.Command) ([]byte, error) {
 	if err := Validate(cmd); err != nil {
 		return nil, err
@@ -80,22 +81,18 @@ func Decode(data []byte) (*adminv1.Command, error) {
 }
 
 // CommandType names a command by its body field ("acquire_lease"), or
-// "unknown"; for logs and metric labels.
+// "unknown"; for logs and metric labels, never for dispatch.
 func CommandType(cmd *adminv1.Command) string {
-	if fd := bodyField(cmd); fd != nil {
+	if cmd == nil {
+		return "unknown"
+	}
+	if fd := cmd.ProtoReflect().WhichOneof(bodyOneof); fd != nil {
 		return string(fd.Name())
 	}
 	return "unknown"
 }
 
 var bodyOneof = (&adminv1.Command{}).ProtoReflect().Descriptor().Oneofs().ByName("body")
-
-func bodyField(cmd *adminv1.Command) protoreflect.FieldDescriptor {
-	if cmd == nil {
-		return nil
-	}
-	return cmd.ProtoReflect().WhichOneof(bodyOneof)
-}
 
 // handler is one command type. validate looks only at the command; apply may
 // additionally refuse on state, but only before it mutates anything.
@@ -104,48 +101,72 @@ type handler struct {
 	apply    func(tx *txn, cmd *adminv1.Command) (any, error)
 }
 
-// handlers is the dispatch table, keyed by the Command body's field name.
-var handlers = map[protoreflect.Name]handler{
-	"register_proxy":     {validateRegisterProxy, applyRegisterProxy},
-	"proxy_heartbeat":    {validateProxyHeartbeat, applyProxyHeartbeat},
-	"mark_proxies_stale": {validateMarkProxiesStale, applyMarkProxiesStale},
-	"create_namespace":   {validateCreateNamespace, applyCreateNamespace},
-	"delete_namespace":   {validateDeleteNamespace, applyDeleteNamespace},
-	"acquire_lease":      {validateAcquireLease, applyAcquireLease},
-	"release_lease":      {validateReleaseLease, applyReleaseLease},
-	"expire_leases":      {validateExpireLeases, applyExpireLeases},
-	"checkpoint_leases":  {validateCheckpointLeases, applyCheckpointLeases},
-	"put_members":        {validatePutMembers, applyPutMembers},
-	"remove_member":      {validateRemoveMember, applyRemoveMember},
+// handlers is the dispatch table, keyed by the Go type of the Command's body
+// (the oneof wrapper, e.g. *adminv1.Command_AcquireLease), so a key cannot be
+// misspelt. TestEveryCommandHasAHandler fails when the proto gains a command
+// this table lacks.
+var handlers = map[reflect.Type]handler{
+	reflect.TypeFor[*adminv1.Command_RegisterProxy]():    {validateRegisterProxy, applyRegisterProxy},
+	reflect.TypeFor[*adminv1.Command_ProxyHeartbeat]():   {validateProxyHeartbeat, applyProxyHeartbeat},
+	reflect.TypeFor[*adminv1.Command_MarkProxiesStale](): {validateMarkProxiesStale, applyMarkProxiesStale},
+	reflect.TypeFor[*adminv1.Command_CreateNamespace]():  {validateCreateNamespace, applyCreateNamespace},
+	reflect.TypeFor[*adminv1.Command_DeleteNamespace]():  {validateDeleteNamespace, applyDeleteNamespace},
+	reflect.TypeFor[*adminv1.Command_AcquireLease]():     {validateAcquireLease, applyAcquireLease},
+	reflect.TypeFor[*adminv1.Command_ReleaseLease]():     {validateReleaseLease, applyReleaseLease},
+	reflect.TypeFor[*adminv1.Command_ExpireLeases]():     {validateExpireLeases, applyExpireLeases},
+	reflect.TypeFor[*adminv1.Command_CheckpointLeases](): {validateCheckpointLeases, applyCheckpointLeases},
+	reflect.TypeFor[*adminv1.Command_PutMembers]():       {validatePutMembers, applyPutMembers},
+	reflect.TypeFor[*adminv1.Command_RemoveMember]():     {validateRemoveMember, applyRemoveMember},
 }
 
+// lookup finds cmd's handler. A body this version does not know (decoded as
+// an unknown field, so Body is nil) or no body at all has none.
 func lookup(cmd *adminv1.Command) (handler, error) {
-	fd := bodyField(cmd)
-	if fd == nil {
+	body := cmd.GetBody()
+	if body == nil {
 		return handler{}, ErrUnknownCommand
 	}
-	h, ok := handlers[fd.Name()]
+	h, ok := handlers[reflect.TypeOf(body)]
 	if !ok {
-		return handler{}, fmt.Errorf("%w: %s", ErrUnknownCommand, fd.Name())
+		return handler{}, fmt.Errorf("%w: %s", ErrUnknownCommand, CommandType(cmd))
 	}
 	return h, nil
 }
 
-// Validate checks a command without state: known type, leader time present,
-// fields well-formed. Servers call it (through Encode) before proposing;
-// Apply calls it again because the log may hold bytes from anywhere.
-func Validate(cmd *adminv1.Command) error {
+// ValidateBody checks what a node can check before the leader stamps a
+// command: a known body type with well-formed fields. A node that is not the
+// leader runs it on each write request, so a malformed one is refused at once
+// rather than forwarded or held until a leader appears.
+func ValidateBody(cmd *adminv1.Command) error {
 	h, err := lookup(cmd)
 	if err != nil {
 		return err
 	}
+	return h.validate(cmd)
+}
+
+// Validate checks a whole command: a known type, the leader's timestamp and
+// well-formed fields, without looking at state.
+func Validate(cmd *adminv1.Command) error {
+	_, err := check(cmd)
+	return err
+}
+
+func check(cmd *adminv1.Command) (handler, error) {
+	h, err := lookup(cmd)
+	if err != nil {
+		return handler{}, err
+	}
 	if cmd.GetNow() == nil {
-		return invalid("now", "missing leader timestamp")
+		return handler{}, invalid("now", "missing leader timestamp")
 	}
 	if err := cmd.GetNow().CheckValid(); err != nil {
-		return invalid("now", "%v", err)
+		return handler{}, invalid("now", "%v", err)
 	}
-	return h.validate(cmd)
+	if err := h.validate(cmd); err != nil {
+		return handler{}, err
+	}
+	return h, nil
 }
 
 // Apply applies one committed log entry. It returns the command's response
@@ -192,10 +213,14 @@ func (f *FSM) applyOne(tx *txn, data []byte) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("apply at index %d: %w", tx.index, err)
 	}
-	if err := Validate(cmd); err != nil {
+	// Encode checked this command before it was proposed, but a log entry
+	// may hold bytes from anywhere (another version, a bug, a hand-made
+	// log): apply refuses what Encode would have, the same way on every
+	// replica, before anything is touched.
+	h, err := check(cmd)
+	if err != nil {
 		return nil, fmt.Errorf("apply %s at index %d: %w", CommandType(cmd), tx.index, err)
 	}
-	h, _ := lookup(cmd)
 	tx.now = cmd.GetNow().AsTime()
 	res, err := h.apply(tx, cmd)
 	if err != nil {
