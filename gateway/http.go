@@ -15,7 +15,7 @@ import (
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-// HTTPHandler serves the query API of DESIGN.md under /v1/mailboxes/{id}/
+// HTTPHandler serves the query API (docs/architecture.md#http-query-api) under /v1/mailboxes/{id}/
 // and /v1/namespaces/{namespace}/, plus /metrics, /healthz and /readyz.
 // Parameters are parsed and answers rendered by mailbox/query, as the
 // runners do, so a query gets the same answer through the gateway as

@@ -188,7 +188,8 @@ func TestPromoteExtendsEveryLease(t *testing.T) {
 	}
 }
 
-// TestHolderStopsBeforeAnyoneElseCanAcquire checks DESIGN.md's client rule
+// TestHolderStopsBeforeAnyoneElseCanAcquire checks the client-side stop rule
+// (docs/architecture.md#client-side-stop)
 // against the lessor: a sidecar that stops at ttl after sending its last
 // acknowledged heartbeat is always stopped before the lease can be expired
 // (and so before anyone else can acquire), whether the leader stays, or a

@@ -1,4 +1,5 @@
-// Package placement decides which proxy hosts a namespace (ADR-055, RFC-038).
+// Package placement decides which proxy hosts a namespace
+// (docs/architecture.md#placement).
 //
 // A namespace hashes to one of 256 partitions, and each partition belongs to
 // one live proxy. Ownership is computed from the live proxy set every time,
@@ -23,7 +24,9 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
-// Partitions is the fixed partition count (RFC-048, ADR-055).
+// Partitions is the fixed partition count. It is part of every node's
+// contract (docs/architecture.md#identities): changing it re-places every
+// namespace.
 const Partitions = 256
 
 // Partition returns the partition of a namespace.

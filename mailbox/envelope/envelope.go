@@ -1,5 +1,6 @@
-// Package envelope decodes PrismEnvelope bytes, validates them per RFC-037's
-// validation modes and extracts the indexed MailboxItem a mailbox stores.
+// Package envelope decodes PrismEnvelope bytes, validates them under a
+// mailbox's validation mode (docs/architecture.md#envelope-validation) and
+// extracts the indexed MailboxItem a mailbox stores.
 package envelope
 
 import (
@@ -14,7 +15,7 @@ import (
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-// Mode is an RFC-037 envelope validation mode.
+// Mode is a mailbox's envelope validation mode.
 type Mode string
 
 const (
@@ -123,7 +124,7 @@ func Validate(env *envelopev1.PrismEnvelope, mode Mode, log *slog.Logger) error 
 	return nil
 }
 
-// ExtractMailboxItem builds the item RFC-037 stores for env: its indexed
+// ExtractMailboxItem builds the item a mailbox stores for env: its indexed
 // headers and blob, the envelope bytes. Missing sub-messages give empty
 // headers. When raw holds the bytes env was decoded from, they are stored as
 // they arrived; otherwise env is marshalled.

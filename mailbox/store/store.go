@@ -1,4 +1,5 @@
-// Package store is a mailbox's durable event store (RFC-037) on Badger v4: the
+// Package store is a mailbox's durable event store on Badger v4
+// (docs/architecture.md#mailbox-store): the
 // full envelope bytes with their indexed headers, secondary indexes so filtered
 // queries never scan the whole mailbox, cursor pagination, and retention.
 // The key layout is described in keys.go.

@@ -1,6 +1,6 @@
-// Package agent is the lease sidecar (RFC-049's runner protocol, DESIGN.md
-// "Lease semantics", client side). It runs next to one runner, registers its
-// proxy with the admin cluster, watches the proxy's namespace assignments
+// Package agent is the lease sidecar, the client side of
+// docs/architecture.md#lease-semantics. It runs next to one runner, registers
+// its proxy with the admin cluster, watches the proxy's namespace assignments
 // and, per assigned namespace, has the runner open mailbox
 // "{namespace}@{proxy_id}", acquires its lease, and only then lets the
 // runner consume and serve it under the lease's epoch.
@@ -10,7 +10,7 @@
 // Each mailbox has one goroutine owning its lease: it alone acquires,
 // heartbeats (at most one heartbeat in flight), fences and releases it, so
 // there is no second path that could keep a lease alive, or drop it, behind
-// the worker's back (SPEC-032 §2). Heartbeats carry the runner's stats.
+// the worker's back. Heartbeats carry the runner's stats.
 //
 // # Self-fencing
 //
@@ -33,7 +33,8 @@
 // On stop the workers halt (no new acquires or heartbeats), the runner
 // drains (stop fetching, flush, commit offsets; queries still answered),
 // then every lease is released and its mailbox closed, in parallel, within
-// StopTimeout (RFC-049: under 5 s). An unassigned mailbox goes the same way.
+// StopTimeout, so that all of it ends within 5 s of SIGTERM
+// (docs/architecture.md#release). An unassigned mailbox goes the same way.
 package agent
 
 import (
@@ -74,7 +75,7 @@ type Config struct {
 	// AdvertiseAddr is the runner's MailboxQuery address, which routes send
 	// queries to; also the proxy's registered address.
 	AdvertiseAddr string
-	// Registration carries the optional ADR-055 fields (version,
+	// Registration carries the optional registration fields (version,
 	// capabilities, labels, region, zone); proxy id and address are filled in.
 	Registration *adminv1.ProxyRegistration
 	// LeaseTTL is the ttl asked for on acquire; 0 takes the namespace's.

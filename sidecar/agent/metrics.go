@@ -3,7 +3,7 @@ package agent
 import "github.com/prometheus/client_golang/prometheus"
 
 // metrics are the sidecar's figures. Every lease loss is counted with its
-// reason (SPEC-032 §2: no silent release).
+// reason: a lease is never lost silently (docs/architecture.md#client-side-stop).
 type metrics struct {
 	losses     *prometheus.CounterVec
 	acquires   *prometheus.CounterVec
