@@ -11,12 +11,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prism-mesh/prism/internal/testbin"
 )
+
+// tailLines is how much of each log a failed test prints.
+const tailLines = 60
 
 // FreeAddr returns a loopback host:port that nothing listened on a moment ago: for a process to listen on, or
 // as a dead endpoint.
@@ -30,13 +34,18 @@ func FreeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
-// Proc is one running `prism` process.
+// Proc is one `prism` process, possibly restarted: every run appends to the same log.
 type Proc struct {
 	Name    string
 	LogPath string
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	err     error // set before exited closes
+	t       testing.TB
+	bin     string
+	args    []string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	err    error // of the current run, set before exited closes
 }
 
 // Start runs `prism args...` as name, with stdout and stderr in a log file under t's temp dir.
@@ -46,58 +55,117 @@ func Start(t testing.TB, name string, args ...string) *Proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proc{Name: name, LogPath: filepath.Join(t.TempDir(), name+".log"), exited: make(chan struct{})}
-	logf, err := os.Create(p.LogPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); logf.Close(); close(p.exited) }()
+	p := &Proc{Name: name, LogPath: filepath.Join(t.TempDir(), name+".log"), t: t, bin: bin, args: args}
+	p.run()
 	t.Cleanup(func() {
 		p.Kill()
 		if t.Failed() {
-			t.Logf("--- %s log tail ---\n%s", name, p.Tail(40))
+			t.Logf("--- %s log tail ---\n%s", name, p.Tail(tailLines))
 		}
 	})
 	return p
 }
 
-// Pid is the process id.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
-
-// Exited closes once the process is gone.
-func (p *Proc) Exited() <-chan struct{} { return p.exited }
-
-// Kill sends SIGKILL (kill -9) unless the process is gone already, and waits for it to be gone.
-func (p *Proc) Kill() {
-	select {
-	case <-p.exited:
-	default:
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.exited
+// Restart runs the process again with the same arguments (so on the same addresses and data directory) once
+// it is gone.
+func (p *Proc) Restart() {
+	p.t.Helper()
+	if p.Alive() {
+		p.t.Fatalf("restart %s: still running", p.Name)
 	}
+	p.run()
 }
 
-// Alive reports whether the process is still running.
+func (p *Proc) run() {
+	p.t.Helper()
+	logf, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		p.t.Fatalf("start %s: %v", p.Name, err)
+	}
+	exited := make(chan struct{})
+	p.mu.Lock()
+	p.cmd, p.exited, p.err = cmd, exited, nil
+	p.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		p.mu.Lock()
+		if p.cmd == cmd {
+			p.err = err
+		}
+		p.mu.Unlock()
+		close(exited)
+	}()
+}
+
+func (p *Proc) current() (*exec.Cmd, chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd, p.exited
+}
+
+// Pid is the process id of the current run.
+func (p *Proc) Pid() int {
+	cmd, _ := p.current()
+	return cmd.Process.Pid
+}
+
+// Exited closes once the current run is gone.
+func (p *Proc) Exited() <-chan struct{} {
+	_, exited := p.current()
+	return exited
+}
+
+// Alive reports whether the process is running (a paused process is).
 func (p *Proc) Alive() bool {
 	select {
-	case <-p.exited:
+	case <-p.Exited():
 		return false
 	default:
 		return true
 	}
 }
 
+// Kill sends SIGKILL (kill -9) unless the process is gone already, and waits for it to be gone.
+func (p *Proc) Kill() {
+	cmd, exited := p.current()
+	select {
+	case <-exited:
+	default:
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		<-exited
+	}
+}
+
+// Pause stops the process with SIGSTOP: it keeps its sockets and state but answers nothing until Resume.
+func (p *Proc) Pause() { p.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process with SIGCONT.
+func (p *Proc) Resume() { p.signal(syscall.SIGCONT) }
+
+func (p *Proc) signal(s syscall.Signal) {
+	p.t.Helper()
+	cmd, _ := p.current()
+	if err := cmd.Process.Signal(s); err != nil {
+		p.t.Fatalf("%v to %s: %v", s, p.Name, err)
+	}
+}
+
 // Term sends SIGTERM and waits up to d for the exit; it returns the exit error, or an error if the process is
 // still running after d.
 func (p *Proc) Term(d time.Duration) error {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	cmd, exited := p.current()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-p.exited:
+	case <-exited:
+		p.mu.Lock()
+		defer p.mu.Unlock()
 		return p.err
 	case <-time.After(d):
 		return fmt.Errorf("%s did not exit within %v of SIGTERM", p.Name, d)

@@ -7,12 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/internal/e2e"
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testwait"
 )
 
 // stats asks the gateway for a mailbox's stats and describes the answer.
-func stats(gw *gatewayProc, mailbox string) (code int, events int64, epoch string, body string) {
-	code, body, hdr, err := get("http://" + gw.httpAddr + "/v1/mailboxes/" + mailbox + "/stats")
+func stats(gw *e2e.Gateway, mailbox string) (code int, events int64, epoch string, body string) {
+	code, body, hdr, err := web.Get(gw.HTTPURL() + "/v1/mailboxes/" + mailbox + "/stats")
 	if err != nil {
 		return 0, 0, "", err.Error()
 	}
@@ -25,7 +27,7 @@ func stats(gw *gatewayProc, mailbox string) (code int, events int64, epoch strin
 
 // served waits until the gateway answers 200 for mailbox with wantEvents
 // events (any number when negative) and returns the epoch it was served under.
-func served(t *testing.T, gw *gatewayProc, mailbox string, wantEvents int64) string {
+func served(t *testing.T, gw *e2e.Gateway, mailbox string, wantEvents int64) string {
 	t.Helper()
 	var epoch string
 	testwait.For(t, 60*time.Second, mailbox+" served through the gateway", func() (bool, string) {
@@ -37,12 +39,12 @@ func served(t *testing.T, gw *gatewayProc, mailbox string, wantEvents int64) str
 }
 
 // connectedTo is the admin node holding the gateway's ADS stream, or nil.
-func connectedTo(nodes []*adminNode) *adminNode {
+func connectedTo(nodes []*e2e.AdminNode) *e2e.AdminNode {
 	for _, n := range nodes {
 		if !n.Alive() {
 			continue
 		}
-		if v, err := metric("http://"+n.httpAddr, "prism_xds_connected_clients", `protocol="sotw"`); err == nil && v == 1 {
+		if v, err := web.Metric("http://"+n.HTTPAddr, "prism_xds_connected_clients", `protocol="sotw"`); err == nil && v == 1 {
 			return n
 		}
 	}
@@ -59,34 +61,31 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three admin nodes, a runner, a sidecar and a gateway")
 	}
-	brokers := startKafka(t, "audit.events", "billing.events", "orders.events")
-	produce(t, brokers, "audit.events", 5)
-	admins := startAdmins(t)
-	createNamespace(t, admins, "audit", "audit.events")
-	r := startRunner(t, brokers)
-	var grpcAddrs []string
-	for _, n := range admins {
-		grpcAddrs = append(grpcAddrs, n.grpcAddr)
-	}
-	sidecar := startSidecar(t, r, grpcAddrs)
+	kafka := kafkatest.Start(t, kafkatest.Topics(2, "audit.events", "billing.events", "orders.events"))
+	kafka.ProduceEnvelopes(t, "audit.events", envelopes("audit.events", 5)...)
+	cluster := e2e.StartAdmins(t, e2e.AdminOptions{Size: 3})
+	admins := cluster.Nodes
+	createNamespace(cluster, "audit", "audit.events")
+	r := e2e.StartRunner(t, e2e.RunnerOptions{Brokers: kafka.Brokers, Args: []string{"--batch-wait", "20ms", "--log-format", "json"}})
+	sidecar := e2e.StartSidecar(t, e2e.SidecarOptions{ProxyID: proxyID, RunnerID: "runner-1", Runner: r, Admins: cluster.GRPCAddrs(), Lease: lease})
 
-	leader := leaderOf(admins)
+	leader := e2e.Leader(admins...)
 	if leader == nil {
 		t.Fatal("no leader")
 	}
-	var followers []*adminNode
+	var followers []*e2e.AdminNode
 	for _, n := range admins {
 		if n != leader {
 			followers = append(followers, n)
 		}
 	}
-	gw := startGateway(t, []string{followers[0].grpcAddr, followers[1].grpcAddr, leader.grpcAddr})
+	gw := e2e.StartGateway(t, e2e.GatewayOptions{NodeID: "gateway-e2e", Admins: []string{followers[0].GRPCAddr, followers[1].GRPCAddr, leader.GRPCAddr}, Timeout: 3 * time.Second})
 	epoch := served(t, gw, "audit@proxy-1", 5)
-	if code, _, _, err := get("http://" + gw.httpAddr + "/readyz"); code != 200 {
+	if code, _, _, err := web.Get(gw.HTTPURL() + "/readyz"); code != 200 {
 		t.Fatalf("gateway /readyz = %d %v while serving", code, err)
 	}
 	if c := connectedTo(admins); c != followers[0] {
-		t.Fatalf("gateway takes its routes from %v, want the first follower %s", c, followers[0].id)
+		t.Fatalf("gateway takes its routes from %v, want the first follower %s", c, followers[0].ID)
 	}
 	sameByNamespace(t, gw, "audit", "audit@proxy-1")
 
@@ -98,17 +97,17 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
-	createNamespace(t, admins, "billing", "billing.events")
+	createNamespace(cluster, "billing", "billing.events")
 	served(t, gw, "billing@proxy-1", -1)
 	if c := connectedTo(admins); c != followers[0] {
-		t.Fatalf("after the leader's death the gateway is connected to %v, want %s", c, followers[0].id)
+		t.Fatalf("after the leader's death the gateway is connected to %v, want %s", c, followers[0].ID)
 	}
 
 	// The old leader comes back, so two nodes remain a quorum once the
 	// gateway's own node dies.
-	leader.restart(t)
+	leader.Restart()
 	testwait.For(t, 60*time.Second, "a leader with the old one back", func() (bool, string) {
-		return leaderOf(admins) != nil, "no leader"
+		return e2e.Leader(admins...) != nil, "no leader"
 	})
 	followers[0].Kill()
 	killed := time.Now()
@@ -123,7 +122,7 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 		return c != nil && c != followers[0], fmt.Sprint(c)
 	})
 	t.Logf("gateway reconnected to another admin node %v after its own died", time.Since(killed).Round(time.Millisecond))
-	createNamespace(t, admins, "orders", "orders.events")
+	createNamespace(cluster, "orders", "orders.events")
 	created := time.Now()
 	served(t, gw, "orders@proxy-1", -1)
 	t.Logf("a mailbox created after the failover is served through the gateway %v after its namespace", time.Since(created).Round(time.Millisecond))
@@ -138,10 +137,10 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 		return code == 404 && strings.Contains(body, "no live lease"), fmt.Sprint(code, " ", body)
 	})
 	testwait.For(t, 30*time.Second, "released namespace 404 from the mesh", func() (bool, string) {
-		code, body, _, err := get("http://" + gw.httpAddr + "/v1/namespaces/audit/stats")
+		code, body, _, err := web.Get(gw.HTTPURL() + "/v1/namespaces/audit/stats")
 		return code == 404 && strings.Contains(body, `namespace \"audit\" is not routed`), fmt.Sprint(code, " ", body, err)
 	})
-	if v, err := metric("http://"+gw.httpAddr, "prism_gateway_http_requests_total", `code="200"`, `method="GetStats"`); err != nil || v < 40 {
+	if v, err := web.Metric(gw.HTTPURL(), "prism_gateway_http_requests_total", `code="200"`, `method="GetStats"`); err != nil || v < 40 {
 		t.Errorf("gateway counted %v successful GetStats (%v), want at least 40", v, err)
 	}
 }
@@ -149,19 +148,19 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 // sameByNamespace waits until the gateway answers /v1/namespaces/{ns}/...
 // exactly as /v1/mailboxes/{mailbox}/... (the admin's alias route and the
 // runner's namespace lookup), and checks an unknown namespace is a JSON 404.
-func sameByNamespace(t *testing.T, gw *gatewayProc, ns, mailbox string) {
+func sameByNamespace(t *testing.T, gw *e2e.Gateway, ns, mailbox string) {
 	t.Helper()
-	base := "http://" + gw.httpAddr
+	base := gw.HTTPURL()
 	for _, path := range []string{"/stats", "/events?limit=3", "/events/audit.events-0002"} {
 		testwait.For(t, 60*time.Second, "namespace "+ns+path+" served as its mailbox", func() (bool, string) {
-			code, body, hdr, err := get(base + "/v1/namespaces/" + ns + path)
-			wantCode, wantBody, wantHdr, _ := get(base + "/v1/mailboxes/" + mailbox + path)
+			code, body, hdr, err := web.Get(base + "/v1/namespaces/" + ns + path)
+			wantCode, wantBody, wantHdr, _ := web.Get(base + "/v1/mailboxes/" + mailbox + path)
 			return err == nil && code == 200 && code == wantCode && body == wantBody &&
 					hdr.Get("x-prism-mailbox") == mailbox && hdr.Get("x-prism-epoch") == wantHdr.Get("x-prism-epoch"),
 				fmt.Sprintf("by namespace %d %s %v; by mailbox %d %s", code, body, err, wantCode, wantBody)
 		})
 	}
-	code, body, _, err := get(base + "/v1/namespaces/nobody/stats")
+	code, body, _, err := web.Get(base + "/v1/namespaces/nobody/stats")
 	var e map[string]string
 	if code != 404 || json.Unmarshal([]byte(body), &e) != nil || !strings.Contains(e["error"], `namespace "nobody"`) {
 		t.Errorf("unknown namespace = %d %q %v, want a JSON 404 naming it", code, body, err)
