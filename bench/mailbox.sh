@@ -16,7 +16,7 @@ if ! dpkg-query -W -f='${Status}' libsqlite3-dev 2>/dev/null | grep -q "install 
 fi
 
 # Store at scale: direct durable writes, indexed queries at N events, retention of 100k, bytes on disk; and
-# RFC-037's SQLite design fed the same items.
+# the SQLite baseline (bench/mailboxbench/sqlite.go) fed the same items.
 # shellcheck disable=SC2086
 go run -tags libsqlite3 ./bench/mailboxbench -n "${MAILBOX_BENCH_N:-1000000}" ${MAILBOX_BENCH_ARGS:-}
 

@@ -76,7 +76,7 @@ func etcdLatency(ctx context.Context, o options, dir string) error {
 	return nil
 }
 
-// redisLatency runs SPEC-032's primitives against one redis-server with
+// redisLatency runs the usual Redis lease primitives against one redis-server with
 // appendfsync always (durable like the others): SET NX PX, PEXPIRE, DEL.
 func redisLatency(ctx context.Context, o options, dir string) error {
 	if o.redis == "" {

@@ -71,7 +71,7 @@ func headersOf(i int) headers {
 }
 
 // itemOf builds item i: a marshaled PrismEnvelope (about 1 KiB, payload random like an encrypted body) and the
-// headers extracted from it as RFC-037's ExtractMailboxItem does.
+// headers extracted from it as mailbox/envelope's ExtractMailboxItem does.
 func itemOf(i int) *mailboxv1.MailboxItem {
 	h := headersOf(i)
 	r := rand.New(rand.NewPCG(uint64(i), 43))

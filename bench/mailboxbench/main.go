@@ -1,5 +1,5 @@
 // Command mailboxbench measures the mailbox store (mailbox/store) at scale and, built with -tags libsqlite3,
-// RFC-037's SQLite design on the same items. It prints BENCH <name> <value> <unit> lines.
+// a SQLite baseline (one table, one index per queried header: sqlite.go) on the same items. It prints BENCH <name> <value> <unit> lines.
 package main
 
 import (
@@ -41,7 +41,7 @@ func main() {
 	flag.IntVar(&c.retain, "retain", 100_000, "oldest items to delete in the retention benchmark")
 	flag.StringVar(&c.dir, "dir", "", "scratch directory (default: a new temp dir, removed afterwards)")
 	flag.BoolVar(&c.skipSQLite, "skip-sqlite", false, "skip the SQLite baseline")
-	flag.IntVar(&c.sqliteRate, "sqlite-rate-items", 200_000, "SQLite items loaded RFC-037's way (100-row transactions) to measure its ingest rate; the rest are bulk-loaded to reach -n")
+	flag.IntVar(&c.sqliteRate, "sqlite-rate-items", 200_000, "SQLite items loaded in 100-row transactions to measure its ingest rate; the rest are bulk-loaded to reach -n")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {

@@ -13,8 +13,8 @@ import (
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-// RFC-037's default table; its inline INDEX clauses are MySQL syntax, so the same indexes are created with
-// CREATE INDEX.
+// The baseline's table, a plain relational mailbox: every indexed header a column, the envelope a blob, and one
+// single-column index per queried header.
 var sqliteSchema = []string{
 	`CREATE TABLE IF NOT EXISTS mailbox (
 		id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -41,7 +41,8 @@ var sqliteSchema = []string{
 	`CREATE INDEX IF NOT EXISTS idx_trace_id ON mailbox(trace_id)`,
 }
 
-// RFC-037 Appendix B connection settings.
+// The usual settings for a write-heavy SQLite store: WAL, relaxed sync, a large page cache, temp tables in
+// memory, mmap.
 var sqlitePragmas = []string{
 	`PRAGMA journal_mode=WAL`,
 	`PRAGMA synchronous=NORMAL`,
@@ -53,7 +54,7 @@ var sqlitePragmas = []string{
 const sqliteColumns = `message_id, timestamp, topic, content_type, schema_url, schema_version, encryption,
 	correlation_id, principal, namespace, trace_id, span_id, custom_headers, envelope_blob`
 
-// sqliteBatch is RFC-037's "batch inserts: 100 events per transaction". sqliteBulkBatch only fills the table up
+// sqliteBatch is the baseline's insert batching: 100 events per transaction. sqliteBulkBatch only fills the table up
 // to the query benchmark's size in the time budget: with 5 indexes, every small transaction rewrites hundreds of
 // index pages into the WAL, which big transactions amortize.
 const (
@@ -153,7 +154,7 @@ func benchSQLite(c config, path string, queries map[string][]query) error {
 	}
 	bench("mailbox.query_sqlite_p99_ms", worst, "ms")
 
-	// RFC-037's DeleteOldEvents, on the same 100k oldest items.
+	// The baseline's retention, one DELETE by timestamp, on the same 100k oldest items.
 	t := time.Now()
 	res, err := db.Exec(`DELETE FROM mailbox WHERE timestamp < ?`, tsOf(c.retain))
 	if err != nil {
