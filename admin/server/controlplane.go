@@ -13,30 +13,25 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// validate runs the FSM's own checks on the command a request becomes, on the
-// node that received it, so a bad request fails before any forwarding.
-func (s *Server) validate(cmd *adminv1.Command) error {
-	cmd.Now = timestamppb.New(s.cfg.Now())
-	if err := fsm.Validate(cmd); err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
-	}
-	return nil
-}
-
-// write validates cmd, then commits it on the leader (forwarding if needed)
-// and returns the FSM's typed response. With readYourWrite, a forwarded
-// write is answered only once this node has applied it too (for operator
-// writes that are read back at once, like prismctl's; lease calls carry
-// their result and skip the wait).
+// write commits cmd on the leader (forwarding if needed) and returns the
+// FSM's typed response. With readYourWrite, a forwarded write is answered
+// only once this node has applied it too (for operator writes that are read
+// back at once, like prismctl's; lease calls carry their result and skip the
+// wait).
 func write[Resp proto.Message](s *Server, ctx context.Context, method string, cmd *adminv1.Command, readYourWrite bool,
 	remote func(context.Context, *grpc.ClientConn) (Resp, error),
 ) (Resp, error) {
 	var zero Resp
-	if err := s.validate(cmd); err != nil {
-		return zero, err
+	// The leader checks cmd whole in propose, once it has stamped it. Any
+	// other node checks what it can here, so a malformed request is refused
+	// at once instead of forwarded or held until a leader appears. Should
+	// leadership move meanwhile, the leader that proposes still checks.
+	if l, _ := s.node.Leadership(); !l.IsLeader {
+		if err := fsm.ValidateBody(cmd); err != nil {
+			return zero, status.Error(codes.InvalidArgument, err.Error())
+		}
 	}
 	resp, err := leaderCall(s, ctx, method, func(ctx context.Context) (Resp, error) {
 		res, err := s.propose(ctx, cmd)

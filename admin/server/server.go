@@ -398,6 +398,13 @@ func (s *Server) markStaleProxies(ctx context.Context) {
 // propose stamps the leader's clock into cmd and commits it. It returns the
 // FSM's answer or an error: raftnode.ErrNotLeader when this node cannot
 // propose, an fsm error when the command was refused.
+//
+// It is the one place a command gets its time, which is the only time the
+// FSM ever sees: the leader's, because its lessor's clock governs expiry. A
+// forwarded request reaches here as the leader's own call, so a follower's
+// clock never enters the log. fsm.Encode checks the stamped command whole,
+// the one check on the leader, so neither a request nor a leader loop's
+// command reaches the log malformed.
 func (s *Server) propose(ctx context.Context, cmd *adminv1.Command) (any, error) {
 	cmd.Now = timestamppb.New(s.cfg.Now())
 	data, err := fsm.Encode(cmd)
