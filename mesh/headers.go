@@ -1,0 +1,18 @@
+package mesh
+
+// Header and gRPC metadata names. gRPC metadata keys are lower case, and
+// Envoy matches HTTP header names case-insensitively, so one spelling serves
+// both.
+const (
+	// HeaderMailboxID names the mailbox a query is for; the xDS routes match
+	// on it to pick the runner holding the mailbox's lease.
+	HeaderMailboxID = "x-mailbox-id"
+	// HeaderNamespace names the namespace of a query without a mailbox id;
+	// a route on it sends the call to the namespace's current mailbox.
+	HeaderNamespace = "x-prism-namespace"
+	// HeaderMailbox, in a response, names the mailbox that answered.
+	HeaderMailbox = "x-prism-mailbox"
+	// HeaderEpoch, in a response, is the lease epoch under which the mailbox
+	// answered, when it is known.
+	HeaderEpoch = "x-prism-epoch"
+)
