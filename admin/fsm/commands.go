@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/admin/placement"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -35,7 +36,7 @@ func validateRegisterProxy(cmd *adminv1.Command) error {
 	if r == nil {
 		return invalid("registration", "missing")
 	}
-	if err := ValidateProxyID(r.GetProxyId()); err != nil {
+	if err := mesh.ValidateProxyID(r.GetProxyId()); err != nil {
 		return err
 	}
 	if err := ValidateAddress("registration.address", r.GetAddress()); err != nil {
@@ -53,7 +54,7 @@ func validateRegisterProxy(cmd *adminv1.Command) error {
 		return invalid("registration.capabilities", "at most %d", MaxListLen)
 	}
 	for i, c := range r.GetCapabilities() {
-		if err := ValidateID(fmt.Sprintf("registration.capabilities[%d]", i), c); err != nil {
+		if err := mesh.ValidateID(fmt.Sprintf("registration.capabilities[%d]", i), c); err != nil {
 			return err
 		}
 	}
@@ -63,7 +64,7 @@ func validateRegisterProxy(cmd *adminv1.Command) error {
 		{"registration.zone", r.GetZone()},
 	} {
 		if f.v != "" {
-			if err := ValidateID(f.field, f.v); err != nil {
+			if err := mesh.ValidateID(f.field, f.v); err != nil {
 				return err
 			}
 		}
@@ -101,7 +102,7 @@ func applyRegisterProxy(tx *txn, cmd *adminv1.Command) (any, error) {
 
 func validateProxyHeartbeat(cmd *adminv1.Command) error {
 	hb := cmd.GetProxyHeartbeat()
-	if err := ValidateProxyID(hb.GetProxyId()); err != nil {
+	if err := mesh.ValidateProxyID(hb.GetProxyId()); err != nil {
 		return err
 	}
 	if len(hb.GetNamespaceHealth()) > placement.Partitions*4 {
@@ -109,7 +110,7 @@ func validateProxyHeartbeat(cmd *adminv1.Command) error {
 	}
 	seen := map[string]bool{}
 	for i, h := range hb.GetNamespaceHealth() {
-		if err := ValidateNamespaceName(h.GetNamespace()); err != nil {
+		if err := mesh.ValidateNamespaceName(h.GetNamespace()); err != nil {
 			return fmt.Errorf("namespace_health[%d]: %w", i, err)
 		}
 		if seen[h.GetNamespace()] {
@@ -145,7 +146,7 @@ func applyProxyHeartbeat(tx *txn, cmd *adminv1.Command) (any, error) {
 
 func validateMarkProxiesStale(cmd *adminv1.Command) error {
 	for i, r := range cmd.GetMarkProxiesStale().GetProxies() {
-		if err := ValidateProxyID(r.GetProxyId()); err != nil {
+		if err := mesh.ValidateProxyID(r.GetProxyId()); err != nil {
 			return fmt.Errorf("proxies[%d]: %w", i, err)
 		}
 		if r.GetLastSeen() == nil || r.GetLastSeen().CheckValid() != nil {
@@ -178,16 +179,16 @@ func applyMarkProxiesStale(tx *txn, cmd *adminv1.Command) (any, error) {
 
 func validateCreateNamespace(cmd *adminv1.Command) error {
 	c := cmd.GetCreateNamespace()
-	if err := ValidateNamespaceName(c.GetNamespace()); err != nil {
+	if err := mesh.ValidateNamespaceName(c.GetNamespace()); err != nil {
 		return err
 	}
 	if p := c.GetRequestingProxy(); p != "" {
-		if err := ValidateProxyID(p); err != nil {
+		if err := mesh.ValidateProxyID(p); err != nil {
 			return fmt.Errorf("requesting_proxy: %w", err)
 		}
 	}
 	if p := c.GetPrincipal(); p != "" {
-		if err := ValidateID("principal", p); err != nil {
+		if err := mesh.ValidateID("principal", p); err != nil {
 			return err
 		}
 	}
@@ -220,7 +221,7 @@ func applyCreateNamespace(tx *txn, cmd *adminv1.Command) (any, error) {
 }
 
 func validateDeleteNamespace(cmd *adminv1.Command) error {
-	return ValidateNamespaceName(cmd.GetDeleteNamespace().GetNamespace())
+	return mesh.ValidateNamespaceName(cmd.GetDeleteNamespace().GetNamespace())
 }
 
 // applyDeleteNamespace removes a namespace. Its leases stay until their
@@ -237,10 +238,10 @@ func applyDeleteNamespace(tx *txn, cmd *adminv1.Command) (any, error) {
 
 func validateAcquireLease(cmd *adminv1.Command) error {
 	a := cmd.GetAcquireLease()
-	if _, _, err := ParseMailboxID(a.GetMailboxId()); err != nil {
+	if _, err := mesh.ParseMailboxID(a.GetMailboxId()); err != nil {
 		return err
 	}
-	if err := ValidateID("runner_id", a.GetRunnerId()); err != nil {
+	if err := mesh.ValidateID("runner_id", a.GetRunnerId()); err != nil {
 		return err
 	}
 	if err := ValidateAddress("runner_address", a.GetRunnerAddress()); err != nil {
@@ -285,15 +286,15 @@ func applyAcquireLease(tx *txn, cmd *adminv1.Command) (any, error) {
 			Index: tx.index,
 		}, nil
 	}
-	namespace, proxyID, _ := ParseMailboxID(req.GetMailboxId())
-	ttl, grace, hb := leaseTiming(req, tx.st.namespaces[namespace])
+	id, _ := mesh.ParseMailboxID(req.GetMailboxId()) // validated before apply
+	ttl, grace, hb := leaseTiming(req, tx.st.namespaces[id.Namespace])
 	l := &adminv1.Lease{
 		MailboxId:         req.GetMailboxId(),
-		Namespace:         namespace,
-		ProxyId:           proxyID,
+		Namespace:         id.Namespace,
+		ProxyId:           id.Proxy,
 		RunnerId:          req.GetRunnerId(),
 		RunnerAddress:     req.GetRunnerAddress(),
-		Partition:         placement.Partition(namespace),
+		Partition:         placement.Partition(id.Namespace),
 		Epoch:             tx.index,
 		GrantedAt:         cmd.GetNow(),
 		ExpiresAt:         timestamppb.New(tx.now.Add(ttl)),
@@ -308,10 +309,10 @@ func applyAcquireLease(tx *txn, cmd *adminv1.Command) (any, error) {
 
 func validateReleaseLease(cmd *adminv1.Command) error {
 	r := cmd.GetReleaseLease()
-	if _, _, err := ParseMailboxID(r.GetMailboxId()); err != nil {
+	if _, err := mesh.ParseMailboxID(r.GetMailboxId()); err != nil {
 		return err
 	}
-	return ValidateID("runner_id", r.GetRunnerId())
+	return mesh.ValidateID("runner_id", r.GetRunnerId())
 }
 
 // HolderRefusal checks that runnerID (and epoch, if non-zero) hold lease
@@ -355,7 +356,7 @@ func applyReleaseLease(tx *txn, cmd *adminv1.Command) (any, error) {
 func validateRefs(field string, n int, ref func(i int) (string, uint64)) error {
 	for i := range n {
 		mid, epoch := ref(i)
-		if _, _, err := ParseMailboxID(mid); err != nil {
+		if _, err := mesh.ParseMailboxID(mid); err != nil {
 			return fmt.Errorf("%s[%d]: %w", field, i, err)
 		}
 		if epoch == 0 {

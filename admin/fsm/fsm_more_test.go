@@ -83,7 +83,7 @@ func randomLog(seed uint64, n int) []*adminv1.Command {
 	namespaces := []string{"a", "b", "c", "$admin", "audit-logs"}
 	runners := []string{"r1", "r2", "r3"}
 	pick := func(s []string) string { return s[r.IntN(len(s))] }
-	mailbox := func() string { return MailboxID(pick(namespaces), pick(proxies)) }
+	mailbox := func() string { return mailboxID(pick(namespaces), pick(proxies)) }
 	var out []*adminv1.Command
 	for i := range n {
 		d := time.Duration(i) * time.Second
@@ -261,7 +261,7 @@ func TestNamespaceRoutes(t *testing.T) {
 	t.Parallel()
 	h, owner, other, mailbox := base(t)
 	// A second mailbox of the namespace on the other proxy, newer epoch.
-	h.must(c(time.Minute, acquire(MailboxID(ns, other), "runner-b")))
+	h.must(c(time.Minute, acquire(mailboxID(ns, other), "runner-b")))
 	_, aliases, _ := h.f.Routes()
 	if len(aliases) != 1 || aliases[0].GetMailboxId() != mailbox {
 		t.Fatalf("alias %v, want the assigned proxy's mailbox %s", aliases, mailbox)
@@ -271,11 +271,11 @@ func TestNamespaceRoutes(t *testing.T) {
 	p, _ := h.f.Proxy(owner)
 	h.must(c(time.Minute, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: owner, LastSeen: p.GetProxy().GetLastSeen()}}}))
 	_, aliases, v := h.f.Routes()
-	if aliases[0].GetMailboxId() != MailboxID(ns, other) || v != h.index {
-		t.Fatalf("alias %v at version %d, want %s at %d", aliases, v, MailboxID(ns, other), h.index)
+	if aliases[0].GetMailboxId() != mailboxID(ns, other) || v != h.index {
+		t.Fatalf("alias %v at version %d, want %s at %d", aliases, v, mailboxID(ns, other), h.index)
 	}
 	// Without a mailbox on the assigned proxy, the newest grant wins.
-	h.must(c(time.Minute, &adminv1.ReleaseLeaseRequest{MailboxId: MailboxID(ns, other), RunnerId: "runner-b"}))
+	h.must(c(time.Minute, &adminv1.ReleaseLeaseRequest{MailboxId: mailboxID(ns, other), RunnerId: "runner-b"}))
 	_, aliases, _ = h.f.Routes()
 	if aliases[0].GetMailboxId() != mailbox {
 		t.Fatalf("alias %v, want fallback %s", aliases, mailbox)
@@ -371,24 +371,6 @@ func FuzzApply(f *testing.F) {
 			t.Fatalf("refused entry changed state: %v", res)
 		}
 		roundTrip(t, h.f)
-	})
-}
-
-func FuzzParseMailboxID(f *testing.F) {
-	for _, s := range []string{"audit-logs@proxy-01", "$admin@proxy-01", "a@b@c", "@p", "ns@", "", "a b@p", "ns@p\x00"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, id string) {
-		ns, proxy, err := ParseMailboxID(id)
-		if err != nil {
-			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("error %v is not ErrInvalid", err)
-			}
-			return
-		}
-		if MailboxID(ns, proxy) != id || ValidateNamespaceName(ns) != nil || ValidateProxyID(proxy) != nil {
-			t.Fatalf("%q parsed into %q, %q", id, ns, proxy)
-		}
 	})
 }
 

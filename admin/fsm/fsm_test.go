@@ -7,12 +7,17 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/admin/placement"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 const ns = "audit-logs"
+
+func mailboxID(namespace, proxyID string) string {
+	return mesh.MailboxID{Namespace: namespace, Proxy: proxyID}.String()
+}
 
 // base is the state every command case starts from: two live proxies, one
 // namespace placed on one of them, and a lease on its mailbox (epoch 4).
@@ -23,7 +28,7 @@ func base(t *testing.T) (h *harness, owner, other, mailbox string) {
 	res := h.must(c(2*time.Second, createNS(ns, "audit.events"))).(*adminv1.CreateNamespaceResponse)
 	owner = res.GetNamespace().GetAssignedProxyId()
 	other = map[string]string{"proxy-01": "proxy-02", "proxy-02": "proxy-01"}[owner]
-	mailbox = MailboxID(ns, owner)
+	mailbox = mailboxID(ns, owner)
 	if got := h.must(c(3*time.Second, acquire(mailbox, "runner-a"))).(*adminv1.AcquireLeaseResponse); !got.GetGranted() || got.GetLease().GetEpoch() != 4 {
 		t.Fatalf("setup acquire: %v", got)
 	}
@@ -186,7 +191,7 @@ func TestCommands(t *testing.T) {
 		},
 		{
 			name: "acquire a free mailbox: epoch is the log index, timing from the namespace",
-			cmd:  func(e *env) *adminv1.Command { return c(time.Minute, acquire(MailboxID(ns, e.other), "runner-b")) },
+			cmd:  func(e *env) *adminv1.Command { return c(time.Minute, acquire(mailboxID(ns, e.other), "runner-b")) },
 			check: func(t *testing.T, e *env) {
 				l := e.res.(*adminv1.AcquireLeaseResponse).GetLease()
 				if l.GetEpoch() != e.h.index || l.GetNamespace() != ns || l.GetProxyId() != e.other || l.GetPartition() != placement.Partition(ns) {

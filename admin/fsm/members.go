@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -26,7 +27,7 @@ func validatePutMembers(cmd *adminv1.Command) error {
 	}
 	seen := map[string]bool{}
 	for i, m := range ms {
-		if err := ValidateID(fmt.Sprintf("members[%d].id", i), m.GetId()); err != nil {
+		if err := mesh.ValidateID(fmt.Sprintf("members[%d].id", i), m.GetId()); err != nil {
 			return err
 		}
 		if seen[m.GetId()] {
@@ -58,7 +59,7 @@ func applyPutMembers(tx *txn, cmd *adminv1.Command) (any, error) {
 }
 
 func validateRemoveMember(cmd *adminv1.Command) error {
-	return ValidateID("id", cmd.GetRemoveMember().GetId())
+	return mesh.ValidateID("id", cmd.GetRemoveMember().GetId())
 }
 
 func applyRemoveMember(tx *txn, cmd *adminv1.Command) (any, error) {

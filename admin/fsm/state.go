@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/prism-mesh/prism/admin/placement"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -127,7 +128,7 @@ func (s *state) assignments(proxyID string) []*adminv1.NamespaceAssignment {
 			Namespace: n.GetName(),
 			Partition: n.GetPartition(),
 			Config:    proto.CloneOf(n.GetConfig()),
-			MailboxId: MailboxID(n.GetName(), proxyID),
+			MailboxId: mesh.MailboxID{Namespace: n.GetName(), Proxy: proxyID}.String(),
 			Version:   n.GetAssignmentIndex(),
 		})
 	}

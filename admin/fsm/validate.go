@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -25,9 +24,6 @@ const (
 	MinLeaseTTL              = time.Second
 	MaxLeaseTTL              = time.Hour
 	MaxLeaseGrace            = time.Hour
-	// MaxIDLen bounds every id; Kubernetes object names, our default proxy
-	// and runner ids, are at most 253 bytes.
-	MaxIDLen = 253
 	// MaxTopics, MaxLabels and MaxListLen (addresses, capabilities) keep
 	// one record from bloating every snapshot.
 	MaxTopics  = 64
@@ -38,8 +34,10 @@ const (
 var (
 	// ErrUnknownCommand: the command has no body this version handles.
 	ErrUnknownCommand = errors.New("unknown command type")
-	// ErrInvalid: a field is malformed (gRPC InvalidArgument).
-	ErrInvalid = errors.New("invalid argument")
+	// ErrInvalid: a field is malformed (gRPC InvalidArgument). It is the
+	// sentinel of mesh's id rules, so one errors.Is covers the id checks and
+	// the FSM's own.
+	ErrInvalid = mesh.ErrInvalid
 	// ErrProxyNotFound: the proxy never registered (gRPC NotFound).
 	ErrProxyNotFound = errors.New("proxy not registered")
 	// ErrNamespaceExists: the namespace exists with a different config
@@ -51,70 +49,9 @@ func invalid(field, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
 }
 
-// ValidateID checks an identifier: non-empty, at most MaxIDLen bytes of
-// UTF-8 with no whitespace or control characters.
-func ValidateID(field, id string) error {
-	switch {
-	case id == "":
-		return invalid(field, "empty")
-	case len(id) > MaxIDLen:
-		return invalid(field, "%d bytes, at most %d", len(id), MaxIDLen)
-	case !utf8.ValidString(id):
-		return invalid(field, "not UTF-8")
-	case strings.IndexFunc(id, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
-		return invalid(field, "%q contains whitespace or control characters", id)
-	}
-	return nil
-}
-
-// ValidateProxyID checks a proxy id; it may not contain '@', which separates
-// it from the namespace in a mailbox id.
-func ValidateProxyID(id string) error {
-	if err := ValidateID("proxy_id", id); err != nil {
-		return err
-	}
-	if strings.Contains(id, "@") {
-		return invalid("proxy_id", "%q contains '@'", id)
-	}
-	return nil
-}
-
-// ValidateNamespaceName checks a namespace name ("$admin" is legal; '@' is
-// not, so mailbox ids stay unambiguous).
-func ValidateNamespaceName(name string) error {
-	if err := ValidateID("namespace", name); err != nil {
-		return err
-	}
-	if strings.Contains(name, "@") {
-		return invalid("namespace", "%q contains '@'", name)
-	}
-	return nil
-}
-
-// ParseMailboxID splits "{namespace}@{proxy_id}".
-func ParseMailboxID(id string) (namespace, proxyID string, err error) {
-	if err := ValidateID("mailbox_id", id); err != nil {
-		return "", "", err
-	}
-	namespace, proxyID, ok := strings.Cut(id, "@")
-	if !ok {
-		return "", "", invalid("mailbox_id", "%q is not of the form namespace@proxy_id", id)
-	}
-	if err := ValidateNamespaceName(namespace); err != nil {
-		return "", "", fmt.Errorf("mailbox_id %q: %w", id, err)
-	}
-	if err := ValidateProxyID(proxyID); err != nil {
-		return "", "", fmt.Errorf("mailbox_id %q: %w", id, err)
-	}
-	return namespace, proxyID, nil
-}
-
-// MailboxID joins a namespace and a proxy id.
-func MailboxID(namespace, proxyID string) string { return namespace + "@" + proxyID }
-
 // ValidateAddress checks a host:port with a numeric port in 1..65535.
 func ValidateAddress(field, addr string) error {
-	if err := ValidateID(field, addr); err != nil {
+	if err := mesh.ValidateID(field, addr); err != nil {
 		return err
 	}
 	host, port, err := net.SplitHostPort(addr)
@@ -165,11 +102,11 @@ func validateLabels(field string, labels map[string]string) error {
 	// Sorted, so every replica reports the same offending key.
 	for _, k := range sortedKeys(labels) {
 		v := labels[k]
-		if err := ValidateID(field+" key", k); err != nil {
+		if err := mesh.ValidateID(field+" key", k); err != nil {
 			return err
 		}
-		if len(v) > MaxIDLen || !utf8.ValidString(v) {
-			return invalid(field, "value of %q must be UTF-8 of at most %d bytes", k, MaxIDLen)
+		if len(v) > mesh.MaxIDLen || !utf8.ValidString(v) {
+			return invalid(field, "value of %q must be UTF-8 of at most %d bytes", k, mesh.MaxIDLen)
 		}
 	}
 	return nil
@@ -188,12 +125,12 @@ func ValidateNamespaceConfig(c *adminv1.NamespaceConfig) error {
 		return invalid("config.topics", "%d topics, at most %d", len(c.GetTopics()), MaxTopics)
 	}
 	for i, t := range c.GetTopics() {
-		if err := ValidateID(fmt.Sprintf("config.topics[%d]", i), t); err != nil {
+		if err := mesh.ValidateID(fmt.Sprintf("config.topics[%d]", i), t); err != nil {
 			return err
 		}
 	}
 	if t := c.GetDeadLetterTopic(); t != "" {
-		if err := ValidateID("config.dead_letter_topic", t); err != nil {
+		if err := mesh.ValidateID("config.dead_letter_topic", t); err != nil {
 			return err
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -37,7 +38,9 @@ func TestValidateNamespaceConfig(t *testing.T) {
 		{"negative max_age", func(c *adminv1.NamespaceConfig) { c.Retention.MaxAge = durationpb.New(-time.Hour) }, "config.retention.max_age"},
 		{"negative max size", func(c *adminv1.NamespaceConfig) { c.Retention.MaxSizeBytes = -1 }, "config.retention.max_size_bytes"},
 		{"bad label key", func(c *adminv1.NamespaceConfig) { c.Labels = map[string]string{"ok": "1", "": "x"} }, "config.labels"},
-		{"long label value", func(c *adminv1.NamespaceConfig) { c.Labels = map[string]string{"k": strings.Repeat("v", MaxIDLen+1)} }, "config.labels"},
+		{"long label value", func(c *adminv1.NamespaceConfig) {
+			c.Labels = map[string]string{"k": strings.Repeat("v", mesh.MaxIDLen+1)}
+		}, "config.labels"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -76,7 +79,7 @@ func TestValidateCommands(t *testing.T) {
 		{"registration ok", reg(func(*adminv1.ProxyRegistration) {}), ""},
 		{"no registration", c(0, &adminv1.RegisterProxyRequest{}), "registration"},
 		{"proxy id with @", reg(func(r *adminv1.ProxyRegistration) { r.ProxyId = "a@b" }), "proxy_id"},
-		{"proxy id too long", reg(func(r *adminv1.ProxyRegistration) { r.ProxyId = strings.Repeat("p", MaxIDLen+1) }), "proxy_id"},
+		{"proxy id too long", reg(func(r *adminv1.ProxyRegistration) { r.ProxyId = strings.Repeat("p", mesh.MaxIDLen+1) }), "proxy_id"},
 		{"proxy id not UTF-8", reg(func(r *adminv1.ProxyRegistration) { r.ProxyId = "p\xff" }), "proxy_id"},
 		{"address port out of range", reg(func(r *adminv1.ProxyRegistration) { r.Address = "h:70000" }), "registration.address"},
 		{"address without host", reg(func(r *adminv1.ProxyRegistration) { r.Address = ":80" }), "registration.address"},

@@ -3,7 +3,7 @@ package lease
 import (
 	"fmt"
 
-	"github.com/prism-mesh/prism/admin/fsm"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -50,20 +50,21 @@ func RefusalFrom(err error) (*adminv1.LeaseRefusal, bool) {
 }
 
 // ValidateRenew checks a heartbeat request before Renew; errors wrap
-// fsm.ErrInvalid and name the field (gRPC InvalidArgument).
+// mesh.ErrInvalid (which is mesh.ErrInvalid) and name the field (gRPC
+// InvalidArgument).
 func ValidateRenew(req *adminv1.MailboxHeartbeatRequest) error {
-	if _, _, err := fsm.ParseMailboxID(req.GetMailboxId()); err != nil {
+	if _, err := mesh.ParseMailboxID(req.GetMailboxId()); err != nil {
 		return err
 	}
-	if err := fsm.ValidateID("runner_id", req.GetRunnerId()); err != nil {
+	if err := mesh.ValidateID("runner_id", req.GetRunnerId()); err != nil {
 		return err
 	}
 	s := req.GetStats()
 	if s.GetEventsStored() < 0 || s.GetQueriesServed() < 0 || s.GetStorageBytes() < 0 {
-		return fmt.Errorf("%w: stats: counters must not be negative", fsm.ErrInvalid)
+		return fmt.Errorf("%w: stats: counters must not be negative", mesh.ErrInvalid)
 	}
 	if _, ok := adminv1.RunnerHealth_name[int32(s.GetHealth())]; !ok {
-		return fmt.Errorf("%w: stats.health: unknown value %d", fsm.ErrInvalid, s.GetHealth())
+		return fmt.Errorf("%w: stats.health: unknown value %d", mesh.ErrInvalid, s.GetHealth())
 	}
 	return nil
 }

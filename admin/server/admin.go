@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/prism-mesh/prism/admin/fsm"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -91,7 +92,7 @@ func (s *Server) ListNamespaces(ctx context.Context, req *adminv1.ListNamespaces
 }
 
 func (s *Server) GetNamespace(ctx context.Context, req *adminv1.GetNamespaceRequest) (*adminv1.GetNamespaceResponse, error) {
-	if err := fsm.ValidateNamespaceName(req.GetNamespace()); err != nil {
+	if err := mesh.ValidateNamespaceName(req.GetNamespace()); err != nil {
 		return nil, toStatus(err)
 	}
 	return read(s, ctx, "GetNamespace", req.GetConsistency(), func() (*adminv1.GetNamespaceResponse, error) {
@@ -115,7 +116,7 @@ func (s *Server) ListProxies(ctx context.Context, req *adminv1.ListProxiesReques
 }
 
 func (s *Server) GetProxy(ctx context.Context, req *adminv1.GetProxyRequest) (*adminv1.GetProxyResponse, error) {
-	if err := fsm.ValidateProxyID(req.GetProxyId()); err != nil {
+	if err := mesh.ValidateProxyID(req.GetProxyId()); err != nil {
 		return nil, toStatus(err)
 	}
 	return read(s, ctx, "GetProxy", req.GetConsistency(), func() (*adminv1.GetProxyResponse, error) {
@@ -131,12 +132,12 @@ func (s *Server) GetProxy(ctx context.Context, req *adminv1.GetProxyRequest) (*a
 
 func (s *Server) ListLeases(ctx context.Context, req *adminv1.ListLeasesRequest) (*adminv1.ListLeasesResponse, error) {
 	if ns := req.GetNamespace(); ns != "" {
-		if err := fsm.ValidateNamespaceName(ns); err != nil {
+		if err := mesh.ValidateNamespaceName(ns); err != nil {
 			return nil, toStatus(err)
 		}
 	}
 	if p := req.GetProxyId(); p != "" {
-		if err := fsm.ValidateProxyID(p); err != nil {
+		if err := mesh.ValidateProxyID(p); err != nil {
 			return nil, toStatus(err)
 		}
 	}
@@ -156,7 +157,7 @@ func (s *Server) ListLeases(ctx context.Context, req *adminv1.ListLeasesRequest)
 }
 
 func (s *Server) GetLease(ctx context.Context, req *adminv1.GetLeaseRequest) (*adminv1.GetLeaseResponse, error) {
-	if _, _, err := fsm.ParseMailboxID(req.GetMailboxId()); err != nil {
+	if _, err := mesh.ParseMailboxID(req.GetMailboxId()); err != nil {
 		return nil, toStatus(err)
 	}
 	return read(s, ctx, "GetLease", req.GetConsistency(), func() (*adminv1.GetLeaseResponse, error) {
@@ -180,7 +181,7 @@ func (s *Server) ListRoutes(ctx context.Context, req *adminv1.ListRoutesRequest)
 }
 
 func (s *Server) GetRoute(ctx context.Context, req *adminv1.GetRouteRequest) (*adminv1.GetRouteResponse, error) {
-	if _, _, err := fsm.ParseMailboxID(req.GetMailboxId()); err != nil {
+	if _, err := mesh.ParseMailboxID(req.GetMailboxId()); err != nil {
 		return nil, toStatus(err)
 	}
 	return read(s, ctx, "GetRoute", req.GetConsistency(), func() (*adminv1.GetRouteResponse, error) {
@@ -195,7 +196,7 @@ func (s *Server) GetRoute(ctx context.Context, req *adminv1.GetRouteRequest) (*a
 }
 
 func (s *Server) AddVoter(ctx context.Context, req *adminv1.AddVoterRequest) (*adminv1.AddVoterResponse, error) {
-	if err := fsm.ValidateID("id", req.GetId()); err != nil {
+	if err := mesh.ValidateID("id", req.GetId()); err != nil {
 		return nil, toStatus(err)
 	}
 	if err := fsm.ValidateAddress("raft_address", req.GetRaftAddress()); err != nil {
@@ -228,7 +229,7 @@ func (s *Server) AddVoter(ctx context.Context, req *adminv1.AddVoterRequest) (*a
 }
 
 func (s *Server) RemoveServer(ctx context.Context, req *adminv1.RemoveServerRequest) (*adminv1.RemoveServerResponse, error) {
-	if err := fsm.ValidateID("id", req.GetId()); err != nil {
+	if err := mesh.ValidateID("id", req.GetId()); err != nil {
 		return nil, toStatus(err)
 	}
 	resp, err := leaderCall(s, ctx, "RemoveServer", func(ctx context.Context) (*adminv1.RemoveServerResponse, error) {

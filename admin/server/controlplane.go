@@ -8,6 +8,7 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -151,7 +152,7 @@ func (s *Server) MailboxHeartbeat(ctx context.Context, req *adminv1.MailboxHeart
 // change to it. Each node serves it from its own FSM, so proxies can watch
 // any node; the index in each message grows.
 func (s *Server) WatchAssignments(req *adminv1.WatchAssignmentsRequest, stream grpc.ServerStreamingServer[adminv1.WatchAssignmentsResponse]) error {
-	if err := fsm.ValidateProxyID(req.GetProxyId()); err != nil {
+	if err := mesh.ValidateProxyID(req.GetProxyId()); err != nil {
 		return toStatus(err)
 	}
 	ctx := stream.Context()

@@ -104,7 +104,7 @@ PRISM_RUNNER_ID), as set by the injector.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&proxyID, "proxy-id", envOr(inject.EnvProxyID, agent.Hostname()), "proxy id to register (ADR-055); mailboxes are {namespace}@{proxy-id}")
+	f.StringVar(&proxyID, "proxy-id", envOr(inject.EnvProxyID, agent.Hostname()), "proxy id to register; mailboxes are {namespace}@{proxy-id}")
 	f.StringVar(&runnerID, "runner-id", envOr("PRISM_RUNNER_ID", ""), "runner id in leases (default: the proxy id)")
 	f.StringVar(&adminEndpoints, "admin-endpoints", envOr(inject.EnvAdminEndpoints, ""), "admin gRPC endpoints, comma-separated host:port; list every node")
 	f.DurationVar(&leaseTTL, "lease-ttl", ttlDefault, "lease ttl to ask for (0: the namespace's); the granted ttl is what the sidecar fences by")
@@ -117,7 +117,7 @@ PRISM_RUNNER_ID), as set by the injector.`,
 	f.StringVar(&region, "region", envOr("PRISM_REGION", ""), "region reported at registration")
 	f.StringVar(&zone, "zone", envOr("PRISM_ZONE", ""), "zone reported at registration")
 	f.StringToStringVar(&labels, "label", nil, "label reported at registration, key=value (repeatable)")
-	f.DurationVar(&stopTimeout, "stop-timeout", 4500*time.Millisecond, "bound on the graceful stop: runner drain, then every release (RFC-049: under 5s)")
+	f.DurationVar(&stopTimeout, "stop-timeout", 4500*time.Millisecond, "bound on the graceful stop: runner drain, then every release (keep it under 5s)")
 	f.DurationVar(&retryMax, "retry-max", 5*time.Second, "longest wait between retries (acquire, heartbeat, watch), which start at 100ms and double")
 	f.DurationVar(&attemptTimeout, "admin-attempt-timeout", 2*time.Second, "bound on one call to one admin node before trying the next")
 	return cmd
