@@ -1,33 +1,22 @@
 // Package sidecare2e runs the lease sidecar against real processes on
-// loopback: `prism admin` (raft-wal on temp dirs, real TCP transport),
-// `prism runner` consuming an in-process kfake broker over TCP, and
-// `prism sidecar` between them, with internal/faultproxy where the network
-// must fail.
+// loopback, started by internal/e2e: `prism admin` (raft-wal on temp dirs,
+// real TCP transport), `prism runner` consuming an in-process kfake broker
+// over TCP, and `prism sidecar` between them, with internal/faultproxy where
+// the network must fail.
 package sidecare2e
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/testproc"
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/internal/e2e"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
@@ -45,155 +34,31 @@ var (
 	ttl      = 3 * time.Second
 	grace    = 2 * time.Second
 	interval = 500 * time.Millisecond
+	lease    = e2e.Lease{TTL: ttl, Grace: grace, Heartbeat: interval}
 )
 
-// ---- Kafka ----
+var web = e2e.NewHTTP(2 * time.Second)
 
-func startKafka(t *testing.T) []string {
-	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
-}
-
-func produce(t *testing.T, brokers []string, prefix string, n int) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	recs := make([]*kgo.Record, n)
-	for i := range recs {
+// envelopes are n valid envelopes, ids prefix-0000 on.
+func envelopes(prefix string, n int) []*envelopev1.PrismEnvelope {
+	out := make([]*envelopev1.PrismEnvelope, n)
+	for i := range out {
 		id := fmt.Sprintf("%s-%04d", prefix, i)
-		b, err := proto.Marshal(&envelopev1.PrismEnvelope{
+		out[i] = &envelopev1.PrismEnvelope{
 			EnvelopeVersion: 1,
 			Metadata:        &envelopev1.PrismMetadata{MessageId: id, Topic: topic, PublishedAt: timestamppb.Now(), CorrelationId: "c"},
 			Security:        &envelopev1.SecurityContext{PublisherId: "user-1"},
 			Observability:   &envelopev1.ObservabilityContext{TraceId: "trace-" + id},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		recs[i] = &kgo.Record{Topic: topic, Key: []byte(id), Value: b}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatalf("produce: %v", err)
-	}
-}
-
-// committed sums the group's committed offsets on topic.
-func committed(t *testing.T, brokers []string, group string) int64 {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	req := kmsg.NewPtrOffsetFetchRequest()
-	req.Group = group
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil {
-		t.Fatalf("offset fetch: %v", err)
-	}
-	var sum int64
-	for _, tp := range resp.Topics {
-		for _, p := range tp.Partitions {
-			if tp.Topic == topic && p.Offset > 0 {
-				sum += p.Offset
-			}
 		}
 	}
-	return sum
+	return out
 }
 
-// ---- admin ----
-
-type adminNode struct {
-	*testproc.Proc
-	id, raftAddr, grpcAddr, httpAddr string
-	cc                               *grpc.ClientConn
-}
-
-func (n *adminNode) admin() adminv1.AdminClient          { return adminv1.NewAdminClient(n.cc) }
-func (n *adminNode) control() adminv1.ControlPlaneClient { return adminv1.NewControlPlaneClient(n.cc) }
-
-// startAdmin starts size voters (one bootstraps alone; more use a static
-// peer list) and waits for a leader.
-func startAdmin(t *testing.T, size int) []*adminNode {
-	t.Helper()
-	nodes := make([]*adminNode, size)
-	var peers []string
-	for i := range nodes {
-		nodes[i] = &adminNode{id: fmt.Sprintf("admin-%d", i+1), raftAddr: testproc.FreeAddr(t), grpcAddr: testproc.FreeAddr(t), httpAddr: testproc.FreeAddr(t)}
-		peers = append(peers, nodes[i].id+"="+nodes[i].raftAddr+"="+nodes[i].grpcAddr)
-	}
-	for _, n := range nodes {
-		args := []string{"admin", "--node-id", n.id, "--raft-addr", n.raftAddr, "--grpc-addr", n.grpcAddr, "--http-addr", n.httpAddr,
-			"--data-dir", t.TempDir(), "--raft-timing", "fast", "--log-format", "text"}
-		if size == 1 {
-			args = append(args, "--bootstrap")
-		} else {
-			args = append(args, "--peers", strings.Join(peers, ","))
-		}
-		n.Proc = testproc.Start(t, n.id, args...)
-		cc, err := grpc.NewClient(n.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cc.Close() })
-		n.cc = cc
-	}
-	testwait.For(t, 60*time.Second, "an admin leader", func() (bool, string) {
-		l := leaderOf(nodes)
-		return l != nil, "no leader"
-	})
-	return nodes
-}
-
-// leaderOf is the node that says it leads, or nil.
-func leaderOf(nodes []*adminNode) *adminNode {
-	for _, n := range nodes {
-		select {
-		case <-n.Exited():
-			continue
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		st, err := n.admin().GetClusterStatus(ctx, &adminv1.GetClusterStatusRequest{})
-		cancel()
-		if err == nil && st.GetState() == "Leader" {
-			return n
-		}
-	}
-	return nil
-}
-
-func createNamespace(t *testing.T, n *adminNode) {
-	t.Helper()
-	testwait.For(t, 30*time.Second, "namespace created", func() (bool, string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, err := n.control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: namespace, Config: &adminv1.NamespaceConfig{
-			Topics: []string{topic},
-			Lease:  &adminv1.LeaseConfig{Ttl: durationpb.New(ttl), Grace: durationpb.New(grace), HeartbeatInterval: durationpb.New(interval)},
-		}})
-		return err == nil, fmt.Sprint(err)
-	})
-}
-
-// lease returns the mailbox's lease as n sees it (linearizable), or nil.
-func lease(n *adminNode) (*adminv1.Lease, error) {
+// leaseOf returns the mailbox's lease as n sees it (linearizable), or nil.
+func leaseOf(n *e2e.AdminNode) (*adminv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	resp, err := n.admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	resp, err := n.Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
 	if err != nil {
 		return nil, err
 	}
@@ -205,10 +70,10 @@ func lease(n *adminNode) (*adminv1.Lease, error) {
 	return nil, nil
 }
 
-func route(n *adminNode) (*adminv1.Route, error) {
+func route(n *e2e.AdminNode) (*adminv1.Route, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	resp, err := n.admin().ListRoutes(ctx, &adminv1.ListRoutesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	resp, err := n.Admin().ListRoutes(ctx, &adminv1.ListRoutesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
 	if err != nil {
 		return nil, err
 	}
@@ -220,30 +85,22 @@ func route(n *adminNode) (*adminv1.Route, error) {
 	return nil, nil
 }
 
-// ---- runner + sidecar ----
-
-type runnerProc struct {
-	*testproc.Proc
-	grpcAddr, httpAddr, controlAddr string
-}
-
-func startRunner(t *testing.T, name string, brokers []string) *runnerProc {
+// startRunner starts a runner for a sidecar.
+func startRunner(t testing.TB, name string, brokers []string) *e2e.Runner {
 	t.Helper()
-	r := &runnerProc{grpcAddr: testproc.FreeAddr(t), httpAddr: testproc.FreeAddr(t), controlAddr: testproc.FreeAddr(t)}
-	r.Proc = testproc.Start(t, name, "runner", "--kafka", strings.Join(brokers, ","), "--data-dir", t.TempDir(),
-		"--grpc-addr", r.grpcAddr, "--http-addr", r.httpAddr, "--control-addr", r.controlAddr,
-		"--batch-wait", "20ms", "--log-format", "json")
-	testwait.For(t, 30*time.Second, name+" /healthz", func() (bool, string) {
-		code, _, err := get("http://" + r.httpAddr + "/healthz")
-		return err == nil && code == 200, fmt.Sprint(code, err)
-	})
-	return r
+	return e2e.StartRunner(t, e2e.RunnerOptions{Name: name, Brokers: brokers, Args: []string{"--batch-wait", "20ms", "--log-format", "json"}})
 }
 
-// mailboxStats is the runner's HTTP stats for the mailbox: status code and
-// the epoch it serves under.
-func (r *runnerProc) mailboxStats() (int, uint64, int64, error) {
-	code, body, err := get("http://" + r.httpAddr + "/v1/mailboxes/" + mailboxID + "/stats")
+// startSidecar starts a sidecar holding r's leases.
+func startSidecar(t testing.TB, name, runnerID string, r *e2e.Runner, admins ...string) *e2e.Sidecar {
+	t.Helper()
+	return e2e.StartSidecar(t, e2e.SidecarOptions{Name: name, ProxyID: proxyID, RunnerID: runnerID, Runner: r, Admins: admins, Lease: lease})
+}
+
+// mailboxStats is the runner's HTTP stats for the mailbox: status code, the
+// epoch it serves under and the events it stored.
+func mailboxStats(r *e2e.Runner) (int, uint64, int64, error) {
+	code, body, _, err := web.Get(r.HTTPURL() + "/v1/mailboxes/" + mailboxID + "/stats")
 	if err != nil || code != 200 {
 		return code, 0, 0, err
 	}
@@ -255,66 +112,6 @@ func (r *runnerProc) mailboxStats() (int, uint64, int64, error) {
 		return code, 0, 0, fmt.Errorf("stats %q: %w", body, err)
 	}
 	return code, st.Epoch, st.TotalEvents, nil
-}
-
-type sidecarProc struct {
-	*testproc.Proc
-	httpAddr string
-}
-
-func startSidecar(t *testing.T, name, runnerID string, r *runnerProc, admins ...string) *sidecarProc {
-	t.Helper()
-	s := &sidecarProc{httpAddr: testproc.FreeAddr(t)}
-	s.Proc = testproc.Start(t, name, "sidecar", "--proxy-id", proxyID, "--runner-id", runnerID,
-		"--admin-endpoints", strings.Join(admins, ","), "--runner-addr", r.controlAddr, "--advertise-addr", r.grpcAddr,
-		"--http-addr", s.httpAddr, "--lease-ttl", ttl.String(), "--heartbeat-interval", interval.String(),
-		"--retry-max", "250ms", "--admin-attempt-timeout", "700ms", "--log-format", "json")
-	return s
-}
-
-func (s *sidecarProc) ready() (bool, string) {
-	code, body, err := get("http://" + s.httpAddr + "/readyz")
-	return err == nil && code == 200, fmt.Sprint(code, " ", strings.TrimSpace(body), " ", err)
-}
-
-// metric sums the samples of name whose label text contains every part.
-func metric(base, name string, parts ...string) (float64, error) {
-	code, body, err := get(base + "/metrics")
-	if err != nil || code != 200 {
-		return 0, fmt.Errorf("metrics: %d %v", code, err)
-	}
-	var sum float64
-	for _, line := range strings.Split(body, "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		ok := true
-		for _, p := range parts {
-			if !strings.Contains(line, p) {
-				ok = false
-			}
-		}
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err == nil {
-			sum += v
-		}
-	}
-	return sum, nil
-}
-
-var httpClient = &http.Client{Timeout: 2 * time.Second}
-
-func get(url string) (int, string, error) {
-	resp, err := httpClient.Get(url)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
 }
 
 // timeline records what happened when, printed with the test's output so

@@ -7,52 +7,55 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/faultproxy"
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
 // env is one admin cluster, one broker and one runner with its sidecar.
 type env struct {
-	admins  []*adminNode
-	brokers []string
-	runner  *runnerProc
-	sidecar *sidecarProc
+	admins  []*e2e.AdminNode
+	kafka   *kafkatest.Cluster
+	runner  *e2e.Runner
+	sidecar *e2e.Sidecar
 	tl      *timeline
 	started time.Time
 }
 
-func setup(t *testing.T, admins int, endpoints func([]*adminNode) []string) *env {
+func setup(t *testing.T, admins int, endpoints func([]*e2e.AdminNode) []string) *env {
 	t.Helper()
-	e := &env{brokers: startKafka(t), tl: newTimeline()}
-	e.admins = startAdmin(t, admins)
-	createNamespace(t, e.admins[0])
-	e.runner = startRunner(t, "runner-a", e.brokers)
+	e := &env{kafka: kafkatest.Start(t, kafkatest.Topics(2, topic)), tl: newTimeline()}
+	cluster := e2e.StartAdmins(t, e2e.AdminOptions{Size: admins})
+	e.admins = cluster.Nodes
+	cluster.CreateNamespace(30*time.Second, namespace, &adminv1.NamespaceConfig{Topics: []string{topic}, Lease: lease.Config()})
+	e.runner = startRunner(t, "runner-a", e.kafka.Brokers)
 	eps := endpoints(e.admins)
 	e.started = e.tl.mark("sidecar started")
 	e.sidecar = startSidecar(t, "sidecar-a", "runner-a", e.runner, eps...)
 	return e
 }
 
-func grpcAddrs(ns []*adminNode) []string {
+func grpcAddrs(ns []*e2e.AdminNode) []string {
 	var out []string
 	for _, n := range ns {
-		out = append(out, n.grpcAddr)
+		out = append(out, n.GRPCAddr)
 	}
 	return out
 }
 
 // heldBy waits until the admin shows the lease held by runnerID and the
 // runner serving under its epoch; it returns the epoch.
-func (e *env) heldBy(t *testing.T, n *adminNode, runnerID string, r *runnerProc, after uint64) uint64 {
+func (e *env) heldBy(t *testing.T, n *e2e.AdminNode, runnerID string, r *e2e.Runner, after uint64) uint64 {
 	t.Helper()
 	var epoch uint64
 	testwait.For(t, 30*time.Second, "lease held by "+runnerID+" and served", func() (bool, string) {
-		l, err := lease(n)
+		l, err := leaseOf(n)
 		if err != nil || l == nil || l.GetRunnerId() != runnerID || l.GetEpoch() <= after {
 			return false, fmt.Sprintf("lease %v err %v", l, err)
 		}
-		code, served, _, err := r.mailboxStats()
+		code, served, _, err := mailboxStats(r)
 		if code != 200 || served != l.GetEpoch() {
 			return false, fmt.Sprintf("runner stats %d epoch %d (lease epoch %d) err %v", code, served, l.GetEpoch(), err)
 		}
@@ -73,20 +76,20 @@ func TestSidecarStartAndSIGTERM(t *testing.T) {
 func startAndSIGTERM(t *testing.T, size int) {
 	e := setup(t, size, grpcAddrs)
 	// Reads go to the leader so that linearizable reads see the release.
-	var admin *adminNode
-	testwait.For(t, 30*time.Second, "leader", func() (bool, string) { admin = leaderOf(e.admins); return admin != nil, "" })
+	var admin *e2e.AdminNode
+	testwait.For(t, 30*time.Second, "leader", func() (bool, string) { admin = e2e.Leader(e.admins...); return admin != nil, "" })
 	epoch := e.heldBy(t, admin, "runner-a", e.runner, 0)
 	held := e.tl.mark("lease held, epoch %d", epoch)
 	rt, err := route(admin)
-	if err != nil || rt == nil || rt.GetRunnerAddress() != e.runner.grpcAddr || rt.GetEpoch() != epoch {
-		t.Fatalf("route %v (err %v), want %s at epoch %d", rt, err, e.runner.grpcAddr, epoch)
+	if err != nil || rt == nil || rt.GetRunnerAddress() != e.runner.QueryAddr || rt.GetEpoch() != epoch {
+		t.Fatalf("route %v (err %v), want %s at epoch %d", rt, err, e.runner.QueryAddr, epoch)
 	}
-	testwait.For(t, 10*time.Second, "sidecar ready", e.sidecar.ready)
+	testwait.For(t, 10*time.Second, "sidecar ready", e.sidecar.Ready)
 
 	const n = 200
-	produce(t, e.brokers, "ev", n)
+	e.kafka.ProduceEnvelopes(t, topic, envelopes("ev", n)...)
 	testwait.For(t, 30*time.Second, "events stored", func() (bool, string) {
-		_, _, stored, err := e.runner.mailboxStats()
+		_, _, stored, err := mailboxStats(e.runner)
 		return stored == n, fmt.Sprint(stored, err)
 	})
 
@@ -97,7 +100,7 @@ func startAndSIGTERM(t *testing.T, size int) {
 	exited := e.tl.mark("sidecar exited")
 	var gone time.Time
 	testwait.For(t, 5*time.Second, "lease and route gone", func() (bool, string) {
-		l, err1 := lease(admin)
+		l, err1 := leaseOf(admin)
 		r, err2 := route(admin)
 		if err1 != nil || err2 != nil || l != nil || r != nil {
 			return false, fmt.Sprintf("lease %v route %v errs %v %v", l, r, err1, err2)
@@ -112,11 +115,11 @@ func startAndSIGTERM(t *testing.T, size int) {
 	if d := exited.Sub(sent); d >= 5*time.Second {
 		t.Fatalf("sidecar exit took %v", d)
 	}
-	if got := committed(t, e.brokers, mailboxID); got != n {
+	if got := e.kafka.Committed(t, mailboxID, topic); got != n {
 		t.Fatalf("committed offsets sum to %d, want %d: the drain must commit before the release", got, n)
 	}
 	testwait.For(t, 5*time.Second, "runner no longer serving the released mailbox", func() (bool, string) {
-		code, _, _, err := e.runner.mailboxStats()
+		code, _, _, err := mailboxStats(e.runner)
 		return code == 404, fmt.Sprint(code, err)
 	})
 	if !e.sidecar.LogHas("runner drained") || !e.sidecar.LogHas("lease released", mailboxID) {
@@ -151,22 +154,22 @@ func TestSidecarKill9FencesBeforeRegrant(t *testing.T) {
 	admin := e.admins[0]
 	epochA := e.heldBy(t, admin, "runner-a", e.runner, 0)
 	e.tl.mark("runner-a serving, epoch %d", epochA)
-	runnerB := startRunner(t, "runner-b", e.brokers)
+	runnerB := startRunner(t, "runner-b", e.kafka.Brokers)
 
 	killed := e.tl.mark("kill -9 sidecar-a")
 	e.sidecar.Kill()
-	sidecarB := startSidecar(t, "sidecar-b", "runner-b", runnerB, admin.grpcAddr)
+	sidecarB := startSidecar(t, "sidecar-b", "runner-b", runnerB, admin.GRPCAddr)
 
 	var fenced, granted time.Time
 	var epochB uint64
 	testwait.For(t, ttl+grace+15*time.Second, "runner-a fenced and lease re-granted to runner-b", func() (bool, string) {
 		if fenced.IsZero() {
-			if code, _, _, _ := e.runner.mailboxStats(); code == 404 {
+			if code, _, _, _ := mailboxStats(e.runner); code == 404 {
 				fenced = e.tl.mark("runner-a stopped serving")
 			}
 		}
 		if granted.IsZero() {
-			if l, err := lease(admin); err == nil && l != nil && l.GetRunnerId() == "runner-b" {
+			if l, err := leaseOf(admin); err == nil && l != nil && l.GetRunnerId() == "runner-b" {
 				granted, epochB = e.tl.mark("lease granted to runner-b, epoch %d", l.GetEpoch()), l.GetEpoch()
 			}
 		}
@@ -192,7 +195,7 @@ func TestSidecarKill9FencesBeforeRegrant(t *testing.T) {
 	if epochB <= epochA {
 		t.Errorf("epoch %d after %d: must grow", epochB, epochA)
 	}
-	if v, err := metric("http://"+e.runner.httpAddr, "prism_runner_fences_total", `reason="deadline_passed"`); err != nil || v != 1 {
+	if v, err := web.Metric(e.runner.HTTPURL(), "prism_runner_fences_total", `reason="deadline_passed"`); err != nil || v != 1 {
 		t.Errorf("runner-a fences by deadline: %v %v", v, err)
 	}
 	if !sidecarB.LogHas("lease refused", "HELD_BY_OTHER") {
@@ -207,8 +210,8 @@ func TestSidecarKill9FencesBeforeRegrant(t *testing.T) {
 // once the admin is back.
 func TestSidecarAdminPartition(t *testing.T) {
 	var fp *faultproxy.Proxy
-	e := setup(t, 1, func(ns []*adminNode) []string {
-		p, err := faultproxy.New("127.0.0.1:0", ns[0].grpcAddr)
+	e := setup(t, 1, func(ns []*e2e.AdminNode) []string {
+		p, err := faultproxy.New("127.0.0.1:0", ns[0].GRPCAddr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,14 +221,14 @@ func TestSidecarAdminPartition(t *testing.T) {
 	})
 	admin := e.admins[0]
 	epoch := e.heldBy(t, admin, "runner-a", e.runner, 0)
-	base := "http://" + e.sidecar.httpAddr
+	base := e.sidecar.HTTPURL()
 
 	short := ttl / 2
 	e.tl.mark("blackhole for %v", short)
 	fp.Blackhole()
 	end := time.Now().Add(short)
 	for time.Now().Before(end) {
-		if code, served, _, err := e.runner.mailboxStats(); code != 200 || served != epoch {
+		if code, served, _, err := mailboxStats(e.runner); code != 200 || served != epoch {
 			t.Fatalf("runner interrupted during a %v partition: %d epoch %d err %v", short, code, served, err)
 		}
 		time.Sleep(25 * time.Millisecond)
@@ -233,15 +236,15 @@ func TestSidecarAdminPartition(t *testing.T) {
 	fp.Restore()
 	e.tl.mark("restored")
 	// A few heartbeats after the restore, still the same lease, no loss.
-	hbs, _ := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+	hbs, _ := web.Metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
 	testwait.For(t, 10*time.Second, "heartbeats renewed again", func() (bool, string) {
-		v, err := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+		v, err := web.Metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
 		return v >= hbs+3, fmt.Sprint(v, err)
 	})
-	if l, err := lease(admin); err != nil || l.GetEpoch() != epoch {
+	if l, err := leaseOf(admin); err != nil || l.GetEpoch() != epoch {
 		t.Fatalf("lease after a short partition: %v %v, want epoch %d", l, err, epoch)
 	}
-	if v, _ := metric(base, "prism_sidecar_lease_losses_total"); v != 0 {
+	if v, _ := web.Metric(base, "prism_sidecar_lease_losses_total"); v != 0 {
 		t.Fatalf("%v losses after a partition shorter than ttl", v)
 	}
 
@@ -250,7 +253,7 @@ func TestSidecarAdminPartition(t *testing.T) {
 	fp.Blackhole()
 	var fenced time.Time
 	testwait.For(t, long, "runner fenced", func() (bool, string) {
-		code, _, _, err := e.runner.mailboxStats()
+		code, _, _, err := mailboxStats(e.runner)
 		if code == 404 {
 			fenced = e.tl.mark("runner fenced")
 		}
@@ -259,7 +262,7 @@ func TestSidecarAdminPartition(t *testing.T) {
 	// The runner's own deadline and the sidecar's timer both fire at ttl
 	// after the last acknowledged send; either may come first.
 	testwait.For(t, 5*time.Second, "sidecar not ready while fenced", func() (bool, string) {
-		ok, got := e.sidecar.ready()
+		ok, got := e.sidecar.Ready()
 		return !ok, got
 	})
 	if d := fenced.Sub(cut); d > ttl+time.Second {
@@ -270,9 +273,9 @@ func TestSidecarAdminPartition(t *testing.T) {
 	e.tl.mark("restored")
 	epoch2 := e.heldBy(t, admin, "runner-a", e.runner, epoch)
 	e.tl.mark("serving again, epoch %d", epoch2)
-	testwait.For(t, 10*time.Second, "sidecar ready again", e.sidecar.ready)
+	testwait.For(t, 10*time.Second, "sidecar ready again", e.sidecar.Ready)
 	t.Logf("timeline:\n%s", e.tl)
-	if v, err := metric(base, "prism_sidecar_lease_losses_total", `reason="ttl_elapsed"`); err != nil || v < 1 {
+	if v, err := web.Metric(base, "prism_sidecar_lease_losses_total", `reason="ttl_elapsed"`); err != nil || v < 1 {
 		t.Fatalf("ttl_elapsed losses %v %v", v, err)
 	}
 	if !e.sidecar.LogHas("lease lost; fencing the runner", "ttl_elapsed", mailboxID) {
@@ -284,16 +287,16 @@ func TestSidecarAdminPartition(t *testing.T) {
 // others and the runner is never interrupted.
 func TestSidecarAdminLeaderKilled(t *testing.T) {
 	e := setup(t, 3, grpcAddrs)
-	epoch := e.heldBy(t, leaderOf(e.admins), "runner-a", e.runner, 0)
-	base := "http://" + e.sidecar.httpAddr
-	leader := leaderOf(e.admins)
+	epoch := e.heldBy(t, e2e.Leader(e.admins...), "runner-a", e.runner, 0)
+	base := e.sidecar.HTTPURL()
+	leader := e2e.Leader(e.admins...)
 	if leader == nil {
 		t.Fatal("no leader")
 	}
-	before, _ := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
-	killed := e.tl.mark("kill -9 leader %s", leader.id)
+	before, _ := web.Metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+	killed := e.tl.mark("kill -9 leader %s", leader.ID)
 	leader.Kill()
-	var survivors []*adminNode
+	var survivors []*e2e.AdminNode
 	for _, n := range e.admins {
 		if n != leader {
 			survivors = append(survivors, n)
@@ -303,34 +306,34 @@ func TestSidecarAdminLeaderKilled(t *testing.T) {
 	var mid float64
 	for time.Since(killed) < watch {
 		if mid == 0 && time.Since(killed) >= ttl {
-			mid, _ = metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+			mid, _ = web.Metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
 			e.tl.mark("renewed heartbeats at kill + ttl: %v", mid)
 		}
-		if code, served, _, err := e.runner.mailboxStats(); code != 200 || served != epoch {
+		if code, served, _, err := mailboxStats(e.runner); code != 200 || served != epoch {
 			t.Fatalf("runner interrupted %v after the leader died: %d epoch %d err %v\n%s", time.Since(killed), code, served, err, e.tl)
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
-	after, _ := metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+	after, _ := web.Metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
 	e.tl.mark("renewed heartbeats %v → %v", before, after)
 	// On a loaded machine the survivors' leadership can flap for a moment
 	// (fast raft timing); what matters is that one of them leads.
-	var newLeader *adminNode
+	var newLeader *e2e.AdminNode
 	testwait.For(t, 15*time.Second, "a survivor leads", func() (bool, string) {
-		newLeader = leaderOf(survivors)
+		newLeader = e2e.Leader(survivors...)
 		return newLeader != nil, "no survivor reports Leader"
 	})
-	e.tl.mark("new leader %s", newLeader.id)
+	e.tl.mark("new leader %s", newLeader.ID)
 	t.Logf("timeline:\n%s", e.tl)
 	// Renewals in the second ttl after the kill come from the new leader:
 	// the old one is dead, and every lease would have been fenced by then.
 	if after < mid+float64(ttl/interval)/2 {
 		t.Fatalf("renewed heartbeats %v at kill, %v at kill + ttl, %v at kill + 2 ttl: heartbeats did not continue", before, mid, after)
 	}
-	if v, _ := metric(base, "prism_sidecar_lease_losses_total"); v != 0 {
+	if v, _ := web.Metric(base, "prism_sidecar_lease_losses_total"); v != 0 {
 		t.Fatalf("%v losses across a leader change", v)
 	}
-	l, err := lease(newLeader)
+	l, err := leaseOf(newLeader)
 	if err != nil || l.GetEpoch() != epoch || l.GetRunnerId() != "runner-a" {
 		t.Fatalf("lease on the new leader %v %v, want epoch %d", l, err, epoch)
 	}
@@ -347,30 +350,30 @@ func TestSidecarUnassign(t *testing.T) {
 	admin := e.admins[0]
 	epoch := e.heldBy(t, admin, "runner-a", e.runner, 0)
 	const n = 50
-	produce(t, e.brokers, "un", n)
+	e.kafka.ProduceEnvelopes(t, topic, envelopes("un", n)...)
 	testwait.For(t, 30*time.Second, "events stored", func() (bool, string) {
-		_, _, stored, err := e.runner.mailboxStats()
+		_, _, stored, err := mailboxStats(e.runner)
 		return stored == n, fmt.Sprint(stored, err)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := admin.control().DeleteNamespace(ctx, &adminv1.DeleteNamespaceRequest{Namespace: namespace}); err != nil {
+	if _, err := admin.Control().DeleteNamespace(ctx, &adminv1.DeleteNamespaceRequest{Namespace: namespace}); err != nil {
 		t.Fatal(err)
 	}
 	e.tl.mark("namespace deleted")
 	testwait.For(t, 10*time.Second, "lease, route and mailbox gone", func() (bool, string) {
-		l, err1 := lease(admin)
+		l, err1 := leaseOf(admin)
 		r, err2 := route(admin)
-		code, _, _, _ := e.runner.mailboxStats()
+		code, _, _, _ := mailboxStats(e.runner)
 		return l == nil && r == nil && code == 404 && err1 == nil && err2 == nil, fmt.Sprintf("lease %v route %v runner %d", l, r, code)
 	})
 	e.tl.mark("lease, route and mailbox gone")
 	t.Logf("timeline:\n%s", e.tl)
-	if got := committed(t, e.brokers, mailboxID); got != n {
+	if got := e.kafka.Committed(t, mailboxID, topic); got != n {
 		t.Fatalf("committed %d, want %d", got, n)
 	}
 	if !e.sidecar.LogHas("lease released", `"cause":"unassigned"`, fmt.Sprintf(`"epoch":%d`, epoch)) {
 		t.Fatalf("no release logged:\n%s", e.sidecar.Tail(20))
 	}
-	testwait.For(t, 5*time.Second, "sidecar ready with nothing assigned", e.sidecar.ready)
+	testwait.For(t, 5*time.Second, "sidecar ready with nothing assigned", e.sidecar.Ready)
 }
