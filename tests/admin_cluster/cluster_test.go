@@ -4,15 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/internal/testwait"
@@ -22,25 +21,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-func metricValue(t *testing.T, n *node, name string) float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + n.httpAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	total := 0.0
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, name+" ") || strings.HasPrefix(l, name+"{") {
-			f := strings.Fields(l)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			total += v
-		}
-	}
-	return total
-}
-
 func nsConfig() *adminv1.NamespaceConfig {
 	return &adminv1.NamespaceConfig{Topics: []string{"audit.events"}}
 }
@@ -49,28 +29,28 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 	c := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	lead := c.leader()
-	f := c.follower(lead)
-	fol := c.nodes[f]
+	lead := c.AwaitLeader()
+	f := c.Follower(lead)
+	fol := c.Nodes[f]
 
 	// A write through a follower is forwarded to the leader and visible to a
 	// linearizable read on the other follower.
-	resp, err := fol.control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "audit-logs", Config: nsConfig()})
+	resp, err := fol.Control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "audit-logs", Config: nsConfig()})
 	if err != nil || !resp.GetCreated() {
 		t.Fatalf("create through follower: %v, %v", resp, err)
 	}
 	if metricValue(t, fol, "prism_admin_forwards_total") < 1 {
 		t.Fatal("follower did not count a forward")
 	}
-	other := c.nodes[3-lead-f]
-	got, err := other.admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "audit-logs", Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	other := c.Nodes[3-lead-f]
+	got, err := other.Admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "audit-logs", Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
 	if err != nil || got.GetNamespace().GetCreatedIndex() != resp.GetIndex() {
 		t.Fatalf("linearizable read on the other follower: %v, %v", got, err)
 	}
-	for _, n := range c.nodes {
-		r, err := http.Get("http://" + n.httpAddr + "/readyz")
+	for _, n := range c.Nodes {
+		r, err := http.Get("http://" + n.HTTPAddr + "/readyz")
 		if err != nil || r.StatusCode != http.StatusOK {
-			t.Fatalf("%s /readyz: %v %v", n.id, r, err)
+			t.Fatalf("%s /readyz: %v %v", n.ID, r, err)
 		}
 		r.Body.Close()
 	}
@@ -83,7 +63,7 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 	dead := testproc.FreeAddr(t)
 	prismctl := func(args ...string) string {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, ctl, append([]string{"--admin", dead + "," + fol.grpcAddr, "--attempt-timeout", "1s"}, args...)...)
+		cmd := exec.CommandContext(ctx, ctl, append([]string{"--admin", dead + "," + fol.GRPCAddr, "--attempt-timeout", "1s"}, args...)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("prismctl %v: %v\n%s", args, err, out)
@@ -101,7 +81,7 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 	if err := json.Unmarshal([]byte(prismctl("cluster", "status", "--format", "json")), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.NodeID != fol.id || st.LeaderID != c.nodes[lead].id || len(st.Members) != 3 {
+	if st.NodeID != fol.ID || st.LeaderID != c.Nodes[lead].ID || len(st.Members) != 3 {
 		t.Fatalf("cluster status through follower: %+v", st)
 	}
 	prismctl("namespace", "create", "billing", "--topic", "billing.events", "--lease-ttl", "5s")
@@ -119,11 +99,11 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 	if out := prismctl("namespace", "delete", "billing"); !strings.Contains(out, "deleted billing") {
 		t.Fatalf("namespace delete:\n%s", out)
 	}
-	cmd := exec.CommandContext(ctx, ctl, "--admin", fol.grpcAddr, "namespace", "get", "billing")
+	cmd := exec.CommandContext(ctx, ctl, "--admin", fol.GRPCAddr, "namespace", "get", "billing")
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "NotFound") {
 		t.Fatalf("get deleted namespace: %v\n%s", err, out)
 	}
-	cmd = exec.CommandContext(ctx, ctl, "--admin", fol.grpcAddr, "member", "add", "x", "not-an-address", "127.0.0.1:1")
+	cmd = exec.CommandContext(ctx, ctl, "--admin", fol.GRPCAddr, "member", "add", "x", "not-an-address", "127.0.0.1:1")
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "InvalidArgument") {
 		t.Fatalf("member add with a bad address: %v\n%s", err, out)
 	}
@@ -143,21 +123,21 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	c := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	lead := c.leader()
-	cp := func(n *node) adminv1.ControlPlaneClient { return n.control() }
+	lead := c.AwaitLeader()
+	cp := func(n *e2e.AdminNode) adminv1.ControlPlaneClient { return n.Control() }
 
 	// Short leases, heartbeated every 250 ms: without the extension on
 	// promotion, the new leader would expire them during the failover.
 	short := &adminv1.NamespaceConfig{Topics: []string{"t"}, Lease: &adminv1.LeaseConfig{
 		Ttl: durationpb.New(time.Second), Grace: durationpb.New(200 * time.Millisecond),
 	}}
-	if _, err := cp(c.nodes[lead]).CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "held", Config: short}); err != nil {
+	if _, err := cp(c.Nodes[lead]).CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "held", Config: short}); err != nil {
 		t.Fatal(err)
 	}
 	held := map[string]uint64{}
 	for i := range 5 {
 		mb := fmt.Sprintf("held@p%d", i)
-		r, err := cp(c.nodes[lead]).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: "r" + mb, RunnerAddress: "127.0.0.1:9000"})
+		r, err := cp(c.Nodes[lead]).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: "r" + mb, RunnerAddress: "127.0.0.1:9000"})
 		if err != nil || !r.GetGranted() {
 			t.Fatalf("acquire %s: %v %v", mb, r, err)
 		}
@@ -176,7 +156,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 400 && loadCtx.Err() == nil; i++ {
-				r, err := anyNode(loadCtx, c, i, func(ctx context.Context, n *node) (*adminv1.MailboxHeartbeatResponse, error) {
+				r, err := anyNode(loadCtx, c, i, func(ctx context.Context, n *e2e.AdminNode) (*adminv1.MailboxHeartbeatResponse, error) {
 					return cp(n).MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: mb, RunnerId: "r" + mb, Epoch: epoch})
 				})
 				if err == nil && !r.GetRenewed() {
@@ -197,7 +177,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 2000 && loadCtx.Err() == nil; i++ {
 				mb := fmt.Sprintf("load@w%d-%d", w, i)
-				r, err := anyNode(loadCtx, c, w+i, func(ctx context.Context, n *node) (*adminv1.AcquireLeaseResponse, error) {
+				r, err := anyNode(loadCtx, c, w+i, func(ctx context.Context, n *e2e.AdminNode) (*adminv1.AcquireLeaseResponse, error) {
 					return cp(n).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: "w", RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(time.Hour)})
 				})
 				if err == nil && r.GetGranted() {
@@ -211,14 +191,14 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acks) }
 	testwait.For(t, 30*time.Second, "load before the kill", func() (bool, string) { return count() >= 50, fmt.Sprint(count()) })
 
-	oldTerm := mustStatus(t, c.nodes[lead]).GetTerm()
+	oldTerm := mustStatus(t, c.Nodes[lead]).GetTerm()
 	killed := lead
-	c.kill(killed)
-	newLead := c.leader(killed)
+	c.Nodes[killed].Kill()
+	newLead := c.AwaitLeader(killed)
 	if newLead == killed {
 		t.Fatal("killed node still leads")
 	}
-	if term := mustStatus(t, c.nodes[newLead]).GetTerm(); term <= oldTerm {
+	if term := mustStatus(t, c.Nodes[newLead]).GetTerm(); term <= oldTerm {
 		t.Fatalf("term %d not after %d", term, oldTerm)
 	}
 	before := count()
@@ -231,7 +211,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	if len(refusals) > 0 {
 		t.Fatalf("held leases refused across the failover: %v", refusals)
 	}
-	leases, err := c.nodes[newLead].admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	leases, err := c.Nodes[newLead].Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +229,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 			t.Fatalf("held lease %s: epoch %d, want %d (expired or re-granted)", mb, have[mb], epoch)
 		}
 	}
-	if v := metricValue(t, c.nodes[newLead], "prism_admin_lease_expirations_total"); v != 0 {
+	if v := metricValue(t, c.Nodes[newLead], "prism_admin_lease_expirations_total"); v != 0 {
 		t.Fatalf("new leader expired %v leases", v)
 	}
 	t.Logf("%d acknowledged grants, %d during or after the failover", len(acks), len(acks)-before)
@@ -257,18 +237,18 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	// The killed node restarts on its data dir, is not re-bootstrapped, and
 	// catches up with everything committed while it was down. (The held
 	// leases expire now that nobody heartbeats them, so compare the rest.)
-	c.start(killed)
+	c.Nodes[killed].Restart()
 	var target uint64
 	testwait.For(t, 60*time.Second, "the restarted node to catch up", func() (bool, string) {
-		target = mustStatus(t, c.nodes[newLead]).GetCommitIndex()
-		st, err := c.nodes[killed].status(ctx)
+		target = mustStatus(t, c.Nodes[newLead]).GetCommitIndex()
+		st, err := c.Nodes[killed].Status(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
 		return st.GetAppliedIndex() >= target && st.GetLeaderId() != "", fmt.Sprintf("applied %d of %d", st.GetAppliedIndex(), target)
 	})
-	loadLeases := func(n *node, c adminv1.Consistency) map[string]uint64 {
-		r, err := n.admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Namespace: "load", Consistency: c})
+	loadLeases := func(n *e2e.AdminNode, c adminv1.Consistency) map[string]uint64 {
+		r, err := n.Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Namespace: "load", Consistency: c})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,8 +258,8 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 		}
 		return out
 	}
-	want := loadLeases(c.nodes[newLead], adminv1.Consistency_CONSISTENCY_LINEARIZABLE)
-	got := loadLeases(c.nodes[killed], adminv1.Consistency_CONSISTENCY_STALE)
+	want := loadLeases(c.Nodes[newLead], adminv1.Consistency_CONSISTENCY_LINEARIZABLE)
+	got := loadLeases(c.Nodes[killed], adminv1.Consistency_CONSISTENCY_STALE)
 	if len(got) != len(want) || len(want) < len(acks) {
 		t.Fatalf("restarted node has %d load leases, leader %d, acknowledged %d", len(got), len(want), len(acks))
 	}
@@ -290,9 +270,9 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	}
 }
 
-func mustStatus(t *testing.T, n *node) *adminv1.GetClusterStatusResponse {
+func mustStatus(t *testing.T, n *e2e.AdminNode) *adminv1.GetClusterStatusResponse {
 	t.Helper()
-	st, err := n.status(context.Background())
+	st, err := n.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,12 +285,12 @@ func TestGracefulShutdownHandsOverLeadership(t *testing.T) {
 	c := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	lead := c.leader()
-	if err := c.stop(lead); err != nil {
+	lead := c.AwaitLeader()
+	if err := c.Nodes[lead].Term(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	next := c.leader(lead)
-	if _, err := c.nodes[next].control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "after", Config: nsConfig()}); err != nil {
+	next := c.AwaitLeader(lead)
+	if _, err := c.Nodes[next].Control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "after", Config: nsConfig()}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -322,44 +302,44 @@ func TestMembershipThroughPrismctl(t *testing.T) {
 	c := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	lead := c.leader()
-	fol := c.nodes[c.follower(lead)]
-	if _, err := fol.control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "before-join", Config: nsConfig()}); err != nil {
+	lead := c.AwaitLeader()
+	fol := c.Nodes[c.Follower(lead)]
+	if _, err := fol.Control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "before-join", Config: nsConfig()}); err != nil {
 		t.Fatal(err)
 	}
-	j := c.addJoiner()
-	joiner := c.nodes[j]
+	j := c.AddJoiner()
+	joiner := c.Nodes[j]
 	ctl, err := testbin.Path("prismctl")
 	if err != nil {
 		t.Fatal(err)
 	}
 	prismctl := func(args ...string) string {
 		t.Helper()
-		out, err := exec.CommandContext(ctx, ctl, append([]string{"--admin", fol.grpcAddr}, args...)...).CombinedOutput()
+		out, err := exec.CommandContext(ctx, ctl, append([]string{"--admin", fol.GRPCAddr}, args...)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("prismctl %v: %v\n%s", args, err, out)
 		}
 		return string(out)
 	}
-	prismctl("member", "add", joiner.id, joiner.raftAddr, joiner.grpcAddr)
+	prismctl("member", "add", joiner.ID, joiner.RaftAddr, joiner.GRPCAddr)
 	testwait.For(t, 30*time.Second, "the joiner to replicate", func() (bool, string) {
-		r, err := joiner.admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "before-join"})
+		r, err := joiner.Admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "before-join"})
 		return err == nil && r.GetNamespace() != nil, fmt.Sprint(err)
 	})
-	st := mustStatus(t, c.nodes[lead])
+	st := mustStatus(t, c.Nodes[lead])
 	if len(st.GetMembers()) != 4 {
 		t.Fatalf("members after add: %v", st.GetMembers())
 	}
-	if _, err := joiner.control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "via-joiner", Config: nsConfig()}); err != nil {
+	if _, err := joiner.Control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "via-joiner", Config: nsConfig()}); err != nil {
 		t.Fatalf("write through the joiner: %v", err)
 	}
-	prismctl("member", "remove", joiner.id)
+	prismctl("member", "remove", joiner.ID)
 	testwait.For(t, 30*time.Second, "the member list to shrink", func() (bool, string) {
-		st := mustStatus(t, c.nodes[c.leader(j)])
+		st := mustStatus(t, c.Nodes[c.AwaitLeader(j)])
 		return len(st.GetMembers()) == 3, fmt.Sprint(st.GetMembers())
 	})
 	// Removing a non-member succeeds (safe to retry).
-	prismctl("member", "remove", joiner.id)
+	prismctl("member", "remove", joiner.ID)
 }
 
 // TestPartitionedLeader: a leader cut off by the fault proxies cannot commit
@@ -370,33 +350,33 @@ func TestPartitionedLeader(t *testing.T) {
 	c := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	old := c.leader()
-	c.isolate(old, true)
+	old := c.AwaitLeader()
+	c.Isolate(old, true)
 	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
-	_, err := c.nodes[old].control().CreateNamespace(wctx, &adminv1.CreateNamespaceRequest{Namespace: "minority", Config: nsConfig()})
+	_, err := c.Nodes[old].Control().CreateNamespace(wctx, &adminv1.CreateNamespaceRequest{Namespace: "minority", Config: nsConfig()})
 	wcancel()
 	if err == nil {
 		t.Fatal("the isolated leader acknowledged a write")
 	}
-	next := c.leader(old)
-	if _, err := c.nodes[next].control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "majority", Config: nsConfig()}); err != nil {
+	next := c.AwaitLeader(old)
+	if _, err := c.Nodes[next].Control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "majority", Config: nsConfig()}); err != nil {
 		t.Fatal(err)
 	}
-	c.isolate(old, false)
+	c.Isolate(old, false)
 	testwait.For(t, 30*time.Second, "the old leader to follow and catch up", func() (bool, string) {
-		st, err := c.nodes[old].status(ctx)
+		st, err := c.Nodes[old].Status(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
-		r, err := c.nodes[old].admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "majority"})
+		r, err := c.Nodes[old].Admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "majority"})
 		return st.GetState() == "Follower" && err == nil && r.GetNamespace() != nil, fmt.Sprintf("%s leader=%s: %v", st.GetState(), st.GetLeaderId(), err)
 	})
 	// The minority's entry never reached a majority: the new leader's log
 	// replaced it on the old leader, so it exists nowhere.
-	for _, n := range []*node{c.nodes[old], c.nodes[next]} {
-		_, err := n.admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "minority"})
+	for _, n := range []*e2e.AdminNode{c.Nodes[old], c.Nodes[next]} {
+		_, err := n.Admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "minority"})
 		if status.Code(err) != codes.NotFound {
-			t.Fatalf("%s: the unacknowledged minority write: %v", n.id, err)
+			t.Fatalf("%s: the unacknowledged minority write: %v", n.ID, err)
 		}
 	}
 }

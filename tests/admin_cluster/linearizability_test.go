@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/prism-mesh/prism/internal/e2e"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -130,8 +131,8 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 	c := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
 	defer cancel()
-	lead := c.leader()
-	if _, err := c.nodes[lead].control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "lin", Config: &adminv1.NamespaceConfig{
+	lead := c.AwaitLeader()
+	if _, err := c.Nodes[lead].Control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "lin", Config: &adminv1.NamespaceConfig{
 		Topics: []string{"t"}, Lease: &adminv1.LeaseConfig{Ttl: durationpb.New(time.Hour)},
 	}}); err != nil {
 		t.Fatal(err)
@@ -173,7 +174,7 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(k), 42))
 			runner := fmt.Sprintf("r%d", k)
-			home := k % len(c.nodes)
+			home := k % len(c.Nodes)
 			for i := 0; i < maxOps && loadCtx.Err() == nil; i++ {
 				in := linInput{mailbox: fmt.Sprintf("lin@p%d", rng.IntN(mailboxes)), runner: runner}
 				switch p := rng.IntN(10); {
@@ -184,7 +185,7 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 				default:
 					in.kind = opRelease
 				}
-				n := c.nodes[home]
+				n := c.Nodes[home]
 				call := time.Now()
 				actx, acancel := context.WithTimeout(loadCtx, time.Second)
 				out, err := doLeaseOp(actx, n, in)
@@ -195,7 +196,7 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 					if in.kind != opHeartbeat {
 						record(k, in, call, linOutput{unknown: true})
 					}
-					home = (home + 1) % len(c.nodes)
+					home = (home + 1) % len(c.Nodes)
 					continue
 				}
 				record(k, in, call, out)
@@ -213,19 +214,19 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 	}
 	var victim int
 	faults := []fault{
-		{2 * time.Second, "kill -9 leader", func() { victim = c.leader(); c.kill(victim) }},
-		{4 * time.Second, "restart it", func() { c.start(victim) }},
-		{6 * time.Second, "isolate leader", func() { victim = c.leader(); c.isolate(victim, true) }},
-		{9 * time.Second, "heal", func() { c.isolate(victim, false) }},
-		{11 * time.Second, "isolate follower", func() { victim = c.follower(c.leader()); c.isolate(victim, true) }},
-		{13 * time.Second, "heal", func() { c.isolate(victim, false) }},
+		{2 * time.Second, "kill -9 leader", func() { victim = c.AwaitLeader(); c.Nodes[victim].Kill() }},
+		{4 * time.Second, "restart it", func() { c.Nodes[victim].Restart() }},
+		{6 * time.Second, "isolate leader", func() { victim = c.AwaitLeader(); c.Isolate(victim, true) }},
+		{9 * time.Second, "heal", func() { c.Isolate(victim, false) }},
+		{11 * time.Second, "isolate follower", func() { victim = c.Follower(c.AwaitLeader()); c.Isolate(victim, true) }},
+		{13 * time.Second, "heal", func() { c.Isolate(victim, false) }},
 	}
 	for _, f := range faults {
 		if d := f.at - time.Since(start); d > 0 {
 			time.Sleep(d)
 		}
 		f.do()
-		t.Logf("%6s %s (%s)", time.Since(start).Round(time.Millisecond), f.what, c.nodes[victim].id)
+		t.Logf("%6s %s (%s)", time.Since(start).Round(time.Millisecond), f.what, c.Nodes[victim].ID)
 	}
 	wg.Wait()
 
@@ -262,8 +263,8 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 
 // doLeaseOp runs one operation on one node; an error means the outcome is
 // unknown (the node may have committed it before the error).
-func doLeaseOp(ctx context.Context, n *node, in linInput) (linOutput, error) {
-	cp := n.control()
+func doLeaseOp(ctx context.Context, n *e2e.AdminNode, in linInput) (linOutput, error) {
+	cp := n.Control()
 	switch in.kind {
 	case opAcquire:
 		r, err := cp.AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: in.mailbox, RunnerId: in.runner, RunnerAddress: "127.0.0.1:9000"})

@@ -23,29 +23,29 @@ func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
 	c := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	lead := c.leader()
-	j := c.addJoiner()
-	joiner := c.nodes[j]
+	lead := c.AwaitLeader()
+	j := c.AddJoiner()
+	joiner := c.Nodes[j]
 	ctl, err := testbin.Path("prismctl")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.CommandContext(ctx, ctl, "--admin", c.nodes[c.follower(lead)].grpcAddr,
-		"member", "add", joiner.id, joiner.raftAddr, joiner.grpcAddr).CombinedOutput()
+	out, err := exec.CommandContext(ctx, ctl, "--admin", c.Nodes[c.Follower(lead)].GRPCAddr,
+		"member", "add", joiner.ID, joiner.RaftAddr, joiner.GRPCAddr).CombinedOutput()
 	if err != nil {
 		t.Fatalf("prismctl member add: %v\n%s", err, out)
 	}
 	// Every original node lists the joiner with its gRPC address, and the
 	// bootstrap rows for the static members.
 	for i := range 3 {
-		testwait.For(t, 30*time.Second, c.nodes[i].id+" to know every member's gRPC address", func() (bool, string) {
-			st, err := c.nodes[i].status(ctx)
+		testwait.For(t, 30*time.Second, c.Nodes[i].ID+" to know every member's gRPC address", func() (bool, string) {
+			st, err := c.Nodes[i].Status(ctx)
 			if err != nil {
 				return false, err.Error()
 			}
 			want := map[string]string{}
-			for _, n := range c.nodes {
-				want[n.id] = n.grpcAddr
+			for _, n := range c.Nodes {
+				want[n.ID] = n.GRPCAddr
 			}
 			for _, m := range st.GetMembers() {
 				if want[m.GetId()] != m.GetGrpcAddress() {
@@ -60,12 +60,12 @@ func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
 	for a := range 3 {
 		for b := range 3 {
 			if a != b {
-				c.links[a][b].Blackhole()
+				c.Links[a][b].Blackhole()
 			}
 		}
 	}
 	testwait.For(t, 60*time.Second, "the joiner to lead", func() (bool, string) {
-		st, err := joiner.status(ctx)
+		st, err := joiner.Status(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -73,23 +73,23 @@ func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
 	})
 	for i := range 3 {
 		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err := c.nodes[i].control().CreateNamespace(wctx, &adminv1.CreateNamespaceRequest{
+		_, err := c.Nodes[i].Control().CreateNamespace(wctx, &adminv1.CreateNamespaceRequest{
 			Namespace: fmt.Sprintf("via-old-%d", i+1), Config: nsConfig(),
 		})
 		wcancel()
 		if err != nil {
-			st, _ := joiner.status(ctx)
-			t.Fatalf("write through %s while %s leads (state %s): %v", c.nodes[i].id, joiner.id, st.GetState(), err)
+			st, _ := joiner.Status(ctx)
+			t.Fatalf("write through %s while %s leads (state %s): %v", c.Nodes[i].ID, joiner.ID, st.GetState(), err)
 		}
 	}
-	r, err := joiner.admin().ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	r, err := joiner.Admin().ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(r.GetNamespaces()) != 3 {
 		t.Fatalf("the leader has %d namespaces, want the 3 forwarded writes: %v", len(r.GetNamespaces()), r.GetNamespaces())
 	}
-	if got := metricValue(t, c.nodes[0], "prism_admin_forwards_total"); got == 0 {
-		t.Fatalf("%s forwarded nothing", c.nodes[0].id)
+	if got := metricValue(t, c.Nodes[0], "prism_admin_forwards_total"); got == 0 {
+		t.Fatalf("%s forwarded nothing", c.Nodes[0].ID)
 	}
 }
