@@ -142,7 +142,7 @@ func (f *runnerFlags) startControlled(log *slog.Logger, brokers []string) (*runn
 		closeAll()
 		return nil, nil, err
 	}
-	ctl = control.New(control.Config{Host: r, Gatherer: r.Registry(), Registerer: r.Registry(), Logger: log})
+	ctl = control.New(control.Config{Host: r, Registerer: r.Registry(), Logger: log})
 	cs := grpc.NewServer()
 	ctl.Register(cs)
 	go func() {

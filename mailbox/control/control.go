@@ -54,14 +54,13 @@ type Host interface {
 	SetEpoch(id string, epoch uint64) error
 	Stats(ctx context.Context, id string) (*mailboxv1.MailboxStats, error)
 	Consuming(id string) bool
+	// QueriesServed counts the queries answered for mailbox id.
+	QueriesServed(id string) int64
 }
 
 // Config of a Server. Host is required.
 type Config struct {
 	Host Host
-	// Gatherer is read for prism_mailbox_queries_total to report queries
-	// served per mailbox; nil reports zero.
-	Gatherer prometheus.Gatherer
 	// Registerer gets the control metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -75,7 +74,6 @@ type Server struct {
 
 	host    Host
 	clock   clock.WithDelayedExecution
-	gather  prometheus.Gatherer
 	log     *slog.Logger
 	fences  *prometheus.CounterVec
 	actions *prometheus.CounterVec
@@ -113,10 +111,9 @@ func New(cfg Config) *Server {
 		cfg.Clock = clock.RealClock{}
 	}
 	s := &Server{
-		host:   cfg.Host,
-		clock:  cfg.Clock,
-		gather: cfg.Gatherer,
-		log:    cfg.Logger,
+		host:  cfg.Host,
+		clock: cfg.Clock,
+		log:   cfg.Logger,
 		fences: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_runner_fences_total",
 			Help: "Mailboxes fenced on the sidecar's order, by reason.",
@@ -520,11 +517,10 @@ func (s *Server) GetStats(ctx context.Context, req *runnerv1.GetStatsRequest) (*
 		}
 		s.mu.Unlock()
 	}
-	queries := s.queriesServed()
 	out := &runnerv1.GetStatsResponse{}
 	for _, e := range entries {
 		st := s.status(ctx, e)
-		st.QueriesServed = queries[st.GetMailboxId()]
+		st.QueriesServed = s.host.QueriesServed(e.id)
 		out.Mailboxes = append(out.Mailboxes, st)
 	}
 	slices.SortFunc(out.Mailboxes, func(a, b *runnerv1.MailboxStatus) int { return strings.Compare(a.GetMailboxId(), b.GetMailboxId()) })
@@ -551,31 +547,6 @@ func (s *Server) statusLocked(ctx context.Context, e *entry) *runnerv1.MailboxSt
 		s.log.Warn("mailbox stats unavailable", "mailbox_id", e.id, "epoch", e.epoch, "err", err)
 	}
 	return st
-}
-
-// queriesServed sums prism_mailbox_queries_total by mailbox.
-func (s *Server) queriesServed() map[string]int64 {
-	out := map[string]int64{}
-	if s.gather == nil {
-		return out
-	}
-	mfs, err := s.gather.Gather()
-	if err != nil {
-		s.log.Warn("gather query counters", "err", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "prism_mailbox_queries_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "mailbox" {
-					out[l.GetValue()] += int64(m.GetCounter().GetValue())
-				}
-			}
-		}
-	}
-	return out
 }
 
 func (s *Server) lookup(id string) (*entry, error) {

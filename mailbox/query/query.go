@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -107,6 +108,12 @@ func code(err error) codes.Code {
 type Metrics struct {
 	latency *prometheus.HistogramVec
 	served  *prometheus.CounterVec
+
+	// perMailbox is served summed over its other labels, kept beside it so
+	// the runner's control API reads a count rather than gathering the
+	// registry and matching metric names.
+	mu         sync.Mutex
+	perMailbox map[string]int64
 }
 
 // NewMetrics registers the query metrics on reg.
@@ -122,6 +129,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Queries answered for a hosted mailbox, by API, method and gRPC code.",
 		}, []string{"mailbox", "api", "method", "code"}),
 	}
+	m.perMailbox = map[string]int64{}
 	reg.MustRegister(m.latency, m.served)
 	return m
 }
@@ -132,12 +140,27 @@ func (m *Metrics) observe(api, method, mailbox string, start time.Time, c codes.
 	m.latency.WithLabelValues(api, method).Observe(time.Since(start).Seconds())
 	if mailbox != "" {
 		m.served.WithLabelValues(mailbox, api, method, c.String()).Inc()
+		m.mu.Lock()
+		m.perMailbox[mailbox]++
+		m.mu.Unlock()
 	}
+}
+
+// Served is the number of queries answered for mailbox since it was opened
+// (or last forgotten), over every API, method and code: the sum of its
+// prism_mailbox_queries_total series.
+func (m *Metrics) Served(mailbox string) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.perMailbox[mailbox]
 }
 
 // Forget drops a closed mailbox's series.
 func (m *Metrics) Forget(mailbox string) {
 	m.served.DeletePartialMatch(prometheus.Labels{"mailbox": mailbox})
+	m.mu.Lock()
+	delete(m.perMailbox, mailbox)
+	m.mu.Unlock()
 }
 
 func splitValues(vals []string) []string {
