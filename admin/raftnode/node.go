@@ -424,15 +424,17 @@ func mapErr(err error) error {
 
 // ReadBarrier makes a following read of the local FSM linearizable (the
 // ReadIndex protocol): it must run on a leader that has applied every entry of
-// earlier terms; it takes the commit index, confirms leadership with a quorum,
-// and waits until the FSM has applied up to that index.
-func (n *Node) ReadBarrier(ctx context.Context) error {
+// earlier terms; it takes the commit index, has confirm prove leadership with
+// a quorum in a round that starts after that (admin/leadership's Since; raft's
+// own VerifyLeader may count replies to heartbeats sent before a pause), and
+// waits until the FSM has applied up to that index.
+func (n *Node) ReadBarrier(ctx context.Context, confirm func(ctx context.Context, since time.Time) error) error {
 	if l, _ := n.Leadership(); !l.IsLeader {
 		return ErrNotLeader
 	}
 	readIndex := n.raft.CommitIndex()
-	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return mapErr(err)
+	if err := confirm(ctx, time.Now()); err != nil {
+		return fmt.Errorf("%w: %v", ErrNotLeader, err)
 	}
 	for n.raft.AppliedIndex() < readIndex {
 		select {
@@ -442,6 +444,38 @@ func (n *Node) ReadBarrier(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// LeaderTerm reads the current term and whether this node leads it. The
+// term is read on both sides of the state, so a new term arriving between
+// the reads never passes as leading.
+func (n *Node) LeaderTerm() (uint64, bool) {
+	t := n.raft.CurrentTerm()
+	leader := n.raft.State() == raft.Leader
+	return t, leader && n.raft.CurrentTerm() == t
+}
+
+// Term is the current raft term, as of the call.
+func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }
+
+// Voters returns the ids of the voting members other than this node and the
+// quorum size of the whole voter set.
+func (n *Node) Voters() (peers []string, quorum int, err error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, 0, mapErr(err)
+	}
+	voters := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		voters++
+		if string(s.ID) != n.cfg.ID {
+			peers = append(peers, string(s.ID))
+		}
+	}
+	return peers, voters/2 + 1, nil
 }
 
 // AppliedIndex is the index of the last entry the FSM applied.

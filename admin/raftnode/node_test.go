@@ -127,8 +127,12 @@ func TestInmemSingleNode(t *testing.T) {
 	if _, ok := resp.(error); !ok {
 		t.Fatalf("fsm error not returned: %v", resp)
 	}
-	if err := n.ReadBarrier(ctx); err != nil {
+	if err := n.ReadBarrier(ctx, confirmed); err != nil {
 		t.Fatal(err)
+	}
+	refused := errors.New("a quorum answered a later term")
+	if err := n.ReadBarrier(ctx, func(context.Context, time.Time) error { return refused }); !errors.Is(err, ErrNotLeader) || !strings.Contains(err.Error(), refused.Error()) {
+		t.Fatalf("read barrier whose confirmation failed: %v, want ErrNotLeader naming the cause", err)
 	}
 	if v, _ := fsm.get("a"); v != "1" {
 		t.Fatalf("a = %q", v)
@@ -253,7 +257,7 @@ func TestThreeNodesOnDisk(t *testing.T) {
 			if _, _, err := n.Apply(ctx, []byte("x=1")); !errors.Is(err, ErrNotLeader) {
 				t.Fatalf("apply on follower: %v", err)
 			}
-			if err := n.ReadBarrier(ctx); !errors.Is(err, ErrNotLeader) {
+			if err := n.ReadBarrier(ctx, confirmed); !errors.Is(err, ErrNotLeader) {
 				t.Fatalf("read barrier on follower: %v", err)
 			}
 		}
@@ -374,3 +378,7 @@ func TestRestartSingleNodeKeepsState(t *testing.T) {
 		t.Fatalf("state after restart: kept=%q", v)
 	}
 }
+
+// confirmed stands in for admin/leadership in the single-process tests here:
+// the multi-node confirmation is tested with real admin nodes.
+func confirmed(context.Context, time.Time) error { return nil }

@@ -27,7 +27,7 @@ func read[Resp any](s *Server, ctx context.Context, method string, c adminv1.Con
 		return zero, status.Errorf(codes.InvalidArgument, "consistency: unknown value %d", c)
 	}
 	r, err := leaderCall(s, ctx, method, func(ctx context.Context) (Resp, error) {
-		if err := s.node.ReadBarrier(ctx); err != nil {
+		if err := s.node.ReadBarrier(ctx, s.leader.Since); err != nil {
 			return zero, err
 		}
 		return local()

@@ -126,9 +126,12 @@ func (s *Server) ReleaseLease(ctx context.Context, req *adminv1.ReleaseLeaseRequ
 		})
 }
 
-// MailboxHeartbeat renews in the leader's lessor. It is not a Raft write: the
-// lessor is primary only on the established leader, and raft's leader lease
-// makes a deposed leader stop answering within LeaderLeaseTimeout.
+// MailboxHeartbeat renews in the leader's lessor. It is not a Raft write, so
+// raft's view that this node leads is not enough: a leader resumed from a
+// pause still believes it leads. The renewal is given only under a quorum
+// confirmation younger than LeaderLease, taken after the request arrived
+// (admin/leadership argues why no two holders can overlap), and only if
+// raft still reports this node leader once the lessor has answered.
 func (s *Server) MailboxHeartbeat(ctx context.Context, req *adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error) {
 	if err := lease.ValidateRenew(req); err != nil {
 		return nil, toStatus(err)
@@ -137,8 +140,12 @@ func (s *Server) MailboxHeartbeat(ctx context.Context, req *adminv1.MailboxHeart
 		if !s.node.IsRaftLeader() || !s.lessor.Primary() {
 			return nil, raftnode.ErrNotLeader
 		}
+		if err := s.leader.Lease(ctx); err != nil {
+			s.metrics.leaderUnconfirmed.Inc()
+			return nil, fmt.Errorf("%w: %v", raftnode.ErrNotLeader, err)
+		}
 		r := s.lessor.Renew(req)
-		if r.GetRefusal().GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
+		if r.GetRefusal().GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER || !s.node.IsRaftLeader() {
 			return nil, raftnode.ErrNotLeader
 		}
 		return r, nil

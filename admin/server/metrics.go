@@ -22,10 +22,13 @@ type Metrics struct {
 	fsmApply    prometheus.Histogram
 	expirations prometheus.Counter
 	expiryScans prometheus.Counter
-	forwards    *prometheus.CounterVec
-	forwardTime prometheus.Histogram
-	rpcs        *prometheus.CounterVec
-	rpcTime     *prometheus.HistogramVec
+	// leaderUnconfirmed counts renewals refused because this node, though
+	// raft said it led, could not prove it to a quorum.
+	leaderUnconfirmed prometheus.Counter
+	forwards          *prometheus.CounterVec
+	forwardTime       prometheus.Histogram
+	rpcs              *prometheus.CounterVec
+	rpcTime           *prometheus.HistogramVec
 }
 
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
@@ -44,6 +47,10 @@ func NewMetrics() *Metrics {
 		expirations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prism_admin_lease_expirations_total",
 			Help: "Leases removed by expire commands this node committed as leader.",
+		}),
+		leaderUnconfirmed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prism_admin_renewals_unconfirmed_total",
+			Help: "Heartbeats this node did not renew because a quorum did not confirm its leadership (a deposed or paused leader).",
 		}),
 		expiryScans: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prism_admin_lease_expiry_scans_total",
@@ -81,7 +88,7 @@ func (m *Metrics) register(reg prometheus.Registerer, s *Server) error {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	cs := []prometheus.Collector{
-		m.commit, m.fsmApply, m.expirations, m.expiryScans, m.forwards, m.forwardTime, m.rpcs, m.rpcTime,
+		m.commit, m.fsmApply, m.expirations, m.expiryScans, m.leaderUnconfirmed, m.forwards, m.forwardTime, m.rpcs, m.rpcTime,
 		stat("prism_admin_raft_term", "Current raft term.", func() float64 { return float64(s.node.Stats().Term) }),
 		stat("prism_admin_raft_commit_index", "Raft commit index.", func() float64 { return float64(s.node.Stats().CommitIndex) }),
 		stat("prism_admin_raft_applied_index", "Index the FSM applied.", func() float64 { return float64(s.node.Stats().AppliedIndex) }),

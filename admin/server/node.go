@@ -115,6 +115,9 @@ func Start(cfg NodeConfig) (*Node, error) {
 		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Now: cfg.Now,
 		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger,
 		Registry: reg, Metrics: m,
+		// Half the promotion extension: the other half and the grace are
+		// the margin for clock drift (admin/leadership).
+		LeaderLease: timing.ElectionTimeout / 2,
 	})
 	if err != nil {
 		_ = n.Raft.Shutdown()

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/admin/fsm"
+	"github.com/prism-mesh/prism/admin/leadership"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/internal/grpcpool"
@@ -64,6 +65,11 @@ type Config struct {
 	// ForwardWait bounds how long a call waits for a leader (to forward to or
 	// to become) when the caller set no earlier deadline (default 5s).
 	ForwardWait time.Duration
+	// LeaderLease is how long a quorum's confirmation of this node's
+	// leadership may answer renewals; it must not exceed the lessor's
+	// ExtendOnPromote (admin/leadership argues the bound). Default: half
+	// raft's default election timeout.
+	LeaderLease time.Duration
 
 	Logger *slog.Logger
 	// Registry receives the metrics (default: a new registry); Metrics are
@@ -94,6 +100,9 @@ func (c *Config) withDefaults() error {
 	if c.ForwardWait == 0 {
 		c.ForwardWait = 5 * time.Second
 	}
+	if c.LeaderLease == 0 {
+		c.LeaderLease = raftnode.DefaultTiming().ElectionTimeout / 2
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -119,6 +128,8 @@ type Server struct {
 	metrics *Metrics
 	health  *health.Server
 	pool    grpcpool.Pool
+	// leader proves this node still leads before it answers from memory.
+	leader *leadership.Checker
 
 	mu    sync.Mutex
 	addrs map[string]string
@@ -146,6 +157,11 @@ func New(cfg Config) (*Server, error) {
 	for id, a := range cfg.GRPCAddrs {
 		s.addrs[id] = a
 	}
+	leader, err := s.newLeadership()
+	if err != nil {
+		return nil, err
+	}
+	s.leader = leader
 	s.metrics = cfg.Metrics
 	if err := s.metrics.register(cfg.Registry, s); err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
@@ -154,10 +170,11 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Register adds ControlPlane, Admin and the gRPC health service to g.
+// Register adds ControlPlane, Admin, Peer and the gRPC health service to g.
 func (s *Server) Register(g *grpc.Server) {
 	adminv1.RegisterControlPlaneServer(g, s)
 	adminv1.RegisterAdminServer(g, s)
+	adminv1.RegisterPeerServer(g, peer{s: s})
 	healthpb.RegisterHealthServer(g, s.health)
 }
 
