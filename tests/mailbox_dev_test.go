@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/envoy"
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/internal/testproc"
 )
@@ -273,7 +274,7 @@ func TestMailboxDevDataDirAndExternalKafka(t *testing.T) {
 		t.Fatalf("first run: %+v, want events under a lease", first)
 	}
 
-	brokers := startKafka(t, map[string]int32{"audit.events": 1, "admin.events": 1, "audit.events.dlq": 1, "admin.events.dlq": 1})
+	brokers := kafkatest.Start(t, kafkatest.Topics(1, "audit.events", "admin.events", "audit.events.dlq", "admin.events.dlq")).Brokers
 	d2 := startDev(t, "--data-dir", dir, "--demo=false", "--kafka", strings.Join(brokers, ","))
 	if out := d2.output(); !strings.Contains(out, "kafka     "+brokers[0]+"\n") || strings.Contains(out, "demo      ") {
 		t.Errorf("second run should name the test's broker %s and no demo producer:\n%s", brokers[0], out)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
@@ -31,8 +32,9 @@ import (
 func TestMailboxEndToEnd(t *testing.T) {
 	t.Parallel()
 	const mb = "$audit@proxy-01"
-	topics := map[string]int32{"audit.events": 3, "admin.events": 2}
-	brokers := startKafka(t, topics)
+	topics := []string{"audit.events", "admin.events"}
+	kafka := kafkatest.Start(t, kafkatest.Topics(3, "audit.events"), kafkatest.Topics(2, "admin.events"))
+	brokers := kafka.Brokers
 
 	base := time.Now().Add(-time.Hour)
 	want := map[string]bool{}
@@ -73,7 +75,7 @@ func TestMailboxEndToEnd(t *testing.T) {
 	}
 	// Half before the runner starts, half while it runs.
 	half := len(recs) / 2
-	produce(t, brokers, recs[:half])
+	kafka.Produce(t, recs[:half]...)
 
 	r, err := runner.New(runner.Config{DataDir: t.TempDir(), Brokers: brokers, BatchSize: 64, BatchWait: 20 * time.Millisecond})
 	if err != nil {
@@ -87,7 +89,7 @@ func TestMailboxEndToEnd(t *testing.T) {
 	hl, _ := net.Listen("tcp", "127.0.0.1:0")
 	r.Serve(gl, hl)
 	httpBase := "http://" + hl.Addr().String()
-	produce(t, brokers, recs[half:])
+	kafka.Produce(t, recs[half:]...)
 
 	// Consumed counts a record when its batch is fetched; only stored,
 	// dropped as a duplicate or dead-lettered says it has been handled.
@@ -138,19 +140,19 @@ func TestMailboxEndToEnd(t *testing.T) {
 	}
 
 	var dlq []*kgo.Record
-	for topic := range topics {
-		dlq = append(dlq, readAll(t, brokers, topic+ingest.DLQSuffix, badPerTopic[topic])...)
+	for _, topic := range topics {
+		dlq = append(dlq, kafka.ReadAll(t, topic+ingest.DLQSuffix, badPerTopic[topic])...)
 	}
 	if len(dlq) != len(bad) {
 		t.Fatalf("%d DLQ records, want %d", len(dlq), len(bad))
 	}
 	for _, rec := range dlq {
 		key := string(rec.Key)
-		if got := header(rec, ingest.HeaderReason); got != string(bad[key]) {
+		if got := kafkatest.Header(rec, ingest.HeaderReason); got != string(bad[key]) {
 			t.Errorf("DLQ record %s: reason %q, want %q", key, got, bad[key])
 		}
-		if src := header(rec, ingest.HeaderSourceTopic); src+ingest.DLQSuffix != rec.Topic || header(rec, ingest.HeaderSourceOffset) == "" {
-			t.Errorf("DLQ record %s: source headers topic=%q offset=%q", key, src, header(rec, ingest.HeaderSourceOffset))
+		if src := kafkatest.Header(rec, ingest.HeaderSourceTopic); src+ingest.DLQSuffix != rec.Topic || kafkatest.Header(rec, ingest.HeaderSourceOffset) == "" {
+			t.Errorf("DLQ record %s: source headers topic=%q offset=%q", key, src, kafkatest.Header(rec, ingest.HeaderSourceOffset))
 		}
 		delete(bad, key)
 	}

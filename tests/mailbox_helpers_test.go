@@ -1,85 +1,20 @@
 package tests
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/internal/e2e"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
-
-// startKafka starts an in-process kfake broker on loopback with topics of the
-// given partition counts.
-func startKafka(t *testing.T, topics map[string]int32) []string {
-	t.Helper()
-	opts := []kfake.Opt{kfake.NumBrokers(1)}
-	for topic, parts := range topics {
-		opts = append(opts, kfake.SeedTopics(parts, topic))
-	}
-	c, err := kfake.NewCluster(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
-}
-
-// produce writes records synchronously with a franz-go client.
-func produce(t *testing.T, brokers []string, recs []*kgo.Record) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	for start := 0; start < len(recs); start += 5000 {
-		if err := cl.ProduceSync(ctx, recs[start:min(start+5000, len(recs))]...).FirstErr(); err != nil {
-			t.Fatalf("produce: %v", err)
-		}
-	}
-}
-
-// readAll consumes topic from the start until want records arrived or the
-// deadline passed.
-func readAll(t *testing.T, brokers []string, topic string, want int) []*kgo.Record {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var out []*kgo.Record
-	for len(out) < want && ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
-	}
-	return out
-}
-
-func header(r *kgo.Record, key string) string {
-	for _, h := range r.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
 
 // validEnvelope is a strict-valid envelope with id.
 func validEnvelope(id, topic string, ts time.Time) []byte {
@@ -152,48 +87,15 @@ func httpIDs(t *testing.T, base, mailbox string) []string {
 	return nil
 }
 
-// metric scrapes /metrics and returns the value of the sample named name with
-// all of labels (a "k=v" list), summed over the matching series; it is an
-// error if no series matches.
+// metric scrapes base/metrics and sums the samples of name with all of
+// labels (a "k=v" list); it is an error if no series matches.
 func metric(base, name string, labels ...string) (float64, error) {
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		return 0, err
+	var want []string
+	for _, l := range labels {
+		k, v, _ := strings.Cut(l, "=")
+		want = append(want, e2e.Label(k, v))
 	}
-	defer resp.Body.Close()
-	var sum float64
-	matched := 0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		match := true
-		for _, l := range labels {
-			k, v, _ := strings.Cut(l, "=")
-			if !strings.Contains(line, k+`="`+v+`"`) {
-				match = false
-			}
-		}
-		if !match {
-			continue
-		}
-		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err != nil {
-			return 0, fmt.Errorf("metric line %q: %w", line, err)
-		}
-		sum += f
-		matched++
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	if matched == 0 {
-		return 0, fmt.Errorf("no series %s%v", name, labels)
-	}
-	return sum, nil
+	return e2e.NewHTTP(0).Metric(base, name, want...)
 }
 
 // exactlyOnce checks that got holds every id of want once and nothing else.

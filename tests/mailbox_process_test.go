@@ -9,28 +9,20 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/prism-mesh/prism/internal/testproc"
+	"github.com/prism-mesh/prism/internal/e2e"
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testwait"
 )
 
-// runnerProc is a `prism runner` process.
-type runnerProc struct {
-	*testproc.Proc
-	httpURL string
-}
-
-func startRunnerProc(t *testing.T, brokers []string, mailbox, dataDir string, topics ...string) *runnerProc {
+// startRunner starts a `prism runner` hosting mailbox on topics (no lease)
+// on dataDir.
+func startRunner(t *testing.T, brokers []string, mailbox, dataDir string, topics ...string) *e2e.Runner {
 	t.Helper()
-	httpAddr := testproc.FreeAddr(t)
-	args := []string{"runner", "--mailbox", mailbox, "--kafka", brokers[0], "--data-dir", dataDir,
-		"--grpc-addr", testproc.FreeAddr(t), "--http-addr", httpAddr, "--batch-size", "100", "--log-level", "warn"}
-	for _, tp := range topics {
-		args = append(args, "--topic", tp)
-	}
-	return &runnerProc{Proc: testproc.Start(t, "runner", args...), httpURL: "http://" + httpAddr}
+	return e2e.StartRunner(t, e2e.RunnerOptions{Brokers: brokers, Mailbox: mailbox, Topics: topics, DataDir: dataDir,
+		Args: []string{"--batch-size", "100", "--log-level", "warn"}})
 }
 
-func (p *runnerProc) stored(mailbox string) (int64, error) { return totalEvents(p.httpURL, mailbox) }
+func stored(p *e2e.Runner, mailbox string) (int64, error) { return totalEvents(p.HTTPURL(), mailbox) }
 
 func envelopes(prefix, topic string, n int) ([]*kgo.Record, map[string]bool) {
 	recs := make([]*kgo.Record, 0, n)
@@ -44,10 +36,10 @@ func envelopes(prefix, topic string, n int) ([]*kgo.Record, map[string]bool) {
 	return recs, ids
 }
 
-func waitStored(t *testing.T, p *runnerProc, mailbox string, want int, d time.Duration) {
+func waitStored(t *testing.T, p *e2e.Runner, mailbox string, want int, d time.Duration) {
 	t.Helper()
 	testwait.For(t, d, fmt.Sprintf("%d events stored", want), func() (bool, string) {
-		n, err := p.stored(mailbox)
+		n, err := stored(p, mailbox)
 		return err == nil && n == int64(want), fmt.Sprintf("%d stored (%v)", n, err)
 	})
 }
@@ -57,17 +49,18 @@ func waitStored(t *testing.T, p *runnerProc, mailbox string, want int, d time.Du
 func TestMailboxRunnerKill9(t *testing.T) {
 	t.Parallel()
 	const mailbox, topic = "crash@proxy-01", "crash.events"
-	brokers := startKafka(t, map[string]int32{topic: 3, topic + ".dlq": 1})
+	kafka := kafkatest.Start(t, kafkatest.Topics(3, topic), kafkatest.Topics(1, topic+".dlq"))
+	brokers := kafka.Brokers
 	// Small batches (flag above) and a large backlog keep the runner busy
 	// long enough that the kill lands mid-ingest even on a fast machine.
 	recs, want := envelopes("crash", topic, 50000)
-	produce(t, brokers, recs[:40000])
+	kafka.Produce(t, recs[:40000]...)
 
 	dataDir := t.TempDir()
-	p := startRunnerProc(t, brokers, mailbox, dataDir, topic)
+	p := startRunner(t, brokers, mailbox, dataDir, topic)
 	var before int64
 	testwait.For(t, 120*time.Second, "ingest under way", func() (bool, string) {
-		n, err := p.stored(mailbox)
+		n, err := stored(p, mailbox)
 		before = n
 		return err == nil && n >= 1000, fmt.Sprintf("%d stored (%v)", n, err)
 	})
@@ -79,13 +72,13 @@ func TestMailboxRunnerKill9(t *testing.T) {
 		t.Fatalf("runner stored everything (%d) before the kill; the test proves nothing", before)
 	}
 	t.Logf("killed with %d of 40000 stored", before)
-	produce(t, brokers, recs[40000:]) // arrives while the runner is down
+	kafka.Produce(t, recs[40000:]...) // arrives while the runner is down
 
-	p2 := startRunnerProc(t, brokers, mailbox, dataDir, topic)
+	p2 := startRunner(t, brokers, mailbox, dataDir, topic)
 	// The killed member stays in the group until its session times out, so
 	// the restart may wait for a rebalance.
 	waitStored(t, p2, mailbox, len(want), 180*time.Second)
-	exactlyOnce(t, httpIDs(t, p2.httpURL, mailbox), want)
+	exactlyOnce(t, httpIDs(t, p2.HTTPURL(), mailbox), want)
 }
 
 // TestMailboxRunnerSIGTERM stops a real runner with SIGTERM mid-ingest and
@@ -95,14 +88,15 @@ func TestMailboxRunnerKill9(t *testing.T) {
 func TestMailboxRunnerSIGTERM(t *testing.T) {
 	t.Parallel()
 	const mailbox, topic = "term@proxy-01", "term.events"
-	brokers := startKafka(t, map[string]int32{topic: 3, topic + ".dlq": 1})
+	kafka := kafkatest.Start(t, kafkatest.Topics(3, topic), kafkatest.Topics(1, topic+".dlq"))
+	brokers := kafka.Brokers
 	recs, want := envelopes("term", topic, 40000)
-	produce(t, brokers, recs)
+	kafka.Produce(t, recs...)
 
 	dataDir := t.TempDir()
-	p := startRunnerProc(t, brokers, mailbox, dataDir, topic)
+	p := startRunner(t, brokers, mailbox, dataDir, topic)
 	testwait.For(t, 120*time.Second, "ingest under way", func() (bool, string) {
-		n, err := p.stored(mailbox)
+		n, err := stored(p, mailbox)
 		return err == nil && n >= 1000, fmt.Sprintf("%d stored (%v)", n, err)
 	})
 	start := time.Now()
@@ -111,16 +105,16 @@ func TestMailboxRunnerSIGTERM(t *testing.T) {
 	}
 	t.Logf("graceful stop took %v", time.Since(start))
 
-	p2 := startRunnerProc(t, brokers, mailbox, dataDir, topic)
+	p2 := startRunner(t, brokers, mailbox, dataDir, topic)
 	waitStored(t, p2, mailbox, len(want), 180*time.Second)
-	exactlyOnce(t, httpIDs(t, p2.httpURL, mailbox), want)
+	exactlyOnce(t, httpIDs(t, p2.HTTPURL(), mailbox), want)
 	// Whatever the second run consumed has reached the store by now (the store
 	// count is complete), so its metrics are final.
-	dups, err := metric(p2.httpURL, "prism_mailbox_duplicates_dropped_total", "mailbox="+mailbox)
+	dups, err := metric(p2.HTTPURL(), "prism_mailbox_duplicates_dropped_total", "mailbox="+mailbox)
 	if err != nil || dups != 0 {
 		t.Fatalf("second run dropped %v duplicates (%v): offsets of stored events were not committed", dups, err)
 	}
-	consumed, err := metric(p2.httpURL, "prism_mailbox_events_consumed_total", "mailbox="+mailbox)
+	consumed, err := metric(p2.HTTPURL(), "prism_mailbox_events_consumed_total", "mailbox="+mailbox)
 	if err != nil || consumed >= float64(len(want)) || consumed <= 0 {
 		t.Fatalf("second run consumed %v of %d records (%v); want the remainder only", consumed, len(want), err)
 	}
