@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/gateway"
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/query"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
@@ -131,12 +131,8 @@ func (m *mesh) publish(version uint64, mailboxes ...ir.Mailbox) {
 
 func startMesh(t testing.TB) *mesh {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "a.events", "b.events", "a.events.dlq", "b.events.dlq"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	brokers := c.ListenAddrs()
+	var err error
+	brokers := kafkatest.Start(t, kafkatest.Topics(1, "a.events", "b.events", "a.events.dlq", "b.events.dlq")).Brokers
 	produce(t, brokers, "a.events", 3)
 	produce(t, brokers, "b.events", 5)
 	m := &mesh{

@@ -13,12 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/store"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
@@ -73,12 +73,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestStoreErrorsNeverCommit(t *testing.T) {
 	t.Parallel()
 	const topic, group = "t", "flaky@proxy-01"
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic, topic+DLQSuffix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	brokers := c.ListenAddrs()
+	brokers := kafkatest.Start(t, kafkatest.Topics(1, topic, topic+DLQSuffix)).Brokers
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
@@ -234,11 +229,7 @@ func (s *fakeSession) Commit() {
 func TestDLQErrorsAreRetried(t *testing.T) {
 	t.Parallel()
 	const topic, group = "p", "dlq@proxy-01"
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic, topic+DLQSuffix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := kafkatest.Start(t, kafkatest.Topics(1, topic, topic+DLQSuffix))
 	var failed atomic.Int64
 	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		pr := req.(*kmsg.ProduceRequest)
@@ -261,7 +252,7 @@ func TestDLQErrorsAreRetried(t *testing.T) {
 		}
 		return resp, nil, true
 	})
-	brokers := c.ListenAddrs()
+	brokers := c.Brokers
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)

@@ -3,19 +3,15 @@ package runner
 import (
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/prism-mesh/prism/internal/kafkatest"
 )
 
 // A prepared mailbox is not served (and not consuming) until Open, which
 // then uses the prepared store; Discard and Close release prepared stores.
 func TestPrepareThenOpen(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "p.events"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	r, err := New(Config{DataDir: t.TempDir(), Brokers: c.ListenAddrs()})
+	c := kafkatest.Start(t, kafkatest.Topics(1, "p.events"))
+	r, err := New(Config{DataDir: t.TempDir(), Brokers: c.Brokers})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/query"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
@@ -74,12 +74,7 @@ func status(t *testing.T, url string) (int, http.Header) {
 // mailbox is no longer served.
 func TestRunnerLifecycle(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "a.events", "b.events", "a.events.dlq", "b.events.dlq"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	brokers := c.ListenAddrs()
+	brokers := kafkatest.Start(t, kafkatest.Topics(2, "a.events", "b.events", "a.events.dlq", "b.events.dlq")).Brokers
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)

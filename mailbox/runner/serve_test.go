@@ -7,13 +7,13 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/query"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
@@ -22,12 +22,8 @@ import (
 // sidecar advertises: gRPC, HTTP/1.1 and h2c HTTP/JSON on one port.
 func TestQueryPortAnswersGRPCAndHTTP(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "a.events", "a.events.dlq"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	r, err := New(Config{DataDir: t.TempDir(), Brokers: c.ListenAddrs()})
+	c := kafkatest.Start(t, kafkatest.Topics(1, "a.events", "a.events.dlq"))
+	r, err := New(Config{DataDir: t.TempDir(), Brokers: c.Brokers})
 	if err != nil {
 		t.Fatal(err)
 	}
