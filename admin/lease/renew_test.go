@@ -6,42 +6,7 @@ import (
 
 	"github.com/prism-mesh/prism/admin/fsm"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 )
-
-func TestRefusalErrorRoundTrip(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		reason adminv1.LeaseRefusalReason
-		code   codes.Code
-	}{
-		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER, codes.Unavailable},
-		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_LEASE, codes.NotFound},
-		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER, codes.FailedPrecondition},
-		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_HOLDER, codes.FailedPrecondition},
-		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED, codes.FailedPrecondition},
-		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_STALE_EPOCH, codes.FailedPrecondition},
-	}
-	for _, tc := range cases {
-		t.Run(tc.reason.String(), func(t *testing.T) {
-			t.Parallel()
-			r := &adminv1.LeaseRefusal{Reason: tc.reason, Message: "m", Current: &adminv1.Lease{MailboxId: "a@p", RunnerId: "r1", Epoch: 3}, LeaderId: "n2"}
-			err := RefusalError(r)
-			if status.Code(err) != tc.code {
-				t.Fatalf("code %v, want %v", status.Code(err), tc.code)
-			}
-			got, ok := RefusalFrom(err)
-			if !ok || !proto.Equal(got, r) {
-				t.Fatalf("detail %v, want %v", got, r)
-			}
-		})
-	}
-	if _, ok := RefusalFrom(errors.New("plain")); ok {
-		t.Fatal("refusal found in a plain error")
-	}
-}
 
 func TestValidateRenew(t *testing.T) {
 	t.Parallel()

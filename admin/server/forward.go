@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/admin/fsm"
-	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -95,7 +95,7 @@ func retryableForward(err error) bool {
 	if status.Code(err) != codes.Unavailable {
 		return false
 	}
-	if r, ok := lease.RefusalFrom(err); ok {
+	if r, ok := mesh.RefusalFrom(err); ok {
 		return r.GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER
 	}
 	msg := status.Convert(err).Message()
@@ -103,7 +103,7 @@ func retryableForward(err error) bool {
 }
 
 func notLeaderError(l raftnode.Leadership, addr string) error {
-	return lease.RefusalError(&adminv1.LeaseRefusal{
+	return mesh.RefusalError(&adminv1.LeaseRefusal{
 		Reason:        adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER,
 		Message:       "not the leader",
 		LeaderId:      l.LeaderID,

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/admin/lease"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -79,7 +79,7 @@ func (e *Endpoints) Close() error {
 
 // retryable reports whether another node may succeed where this one failed.
 func retryable(err error) bool {
-	if r, ok := lease.RefusalFrom(err); ok {
+	if r, ok := mesh.RefusalFrom(err); ok {
 		return r.GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER
 	}
 	switch status.Code(err) {
@@ -114,7 +114,7 @@ func call[Resp any](ctx context.Context, e *Endpoints, method string, fn func(co
 			return zero, fmt.Errorf("%s: %w", method, errors.Join(errs...))
 		}
 		next := -1
-		if r, ok := lease.RefusalFrom(err); ok && r.GetLeaderAddress() != "" {
+		if r, ok := mesh.RefusalFrom(err); ok && r.GetLeaderAddress() != "" {
 			if j := e.indexOf(r.GetLeaderAddress()); j >= 0 && !tried[j] {
 				next = j
 			} else if j < 0 {
@@ -175,7 +175,7 @@ func (e *Endpoints) MailboxHeartbeat(ctx context.Context, in *adminv1.MailboxHea
 		resp, err := c.MailboxHeartbeat(ctx, in, opts...)
 		if err == nil && resp.GetRefusal().GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
 			// An in-band NOT_LEADER is a reason to ask another node.
-			return nil, lease.RefusalError(resp.GetRefusal())
+			return nil, mesh.RefusalError(resp.GetRefusal())
 		}
 		return resp, err
 	})

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/internal/testproc"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -51,10 +51,10 @@ func TestEndpointsFailover(t *testing.T) {
 	leader := startNode(t, ok)
 	bystander := startNode(t, ok)
 	follower := startNode(t, func() (*adminv1.MailboxHeartbeatResponse, error) {
-		return nil, lease.RefusalError(&adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER, LeaderAddress: leader.addr})
+		return nil, mesh.RefusalError(&adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER, LeaderAddress: leader.addr})
 	})
 	refusing := startNode(t, func() (*adminv1.MailboxHeartbeatResponse, error) {
-		return nil, lease.RefusalError(&adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED})
+		return nil, mesh.RefusalError(&adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED})
 	})
 	dead := testproc.FreeAddr(t)
 	req := &adminv1.MailboxHeartbeatRequest{MailboxId: "a@p", RunnerId: "r"}
@@ -99,7 +99,7 @@ func TestEndpointsFailover(t *testing.T) {
 		defer e.Close()
 		before := bystander.calls.Load()
 		_, err = e.MailboxHeartbeat(ctx, req)
-		if r, ok := lease.RefusalFrom(err); !ok || r.GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED {
+		if r, ok := mesh.RefusalFrom(err); !ok || r.GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED {
 			t.Fatalf("err %v, want the EXPIRED refusal", err)
 		}
 		if status.Code(err) != codes.FailedPrecondition || bystander.calls.Load() != before {

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/admin/lease"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -158,7 +158,7 @@ func TestRefusalFencesThenReacquires(t *testing.T) {
 				if tc.inBand {
 					return &adminv1.MailboxHeartbeatResponse{Refusal: ref}, nil
 				}
-				return nil, lease.RefusalError(ref)
+				return nil, mesh.RefusalError(ref)
 			})
 			// Held by the other runner twice, then granted.
 			refusals := 0
@@ -201,7 +201,7 @@ func TestNotLeaderIsRetriedNotALoss(t *testing.T) {
 	h.assign(1, "audit")
 	h.waitEvent(0, "runner activate audit@p1 5")
 	h.admin.setHeartbeat(func(*adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error) {
-		return nil, lease.RefusalError(&adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER, LeaderAddress: "10.9.9.9:1"})
+		return nil, mesh.RefusalError(&adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER, LeaderAddress: "10.9.9.9:1"})
 	})
 	h.settle(2)
 	h.clk.Step(testInterval)

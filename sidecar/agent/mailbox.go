@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/prism-mesh/prism/admin/lease"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
@@ -318,7 +318,7 @@ func refused(r hbResult) (reason, detail string, lost bool) {
 	ref := r.resp.GetRefusal()
 	if r.err != nil {
 		var ok bool
-		if ref, ok = lease.RefusalFrom(r.err); !ok {
+		if ref, ok = mesh.RefusalFrom(r.err); !ok {
 			return "", "", false
 		}
 	}
