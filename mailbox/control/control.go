@@ -18,6 +18,17 @@
 // instruction, the consumer stops fetching and commits what it has made
 // durable) but keeps the record and the data, so re-activation after a
 // re-acquire reopens the same store.
+//
+// Each mailbox's lifecycle is the state machine in lifecycle.go: every call
+// asks next whether its event is allowed in the mailbox's state, does the
+// work on the runner, then stores the new state.
+//
+// Locks: the Server's mu guards the map of mailboxes and the draining flag;
+// each entry's mu guards that mailbox's state and is held across the work on
+// the runner (opening a store, draining a consumer), which may take long,
+// so mailboxes move independently. The order is entry first, then Server:
+// s.mu may be taken while holding an entry's mu, never the reverse, and
+// s.mu is never held across a call to the runner.
 package control
 
 import (
@@ -68,7 +79,8 @@ type Config struct {
 	Clock clock.WithDelayedExecution
 }
 
-// Server implements runnerv1.RunnerControlServer.
+// Server implements runnerv1.RunnerControlServer. Lock order: see the
+// package documentation.
 type Server struct {
 	runnerv1.UnimplementedRunnerControlServer
 
@@ -80,23 +92,19 @@ type Server struct {
 
 	mu        sync.Mutex
 	mailboxes map[string]*entry
-	draining  bool
+	draining  bool // Drain of every mailbox: nothing opens or activates any more
 }
 
-// entry is one mailbox; its own lock orders the transitions of that mailbox
-// (which may take long: opening a store, draining a consumer) without
-// holding up the others.
+// entry is one mailbox; its mu orders the transitions of that mailbox
+// without holding up the others.
 type entry struct {
 	mu    sync.Mutex
 	id    string
 	cfg   *runnerv1.MailboxConfig
-	state runnerv1.MailboxState
+	state state
 	epoch uint64
-	gone  bool // closed; a caller that waited on mu must look it up again
 
-	prepared    bool        // the store is open in the runner, unserved
-	drained     bool        // ACTIVE but no longer consuming
-	deadline    time.Time   // ACTIVE: when the runner fences by itself
+	deadline    time.Time   // while serving: when the runner fences by itself
 	timer       clock.Timer // fires at deadline
 	gen         uint64      // tells a stale timer from the current one
 	fenceReason string
@@ -152,9 +160,12 @@ func (s *Server) Ready() error {
 		e.mu.Lock()
 		st, id := e.state, e.id
 		e.mu.Unlock()
+		ws, _ := st.wire()
 		switch {
-		case st != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE:
-			waiting = append(waiting, id+" "+strings.ToLower(strings.TrimPrefix(st.String(), "MAILBOX_STATE_")))
+		case st == stateClosed:
+			// Closed since the map was read: no longer asked for.
+		case ws != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE:
+			waiting = append(waiting, id+" "+strings.ToLower(strings.TrimPrefix(ws.String(), "MAILBOX_STATE_")))
 		case !s.host.Consuming(id):
 			waiting = append(waiting, id+" not consuming yet")
 		}
@@ -190,40 +201,48 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 			return nil, err
 		}
 	}
+	// Locked before it is published, and held while opening: nobody sees
+	// it in stateOpening.
+	fresh := &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), state: stateOpening}
+	fresh.mu.Lock()
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
+		fresh.mu.Unlock()
 		return nil, status.Errorf(codes.FailedPrecondition, "open %s: runner draining", id)
 	}
 	e, ok := s.mailboxes[id]
 	if !ok {
-		// Locked before it is published: nobody sees it unprepared.
-		e = &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), state: runnerv1.MailboxState_MAILBOX_STATE_OPEN}
-		e.mu.Lock()
+		e = fresh
 		s.mailboxes[id] = e
 	}
 	s.mu.Unlock()
 	if !ok {
 		start := time.Now()
 		err := s.host.Prepare(mc)
+		on := evPrepared
 		if err != nil {
-			e.gone = true
+			on = evPrepareFailed
+		}
+		e.state, _ = next(e.state, on) // opening accepts either outcome
+		if err != nil {
 			s.mu.Lock()
 			delete(s.mailboxes, id)
 			s.mu.Unlock()
 		}
-		e.prepared = err == nil
 		e.mu.Unlock()
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "open %s: %v", id, err)
 		}
 		s.log.Info("mailbox store opened; waiting for a lease epoch", "mailbox_id", id, "topics", req.GetConfig().GetTopics(), "took", time.Since(start))
 	} else {
+		fresh.mu.Unlock()
 		e.mu.Lock()
-		same, gone := proto.Equal(e.cfg, req.GetConfig()), e.gone
+		same := proto.Equal(e.cfg, req.GetConfig())
+		_, refused := next(e.state, evOpen)
 		e.mu.Unlock()
-		if gone {
-			return nil, status.Errorf(codes.Unavailable, "open %s: closed or failed meanwhile; retry", id)
+		if refused != nil {
+			return nil, status.Errorf(codes.Unavailable, "open %s: closed or failed meanwhile; retry: %v", id, refused)
 		}
 		if !same {
 			return nil, status.Errorf(codes.FailedPrecondition, "open %s: already open with a different config; close it first", id)
@@ -259,8 +278,9 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.gone {
-		return nil, status.Errorf(codes.NotFound, "activate %s: closed meanwhile", id)
+	to, err := next(e.state, evActivate)
+	if err != nil {
+		return nil, status.Errorf(codes.NotFound, "activate %s: %v", id, err)
 	}
 	if s.isDraining() {
 		return nil, status.Errorf(codes.FailedPrecondition, "activate %s: runner draining", id)
@@ -269,8 +289,7 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 		return nil, status.Errorf(codes.FailedPrecondition, "activate %s: epoch %d is older than the last one, %d", id, epoch, e.epoch)
 	}
 	log := s.log.With("mailbox_id", id, "epoch", epoch)
-	switch e.state {
-	case runnerv1.MailboxState_MAILBOX_STATE_ACTIVE:
+	if e.state.serving() {
 		if epoch != e.epoch {
 			// Same holder, new grant (a reconnect): queries report the
 			// new epoch from now on.
@@ -280,7 +299,7 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 			log.Info("mailbox epoch advanced", "previous_epoch", e.epoch)
 			e.epoch = epoch
 		}
-	default:
+	} else {
 		mc, err := toRunnerConfig(id, e.cfg, epoch)
 		if err != nil {
 			return nil, err
@@ -289,10 +308,10 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 		if err := s.host.Open(mc); err != nil {
 			return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
 		}
-		e.prepared, e.drained = false, false
-		e.state, e.epoch, e.fenceReason = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, epoch, ""
+		e.epoch, e.fenceReason = epoch, ""
 		log.Info("mailbox active: consuming and serving", "valid_for", d, "took", time.Since(start))
 	}
+	e.state = to
 	s.setDeadlineLocked(e, d)
 	return s.statusLocked(ctx, e), nil
 }
@@ -319,8 +338,8 @@ func (s *Server) extend(ctx context.Context, req *runnerv1.ExtendMailboxRequest)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.gone || e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
-		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: not active (%s); activate it again", id, e.state)
+	if _, err := next(e.state, evExtend); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: not active (%v); activate it again", id, err)
 	}
 	if req.GetEpoch() != e.epoch {
 		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: epoch %d is not the active epoch %d", id, req.GetEpoch(), e.epoch)
@@ -351,10 +370,12 @@ func (s *Server) deadlinePassed(id string, gen uint64) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.gone || e.gen != gen || e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+	if e.gen != gen {
 		return
 	}
-	s.fenceLocked(e, "deadline_passed")
+	if err := s.fenceLocked(e, "deadline_passed"); err != nil {
+		s.log.Error("deadline passed", "mailbox_id", id, "err", err)
+	}
 }
 
 // FenceMailbox implements RunnerControl.
@@ -377,21 +398,28 @@ func (s *Server) fence(ctx context.Context, id, reason string) (*runnerv1.Mailbo
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.gone && e.state == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
-		s.fenceLocked(e, reason)
+	if err := s.fenceLocked(e, reason); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "fence %s: %v", id, err)
 	}
 	return s.statusLocked(ctx, e), nil
 }
 
-func (s *Server) fenceLocked(e *entry, reason string) {
+// fenceLocked stops serving and consuming e if it is served; fencing a
+// mailbox that is not is a no-op.
+func (s *Server) fenceLocked(e *entry, reason string) error {
+	to, err := next(e.state, evFence)
+	if err != nil || to == e.state {
+		return err
+	}
 	start := time.Now()
 	e.timer.Stop()
-	err := s.host.CloseMailbox(e.id)
+	closeErr := s.host.CloseMailbox(e.id)
 	// Whatever the drain reported, the mailbox is no longer served or
 	// consumed: CloseMailbox unpublishes it before anything else.
-	e.state, e.fenceReason = runnerv1.MailboxState_MAILBOX_STATE_FENCED, reason
+	e.state, e.fenceReason = to, reason
 	s.fences.WithLabelValues(reasonLabel(reason)).Inc()
-	s.log.Warn("mailbox fenced: stopped consuming and serving", "mailbox_id", e.id, "epoch", e.epoch, "reason", reason, "took", time.Since(start), "err", err)
+	s.log.Warn("mailbox fenced: stopped consuming and serving", "mailbox_id", e.id, "epoch", e.epoch, "reason", reason, "took", time.Since(start), "err", closeErr)
+	return nil
 }
 
 // CloseMailbox implements RunnerControl.
@@ -416,18 +444,22 @@ func (s *Server) close(id string) (bool, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.gone {
+	from := e.state
+	to, err := next(from, evClose)
+	if err != nil {
+		return false, status.Errorf(codes.FailedPrecondition, "close %s: %v", id, err)
+	}
+	if from == to {
 		return false, nil
 	}
-	var err error
 	switch {
-	case e.state == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE:
+	case from.serving():
 		e.timer.Stop()
 		err = s.host.CloseMailbox(id)
-	case e.prepared:
+	case from == stateOpen:
 		err = s.host.Discard(id)
 	}
-	e.gone = true
+	e.state = to
 	s.mu.Lock()
 	delete(s.mailboxes, id)
 	s.mu.Unlock()
@@ -489,13 +521,17 @@ func (s *Server) Drain(_ context.Context, req *runnerv1.DrainRequest) (*runnerv1
 func (s *Server) drain(e *entry) (string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.gone || e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || e.drained {
+	to, err := next(e.state, evDrain)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", e.id, err)
+	}
+	if to == e.state {
 		return "", nil
 	}
 	if err := s.host.Drain(e.id); err != nil {
 		return "", fmt.Errorf("%s: %w", e.id, err)
 	}
-	e.drained = true
+	e.state = to
 	s.log.Info("mailbox drained", "mailbox_id", e.id, "epoch", e.epoch)
 	return e.id, nil
 }
@@ -535,8 +571,9 @@ func (s *Server) status(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
 }
 
 func (s *Server) statusLocked(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
-	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: e.state, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: e.drained}
-	if e.state != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+	ws, drained := e.state.wire()
+	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: ws, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: drained}
+	if !e.state.serving() {
 		return st
 	}
 	st.ValidFor = durationpb.New(max(0, e.deadline.Sub(s.clock.Now())))

@@ -522,3 +522,34 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A drained mailbox is still served, so a fence must stop it like an active
+// one, and re-activation must consume again.
+func TestDrainedMailboxFencesAndReactivates(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 2, ValidFor: vf}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{"a@p"}}); err != nil {
+		t.Fatal(err)
+	}
+	h.takeCalls()
+	f, err := s.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: "a@p", Reason: "expired"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := f.GetStatus(); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_FENCED || st.GetDrained() {
+		t.Fatalf("fenced drained mailbox: %v", st)
+	}
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 3, ValidFor: vf}); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.takeCalls(); !slices.Equal(c, []string{"close a@p", "open a@p 3"}) {
+		t.Fatalf("calls %v", c)
+	}
+	if st := stateOf(t, s, "a@p"); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetDrained() || !st.GetConsuming() {
+		t.Fatalf("re-activated mailbox %v: want active and consuming", st)
+	}
+}
