@@ -82,7 +82,8 @@ func TestServesReviewsOverVerifiedTLS(t *testing.T) {
 	}
 
 	// A client that does not trust the server's certificate is refused.
-	if _, err := trustingClient().Get(url + "/healthz"); err == nil {
+	if resp, err := trustingClient().Get(url + "/healthz"); err == nil {
+		resp.Body.Close()
 		t.Fatal("handshake succeeded without trusting the certificate")
 	}
 
@@ -121,9 +122,11 @@ func TestServesReviewsOverVerifiedTLS(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := trustingClient(second).Get(url + "/healthz"); err != nil {
+	resp, err = trustingClient(second).Get(url + "/healthz")
+	if err != nil {
 		t.Fatalf("rotated certificate not verifiable: %v", err)
 	}
+	resp.Body.Close()
 }
 
 func TestCertReloaderKeepsLastGoodPair(t *testing.T) {

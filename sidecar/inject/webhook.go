@@ -209,7 +209,8 @@ func deny(resp *admissionv1.AdmissionResponse, code int32, reason metav1.StatusR
 // metric; the set is bounded by the keys ParseOptions knows.
 func badAnnotations(err error) []string {
 	var ae *AnnotationError
-	if errors.As(err, &ae) && err == error(ae) {
+	// err itself, not something wrapping it: joined errors are walked below.
+	if errors.As(err, &ae) && err == error(ae) { //nolint:errorlint // identity is the point
 		return []string{ae.Key}
 	}
 	var keys []string
