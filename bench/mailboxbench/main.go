@@ -52,10 +52,11 @@ func main() {
 		if err := pprof.StartCPUProfile(f); err != nil {
 			log.Fatal(err)
 		}
-		defer pprof.StopCPUProfile()
 	}
-	if err := run(c); err != nil {
-		pprof.StopCPUProfile()
+	err := run(c)
+	// Before log.Fatal, which skips deferred calls; a no-op without -cpuprofile.
+	pprof.StopCPUProfile()
+	if err != nil {
 		log.Fatal(err)
 	}
 }
