@@ -6,6 +6,7 @@ TOOLS := $(CURDIR)/bin/tools
 BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+GOLANGCI_LINT_VERSION := v2.15.0
 # TEST_FLAGS lets CI and developers narrow or widen a run without editing here.
 TEST_FLAGS ?= -race -count=1 -timeout 15m
 # BENCH picks one area's benchmarks (mailbox, admin, xds, sidecar); empty runs all.
@@ -37,15 +38,18 @@ $(TOOLS)/protoc-gen-go:
 $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
+$(TOOLS)/golangci-lint:
+	GOBIN=$(TOOLS) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
 tools: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 
 proto: tools
 	$(TOOLS)/buf generate
 
-lint: tools
+# golangci-lint runs go vet, gofmt and goimports among its linters (.golangci.yml).
+lint: $(TOOLS)/buf $(TOOLS)/golangci-lint
 	$(TOOLS)/buf lint
-	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
+	$(TOOLS)/golangci-lint run ./...
 
 clean:
 	rm -rf bin
