@@ -29,7 +29,10 @@ import (
 	"github.com/prism-mesh/prism/envoy"
 	"github.com/prism-mesh/prism/mailbox/envelope/demo"
 	"github.com/prism-mesh/prism/mailbox/ingest"
+	runnernode "github.com/prism-mesh/prism/mailbox/node"
+	"github.com/prism-mesh/prism/mailbox/runner"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	sidecarnode "github.com/prism-mesh/prism/sidecar/node"
 )
 
 // The demo mesh's fixed names: one proxy, one namespace, so its mailbox is
@@ -309,22 +312,19 @@ func (e *devEnv) startAdmin(ctx context.Context) error {
 // startRunner serves a runner in control-API mode, as `prism runner`
 // without --mailbox does: the sidecar opens its mailboxes.
 func (e *devEnv) startRunner(context.Context) error {
-	rf := runnerFlags{
-		dataDir: filepath.Join(e.dataDir, "runner"), grpcAddr: e.f.runnerAddr, httpAddr: e.f.runnerHTTPAddr,
-		controlAddr: e.f.controlAddr,
-	}
-	if err := os.MkdirAll(rf.dataDir, 0o700); err != nil {
+	dir := filepath.Join(e.dataDir, "runner")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	r, cs, err := rf.startControlled(e.log.With("component", "runner"), e.brokers)
+	n, err := runnernode.Start(runnernode.Config{
+		Runner:    runner.Config{DataDir: dir, Brokers: e.brokers},
+		QueryAddr: e.f.runnerAddr, HTTPAddr: e.f.runnerHTTPAddr, ControlAddr: e.f.controlAddr,
+		Logger: e.log.With("component", "runner"),
+	})
 	if err != nil {
 		return err
 	}
-	e.onStop("runner", func() error {
-		err := r.Close()
-		cs.GracefulStop()
-		return err
-	})
+	e.onStop("runner", n.Close)
 	return nil
 }
 
@@ -334,12 +334,13 @@ func (e *devEnv) startSidecar(context.Context) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		err := runSidecar(ctx, e.log, sidecarRun{
-			proxyID: devProxyID, advertiseAddr: e.f.runnerAddr, runnerAddr: e.f.controlAddr, httpAddr: e.f.sidecarHTTPAddr,
-			endpoints:    []string{e.f.adminAddr},
-			registration: &adminv1.ProxyRegistration{Version: version, Capabilities: []string{"mailbox"}},
-			leaseTTL:     15 * time.Second, heartbeat: 5 * time.Second, stopTimeout: 4500 * time.Millisecond,
-			attemptTimeout: 2 * time.Second, retryMax: 2 * time.Second,
+		err := sidecarnode.Run(ctx, sidecarnode.Config{
+			ProxyID: devProxyID, AdvertiseAddr: e.f.runnerAddr, RunnerAddr: e.f.controlAddr, HTTPAddr: e.f.sidecarHTTPAddr,
+			AdminEndpoints: []string{e.f.adminAddr},
+			Registration:   &adminv1.ProxyRegistration{Version: version, Capabilities: []string{"mailbox"}},
+			LeaseTTL:       15 * time.Second, HeartbeatInterval: 5 * time.Second, StopTimeout: 4500 * time.Millisecond,
+			AttemptTimeout: 2 * time.Second, RetryMax: 2 * time.Second,
+			Logger: e.log,
 		})
 		if ctx.Err() == nil {
 			// Reported as the failure; not again as a stop error.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -14,15 +13,12 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 
-	"google.golang.org/grpc"
-
-	"github.com/prism-mesh/prism/mailbox/control"
 	"github.com/prism-mesh/prism/mailbox/envelope"
+	"github.com/prism-mesh/prism/mailbox/node"
 	"github.com/prism-mesh/prism/mailbox/runner"
 )
 
-// runnerFlags are the settings of one runner hosting one mailbox, shared by
-// `prism runner` and `prism dev`.
+// runnerFlags are the settings of `prism runner`.
 type runnerFlags struct {
 	mailbox    string
 	kafka      string
@@ -80,94 +76,28 @@ func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
 	return runner.MailboxConfig{ID: f.mailbox, Topics: f.topics, Mode: mode, MaxAge: f.maxAge, MaxSize: int64(size)}, nil
 }
 
-// start opens the runner with its mailbox and serves it on the flags'
-// addresses; the caller closes the runner.
-func (f *runnerFlags) start(log *slog.Logger, brokers []string) (*runner.Runner, string, error) {
+// nodeConfig is the runner process the flags describe: with --mailbox one
+// static mailbox, otherwise the control API on --control-addr.
+func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Config, error) {
+	cfg := node.Config{
+		Runner:    runner.Config{DataDir: f.dataDir, Brokers: brokers, BatchSize: f.batchSize, BatchWait: f.batchWait},
+		QueryAddr: f.grpcAddr, HTTPAddr: f.httpAddr, ControlAddr: f.controlAddr, Logger: log,
+	}
+	if f.mailbox == "" {
+		if cfg.ControlAddr == "" {
+			cfg.ControlAddr = defaultControlAddr
+		}
+		return cfg, nil
+	}
+	if f.controlAddr != "" {
+		return cfg, fmt.Errorf("--control-addr: not with --mailbox (a static mailbox has no lease); leave --mailbox out to let the sidecar open mailboxes")
+	}
 	mc, err := f.mailboxConfig()
 	if err != nil {
-		return nil, "", err
+		return cfg, err
 	}
-	gl, err := net.Listen("tcp", f.grpcAddr)
-	if err != nil {
-		return nil, "", fmt.Errorf("--grpc-addr: %w", err)
-	}
-	hl, err := net.Listen("tcp", f.httpAddr)
-	if err != nil {
-		gl.Close()
-		return nil, "", fmt.Errorf("--http-addr: %w", err)
-	}
-	r, err := runner.New(runner.Config{DataDir: f.dataDir, Brokers: brokers, BatchSize: f.batchSize, BatchWait: f.batchWait, Logger: log})
-	if err != nil {
-		gl.Close()
-		hl.Close()
-		return nil, "", err
-	}
-	if err := r.Open(mc); err != nil {
-		gl.Close()
-		hl.Close()
-		r.Close()
-		return nil, "", err
-	}
-	r.Serve(gl, hl)
-	return r, hl.Addr().String(), nil
-}
-
-// startControlled serves a runner hosting no mailbox yet, with the control
-// API on --control-addr: the sidecar opens its mailboxes and gives them their
-// lease epochs. The caller closes the runner, then the control server.
-func (f *runnerFlags) startControlled(log *slog.Logger, brokers []string) (*runner.Runner, *grpc.Server, error) {
-	if err := loopbackOnly(f.controlAddr); err != nil {
-		return nil, nil, fmt.Errorf("--control-addr: %w", err)
-	}
-	var lis []net.Listener
-	closeAll := func() {
-		for _, l := range lis {
-			l.Close()
-		}
-	}
-	for _, a := range []struct{ flag, addr string }{{"--control-addr", f.controlAddr}, {"--grpc-addr", f.grpcAddr}, {"--http-addr", f.httpAddr}} {
-		l, err := net.Listen("tcp", a.addr)
-		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("%s: %w", a.flag, err)
-		}
-		lis = append(lis, l)
-	}
-	var ctl *control.Server
-	r, err := runner.New(runner.Config{
-		DataDir: f.dataDir, Brokers: brokers, BatchSize: f.batchSize, BatchWait: f.batchWait, Logger: log,
-		Ready: func() error { return ctl.Ready() },
-	})
-	if err != nil {
-		closeAll()
-		return nil, nil, err
-	}
-	ctl = control.New(control.Config{Host: r, Registerer: r.Registry(), Logger: log})
-	cs := grpc.NewServer()
-	ctl.Register(cs)
-	go func() {
-		if err := cs.Serve(lis[0]); err != nil {
-			log.Error("control server stopped", "err", err)
-		}
-	}()
-	r.Serve(lis[1], lis[2])
-	log.Info("runner waiting for the sidecar", "control_addr", lis[0].Addr().String())
-	return r, cs, nil
-}
-
-// loopbackOnly keeps the unauthenticated control API off the network.
-func loopbackOnly(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return err
-	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-		return nil
-	}
-	return fmt.Errorf("%q: must be a loopback address (127.0.0.1, ::1 or localhost)", addr)
+	cfg.Mailbox = &mc
+	return cfg, nil
 }
 
 func splitBrokers(s string) []string {
@@ -204,32 +134,19 @@ SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 			if len(brokers) == 0 {
 				return fmt.Errorf("--kafka: no brokers")
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-			defer stop()
-			if f.mailbox == "" {
-				if f.controlAddr == "" {
-					f.controlAddr = defaultControlAddr
-				}
-				r, cs, err := f.startControlled(log, brokers)
-				if err != nil {
-					return err
-				}
-				<-ctx.Done()
-				log.Info("signal received; draining every mailbox")
-				err = r.Close()
-				cs.GracefulStop()
+			cfg, err := f.nodeConfig(log, brokers)
+			if err != nil {
 				return err
 			}
-			if f.controlAddr != "" {
-				return fmt.Errorf("--control-addr: not with --mailbox (a static mailbox has no lease); leave --mailbox out to let the sidecar open mailboxes")
-			}
-			r, _, err := f.start(log, brokers)
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			n, err := node.Start(cfg)
 			if err != nil {
 				return err
 			}
 			<-ctx.Done()
-			log.Info("signal received; stopping", "mailbox_id", f.mailbox)
-			return r.Close()
+			log.Info("signal received; draining every mailbox")
+			return n.Close()
 		},
 	}
 	f.register(cmd, runnerFlags{kafka: "127.0.0.1:9092", dataDir: "data", grpcAddr: ":9090", httpAddr: ":8080", logFormat: "json"})

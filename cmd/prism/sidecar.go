@@ -1,28 +1,19 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 	"github.com/prism-mesh/prism/sidecar/agent"
 	"github.com/prism-mesh/prism/sidecar/inject"
+	"github.com/prism-mesh/prism/sidecar/node"
 )
 
 // envOr is the flag default taken from the environment, which is how the
@@ -94,12 +85,13 @@ PRISM_RUNNER_ID), as set by the injector.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
-			return runSidecar(ctx, log, sidecarRun{
-				proxyID: proxyID, runnerID: runnerID, advertiseAddr: advertiseAddr, runnerAddr: runnerAddr, httpAddr: httpAddr,
-				endpoints: endpoints, registration: &adminv1.ProxyRegistration{
+			return node.Run(ctx, node.Config{
+				ProxyID: proxyID, RunnerID: runnerID, AdvertiseAddr: advertiseAddr, RunnerAddr: runnerAddr, HTTPAddr: httpAddr,
+				AdminEndpoints: endpoints, Registration: &adminv1.ProxyRegistration{
 					Version: version, Capabilities: []string{"mailbox"}, Labels: labels, Region: region, Zone: zone,
 				},
-				leaseTTL: leaseTTL, heartbeat: heartbeat, stopTimeout: stopTimeout, attemptTimeout: attemptTimeout, retryMax: retryMax,
+				LeaseTTL: leaseTTL, HeartbeatInterval: heartbeat, StopTimeout: stopTimeout, AttemptTimeout: attemptTimeout, RetryMax: retryMax,
+				Logger: log,
 			})
 		},
 	}
@@ -121,58 +113,4 @@ PRISM_RUNNER_ID), as set by the injector.`,
 	f.DurationVar(&retryMax, "retry-max", 5*time.Second, "longest wait between retries (acquire, heartbeat, watch), which start at 100ms and double")
 	f.DurationVar(&attemptTimeout, "admin-attempt-timeout", 2*time.Second, "bound on one call to one admin node before trying the next")
 	return cmd
-}
-
-// sidecarRun is one lease agent's settings, as `prism sidecar` takes them
-// from flags and `prism dev` sets them for its runner.
-type sidecarRun struct {
-	proxyID, runnerID, advertiseAddr, runnerAddr, httpAddr string
-	endpoints                                              []string
-	registration                                           *adminv1.ProxyRegistration
-	leaseTTL, heartbeat, stopTimeout, attemptTimeout       time.Duration
-	retryMax                                               time.Duration
-}
-
-// runSidecar runs the agent next to the runner at s.runnerAddr, with its
-// /healthz, /readyz and /metrics on s.httpAddr, until ctx ends; then the
-// runner drains and every lease is released (bounded by s.stopTimeout).
-func runSidecar(ctx context.Context, log *slog.Logger, s sidecarRun) error {
-	log = log.With("component", "sidecar")
-	admin, err := agent.DialEndpoints(s.endpoints, s.attemptTimeout, log)
-	if err != nil {
-		return err
-	}
-	defer admin.Close()
-	rc, err := grpc.NewClient(s.runnerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return fmt.Errorf("--runner-addr: %w", err)
-	}
-	defer rc.Close()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a, err := agent.New(agent.Config{
-		ProxyID: s.proxyID, RunnerID: s.runnerID, AdvertiseAddr: s.advertiseAddr, Registration: s.registration,
-		LeaseTTL: s.leaseTTL, HeartbeatInterval: s.heartbeat, StopTimeout: s.stopTimeout,
-		Backoff: wait.Backoff{Duration: min(100*time.Millisecond, s.retryMax), Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: s.retryMax},
-		Admin:   admin, Runner: runnerv1.NewRunnerControlClient(rc),
-		Logger: log, Registerer: reg,
-	})
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", s.httpAddr)
-	if err != nil {
-		return fmt.Errorf("--http-addr: %w", err)
-	}
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("http server stopped", "err", err)
-		}
-	}()
-	log.Info("sidecar serving", "http_addr", ln.Addr().String(), "admin_endpoints", s.endpoints, "runner_addr", s.runnerAddr)
-	runErr := a.Run(ctx)
-	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	return errors.Join(runErr, srv.Shutdown(sctx))
 }

@@ -1,0 +1,94 @@
+// Package node assembles one lease sidecar process: the admin client, the
+// client of the runner's control API, the agent and its HTTP server
+// (/healthz, /readyz, /metrics). `prism sidecar` and `prism dev` only turn
+// their flags into a Config.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+	"github.com/prism-mesh/prism/sidecar/agent"
+)
+
+// Config is one sidecar next to one runner.
+type Config struct {
+	ProxyID string
+	// RunnerID names the runner in leases; "" is the proxy id.
+	RunnerID string
+	// AdvertiseAddr is the runner's query address that routes point at.
+	AdvertiseAddr string
+	// RunnerAddr is the runner's control API (loopback).
+	RunnerAddr string
+	// HTTPAddr serves /healthz, /readyz and /metrics.
+	HTTPAddr string
+	// AdminEndpoints are admin nodes' gRPC addresses; any of them will do.
+	AdminEndpoints []string
+	Registration   *adminv1.ProxyRegistration
+
+	LeaseTTL          time.Duration // 0: the namespace's
+	HeartbeatInterval time.Duration
+	StopTimeout       time.Duration // bound on the graceful stop: runner drain, then every release
+	AttemptTimeout    time.Duration // bound on one call to one admin node
+	RetryMax          time.Duration // longest wait between retries, which start at 100ms and double
+	Logger            *slog.Logger
+}
+
+// Run runs the sidecar until ctx ends; then the runner drains and every
+// lease is released (bounded by StopTimeout), and the HTTP server stops.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	log := cfg.Logger.With("component", "sidecar")
+	admin, err := agent.DialEndpoints(cfg.AdminEndpoints, cfg.AttemptTimeout, log)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	rc, err := grpc.NewClient(cfg.RunnerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("runner control address %s: %w", cfg.RunnerAddr, err)
+	}
+	defer rc.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a, err := agent.New(agent.Config{
+		ProxyID: cfg.ProxyID, RunnerID: cfg.RunnerID, AdvertiseAddr: cfg.AdvertiseAddr, Registration: cfg.Registration,
+		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, StopTimeout: cfg.StopTimeout,
+		Backoff: wait.Backoff{Duration: min(100*time.Millisecond, cfg.RetryMax), Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: cfg.RetryMax},
+		Admin:   admin, Runner: runnerv1.NewRunnerControlClient(rc),
+		Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("sidecar http listen %s: %w", cfg.HTTPAddr, err)
+	}
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server stopped", "err", err)
+		}
+	}()
+	log.Info("sidecar serving", "http_addr", ln.Addr().String(), "admin_endpoints", cfg.AdminEndpoints, "runner_addr", cfg.RunnerAddr)
+	runErr := a.Run(ctx)
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return errors.Join(runErr, srv.Shutdown(sctx))
+}
