@@ -4,7 +4,7 @@
 // - protoc             (unknown)
 // source: prism/admin/v1/admin.proto
 
-// Admin is the operator API behind prismctl (RFC-038): cluster status,
+// Admin is the operator API behind prismctl: cluster status,
 // reads of every table with a chosen consistency, and membership changes.
 
 package adminv1

@@ -4,7 +4,8 @@
 // 	protoc        (unknown)
 // source: prism/admin/v1/control_plane.proto
 
-// ControlPlane is what proxies and sidecars call (RFC-049, ADR-055).
+// ControlPlane is what proxies and sidecars call: registration, namespace
+// assignments and mailbox leases (docs/architecture.md#lease-semantics).
 //
 // Any admin node accepts any call. A follower forwards a write RPC to the
 // leader by re-issuing the identical request there: no request carries
@@ -255,7 +256,7 @@ type CreateNamespaceRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	Config    *NamespaceConfig       `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
-	// Proxy that relayed the request for a client, if any (ADR-055).
+	// Proxy that relayed the request for a client, if any.
 	RequestingProxy string `protobuf:"bytes,3,opt,name=requesting_proxy,json=requestingProxy,proto3" json:"requesting_proxy,omitempty"`
 	// Authenticated principal creating the namespace, for audit.
 	Principal     string `protobuf:"bytes,4,opt,name=principal,proto3" json:"principal,omitempty"`

@@ -4,7 +4,8 @@
 // - protoc             (unknown)
 // source: prism/admin/v1/control_plane.proto
 
-// ControlPlane is what proxies and sidecars call (RFC-049, ADR-055).
+// ControlPlane is what proxies and sidecars call: registration, namespace
+// assignments and mailbox leases (docs/architecture.md#lease-semantics).
 //
 // Any admin node accepts any call. A follower forwards a write RPC to the
 // leader by re-issuing the identical request there: no request carries

@@ -4,7 +4,7 @@
 // 	protoc        (unknown)
 // source: prism/admin/v1/types.proto
 
-// The admin cluster's replicated state (RFC-049, ADR-055, RFC-038): proxies,
+// The admin cluster's replicated state (docs/architecture.md#system): proxies,
 // namespaces, mailbox leases, and the routes derived from live leases. These
 // messages are both the FSM's tables and what the read RPCs return, so the
 // FSM, prismctl and the xDS translator all speak one vocabulary.
@@ -137,7 +137,7 @@ func (HealthStatus) EnumDescriptor() ([]byte, []int) {
 }
 
 // ValidationMode is how a mailbox runner treats envelopes that fail
-// validation (RFC-037).
+// validation (docs/architecture.md#envelope-validation).
 type ValidationMode int32
 
 const (
@@ -245,7 +245,7 @@ func (RunnerHealth) EnumDescriptor() ([]byte, []int) {
 }
 
 // LeaseRefusalReason says why a lease operation was refused. The sidecar acts
-// on it; it is never a silent drop (SPEC-032).
+// on it; it is never a silent drop (docs/architecture.md#heartbeat).
 type LeaseRefusalReason int32
 
 const (
@@ -317,7 +317,7 @@ func (LeaseRefusalReason) EnumDescriptor() ([]byte, []int) {
 	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
-// Consistency is the read consistency of a List/Get call (RFC-038).
+// Consistency is the read consistency of a List/Get call.
 type Consistency int32
 
 const (
@@ -428,7 +428,7 @@ func (x *MemberAddress) GetGrpcAddress() string {
 	return ""
 }
 
-// ProxyRegistration is what a proxy says about itself (ADR-055). Registering
+// ProxyRegistration is what a proxy says about itself. Registering
 // again with the same proxy_id replaces these fields.
 type ProxyRegistration struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -444,7 +444,7 @@ type ProxyRegistration struct {
 	Version string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
 	// Patterns the proxy can host, e.g. "mailbox".
 	Capabilities []string `protobuf:"bytes,5,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
-	// Free-form labels (ADR-055 metadata).
+	// Free-form labels.
 	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Topology for operators and future zone-aware placement.
 	Region        string `protobuf:"bytes,7,opt,name=region,proto3" json:"region,omitempty"`
@@ -619,7 +619,7 @@ func (x *Proxy) GetNamespaceHealth() []*NamespaceHealth {
 	return nil
 }
 
-// NamespaceHealth is a proxy's report on one namespace it hosts (ADR-055).
+// NamespaceHealth is a proxy's report on one namespace it hosts.
 type NamespaceHealth struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Namespace         string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
@@ -741,7 +741,7 @@ func (x *PartitionRange) GetEnd() uint32 {
 	return 0
 }
 
-// LeaseConfig is the lease timing of a namespace's mailboxes (RFC-049). Zero
+// LeaseConfig is the lease timing of a namespace's mailboxes. Zero
 // durations take the admin defaults. The sidecar heartbeats every
 // heartbeat_interval, stops serving at ttl after sending its last acknowledged
 // heartbeat, and the admin expires the lease only after ttl + grace without a
@@ -1516,7 +1516,7 @@ func (x *LeaseRefusal) GetLeaderAddress() string {
 	return ""
 }
 
-// NamespaceAssignment is one namespace a proxy must host (ADR-055).
+// NamespaceAssignment is one namespace a proxy must host.
 type NamespaceAssignment struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`

@@ -4,9 +4,10 @@
 // 	protoc        (unknown)
 // source: prism/envelope/v1/envelope.proto
 
-// PrismEnvelope is the universal message envelope (RFC-031) that every event
-// on a mailbox topic is wrapped in. RFC-037 indexes its metadata, security,
-// observability and schema fields and stores the whole envelope as a blob.
+// PrismEnvelope is the universal message envelope that every event on a
+// mailbox topic is wrapped in. A mailbox indexes some of its metadata and
+// observability fields and stores the whole envelope as a blob
+// (docs/architecture.md#mailbox-store).
 
 package envelopev1
 

@@ -4,7 +4,7 @@
 // - protoc             (unknown)
 // source: prism/mailbox/v1/mailbox.proto
 
-// The query side of a mailbox (RFC-037): items with their indexed headers and
+// The query side of a mailbox (docs/architecture.md#mailbox-store): items with their indexed headers and
 // the envelope blob, a filter, and the MailboxQuery service that runners serve
 // and gateways route by the x-mailbox-id metadata.
 

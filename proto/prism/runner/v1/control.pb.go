@@ -5,7 +5,8 @@
 // source: prism/runner/v1/control.proto
 
 // RunnerControl is the runner's local control API, served on loopback and
-// called only by the lease sidecar of the same pod (RFC-049, issue 5).
+// called only by the lease sidecar of the same pod
+// (docs/architecture.md#client-side-stop).
 //
 // A mailbox moves through OPEN → ACTIVE ⇄ FENCED and is forgotten by
 // CloseMailbox. The runner never consumes or serves a mailbox
@@ -42,7 +43,8 @@ const (
 )
 
 // ValidationMode is how the runner treats envelopes that fail validation
-// (RFC-037); it mirrors prism.admin.v1.ValidationMode.
+// (docs/architecture.md#envelope-validation); it mirrors
+// prism.admin.v1.ValidationMode.
 type ValidationMode int32
 
 const (
