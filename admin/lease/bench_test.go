@@ -5,13 +5,15 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // BenchmarkRenew measures one leader-local heartbeat among 10,000 live
 // leases: the whole server-side cost of a renewal apart from gRPC.
 func BenchmarkRenew(b *testing.B) {
-	clk := &fakeClock{now: t0}
-	l := New(Config{Now: clk.Now, Logger: quiet})
+	clk := clocktesting.NewFakeClock(t0)
+	l := New(Config{Clock: clk, Logger: quiet})
 	l.Promote()
 	const n = 10_000
 	reqs := make([]*struct{ id string }, n)
@@ -36,13 +38,13 @@ func BenchmarkRenew(b *testing.B) {
 // BenchmarkExpiredScan is the expiry loop's cost per tick with 10,000 live
 // leases and nothing due: it must stay O(1) in the number of leases.
 func BenchmarkExpiredScan(b *testing.B) {
-	clk := &fakeClock{now: t0}
-	l := New(Config{Now: clk.Now, Logger: quiet})
+	clk := clocktesting.NewFakeClock(t0)
+	l := New(Config{Clock: clk, Logger: quiet})
 	l.Promote()
 	for i := range 10_000 {
 		l.LeaseGranted(lease(fmt.Sprintf("ns-%05d@p", i), "runner", uint64(i+1), t0))
 	}
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	for b.Loop() {
 		if refs := l.Expired(); len(refs) != 0 {
 			b.Fatal("unexpected expiry")

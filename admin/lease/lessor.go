@@ -74,12 +74,13 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/utils/clock"
 )
 
-// Config configures a Lessor. Now is required.
+// Config configures a Lessor.
 type Config struct {
-	// Now is the clock; tests inject a fake one.
-	Now func() time.Time
+	// Clock defaults to the real clock.
+	Clock clock.PassiveClock
 	// ExtendOnPromote is added to every lease's ttl on Promote: the
 	// election timeout, during which no heartbeat could reach a leader.
 	ExtendOnPromote time.Duration
@@ -133,8 +134,8 @@ var _ fsm.LeaseObserver = (*Lessor)(nil)
 
 // New returns a non-primary lessor with no leases.
 func New(cfg Config) *Lessor {
-	if cfg.Now == nil {
-		panic("lease.New: Config.Now is required")
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.ExpiryRate <= 0 {
 		cfg.ExpiryRate = 1000
@@ -215,7 +216,7 @@ func (l *Lessor) track(e *entry) {
 
 // refresh gives every lease a full ttl plus the promotion extension.
 func (l *Lessor) refresh() {
-	now := l.cfg.Now()
+	now := l.cfg.Clock.Now()
 	l.queue = l.queue[:0]
 	for _, id := range slices.Sorted(maps.Keys(l.leases)) {
 		e := l.leases[id]
@@ -230,7 +231,7 @@ func (l *Lessor) Promote() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.primary = true
-	l.promotedAt = l.cfg.Now()
+	l.promotedAt = l.cfg.Clock.Now()
 	l.refresh()
 	l.log.Info("lessor promoted", "leases", len(l.leases), "extend", l.cfg.ExtendOnPromote)
 }
@@ -274,7 +275,7 @@ func refusal(reason adminv1.LeaseRefusalReason, msg string, cur *adminv1.Lease) 
 // the lease and it is not past expires + grace; otherwise a typed refusal.
 // Input validation is the server's job; Renew only judges the lease.
 func (l *Lessor) Renew(req *adminv1.MailboxHeartbeatRequest) *adminv1.MailboxHeartbeatResponse {
-	now := l.cfg.Now()
+	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.primary {
@@ -314,7 +315,7 @@ func (l *Lessor) Renew(req *adminv1.MailboxHeartbeatRequest) *adminv1.MailboxHea
 // ExpiryRetry unless the FSM removes it (or it is renewed, which a holder
 // cannot do once it is due) before then.
 func (l *Lessor) Expired() []*adminv1.LeaseRef {
-	now := l.cfg.Now()
+	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.primary {
@@ -383,7 +384,7 @@ func (l *Lessor) Annotate(ls *adminv1.Lease) *adminv1.Lease {
 // MarkProxiesStaleCommand. Like leases, proxies get a full staleAfter from
 // promotion: while there was no leader they could not heartbeat.
 func (l *Lessor) StaleProxies(proxies []*adminv1.Proxy, staleAfter time.Duration) []*adminv1.ProxyRef {
-	now := l.cfg.Now()
+	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	primary, promotedAt := l.primary, l.promotedAt
 	l.mu.Unlock()

@@ -3,37 +3,18 @@ package lease
 import (
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
 
 var t0 = time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-}
-
-func (c *fakeClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
 
 const (
 	ttl    = 10 * time.Second
@@ -50,10 +31,10 @@ func lease(mailbox, runner string, epoch uint64, t time.Time) *adminv1.Lease {
 	}
 }
 
-func newLessor(t *testing.T) (*Lessor, *fakeClock) {
+func newLessor(t *testing.T) (*Lessor, *clocktesting.FakeClock) {
 	t.Helper()
-	clk := &fakeClock{now: t0}
-	return New(Config{Now: clk.Now, ExtendOnPromote: extend, ExpiryRate: 100, ExpiryRetry: 3 * time.Second, Logger: quiet}), clk
+	clk := clocktesting.NewFakeClock(t0)
+	return New(Config{Clock: clk, ExtendOnPromote: extend, ExpiryRate: 100, ExpiryRetry: 3 * time.Second, Logger: quiet}), clk
 }
 
 func hb(mailbox, runner string, epoch uint64) *adminv1.MailboxHeartbeatRequest {
@@ -87,7 +68,7 @@ func TestRenew(t *testing.T) {
 				l.Promote()
 			}
 			l.LeaseGranted(lease("a@p", "r1", 7, t0))
-			clk.Advance(tc.after)
+			clk.Step(tc.after)
 			res := l.Renew(tc.req)
 			if tc.want == 0 {
 				if !res.GetRenewed() || !res.GetExpiresAt().AsTime().Equal(clk.Now().Add(ttl)) || res.GetEpoch() != 7 || res.GetTtl().AsDuration() != ttl {
@@ -107,14 +88,14 @@ func TestRenew(t *testing.T) {
 
 // firstExpiry advances the clock in small steps until the lessor requests
 // an expire and returns that time.
-func firstExpiry(t *testing.T, l *Lessor, clk *fakeClock, limit time.Duration) time.Time {
+func firstExpiry(t *testing.T, l *Lessor, clk *clocktesting.FakeClock, limit time.Duration) time.Time {
 	t.Helper()
 	start := clk.Now()
 	for clk.Now().Sub(start) <= limit {
 		if refs := l.Expired(); len(refs) > 0 {
 			return clk.Now()
 		}
-		clk.Advance(10 * time.Millisecond)
+		clk.Step(10 * time.Millisecond)
 	}
 	t.Fatalf("no expiry within %s", limit)
 	return time.Time{}
@@ -138,7 +119,7 @@ func TestExpiryOnlyAfterTTLPlusGrace(t *testing.T) {
 			l.Promote()
 			l.LeaseGranted(lease("a@p", "r1", 1, t0))
 			for _, at := range tc.renewAfter {
-				clk.Set(t0.Add(at))
+				clk.SetTime(t0.Add(at))
 				if refs := l.Expired(); len(refs) > 0 {
 					t.Fatalf("expired %v at %s, before its heartbeat", refs, at)
 				}
@@ -161,7 +142,7 @@ func TestPromoteExtendsEveryLease(t *testing.T) {
 	// both have expired: the new leader heard no heartbeats yet.
 	l.LeaseGranted(lease("a@p", "r1", 1, t0))
 	l.LeaseGranted(lease("b@p", "r2", 2, t0.Add(time.Second)))
-	clk.Set(t0.Add(time.Minute))
+	clk.SetTime(t0.Add(time.Minute))
 	if refs := l.Expired(); refs != nil {
 		t.Fatalf("non-primary requested expiry: %v", refs)
 	}
@@ -171,7 +152,7 @@ func TestPromoteExtendsEveryLease(t *testing.T) {
 		t.Fatalf("expired on promotion: %v", refs)
 	}
 	// b heartbeats to the new leader; a never does.
-	clk.Advance(ttl)
+	clk.Step(ttl)
 	if res := l.Renew(hb("b@p", "r2", 2)); !res.GetRenewed() {
 		t.Fatalf("renew after promotion: %v", res)
 	}
@@ -205,8 +186,8 @@ func TestHolderStopsBeforeAnyoneElseCanAcquire(t *testing.T) {
 		for _, promoteAt := range []time.Duration{-1, -leaderLeaseTimeout, -3 * time.Second, 0, leaderLeaseTimeout, 5 * time.Second} {
 			t.Run(fmt.Sprintf("ack+%s/promote%+v", sendToAck, promoteAt), func(t *testing.T) {
 				t.Parallel()
-				clk := &fakeClock{now: t0}
-				cfg := Config{Now: clk.Now, ExtendOnPromote: extend, Logger: quiet}
+				clk := clocktesting.NewFakeClock(t0)
+				cfg := Config{Clock: clk, ExtendOnPromote: extend, Logger: quiet}
 				oldLeader, newLeader := New(cfg), New(cfg)
 				oldLeader.Promote()
 				for _, l := range []*Lessor{oldLeader, newLeader} {
@@ -216,14 +197,14 @@ func TestHolderStopsBeforeAnyoneElseCanAcquire(t *testing.T) {
 				// grant's expiry instead of refreshing would expire too early.
 				sent := t0.Add(8 * time.Second)
 				acked := sent.Add(sendToAck)
-				clk.Set(acked)
+				clk.SetTime(acked)
 				if !oldLeader.Renew(hb("a@p", "r1", 1)).GetRenewed() {
 					t.Fatal("heartbeat not acknowledged")
 				}
 				holderStops := sent.Add(ttl)
 				leader := oldLeader
 				if promoteAt != -1 {
-					clk.Set(acked.Add(promoteAt))
+					clk.SetTime(acked.Add(promoteAt))
 					newLeader.Promote()
 					leader = newLeader
 				}
@@ -237,13 +218,13 @@ func TestHolderStopsBeforeAnyoneElseCanAcquire(t *testing.T) {
 
 func TestExpiryRequestsAreRateLimitedAndRetried(t *testing.T) {
 	t.Parallel()
-	clk := &fakeClock{now: t0}
-	l := New(Config{Now: clk.Now, ExpiryRate: 10, ExpiryBurst: 10, ExpiryRetry: 3 * time.Second, Logger: quiet})
+	clk := clocktesting.NewFakeClock(t0)
+	l := New(Config{Clock: clk, ExpiryRate: 10, ExpiryBurst: 10, ExpiryRetry: 3 * time.Second, Logger: quiet})
 	l.Promote()
 	for i := range 25 {
 		l.LeaseGranted(lease(fmt.Sprintf("m%02d@p", i), "r", uint64(i+1), t0))
 	}
-	clk.Advance(ttl + grace + time.Millisecond)
+	clk.Step(ttl + grace + time.Millisecond)
 	first := l.Expired()
 	if len(first) != 10 || first[0].GetMailboxId() != "m00@p" {
 		t.Fatalf("first batch %d (%v), want the burst of 10 in mailbox order", len(first), first)
@@ -251,7 +232,7 @@ func TestExpiryRequestsAreRateLimitedAndRetried(t *testing.T) {
 	if again := l.Expired(); len(again) != 0 {
 		t.Fatalf("no tokens left but got %d", len(again))
 	}
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	if second := l.Expired(); len(second) != 10 || second[0].GetMailboxId() != "m10@p" {
 		t.Fatalf("second batch %v", second)
 	}
@@ -259,17 +240,17 @@ func TestExpiryRequestsAreRateLimitedAndRetried(t *testing.T) {
 	for _, r := range first {
 		l.LeaseRemoved(r.GetMailboxId(), r.GetEpoch())
 	}
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	if third := l.Expired(); len(third) != 5 || third[0].GetMailboxId() != "m20@p" {
 		t.Fatalf("third batch %v", third)
 	}
 	// m10..m19 were requested 1 s ago and not committed: they are offered
 	// again only once ExpiryRetry (3 s) has passed.
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	if early := l.Expired(); len(early) != 0 {
 		t.Fatalf("retried before ExpiryRetry: %v", early)
 	}
-	clk.Advance(time.Second + time.Millisecond)
+	clk.Step(time.Second + time.Millisecond)
 	if retry := l.Expired(); len(retry) != 10 || retry[0].GetMailboxId() != "m10@p" {
 		t.Fatalf("retry batch %v", retry)
 	}
@@ -283,7 +264,7 @@ func TestStaleRemovalNeverDropsANewGrant(t *testing.T) {
 	l, clk := newLessor(t)
 	l.Promote()
 	l.LeaseGranted(lease("a@p", "r1", 1, t0))
-	clk.Advance(ttl + grace + time.Millisecond)
+	clk.Step(ttl + grace + time.Millisecond)
 	refs := l.Expired()
 	if len(refs) != 1 {
 		t.Fatalf("refs %v", refs)
@@ -311,7 +292,7 @@ func TestCheckpointsAndAnnotate(t *testing.T) {
 	if cps := l.Checkpoints(10); len(cps) != 0 {
 		t.Fatalf("checkpoints before any renewal: %v", cps)
 	}
-	clk.Advance(time.Second)
+	clk.Step(time.Second)
 	for _, m := range []string{"c@p", "a@p", "b@p"} {
 		req := hb(m, "r1", 1)
 		req.Stats = &adminv1.LeaseStats{EventsStored: 9}
@@ -351,16 +332,16 @@ func TestStaleProxies(t *testing.T) {
 		proxy("p2", 50*time.Second, adminv1.ProxyStatus_PROXY_STATUS_LIVE),
 		proxy("p3", 0, adminv1.ProxyStatus_PROXY_STATUS_STALE),
 	}
-	clk.Set(t0.Add(40 * time.Second))
+	clk.SetTime(t0.Add(40 * time.Second))
 	if refs := l.StaleProxies(proxies, 30*time.Second); refs != nil {
 		t.Fatalf("non-primary judged proxies: %v", refs)
 	}
 	l.Promote()
-	clk.Set(t0.Add(60 * time.Second))
+	clk.SetTime(t0.Add(60 * time.Second))
 	if refs := l.StaleProxies(proxies, 30*time.Second); len(refs) != 0 {
 		t.Fatalf("proxies judged stale within staleAfter of promotion: %v", refs)
 	}
-	clk.Set(t0.Add(71 * time.Second))
+	clk.SetTime(t0.Add(71 * time.Second))
 	refs := l.StaleProxies(proxies, 30*time.Second)
 	if len(refs) != 1 || refs[0].GetProxyId() != "p1" || !refs[0].GetLastSeen().AsTime().Equal(t0) {
 		t.Fatalf("stale = %v, want p1 with its last_seen", refs)

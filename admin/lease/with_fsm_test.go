@@ -10,21 +10,22 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // node is a real FSM with the lessor as its observer, fed log entries the
 // way the leader would propose them: stamped with the lessor's clock.
 type node struct {
 	t     *testing.T
-	clk   *fakeClock
+	clk   *clocktesting.FakeClock
 	fsm   *fsm.FSM
 	l     *Lessor
 	index uint64
 }
 
 func newNode(t *testing.T) *node {
-	clk := &fakeClock{now: t0}
-	l := New(Config{Now: clk.Now, ExtendOnPromote: extend, Logger: quiet})
+	clk := clocktesting.NewFakeClock(t0)
+	l := New(Config{Clock: clk, ExtendOnPromote: extend, Logger: quiet})
 	return &node{t: t, clk: clk, l: l, fsm: fsm.New(fsm.WithLeaseObserver(l))}
 }
 
@@ -67,7 +68,7 @@ func TestLeaseLifecycleThroughTheFSM(t *testing.T) {
 	}
 	// Heartbeats keep it alive well past the default ttl + grace.
 	for range 10 {
-		n.clk.Advance(fsm.DefaultHeartbeatInterval)
+		n.clk.Step(fsm.DefaultHeartbeatInterval)
 		if res := n.l.Renew(hb("a@p", "r1", epoch)); !res.GetRenewed() {
 			t.Fatalf("renew: %v", res)
 		}
@@ -81,11 +82,11 @@ func TestLeaseLifecycleThroughTheFSM(t *testing.T) {
 		t.Fatalf("checkpoint not in the FSM: %v", l)
 	}
 	// The runner dies. Nothing expires before ttl + grace.
-	n.clk.Advance(fsm.DefaultLeaseTTL + fsm.DefaultLeaseGrace)
+	n.clk.Step(fsm.DefaultLeaseTTL + fsm.DefaultLeaseGrace)
 	if refs := n.l.Expired(); len(refs) != 0 {
 		t.Fatalf("expired at exactly ttl + grace: %v", refs)
 	}
-	n.clk.Advance(time.Millisecond)
+	n.clk.Step(time.Millisecond)
 	refs := n.l.Expired()
 	if res := n.expire(refs); len(res.Expired) != 1 || res.Expired[0].GetEpoch() != epoch {
 		t.Fatalf("expire %v: %v", refs, res)
@@ -106,7 +107,7 @@ func TestExpireRacingAReacquireKeepsTheNewGrant(t *testing.T) {
 	n := newNode(t)
 	n.l.Promote()
 	old := n.acquire("a@p", "r1").GetLease().GetEpoch()
-	n.clk.Advance(fsm.DefaultLeaseTTL + fsm.DefaultLeaseGrace + time.Millisecond)
+	n.clk.Step(fsm.DefaultLeaseTTL + fsm.DefaultLeaseGrace + time.Millisecond)
 	refs := n.l.Expired()
 	if len(refs) != 1 {
 		t.Fatalf("refs %v", refs)
@@ -132,7 +133,7 @@ func TestFollowerMirrorsLeasesForPromotion(t *testing.T) {
 	if res := n.l.Renew(hb("a@p", "r1", epoch)); res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
 		t.Fatalf("follower renewed: %v", res)
 	}
-	n.clk.Advance(time.Hour)
+	n.clk.Step(time.Hour)
 	n.l.Promote()
 	if res := n.l.Renew(hb("a@p", "r1", epoch)); !res.GetRenewed() {
 		t.Fatalf("promoted lessor does not know the follower-era grant: %v", res)
@@ -155,7 +156,7 @@ func TestRestoreOnPrimaryResetsLeases(t *testing.T) {
 	// A fresh node restores the snapshot while it is (already) primary,
 	// long after the grants: nothing may be due before a full ttl + extend.
 	m := newNode(t)
-	m.clk.Set(t0.Add(time.Hour))
+	m.clk.SetTime(t0.Add(time.Hour))
 	m.l.Promote()
 	if !m.l.Primary() {
 		t.Fatal("not primary after Promote")
@@ -177,7 +178,7 @@ func TestRestoreOnPrimaryResetsLeases(t *testing.T) {
 		for _, r := range m.l.Expired() {
 			due[r.GetMailboxId()] = m.clk.Now().Sub(restored)
 		}
-		m.clk.Advance(10 * time.Millisecond)
+		m.clk.Step(10 * time.Millisecond)
 	}
 	if a := fsm.DefaultLeaseTTL + fsm.DefaultLeaseGrace; due["a@p"] <= a || due["a@p"] > a+10*time.Millisecond {
 		t.Fatalf("a@p due at restore+%s, want just after %s", due["a@p"], a)

@@ -19,6 +19,7 @@ import (
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"k8s.io/utils/clock"
 )
 
 // NodeConfig is one complete admin node: Raft member, FSM, lessor, gRPC and
@@ -37,8 +38,10 @@ type NodeConfig struct {
 	// gateway's query listener put into the listener resource.
 	XDS         bool
 	GatewayAddr string
-	Now         func() time.Time
-	Logger      *slog.Logger
+	// Clock is the leader's clock, for the lessor and the server (default
+	// the real clock).
+	Clock  clock.WithTicker
+	Logger *slog.Logger
 }
 
 // Node is a running admin node.
@@ -63,8 +66,8 @@ func Start(cfg NodeConfig) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	timing := cfg.Raft.Timing
 	if timing == (raftnode.Timing{}) {
@@ -99,7 +102,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	}
 
 	n.Lessor = lease.New(lease.Config{
-		Now:             cfg.Now,
+		Clock:           cfg.Clock,
 		ExtendOnPromote: timing.ElectionTimeout,
 		Logger:          cfg.Logger.With("node", cfg.Raft.ID),
 	})
@@ -112,7 +115,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 		return nil, err
 	}
 	n.Server, err = New(Config{
-		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Now: cfg.Now,
+		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Clock: cfg.Clock,
 		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger,
 		Registry: reg, Metrics: m,
 		// Half the promotion extension: the other half and the grace are

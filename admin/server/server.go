@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/utils/clock"
 )
 
 // Config wires a server to its node's parts.
@@ -50,8 +51,9 @@ type Config struct {
 	// GRPCAddrs maps raft server ids to their admin gRPC address; followers
 	// forward to the leader's entry.
 	GRPCAddrs map[string]string
-	// Now is the leader clock stamped into commands (default time.Now).
-	Now func() time.Time
+	// Clock is the leader's: stamped into commands and ticking the leader
+	// loops. Defaults to the real clock.
+	Clock clock.WithTicker
 
 	// StaleProxyAfter is how long a proxy may go without a heartbeat before
 	// the leader marks it stale and its namespaces move (default 30s).
@@ -82,8 +84,8 @@ func (c *Config) withDefaults() error {
 	if c.Node == nil || c.FSM == nil || c.Lessor == nil {
 		return errors.New("server: node, fsm and lessor are required")
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 	if c.StaleProxyAfter == 0 {
 		c.StaleProxyAfter = 30 * time.Second
@@ -275,13 +277,13 @@ func (l *leaderLoops) stop() {
 }
 
 func (s *Server) every(ctx context.Context, d time.Duration, f func(context.Context)) {
-	t := time.NewTicker(d)
+	t := s.cfg.Clock.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 			f(ctx)
 		}
 	}
@@ -423,7 +425,7 @@ func (s *Server) markStaleProxies(ctx context.Context) {
 // the one check on the leader, so neither a request nor a leader loop's
 // command reaches the log malformed.
 func (s *Server) propose(ctx context.Context, cmd *adminv1.Command) (any, error) {
-	cmd.Now = timestamppb.New(s.cfg.Now())
+	cmd.Now = timestamppb.New(s.cfg.Clock.Now())
 	data, err := fsm.Encode(cmd)
 	if err != nil {
 		return nil, err

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,39 +19,25 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// fakeClock is the leader clock the tests move by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // startSingle runs an in-memory single-node admin and returns its clients.
 func startSingle(t *testing.T) (*Node, adminv1.ControlPlaneClient, adminv1.AdminClient, *grpc.ClientConn) {
 	t.Helper()
-	return startSingleAt(t, time.Now, 0)
+	return startSingleAt(t, clock.RealClock{}, 0)
 }
 
-func startSingleAt(t *testing.T, now func() time.Time, staleAfter time.Duration) (*Node, adminv1.ControlPlaneClient, adminv1.AdminClient, *grpc.ClientConn) {
+// startSingleAt is startSingle on clk. On a fake clock it returns once the
+// leader loops' tickers wait on it, so a step reaches every loop.
+func startSingleAt(t *testing.T, clk clock.WithTicker, staleAfter time.Duration) (*Node, adminv1.ControlPlaneClient, adminv1.AdminClient, *grpc.ClientConn) {
 	t.Helper()
 	n, err := Start(NodeConfig{
 		Raft:     raftnode.Config{ID: "solo", Bootstrap: true, Timing: raftnode.FastTiming()},
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: quiet(), Now: now, StaleProxyAfter: staleAfter,
+		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: quiet(), Clock: clk, StaleProxyAfter: staleAfter,
 		XDS: true, GatewayAddr: "127.0.0.1:8080",
 	})
 	if err != nil {
@@ -74,6 +59,10 @@ func startSingleAt(t *testing.T, now func() time.Time, staleAfter time.Duration)
 			t.Fatal("single node never became leader")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	if fake, ok := clk.(*clocktesting.FakeClock); ok {
+		// expiry, checkpoint and stale proxies
+		awaitState(t, "the leader loops' tickers", func() bool { return fake.Waiters() == 3 })
 	}
 	return n, adminv1.NewControlPlaneClient(cc), adminv1.NewAdminClient(cc), cc
 }
@@ -151,18 +140,28 @@ func awaitState(t *testing.T, what string, cond func() bool) {
 
 func TestLeaseExpiresOnlyAfterTTLPlusGrace(t *testing.T) {
 	t.Parallel()
-	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	n, cp, adm, _ := startSingleAt(t, clk.Now, 0)
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	n, cp, adm, _ := startSingleAt(t, clk, 0)
 	c := ctx(t)
+	// scanAfter steps the clock by d and waits for the expiry scan the step
+	// set off: a step of at least the scan interval passes exactly one tick.
+	interval := n.Server.cfg.ExpiryInterval
+	scanAfter := func(d time.Duration) {
+		t.Helper()
+		scans := scrapeValue(t, n, "prism_admin_lease_expiry_scans_total")
+		clk.Step(d)
+		awaitState(t, "an expiry scan", func() bool { return scrapeValue(t, n, "prism_admin_lease_expiry_scans_total") >= scans+1 })
+	}
 	acq, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "a@p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001", Ttl: durationpb.New(time.Second)})
 	if err != nil || !acq.GetGranted() {
 		t.Fatalf("acquire: %v, %v", acq, err)
 	}
 	grace := acq.GetLease().GetGrace().AsDuration()
-	// Just before expires + grace: several expiry ticks pass, the lease stays.
-	clk.Advance(time.Second + grace - time.Millisecond)
-	scans := scrapeValue(t, n, "prism_admin_lease_expiry_scans_total")
-	awaitState(t, "expiry scans", func() bool { return scrapeValue(t, n, "prism_admin_lease_expiry_scans_total") >= scans+3 })
+	// Up to just before expires + grace: several expiry scans pass, the
+	// lease stays.
+	scanAfter(time.Second + grace - time.Millisecond - 2*interval)
+	scanAfter(interval)
+	scanAfter(interval)
 	if _, err := adm.GetLease(c, &adminv1.GetLeaseRequest{MailboxId: "a@p"}); err != nil {
 		t.Fatalf("lease gone before expires+grace: %v", err)
 	}
@@ -170,12 +169,12 @@ func TestLeaseExpiresOnlyAfterTTLPlusGrace(t *testing.T) {
 	if err != nil || !hb.GetRenewed() {
 		t.Fatalf("heartbeat within grace: %v, %v", hb, err)
 	}
-	// The renewal moved the deadline: past the old one, still held.
-	clk.Advance(2 * time.Millisecond)
+	// The renewal moved the deadline: a scan past the old one leaves it.
+	scanAfter(interval)
 	if _, err := adm.GetLease(c, &adminv1.GetLeaseRequest{MailboxId: "a@p"}); err != nil {
 		t.Fatalf("renewed lease gone: %v", err)
 	}
-	clk.Advance(time.Second + grace)
+	scanAfter(time.Second + grace)
 	awaitState(t, "the lease to expire", func() bool {
 		_, err := adm.GetLease(c, &adminv1.GetLeaseRequest{MailboxId: "a@p"})
 		return status.Code(err) == codes.NotFound
@@ -191,8 +190,8 @@ func TestLeaseExpiresOnlyAfterTTLPlusGrace(t *testing.T) {
 
 func TestStaleProxyLosesItsNamespaces(t *testing.T) {
 	t.Parallel()
-	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	_, cp, adm, _ := startSingleAt(t, clk.Now, 30*time.Second)
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	_, cp, adm, _ := startSingleAt(t, clk, 30*time.Second)
 	c := ctx(t)
 	for _, p := range []string{"p1", "p2"} {
 		if _, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: p, Address: "127.0.0.1:9000"}}); err != nil {
@@ -224,11 +223,11 @@ func TestStaleProxyLosesItsNamespaces(t *testing.T) {
 		}
 	}
 	// p1 keeps heartbeating; p2 goes silent past the stale time.
-	clk.Advance(20 * time.Second)
+	clk.Step(20 * time.Second)
 	if _, err := cp.ProxyHeartbeat(c, &adminv1.ProxyHeartbeatRequest{ProxyId: "p1"}); err != nil {
 		t.Fatal(err)
 	}
-	clk.Advance(15 * time.Second)
+	clk.Step(15 * time.Second)
 	awaitState(t, "p2 to be marked stale", func() bool {
 		r, err := adm.GetProxy(c, &adminv1.GetProxyRequest{ProxyId: "p2"})
 		return err == nil && r.GetProxy().GetProxy().GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_STALE

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // startNode runs a node on 127.0.0.1 and returns its ControlPlane client.
@@ -63,12 +64,12 @@ func TestForwardedWriteIsTimedByTheLeader(t *testing.T) {
 		return ln
 	}
 	lead, _ := startNode(t, NodeConfig{
-		Raft: raftnode.Config{ID: "a", DataDir: t.TempDir(), Listener: listen(), Bootstrap: true},
-		Now:  func() time.Time { return leaderNow },
+		Raft:  raftnode.Config{ID: "a", DataDir: t.TempDir(), Listener: listen(), Bootstrap: true},
+		Clock: clocktesting.NewFakeClock(leaderNow),
 	})
 	follower, cp := startNode(t, NodeConfig{
-		Raft: raftnode.Config{ID: "b", DataDir: t.TempDir(), Listener: listen()},
-		Now:  func() time.Time { return leaderNow.Add(time.Hour) },
+		Raft:  raftnode.Config{ID: "b", DataDir: t.TempDir(), Listener: listen()},
+		Clock: clocktesting.NewFakeClock(leaderNow.Add(time.Hour)),
 	})
 	c := ctx(t)
 	awaitState(t, "a to lead", func() bool { l, _ := lead.Raft.Leadership(); return l.IsLeader && lead.Lessor.Primary() })
