@@ -9,21 +9,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
 )
-
-// Clock is the time the Updater debounces with; tests drive a fake one.
-type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time                         { return time.Now() }
-func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // Defaults for UpdaterConfig. A burst of lease changes (a runner restarting
 // releases and re-acquires all its mailboxes) lands within a few
@@ -40,8 +30,8 @@ type UpdaterConfig struct {
 	Debounce time.Duration
 	// MaxDelay bounds the wait from the first update of a burst.
 	MaxDelay time.Duration
-	// Clock defaults to the wall clock.
-	Clock Clock
+	// Clock is what the updater debounces with (default the real clock).
+	Clock clock.Clock
 	// Log defaults to slog.Default().
 	Log *slog.Logger
 	// Registerer receives the updater's metrics; nil registers none.
@@ -55,7 +45,7 @@ type Updater struct {
 	translator *translator.Translator
 	debounce   time.Duration
 	maxDelay   time.Duration
-	clock      Clock
+	clock      clock.Clock
 	log        *slog.Logger
 	wake       chan struct{}
 
@@ -114,7 +104,7 @@ func NewUpdater(c *Cache, cfg UpdaterConfig) *Updater {
 		u.maxDelay = DefaultMaxDelay
 	}
 	if u.clock == nil {
-		u.clock = realClock{}
+		u.clock = clock.RealClock{}
 	}
 	if u.log == nil {
 		u.log = slog.Default()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,61 +11,11 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
 )
-
-// fakeClock fires After channels only when the test advances it.
-type fakeClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	arms    int
-	waiters []waiter
-}
-
-type waiter struct {
-	at time.Time
-	ch chan time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.arms++
-	ch := make(chan time.Time, 1)
-	c.waiters = append(c.waiters, waiter{at: c.now.Add(d), ch: ch})
-	return ch
-}
-
-func (c *fakeClock) Arms() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.arms
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	kept := c.waiters[:0]
-	for _, w := range c.waiters {
-		if w.at.After(c.now) {
-			kept = append(kept, w)
-			continue
-		}
-		w.ch <- c.now
-	}
-	c.waiters = kept
-}
 
 func state(version uint64, epoch uint64) *ir.IR {
 	return &ir.IR{
@@ -79,7 +28,7 @@ func state(version uint64, epoch uint64) *ir.IR {
 
 type harness struct {
 	t     *testing.T
-	clock *fakeClock
+	clock *clocktesting.FakeClock
 	cache *Cache
 	u     *Updater
 	reg   *prometheus.Registry
@@ -87,7 +36,7 @@ type harness struct {
 
 func start(t *testing.T) *harness {
 	t.Helper()
-	h := &harness{t: t, clock: newFakeClock(), cache: New(slog.New(slog.NewTextHandler(io.Discard, nil))), reg: prometheus.NewRegistry()}
+	h := &harness{t: t, clock: clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0)), cache: New(slog.New(slog.NewTextHandler(io.Discard, nil))), reg: prometheus.NewRegistry()}
 	h.u = NewUpdater(h.cache, UpdaterConfig{Debounce: 10 * time.Millisecond, MaxDelay: 25 * time.Millisecond,
 		Clock: h.clock, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: h.reg})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -100,9 +49,9 @@ func start(t *testing.T) *harness {
 // update hands x over and waits until Run has armed its timer for it.
 func (h *harness) update(x *ir.IR) {
 	h.t.Helper()
-	before := h.clock.Arms()
+	before := h.clock.Waiters()
 	h.u.Update(x)
-	h.eventually(func() bool { return h.clock.Arms() > before }, "timer armed")
+	h.eventually(func() bool { return h.clock.Waiters() > before }, "timer armed")
 }
 
 func (h *harness) eventually(cond func() bool, what string) {
@@ -129,7 +78,7 @@ func TestUpdaterCoalescesBurst(t *testing.T) {
 	// Run may still be re-arming for the later wake-ups, so time moves in
 	// small steps until the push; every update is in before any step.
 	h.eventually(func() bool {
-		h.clock.Advance(time.Millisecond)
+		h.clock.Step(time.Millisecond)
 		return h.cache.Version() == "5"
 	}, "version 5 served")
 	h.eventually(func() bool { return h.translations("ok") == 1 }, "translation counted")
@@ -145,19 +94,19 @@ func TestUpdaterSkipsUnchangedState(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	h.update(state(1, 1))
-	h.clock.Advance(10 * time.Millisecond)
+	h.clock.Step(10 * time.Millisecond)
 	h.eventually(func() bool { return h.cache.Version() == "1" }, "version 1 served")
 
 	// A heartbeat advances the applied index but changes no route.
 	h.update(state(2, 1))
-	h.clock.Advance(10 * time.Millisecond)
+	h.clock.Step(10 * time.Millisecond)
 	h.eventually(func() bool { return h.translations("unchanged") == 1 }, "unchanged state skipped")
 	if v := h.cache.Version(); v != "1" {
 		t.Fatalf("served version = %s after an unchanged state, want 1", v)
 	}
 
 	h.update(state(3, 3))
-	h.clock.Advance(10 * time.Millisecond)
+	h.clock.Step(10 * time.Millisecond)
 	h.eventually(func() bool { return h.cache.Version() == "3" }, "version 3 served")
 }
 
@@ -169,13 +118,13 @@ func TestUpdaterMaxDelayBoundsSteadyStream(t *testing.T) {
 	for i := range 4 {
 		h.update(state(uint64(i+1), uint64(i+1)))
 		if i < 3 {
-			h.clock.Advance(6 * time.Millisecond)
+			h.clock.Step(6 * time.Millisecond)
 			if v := h.cache.Version(); v != "" {
 				t.Fatalf("pushed version %s at %d ms, before the debounce or max delay", v, 6*(i+1))
 			}
 		}
 	}
-	h.clock.Advance(7 * time.Millisecond)
+	h.clock.Step(7 * time.Millisecond)
 	h.eventually(func() bool { return h.cache.Version() == "4" }, "push at max delay")
 }
 
@@ -185,7 +134,7 @@ func TestUpdaterServesGoodPartOfInvalidState(t *testing.T) {
 	x := state(7, 7)
 	x.Mailboxes = append(x.Mailboxes, ir.Mailbox{ID: "orphan@proxy-09", Namespace: "orphan", RunnerID: "gone", Epoch: 1})
 	h.update(x)
-	h.clock.Advance(10 * time.Millisecond)
+	h.clock.Step(10 * time.Millisecond)
 	h.eventually(func() bool { return h.cache.Version() == "7" && h.translations("error") == 1 }, "version 7 served")
 	snap, err := h.cache.Snapshot()
 	if err != nil {
@@ -221,22 +170,22 @@ func TestProcessedReportsEveryOutcome(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			h := start(t)
-			before := h.clock.Arms()
+			before := h.clock.Waiters()
 			first := h.u.Update(state(1, 1))
-			h.eventually(func() bool { return h.clock.Arms() > before }, "timer armed")
-			h.clock.Advance(10 * time.Millisecond)
+			h.eventually(func() bool { return h.clock.Waiters() > before }, "timer armed")
+			h.clock.Step(10 * time.Millisecond)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if err := h.u.Processed(ctx, first); err != nil {
 				t.Fatalf("first update: %v", err)
 			}
-			before = h.clock.Arms()
+			before = h.clock.Waiters()
 			gen := h.u.Update(tc.second)
 			if gen != first+1 {
 				t.Fatalf("generation %d after %d", gen, first)
 			}
-			h.eventually(func() bool { return h.clock.Arms() > before }, "timer armed")
-			h.clock.Advance(10 * time.Millisecond)
+			h.eventually(func() bool { return h.clock.Waiters() > before }, "timer armed")
+			h.clock.Step(10 * time.Millisecond)
 			if err := h.u.Processed(ctx, gen); err != nil {
 				t.Fatalf("second update (%s): %v", tc.name, err)
 			}
