@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/xds/cache"
 )
@@ -38,8 +39,8 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Log defaults to slog.Default().
 	Log *slog.Logger
-	// Now defaults to time.Now.
-	Now func() time.Time
+	// Clock times the push latency (default the real clock).
+	Clock clock.PassiveClock
 }
 
 // Server is the xDS management server of one admin node.
@@ -67,7 +68,7 @@ const (
 type callbacks struct {
 	stamps Stamps
 	served func() string
-	now    func() time.Time
+	clock  clock.PassiveClock
 	log    *slog.Logger
 
 	mu sync.Mutex
@@ -85,7 +86,7 @@ type callbacks struct {
 func newCallbacks(cfg Config) *callbacks {
 	c := &callbacks{
 		stamps: cfg.Stamps,
-		now:    cfg.Now,
+		clock:  cfg.Clock,
 		log:    cfg.Log,
 		sent:   map[int64]map[string]bool{},
 		clients: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -106,8 +107,8 @@ func newCallbacks(cfg Config) *callbacks {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}, []string{"type", "protocol"}),
 	}
-	if c.now == nil {
-		c.now = time.Now
+	if c.clock == nil {
+		c.clock = clock.RealClock{}
 	}
 	if cfg.Cache != nil {
 		c.served = cfg.Cache.Version
@@ -132,7 +133,7 @@ func (c *callbacks) observe(protocol, typeURL, version string, size int, change 
 		return
 	}
 	if at, ok := c.stamps.StampedAt(version); ok {
-		c.latency.WithLabelValues(t, protocol).Observe(c.now().Sub(at).Seconds())
+		c.latency.WithLabelValues(t, protocol).Observe(c.clock.Since(at).Seconds())
 	}
 }
 

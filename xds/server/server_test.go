@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 type stamps map[string]time.Time
@@ -28,7 +29,7 @@ func TestCallbacksMeasurePushes(t *testing.T) {
 		Stamps:     stamps{"7": now.Add(-250 * time.Millisecond)},
 		Registerer: prometheus.NewRegistry(),
 		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Now:        func() time.Time { return now },
+		Clock:      clocktesting.NewFakePassiveClock(now),
 	})
 	ctx := context.Background()
 	node := &corev3.Node{Id: "gw"}
