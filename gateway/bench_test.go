@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -47,7 +47,7 @@ func BenchmarkGateway(b *testing.B) {
 		}
 	}
 	path := "/v1/mailboxes/audit@proxy-a/stats"
-	ctx := metadata.AppendToOutgoingContext(context.Background(), query.MetadataMailboxID, "audit@proxy-a")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, "audit@proxy-a")
 	for _, tc := range []struct {
 		name string
 		do   func() error

@@ -27,22 +27,15 @@ import (
 	"google.golang.org/grpc/status"
 	grpcxds "google.golang.org/grpc/xds"
 
-	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
-	"github.com/prism-mesh/prism/xds/translator"
 )
 
-// Metadata the gateway sends upstream and passes back.
-const (
-	// MetadataNamespace names the namespace of a /v1/namespaces/ request; a
-	// route on it sends the call to the namespace's current mailbox.
-	MetadataNamespace = "x-prism-namespace"
-	// ProbeMailbox is the mailbox id the readiness probe asks for. It is not
-	// a valid mailbox id, so no route ever has it and the answer, NotFound,
-	// comes from the not-found cluster: proof that the listener, the routes
-	// and a cluster with its endpoints all arrived.
-	ProbeMailbox = "prism-gateway-readiness-probe"
-)
+// ProbeMailbox is the mailbox id the readiness probe asks for. It is not a
+// valid mailbox id, so no route ever has it and the answer, NotFound, comes
+// from the not-found cluster: proof that the listener, the routes and a
+// cluster with its endpoints all arrived.
+const ProbeMailbox = "prism-gateway-readiness-probe"
 
 // Config of a Gateway; zero fields take defaults.
 type Config struct {
@@ -101,9 +94,9 @@ func New(cfg Config) (*Gateway, error) {
 	} else if resolver.Get("xds") == nil {
 		return nil, errors.New("gateway: no xds resolver registered")
 	}
-	conn, err := grpc.NewClient("xds:///"+translator.APIListenerName, opts...)
+	conn, err := grpc.NewClient("xds:///"+mesh.QueryListenerName, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("gateway: dial xds:///%s: %w", translator.APIListenerName, err)
+		return nil, fmt.Errorf("gateway: dial xds:///%s: %w", mesh.QueryListenerName, err)
 	}
 	g := &Gateway{
 		cfg: cfg, log: cfg.Logger, conn: conn, client: mailboxv1.NewMailboxQueryClient(conn),
@@ -156,7 +149,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 func (g *Gateway) probe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, min(g.cfg.Timeout, 2*time.Second))
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, query.MetadataMailboxID, ProbeMailbox)
+	ctx = metadata.AppendToOutgoingContext(ctx, mesh.HeaderMailboxID, ProbeMailbox)
 	_, err := g.client.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 	if c := status.Code(err); c != codes.NotFound && c != codes.OK {
 		return fmt.Errorf("probe: %w", err)
@@ -179,11 +172,11 @@ func (g *Gateway) Close() error {
 
 // upstream is what a request names its mailbox by.
 type upstream struct {
-	key, value string // query.MetadataMailboxID or MetadataNamespace
+	key, value string // mesh.HeaderMailboxID or mesh.HeaderNamespace
 }
 
 func (u upstream) logKey() string {
-	if u.key == MetadataNamespace {
+	if u.key == mesh.HeaderNamespace {
 		return "namespace"
 	}
 	return "mailbox_id"
@@ -204,7 +197,7 @@ func (g *Gateway) call(ctx context.Context, up upstream, fn func(context.Context
 		g.log.Warn("upstream call failed", up.logKey(), up.value, "code", c.String(), "err", status.Convert(err).Message())
 	}
 	out := metadata.MD{}
-	for _, k := range []string{query.HeaderMailbox, query.HeaderEpoch} {
+	for _, k := range []string{mesh.HeaderMailbox, mesh.HeaderEpoch} {
 		if v := hdr.Get(k); len(v) > 0 {
 			out.Set(k, v[0])
 		}

@@ -26,8 +26,8 @@ import (
 
 	"github.com/prism-mesh/prism/gateway"
 	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/mailbox/query"
 	"github.com/prism-mesh/prism/mailbox/runner"
+	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"github.com/prism-mesh/prism/xds/ir"
@@ -108,9 +108,9 @@ func get(t testing.TB, url string) response {
 	return response{resp.StatusCode, resp.Header, string(b)}
 }
 
-// mesh is an in-process xDS control plane routing to two real runners, and
+// testMesh is an in-process xDS control plane routing to two real runners, and
 // a gateway fed by it.
-type mesh struct {
+type testMesh struct {
 	cp     *xdstest.ControlPlane
 	a, b   *testRunner
 	extra  []ir.Runner // runners that are not real
@@ -119,7 +119,7 @@ type mesh struct {
 	gwGRPC string
 }
 
-func (m *mesh) publish(version uint64, mailboxes ...ir.Mailbox) {
+func (m *testMesh) publish(version uint64, mailboxes ...ir.Mailbox) {
 	x := &ir.IR{Version: version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{m.cp.Addr}}
 	for _, r := range []*testRunner{m.a, m.b} {
 		x.Runners = append(x.Runners, ir.Runner{ID: r.id, Address: r.queryAddr, Healthy: true})
@@ -129,13 +129,13 @@ func (m *mesh) publish(version uint64, mailboxes ...ir.Mailbox) {
 	m.cp.Update(x)
 }
 
-func startMesh(t testing.TB) *mesh {
+func startMesh(t testing.TB) *testMesh {
 	t.Helper()
 	var err error
 	brokers := kafkatest.Start(t, kafkatest.Topics(1, "a.events", "b.events", "a.events.dlq", "b.events.dlq")).Brokers
 	produce(t, brokers, "a.events", 3)
 	produce(t, brokers, "b.events", 5)
-	m := &mesh{
+	m := &testMesh{
 		a: startRunner(t, brokers, "runner-a", "audit@proxy-a", "a.events", 5),
 		b: startRunner(t, brokers, "runner-b", "$admin@proxy-b", "b.events", 6),
 	}
@@ -169,7 +169,7 @@ func startMesh(t testing.TB) *mesh {
 	return m
 }
 
-func (m *mesh) run(t testing.TB) {
+func (m *testMesh) run(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -254,8 +254,8 @@ func TestGatewayHTTP(t *testing.T) {
 			if ct := got.header.Get("Content-Type"); ct != "application/json" {
 				t.Errorf("Content-Type = %q", ct)
 			}
-			if tc.wantEpoch != "" && (got.header.Get("x-prism-epoch") != tc.wantEpoch || got.header.Get("x-prism-mailbox") != tc.runner.mailbox) {
-				t.Errorf("x-prism headers = %q %q, want %q %q", got.header.Get("x-prism-mailbox"), got.header.Get("x-prism-epoch"), tc.runner.mailbox, tc.wantEpoch)
+			if tc.wantEpoch != "" && (got.header.Get(mesh.HeaderEpoch) != tc.wantEpoch || got.header.Get(mesh.HeaderMailbox) != tc.runner.mailbox) {
+				t.Errorf("x-prism headers = %q %q, want %q %q", got.header.Get(mesh.HeaderMailbox), got.header.Get(mesh.HeaderEpoch), tc.runner.mailbox, tc.wantEpoch)
 			}
 		})
 	}
@@ -351,7 +351,7 @@ func TestGatewayGRPC(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if mailbox != "" {
-			ctx = metadata.AppendToOutgoingContext(ctx, query.MetadataMailboxID, mailbox)
+			ctx = metadata.AppendToOutgoingContext(ctx, mesh.HeaderMailboxID, mailbox)
 		}
 		var hdr metadata.MD
 		resp, err := qc.GetStats(ctx, &mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
@@ -366,7 +366,7 @@ func TestGatewayGRPC(t *testing.T) {
 		if err != nil || resp.GetStats().GetTotalEvents() != tc.events || resp.GetStats().GetMailboxId() != tc.mailbox {
 			t.Fatalf("GetStats %s = %v, %v", tc.mailbox, resp, err)
 		}
-		if got := hdr.Get(query.HeaderEpoch); len(got) != 1 || got[0] != tc.epoch {
+		if got := hdr.Get(mesh.HeaderEpoch); len(got) != 1 || got[0] != tc.epoch {
 			t.Errorf("GetStats %s epoch header = %v, want %s", tc.mailbox, got, tc.epoch)
 		}
 	}
@@ -376,7 +376,7 @@ func TestGatewayGRPC(t *testing.T) {
 	if _, _, err := call(""); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("no x-mailbox-id = %v, want InvalidArgument", err)
 	}
-	ctx := metadata.AppendToOutgoingContext(context.Background(), query.MetadataMailboxID, "audit@proxy-a")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, "audit@proxy-a")
 	if _, err := qc.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{Limit: -1}}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("negative limit = %v, want the runner's InvalidArgument", err)
 	}
@@ -418,13 +418,13 @@ func TestGatewayNamespaces(t *testing.T) {
 			if got.code != want.code || got.body != want.body {
 				t.Fatalf("by namespace %d %s\nby mailbox   %d %s", got.code, got.body, want.code, want.body)
 			}
-			for _, h := range []string{"Content-Type", "x-prism-mailbox", "x-prism-epoch"} {
+			for _, h := range []string{"Content-Type", mesh.HeaderMailbox, mesh.HeaderEpoch} {
 				if got.header.Get(h) != want.header.Get(h) {
 					t.Errorf("%s = %q, by mailbox %q", h, got.header.Get(h), want.header.Get(h))
 				}
 			}
-			if want.code == http.StatusOK && got.header.Get("x-prism-mailbox") != "$admin@proxy-b" {
-				t.Errorf("x-prism-mailbox = %q, want the mailbox that answered", got.header.Get("x-prism-mailbox"))
+			if want.code == http.StatusOK && got.header.Get(mesh.HeaderMailbox) != "$admin@proxy-b" {
+				t.Errorf("x-prism-mailbox = %q, want the mailbox that answered", got.header.Get(mesh.HeaderMailbox))
 			}
 		})
 	}
@@ -451,17 +451,17 @@ func TestGatewayNamespaces(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var hdr metadata.MD
-	resp, err := qc.GetStats(metadata.AppendToOutgoingContext(ctx, gateway.MetadataNamespace, "$admin"), &mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
+	resp, err := qc.GetStats(metadata.AppendToOutgoingContext(ctx, mesh.HeaderNamespace, "$admin"), &mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
 	if err != nil || resp.GetStats().GetMailboxId() != "$admin@proxy-b" || resp.GetStats().GetTotalEvents() != 5 || resp.GetStats().GetEpoch() != 6 {
 		t.Fatalf("gRPC GetStats by namespace = %v, %v", resp, err)
 	}
-	if got := hdr.Get(query.HeaderMailbox); len(got) != 1 || got[0] != "$admin@proxy-b" {
-		t.Errorf("gRPC %s = %v", query.HeaderMailbox, got)
+	if got := hdr.Get(mesh.HeaderMailbox); len(got) != 1 || got[0] != "$admin@proxy-b" {
+		t.Errorf("gRPC %s = %v", mesh.HeaderMailbox, got)
 	}
-	if got := hdr.Get(query.HeaderEpoch); len(got) != 1 || got[0] != "6" {
-		t.Errorf("gRPC %s = %v", query.HeaderEpoch, got)
+	if got := hdr.Get(mesh.HeaderEpoch); len(got) != 1 || got[0] != "6" {
+		t.Errorf("gRPC %s = %v", mesh.HeaderEpoch, got)
 	}
-	_, err = qc.GetStats(metadata.AppendToOutgoingContext(ctx, gateway.MetadataNamespace, "nobody"), &mailboxv1.GetStatsRequest{})
+	_, err = qc.GetStats(metadata.AppendToOutgoingContext(ctx, mesh.HeaderNamespace, "nobody"), &mailboxv1.GetStatsRequest{})
 	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), `namespace "nobody"`) {
 		t.Errorf("gRPC GetStats of an unknown namespace = %v, want NotFound naming it", err)
 	}

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -25,12 +25,12 @@ type grpcProxy struct {
 // x-prism-namespace.
 func target(ctx context.Context) (upstream, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	for _, k := range []string{query.MetadataMailboxID, MetadataNamespace} {
+	for _, k := range []string{mesh.HeaderMailboxID, mesh.HeaderNamespace} {
 		if v := md.Get(k); len(v) > 0 && v[0] != "" {
 			return upstream{key: k, value: v[0]}, nil
 		}
 	}
-	return upstream{}, status.Errorf(codes.InvalidArgument, "%s (or %s) metadata is required", query.MetadataMailboxID, MetadataNamespace)
+	return upstream{}, status.Errorf(codes.InvalidArgument, "%s (or %s) metadata is required", mesh.HeaderMailboxID, mesh.HeaderNamespace)
 }
 
 // forward makes one upstream call for the incoming call in ctx.

@@ -11,7 +11,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mailbox/query/httpapi"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -24,13 +25,13 @@ func (g *Gateway) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	for _, p := range []struct {
 		base, key string
-	}{{"/v1/mailboxes/{id}", query.MetadataMailboxID}, {"/v1/namespaces/{id}", MetadataNamespace}} {
+	}{{"/v1/mailboxes/{id}", mesh.HeaderMailboxID}, {"/v1/namespaces/{id}", mesh.HeaderNamespace}} {
 		mux.HandleFunc("GET "+p.base+"/events", g.handle("QueryEvents", p.key, g.events))
 		mux.HandleFunc("GET "+p.base+"/events/{message_id}", g.handle("GetEvent", p.key, g.event))
 		mux.HandleFunc("GET "+p.base+"/stats", g.handle("GetStats", p.key, g.stats))
 	}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		query.WriteError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		httpapi.WriteError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 		g.metrics.http("none", http.StatusNotFound, time.Now())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Registry, promhttp.HandlerOpts{Registry: g.cfg.Registry}))
@@ -57,9 +58,9 @@ func (g *Gateway) handle(method, key string, e endpoint) http.HandlerFunc {
 }
 
 func (g *Gateway) events(w http.ResponseWriter, r *http.Request, up upstream) int {
-	f, err := query.ParseFilter(r.URL.Query())
+	f, err := httpapi.ParseFilter(r.URL.Query())
 	if err != nil {
-		query.WriteError(w, http.StatusBadRequest, err.Error())
+		httpapi.WriteError(w, http.StatusBadRequest, err.Error())
 		return http.StatusBadRequest
 	}
 	var resp *mailboxv1.QueryEventsResponse
@@ -70,7 +71,7 @@ func (g *Gateway) events(w http.ResponseWriter, r *http.Request, up upstream) in
 	if err != nil {
 		return writeUpstreamError(w, hdr, err)
 	}
-	query.WriteEvents(w, answeredBy(w, hdr, up), resp)
+	httpapi.WriteEvents(w, answeredBy(w, hdr, up), resp)
 	return http.StatusOK
 }
 
@@ -84,7 +85,7 @@ func (g *Gateway) event(w http.ResponseWriter, r *http.Request, up upstream) int
 	if err != nil {
 		return writeUpstreamError(w, hdr, err)
 	}
-	query.WriteEvent(w, answeredBy(w, hdr, up), resp.GetItem())
+	httpapi.WriteEvent(w, answeredBy(w, hdr, up), resp.GetItem())
 	return http.StatusOK
 }
 
@@ -98,7 +99,7 @@ func (g *Gateway) stats(w http.ResponseWriter, r *http.Request, up upstream) int
 		return writeUpstreamError(w, hdr, err)
 	}
 	answeredBy(w, hdr, up)
-	query.WriteStats(w, resp.GetStats())
+	httpapi.WriteStats(w, resp.GetStats())
 	return http.StatusOK
 }
 
@@ -108,7 +109,7 @@ func answeredBy(w http.ResponseWriter, hdr metadata.MD, up upstream) string {
 	for k, v := range hdr {
 		w.Header().Set(k, v[0])
 	}
-	if v := hdr.Get(query.HeaderMailbox); len(v) > 0 {
+	if v := hdr.Get(mesh.HeaderMailbox); len(v) > 0 {
 		return v[0]
 	}
 	return up.value
@@ -121,11 +122,11 @@ func writeUpstreamError(w http.ResponseWriter, hdr metadata.MD, err error) int {
 		w.Header().Set(k, v[0])
 	}
 	st := status.Convert(err)
-	code := query.HTTPStatus(st.Code())
+	code := httpapi.HTTPStatus(st.Code())
 	msg := st.Message()
 	if st.Code() == codes.Unavailable {
 		msg = "no runner available for this mailbox: " + msg
 	}
-	query.WriteError(w, code, msg)
+	httpapi.WriteError(w, code, msg)
 	return code
 }

@@ -16,3 +16,8 @@ const (
 	// answered, when it is known.
 	HeaderEpoch = "x-prism-epoch"
 )
+
+// QueryListenerName is the xDS listener the admin nodes serve for gRPC
+// clients of the query API: the gateway dials "xds:///" + QueryListenerName
+// and the translator names the listener so.
+const QueryListenerName = "mailbox-query"

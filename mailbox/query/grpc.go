@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -34,11 +35,11 @@ func (g *GRPCServer) Register(s grpc.ServiceRegistrar) { mailboxv1.RegisterMailb
 // which routes send to the runner serving the namespace's current mailbox.
 func (g *GRPCServer) resolve(ctx context.Context) (string, Source, uint64, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	id := first(md, MetadataMailboxID)
+	id := first(md, mesh.HeaderMailboxID)
 	if id == "" {
-		ns := first(md, MetadataNamespace)
+		ns := first(md, mesh.HeaderNamespace)
 		if ns == "" {
-			return "", nil, 0, status.Errorf(codes.InvalidArgument, "%s (or %s) metadata is required", MetadataMailboxID, MetadataNamespace)
+			return "", nil, 0, status.Errorf(codes.InvalidArgument, "%s (or %s) metadata is required", mesh.HeaderMailboxID, mesh.HeaderNamespace)
 		}
 		var err error
 		if id, err = namespaceMailbox(g.mailboxes, ns); err != nil {
@@ -49,22 +50,21 @@ func (g *GRPCServer) resolve(ctx context.Context) (string, Source, uint64, error
 	if !ok {
 		return "", nil, 0, status.Errorf(codes.NotFound, "mailbox %q is not served here", id)
 	}
-	hdr := metadata.Pairs(HeaderMailbox, id)
+	hdr := metadata.Pairs(mesh.HeaderMailbox, id)
 	if epoch != 0 {
-		hdr.Append(HeaderEpoch, strconv.FormatUint(epoch, 10))
+		hdr.Append(mesh.HeaderEpoch, strconv.FormatUint(epoch, 10))
 	}
 	_ = grpc.SetHeader(ctx, hdr) // fails only outside a unary handler
 	return id, src, epoch, nil
 }
 
-// namespaceMailbox returns the id of namespace ns's mailbox served here.
-// Mailbox ids are "{namespace}@{proxy_id}" and namespaces hold no "@", so
-// the prefix "{ns}@" picks them out. A runner serves at most one mailbox per
-// namespace; more is a placement fault the caller cannot resolve by retrying.
+// namespaceMailbox returns the id of namespace ns's mailbox served here. A
+// runner serves at most one mailbox per namespace; more is a placement fault
+// the caller cannot resolve by retrying.
 func namespaceMailbox(mb Mailboxes, ns string) (string, error) {
 	var found []string
 	for _, id := range mb.IDs() {
-		if strings.HasPrefix(id, ns+"@") {
+		if m, err := mesh.ParseMailboxID(id); err == nil && m.Namespace == ns {
 			found = append(found, id)
 		}
 	}
@@ -75,7 +75,7 @@ func namespaceMailbox(mb Mailboxes, ns string) (string, error) {
 		return found[0], nil
 	default:
 		return "", status.Errorf(codes.FailedPrecondition, "namespace %q has %d mailboxes served here (%s); name one in %s",
-			ns, len(found), strings.Join(found, ", "), MetadataMailboxID)
+			ns, len(found), strings.Join(found, ", "), mesh.HeaderMailboxID)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/prism-mesh/prism/mailbox/store"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -41,17 +41,6 @@ type Mailboxes interface {
 // routed to the mailbox's new holder.
 var ErrClosed = errors.New("mailbox closed")
 
-// Response headers naming the mailbox (and its epoch, when known) that answered.
-const (
-	HeaderMailbox = "x-prism-mailbox"
-	HeaderEpoch   = "x-prism-epoch"
-	// MetadataMailboxID is the gRPC request metadata key naming the mailbox.
-	MetadataMailboxID = "x-mailbox-id"
-	// MetadataNamespace names the namespace of a call without x-mailbox-id;
-	// the call is for the namespace's mailbox served here.
-	MetadataNamespace = "x-prism-namespace"
-)
-
 // ValidateFilter checks what the store does not: timestamps in range, a
 // non-empty range, no empty values. Errors name the field.
 func ValidateFilter(f *mailboxv1.EventFilter) error {
@@ -72,8 +61,8 @@ func ValidateFilter(f *mailboxv1.EventFilter) error {
 		return errors.New("start_time: must be before end_time")
 	}
 	for field, vals := range map[string][]string{"topics": f.GetTopics(), "principals": f.GetPrincipals()} {
-		if len(vals) > store.MaxFilterValues {
-			return fmt.Errorf("%s: at most %d values, got %d", field, store.MaxFilterValues, len(vals))
+		if len(vals) > mesh.MaxFilterValues {
+			return fmt.Errorf("%s: at most %d values, got %d", field, mesh.MaxFilterValues, len(vals))
 		}
 		for _, v := range vals {
 			if v == "" {
@@ -161,12 +150,4 @@ func (m *Metrics) Forget(mailbox string) {
 	m.mu.Lock()
 	delete(m.perMailbox, mailbox)
 	m.mu.Unlock()
-}
-
-func splitValues(vals []string) []string {
-	var out []string
-	for _, v := range vals {
-		out = append(out, strings.Split(v, ",")...)
-	}
-	return out
 }

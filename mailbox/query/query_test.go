@@ -25,7 +25,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
+	"github.com/prism-mesh/prism/mailbox/query/httpapi"
 	"github.com/prism-mesh/prism/mailbox/store"
+	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
@@ -168,8 +170,8 @@ func TestHTTP(t *testing.T) {
 				}
 				return
 			}
-			if hdr.Get(HeaderMailbox) != mailboxID || hdr.Get(HeaderEpoch) != "7" {
-				t.Errorf("headers %s=%q %s=%q", HeaderMailbox, hdr.Get(HeaderMailbox), HeaderEpoch, hdr.Get(HeaderEpoch))
+			if hdr.Get(mesh.HeaderMailbox) != mailboxID || hdr.Get(mesh.HeaderEpoch) != "7" {
+				t.Errorf("headers %s=%q %s=%q", mesh.HeaderMailbox, hdr.Get(mesh.HeaderMailbox), mesh.HeaderEpoch, hdr.Get(mesh.HeaderEpoch))
 			}
 			var got []string
 			for _, it := range body["items"].([]any) {
@@ -239,10 +241,10 @@ func TestGRPC(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	withID := func(id string) context.Context {
-		return metadata.AppendToOutgoingContext(context.Background(), MetadataMailboxID, id)
+		return metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, id)
 	}
 	withNamespace := func(ns string) context.Context {
-		return metadata.AppendToOutgoingContext(context.Background(), MetadataNamespace, ns)
+		return metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderNamespace, ns)
 	}
 	tests := []struct {
 		name string
@@ -253,7 +255,7 @@ func TestGRPC(t *testing.T) {
 		{"no metadata", func() error {
 			_, err := f.grpc.QueryEvents(context.Background(), &mailboxv1.QueryEventsRequest{})
 			return err
-		}, codes.InvalidArgument, MetadataMailboxID},
+		}, codes.InvalidArgument, mesh.HeaderMailboxID},
 		{"unknown mailbox", func() error {
 			_, err := f.grpc.GetStats(withID("nope@proxy-01"), &mailboxv1.GetStatsRequest{})
 			return err
@@ -261,7 +263,7 @@ func TestGRPC(t *testing.T) {
 		{"empty namespace", func() error {
 			_, err := f.grpc.GetStats(withNamespace(""), &mailboxv1.GetStatsRequest{})
 			return err
-		}, codes.InvalidArgument, MetadataNamespace},
+		}, codes.InvalidArgument, mesh.HeaderNamespace},
 		{"namespace with no mailbox here", func() error {
 			_, err := f.grpc.GetStats(withNamespace("audit"), &mailboxv1.GetStatsRequest{})
 			return err
@@ -279,7 +281,7 @@ func TestGRPC(t *testing.T) {
 			return err
 		}, codes.NotFound, `"nope" not found in mailbox "$admin@proxy-01"`},
 		{"unknown mailbox wins over a served namespace", func() error {
-			ctx := metadata.AppendToOutgoingContext(withNamespace("$admin"), MetadataMailboxID, "nope@proxy-01")
+			ctx := metadata.AppendToOutgoingContext(withNamespace("$admin"), mesh.HeaderMailboxID, "nope@proxy-01")
 			_, err := f.grpc.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 			return err
 		}, codes.NotFound, "nope@proxy-01"},
@@ -327,8 +329,8 @@ func TestGRPC(t *testing.T) {
 	if len(resp.Items) != 2 || resp.Items[0].MessageId != "m-4" || resp.Items[1].MessageId != "m-1" {
 		t.Fatalf("items = %v", resp.Items)
 	}
-	if got := hdr.Get(HeaderMailbox); len(got) != 1 || got[0] != mailboxID {
-		t.Fatalf("header %s = %v", HeaderMailbox, got)
+	if got := hdr.Get(mesh.HeaderMailbox); len(got) != 1 || got[0] != mailboxID {
+		t.Fatalf("header %s = %v", mesh.HeaderMailbox, got)
 	}
 	st, err := f.grpc.GetStats(withID(mailboxID), &mailboxv1.GetStatsRequest{})
 	if err != nil || st.Stats.TotalEvents != 5 || st.Stats.MailboxId != mailboxID || st.Stats.Epoch != 7 {
@@ -351,14 +353,14 @@ func TestGRPCByNamespace(t *testing.T) {
 		ctx     context.Context
 		mailbox string
 	}{
-		{"namespace", ctx(MetadataNamespace, "$admin"), mailboxID},
-		{"mailbox", ctx(MetadataMailboxID, mailboxID), mailboxID},
-		{"both: the mailbox wins", ctx(MetadataNamespace, "$admin", MetadataMailboxID, "odd/box"), "odd/box"},
-		{"empty mailbox, namespace", ctx(MetadataMailboxID, "", MetadataNamespace, "$admin"), mailboxID},
+		{"namespace", ctx(mesh.HeaderNamespace, "$admin"), mailboxID},
+		{"mailbox", ctx(mesh.HeaderMailboxID, mailboxID), mailboxID},
+		{"both: the mailbox wins", ctx(mesh.HeaderNamespace, "$admin", mesh.HeaderMailboxID, "odd/box"), "odd/box"},
+		{"empty mailbox, namespace", ctx(mesh.HeaderMailboxID, "", mesh.HeaderNamespace, "$admin"), mailboxID},
 	}
 	want := map[string]*mailboxv1.QueryEventsResponse{}
 	for _, id := range []string{mailboxID, "odd/box"} {
-		resp, err := f.grpc.QueryEvents(ctx(MetadataMailboxID, id), &mailboxv1.QueryEventsRequest{Filter: filter})
+		resp, err := f.grpc.QueryEvents(ctx(mesh.HeaderMailboxID, id), &mailboxv1.QueryEventsRequest{Filter: filter})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -375,11 +377,11 @@ func TestGRPCByNamespace(t *testing.T) {
 			if !proto.Equal(resp, want[tt.mailbox]) {
 				t.Errorf("events = %v, want mailbox %q's %v", resp, tt.mailbox, want[tt.mailbox])
 			}
-			if got := hdr.Get(HeaderMailbox); len(got) != 1 || got[0] != tt.mailbox {
-				t.Errorf("header %s = %v, want %q", HeaderMailbox, got, tt.mailbox)
+			if got := hdr.Get(mesh.HeaderMailbox); len(got) != 1 || got[0] != tt.mailbox {
+				t.Errorf("header %s = %v, want %q", mesh.HeaderMailbox, got, tt.mailbox)
 			}
-			if got := hdr.Get(HeaderEpoch); len(got) != 1 || got[0] != "7" {
-				t.Errorf("header %s = %v, want 7", HeaderEpoch, got)
+			if got := hdr.Get(mesh.HeaderEpoch); len(got) != 1 || got[0] != "7" {
+				t.Errorf("header %s = %v, want 7", mesh.HeaderEpoch, got)
 			}
 			st, err := f.grpc.GetStats(tt.ctx, &mailboxv1.GetStatsRequest{})
 			if err != nil || st.GetStats().GetMailboxId() != tt.mailbox || st.GetStats().GetEpoch() != 7 {
@@ -406,14 +408,14 @@ func FuzzParseFilter(f *testing.F) {
 		if err != nil {
 			return
 		}
-		filter, err := ParseFilter(q)
+		filter, err := httpapi.ParseFilter(q)
 		if err != nil {
 			if !strings.Contains(err.Error(), ":") {
 				t.Fatalf("error names no parameter: %v", err)
 			}
 			return
 		}
-		if filter.Limit < 0 || filter.Limit > store.MaxLimit {
+		if filter.Limit < 0 || filter.Limit > mesh.MaxQueryLimit {
 			t.Fatalf("limit %d out of range", filter.Limit)
 		}
 		if err := ValidateFilter(filter); err != nil {

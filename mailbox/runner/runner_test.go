@@ -20,6 +20,7 @@ import (
 	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
 
@@ -146,7 +147,7 @@ func TestRunnerLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, hdr := status(t, base+"/v1/mailboxes/%24b%40p1/stats")
-	if code != 200 || hdr.Get("x-prism-epoch") != "42" || hdr.Get("x-prism-mailbox") != "$b@p1" {
+	if code != 200 || hdr.Get(mesh.HeaderEpoch) != "42" || hdr.Get(mesh.HeaderMailbox) != "$b@p1" {
 		t.Fatalf("stats: %d, headers %v", code, hdr)
 	}
 

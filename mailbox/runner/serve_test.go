@@ -14,7 +14,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -42,15 +42,15 @@ func TestQueryPortAnswersGRPCAndHTTP(t *testing.T) {
 	defer cc.Close()
 	qc := mailboxv1.NewMailboxQueryClient(cc)
 	var hdr metadata.MD
-	ctx := metadata.AppendToOutgoingContext(context.Background(), query.MetadataMailboxID, "$a@p1")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, "$a@p1")
 	resp, err := qc.GetStats(ctx, &mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
 	if err != nil || resp.GetStats().GetMailboxId() != "$a@p1" || resp.GetStats().GetEpoch() != 7 {
 		t.Fatalf("gRPC GetStats on the query port = %v, %v", resp, err)
 	}
-	if got := hdr.Get(query.HeaderEpoch); len(got) != 1 || got[0] != "7" {
-		t.Errorf("gRPC %s header = %v, want 7", query.HeaderEpoch, got)
+	if got := hdr.Get(mesh.HeaderEpoch); len(got) != 1 || got[0] != "7" {
+		t.Errorf("gRPC %s header = %v, want 7", mesh.HeaderEpoch, got)
 	}
-	ctx = metadata.AppendToOutgoingContext(context.Background(), query.MetadataMailboxID, "nobody@p1")
+	ctx = metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, "nobody@p1")
 	if _, err := qc.GetStats(ctx, &mailboxv1.GetStatsRequest{}); grpcstatus.Code(err) != codes.NotFound {
 		t.Errorf("gRPC GetStats of an unknown mailbox = %v, want NotFound", err)
 	}

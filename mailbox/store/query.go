@@ -9,6 +9,7 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -68,8 +69,8 @@ func setOf(param string, vals []string) (map[string]struct{}, error) {
 	if len(vals) == 0 {
 		return nil, nil
 	}
-	if len(vals) > MaxFilterValues {
-		return nil, invalid(param, "at most %d values, got %d", MaxFilterValues, len(vals))
+	if len(vals) > mesh.MaxFilterValues {
+		return nil, invalid(param, "at most %d values, got %d", mesh.MaxFilterValues, len(vals))
 	}
 	m := make(map[string]struct{}, len(vals))
 	for _, v := range vals {
@@ -92,12 +93,12 @@ func sortedKeys(m map[string]struct{}) []string {
 // each), else the primary time order. The chosen index's predicate is dropped from the residual filters; the
 // time range always bounds the walk because every index key ends with the position.
 func planQuery(f *mailboxv1.EventFilter) (*plan, error) {
-	pl := &plan{limit: DefaultLimit, corr: f.GetCorrelationId(), trace: f.GetTraceId()}
+	pl := &plan{limit: mesh.DefaultQueryLimit, corr: f.GetCorrelationId(), trace: f.GetTraceId()}
 	switch l := f.GetLimit(); {
 	case l < 0:
 		return nil, invalid("limit", "must not be negative, got %d", l)
-	case l > MaxLimit:
-		pl.limit = MaxLimit
+	case l > mesh.MaxQueryLimit:
+		pl.limit = mesh.MaxQueryLimit
 	case l > 0:
 		pl.limit = int(l)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -119,7 +120,7 @@ func randFilter(r *rand.Rand) *mailboxv1.EventFilter {
 	case 0:
 		f.Limit = 0
 	case 1:
-		f.Limit = MaxLimit + 1 + int32(r.Intn(10))
+		f.Limit = mesh.MaxQueryLimit + 1 + int32(r.Intn(10))
 	default:
 		f.Limit = 1 + int32(r.Intn(15))
 	}
@@ -164,9 +165,9 @@ func bruteForce(model []stored, f *mailboxv1.EventFilter) []*mailboxv1.MailboxIt
 func effectiveLimit(l int32) int {
 	switch {
 	case l == 0:
-		return DefaultLimit
-	case l > MaxLimit:
-		return MaxLimit
+		return mesh.DefaultQueryLimit
+	case l > mesh.MaxQueryLimit:
+		return mesh.MaxQueryLimit
 	}
 	return int(l)
 }
@@ -246,7 +247,7 @@ func TestQueryRejectsBadFilters(t *testing.T) {
 	t.Parallel()
 	s := openMem(t, Options{})
 	mustWrite(t, s, item("a", 1))
-	many := make([]string, MaxFilterValues+1)
+	many := make([]string, mesh.MaxFilterValues+1)
 	for i := range many {
 		many[i] = fmt.Sprint(i)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -119,7 +120,7 @@ func checkVisible(t *testing.T, s *Store, items []*mailboxv1.MailboxItem, keepFr
 		"trace":       {TraceId: oldest.GetTraceId()},
 	}
 	for name, f := range filters {
-		f.Limit = MaxLimit
+		f.Limit = mesh.MaxQueryLimit
 		for tok := "start"; tok != ""; {
 			if tok != "start" {
 				f.PageToken = tok

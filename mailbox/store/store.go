@@ -25,16 +25,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Limits of a query page.
-const (
-	DefaultLimit = 100
-	MaxLimit     = 1000
-)
-
-// MaxFilterValues bounds the values of one repeated filter field (topics, principals): each value is one index
-// range merged into the result, so the bound keeps one query from opening thousands of iterators.
-const MaxFilterValues = 100
-
 var (
 	// ErrNotFound is returned by Get for an unknown message id.
 	ErrNotFound = errors.New("not found")

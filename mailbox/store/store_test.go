@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -123,7 +124,7 @@ func TestWriteDedup(t *testing.T) {
 			if st.GetTotalEvents() != tc.events {
 				t.Errorf("total events %d, want %d", st.GetTotalEvents(), tc.events)
 			}
-			resp, err := s.Query(context.Background(), &mailboxv1.EventFilter{Limit: MaxLimit})
+			resp, err := s.Query(context.Background(), &mailboxv1.EventFilter{Limit: mesh.MaxQueryLimit})
 			if err != nil {
 				t.Fatal(err)
 			}

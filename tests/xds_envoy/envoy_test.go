@@ -24,6 +24,7 @@ import (
 
 	"github.com/prism-mesh/prism/envoy"
 	"github.com/prism-mesh/prism/internal/testproc"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
@@ -113,19 +114,19 @@ func TestEnvoyGatewayRoutesByMailbox(t *testing.T) {
 	client := mailboxv1.NewMailboxQueryClient(conn)
 	var hdr metadata.MD
 	poll(t, "gRPC routed to the runner", func() bool {
-		ctx := metadata.AppendToOutgoingContext(context.Background(), translator.MailboxHeader, "$admin@proxy-01")
+		ctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, "$admin@proxy-01")
 		_, err := client.GetStats(ctx, &mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
 		return err == nil
 	})
 	if got := hdr.Get(xdstest.RunnerHeader); len(got) != 1 || got[0] != runner.ID {
 		t.Errorf("answered by %v, want %s", got, runner.ID)
 	}
-	if m, e := hdr.Get(translator.MailboxResponseHeader), hdr.Get(translator.EpochResponseHeader); len(m) != 1 || m[0] != "$admin@proxy-01" || len(e) != 1 || e[0] != "7" {
+	if m, e := hdr.Get(mesh.HeaderMailbox), hdr.Get(mesh.HeaderEpoch); len(m) != 1 || m[0] != "$admin@proxy-01" || len(e) != 1 || e[0] != "7" {
 		t.Errorf("x-prism-mailbox %v x-prism-epoch %v, want $admin@proxy-01 and 7", m, e)
 	}
 
 	// Unknown mailbox over gRPC through Envoy: NotFound from the admin node.
-	uctx := metadata.AppendToOutgoingContext(context.Background(), translator.MailboxHeader, "ghost@proxy-02")
+	uctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, "ghost@proxy-02")
 	if _, err := client.GetStats(uctx, &mailboxv1.GetStatsRequest{}); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "ghost@proxy-02") {
 		t.Errorf("unknown mailbox over gRPC: %v, want NotFound naming it", err)
 	}

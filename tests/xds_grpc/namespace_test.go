@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"github.com/prism-mesh/prism/xds/ir"
-	"github.com/prism-mesh/prism/xds/translator"
 	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
@@ -53,23 +53,23 @@ func TestNamespaceCallsFollowTheAlias(t *testing.T) {
 	admin := ir.Mailbox{ID: "$admin@proxy-b", Namespace: "$admin", RunnerID: "runner-b", Epoch: 4}
 
 	publish([]ir.Mailbox{auditA, admin}, ir.Alias{Namespace: "audit", MailboxID: auditA.ID}, ir.Alias{Namespace: "$admin", MailboxID: admin.ID})
-	await(t, "audit by namespace", ask(translator.NamespaceHeader, "audit"), "runner-a")
-	await(t, "$admin by namespace", ask(translator.NamespaceHeader, "$admin"), "runner-b")
-	await(t, "mailbox and namespace", ask(translator.NamespaceHeader, "audit", translator.MailboxHeader, admin.ID), "runner-b")
-	await(t, "unknown namespace", ask(translator.NamespaceHeader, "nobody"),
+	await(t, "audit by namespace", ask(mesh.HeaderNamespace, "audit"), "runner-a")
+	await(t, "$admin by namespace", ask(mesh.HeaderNamespace, "$admin"), "runner-b")
+	await(t, "mailbox and namespace", ask(mesh.HeaderNamespace, "audit", mesh.HeaderMailboxID, admin.ID), "runner-b")
+	await(t, "unknown namespace", ask(mesh.HeaderNamespace, "nobody"),
 		`code:NotFound namespace "nobody" is not routed: no live lease serves it`)
 
 	// The namespace's current mailbox moves to another proxy's runner.
 	publish([]ir.Mailbox{auditB, admin}, ir.Alias{Namespace: "audit", MailboxID: auditB.ID}, ir.Alias{Namespace: "$admin", MailboxID: admin.ID})
-	await(t, "audit after the move", ask(translator.NamespaceHeader, "audit"), "runner-b")
+	await(t, "audit after the move", ask(mesh.HeaderNamespace, "audit"), "runner-b")
 
 	// The alias is withdrawn while the mailbox keeps its lease.
 	publish([]ir.Mailbox{auditB, admin}, ir.Alias{Namespace: "$admin", MailboxID: admin.ID})
-	await(t, "audit without an alias", ask(translator.NamespaceHeader, "audit"),
+	await(t, "audit without an alias", ask(mesh.HeaderNamespace, "audit"),
 		`code:NotFound namespace "audit" is not routed: no live lease serves it`)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if got := ask(translator.MailboxHeader, auditB.ID)(ctx); got != "runner-b" {
+	if got := ask(mesh.HeaderMailboxID, auditB.ID)(ctx); got != "runner-b" {
 		t.Fatalf("audit@proxy-b by mailbox after its alias went: %s", got)
 	}
 }

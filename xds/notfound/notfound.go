@@ -13,14 +13,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
-)
-
-// Metadata keys naming what a call is for: its mailbox or, failing that, its
-// namespace (whose current mailbox answers).
-const (
-	MailboxHeader   = "x-mailbox-id"
-	NamespaceHeader = "x-prism-namespace"
 )
 
 // Server answers every MailboxQuery call with NotFound naming the mailbox or
@@ -51,10 +45,10 @@ func (Server) GetStats(ctx context.Context, _ *mailboxv1.GetStatsRequest) (*mail
 
 func notFound(ctx context.Context) error {
 	md, _ := metadata.FromIncomingContext(ctx)
-	if id := first(md, MailboxHeader); id != "" {
+	if id := first(md, mesh.HeaderMailboxID); id != "" {
 		return status.Errorf(codes.NotFound, "mailbox %q not found: no live lease routes it", id)
 	}
-	if ns := first(md, NamespaceHeader); ns != "" {
+	if ns := first(md, mesh.HeaderNamespace); ns != "" {
 		return status.Errorf(codes.NotFound, "namespace %q is not routed: no live lease serves it", ns)
 	}
 	return status.Error(codes.InvalidArgument, "missing x-mailbox-id (or x-prism-namespace) metadata naming the mailbox")

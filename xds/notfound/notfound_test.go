@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -16,7 +17,7 @@ func TestCodes(t *testing.T) {
 	ctx := func(kv ...string) context.Context {
 		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(kv...))
 	}
-	withID := ctx(MailboxHeader, "gone@proxy-01")
+	withID := ctx(mesh.HeaderMailboxID, "gone@proxy-01")
 	tests := []struct {
 		name    string
 		call    func(context.Context) error
@@ -39,15 +40,15 @@ func TestCodes(t *testing.T) {
 		{"namespace", func(ctx context.Context) error {
 			_, err := Server{}.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{})
 			return err
-		}, ctx(NamespaceHeader, "audit-logs"), codes.NotFound, `namespace "audit-logs" is not routed: no live lease serves it`},
+		}, ctx(mesh.HeaderNamespace, "audit-logs"), codes.NotFound, `namespace "audit-logs" is not routed: no live lease serves it`},
 		{"mailbox and namespace name the mailbox", func(ctx context.Context) error {
 			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 			return err
-		}, ctx(NamespaceHeader, "audit-logs", MailboxHeader, "gone@proxy-01"), codes.NotFound, `mailbox "gone@proxy-01" not found: no live lease routes it`},
+		}, ctx(mesh.HeaderNamespace, "audit-logs", mesh.HeaderMailboxID, "gone@proxy-01"), codes.NotFound, `mailbox "gone@proxy-01" not found: no live lease routes it`},
 		{"empty namespace", func(ctx context.Context) error {
 			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 			return err
-		}, ctx(NamespaceHeader, ""), codes.InvalidArgument, "missing x-mailbox-id (or x-prism-namespace) metadata naming the mailbox"},
+		}, ctx(mesh.HeaderNamespace, ""), codes.InvalidArgument, "missing x-mailbox-id (or x-prism-namespace) metadata naming the mailbox"},
 		{"no id", func(ctx context.Context) error {
 			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 			return err

@@ -6,6 +6,7 @@ import (
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 
@@ -32,7 +33,7 @@ func FuzzMailboxRoutes(f *testing.F) {
 			t.Fatalf("valid mailbox %q: %v", m.ID, err)
 		}
 		routes := res.Routes[0].GetVirtualHosts()[0].GetRoutes()
-		for _, md := range []map[string]string{{MailboxHeader: m.ID}, {NamespaceHeader: ns}} {
+		for _, md := range []map[string]string{{mesh.HeaderMailboxID: m.ID}, {mesh.HeaderNamespace: ns}} {
 			if got := grpcRoute(routes, md).GetRoute().GetCluster(); got != ClusterName("runner-1") {
 				t.Fatalf("gRPC call with %v routes to %q", md, got)
 			}

@@ -7,6 +7,7 @@ import (
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 
@@ -131,7 +132,7 @@ func TestHeaderRoutesComeFirst(t *testing.T) {
 	for _, r := range res.Routes[0].GetVirtualHosts()[0].GetRoutes() {
 		switch {
 		case len(r.GetMatch().GetHeaders()) > 0:
-			kinds += map[string]string{MailboxHeader: "m", NamespaceHeader: "s"}[r.GetMatch().GetHeaders()[0].GetName()]
+			kinds += map[string]string{mesh.HeaderMailboxID: "m", mesh.HeaderNamespace: "s"}[r.GetMatch().GetHeaders()[0].GetName()]
 		case r.GetDirectResponse() != nil:
 			kinds += "4"
 		case r.GetRoute().GetCluster() == NotFoundCluster:
@@ -174,7 +175,7 @@ func TestNamespaceHeaderRoutes(t *testing.T) {
 		{"audit-logs", NotFoundCluster, "", ""},
 	}
 	for _, tt := range tests {
-		r := grpcRoute(routes, map[string]string{NamespaceHeader: tt.ns})
+		r := grpcRoute(routes, map[string]string{mesh.HeaderNamespace: tt.ns})
 		if r == nil {
 			t.Fatalf("namespace %q: no route", tt.ns)
 		}
@@ -185,11 +186,11 @@ func TestNamespaceHeaderRoutes(t *testing.T) {
 		for _, h := range r.GetResponseHeadersToAdd() {
 			hdr[h.GetHeader().GetKey()] = h.GetHeader().GetValue()
 		}
-		if hdr[MailboxResponseHeader] != tt.mailbox || hdr[EpochResponseHeader] != tt.epoch {
+		if hdr[mesh.HeaderMailbox] != tt.mailbox || hdr[mesh.HeaderEpoch] != tt.epoch {
 			t.Errorf("namespace %q: response headers %v, want mailbox %q epoch %q", tt.ns, hdr, tt.mailbox, tt.epoch)
 		}
 	}
-	both := grpcRoute(routes, map[string]string{MailboxHeader: "plain@p1", NamespaceHeader: "audit"})
+	both := grpcRoute(routes, map[string]string{mesh.HeaderMailboxID: "plain@p1", mesh.HeaderNamespace: "audit"})
 	if got := both.GetRoute().GetCluster(); got != "runner/r1" {
 		t.Errorf("call naming mailbox plain@p1 and namespace audit routed to %q, want the mailbox's runner/r1", got)
 	}

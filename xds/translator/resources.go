@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 
@@ -234,14 +235,14 @@ func apiListener() (*listenerv3.Listener, error) {
 		HttpFilters:    []*hcmv3.HttpFilter{rf},
 	}
 	if err := hcm.ValidateAll(); err != nil {
-		return nil, fmt.Errorf("listener %s connection manager: %w", APIListenerName, err)
+		return nil, fmt.Errorf("listener %s connection manager: %w", mesh.QueryListenerName, err)
 	}
 	hcmAny, err := toAny(hcm)
 	if err != nil {
 		return nil, err
 	}
 	return &listenerv3.Listener{
-		Name:        APIListenerName,
+		Name:        mesh.QueryListenerName,
 		ApiListener: &listenerv3.ApiListener{ApiListener: hcmAny},
 	}, nil
 }

@@ -62,6 +62,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 
@@ -69,20 +70,10 @@ import (
 const (
 	// RouteConfigName is the one RouteConfiguration both listeners use.
 	RouteConfigName = "mailbox-routes"
-	// APIListenerName is the listener grpc-go resolves for xds:///mailbox-query.
-	APIListenerName = "mailbox-query"
 	// GatewayListenerName is the Envoy gateway's socket listener.
 	GatewayListenerName = "gateway"
 	// NotFoundCluster is served by the admin nodes (xds/notfound).
 	NotFoundCluster = "prism/notfound"
-	// MailboxHeader names the mailbox of a gRPC call or HTTP request.
-	MailboxHeader = "x-mailbox-id"
-	// NamespaceHeader names the namespace of a gRPC call; it routes to the
-	// namespace's current mailbox.
-	NamespaceHeader = "x-prism-namespace"
-	// MailboxResponseHeader and EpochResponseHeader tell a client who answered.
-	MailboxResponseHeader = "x-prism-mailbox"
-	EpochResponseHeader   = "x-prism-epoch"
 	// MailboxQueryPrefix is the gRPC path prefix of prism.mailbox.v1.MailboxQuery.
 	MailboxQueryPrefix = "/prism.mailbox.v1.MailboxQuery/"
 	// NotFoundBody is the gateway's answer for a request no route knows, in
@@ -225,7 +216,7 @@ func (t *Translator) Translate(x *ir.IR) (*Resources, error) {
 	if err != nil {
 		errs = append(errs, err)
 	} else {
-		add("listener "+APIListenerName, api, func() { out.Listeners = append(out.Listeners, api) })
+		add("listener "+mesh.QueryListenerName, api, func() { out.Listeners = append(out.Listeners, api) })
 	}
 	// Listeners sort by name: "gateway" < "mailbox-query".
 	if err := errors.Join(errs...); err != nil {
@@ -246,7 +237,7 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		}
 		mr, ok := t.mailboxes[m]
 		if !ok {
-			hr := headerRoute(MailboxHeader, m.ID, m)
+			hr := headerRoute(mesh.HeaderMailboxID, m.ID, m)
 			hr.ResponseHeadersToAdd = whoAnswered(m)
 			mr = idRoutesPair{header: hr, path: mailboxPathRoutes(m)}
 			if err := mr.validate(); err != nil {
@@ -269,7 +260,7 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		key := aliasKey{alias: a, mailbox: m}
 		r, ok := t.aliases[key]
 		if !ok {
-			r = idRoutesPair{header: headerRoute(NamespaceHeader, a.Namespace, m), path: namespaceAliasRoutes(a, m)}
+			r = idRoutesPair{header: headerRoute(mesh.HeaderNamespace, a.Namespace, m), path: namespaceAliasRoutes(a, m)}
 			if err := r.validate(); err != nil {
 				errs = append(errs, fmt.Errorf("alias %q routes: %w", a.Namespace, err))
 				continue
@@ -437,8 +428,8 @@ func routeTo(runnerID string) *routev3.Route_Route {
 // under, so its own word on who answered wins and the route's fills in.
 func whoAnswered(m ir.Mailbox) []*corev3.HeaderValueOption {
 	return []*corev3.HeaderValueOption{
-		{Header: &corev3.HeaderValue{Key: MailboxResponseHeader, Value: m.ID}, AppendAction: corev3.HeaderValueOption_ADD_IF_ABSENT},
-		{Header: &corev3.HeaderValue{Key: EpochResponseHeader, Value: strconv.FormatUint(m.Epoch, 10)}, AppendAction: corev3.HeaderValueOption_ADD_IF_ABSENT},
+		{Header: &corev3.HeaderValue{Key: mesh.HeaderMailbox, Value: m.ID}, AppendAction: corev3.HeaderValueOption_ADD_IF_ABSENT},
+		{Header: &corev3.HeaderValue{Key: mesh.HeaderEpoch, Value: strconv.FormatUint(m.Epoch, 10)}, AppendAction: corev3.HeaderValueOption_ADD_IF_ABSENT},
 	}
 }
 

@@ -20,10 +20,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcxds "google.golang.org/grpc/xds"
 
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"github.com/prism-mesh/prism/xds"
-	"github.com/prism-mesh/prism/xds/notfound"
-	"github.com/prism-mesh/prism/xds/translator"
 )
 
 // ControlPlane is one admin node's xDS side.
@@ -85,7 +84,7 @@ func DialMailboxQuery(bootstrap []byte) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("xds resolver: %w", err)
 	}
-	return grpc.NewClient("xds:///"+translator.APIListenerName,
+	return grpc.NewClient("xds:///"+mesh.QueryListenerName,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithResolvers(rb))
 }
 
@@ -124,7 +123,7 @@ type runnerService struct {
 func (s *runnerService) GetStats(ctx context.Context, _ *mailboxv1.GetStatsRequest) (*mailboxv1.GetStatsResponse, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(RunnerHeader, s.id))
-	return &mailboxv1.GetStatsResponse{Stats: &mailboxv1.MailboxStats{MailboxId: first(md.Get(notfound.MailboxHeader))}}, nil
+	return &mailboxv1.GetStatsResponse{Stats: &mailboxv1.MailboxStats{MailboxId: first(md.Get(mesh.HeaderMailboxID))}}, nil
 }
 
 func first(v []string) string {
@@ -137,7 +136,7 @@ func first(v []string) string {
 // WhoAnswers asks for the stats of mailbox through conn and returns the
 // runner that answered, or the call's error.
 func WhoAnswers(ctx context.Context, conn *grpc.ClientConn, mailbox string) (string, error) {
-	ctx = metadata.AppendToOutgoingContext(ctx, notfound.MailboxHeader, mailbox)
+	ctx = metadata.AppendToOutgoingContext(ctx, mesh.HeaderMailboxID, mailbox)
 	var hdr metadata.MD
 	resp, err := mailboxv1.NewMailboxQueryClient(conn).GetStats(ctx, &mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
 	if err != nil {

@@ -1,4 +1,4 @@
-package query
+package httpapi
 
 import (
 	"errors"
@@ -6,11 +6,12 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/mailbox/store"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -20,7 +21,7 @@ var queryParams = []string{"topic", "principal", "correlation_id", "trace_id", "
 
 // ParseFilter turns HTTP query parameters into an EventFilter. topic and
 // principal may repeat and hold comma-separated values; start and end are RFC
-// 3339 times or unix milliseconds; limit is clamped to store.MaxLimit. Every
+// 3339 times or unix milliseconds; limit is clamped to mesh.MaxQueryLimit. Every
 // error names its parameter.
 func ParseFilter(q url.Values) (*mailboxv1.EventFilter, error) {
 	for k := range q {
@@ -61,9 +62,9 @@ func ParseFilter(q url.Values) (*mailboxv1.EventFilter, error) {
 	if s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
-			return nil, fmt.Errorf("limit: want a whole number from 0 to %d, got %q", store.MaxLimit, s)
+			return nil, fmt.Errorf("limit: want a whole number from 0 to %d, got %q", mesh.MaxQueryLimit, s)
 		}
-		f.Limit = int32(min(n, store.MaxLimit))
+		f.Limit = int32(min(n, mesh.MaxQueryLimit))
 	}
 	return f, nil
 }
@@ -75,8 +76,8 @@ func list(q url.Values, name string) ([]string, error) {
 			return nil, fmt.Errorf("%s: empty value", name)
 		}
 	}
-	if len(vals) > store.MaxFilterValues {
-		return nil, fmt.Errorf("%s: at most %d values, got %d", name, store.MaxFilterValues, len(vals))
+	if len(vals) > mesh.MaxFilterValues {
+		return nil, fmt.Errorf("%s: at most %d values, got %d", name, mesh.MaxFilterValues, len(vals))
 	}
 	return vals, nil
 }
@@ -118,4 +119,12 @@ func timeParam(q url.Values, name string) (*timestamppb.Timestamp, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return ts, nil
+}
+
+func splitValues(vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		out = append(out, strings.Split(v, ",")...)
+	}
+	return out
 }
