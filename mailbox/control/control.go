@@ -51,6 +51,7 @@ import (
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/runner"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
@@ -639,7 +640,7 @@ func validateID(id string) error {
 		return status.Error(codes.InvalidArgument, "mailbox_id: required")
 	case len(id) > maxIDBytes:
 		return status.Errorf(codes.InvalidArgument, "mailbox_id: longer than %d bytes", maxIDBytes)
-	case id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00"):
+	case !mesh.PathSafe(id):
 		return status.Errorf(codes.InvalidArgument, "mailbox_id %q: must not be . or .. or contain / \\ or NUL", id)
 	}
 	return nil

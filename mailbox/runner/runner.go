@@ -31,6 +31,7 @@ import (
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/query"
 	"github.com/prism-mesh/prism/mailbox/store"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -141,7 +142,7 @@ func New(cfg Config) (*Runner, error) {
 
 // validID keeps a mailbox id usable as one directory name.
 func validID(id string) error {
-	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00") {
+	if !mesh.PathSafe(id) {
 		return fmt.Errorf("mailbox id %q: must be non-empty, not . or .., without / \\ or NUL", id)
 	}
 	return nil

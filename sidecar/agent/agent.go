@@ -59,6 +59,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
@@ -310,7 +311,7 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 	for _, as := range msg.GetAssignments() {
 		id := as.GetMailboxId()
 		if id == "" {
-			id = as.GetNamespace() + "@" + a.cfg.ProxyID
+			id = mesh.MailboxID{Namespace: as.GetNamespace(), Proxy: a.cfg.ProxyID}.String()
 		}
 		want[id] = as
 	}

@@ -12,7 +12,8 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
+
+	"github.com/prism-mesh/prism/mesh"
 )
 
 // IR is one consistent view of routing state.
@@ -217,8 +218,8 @@ func (m Mailbox) Validate() error {
 	if !namespaceName.MatchString(m.Namespace) {
 		errs = append(errs, ErrNamespace)
 	}
-	ns, proxy, ok := strings.Cut(m.ID, "@")
-	if !ok || ns != m.Namespace || !runnerIDName.MatchString(proxy) {
+	id, err := mesh.ParseMailboxID(m.ID)
+	if err != nil || id.Namespace != m.Namespace || !runnerIDName.MatchString(id.Proxy) {
 		errs = append(errs, ErrMailboxID)
 	}
 	if m.Epoch == 0 {
