@@ -21,6 +21,7 @@ import (
 	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/internal/testproc"
+	"github.com/prism-mesh/prism/mesh"
 )
 
 // devProcess is a running `prism dev` on free loopback ports.
@@ -224,7 +225,7 @@ func TestMailboxDevCurlLine(t *testing.T) {
 	}
 	// The gateway got the route from the lease: the answer came from the
 	// runner the sidecar registered (its query address), under an epoch.
-	if ep := resp.Header.Get("x-prism-epoch"); ep == "" || ep == "0" {
+	if ep := resp.Header.Get(mesh.HeaderEpoch); ep == "" || ep == "0" {
 		t.Errorf("x-prism-epoch = %q, want the lease's epoch", ep)
 	}
 

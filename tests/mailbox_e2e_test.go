@@ -20,6 +20,7 @@ import (
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/runner"
+	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
@@ -117,7 +118,7 @@ func TestMailboxEndToEnd(t *testing.T) {
 	}
 	defer cc.Close()
 	qc := mailboxv1.NewMailboxQueryClient(cc)
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-mailbox-id", mb)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, mb)
 	var grpcIDs []string
 	f := &mailboxv1.EventFilter{Limit: 77}
 	for range 100 {

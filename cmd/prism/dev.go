@@ -31,6 +31,7 @@ import (
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	runnernode "github.com/prism-mesh/prism/mailbox/node"
 	"github.com/prism-mesh/prism/mailbox/runner"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	sidecarnode "github.com/prism-mesh/prism/sidecar/node"
 )
@@ -487,7 +488,7 @@ func (e *devEnv) startDemo(context.Context) error {
 }
 
 func (e *devEnv) demoQueryURL() string {
-	return e.gatewayURL + "/v1/mailboxes/" + url.PathEscape(devNamespace+"@"+devProxyID) + "/events?limit=5"
+	return e.gatewayURL + "/v1/mailboxes/" + url.PathEscape(mesh.MailboxID{Namespace: devNamespace, Proxy: devProxyID}.String()) + "/events?limit=5"
 }
 
 // awaitGateway waits until the printed curl line works through the gateway:

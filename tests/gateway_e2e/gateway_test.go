@@ -10,6 +10,7 @@ import (
 	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/mesh"
 )
 
 // stats asks the gateway for a mailbox's stats and describes the answer.
@@ -22,7 +23,7 @@ func stats(gw *e2e.Gateway, mailbox string) (code int, events int64, epoch strin
 		TotalEvents int64 `json:"total_events"`
 	}
 	_ = json.Unmarshal([]byte(body), &st)
-	return code, st.TotalEvents, hdr.Get("x-prism-epoch"), body
+	return code, st.TotalEvents, hdr.Get(mesh.HeaderEpoch), body
 }
 
 // served waits until the gateway answers 200 for mailbox with wantEvents
@@ -156,7 +157,7 @@ func sameByNamespace(t *testing.T, gw *e2e.Gateway, ns, mailbox string) {
 			code, body, hdr, err := web.Get(base + "/v1/namespaces/" + ns + path)
 			wantCode, wantBody, wantHdr, _ := web.Get(base + "/v1/mailboxes/" + mailbox + path)
 			return err == nil && code == 200 && code == wantCode && body == wantBody &&
-					hdr.Get("x-prism-mailbox") == mailbox && hdr.Get("x-prism-epoch") == wantHdr.Get("x-prism-epoch"),
+					hdr.Get(mesh.HeaderMailbox) == mailbox && hdr.Get(mesh.HeaderEpoch) == wantHdr.Get(mesh.HeaderEpoch),
 				fmt.Sprintf("by namespace %d %s %v; by mailbox %d %s", code, body, err, wantCode, wantBody)
 		})
 	}

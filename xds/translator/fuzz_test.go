@@ -19,7 +19,7 @@ func FuzzMailboxRoutes(f *testing.F) {
 		f.Add(seed[0], seed[1])
 	}
 	f.Fuzz(func(t *testing.T, ns, proxy string) {
-		m := ir.Mailbox{ID: ns + "@" + proxy, Namespace: ns, RunnerID: "runner-1", Epoch: 1}
+		m := ir.Mailbox{ID: mesh.MailboxID{Namespace: ns, Proxy: proxy}.String(), Namespace: ns, RunnerID: "runner-1", Epoch: 1}
 		if m.Validate() != nil {
 			return
 		}
