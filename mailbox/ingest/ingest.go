@@ -22,6 +22,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/store"
@@ -72,6 +73,8 @@ type Config struct {
 	// while no batch completes, so a stuck partition shows a growing lag.
 	// Default 5s.
 	LagInterval time.Duration
+	// Clock ticks the lag reports (default the real clock).
+	Clock clock.WithTicker
 
 	Sarama  *sarama.Config // nil = SaramaConfig(); must keep auto-commit off
 	Logger  *slog.Logger   // nil = slog.Default()
@@ -118,6 +121,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.LagInterval <= 0 {
 		c.LagInterval = 5 * time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 	if c.Sarama == nil {
 		c.Sarama = SaramaConfig()
@@ -379,13 +385,13 @@ func (h *handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerG
 
 // reportLag sets the claim's lag gauge every LagInterval until stop closes.
 func (i *Ingester) reportLag(c sarama.ConsumerGroupClaim, next *atomic.Int64, stop <-chan struct{}) {
-	t := time.NewTicker(i.cfg.LagInterval)
+	t := i.cfg.Clock.NewTicker(i.cfg.LagInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-stop:
 			return
-		case <-t.C:
+		case <-t.C():
 			if n := next.Load(); n >= 0 {
 				i.cfg.Metrics.setLag(i.cfg.MailboxID, c.Topic(), c.Partition(), max(0, c.HighWaterMarkOffset()-n))
 			}
