@@ -27,6 +27,7 @@ func TestLightPackagesStayLight(t *testing.T) {
 	for _, pkg := range []string{
 		"github.com/prism-mesh/prism/gateway",
 		"github.com/prism-mesh/prism/sidecar/agent",
+		"github.com/prism-mesh/prism/sidecar/node",
 		"github.com/prism-mesh/prism/mesh",
 	} {
 		t.Run(pkg, func(t *testing.T) {
