@@ -99,7 +99,7 @@ func TestInmemSingleNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n.Shutdown()
+	defer shutdown(t, n)
 	l, changed := n.Leadership()
 	if !l.IsLeader {
 		select {
@@ -321,7 +321,7 @@ func TestMembershipChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Shutdown()
+	defer shutdown(t, a)
 	waitLeader(t, a)
 	if _, _, err := a.Apply(ctx, []byte("before=join")); err != nil {
 		t.Fatal(err)
@@ -331,7 +331,7 @@ func TestMembershipChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Shutdown()
+	defer shutdown(t, b)
 	if _, err := a.AddVoter(ctx, "b", b.Addr()); err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +372,7 @@ func TestRestartSingleNodeKeepsState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n.Shutdown()
+	defer shutdown(t, n)
 	waitLeader(t, n)
 	if v, _ := fsm.get("kept"); v != "yes" {
 		t.Fatalf("state after restart: kept=%q", v)
@@ -382,3 +382,11 @@ func TestRestartSingleNodeKeepsState(t *testing.T) {
 // confirmed stands in for admin/leadership in the single-process tests here:
 // the multi-node confirmation is tested with real admin nodes.
 func confirmed(context.Context, time.Time) error { return nil }
+
+// shutdown stops n at the end of a test and fails the test if stopping fails.
+func shutdown(t *testing.T, n *Node) {
+	t.Helper()
+	if err := n.Shutdown(); err != nil {
+		t.Errorf("shutdown %s: %v", n.ID(), err)
+	}
+}
