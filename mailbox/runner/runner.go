@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
@@ -49,7 +50,7 @@ type Config struct {
 
 	Registry *prometheus.Registry // nil = a new one with Go and process collectors
 	Logger   *slog.Logger         // nil = slog.Default()
-	Now      func() time.Time     // retention clock; nil = time.Now
+	Clock    clock.WithTicker     // retention's time and ticks, and the health ticks; nil = clock.RealClock{}
 	// Ready, when set, replaces the runner's own readiness check (/readyz,
 	// gRPC health): a runner driven by the sidecar's control API is ready
 	// by that API's rules, not by hosting at least one mailbox.
@@ -115,8 +116,8 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
@@ -237,7 +238,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 	go func() {
 		defer close(mb.retainExited)
 		if mc.MaxAge > 0 || mc.MaxSize > 0 {
-			st.RunRetention(ctx, r.cfg.RetentionInterval, r.cfg.Now)
+			st.RunRetention(ctx, r.cfg.RetentionInterval, r.cfg.Clock)
 		}
 	}()
 	r.mailboxes[mc.ID] = mb
@@ -501,7 +502,7 @@ func grpcOr(g *grpc.Server, h http.Handler) http.Handler {
 
 func (r *Runner) watchHealth(ctx context.Context) {
 	defer close(r.watchDone)
-	t := time.NewTicker(500 * time.Millisecond)
+	t := r.cfg.Clock.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
 		st := healthpb.HealthCheckResponse_SERVING
@@ -513,7 +514,7 @@ func (r *Runner) watchHealth(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }

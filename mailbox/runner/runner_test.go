@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/envelope"
@@ -99,10 +99,8 @@ func TestRunnerLifecycle(t *testing.T) {
 
 	// The clock says 2020-01-01 01:00 once retention is switched on: items
 	// older than 50 minutes (m-0 … m-9) must go.
-	var clock atomic.Int64
-	clock.Store(old.Add(-time.Hour).UnixNano())
-	now := func() time.Time { return time.Unix(0, clock.Load()) }
-	r, err := New(Config{DataDir: t.TempDir(), Brokers: brokers, RetentionInterval: 20 * time.Millisecond, Now: now})
+	clk := clocktesting.NewFakeClock(old.Add(-time.Hour))
+	r, err := New(Config{DataDir: t.TempDir(), Brokers: brokers, RetentionInterval: 20 * time.Millisecond, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,6 +132,7 @@ func TestRunnerLifecycle(t *testing.T) {
 	}
 	defer cc.Close()
 	waitFor(t, "grpc health SERVING", func() bool {
+		clk.Step(time.Second) // past a health tick
 		resp, err := healthpb.NewHealthClient(cc).Check(context.Background(), &healthpb.HealthCheckRequest{})
 		return err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING
 	})
@@ -151,7 +150,7 @@ func TestRunnerLifecycle(t *testing.T) {
 		t.Fatalf("stats: %d, headers %v", code, hdr)
 	}
 
-	clock.Store(old.Add(time.Hour).UnixNano())
+	clk.SetTime(old.Add(time.Hour))
 	waitFor(t, "retention of a@p1", func() bool {
 		a, err := r.Stats(context.Background(), "a@p1")
 		return err == nil && a.TotalEvents == 5 // m-10 … m-18 (even ids) remain

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+	"k8s.io/utils/clock"
 )
 
 // retentionChunk is how many items one sweep transaction removes at most. Each item is up to 6 keys; a chunk
@@ -290,20 +291,20 @@ func (s *Store) deleteTxn(vs []victim) error {
 	return nil
 }
 
-// RunRetention runs RetainOnce and Sweep every interval until ctx ends, and after a sweep that removed something
+// RunRetention runs RetainOnce and Sweep every interval of clk, at clk's time, until ctx ends, and after a sweep that removed something
 // runs Badger's value-log GC until it finds nothing more to rewrite, so deleted envelopes give their disk space
 // back.
 // It returns once ctx is done and its pass has stopped; callers cancel ctx and wait for it before Close.
-func (s *Store) RunRetention(ctx context.Context, interval time.Duration, now func() time.Time) {
-	t := time.NewTicker(interval)
+func (s *Store) RunRetention(ctx context.Context, interval time.Duration, clk clock.WithTicker) {
+	t := clk.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
-		if _, err := s.RetainOnce(ctx, now()); err != nil {
+		if _, err := s.RetainOnce(ctx, clk.Now()); err != nil {
 			if ctx.Err() == nil {
 				s.log.Error("retention pass failed", "dir", s.opts.Dir, "err", err)
 			}

@@ -12,6 +12,7 @@ import (
 	badger "github.com/dgraph-io/badger/v4"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // rawKeys lists every live key of the store by its first byte, straight from Badger.
@@ -314,11 +315,21 @@ func TestRunRetention(t *testing.T) {
 	mustWrite(t, s, seqItems(100, 2048)...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	// The first tick comes at 50 ms past the max age: half the items go.
+	const interval = 5 * time.Millisecond
+	clk := clocktesting.NewFakeClock(time.UnixMilli(50).Add(time.Minute - interval))
 	go func() {
-		s.RunRetention(ctx, 5*time.Millisecond, func() time.Time { return time.UnixMilli(50).Add(time.Minute) })
+		s.RunRetention(ctx, interval, clk)
 		close(done)
 	}()
 	deadline := time.Now().Add(30 * time.Second)
+	for !clk.HasWaiters() {
+		if time.Now().After(deadline) {
+			t.Fatal("retention loop never started its ticker")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	clk.Step(interval)
 	for {
 		st, err := s.Stats(context.Background())
 		if err != nil {
