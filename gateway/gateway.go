@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 	grpcxds "google.golang.org/grpc/xds"
+	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
@@ -47,6 +48,8 @@ type Config struct {
 	// ProbeInterval is how often Run probes until the routes arrive;
 	// default 250ms.
 	ProbeInterval time.Duration
+	// Clock ticks the probes (default the real clock).
+	Clock clock.WithTicker
 	// Registry receives the gateway's metrics; nil makes one with the Go and
 	// process collectors.
 	Registry *prometheus.Registry
@@ -73,6 +76,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.ProbeInterval <= 0 {
 		cfg.ProbeInterval = 250 * time.Millisecond
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -124,7 +130,7 @@ func (g *Gateway) Ready() error {
 // Run probes until the routes have arrived, then marks the gateway ready
 // (/readyz, gRPC health) and returns; it returns ctx's error if they never do.
 func (g *Gateway) Run(ctx context.Context) error {
-	t := time.NewTicker(g.cfg.ProbeInterval)
+	t := g.cfg.Clock.NewTicker(g.cfg.ProbeInterval)
 	defer t.Stop()
 	for attempt := 1; ; attempt++ {
 		err := g.probe(ctx)
@@ -141,7 +147,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }
