@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/sidecar/inject"
 )
@@ -75,7 +76,7 @@ func TestInjectorOnRenderedRunnerPod(t *testing.T) {
 			injector := container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector")
 			opts := injectorOptions(t, injector)
 			reg := prometheus.NewRegistry()
-			wh, err := inject.NewWebhook(opts, slog.New(slog.DiscardHandler), reg, time.Now)
+			wh, err := inject.NewWebhook(opts, slog.New(slog.DiscardHandler), reg, clock.RealClock{})
 			if err != nil {
 				t.Fatalf("injector rejects the chart's flags: %v", err)
 			}

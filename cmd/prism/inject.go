@@ -8,12 +8,12 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/sidecar/inject"
 )
@@ -53,7 +53,7 @@ override the defaults given here.`,
 			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-			wh, err := inject.NewWebhook(opts, log, reg, time.Now)
+			wh, err := inject.NewWebhook(opts, log, reg, clock.RealClock{})
 			if err != nil {
 				return err
 			}

@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 )
 
 func testDefaults() Options {
@@ -39,7 +40,7 @@ func testDefaults() Options {
 func newTestWebhook(t testing.TB) (*Webhook, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	w, err := NewWebhook(testDefaults(), slog.New(slog.DiscardHandler), reg, time.Now)
+	w, err := NewWebhook(testDefaults(), slog.New(slog.DiscardHandler), reg, clock.RealClock{})
 	if err != nil {
 		t.Fatal(err)
 	}

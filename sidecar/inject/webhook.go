@@ -11,13 +11,13 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
 )
 
 // maxReviewBytes bounds a request body. The API server caps objects at
@@ -53,13 +53,14 @@ var podGVK = metav1.GroupVersionKind{Group: "", Version: "v1", Kind: "Pod"}
 type Webhook struct {
 	defaults Options
 	log      *slog.Logger
-	now      func() time.Time
+	clock    clock.PassiveClock
 	metrics  *metrics
 }
 
 // NewWebhook validates defaults (a pod with no annotations must be
-// injectable) and registers the webhook's metrics on reg.
-func NewWebhook(defaults Options, log *slog.Logger, reg prometheus.Registerer, now func() time.Time) (*Webhook, error) {
+// injectable) and registers the webhook's metrics on reg. clk times the
+// requests; nil is the real clock.
+func NewWebhook(defaults Options, log *slog.Logger, reg prometheus.Registerer, clk clock.PassiveClock) (*Webhook, error) {
 	if _, err := ParseOptions(nil, defaults); err != nil {
 		return nil, fmt.Errorf("injector defaults: %w", err)
 	}
@@ -67,17 +68,20 @@ func NewWebhook(defaults Options, log *slog.Logger, reg prometheus.Registerer, n
 	if err != nil {
 		return nil, err
 	}
-	return &Webhook{defaults: defaults, log: log, now: now, metrics: m}, nil
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	return &Webhook{defaults: defaults, log: log, clock: clk, metrics: m}, nil
 }
 
 // Handler answers AdmissionReviews POSTed by the API server for pods
 // selected the way sel says.
 func (w *Webhook) Handler(sel Selection) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		start := w.now()
+		start := w.clock.Now()
 		outcome := w.serve(rw, r, sel)
 		w.metrics.requests.WithLabelValues(outcome).Inc()
-		w.metrics.latency.Observe(w.now().Sub(start).Seconds())
+		w.metrics.latency.Observe(w.clock.Since(start).Seconds())
 	})
 }
 
