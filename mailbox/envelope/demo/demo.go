@@ -7,11 +7,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/utils/clock"
 
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
@@ -25,7 +25,7 @@ var (
 // Generator makes envelopes. It is not safe for concurrent use.
 type Generator struct {
 	rng         *rand.Rand
-	now         func() time.Time
+	clock       clock.PassiveClock
 	namespace   string
 	prefix      string
 	seq         int
@@ -37,21 +37,21 @@ type Generator struct {
 // Options of a Generator.
 type Options struct {
 	Seed        uint64
-	Now         func() time.Time // published_at; nil = time.Now
-	Namespace   string           // metadata.namespace
-	IDPrefix    string           // message ids are "<prefix>-<seq>"; "" = "evt"
-	PayloadSize int              // payload bytes; 0 = 64..512 random
+	Clock       clock.PassiveClock // published_at; nil = clock.RealClock{}
+	Namespace   string             // metadata.namespace
+	IDPrefix    string             // message ids are "<prefix>-<seq>"; "" = "evt"
+	PayloadSize int                // payload bytes; 0 = 64..512 random
 }
 
 // New makes a generator.
 func New(o Options) *Generator {
-	if o.Now == nil {
-		o.Now = time.Now
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 	if o.IDPrefix == "" {
 		o.IDPrefix = "evt"
 	}
-	return &Generator{rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)), now: o.Now,
+	return &Generator{rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)), clock: o.Clock,
 		namespace: o.Namespace, prefix: o.IDPrefix, payloadSize: o.PayloadSize}
 }
 
@@ -88,7 +88,7 @@ func (g *Generator) Next(topic string) *envelopev1.PrismEnvelope {
 			MessageId:     fmt.Sprintf("%s-%08d", g.prefix, g.seq),
 			Topic:         topic,
 			Namespace:     g.namespace,
-			PublishedAt:   timestamppb.New(g.now()),
+			PublishedAt:   timestamppb.New(g.clock.Now()),
 			ContentType:   "application/x-protobuf",
 			CorrelationId: g.correlation,
 		},
