@@ -1,6 +1,6 @@
 // Package grpcpool keeps one plaintext client connection per address, for
 // callers that talk to a changing subset of a known set of nodes (a follower
-// forwarding to whichever node leads, prismctl trying each admin endpoint).
+// forwarding to whichever node leads, the admin client trying each node).
 package grpcpool
 
 import (
@@ -13,6 +13,10 @@ import (
 
 // Pool is safe for concurrent use; the zero value is ready.
 type Pool struct {
+	// Options are added to every connection's plaintext credentials; set
+	// them before the first Get.
+	Options []grpc.DialOption
+
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
@@ -25,7 +29,8 @@ func (p *Pool) Get(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := p.conns[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, p.Options...)
+	cc, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", addr, err)
 	}

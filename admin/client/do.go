@@ -1,0 +1,203 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/mesh"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+)
+
+// Repeatable says whether a call may run twice.
+type Repeatable bool
+
+const (
+	// Idempotent calls leave the same state when run twice, and their
+	// caller copes with the second run's answer: reads, registrations,
+	// heartbeats, lease acquires by the same runner (a reconnect), releases
+	// (the second finds the lease gone).
+	Idempotent Repeatable = true
+	// Once calls answer differently when they already ran (a create answers
+	// "already existed", a delete "no such namespace"), so a failure after
+	// which the call may have run goes back to the caller, who can look.
+	Once Repeatable = false
+)
+
+// retried reports whether a call that failed with err on one node goes on
+// to another. Everything not listed is the cluster's answer, the same from
+// every node, and goes back at once: InvalidArgument, NotFound,
+// AlreadyExists, FailedPrecondition (a lease refusal other than
+// NOT_LEADER), Unimplemented, Internal and the rest.
+func retried(err error, r Repeatable) bool {
+	// The request never left this process: no node ran it.
+	if NotSent(err) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable:
+		// Every call. The admin answers Unavailable when it did not run the
+		// call: no leader yet, not the leader (the NOT_LEADER refusal, which
+		// names the leader), shutting down, or its forward to the leader
+		// certainly not sent. gRPC also reports a connection lost mid-call
+		// as Unavailable, which may have run; it is retried too, since a
+		// lost connection is most often a dead node, and Once calls then
+		// answer for themselves (AlreadyExists, NotFound, a refusal).
+		return true
+	case codes.DeadlineExceeded:
+		// Idempotent calls only. Our Attempt ran out with the caller's
+		// context still alive: the node is blackholed or paused (move on),
+		// or slow and still applying the call (which must not run twice).
+		return bool(r)
+	case codes.ResourceExhausted, codes.Aborted, codes.Unknown, codes.Canceled:
+		// Idempotent calls only. The node or the transport gave up on the
+		// call (overload, flow control, a handler that panicked or was
+		// cancelled by its server's shutdown) at a point that may be after
+		// it ran; another node may do better.
+		return bool(r)
+	}
+	return false
+}
+
+// Do calls fn with a connection to one admin node after another until one
+// answers with something other than a retried failure (see retried), the
+// configured Rounds are spent, or ctx ends; between rounds it waits as
+// Backoff says. Each try is bounded by Attempt. It starts with the node that
+// answered last, follows a NOT_LEADER refusal's leader address when that is
+// one of the endpoints, and otherwise tries each node once per round.
+//
+// A failure that is not retried comes back as the node gave it (code and
+// details intact) with the method and node added to its text. Giving up
+// yields Unavailable, naming every node and its last failure; the failures
+// and, when ctx ended, ctx.Err() are wrapped.
+func Do[Resp any](ctx context.Context, c *Client, r Repeatable, fn func(context.Context, *grpc.ClientConn) (Resp, error)) (Resp, error) {
+	var zero Resp
+	n := len(c.cfg.Endpoints)
+	rec := &record{}
+	ctx = context.WithValue(ctx, recordKey{}, rec)
+	delay := c.cfg.Backoff.DelayFunc()
+	last := make([]error, n)
+	for round := 1; ; round++ {
+		c.mu.Lock()
+		i := c.preferred
+		c.mu.Unlock()
+		tried := make([]bool, n)
+		for i >= 0 {
+			tried[i] = true
+			addr, cc, err := c.conn(i)
+			if err != nil {
+				return zero, err
+			}
+			resp, err := try(ctx, c.cfg.Attempt, cc, fn)
+			if err == nil {
+				c.mu.Lock()
+				c.preferred = i
+				c.mu.Unlock()
+				return resp, nil
+			}
+			if !retried(err, r) {
+				return zero, fmt.Errorf("%s on %s: %w", rec.name(), addr, err)
+			}
+			last[i] = err
+			if ctx.Err() != nil {
+				return zero, c.unanswered(rec, last, ctx.Err())
+			}
+			i = c.next(i, tried, err)
+		}
+		if c.cfg.Rounds > 0 && round >= c.cfg.Rounds {
+			return zero, c.unanswered(rec, last, nil)
+		}
+		t := c.cfg.Clock.NewTimer(delay())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return zero, c.unanswered(rec, last, ctx.Err())
+		case <-t.C():
+		}
+	}
+}
+
+// try is one call on one node, bounded by Attempt.
+func try[Resp any](ctx context.Context, attempt time.Duration, cc *grpc.ClientConn, fn func(context.Context, *grpc.ClientConn) (Resp, error)) (Resp, error) {
+	if attempt > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, attempt)
+		defer cancel()
+	}
+	return fn(ctx, cc)
+}
+
+// next is the endpoint to try after i failed with err in this round, or -1
+// when every endpoint has been tried.
+func (c *Client) next(i int, tried []bool, err error) int {
+	if r, ok := mesh.RefusalFrom(err); ok && r.GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER && r.GetLeaderAddress() != "" {
+		j := slices.Index(c.cfg.Endpoints, r.GetLeaderAddress())
+		if j >= 0 && !tried[j] {
+			return j
+		}
+		if j < 0 {
+			c.cfg.Logger.Debug("leader hint is not a configured admin endpoint", "leader_address", r.GetLeaderAddress())
+		}
+	}
+	for k := 1; k < len(tried); k++ {
+		if j := (i + k) % len(tried); !tried[j] {
+			return j
+		}
+	}
+	return -1
+}
+
+// recordKey carries a Do's record to trackSent through the call's context.
+type recordKey struct{}
+
+// record is what trackSent saw of the calls one Do made: the method, for
+// error text that says which call failed even when fn turned an answer into
+// an error itself.
+type record struct{ method atomic.Pointer[string] }
+
+func (r *record) name() string {
+	if m := r.method.Load(); m != nil {
+		return path.Base(*m)
+	}
+	return "admin call"
+}
+
+// unansweredError is Do giving up: every node it tried failed in a way that
+// sent it on to the next.
+type unansweredError struct {
+	msg  string
+	errs []error
+}
+
+func (c *Client) unanswered(rec *record, last []error, ctxErr error) error {
+	var parts []string
+	var errs []error
+	for i, err := range last {
+		if err != nil {
+			st := status.Convert(err)
+			parts = append(parts, fmt.Sprintf("%s: %s: %s", c.cfg.Endpoints[i], st.Code(), st.Message()))
+			errs = append(errs, err)
+		}
+	}
+	if ctxErr != nil {
+		errs = append(errs, ctxErr)
+	}
+	return &unansweredError{
+		msg:  fmt.Sprintf("no admin node could answer %s: %s", rec.name(), strings.Join(parts, "; ")),
+		errs: errs,
+	}
+}
+
+func (e *unansweredError) Error() string   { return e.msg }
+func (e *unansweredError) Unwrap() []error { return e.errs }
+
+// GRPCStatus makes giving up Unavailable, whatever the nodes said last.
+func (e *unansweredError) GRPCStatus() *status.Status { return status.New(codes.Unavailable, e.msg) }
