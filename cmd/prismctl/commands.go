@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -24,8 +25,9 @@ type globals struct {
 	attempt time.Duration
 }
 
-// run connects, calls f within --timeout and prints its result.
-func run[T proto.Message](cmd *cobra.Command, g *globals, f func(context.Context, *grpc.ClientConn) (T, error), table func(io.Writer, T)) error {
+// run connects, calls f within --timeout and prints its result; r says
+// whether f may run twice (see client.Repeatable).
+func run[T proto.Message](cmd *cobra.Command, g *globals, r client.Repeatable, f func(context.Context, *grpc.ClientConn) (T, error), table func(io.Writer, T)) error {
 	if g.format != "table" && g.format != "json" {
 		return fmt.Errorf("--format: %q is not table or json", g.format)
 	}
@@ -33,10 +35,10 @@ func run[T proto.Message](cmd *cobra.Command, g *globals, f func(context.Context
 	if err != nil {
 		return err
 	}
-	defer c.close()
+	defer c.Close()
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
-	resp, err := do(ctx, c, f)
+	resp, err := client.Do(ctx, c, r, f)
 	if err != nil {
 		return describe(err)
 	}
@@ -80,7 +82,7 @@ func clusterCommand(g *globals) *cobra.Command {
 	c.AddCommand(&cobra.Command{
 		Use: "status", Short: "Leader, term, indexes and members, as the answering node sees them", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetClusterStatusResponse, error) {
+			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetClusterStatusResponse, error) {
 				return adminv1.NewAdminClient(cc).GetClusterStatus(ctx, &adminv1.GetClusterStatusRequest{})
 			}, func(w io.Writer, r *adminv1.GetClusterStatusResponse) {
 				fmt.Fprintf(w, "node\t%s (%s)\n", r.GetNodeId(), r.GetState())
@@ -126,7 +128,7 @@ func namespaceCommand(g *globals) *cobra.Command {
 				Topics: topics, ValidationMode: adminv1.ValidationMode(mode), DeadLetterTopic: dlq,
 				Lease: &adminv1.LeaseConfig{Ttl: optDuration(ttl), HeartbeatInterval: optDuration(interval), Grace: optDuration(grace)},
 			}}
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
+			return run(cmd, g, client.Once, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
 				return adminv1.NewControlPlaneClient(cc).CreateNamespace(ctx, req)
 			}, func(w io.Writer, r *adminv1.CreateNamespaceResponse) {
 				namespaceTable(w, []*adminv1.Namespace{r.GetNamespace()})
@@ -146,7 +148,7 @@ func namespaceCommand(g *globals) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List namespaces", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListNamespacesResponse, error) {
+			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListNamespacesResponse, error) {
 				return adminv1.NewAdminClient(cc).ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: consistency(consistent)})
 			}, func(w io.Writer, r *adminv1.ListNamespacesResponse) { namespaceTable(w, r.GetNamespaces()) })
 		},
@@ -154,7 +156,7 @@ func namespaceCommand(g *globals) *cobra.Command {
 	get := &cobra.Command{
 		Use: "get NAME", Short: "Show a namespace and where its alias routes", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetNamespaceResponse, error) {
+			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetNamespaceResponse, error) {
 				return adminv1.NewAdminClient(cc).GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: args[0], Consistency: consistency(consistent)})
 			}, func(w io.Writer, r *adminv1.GetNamespaceResponse) {
 				namespaceTable(w, []*adminv1.Namespace{r.GetNamespace()})
@@ -170,7 +172,7 @@ func namespaceCommand(g *globals) *cobra.Command {
 	del := &cobra.Command{
 		Use: "delete NAME", Short: "Delete a namespace", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.DeleteNamespaceResponse, error) {
+			return run(cmd, g, client.Once, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.DeleteNamespaceResponse, error) {
 				return adminv1.NewControlPlaneClient(cc).DeleteNamespace(ctx, &adminv1.DeleteNamespaceRequest{Namespace: args[0]})
 			}, func(w io.Writer, r *adminv1.DeleteNamespaceResponse) {
 				if r.GetDeleted() {
@@ -198,7 +200,7 @@ func proxyCommand(g *globals) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List proxies with their partitions and namespaces", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListProxiesResponse, error) {
+			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListProxiesResponse, error) {
 				return adminv1.NewAdminClient(cc).ListProxies(ctx, &adminv1.ListProxiesRequest{Consistency: consistency(consistent)})
 			}, func(w io.Writer, r *adminv1.ListProxiesResponse) {
 				fmt.Fprintln(w, "PROXY\tADDRESS\tSTATUS\tLAST SEEN\tPARTITIONS\tNAMESPACES")
@@ -228,7 +230,7 @@ func leaseCommand(g *globals) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List leases (the leader shows renewals not yet checkpointed)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListLeasesResponse, error) {
+			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListLeasesResponse, error) {
 				return adminv1.NewAdminClient(cc).ListLeases(ctx, &adminv1.ListLeasesRequest{
 					Consistency: consistency(consistent), Namespace: namespace, ProxyId: proxy,
 				})
@@ -254,7 +256,7 @@ func routeCommand(g *globals) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List mailbox and namespace routes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListRoutesResponse, error) {
+			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListRoutesResponse, error) {
 				return adminv1.NewAdminClient(cc).ListRoutes(ctx, &adminv1.ListRoutesRequest{Consistency: consistency(consistent)})
 			}, func(w io.Writer, r *adminv1.ListRoutesResponse) {
 				fmt.Fprintln(w, "MAILBOX\tRUNNER\tADDRESS\tPARTITION\tEPOCH")
@@ -282,7 +284,7 @@ func memberCommand(g *globals) *cobra.Command {
 		Short: "Add a voter; its admin gRPC address is replicated so every node can forward to it when it leads",
 		Args:  cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AddVoterResponse, error) {
+			return run(cmd, g, client.Once, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AddVoterResponse, error) {
 				return adminv1.NewAdminClient(cc).AddVoter(ctx, &adminv1.AddVoterRequest{Id: args[0], RaftAddress: args[1], GrpcAddress: args[2]})
 			}, func(w io.Writer, r *adminv1.AddVoterResponse) {
 				fmt.Fprintf(w, "added %s at index %d\n", args[0], r.GetIndex())
@@ -291,7 +293,7 @@ func memberCommand(g *globals) *cobra.Command {
 	}, &cobra.Command{
 		Use: "remove ID", Short: "Remove a server", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return run(cmd, g, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RemoveServerResponse, error) {
+			return run(cmd, g, client.Once, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RemoveServerResponse, error) {
 				return adminv1.NewAdminClient(cc).RemoveServer(ctx, &adminv1.RemoveServerRequest{Id: args[0]})
 			}, func(w io.Writer, r *adminv1.RemoveServerResponse) {
 				fmt.Fprintf(w, "removed %s at index %d\n", args[0], r.GetIndex())
