@@ -81,6 +81,24 @@ func TestEndpointsFailover(t *testing.T) {
 			t.Fatal("second call did not go straight to the node that answered")
 		}
 	})
+	t.Run("an in-band NOT_LEADER goes to the named leader too", func(t *testing.T) {
+		inBand := startNode(t, func() (*adminv1.MailboxHeartbeatResponse, error) {
+			return &adminv1.MailboxHeartbeatResponse{Refusal: &adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER, LeaderAddress: leader.addr}}, nil
+		})
+		e, err := DialEndpoints([]string{inBand.addr, bystander.addr, leader.addr}, 5*time.Second, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		before, bystanderBefore := leader.calls.Load(), bystander.calls.Load()
+		resp, err := e.MailboxHeartbeat(ctx, req)
+		if err != nil || !resp.GetRenewed() {
+			t.Fatalf("heartbeat: %v %v", resp, err)
+		}
+		if inBand.calls.Load() != 1 || leader.calls.Load() != before+1 || bystander.calls.Load() != bystanderBefore {
+			t.Fatalf("calls: in-band %d, leader %d→%d, bystander %d→%d", inBand.calls.Load(), before, leader.calls.Load(), bystanderBefore, bystander.calls.Load())
+		}
+	})
 	t.Run("unreachable node is skipped", func(t *testing.T) {
 		e, err := DialEndpoints([]string{dead, bystander.addr}, 5*time.Second, nil)
 		if err != nil {
