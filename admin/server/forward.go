@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/mesh"
@@ -88,18 +88,17 @@ func leaderCall[Resp any](s *Server, ctx context.Context, method string,
 
 // retryableForward reports whether a forwarded call certainly did not run on
 // the leader, so re-issuing it cannot apply it twice: the leader refused it
-// as not leader (checked before proposing), or the connection was never made.
-// Any other failure (the leader died mid-call, a deadline) is ambiguous and
-// goes back to the client, which knows whether it may retry.
+// as not leader (checked before proposing), or the request never left this
+// node (client.NotSent: the forwarding connection records whether gRPC ever
+// gave the call a stream, so a refused or failed dial is told by that fact,
+// not by its error text). Any other failure (the leader died mid-call, a
+// deadline) is ambiguous and goes back to the client, which knows whether it
+// may retry.
 func retryableForward(err error) bool {
-	if status.Code(err) != codes.Unavailable {
-		return false
-	}
 	if r, ok := mesh.RefusalFrom(err); ok {
 		return r.GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER
 	}
-	msg := status.Convert(err).Message()
-	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "Error while dialing")
+	return client.NotSent(err)
 }
 
 func notLeaderError(l raftnode.Leadership, addr string) error {

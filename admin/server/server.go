@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/leadership"
 	"github.com/prism-mesh/prism/admin/lease"
@@ -155,6 +156,8 @@ func New(cfg Config) (*Server, error) {
 		health:   health.NewServer(),
 		addrs:    map[string]string{},
 		draining: make(chan struct{}),
+		// Forwards learn whether a failed call ever left this node.
+		pool: grpcpool.Pool{Options: []grpc.DialOption{client.TrackSent()}},
 	}
 	for id, a := range cfg.GRPCAddrs {
 		s.addrs[id] = a
