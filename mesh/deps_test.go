@@ -28,6 +28,7 @@ func TestLightPackagesStayLight(t *testing.T) {
 		"github.com/prism-mesh/prism/gateway",
 		"github.com/prism-mesh/prism/sidecar/agent",
 		"github.com/prism-mesh/prism/sidecar/node",
+		"github.com/prism-mesh/prism/admin/client",
 		"github.com/prism-mesh/prism/mesh",
 	} {
 		t.Run(pkg, func(t *testing.T) {

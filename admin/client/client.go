@@ -10,7 +10,7 @@
 // k8s.io/apimachinery wait.Backoff.
 //
 // The package links gRPC, the admin protos and mesh only: the sidecar links
-// it, and must not link Raft, Badger or the FSM (deps_test.go).
+// it, and must not link Raft, Badger or the FSM (mesh/deps_test.go).
 package client
 
 import (
