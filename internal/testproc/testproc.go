@@ -144,7 +144,40 @@ func (p *Proc) Kill() {
 }
 
 // Pause stops the process with SIGSTOP: it keeps its sockets and state but answers nothing until Resume.
-func (p *Proc) Pause() { p.signal(syscall.SIGSTOP) }
+// It returns once the kernel reports every thread stopped, so a request sent after Pause is certainly
+// queued, not answered by a thread that had yet to stop.
+func (p *Proc) Pause() {
+	p.t.Helper()
+	p.signal(syscall.SIGSTOP)
+	tasks := fmt.Sprintf("/proc/%d/task", p.Pid())
+	deadline := time.Now().Add(5 * time.Second)
+	for !stopped(tasks) {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s not stopped 5s after SIGSTOP", p.Name)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// stopped reports whether every thread under tasks (/proc/<pid>/task) is in state T: the state field of
+// each stat file follows the parenthesised command name.
+func stopped(tasks string) bool {
+	stats, err := filepath.Glob(filepath.Join(tasks, "*", "stat"))
+	if err != nil || len(stats) == 0 {
+		return false
+	}
+	for _, stat := range stats {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return false
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
 
 // Resume continues a paused process with SIGCONT.
 func (p *Proc) Resume() { p.signal(syscall.SIGCONT) }
