@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -284,6 +285,7 @@ func (c *recordingClock) NewTimer(d time.Duration) clock.Timer {
 
 func TestDoBacksOffBetweenRounds(t *testing.T) {
 	t.Parallel()
+	const ms = time.Millisecond
 	cases := []struct {
 		name    string
 		backoff wait.Backoff
@@ -291,9 +293,9 @@ func TestDoBacksOffBetweenRounds(t *testing.T) {
 		want    []time.Duration
 	}{
 		{"doubles up to the cap", wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Steps: 100, Cap: 40 * time.Millisecond}, 6,
-			[]time.Duration{10, 20, 40, 40, 40}},
+			[]time.Duration{10 * ms, 20 * ms, 40 * ms, 40 * ms, 40 * ms}},
 		{"steps spent: the last wait repeats", wait.Backoff{Duration: 10 * time.Millisecond, Factor: 3, Steps: 2}, 5,
-			[]time.Duration{10, 30, 90, 90}},
+			[]time.Duration{10 * ms, 30 * ms, 90 * ms, 90 * ms}},
 		{"one round: no wait", wait.Backoff{Duration: time.Hour}, 1, nil},
 	}
 	for _, tc := range cases {
@@ -306,13 +308,8 @@ func TestDoBacksOffBetweenRounds(t *testing.T) {
 			}
 			clk.mu.Lock()
 			defer clk.mu.Unlock()
-			if len(clk.waits) != len(tc.want) {
-				t.Fatalf("waits %v, want %v ms", clk.waits, tc.want)
-			}
-			for i, w := range tc.want {
-				if clk.waits[i] != w*time.Millisecond {
-					t.Fatalf("waits %v, want %v ms", clk.waits, tc.want)
-				}
+			if !slices.Equal(clk.waits, tc.want) {
+				t.Fatalf("waits %v, want %v", clk.waits, tc.want)
 			}
 		})
 	}

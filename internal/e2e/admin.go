@@ -80,8 +80,8 @@ func StartAdmins(t testing.TB, o AdminOptions) *AdminCluster {
 	}
 	for i, n := range c.Nodes {
 		args := append(n.flags(), o.Args...)
-		switch {
-		case o.Size == 1:
+		switch o.Size {
+		case 1:
 			args = append(args, "--bootstrap")
 		default:
 			args = append(args, "--peers", strings.Join(peers, ","))

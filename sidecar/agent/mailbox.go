@@ -47,8 +47,8 @@ type LeaseView struct {
 type stopMode int
 
 const (
-	// stopNone: running.
-	stopNone stopMode = iota
+	// The zero stopMode is running.
+	_ stopMode = iota
 	// stopUnassign: the runner closes the mailbox, then the lease goes.
 	stopUnassign
 	// stopShutdown: halt only; Agent.Shutdown drains and releases.
@@ -443,7 +443,9 @@ func (w *worker) unassign() {
 		w.log.Warn("runner drain failed", "err", err)
 	}
 	if v := w.view(); v.Epoch != 0 {
-		w.release(ctx, "unassigned", v.Epoch)
+		// release logs and counts every outcome; an unassignment has no
+		// caller to hand its error to.
+		_ = w.release(ctx, "unassigned", v.Epoch)
 	}
 	w.closeInRunner(ctx)
 }

@@ -6,6 +6,7 @@ package xdsadmin
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"strconv"
@@ -96,7 +97,12 @@ func follow(t *testing.T, source func(*fsm.FSM) xds.Source) {
 	go func() {
 		done <- cp.Follow(ctx, source(l.f), xds.FollowConfig{Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{cp.Addr}})
 	}()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("follow: %v", err)
+		}
+	}()
 
 	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(cp.Addr, "follow-client"))
 	if err != nil {

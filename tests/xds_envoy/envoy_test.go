@@ -91,7 +91,7 @@ func TestEnvoyGatewayRoutesByMailbox(t *testing.T) {
 	// Unknown mailbox over HTTP: the direct 404 with a JSON body.
 	var resp *http.Response
 	poll(t, "gateway answers HTTP", func() bool {
-		r, err := http.Get("http://" + gateway + "/v1/mailboxes/nobody@proxy-09/events")
+		r, err := http.Get("http://" + gateway + "/v1/mailboxes/nobody@proxy-09/events") //nolint:bodyclose // closed below, after the poll
 		if err != nil {
 			return false
 		}
