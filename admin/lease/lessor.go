@@ -33,11 +33,17 @@
 // was promoted at p, the lease lasts until p + ttl + ExtendOnPromote + grace,
 // which is later than s + ttl unless s > p + ExtendOnPromote + grace, i.e.
 // unless a deposed leader kept acknowledging heartbeats for longer than an
-// election timeout after its successor took over. hashicorp/raft's leader
-// steps down once it has not reached a quorum for LeaderLeaseTimeout (at most
-// the heartbeat timeout, below the election timeout), and the server only
-// renews while raft reports it is leader; grace absorbs clock-rate drift on
-// top. So the holder always stops first, and epochs make any overlap visible.
+// election timeout after its successor took over. raft's own view that this
+// node leads cannot rule that out: a leader paused past the election timeout
+// still believes it leads when it resumes. So the server renews only under a
+// quorum's confirmation of its term from a round that started less than
+// LeaderLease (ExtendOnPromote / 2) before the request was dequeued
+// (admin/leadership): the successor was elected after that round started,
+// so s < p + ExtendOnPromote/2, whatever the pause. The other half of the
+// election timeout and grace absorb clock-rate drift (with drift at most rho
+// the condition is Lease*(1+rho) + 2*rho*ttl <= (ExtendOnPromote +
+// grace)*(1-rho)). So the holder always stops first, and epochs make any
+// overlap visible.
 //
 // # Expiry produces requests only
 //
@@ -55,7 +61,7 @@
 // runs when the node becomes leader and has applied all earlier entries
 // (after a barrier), with ExtendOnPromote set to the raft election timeout;
 // Demote runs as soon as it stops being leader, and heartbeats are answered
-// only while raft reports this node leader. The leader loop calls Expired
+// only under a leadership confirmation (admin/leadership). The leader loop calls Expired
 // (e.g. every 100 ms), Checkpoints (e.g. every few seconds, in batches) and
 // StaleProxies, and commits what they return.
 package lease
