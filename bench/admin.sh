@@ -5,7 +5,8 @@
 #   etcd (Debian's etcd-server, 3 members, default fsync): LeaseGrant + put-if-absent with the lease, KeepAliveOnce, Revoke;
 #   Redis (Debian's redis-server, appendfsync always): SET NX PX, PEXPIRE, DEL.
 # Then failover (kill -9 of the leader to the first acknowledged write, ADMIN_BENCH_KILLS times) and scale
-# (10,000 leases each heartbeating every second on 3 nodes: heartbeat latency and admin CPU).
+# (10,000 leases each heartbeating every second on 3 nodes: heartbeat latency and admin CPU), and the cost of the
+# leadership check per renewal (admin.renewal_leader_check_us, a Go benchmark of admin/leadership).
 #   ADMIN_BENCH_ARGS   extra flags for bench/adminbench (go run ./bench/adminbench -h)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,3 +29,7 @@ go build -o "$tmp/adminbench" ./bench/adminbench
 # shellcheck disable=SC2086
 "$tmp/adminbench" -prism "$tmp/prism" -etcd "$(command -v etcd)" -redis "$(command -v redis-server)" \
   -concurrency 16 -phase 3s -kills "${ADMIN_BENCH_KILLS:-20}" ${ADMIN_BENCH_ARGS:-}
+
+# The leadership check every renewal passes (admin/leadership): per-renewal cost with 2 goroutines, rounds included.
+go test -run '^$' -bench '^BenchmarkLease$' -benchtime 2s ./admin/leadership/ |
+  awk '$1 ~ /^BenchmarkLease/ { printf "BENCH admin.renewal_leader_check_us %.3f us\n", $3 / 1000 }'
