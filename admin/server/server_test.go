@@ -15,7 +15,6 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -35,24 +34,11 @@ func startSingle(t *testing.T) (*Node, adminv1.ControlPlaneClient, adminv1.Admin
 // leader loops' tickers wait on it, so a step reaches every loop.
 func startSingleAt(t *testing.T, clk clock.WithTicker, staleAfter time.Duration) (*Node, adminv1.ControlPlaneClient, adminv1.AdminClient, *grpc.ClientConn) {
 	t.Helper()
-	n, err := Start(NodeConfig{
-		Raft:     raftnode.Config{ID: "solo", Bootstrap: true, Timing: raftnode.FastTiming()},
-		GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: quiet(), Clock: clk, StaleProxyAfter: staleAfter,
+	n, cc := startNodeConn(t, NodeConfig{
+		Raft:     raftnode.Config{ID: "solo", Bootstrap: true},
+		HTTPAddr: "127.0.0.1:0", Clock: clk, StaleProxyAfter: staleAfter,
 		XDS: true, GatewayAddr: "127.0.0.1:8080",
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = n.Stop(ctx)
-	})
-	cc, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
 	deadline := time.Now().Add(20 * time.Second)
 	for l, _ := n.Raft.Leadership(); !l.IsLeader || !n.Lessor.Primary(); l, _ = n.Raft.Leadership() {
 		if time.Now().After(deadline) {

@@ -18,6 +18,14 @@ import (
 // startNode runs a node on 127.0.0.1 and returns its ControlPlane client.
 func startNode(t *testing.T, cfg NodeConfig) (*Node, adminv1.ControlPlaneClient) {
 	t.Helper()
+	n, cc := startNodeConn(t, cfg)
+	return n, adminv1.NewControlPlaneClient(cc)
+}
+
+// startNodeConn runs a node on 127.0.0.1 on fast raft timing and returns a
+// connection to its gRPC server; both are closed when the test ends.
+func startNodeConn(t *testing.T, cfg NodeConfig) (*Node, *grpc.ClientConn) {
+	t.Helper()
 	cfg.Raft.Timing = raftnode.FastTiming()
 	cfg.GRPCAddr, cfg.Logger = "127.0.0.1:0", quiet()
 	n, err := Start(cfg)
@@ -34,7 +42,7 @@ func startNode(t *testing.T, cfg NodeConfig) (*Node, adminv1.ControlPlaneClient)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
-	return n, adminv1.NewControlPlaneClient(cc)
+	return n, cc
 }
 
 // A node with no leader to forward to still refuses a malformed write at
