@@ -62,6 +62,7 @@ func validateRegisterProxy(cmd *adminv1.Command) error {
 		{"registration.version", r.GetVersion()},
 		{"registration.region", r.GetRegion()},
 		{"registration.zone", r.GetZone()},
+		{"registration.runner_id", r.GetRunnerId()},
 	} {
 		if f.v != "" {
 			if err := mesh.ValidateID(f.field, f.v); err != nil {
@@ -268,14 +269,27 @@ func leaseTiming(req *adminv1.AcquireLeaseRequest, ns *adminv1.Namespace) (ttl, 
 	return ttl, grace, hb
 }
 
-// applyAcquireLease grants the lease if the mailbox has none or the holder
+// applyAcquireLease first refuses a mailbox the caller may not hold at all
+// (placementRefusal: no such namespace, placed elsewhere, not the proxy's
+// runner). A namespace's move does not touch a lease already granted on the
+// old proxy: that lease is renewed, released or expired like any other (its
+// sidecar sees the assignment revoked, drains and releases), but it can no
+// longer be granted again, not even as a reconnect. The new proxy's mailbox
+// is another mailbox id, acquired on its own.
+//
+// Past the preconditions, it grants the lease if the mailbox has none or the holder
 // is the same runner (a reconnect). Every grant, reconnects included, gets
-// epoch = this log index: the caller may be a restarted incarnation whose
-// predecessor is still draining, and a fresh fencing token is what tells the
-// two apart. The runner's address may also have changed, so the route is
-// replaced too. Anything else is refused, naming the holder.
+// a new epoch from this entry's term and index (epoch.go): the caller may be
+// a restarted incarnation whose predecessor is still draining, and a fresh
+// fencing token is what tells the two apart. The runner's address may also
+// have changed, so the route is replaced too. Anything else is refused,
+// naming the holder.
 func applyAcquireLease(tx *txn, cmd *adminv1.Command) (any, error) {
 	req := cmd.GetAcquireLease()
+	if ref := placementRefusal(tx.st, req); ref != nil {
+		ref.Current = proto.CloneOf(tx.st.leases[req.GetMailboxId()])
+		return &adminv1.AcquireLeaseResponse{Refusal: ref, Index: tx.index}, nil
+	}
 	if cur, ok := tx.st.leases[req.GetMailboxId()]; ok && cur.GetRunnerId() != req.GetRunnerId() {
 		return &adminv1.AcquireLeaseResponse{
 			Refusal: &adminv1.LeaseRefusal{
@@ -286,6 +300,10 @@ func applyAcquireLease(tx *txn, cmd *adminv1.Command) (any, error) {
 			Index: tx.index,
 		}, nil
 	}
+	epoch, err := nextEpoch(tx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire %s: %w", req.GetMailboxId(), err)
+	}
 	id, _ := mesh.ParseMailboxID(req.GetMailboxId()) // validated before apply
 	ttl, grace, hb := leaseTiming(req, tx.st.namespaces[id.Namespace])
 	l := &adminv1.Lease{
@@ -295,7 +313,7 @@ func applyAcquireLease(tx *txn, cmd *adminv1.Command) (any, error) {
 		RunnerId:          req.GetRunnerId(),
 		RunnerAddress:     req.GetRunnerAddress(),
 		Partition:         placement.Partition(id.Namespace),
-		Epoch:             tx.index,
+		Epoch:             epoch,
 		GrantedAt:         cmd.GetNow(),
 		ExpiresAt:         timestamppb.New(tx.now.Add(ttl)),
 		Ttl:               durationpb.New(ttl),

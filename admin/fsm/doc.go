@@ -8,8 +8,9 @@
 // grant. For that to hold on every replica the package is strictly
 // deterministic: Apply never reads a clock (the leader stamps Command.now),
 // never depends on map iteration order (every output and every multi-row
-// update goes through sorted keys), and a lease's epoch is the Raft index of
-// its grant, so it is unique and only grows without any counter to replicate.
+// update goes through sorted keys), and a lease's epoch is the Raft term and
+// index of its grant (epoch.go), so it is unique and only grows without any
+// counter to replicate, even across a node that lost its log's tail.
 //
 // Commands are dispatched through a table keyed by the Go type of the
 // Command body's oneof (Consul's typed dispatch); a test walks the oneof so

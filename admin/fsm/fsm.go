@@ -189,7 +189,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		tx := &txn{st: f.st, index: l.Index}
+		tx := &txn{st: f.st, index: l.Index, term: l.Term}
 		res, err := f.applyOne(tx, l.Data)
 		if err != nil {
 			out[i] = err
@@ -272,6 +272,7 @@ type leaseEvent struct {
 type txn struct {
 	st      *state
 	index   uint64
+	term    uint64 // raft term of the entry; with index, the epoch of a grant
 	now     time.Time
 	changed bool
 	events  []leaseEvent

@@ -73,11 +73,14 @@ func acquire(mailbox, runner string) *adminv1.AcquireLeaseRequest {
 	return &adminv1.AcquireLeaseRequest{MailboxId: mailbox, RunnerId: runner, RunnerAddress: runner + ".svc:9090"}
 }
 
-// harness applies commands with increasing raft indexes.
+// harness applies commands with increasing raft indexes. Its entries carry
+// term 0, so a grant's epoch is its index (epochAt) and cases can name
+// epochs by index; epoch_test.go covers real terms.
 type harness struct {
 	t     testing.TB
 	f     *FSM
 	index uint64
+	term  uint64
 }
 
 func newHarness(t testing.TB, opts ...Option) *harness {
@@ -97,7 +100,7 @@ func (h *harness) apply(cmd *adminv1.Command) any {
 
 func (h *harness) applyBytes(data []byte) any {
 	h.index++
-	return h.f.Apply(&raft.Log{Index: h.index, Term: 1, Type: raft.LogCommand, Data: data})
+	return h.f.Apply(&raft.Log{Index: h.index, Term: h.term, Type: raft.LogCommand, Data: data})
 }
 
 // must applies and fails the test on an error result.
