@@ -277,8 +277,8 @@ func leaseTiming(req *adminv1.AcquireLeaseRequest, ns *adminv1.Namespace) (ttl, 
 // longer be granted again, not even as a reconnect. The new proxy's mailbox
 // is another mailbox id, acquired on its own.
 //
-// Past the preconditions, it grants the lease if the mailbox has none or the holder
-// is the same runner (a reconnect). Every grant, reconnects included, gets
+// Past those, it grants the lease if the mailbox has none or the holder is
+// the same runner (a reconnect). Every grant, reconnects included, gets
 // a new epoch from this entry's term and index (epoch.go): the caller may be
 // a restarted incarnation whose predecessor is still draining, and a fresh
 // fencing token is what tells the two apart. The runner's address may also

@@ -266,6 +266,14 @@ const (
 	// This node is not the leader and could not forward; retry on the leader
 	// named in the refusal.
 	LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER LeaseRefusalReason = 6
+	// Acquire: the mailbox's namespace does not exist.
+	LeaseRefusalReason_LEASE_REFUSAL_REASON_NAMESPACE_NOT_FOUND LeaseRefusalReason = 7
+	// Acquire: the namespace exists but is placed on another proxy (or on
+	// none), so "{namespace}@{proxy_id}" is not a mailbox anyone may serve.
+	LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_PLACED_HERE LeaseRefusalReason = 8
+	// Acquire: the caller is not the runner registered for the mailbox's
+	// proxy (ProxyRegistration.runner_id).
+	LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER LeaseRefusalReason = 9
 )
 
 // Enum value maps for LeaseRefusalReason.
@@ -278,15 +286,21 @@ var (
 		4: "LEASE_REFUSAL_REASON_UNKNOWN_LEASE",
 		5: "LEASE_REFUSAL_REASON_STALE_EPOCH",
 		6: "LEASE_REFUSAL_REASON_NOT_LEADER",
+		7: "LEASE_REFUSAL_REASON_NAMESPACE_NOT_FOUND",
+		8: "LEASE_REFUSAL_REASON_NOT_PLACED_HERE",
+		9: "LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER",
 	}
 	LeaseRefusalReason_value = map[string]int32{
-		"LEASE_REFUSAL_REASON_UNSPECIFIED":   0,
-		"LEASE_REFUSAL_REASON_HELD_BY_OTHER": 1,
-		"LEASE_REFUSAL_REASON_NOT_HOLDER":    2,
-		"LEASE_REFUSAL_REASON_EXPIRED":       3,
-		"LEASE_REFUSAL_REASON_UNKNOWN_LEASE": 4,
-		"LEASE_REFUSAL_REASON_STALE_EPOCH":   5,
-		"LEASE_REFUSAL_REASON_NOT_LEADER":    6,
+		"LEASE_REFUSAL_REASON_UNSPECIFIED":         0,
+		"LEASE_REFUSAL_REASON_HELD_BY_OTHER":       1,
+		"LEASE_REFUSAL_REASON_NOT_HOLDER":          2,
+		"LEASE_REFUSAL_REASON_EXPIRED":             3,
+		"LEASE_REFUSAL_REASON_UNKNOWN_LEASE":       4,
+		"LEASE_REFUSAL_REASON_STALE_EPOCH":         5,
+		"LEASE_REFUSAL_REASON_NOT_LEADER":          6,
+		"LEASE_REFUSAL_REASON_NAMESPACE_NOT_FOUND": 7,
+		"LEASE_REFUSAL_REASON_NOT_PLACED_HERE":     8,
+		"LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER":    9,
 	}
 )
 
@@ -447,8 +461,12 @@ type ProxyRegistration struct {
 	// Free-form labels.
 	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Topology for operators and future zone-aware placement.
-	Region        string `protobuf:"bytes,7,opt,name=region,proto3" json:"region,omitempty"`
-	Zone          string `protobuf:"bytes,8,opt,name=zone,proto3" json:"zone,omitempty"`
+	Region string `protobuf:"bytes,7,opt,name=region,proto3" json:"region,omitempty"`
+	Zone   string `protobuf:"bytes,8,opt,name=zone,proto3" json:"zone,omitempty"`
+	// The runner that serves this proxy's mailboxes: the only runner id
+	// AcquireLease grants "{namespace}@{proxy_id}" to. Empty means the proxy
+	// id, the sidecar's own default when it runs one runner per proxy.
+	RunnerId      string `protobuf:"bytes,9,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -535,6 +553,13 @@ func (x *ProxyRegistration) GetRegion() string {
 func (x *ProxyRegistration) GetZone() string {
 	if x != nil {
 		return x.Zone
+	}
+	return ""
+}
+
+func (x *ProxyRegistration) GetRunnerId() string {
+	if x != nil {
+		return x.RunnerId
 	}
 	return ""
 }
@@ -1602,7 +1627,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x1aprism/admin/v1/types.proto\x12\x0eprism.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"B\n" +
 	"\rMemberAddress\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
-	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress\"\xe7\x02\n" +
+	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress\"\x84\x03\n" +
 	"\x11ProxyRegistration\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x121\n" +
@@ -1611,7 +1636,8 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\fcapabilities\x18\x05 \x03(\tR\fcapabilities\x12E\n" +
 	"\x06labels\x18\x06 \x03(\v2-.prism.admin.v1.ProxyRegistration.LabelsEntryR\x06labels\x12\x16\n" +
 	"\x06region\x18\a \x01(\tR\x06region\x12\x12\n" +
-	"\x04zone\x18\b \x01(\tR\x04zone\x1a9\n" +
+	"\x04zone\x18\b \x01(\tR\x04zone\x12\x1b\n" +
+	"\trunner_id\x18\t \x01(\tR\brunnerId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc9\x02\n" +
@@ -1724,7 +1750,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\fRunnerHealth\x12\x1d\n" +
 	"\x19RUNNER_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15RUNNER_HEALTH_HEALTHY\x10\x01\x12\x1a\n" +
-	"\x16RUNNER_HEALTH_DEGRADED\x10\x02*\x9c\x02\n" +
+	"\x16RUNNER_HEALTH_DEGRADED\x10\x02*\x9f\x03\n" +
 	"\x12LeaseRefusalReason\x12$\n" +
 	" LEASE_REFUSAL_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"LEASE_REFUSAL_REASON_HELD_BY_OTHER\x10\x01\x12#\n" +
@@ -1732,7 +1758,10 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x1cLEASE_REFUSAL_REASON_EXPIRED\x10\x03\x12&\n" +
 	"\"LEASE_REFUSAL_REASON_UNKNOWN_LEASE\x10\x04\x12$\n" +
 	" LEASE_REFUSAL_REASON_STALE_EPOCH\x10\x05\x12#\n" +
-	"\x1fLEASE_REFUSAL_REASON_NOT_LEADER\x10\x06*_\n" +
+	"\x1fLEASE_REFUSAL_REASON_NOT_LEADER\x10\x06\x12,\n" +
+	"(LEASE_REFUSAL_REASON_NAMESPACE_NOT_FOUND\x10\a\x12(\n" +
+	"$LEASE_REFUSAL_REASON_NOT_PLACED_HERE\x10\b\x12)\n" +
+	"%LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER\x10\t*_\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_STALE\x10\x01\x12\x1c\n" +
