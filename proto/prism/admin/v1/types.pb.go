@@ -1152,8 +1152,10 @@ type Lease struct {
 	RunnerAddress string `protobuf:"bytes,5,opt,name=runner_address,json=runnerAddress,proto3" json:"runner_address,omitempty"`
 	// crc32.ChecksumIEEE(namespace) % 256.
 	Partition uint32 `protobuf:"varint,6,opt,name=partition,proto3" json:"partition,omitempty"`
-	// Raft index of the grant: the fencing token. It only grows, and every
-	// acquire (including a reconnect) gets a new one.
+	// The fencing token: the grant's Raft term << 40 | its log index. It only
+	// grows, even across a node that lost its log's tail (the term survives in
+	// raft's stable store), and every acquire (including a reconnect) gets a
+	// new one. Compare epochs only as numbers (docs/architecture.md#fencing-epochs).
 	Epoch uint64 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// Leader time of the grant.
 	GrantedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
