@@ -13,15 +13,21 @@ import (
 func populated(b *testing.B, leases int) *harness {
 	h := newHarness(b)
 	for i := range 4 {
-		h.apply(c(0, register(fmt.Sprintf("proxy-%02d", i))))
+		h.apply(c(0, registerRunner(fmt.Sprintf("proxy-%02d", i), "runner")))
 	}
 	for i := range leases {
-		h.apply(c(0, acquire(fmt.Sprintf("ns-%05d@proxy-%02d", i, i%4), "runner")))
+		h.apply(c(0, acquire(h.created(fmt.Sprintf("ns-%05d", i)), "runner")))
 	}
 	if got, _ := h.f.Leases(); len(got) != leases {
 		b.Fatalf("%d leases", len(got))
 	}
 	return h
+}
+
+// created creates namespace name and returns the mailbox placement gives it.
+func (h *harness) created(name string) string {
+	res := h.must(c(0, createNS(name, "t"))).(*adminv1.CreateNamespaceResponse)
+	return mailboxID(name, res.GetNamespace().GetAssignedProxyId())
 }
 
 // BenchmarkApplyAcquire is the FSM's share of an acquire (decode, validate,
@@ -30,7 +36,7 @@ func BenchmarkApplyAcquire(b *testing.B) {
 	h := populated(b, 10_000)
 	data := make([][]byte, 1024)
 	for i := range data {
-		data[i], _ = proto.Marshal(c(time.Second, acquire(fmt.Sprintf("bench-%04d@proxy-01", i), "runner")))
+		data[i], _ = proto.Marshal(c(time.Second, acquire(h.created(fmt.Sprintf("bench-%04d", i)), "runner")))
 	}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {

@@ -59,7 +59,7 @@ func TestEpochOrder(t *testing.T) {
 func TestEpochAfterLostLogTail(t *testing.T) {
 	t.Parallel()
 	cmds := []*adminv1.Command{
-		c(0, register("proxy-01")),
+		c(0, registerRunner("proxy-01", "runner-a")),
 		c(0, createNS(ns, "audit.events")),
 	}
 	const grants = 5
@@ -96,7 +96,7 @@ func TestEpochAfterLostLogTail(t *testing.T) {
 func TestEpochExhaustedRefusesGrant(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	h.must(c(0, register("proxy-01")))
+	h.must(c(0, registerRunner("proxy-01", "runner-a")))
 	h.must(c(0, createNS(ns, "audit.events")))
 	h.term = 1 << epochTermBits
 	was := tables(t, h.f)

@@ -84,13 +84,22 @@ func randomLog(seed uint64, n int) []*adminv1.Command {
 	runners := []string{"r1", "r2", "r3"}
 	pick := func(s []string) string { return s[r.IntN(len(s))] }
 	mailbox := func() string { return mailboxID(pick(namespaces), pick(proxies)) }
+	// Mostly the proxy's usual runner, so acquires can be granted; now and
+	// then another, so registrations change under held leases.
+	runnerOf := func(proxy string) string {
+		if r.IntN(4) == 0 {
+			return pick(runners)
+		}
+		return runners[slices.Index(proxies, proxy)%len(runners)]
+	}
 	var out []*adminv1.Command
 	for i := range n {
 		d := time.Duration(i) * time.Second
 		var body any
 		switch r.IntN(9) {
 		case 0:
-			body = register(pick(proxies))
+			p := pick(proxies)
+			body = registerRunner(p, runnerOf(p))
 		case 1:
 			body = &adminv1.ProxyHeartbeatRequest{ProxyId: pick(proxies)}
 		case 2:
@@ -100,7 +109,8 @@ func randomLog(seed uint64, n int) []*adminv1.Command {
 		case 4:
 			body = &adminv1.DeleteNamespaceRequest{Namespace: pick(namespaces)}
 		case 5, 6:
-			body = acquire(mailbox(), pick(runners))
+			p := pick(proxies)
+			body = acquire(mailboxID(pick(namespaces), p), runnerOf(p))
 		case 7:
 			body = &adminv1.ReleaseLeaseRequest{MailboxId: mailbox(), RunnerId: pick(runners)}
 		default:
@@ -162,12 +172,17 @@ func TestReplayIsDeterministic(t *testing.T) {
 func TestEpochsOnlyGrow(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
+	h.must(c(0, createNS("a", "t")))
 	var last uint64
 	grants := 0
 	for i := range 30 {
 		runner := []string{"r1", "r2"}[i/3%2]
 		// Three acquires per runner: a grant and two reconnects; then a
-		// release hands the mailbox to the other runner.
+		// release hands the mailbox to the other runner, which the proxy
+		// registers as its own.
+		if i%3 == 0 {
+			h.must(c(0, registerRunner("p", runner)))
+		}
 		res := h.must(c(0, acquire("a@p", runner))).(*adminv1.AcquireLeaseResponse)
 		if !res.GetGranted() {
 			t.Fatalf("acquire %d by %s refused: %v", i, runner, res.GetRefusal())
@@ -215,19 +230,25 @@ func TestObserverSeesLeaseChangesInLogOrder(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
 	h := newHarness(t, WithLeaseObserver(rec))
-	h.must(c(0, acquire("a@p", "r1")))                                                                                                                              // 1
-	h.must(c(0, acquire("a@p", "r2")))                                                                                                                              // 2: refused
-	h.must(c(0, acquire("a@p", "r1")))                                                                                                                              // 3: reconnect
-	h.must(c(0, &adminv1.CheckpointLeasesCommand{Checkpoints: []*adminv1.LeaseCheckpoint{{MailboxId: "a@p", Epoch: 3, ExpiresAt: at(0), LastHeartbeatAt: at(0)}}})) // 4
-	h.must(c(0, &adminv1.ExpireLeasesCommand{Leases: []*adminv1.LeaseRef{{MailboxId: "a@p", Epoch: 1}}}))                                                           // 5: stale
-	h.must(c(0, acquire("b@p", "r2")))                                                                                                                              // 6
-	h.must(c(0, &adminv1.ReleaseLeaseRequest{MailboxId: "a@p", RunnerId: "r1"}))                                                                                    // 7
-	h.must(c(0, &adminv1.ExpireLeasesCommand{Leases: []*adminv1.LeaseRef{{MailboxId: "b@p", Epoch: 6}}}))                                                           // 8
-	h.must(c(0, acquire("c@p", "r3")))                                                                                                                              // 9
+	h.must(c(0, registerRunner("p", "r1")))        // 1
+	for _, name := range []string{"a", "b", "c"} { // 2-4
+		h.must(c(0, createNS(name, "t")))
+	}
+	h.must(c(0, acquire("a@p", "r1")))                                                                                                                              // 5
+	h.must(c(0, acquire("a@p", "r2")))                                                                                                                              // 6: refused
+	h.must(c(0, acquire("a@p", "r1")))                                                                                                                              // 7: reconnect
+	h.must(c(0, &adminv1.CheckpointLeasesCommand{Checkpoints: []*adminv1.LeaseCheckpoint{{MailboxId: "a@p", Epoch: 7, ExpiresAt: at(0), LastHeartbeatAt: at(0)}}})) // 8
+	h.must(c(0, &adminv1.ExpireLeasesCommand{Leases: []*adminv1.LeaseRef{{MailboxId: "a@p", Epoch: 5}}}))                                                           // 9: stale
+	h.must(c(0, registerRunner("p", "r2")))                                                                                                                         // 10
+	h.must(c(0, acquire("b@p", "r2")))                                                                                                                              // 11
+	h.must(c(0, &adminv1.ReleaseLeaseRequest{MailboxId: "a@p", RunnerId: "r1"}))                                                                                    // 12
+	h.must(c(0, &adminv1.ExpireLeasesCommand{Leases: []*adminv1.LeaseRef{{MailboxId: "b@p", Epoch: 11}}}))                                                          // 13
+	h.must(c(0, registerRunner("p", "r3")))                                                                                                                         // 14
+	h.must(c(0, acquire("c@p", "r3")))                                                                                                                              // 15
 	if err := h.f.Restore(io.NopCloser(bytes.NewReader(dump(t, h.f)))); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"grant a@p r1 1", "grant a@p r1 3", "grant b@p r2 6", "remove a@p 3", "remove b@p 6", "grant c@p r3 9", "restore 1"}
+	want := []string{"grant a@p r1 5", "grant a@p r1 7", "grant b@p r2 11", "remove a@p 7", "remove b@p 11", "grant c@p r3 15", "restore 1"}
 	if got := rec.Events(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("events\n%v\nwant\n%v", got, want)
 	}
@@ -260,28 +281,39 @@ func TestChangedFiresOnChangeOnly(t *testing.T) {
 func TestNamespaceRoutes(t *testing.T) {
 	t.Parallel()
 	h, owner, other, mailbox := base(t)
-	// A second mailbox of the namespace on the other proxy, newer epoch.
-	h.must(c(time.Minute, acquire(mailboxID(ns, other), "runner-b")))
 	_, aliases, _ := h.f.Routes()
 	if len(aliases) != 1 || aliases[0].GetMailboxId() != mailbox {
-		t.Fatalf("alias %v, want the assigned proxy's mailbox %s", aliases, mailbox)
+		t.Fatalf("alias %v, want %s", aliases, mailbox)
 	}
-	// The assigned proxy goes stale: the namespace moves to other, whose
-	// mailbox is now preferred.
+	// The assigned proxy goes stale: the namespace moves to other, which
+	// has no mailbox yet, so the alias stays on the old proxy's lease.
 	p, _ := h.f.Proxy(owner)
 	h.must(c(time.Minute, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: owner, LastSeen: p.GetProxy().GetLastSeen()}}}))
 	_, aliases, v := h.f.Routes()
+	if aliases[0].GetMailboxId() != mailbox || v != h.index {
+		t.Fatalf("alias %v at version %d, want fallback %s at %d", aliases, v, mailbox, h.index)
+	}
+	// A second mailbox of the namespace on the other proxy, newer epoch.
+	h.must(c(time.Minute, acquire(mailboxID(ns, other), "runner-b")))
+	_, aliases, v = h.f.Routes()
 	if aliases[0].GetMailboxId() != mailboxID(ns, other) || v != h.index {
 		t.Fatalf("alias %v at version %d, want %s at %d", aliases, v, mailboxID(ns, other), h.index)
 	}
-	// Without a mailbox on the assigned proxy, the newest grant wins.
-	h.must(c(time.Minute, &adminv1.ReleaseLeaseRequest{MailboxId: mailboxID(ns, other), RunnerId: "runner-b"}))
+	// The owner returns and takes the namespace back: its mailbox is
+	// preferred although the other's grant is newer.
+	h.must(c(time.Minute, &adminv1.ProxyHeartbeatRequest{ProxyId: owner}))
 	_, aliases, _ = h.f.Routes()
-	if aliases[0].GetMailboxId() != mailbox {
-		t.Fatalf("alias %v, want fallback %s", aliases, mailbox)
+	if len(aliases) != 1 || aliases[0].GetMailboxId() != mailbox {
+		t.Fatalf("alias %v, want the assigned proxy's mailbox %s", aliases, mailbox)
+	}
+	// Without a mailbox on the assigned proxy, the newest grant wins.
+	h.must(c(time.Minute, &adminv1.ReleaseLeaseRequest{MailboxId: mailbox, RunnerId: "runner-a"}))
+	_, aliases, _ = h.f.Routes()
+	if aliases[0].GetMailboxId() != mailboxID(ns, other) {
+		t.Fatalf("alias %v, want fallback %s", aliases, mailboxID(ns, other))
 	}
 	n, route, _ := h.f.Namespace(ns)
-	if n == nil || route.GetMailboxId() != mailbox {
+	if n == nil || route.GetMailboxId() != mailboxID(ns, other) {
 		t.Fatalf("Namespace() route = %v", route)
 	}
 }

@@ -20,14 +20,19 @@ func mailboxID(namespace, proxyID string) string {
 }
 
 // base is the state every command case starts from: two live proxies, one
-// namespace placed on one of them, and a lease on its mailbox (epoch 4).
+// namespace placed on one of them (owner, whose runner is runner-a; the other
+// proxy's is runner-b), and a lease on its mailbox (epoch 4).
 func base(t *testing.T) (h *harness, owner, other, mailbox string) {
 	h = newHarness(t)
-	h.must(c(0, register("proxy-01")))
-	h.must(c(time.Second, register("proxy-02")))
-	res := h.must(c(2*time.Second, createNS(ns, "audit.events"))).(*adminv1.CreateNamespaceResponse)
-	owner = res.GetNamespace().GetAssignedProxyId()
+	owner = ownerOf(ns, "proxy-01", "proxy-02")
 	other = map[string]string{"proxy-01": "proxy-02", "proxy-02": "proxy-01"}[owner]
+	runner := map[string]string{owner: "runner-a", other: "runner-b"}
+	h.must(c(0, registerRunner("proxy-01", runner["proxy-01"])))
+	h.must(c(time.Second, registerRunner("proxy-02", runner["proxy-02"])))
+	res := h.must(c(2*time.Second, createNS(ns, "audit.events"))).(*adminv1.CreateNamespaceResponse)
+	if got := res.GetNamespace().GetAssignedProxyId(); got != owner {
+		t.Fatalf("namespace placed on %s, placement says %s", got, owner)
+	}
 	mailbox = mailboxID(ns, owner)
 	if got := h.must(c(3*time.Second, acquire(mailbox, "runner-a"))).(*adminv1.AcquireLeaseResponse); !got.GetGranted() || got.GetLease().GetEpoch() != 4 {
 		t.Fatalf("setup acquire: %v", got)
@@ -191,10 +196,14 @@ func TestCommands(t *testing.T) {
 		},
 		{
 			name: "acquire a free mailbox: epoch is the log index, timing from the namespace",
-			cmd:  func(e *env) *adminv1.Command { return c(time.Minute, acquire(mailboxID(ns, e.other), "runner-b")) },
+			cmd: func(e *env) *adminv1.Command {
+				e.h.must(c(50*time.Second, createNS(nsOn("billing", e.other, "proxy-01", "proxy-02"), "billing.events")))
+				return c(time.Minute, acquire(mailboxID(nsOn("billing", e.other, "proxy-01", "proxy-02"), e.other), "runner-b"))
+			},
 			check: func(t *testing.T, e *env) {
 				l := e.res.(*adminv1.AcquireLeaseResponse).GetLease()
-				if l.GetEpoch() != e.h.index || l.GetNamespace() != ns || l.GetProxyId() != e.other || l.GetPartition() != placement.Partition(ns) {
+				billing := nsOn("billing", e.other, "proxy-01", "proxy-02")
+				if l.GetEpoch() != e.h.index || l.GetNamespace() != billing || l.GetProxyId() != e.other || l.GetPartition() != placement.Partition(billing) {
 					t.Fatalf("lease = %v", l)
 				}
 				if l.GetTtl().AsDuration() != 20*time.Second || l.GetGrace().AsDuration() != 7*time.Second ||
@@ -205,7 +214,11 @@ func TestCommands(t *testing.T) {
 		},
 		{
 			name: "acquire held by another runner is refused naming the holder",
-			cmd:  func(e *env) *adminv1.Command { return c(time.Minute, acquire(e.mailbox, "runner-b")) },
+			cmd: func(e *env) *adminv1.Command {
+				// The proxy's runner was replaced while the old one's lease lives.
+				e.h.must(c(50*time.Second, registerRunner(e.owner, "runner-b")))
+				return c(time.Minute, acquire(e.mailbox, "runner-b"))
+			},
 			check: func(t *testing.T, e *env) {
 				res := e.res.(*adminv1.AcquireLeaseResponse)
 				if res.GetGranted() || res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER ||

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prism-mesh/prism/admin/placement"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -56,6 +57,33 @@ func register(id string) *adminv1.RegisterProxyRequest {
 		ProxyId: id, Address: id + ".prism.local:8980", Version: "0.1.0",
 		Capabilities: []string{"mailbox"}, Labels: map[string]string{"tier": "a"}, Region: "eu-west-1", Zone: "eu-west-1a",
 	}}
+}
+
+// registerRunner registers a proxy whose mailboxes runner serves.
+func registerRunner(id, runner string) *adminv1.RegisterProxyRequest {
+	r := register(id)
+	r.Registration.RunnerId = runner
+	return r
+}
+
+// ownerOf is the proxy placement puts namespace on when live are the live
+// proxies.
+func ownerOf(namespace string, live ...string) string {
+	tab := placement.Compute(live)
+	return tab.Owner(placement.Partition(namespace))
+}
+
+// nsOn is the first namespace "{prefix}-{n}" placed on proxy when live are
+// the live proxies, so a test can make a mailbox legitimate on the proxy it
+// wants.
+func nsOn(prefix, proxy string, live ...string) string {
+	tab := placement.Compute(live)
+	for n := 0; ; n++ {
+		name := fmt.Sprintf("%s-%d", prefix, n)
+		if tab.Owner(placement.Partition(name)) == proxy {
+			return name
+		}
+	}
 }
 
 func createNS(name string, topics ...string) *adminv1.CreateNamespaceRequest {

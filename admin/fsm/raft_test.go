@@ -154,6 +154,12 @@ func TestConcurrentAcquiresThroughRaftGrantOnce(t *testing.T) {
 	t.Parallel()
 	_, leader := threeNodeCluster(t)
 	l := leader()
+	propose(t, l, c(0, register("proxy-01")))
+	propose(t, l, c(0, createNS("audit-logs", "t")))
+	// Each runner registers itself as the proxy's runner, then acquires:
+	// the last registration is always followed by its runner's acquire, so
+	// some acquire is granted, and once one is, every other runner is
+	// refused (held by another, or not the proxy's runner).
 	const runners = 8
 	var (
 		wg      sync.WaitGroup
@@ -164,7 +170,12 @@ func TestConcurrentAcquiresThroughRaftGrantOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			data, _ := Encode(c(0, acquire("audit-logs@proxy-01", fmt.Sprintf("runner-%d", i))))
+			runner := fmt.Sprintf("runner-%d", i)
+			reg, _ := Encode(c(0, registerRunner("proxy-01", runner)))
+			if l.raft.Apply(reg, 10*time.Second).Error() != nil {
+				return
+			}
+			data, _ := Encode(c(0, acquire("audit-logs@proxy-01", runner)))
 			f := l.raft.Apply(data, 10*time.Second)
 			if f.Error() != nil {
 				return

@@ -21,8 +21,10 @@ func TestRoutesIndex(t *testing.T) {
 			t.Fatalf("%s: RoutesIndex %d, Routes reports %d", step, before, routesIdx)
 		}
 	}
-	h.must(c(0, register("p1")))
+	h.must(c(0, registerRunner("p1", "runner")))
 	check("register")
+	h.must(c(0, createNS("a", "t")))
+	check("create namespace")
 	h.must(c(0, acquire("a@p1", "runner")))
 	granted := h.f.RoutesIndex()
 	if granted != h.index {
