@@ -11,7 +11,8 @@ import (
 // RefusalCode is the gRPC code a lease RPC fails with when it carries a
 // refusal as a status instead of in its response: NOT_LEADER is retryable
 // elsewhere (UNAVAILABLE), a missing lease is NOT_FOUND, and every other
-// refusal means the caller's view of the lease is wrong (FAILED_PRECONDITION).
+// refusal means the caller's view of the lease, or of the mailbox's
+// placement, is wrong (FAILED_PRECONDITION).
 func RefusalCode(r *adminv1.LeaseRefusal) codes.Code {
 	switch r.GetReason() {
 	case adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER:

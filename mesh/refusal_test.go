@@ -22,6 +22,9 @@ func TestRefusalErrorRoundTrip(t *testing.T) {
 		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_HOLDER, codes.FailedPrecondition},
 		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED, codes.FailedPrecondition},
 		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_STALE_EPOCH, codes.FailedPrecondition},
+		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NAMESPACE_NOT_FOUND, codes.FailedPrecondition},
+		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_PLACED_HERE, codes.FailedPrecondition},
+		{adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER, codes.FailedPrecondition},
 	}
 	for _, tc := range cases {
 		t.Run(tc.reason.String(), func(t *testing.T) {
