@@ -77,7 +77,8 @@ type Config struct {
 	// queries to; also the proxy's registered address.
 	AdvertiseAddr string
 	// Registration carries the optional registration fields (version,
-	// capabilities, labels, region, zone); proxy id and address are filled in.
+	// capabilities, labels, region, zone); proxy id, address and runner id are
+	// filled in.
 	Registration *adminv1.ProxyRegistration
 	// LeaseTTL is the ttl asked for on acquire; 0 takes the namespace's.
 	// The ttl the admin grants is what the sidecar fences by.
@@ -213,7 +214,8 @@ func (a *Agent) registration() *adminv1.ProxyRegistration {
 	if r == nil {
 		r = &adminv1.ProxyRegistration{}
 	}
-	r.ProxyId, r.Address = a.cfg.ProxyID, a.cfg.AdvertiseAddr
+	// The admin grants this proxy's mailboxes only to the runner named here.
+	r.ProxyId, r.Address, r.RunnerId = a.cfg.ProxyID, a.cfg.AdvertiseAddr, a.cfg.RunnerID
 	if len(r.Capabilities) == 0 {
 		r.Capabilities = []string{"mailbox"}
 	}
