@@ -21,12 +21,31 @@ type node struct {
 	fsm   *fsm.FSM
 	l     *Lessor
 	index uint64
+	// runner is the one proxy p's registration names.
+	runner string
 }
 
+// newNode starts with proxy p registered and namespaces a and b placed on
+// it, so mailboxes a@p and b@p may be acquired.
 func newNode(t *testing.T) *node {
 	clk := clocktesting.NewFakeClock(t0)
 	l := New(Config{Clock: clk, ExtendOnPromote: extend, Logger: quiet})
-	return &node{t: t, clk: clk, l: l, fsm: fsm.New(fsm.WithLeaseObserver(l))}
+	n := &node{t: t, clk: clk, l: l, fsm: fsm.New(fsm.WithLeaseObserver(l))}
+	n.register("p")
+	for _, ns := range []string{"a", "b"} {
+		n.apply(&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: &adminv1.CreateNamespaceRequest{
+			Namespace: ns, Config: &adminv1.NamespaceConfig{Topics: []string{"t"}},
+		}}})
+	}
+	return n
+}
+
+// register (re-)registers proxy p with runner as its runner.
+func (n *node) register(runner string) {
+	n.apply(&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: &adminv1.RegisterProxyRequest{
+		Registration: &adminv1.ProxyRegistration{ProxyId: "p", Address: "10.0.0.1:8980", RunnerId: runner},
+	}}})
+	n.runner = runner
 }
 
 func (n *node) apply(cmd *adminv1.Command) any {
@@ -44,7 +63,12 @@ func (n *node) apply(cmd *adminv1.Command) any {
 	return res
 }
 
+// acquire first makes runner p's registered runner, if it is not: a runner
+// change of the proxy is how two runners legitimately contend for a mailbox.
 func (n *node) acquire(mailbox, runner string) *adminv1.AcquireLeaseResponse {
+	if runner != n.runner {
+		n.register(runner)
+	}
 	return n.apply(&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: &adminv1.AcquireLeaseRequest{
 		MailboxId: mailbox, RunnerId: runner, RunnerAddress: "10.0.0.1:9090",
 	}}}).(*adminv1.AcquireLeaseResponse)
