@@ -53,6 +53,21 @@ func startSingleAt(t *testing.T, clk clock.WithTicker, staleAfter time.Duration)
 	return n, adminv1.NewControlPlaneClient(cc), adminv1.NewAdminClient(cc), cc
 }
 
+// placeOn registers proxy with runner as its runner and creates namespace
+// ns, which placement puts on proxy when it is the only live one: the
+// mailbox "{ns}@{proxy}" may then be acquired by runner.
+func placeOn(t *testing.T, c context.Context, cp adminv1.ControlPlaneClient, proxy, runner, ns string) {
+	t.Helper()
+	reg := &adminv1.ProxyRegistration{ProxyId: proxy, Address: "127.0.0.1:9000", RunnerId: runner}
+	if _, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: reg}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := cp.CreateNamespace(c, &adminv1.CreateNamespaceRequest{Namespace: ns, Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}})
+	if err != nil || res.GetNamespace().GetAssignedProxyId() != proxy {
+		t.Fatalf("create namespace %s: %v, %v", ns, res, err)
+	}
+}
+
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
@@ -63,7 +78,7 @@ func TestLeaseLifecycleOnOneNode(t *testing.T) {
 	t.Parallel()
 	n, cp, adm, _ := startSingle(t)
 	c := ctx(t)
-	if _, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:9000"}}); err != nil {
+	if _, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:9000", RunnerId: "r1"}}); err != nil {
 		t.Fatal(err)
 	}
 	ns, err := cp.CreateNamespace(c, &adminv1.CreateNamespaceRequest{Namespace: "$admin", Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}})
@@ -73,6 +88,10 @@ func TestLeaseLifecycleOnOneNode(t *testing.T) {
 	acq, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "$admin@p1", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"})
 	if err != nil || !acq.GetGranted() || acq.GetLease().GetEpoch() == 0 {
 		t.Fatalf("acquire: %v, %v", acq, err)
+	}
+	// p1's runner is replaced while r1 holds the lease.
+	if _, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:9000", RunnerId: "r2"}}); err != nil {
+		t.Fatal(err)
 	}
 	other, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "$admin@p1", RunnerId: "r2", RunnerAddress: "127.0.0.1:9002"})
 	if err != nil || other.GetGranted() || other.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER ||
@@ -138,6 +157,7 @@ func TestLeaseExpiresOnlyAfterTTLPlusGrace(t *testing.T) {
 		clk.Step(d)
 		awaitState(t, "an expiry scan", func() bool { return scrapeValue(t, n, "prism_admin_lease_expiry_scans_total") >= scans+1 })
 	}
+	placeOn(t, c, cp, "p", "r1", "a")
 	acq, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "a@p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001", Ttl: durationpb.New(time.Second)})
 	if err != nil || !acq.GetGranted() {
 		t.Fatalf("acquire: %v, %v", acq, err)

@@ -88,8 +88,11 @@ func TestForwardedWriteIsTimedByTheLeader(t *testing.T) {
 		l, _ := follower.Raft.Leadership()
 		return l.LeaderID == "a" && follower.FSM.MemberAddress("a") != ""
 	})
-	reg, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:9000"}})
+	reg, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:9000", RunnerId: "r1"}})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.CreateNamespace(c, &adminv1.CreateNamespaceRequest{Namespace: "n", Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}}); err != nil {
 		t.Fatal(err)
 	}
 	acq, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "n@p1", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"})

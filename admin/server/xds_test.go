@@ -18,6 +18,7 @@ func TestXDSFollowsLeases(t *testing.T) {
 	t.Parallel()
 	n, cp, adm, _ := startSingle(t)
 	c := ctx(t)
+	placeOn(t, c, cp, "p1", "runner-a", "audit")
 	acq, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "audit@p1", RunnerId: "runner-a", RunnerAddress: "127.0.0.1:9001"})
 	if err != nil || !acq.GetGranted() {
 		t.Fatalf("acquire: %v, %v", acq, err)
