@@ -51,7 +51,11 @@ func TestFollowCopiesRoutesOnlyWhenTheyChange(t *testing.T) {
 		}
 	}
 	apply(&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: &adminv1.RegisterProxyRequest{
-		Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:8980"}}}})
+		Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:8980", RunnerId: "runner-a"}}}})
+	for _, ns := range []string{"audit", "billing"} {
+		apply(&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: &adminv1.CreateNamespaceRequest{
+			Namespace: ns, Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}}}})
+	}
 	apply(&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: &adminv1.AcquireLeaseRequest{
 		MailboxId: "audit@p1", RunnerId: "runner-a", RunnerAddress: "127.0.0.1:9001"}}})
 
@@ -100,7 +104,7 @@ func TestFollowCopiesRoutesOnlyWhenTheyChange(t *testing.T) {
 	}
 
 	apply(&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: &adminv1.AcquireLeaseRequest{
-		MailboxId: "billing@p1", RunnerId: "runner-b", RunnerAddress: "127.0.0.1:9002"}}})
+		MailboxId: "billing@p1", RunnerId: "runner-a", RunnerAddress: "127.0.0.1:9001"}}})
 	await("the new grant to be served", func() bool { return cp.Version() == strconv.FormatUint(index, 10) })
 	if got := src.routes.Load(); got != 2 {
 		t.Fatalf("%d route copies after a grant, want 2", got)

@@ -46,6 +46,20 @@ func (l *log) apply(cmd *adminv1.Command) {
 	}
 }
 
+// register (re-)registers proxy with runner as the runner its mailboxes may
+// be granted to.
+func register(proxy, runner string) *adminv1.Command {
+	return &adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: &adminv1.RegisterProxyRequest{
+		Registration: &adminv1.ProxyRegistration{ProxyId: proxy, Address: "127.0.0.1:7000", RunnerId: runner},
+	}}}
+}
+
+func createNamespace(name string) *adminv1.Command {
+	return &adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: &adminv1.CreateNamespaceRequest{
+		Namespace: name, Config: &adminv1.NamespaceConfig{Topics: []string{"t"}},
+	}}}
+}
+
 func acquire(mailbox, runner, addr string) *adminv1.Command {
 	return &adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: &adminv1.AcquireLeaseRequest{
 		MailboxId: mailbox, RunnerId: runner, RunnerAddress: addr,
@@ -131,11 +145,14 @@ func follow(t *testing.T, source func(*fsm.FSM) xds.Source) {
 		t.Fatalf("%s: %s answers %q, want %q", what, mailbox, got, want)
 	}
 
-	l.apply(&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: &adminv1.RegisterProxyRequest{
-		Registration: &adminv1.ProxyRegistration{ProxyId: "proxy-01", Address: "127.0.0.1:7000"},
-	}}})
-	registeredAt := l.now
+	// proxy-01 is the only proxy, so both namespaces are placed on it. Its
+	// runner is replaced between the two grants (runner-a keeps audit).
+	l.apply(register("proxy-01", "runner-a"))
+	l.apply(createNamespace("audit"))
+	l.apply(createNamespace("$admin"))
 	l.apply(acquire("audit@proxy-01", "runner-a", a.Addr))
+	l.apply(register("proxy-01", "runner-b"))
+	registeredAt := l.now
 	l.apply(acquire("$admin@proxy-01", "runner-b", b.Addr))
 	await("granted lease", "audit@proxy-01", "runner-a")
 	await("granted lease", "$admin@proxy-01", "runner-b")
@@ -156,13 +173,14 @@ func follow(t *testing.T, source func(*fsm.FSM) xds.Source) {
 	}
 
 	// The proxy goes stale: its runners' endpoints are sent unhealthy, so
-	// queries fail fast instead of waiting out the leases, under the same
-	// routes index (no route changed).
+	// queries fail fast instead of waiting out the leases. Its namespaces
+	// lose their placement (no proxy is live), which moves the routes index;
+	// the mailbox routes stay.
 	l.apply(&adminv1.Command{Body: &adminv1.Command_MarkProxiesStale{MarkProxiesStale: &adminv1.MarkProxiesStaleCommand{
 		Proxies: []*adminv1.ProxyRef{{ProxyId: "proxy-01", LastSeen: timestamppb.New(registeredAt)}},
 	}}})
 	await("stale proxy", "audit@proxy-01", "code:"+codes.Unavailable.String())
-	if cp.Version() != strconv.FormatUint(after, 10) {
-		t.Fatalf("serving version %s after the proxy went stale, want the routes index %d", cp.Version(), after)
+	if _, _, stale := l.f.Routes(); cp.Version() != strconv.FormatUint(stale, 10) || stale != l.index {
+		t.Fatalf("serving version %s after the proxy went stale, want the routes index %d of the move at %d", cp.Version(), stale, l.index)
 	}
 }
