@@ -98,6 +98,10 @@ type Config struct {
 	// ApplyTimeout bounds Apply and membership changes when the context has
 	// no earlier deadline.
 	ApplyTimeout time.Duration
+	// AcceptLogLoss lets a node whose log ends before the commit index it had
+	// acknowledged start anyway, on what is left (ErrLogLoss otherwise). An
+	// operator's decision for one start, after checking the other members.
+	AcceptLogLoss bool
 
 	Logger  *slog.Logger
 	Metrics Metrics
@@ -214,6 +218,7 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		logs   raft.LogStore
 		stable raft.StableStore
 		snaps  raft.SnapshotStore
+		acked  uint64
 	)
 	var closers []func() error
 	cleanup := func() {
@@ -252,6 +257,12 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 			return nil, fmt.Errorf("snapshot store in %s: %w", cfg.DataDir, err)
 		}
 		snaps = fs
+		// Before raft reads the log: a node that lost entries must not vote
+		// or lead as if it never had them.
+		if acked, err = checkLogLoss(logs, stable, snaps, cfg.AcceptLogLoss, n.log); err != nil {
+			cleanup()
+			return nil, fmt.Errorf("node %s in %s: %w", cfg.ID, cfg.DataDir, err)
+		}
 		tr, err := newTCPTransport(cfg, hl.Named("transport"))
 		if err != nil {
 			cleanup()
@@ -300,6 +311,10 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 	r.RegisterObserver(n.observer)
 	n.wg.Add(1)
 	go n.watchLeadership()
+	if cfg.DataDir != "" {
+		n.wg.Add(1)
+		go n.recordAckedIndex(stable, acked)
+	}
 	return n, nil
 }
 

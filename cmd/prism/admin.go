@@ -32,6 +32,7 @@ type adminFlags struct {
 	snapshotInterval  time.Duration
 	snapshotThreshold uint64
 	trailingLogs      uint64
+	acceptLogLoss     bool
 	staleProxyAfter   time.Duration
 	xds               bool
 	gatewayAddr       string
@@ -72,6 +73,7 @@ RAFT_ADDR GRPC_ADDR, which replicates its gRPC address to every node.`,
 	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 0, "how often raft checks whether to snapshot (0: raft default 2m)")
 	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 0, "log entries since the last snapshot that trigger one (0: raft default 8192)")
 	fs.Uint64Var(&f.trailingLogs, "trailing-logs", 0, "log entries kept after a snapshot for slow followers (0: raft default 10240)")
+	fs.BoolVar(&f.acceptLogLoss, "accept-log-loss", false, "start even though the raft log ends before the commit index this node acknowledged (lost entries: it refuses to start otherwise); for one start, after checking the other members")
 	fs.DurationVar(&f.staleProxyAfter, "stale-proxy-after", 30*time.Second, "a proxy without heartbeats this long loses its namespaces")
 	fs.BoolVar(&f.xds, "xds", true, "serve the routes over xDS (ADS) on the gRPC address, from this node's state")
 	fs.StringVar(&f.gatewayAddr, "gateway-addr", "0.0.0.0:8080", "IP:port the Envoy gateway listens on for queries (its listener resource)")
@@ -177,6 +179,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 			ID: f.nodeID, DataDir: f.dataDir, BindAddr: raftAddr, Advertise: advertise,
 			Peers: bootPeers, Bootstrap: f.bootstrap || f.inMemory, DialAddrs: dial, Timing: timing,
 			SnapshotInterval: f.snapshotInterval, SnapshotThreshold: f.snapshotThreshold, TrailingLogs: f.trailingLogs,
+			AcceptLogLoss: f.acceptLogLoss,
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr,
