@@ -39,10 +39,10 @@ func envDuration(name string, def time.Duration) (time.Duration, error) {
 
 func sidecarCommand() *cobra.Command {
 	var (
-		proxyID, runnerID, adminEndpoints, runnerAddr, advertiseAddr, httpAddr string
-		logLevel, logFormat, region, zone                                      string
-		labels                                                                 map[string]string
-		leaseTTL, heartbeat, stopTimeout, attemptTimeout, retryMax             time.Duration
+		proxyID, runnerID, adminEndpoints, runnerAddr, advertiseAddr, httpAddr      string
+		logLevel, logFormat, region, zone                                           string
+		labels                                                                      map[string]string
+		leaseTTL, heartbeat, runnerDeadAfter, stopTimeout, attemptTimeout, retryMax time.Duration
 	)
 	ttlDefault, ttlErr := envDuration(inject.EnvLeaseTTL, 15*time.Second)
 	hbDefault, hbErr := envDuration(inject.EnvHeartbeatInterval, 5*time.Second)
@@ -55,7 +55,8 @@ namespace assignments and, for each, has the runner open mailbox {namespace}@{pr
 lease with the runner's query address (--advertise-addr) and only then lets the runner consume and serve
 it under the lease's epoch. It heartbeats every --heartbeat-interval (jittered) and stops the runner on a
 mailbox once the lease ttl has passed since it sent the last acknowledged heartbeat, or on a refusal,
-then acquires again. SIGTERM: the runner drains (stop fetching, flush, commit), then every lease is
+then acquires again. A runner whose control API fails the stats probe for --runner-dead-after gets no
+more renewals: the sidecar fences it, releases its leases and acquires again once the runner answers. SIGTERM: the runner drains (stop fetching, flush, commit), then every lease is
 released, within --stop-timeout. /readyz is ready only while every assigned lease is held.
 
 Every flag defaults to its environment variable (PRISM_PROXY_ID, PRISM_ADMIN_ENDPOINTS, PRISM_LEASE_TTL,
@@ -90,7 +91,7 @@ PRISM_RUNNER_ID), as set by the injector.`,
 				AdminEndpoints: endpoints, Registration: &adminv1.ProxyRegistration{
 					Version: version, Capabilities: []string{"mailbox"}, Labels: labels, Region: region, Zone: zone,
 				},
-				LeaseTTL: leaseTTL, HeartbeatInterval: heartbeat, StopTimeout: stopTimeout, AttemptTimeout: attemptTimeout, RetryMax: retryMax,
+				LeaseTTL: leaseTTL, HeartbeatInterval: heartbeat, RunnerDeadAfter: runnerDeadAfter, StopTimeout: stopTimeout, AttemptTimeout: attemptTimeout, RetryMax: retryMax,
 				Logger: log,
 			})
 		},
@@ -101,6 +102,7 @@ PRISM_RUNNER_ID), as set by the injector.`,
 	f.StringVar(&adminEndpoints, "admin-endpoints", envOr(inject.EnvAdminEndpoints, ""), "admin gRPC endpoints, comma-separated host:port; list every node")
 	f.DurationVar(&leaseTTL, "lease-ttl", ttlDefault, "lease ttl to ask for (0: the namespace's); the granted ttl is what the sidecar fences by")
 	f.DurationVar(&heartbeat, "heartbeat-interval", hbDefault, "time between heartbeats (jittered down by up to 20%; below --lease-ttl)")
+	f.DurationVar(&runnerDeadAfter, "runner-dead-after", 0, "the runner failing the stats probe of each heartbeat this long (unreachable, or erring) has its leases given back: no more renewals, fence, release (0: three heartbeat intervals, at most half the lease ttl; below --lease-ttl)")
 	f.StringVar(&runnerAddr, "runner-addr", envOr(inject.EnvRunnerAddr, defaultControlAddr), "the runner's control API (loopback)")
 	f.StringVar(&advertiseAddr, "advertise-addr", envOr(inject.EnvAdvertiseAddr, ""), "the runner's MailboxQuery host:port that routes point to (pod IP and query port)")
 	f.StringVar(&httpAddr, "http-addr", envOr(inject.EnvHTTPAddr, fmt.Sprintf(":%d", inject.SidecarHTTPPort)), "HTTP listen address for /healthz, /readyz and /metrics")

@@ -28,6 +28,22 @@
 // activation and each acknowledged heartbeat hands it the time left on this
 // clock (valid_for), and the runner fences by itself when it runs out.
 //
+// # A dead runner gives its lease back
+//
+// Each heartbeat first asks the runner for its stats, which doubles as a
+// probe of the runner's control API. Once the probes have failed (the
+// runner unreachable, or answering with an error other than NotFound) for
+// RunnerDeadAfter since it last answered, the worker renews no more, fences
+// the runner, and releases the lease with its epoch: at once if the runner
+// confirms the fence, else once the deadline the runner was last handed has
+// passed (a paused runner that resumes fences itself by then, so it cannot
+// serve beside the next holder). It then opens the mailbox in the runner
+// again, retrying until the runner answers, and acquires as at start. A
+// runner that is only slow (failing probes for less than the bound) keeps
+// the lease. Probes ride on heartbeats, so a dead runner is noticed within
+// RunnerDeadAfter plus one interval and one probe timeout of its last
+// answer, and the lease is released at the latest ttl after that answer.
+//
 // # Graceful stop
 //
 // On stop the workers halt (no new acquires or heartbeats), the runner
@@ -86,6 +102,11 @@ type Config struct {
 	// HeartbeatInterval between heartbeats (jittered down by up to 20%);
 	// the lease's own interval wins when shorter. Default 5s.
 	HeartbeatInterval time.Duration
+	// RunnerDeadAfter is how long the runner may fail the stats probe each
+	// heartbeat makes before the lease is given back (see the package
+	// doc). 0 means three heartbeat intervals of the lease, at most half
+	// its ttl.
+	RunnerDeadAfter time.Duration
 	// StopTimeout bounds the graceful stop (drain + release). Default 4.5s.
 	StopTimeout time.Duration
 	// RPCTimeout bounds one call to the runner, and one whole admin call
@@ -129,6 +150,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.LeaseTTL > 0 && c.HeartbeatInterval >= c.LeaseTTL {
 		return fmt.Errorf("agent: heartbeat interval %v must be below the lease ttl %v", c.HeartbeatInterval, c.LeaseTTL)
+	}
+	if c.RunnerDeadAfter < 0 {
+		return fmt.Errorf("agent: runner-dead bound %v must not be negative", c.RunnerDeadAfter)
+	}
+	if c.RunnerDeadAfter > 0 && c.LeaseTTL > 0 && c.RunnerDeadAfter >= c.LeaseTTL {
+		return fmt.Errorf("agent: runner-dead bound %v must be below the lease ttl %v", c.RunnerDeadAfter, c.LeaseTTL)
 	}
 	if c.StopTimeout <= 0 {
 		c.StopTimeout = 4500 * time.Millisecond

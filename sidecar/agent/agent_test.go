@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -305,6 +306,8 @@ func TestConfigErrors(t *testing.T) {
 		{"no advertise address", func(c *Config) { c.AdvertiseAddr = "" }, "advertise address"},
 		{"interval not below ttl", func(c *Config) { c.LeaseTTL, c.HeartbeatInterval = time.Second, time.Second }, "must be below the lease ttl"},
 		{"negative ttl", func(c *Config) { c.LeaseTTL = -time.Second }, "must not be negative"},
+		{"negative runner-dead bound", func(c *Config) { c.RunnerDeadAfter = -time.Second }, "must not be negative"},
+		{"runner-dead bound not below ttl", func(c *Config) { c.LeaseTTL, c.RunnerDeadAfter = 5*time.Second, 5*time.Second }, "runner-dead bound 5s must be below the lease ttl"},
 	}
 	for _, tc := range tests {
 		c := base()
@@ -389,5 +392,99 @@ func TestReassignWaitsForClose(t *testing.T) {
 	_, act := h.waitEvent(iOpen, "runner activate audit@p1")
 	if !strings.HasPrefix(act.what, "runner activate audit@p1 6 ") {
 		t.Fatalf("activation %q", act.what)
+	}
+}
+
+// The runner's control API fails every call from t0+1s. Its probes fail at
+// t0+3s (down 3s, under the 5s bound: the heartbeat still goes) and t0+6s
+// (past it): no heartbeat then, the fence is not confirmed, so the lease is
+// released with its epoch when the deadline the runner was handed at
+// activation (t0+10s) has passed, and nothing renews it meanwhile. Once the
+// runner answers again the mailbox is opened and acquired as at start.
+func TestDeadRunnerGivesLeaseBack(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit")
+	h.waitEvent(0, "runner activate audit@p1 5 valid_for=10s")
+	h.runner.setDown(true)
+	h.settle(2)
+	h.clk.Step(testInterval)
+	h.waitEvent(0, "runner down extend")
+	if n := h.ev.count("admin heartbeat"); n != 1 {
+		t.Fatalf("%d heartbeats while the runner is down for less than the bound:\n%s", n, h.ev)
+	}
+	h.settle(2)
+	h.clk.Step(testInterval)
+	_, giveUp := h.waitEvent(0, "runner down fence")
+	if !giveUp.at.Equal(h.t0.Add(2 * testInterval)) {
+		t.Fatalf("gave up at %v, want at the first probe past the bound (t0+6s)", giveUp.at)
+	}
+	h.settle(2)
+	h.clk.Step(testTTL - 2*testInterval)
+	iRel, rel := h.waitEvent(0, "admin release audit@p1")
+	if rel.what != "admin release audit@p1 5" || !rel.at.Equal(h.t0.Add(testTTL)) {
+		t.Fatalf("release %q at %v, want epoch 5 at t0+10s, when the runner's own deadline has passed", rel.what, rel.at)
+	}
+	h.waitFor("lease given up", func() bool { return h.lease("audit@p1").Epoch == 0 })
+	if h.agent.Ready() == nil {
+		t.Fatal("ready without the lease")
+	}
+	for range 3 {
+		h.settle(2)
+		h.clk.Step(time.Second)
+		h.waitFor("open retried", func() bool { return h.ev.count("runner down open") > 0 })
+	}
+	if n, acq := h.ev.count("admin heartbeat"), h.ev.count("admin acquire"); n != 1 || acq != 1 {
+		t.Fatalf("%d heartbeats and %d acquires in all while the runner is dead, want 1 and 1:\n%s", n, acq, h.ev)
+	}
+	if got := testutil.ToFloat64(h.agent.m.losses.WithLabelValues("runner_unreachable")); got != 1 {
+		t.Fatalf("runner_unreachable losses %v", got)
+	}
+	if got := testutil.ToFloat64(h.agent.m.releases.WithLabelValues("runner_unreachable", "released")); got != 1 {
+		t.Fatalf("runner_unreachable releases %v", got)
+	}
+
+	h.runner.setDown(false)
+	h.settle(2)
+	h.clk.Step(time.Second)
+	iOpen, _ := h.waitEvent(iRel, "runner open audit@p1 0")
+	iAcq, _ := h.waitEvent(iOpen, "admin acquire audit@p1")
+	_, act := h.waitEvent(iAcq, "runner activate audit@p1")
+	if !strings.HasPrefix(act.what, "runner activate audit@p1 6 ") {
+		t.Fatalf("re-activation %q, want epoch 6", act.what)
+	}
+	h.waitFor("ready again", func() bool { return h.agent.Ready() == nil })
+}
+
+// A runner that fails one probe (t0+3s) and answers the next (t0+6s), so
+// never for the 5s bound, keeps the lease: renewed every interval, extended,
+// never fenced or released.
+func TestSlowRunnerKeepsLease(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit")
+	h.waitEvent(0, "runner activate audit@p1 5")
+	h.runner.setDown(true)
+	h.settle(2)
+	h.clk.Step(testInterval)
+	h.waitEvent(0, "runner down extend")
+	h.runner.setDown(false)
+	for i := 2; i <= 4; i++ {
+		h.settle(2)
+		h.clk.Step(testInterval)
+		sent := h.t0.Add(time.Duration(i) * testInterval)
+		h.waitFor(fmt.Sprintf("heartbeat at t0+%v acknowledged", time.Duration(i)*testInterval), func() bool {
+			return h.lease("audit@p1").LastAckSent.Equal(sent)
+		})
+	}
+	h.waitEvent(0, "runner extend audit@p1 5")
+	if v := h.lease("audit@p1"); v.State != StateActive || v.Epoch != 5 {
+		t.Fatalf("lease %+v, want active at epoch 5", v)
+	}
+	if n := h.ev.count("runner fence") + h.ev.count("admin release") + h.ev.count("runner down fence"); n != 0 {
+		t.Fatalf("a runner slow for less than the bound lost its lease:\n%s", h.ev)
+	}
+	if n := h.ev.count("admin heartbeat"); n != 4 {
+		t.Fatalf("%d heartbeats, want 4 (one per interval, the failed probe's included):\n%s", n, h.ev)
 	}
 }

@@ -191,6 +191,26 @@ type fakeRunner struct {
 	mb map[string]*runnerv1.MailboxStatus
 	// closeGate, when set, holds CloseMailbox until closed: a slow drain.
 	closeGate chan struct{}
+	// down makes every call fail Unavailable, like a killed runner.
+	down bool
+}
+
+// setDown kills (true) or restarts (false) the runner's control API; its
+// mailboxes are kept, as after a pause.
+func (r *fakeRunner) setDown(down bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.down = down
+}
+
+// unreachable is the error every call gets while the runner is down;
+// callers hold r.mu.
+func (r *fakeRunner) unreachable(call string) error {
+	if !r.down {
+		return nil
+	}
+	r.ev.add("runner down %s", call)
+	return status.Error(codes.Unavailable, "connection refused")
 }
 
 func newFakeRunner(ev *events) *fakeRunner {
@@ -200,6 +220,9 @@ func newFakeRunner(ev *events) *fakeRunner {
 func (r *fakeRunner) OpenMailbox(_ context.Context, in *runnerv1.OpenMailboxRequest, _ ...grpc.CallOption) (*runnerv1.OpenMailboxResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.unreachable("open"); err != nil {
+		return nil, err
+	}
 	r.ev.add("runner open %s %d", in.GetMailboxId(), in.GetEpoch())
 	st, ok := r.mb[in.GetMailboxId()]
 	if !ok {
@@ -215,6 +238,9 @@ func (r *fakeRunner) OpenMailbox(_ context.Context, in *runnerv1.OpenMailboxRequ
 func (r *fakeRunner) ActivateMailbox(_ context.Context, in *runnerv1.ActivateMailboxRequest, _ ...grpc.CallOption) (*runnerv1.ActivateMailboxResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.unreachable("activate"); err != nil {
+		return nil, err
+	}
 	r.ev.add("runner activate %s %d valid_for=%v", in.GetMailboxId(), in.GetEpoch(), in.GetValidFor().AsDuration())
 	st, ok := r.mb[in.GetMailboxId()]
 	if !ok {
@@ -225,6 +251,11 @@ func (r *fakeRunner) ActivateMailbox(_ context.Context, in *runnerv1.ActivateMai
 }
 
 func (r *fakeRunner) ExtendMailbox(_ context.Context, in *runnerv1.ExtendMailboxRequest, _ ...grpc.CallOption) (*runnerv1.ExtendMailboxResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.unreachable("extend"); err != nil {
+		return nil, err
+	}
 	r.ev.add("runner extend %s %d valid_for=%v", in.GetMailboxId(), in.GetEpoch(), in.GetValidFor().AsDuration())
 	return &runnerv1.ExtendMailboxResponse{}, nil
 }
@@ -232,6 +263,9 @@ func (r *fakeRunner) ExtendMailbox(_ context.Context, in *runnerv1.ExtendMailbox
 func (r *fakeRunner) FenceMailbox(_ context.Context, in *runnerv1.FenceMailboxRequest, _ ...grpc.CallOption) (*runnerv1.FenceMailboxResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.unreachable("fence"); err != nil {
+		return nil, err
+	}
 	r.ev.add("runner fence %s %s", in.GetMailboxId(), in.GetReason())
 	if st, ok := r.mb[in.GetMailboxId()]; ok {
 		st.State = runnerv1.MailboxState_MAILBOX_STATE_FENCED
@@ -278,6 +312,9 @@ func (r *fakeRunner) Drain(_ context.Context, in *runnerv1.DrainRequest, _ ...gr
 func (r *fakeRunner) GetStats(_ context.Context, in *runnerv1.GetStatsRequest, _ ...grpc.CallOption) (*runnerv1.GetStatsResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.unreachable("stats"); err != nil {
+		return nil, err
+	}
 	st, ok := r.mb[in.GetMailboxId()]
 	if !ok {
 		return nil, status.Error(codes.NotFound, "not open")

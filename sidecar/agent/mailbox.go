@@ -117,13 +117,14 @@ func (w *worker) run() {
 		case <-w.ctx.Done():
 		}
 	}
-	if w.ctx.Err() == nil && w.openInRunner() {
+	// A runner given up on (runnerGone) is opened again before the next
+	// acquire: the lease is only asked for once the runner answers.
+	for w.ctx.Err() == nil && w.openInRunner() {
 		for w.ctx.Err() == nil {
 			l, sentAt, ok := w.acquire()
-			if !ok {
+			if !ok || w.hold(l, sentAt) == runnerGone {
 				break
 			}
-			w.hold(l, sentAt)
 		}
 	}
 	if w.stopMode() == stopUnassign {
@@ -211,11 +212,37 @@ type hbResult struct {
 	resp       *adminv1.MailboxHeartbeatResponse
 	err        error
 	runnerLost bool // the runner no longer serves the mailbox actively
+	// runnerErr is why the runner's control API did not answer the stats
+	// probe (nil if it did, NotFound included), known at probedAt.
+	runnerErr error
+	probedAt  time.Time
+}
+
+// holdEnd is why hold returned.
+type holdEnd int
+
+const (
+	// leaseEnded: lost (runner fenced) or the worker stopped; acquire again.
+	leaseEnded holdEnd = iota
+	// runnerGone: the runner stopped answering for longer than the
+	// dead-runner bound and the lease was given back; open it again first.
+	runnerGone
+)
+
+// runnerDeadAfter is how long the runner may fail its probes before the
+// lease is given up: Config.RunnerDeadAfter, or three heartbeat intervals
+// but at most half the ttl.
+func (w *worker) runnerDeadAfter(interval, ttl time.Duration) time.Duration {
+	if d := w.a.cfg.RunnerDeadAfter; d > 0 {
+		return d
+	}
+	return min(3*interval, ttl/2)
 }
 
 // hold activates the runner under l and heartbeats until the lease is lost
-// (the runner is fenced before hold returns) or the worker is stopped.
-func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) {
+// (the runner is fenced before hold returns), the runner is given up on, or
+// the worker is stopped.
+func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 	clk := w.a.cfg.Clock
 	epoch := l.GetEpoch()
 	ttl := l.GetTtl().AsDuration()
@@ -231,11 +258,17 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) {
 	fenceAt := sentAt.Add(ttl)
 	log := w.log.With("epoch", epoch)
 	w.update(func(v *LeaseView) { v.Epoch, v.TTL, v.LastAckSent, v.FenceAt = epoch, ttl, sentAt, fenceAt })
-	log.Info("lease acquired", "ttl", ttl, "heartbeat_interval", interval, "runner_address", l.GetRunnerAddress())
+	deadAfter := w.runnerDeadAfter(interval, ttl)
+	log.Info("lease acquired", "ttl", ttl, "heartbeat_interval", interval, "runner_dead_after", deadAfter, "runner_address", l.GetRunnerAddress())
 
-	if !w.activate(epoch, fenceAt) {
-		return
+	// runnerUntil bounds the deadline the runner holds (the latest
+	// valid_for it took, counted from its answer); runnerOK is when it
+	// last answered a probe.
+	runnerUntil, ok := w.activate(epoch, fenceAt)
+	if !ok {
+		return leaseEnded
 	}
+	runnerOK := clk.Now()
 	w.a.m.acqLatency.Observe(clk.Since(w.assigned).Seconds())
 	w.a.m.held.Inc()
 	active := true
@@ -256,10 +289,10 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) {
 			w.a.m.held.Dec()
 			active = false
 			w.fence(epoch, "ttl_elapsed", "no heartbeat acknowledged for ttl since the last one was sent", fenceAt.Add(-ttl))
-			return
+			return leaseEnded
 		}
 		if inflight == nil && !now.Before(nextHB) {
-			inflight = w.heartbeat(epoch, interval)
+			inflight = w.heartbeat(epoch, interval, runnerOK.Add(deadAfter))
 			continue
 		}
 		wake := fenceAt
@@ -270,18 +303,26 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) {
 		select {
 		case <-w.ctx.Done():
 			t.Stop()
-			return
+			return leaseEnded
 		case <-t.C():
 			continue
 		case r := <-inflight:
 			t.Stop()
 			inflight = nil
+			if r.runnerErr == nil {
+				runnerOK = r.probedAt
+			} else if down := r.probedAt.Sub(runnerOK); down >= deadAfter {
+				w.a.m.held.Dec()
+				active = false
+				w.giveUp(epoch, runnerUntil, down, deadAfter, r.runnerErr)
+				return runnerGone
+			}
 			if reason, detail, lost := refused(r); lost {
 				w.a.m.heartbeats.WithLabelValues("refused").Inc()
 				w.a.m.held.Dec()
 				active = false
 				w.fence(epoch, reason, detail, fenceAt.Add(-ttl))
-				return
+				return leaseEnded
 			}
 			if r.err != nil || !r.resp.GetRenewed() {
 				w.a.m.heartbeats.WithLabelValues("error").Inc()
@@ -303,14 +344,49 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) {
 			w.update(func(v *LeaseView) { v.LastAckSent, v.FenceAt, v.TTL = r.sentAt, fenceAt, ttl })
 			if r.runnerLost {
 				log.Warn("runner no longer serves the mailbox; activating it again")
-				if !w.activate(epoch, fenceAt) {
-					return
+				if runnerUntil, ok = w.activate(epoch, fenceAt); !ok {
+					return leaseEnded
 				}
 				continue
 			}
-			w.extend(epoch, fenceAt)
+			if until, ok := w.extend(epoch, fenceAt); ok {
+				runnerUntil = until
+			}
 		}
 	}
+}
+
+// giveUp ends a lease whose runner has not answered for down (at least
+// deadAfter): no more renewals, so it cannot hold the mailbox for a runner
+// that is gone. The lease is released once the runner cannot serve under
+// it: at once if it confirms the fence, else when the deadline it was last
+// handed (runnerUntil) has passed, since a paused runner that resumes
+// fences itself by that deadline. A stop meanwhile leaves the release to
+// Shutdown or unassign.
+func (w *worker) giveUp(epoch uint64, runnerUntil time.Time, down, deadAfter time.Duration, cause error) {
+	clk := w.a.cfg.Clock
+	log := w.log.With("epoch", epoch)
+	w.a.m.losses.WithLabelValues("runner_unreachable").Inc()
+	w.update(func(v *LeaseView) { v.State = StateFenced })
+	log.Warn("runner unreachable past the bound; renewing no more, releasing the lease once the runner is fenced",
+		"down_for", down, "runner_dead_after", deadAfter, "err", cause)
+	ctx, cancel := w.runnerCtx()
+	_, err := w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: "runner_unreachable"})
+	cancel()
+	if err == nil || status.Code(err) == codes.NotFound {
+		log.Info("runner fenced", "reason", "runner_unreachable")
+	} else if wait := runnerUntil.Sub(clk.Now()); wait > 0 {
+		log.Warn("runner did not confirm the fence; releasing once its own deadline has passed", "wait", wait, "err", err)
+		if !sleep(w.ctx, clk, wait) {
+			return
+		}
+	}
+	ctx, cancel = context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
+	defer cancel()
+	// release logs and counts every outcome; a lease it could not give
+	// back expires on the admin, since nothing renews it any more.
+	_ = w.release(ctx, "runner_unreachable", epoch)
+	w.update(func(v *LeaseView) { v.Epoch = 0 })
 }
 
 // refused tells a lost lease from a failure to reach the leader.
@@ -330,8 +406,9 @@ func refused(r hbResult) (reason, detail string, lost bool) {
 
 // heartbeat sends one heartbeat with the runner's stats, in the background.
 // A slow runner delays it by at most one interval: its stats are not worth
-// the lease.
-func (w *worker) heartbeat(epoch uint64, interval time.Duration) chan hbResult {
+// the lease. A runner still failing the probe at giveUpAt gets no heartbeat:
+// hold gives the lease up instead.
+func (w *worker) heartbeat(epoch uint64, interval time.Duration, giveUpAt time.Time) chan hbResult {
 	ch := make(chan hbResult, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
@@ -355,23 +432,32 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration) chan hbResult {
 		default:
 			stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
 		}
+		var runnerErr error
+		if err != nil && status.Code(err) != codes.NotFound {
+			runnerErr = err
+		}
 		sentAt := w.a.cfg.Clock.Now()
+		if runnerErr != nil && !sentAt.Before(giveUpAt) {
+			ch <- hbResult{runnerErr: runnerErr, probedAt: sentAt}
+			return
+		}
 		resp, err := w.a.cfg.Admin.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch, Stats: stats})
-		ch <- hbResult{sentAt: sentAt, resp: resp, err: err, runnerLost: lost}
+		ch <- hbResult{sentAt: sentAt, resp: resp, err: err, runnerLost: lost, runnerErr: runnerErr, probedAt: sentAt}
 	}()
 	return ch
 }
 
 // activate lets the runner consume and serve under epoch until fenceAt,
-// retrying until then; false if the worker was stopped or fenceAt came
-// first (then the lease lapsed on this side and acquire starts over).
-func (w *worker) activate(epoch uint64, fenceAt time.Time) bool {
+// retrying until then; it returns a bound on the deadline the runner took,
+// or false if the worker was stopped or fenceAt came first (then the lease
+// lapsed on this side and acquire starts over).
+func (w *worker) activate(epoch uint64, fenceAt time.Time) (time.Time, bool) {
 	bo := w.a.cfg.Backoff
 	for {
 		now := w.a.cfg.Clock.Now()
 		if !now.Before(fenceAt) {
 			w.fence(epoch, "ttl_elapsed", "the runner could not be activated before ttl ran out", fenceAt)
-			return false
+			return time.Time{}, false
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		vf := durationpb.New(fenceAt.Sub(now))
@@ -383,31 +469,36 @@ func (w *worker) activate(epoch uint64, fenceAt time.Time) bool {
 		}
 		cancel()
 		if err == nil {
-			return true
+			// The runner counts valid_for from when it got the call,
+			// before it answered.
+			return w.a.cfg.Clock.Now().Add(vf.AsDuration()), true
 		}
 		if w.ctx.Err() != nil {
-			return false
+			return time.Time{}, false
 		}
 		w.log.Warn("runner activation failed; retrying", "epoch", epoch, "err", err)
 		if !sleep(w.ctx, w.a.cfg.Clock, min(bo.Step(), fenceAt.Sub(now))) {
-			return false
+			return time.Time{}, false
 		}
 	}
 }
 
-// extend hands the runner the new time left after an acknowledged heartbeat.
-// A failure is only logged: the runner fences itself at the old deadline,
-// and the next heartbeat's stats reveal it.
-func (w *worker) extend(epoch uint64, fenceAt time.Time) {
+// extend hands the runner the new time left after an acknowledged heartbeat
+// and returns a bound on its new deadline, as activate does. A failure is
+// only logged: the runner fences itself at the old deadline, and the next
+// heartbeat's stats reveal it.
+func (w *worker) extend(epoch uint64, fenceAt time.Time) (time.Time, bool) {
 	ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 	defer cancel()
 	vf := fenceAt.Sub(w.a.cfg.Clock.Now())
 	if vf <= 0 {
-		return
+		return time.Time{}, false
 	}
 	if _, err := w.a.cfg.Runner.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationpb.New(vf)}); err != nil {
 		w.log.Warn("runner did not take the extension", "epoch", epoch, "err", err)
+		return time.Time{}, false
 	}
+	return w.a.cfg.Clock.Now().Add(vf), true
 }
 
 // fence stops the runner on the mailbox at once and records the loss; it

@@ -19,7 +19,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		losses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_lease_losses_total",
-			Help: "Leases lost (runner fenced), by reason: ttl_elapsed, expired, not_holder, unknown_lease, stale_epoch.",
+			Help: "Leases lost (runner fenced), by reason: ttl_elapsed, expired, not_holder, unknown_lease, stale_epoch, runner_unreachable.",
 		}, []string{"reason"}),
 		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_lease_acquires_total",
@@ -31,7 +31,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"result"}),
 		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_lease_releases_total",
-			Help: "Lease releases by cause (unassigned, shutdown) and result (released, absent, refused, error).",
+			Help: "Lease releases by cause (unassigned, shutdown, runner_unreachable) and result (released, absent, refused, error).",
 		}, []string{"cause", "result"}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "prism_sidecar_leases_held",

@@ -41,10 +41,13 @@ type Config struct {
 
 	LeaseTTL          time.Duration // 0: the namespace's
 	HeartbeatInterval time.Duration
-	StopTimeout       time.Duration // bound on the graceful stop: runner drain, then every release
-	AttemptTimeout    time.Duration // bound on one call to one admin node
-	RetryMax          time.Duration // longest wait between retries, which start at 100ms and double
-	Logger            *slog.Logger
+	// RunnerDeadAfter: the runner failing probes this long has its leases
+	// given back (0: three heartbeat intervals, at most half the ttl).
+	RunnerDeadAfter time.Duration
+	StopTimeout     time.Duration // bound on the graceful stop: runner drain, then every release
+	AttemptTimeout  time.Duration // bound on one call to one admin node
+	RetryMax        time.Duration // longest wait between retries, which start at 100ms and double
+	Logger          *slog.Logger
 }
 
 // Run runs the sidecar until ctx ends; then the runner drains and every
@@ -68,7 +71,7 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a, err := agent.New(agent.Config{
 		ProxyID: cfg.ProxyID, RunnerID: cfg.RunnerID, AdvertiseAddr: cfg.AdvertiseAddr, Registration: cfg.Registration,
-		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, StopTimeout: cfg.StopTimeout,
+		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, RunnerDeadAfter: cfg.RunnerDeadAfter, StopTimeout: cfg.StopTimeout,
 		Backoff: wait.Backoff{Duration: min(100*time.Millisecond, cfg.RetryMax), Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: cfg.RetryMax},
 		Admin:   admin, Runner: runnerv1.NewRunnerControlClient(rc),
 		Logger: log, Registerer: reg,
