@@ -131,17 +131,22 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	short := &adminv1.NamespaceConfig{Topics: []string{"t"}, Lease: &adminv1.LeaseConfig{
 		Ttl: durationpb.New(time.Second), Grace: durationpb.New(200 * time.Millisecond),
 	}}
-	if _, err := cp(c.Nodes[lead]).CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "held", Config: short}); err != nil {
-		t.Fatal(err)
+	// Five proxies, each its own runner (a registration without a runner id
+	// names the proxy), and one held mailbox on each.
+	for i := range 5 {
+		registerRunner(ctx, t, c, fmt.Sprintf("p%d", i), "")
 	}
 	held := map[string]uint64{}
+	runnerOf := map[string]string{}
 	for i := range 5 {
-		mb := fmt.Sprintf("held@p%d", i)
-		r, err := cp(c.Nodes[lead]).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: "r" + mb, RunnerAddress: "127.0.0.1:9000"})
+		proxy := fmt.Sprintf("p%d", i)
+		mb := placedMailbox(ctx, t, c, proxy, "held-"+proxy, short)
+		r, err := cp(c.Nodes[lead]).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: proxy, RunnerAddress: "127.0.0.1:9000"})
 		if err != nil || !r.GetGranted() {
 			t.Fatalf("acquire %s: %v %v", mb, r, err)
 		}
 		held[mb] = r.GetLease().GetEpoch()
+		runnerOf[mb] = proxy
 	}
 
 	loadCtx, stopLoad := context.WithCancel(ctx)
@@ -157,7 +162,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 400 && loadCtx.Err() == nil; i++ {
 				r, err := anyNode(loadCtx, c, i, func(ctx context.Context, n *e2e.AdminNode) (*adminv1.MailboxHeartbeatResponse, error) {
-					return cp(n).MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: mb, RunnerId: "r" + mb, Epoch: epoch})
+					return cp(n).MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: mb, RunnerId: runnerOf[mb], Epoch: epoch})
 				})
 				if err == nil && !r.GetRenewed() {
 					mu.Lock()
@@ -176,9 +181,18 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 2000 && loadCtx.Err() == nil; i++ {
-				mb := fmt.Sprintf("load@w%d-%d", w, i)
+				// Each acquire is for a new namespace's mailbox, by the
+				// runner of the proxy it is placed on.
+				created, err := anyNode(loadCtx, c, w+i, func(ctx context.Context, n *e2e.AdminNode) (*adminv1.CreateNamespaceResponse, error) {
+					return cp(n).CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: fmt.Sprintf("load-w%d-%d", w, i), Config: nsConfig()})
+				})
+				if err != nil {
+					continue
+				}
+				proxy := created.GetNamespace().GetAssignedProxyId()
+				mb := created.GetNamespace().GetName() + "@" + proxy
 				r, err := anyNode(loadCtx, c, w+i, func(ctx context.Context, n *e2e.AdminNode) (*adminv1.AcquireLeaseResponse, error) {
-					return cp(n).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: "w", RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(time.Hour)})
+					return cp(n).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: proxy, RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(time.Hour)})
 				})
 				if err == nil && r.GetGranted() {
 					mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,8 +20,10 @@ import (
 )
 
 // The lease table as a porcupine model: per mailbox, at most one runner
-// holds the lease. Leases are long (no expiry during the test), so the model
-// has no clock: acquire takes a free mailbox or reconnects its holder,
+// holds the lease, and only the runner its proxy registered may acquire it.
+// Leases are long (no expiry during the test), so the model has no clock:
+// register names the proxy's runner; acquire by that runner takes a free
+// mailbox or reconnects its holder, by any other is refused NOT_PROXY_RUNNER;
 // heartbeat and release succeed only for the holder, and every refusal must
 // be the one the model's state implies (a denial must name the holder).
 
@@ -30,9 +33,13 @@ const (
 	opAcquire opKind = iota
 	opHeartbeat
 	opRelease
+	opRegister // the mailbox's proxy registers runner as its runner
 )
 
-func (k opKind) String() string { return [...]string{"acquire", "heartbeat", "release"}[k] }
+func (k opKind) String() string { return [...]string{"acquire", "heartbeat", "release", "register"}[k] }
+
+// linState is one mailbox: its holder and its proxy's registered runner.
+type linState struct{ holder, registered string }
 
 type linInput struct {
 	kind    opKind
@@ -48,49 +55,62 @@ type linOutput struct {
 }
 
 // effect is the state after the operation if it took effect.
-func effect(holder string, in linInput) string {
+func effect(s linState, in linInput) linState {
 	switch in.kind {
 	case opAcquire:
-		if holder == "" || holder == in.runner {
-			return in.runner
+		if s.registered == in.runner && (s.holder == "" || s.holder == in.runner) {
+			s.holder = in.runner
 		}
 	case opRelease:
-		if holder == in.runner {
-			return ""
+		if s.holder == in.runner {
+			s.holder = ""
 		}
+	case opRegister:
+		s.registered = in.runner
 	}
-	return holder
+	return s
 }
 
 func leaseStep(state, input, output any) []any {
-	holder, in, out := state.(string), input.(linInput), output.(linOutput)
+	s, in, out := state.(linState), input.(linInput), output.(linOutput)
 	if out.unknown {
-		return []any{holder, effect(holder, in)}
+		return []any{s, effect(s, in)}
 	}
+	holder := s.holder
 	held := holder != ""
 	mine := holder == in.runner
 	switch in.kind {
+	case opRegister:
+		if out.ok {
+			return []any{effect(s, in)}
+		}
 	case opAcquire:
+		if s.registered != in.runner {
+			if !out.ok && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER && out.holder == holder {
+				return []any{s}
+			}
+			return nil
+		}
 		if out.ok && (!held || mine) {
-			return []any{in.runner}
+			return []any{effect(s, in)}
 		}
 		if !out.ok && held && !mine && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER && out.holder == holder {
-			return []any{holder}
+			return []any{s}
 		}
 	case opHeartbeat:
 		switch {
 		case out.ok && mine,
 			!out.ok && held && !mine && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_HOLDER,
 			!out.ok && !held && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_LEASE:
-			return []any{holder}
+			return []any{s}
 		}
 	case opRelease:
 		switch {
 		case out.ok && mine:
-			return []any{""}
+			return []any{effect(s, in)}
 		case !out.ok && held && !mine && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_HOLDER,
 			!out.ok && !held && out.reason == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNSPECIFIED:
-			return []any{holder}
+			return []any{s}
 		}
 	}
 	return nil
@@ -109,7 +129,7 @@ var leaseModel = porcupine.NondeterministicModel{
 		}
 		return out
 	},
-	Init: func() []any { return []any{""} },
+	Init: func() []any { return []any{linState{}} },
 	Step: leaseStep,
 	DescribeOperation: func(input, output any) string {
 		in, out := input.(linInput), output.(linOutput)
@@ -121,7 +141,9 @@ var leaseModel = porcupine.NondeterministicModel{
 		}
 		return fmt.Sprintf("%s(%s, %s) -> %s", in.kind, in.mailbox, in.runner, res)
 	},
-	DescribeState: func(s any) string { return fmt.Sprintf("holder=%q", s) },
+	DescribeState: func(s any) string {
+		return fmt.Sprintf("holder=%q registered=%q", s.(linState).holder, s.(linState).registered)
+	},
 }
 
 func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
@@ -131,13 +153,7 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 	c := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
 	defer cancel()
-	lead := c.AwaitLeader()
-	if _, err := c.Nodes[lead].Control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: "lin", Config: &adminv1.NamespaceConfig{
-		Topics: []string{"t"}, Lease: &adminv1.LeaseConfig{Ttl: durationpb.New(time.Hour)},
-	}}); err != nil {
-		t.Fatal(err)
-	}
-
+	c.AwaitLeader()
 	const (
 		clients   = 8
 		mailboxes = 4
@@ -148,13 +164,35 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 		pace = 5 * time.Millisecond
 	)
 	start := time.Now()
-	loadCtx, stopLoad := context.WithTimeout(ctx, runFor)
-	defer stopLoad()
 	var (
 		mu      sync.Mutex
 		history []porcupine.Operation
 		unknown int
 	)
+	// One proxy per mailbox, registered by a client of its own before the
+	// load (so the history starts from a known registration), and a
+	// namespace placed on each.
+	mbox := make([]string, mailboxes)
+	for i := range mailboxes {
+		in := linInput{kind: opRegister, mailbox: fmt.Sprintf("p%d", i), runner: fmt.Sprintf("r%d", i)}
+		call := int64(time.Since(start))
+		registerRunner(ctx, t, c, in.mailbox, in.runner)
+		history = append(history, porcupine.Operation{ClientId: clients + i, Input: in, Call: call, Output: linOutput{ok: true}, Return: int64(time.Since(start))})
+	}
+	for i := range mailboxes {
+		mbox[i] = placedMailbox(ctx, t, c, fmt.Sprintf("p%d", i), fmt.Sprintf("lin-p%d", i), &adminv1.NamespaceConfig{
+			Topics: []string{"t"}, Lease: &adminv1.LeaseConfig{Ttl: durationpb.New(time.Hour)},
+		})
+	}
+	// The model partitions by mailbox: the setup's registrations name the
+	// mailbox of their proxy.
+	for i := range history {
+		in := history[i].Input.(linInput)
+		in.mailbox = mbox[i]
+		history[i].Input = in
+	}
+	loadCtx, stopLoad := context.WithTimeout(ctx, runFor)
+	defer stopLoad()
 	record := func(client int, in linInput, call time.Time, out linOutput) {
 		ret := int64(time.Since(start))
 		if out.unknown {
@@ -176,14 +214,16 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 			runner := fmt.Sprintf("r%d", k)
 			home := k % len(c.Nodes)
 			for i := 0; i < maxOps && loadCtx.Err() == nil; i++ {
-				in := linInput{mailbox: fmt.Sprintf("lin@p%d", rng.IntN(mailboxes)), runner: runner}
-				switch p := rng.IntN(10); {
-				case p < 4:
+				in := linInput{mailbox: mbox[rng.IntN(mailboxes)], runner: runner}
+				switch p := rng.IntN(20); {
+				case p < 8:
 					in.kind = opAcquire
-				case p < 7:
+				case p < 14:
 					in.kind = opHeartbeat
-				default:
+				case p < 18:
 					in.kind = opRelease
+				default:
+					in.kind = opRegister
 				}
 				n := c.Nodes[home]
 				call := time.Now()
@@ -266,6 +306,13 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 func doLeaseOp(ctx context.Context, n *e2e.AdminNode, in linInput) (linOutput, error) {
 	cp := n.Control()
 	switch in.kind {
+	case opRegister:
+		proxy := in.mailbox[strings.LastIndex(in.mailbox, "@")+1:]
+		_, err := cp.RegisterProxy(ctx, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: proxy, Address: "127.0.0.1:9000", RunnerId: in.runner}})
+		if err != nil {
+			return linOutput{}, err
+		}
+		return linOutput{ok: true}, nil
 	case opAcquire:
 		r, err := cp.AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: in.mailbox, RunnerId: in.runner, RunnerAddress: "127.0.0.1:9000"})
 		if err != nil {
@@ -292,6 +339,7 @@ func doLeaseOp(ctx context.Context, n *e2e.AdminNode, in linInput) (linOutput, e
 func TestLeaseModelRejectsSplitBrain(t *testing.T) {
 	t.Parallel()
 	acq := func(r string) linInput { return linInput{kind: opAcquire, mailbox: "m@p", runner: r} }
+	reg := func(r string) linInput { return linInput{kind: opRegister, mailbox: "m@p", runner: r} }
 	granted := linOutput{ok: true}
 	cases := []struct {
 		name string
@@ -299,25 +347,45 @@ func TestLeaseModelRejectsSplitBrain(t *testing.T) {
 		want porcupine.CheckResult
 	}{
 		{"two holders", []porcupine.Operation{
+			{Input: reg("a"), Call: -2, Output: granted, Return: -1},
 			{Input: acq("a"), Call: 0, Output: granted, Return: 1},
+			{Input: reg("b"), Call: 1, Output: granted, Return: 2},
 			{Input: acq("b"), Call: 2, Output: granted, Return: 3},
 		}, porcupine.Illegal},
+		{"grant to a runner the proxy did not register", []porcupine.Operation{
+			{Input: reg("a"), Call: -2, Output: granted, Return: -1},
+			{Input: acq("b"), Call: 0, Output: granted, Return: 1},
+		}, porcupine.Illegal},
+		{"registration changed under a holder", []porcupine.Operation{
+			{Input: reg("a"), Call: -2, Output: granted, Return: -1},
+			{Input: acq("a"), Call: 0, Output: granted, Return: 1},
+			{Input: reg("b"), Call: 1, Output: granted, Return: 2},
+			{Input: acq("a"), Call: 3, Output: linOutput{reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER, holder: "a"}, Return: 4},
+			{Input: acq("b"), Call: 5, Output: linOutput{reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER, holder: "a"}, Return: 6},
+		}, porcupine.Ok},
 		{"renew after release", []porcupine.Operation{
+			{Input: reg("a"), Call: -2, Output: granted, Return: -1},
 			{Input: acq("a"), Call: 0, Output: granted, Return: 1},
 			{Input: linInput{kind: opRelease, mailbox: "m@p", runner: "a"}, Call: 2, Output: linOutput{ok: true}, Return: 3},
 			{Input: linInput{kind: opHeartbeat, mailbox: "m@p", runner: "a"}, Call: 4, Output: linOutput{ok: true}, Return: 5},
 		}, porcupine.Illegal},
 		{"denial names the wrong holder", []porcupine.Operation{
+			{Input: reg("a"), Call: -2, Output: granted, Return: -1},
 			{Input: acq("a"), Call: 0, Output: granted, Return: 1},
+			{Input: reg("b"), Call: 1, Output: granted, Return: 2},
 			{Input: acq("b"), Call: 2, Output: linOutput{reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER, holder: "c"}, Return: 3},
 		}, porcupine.Illegal},
 		{"concurrent acquires, one wins", []porcupine.Operation{
+			{Input: reg("a"), Call: -4, Output: granted, Return: -3},
 			{Input: acq("a"), Call: 0, Output: granted, Return: 10},
+			{Input: reg("b"), Call: 0, Output: granted, Return: 10},
 			{Input: acq("b"), Call: 1, Output: linOutput{reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER, holder: "a"}, Return: 9},
 		}, porcupine.Ok},
 		{"unknown release may have happened", []porcupine.Operation{
+			{Input: reg("a"), Call: -2, Output: granted, Return: -1},
 			{Input: acq("a"), Call: 0, Output: granted, Return: 1},
 			{Input: linInput{kind: opRelease, mailbox: "m@p", runner: "a"}, Call: 2, Output: linOutput{unknown: true}, Return: math.MaxInt64},
+			{Input: reg("b"), Call: 3, Output: granted, Return: 4},
 			{Input: acq("b"), Call: 4, Output: granted, Return: 5},
 		}, porcupine.Ok},
 	}

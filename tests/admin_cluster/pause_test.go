@@ -58,9 +58,9 @@ func TestPausedNodeRenewsNothingStale(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := startCluster(t, 3)
-			c.CreateNamespace(30*time.Second, "pause", &adminv1.NamespaceConfig{
+			cfg := &adminv1.NamespaceConfig{
 				Topics: []string{"t"}, Lease: e2e.Lease{TTL: ttl, Grace: grace, Heartbeat: every}.Config(),
-			})
+			}
 			var handoffs, queued int
 			for i := range tc.cycles {
 				lead := c.AwaitLeader()
@@ -68,7 +68,7 @@ func TestPausedNodeRenewsNothingStale(t *testing.T) {
 				if !tc.leader {
 					victim = c.Follower(lead)
 				}
-				r := pauseCycle(t, c, victim, tc.leader, fmt.Sprintf("%s-%d", tc.name, i), ttl, pause, every)
+				r := pauseCycle(t, c, victim, tc.leader, fmt.Sprintf("%s-%d", tc.name, i), cfg, ttl, pause, every)
 				queued += r.queued
 				if r.handoff {
 					handoffs++
@@ -97,7 +97,7 @@ type beat struct {
 }
 
 // pauseCycle runs one pause of node victim and checks its properties.
-func pauseCycle(t *testing.T, c *e2e.AdminCluster, victim int, wantLeader bool, tag string, ttl, pause, every time.Duration) cycleResult {
+func pauseCycle(t *testing.T, c *e2e.AdminCluster, victim int, wantLeader bool, tag string, cfg *adminv1.NamespaceConfig, ttl, pause, every time.Duration) cycleResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -105,7 +105,12 @@ func pauseCycle(t *testing.T, c *e2e.AdminCluster, victim int, wantLeader bool, 
 	others := func(attempt int) *e2e.AdminNode {
 		return c.Nodes[(victim+1+attempt%(len(c.Nodes)-1))%len(c.Nodes)]
 	}
-	m, k := "pause@m-"+tag, "pause@k-"+tag
+	// m and k are mailboxes of proxies m-<tag> (runner a) and k-<tag>
+	// (runner c), each with a namespace of its own placed on it.
+	registerRunner(ctx, t, c, "m-"+tag, "a")
+	registerRunner(ctx, t, c, "k-"+tag, "c")
+	m := placedMailbox(ctx, t, c, "m-"+tag, "pause-m-"+tag, cfg)
+	k := placedMailbox(ctx, t, c, "k-"+tag, "pause-k-"+tag, cfg)
 	acquire := func(n *e2e.AdminNode, mailbox, runner string) (*adminv1.AcquireLeaseResponse, time.Time, error) {
 		// Short, so an attempt stuck forwarding to the paused leader gives
 		// way to the next one within the pause.
@@ -129,6 +134,9 @@ func pauseCycle(t *testing.T, c *e2e.AdminCluster, victim int, wantLeader bool, 
 	}
 	aGrant, aSent := mustAcquire(m, "a")
 	cGrant, _ := mustAcquire(k, "c")
+	// m-<tag>'s runner is replaced by b while a holds m: b may take m once
+	// a's lease is gone, and a keeps heartbeating the lease it holds.
+	registerRunner(ctx, t, c, "m-"+tag, "b")
 
 	var (
 		mu     sync.Mutex
