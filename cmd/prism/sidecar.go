@@ -56,8 +56,9 @@ lease with the runner's query address (--advertise-addr) and only then lets the 
 it under the lease's epoch. It heartbeats every --heartbeat-interval (jittered) and stops the runner on a
 mailbox once the lease ttl has passed since it sent the last acknowledged heartbeat, or on a refusal,
 then acquires again. A runner whose control API fails the stats probe for --runner-dead-after gets no
-more renewals: the sidecar fences it, releases its leases and acquires again once the runner answers. SIGTERM: the runner drains (stop fetching, flush, commit), then every lease is
-released, within --stop-timeout. /readyz is ready only while every assigned lease is held.
+more renewals: the sidecar fences it, releases its leases and acquires again once the runner answers.
+SIGTERM: the runner drains (stop fetching, flush, commit), then every lease is released, within
+--stop-timeout. /readyz is ready only while every assigned lease is held.
 
 Every flag defaults to its environment variable (PRISM_PROXY_ID, PRISM_ADMIN_ENDPOINTS, PRISM_LEASE_TTL,
 PRISM_HEARTBEAT_INTERVAL, PRISM_RUNNER_ADDR, PRISM_ADVERTISE_ADDR, PRISM_HTTP_ADDR, PRISM_LOG_LEVEL,
