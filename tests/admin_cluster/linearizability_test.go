@@ -414,8 +414,12 @@ func explain(t *testing.T, model porcupine.Model, history []porcupine.Operation)
 		for _, i := range longest {
 			done[i] = true
 		}
-		last := longest[len(longest)-1]
-		t.Logf("%s: stuck after %d of %d operations; last linearized: %s", part[0].Input.(linInput).mailbox, len(longest), len(part), describe(part[last]))
+		if len(longest) == 0 {
+			t.Logf("%s: no operation can come first (%d operations)", part[0].Input.(linInput).mailbox, len(part))
+		} else {
+			last := longest[len(longest)-1]
+			t.Logf("%s: stuck after %d of %d operations; last linearized: %s", part[0].Input.(linInput).mailbox, len(longest), len(part), describe(part[last]))
+		}
 		for _, i := range longest[max(0, len(longest)-6):] {
 			t.Logf("  linearized %s", describe(part[i]))
 		}
