@@ -307,7 +307,9 @@ func TestConfigErrors(t *testing.T) {
 		{"interval not below ttl", func(c *Config) { c.LeaseTTL, c.HeartbeatInterval = time.Second, time.Second }, "must be below the lease ttl"},
 		{"negative ttl", func(c *Config) { c.LeaseTTL = -time.Second }, "must not be negative"},
 		{"negative runner-dead bound", func(c *Config) { c.RunnerDeadAfter = -time.Second }, "must not be negative"},
-		{"runner-dead bound not below ttl", func(c *Config) { c.LeaseTTL, c.HeartbeatInterval, c.RunnerDeadAfter = 5*time.Second, time.Second, 5*time.Second }, "runner-dead bound 5s must be below the lease ttl"},
+		{"runner-dead bound not below ttl", func(c *Config) {
+			c.LeaseTTL, c.HeartbeatInterval, c.RunnerDeadAfter = 5*time.Second, time.Second, 5*time.Second
+		}, "runner-dead bound 5s must be below the lease ttl"},
 	}
 	for _, tc := range tests {
 		c := base()
