@@ -49,6 +49,10 @@ func committed(t *testing.T, brokers []string, group, topic string) int64 {
 	}
 	defer admin.Close()
 	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: {0}})
+	if errors.Is(err, sarama.ErrGroupIDNotFound) {
+		// The group has not joined yet, so it has committed nothing.
+		return -1
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
