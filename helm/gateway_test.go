@@ -148,3 +148,43 @@ func TestHelmTestQueriesGateway(t *testing.T) {
 		}
 	}
 }
+
+// What listens is what the chart points at: the listener the admin announces
+// over xDS (--gateway-addr) is on the port of the Envoy container that the
+// readiness probe and the Service's targetPort name. Without it Envoy listens
+// on prism admin's default 8080 and its pods never become Ready.
+func TestGatewayListenerIsWhatTheChartProbes(t *testing.T) {
+	t.Parallel()
+	for _, port := range []int{0, 12345} {
+		t.Run(fmt.Sprint(port), func(t *testing.T) {
+			t.Parallel()
+			var overrides map[string]any
+			if port != 0 {
+				overrides = map[string]any{"gateway": map[string]any{"port": port}}
+			}
+			r := render(t, overrides)
+			admin := container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")
+			listen := args(admin)["--gateway-addr"]
+			envoy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
+			var http int32
+			for _, p := range envoy.Ports {
+				if p.Name == "http" {
+					http = p.ContainerPort
+				}
+			}
+			if want := fmt.Sprintf("0.0.0.0:%d", http); http == 0 || listen != want {
+				t.Fatalf("admin announces the gateway listener at %q; Envoy's http port is %d (want %q)", listen, http, want)
+			}
+			if port != 0 && http != int32(port) {
+				t.Fatalf("envoy http port %d, want gateway.port %d", http, port)
+			}
+			if p := envoy.ReadinessProbe.TCPSocket.Port.String(); p != "http" {
+				t.Errorf("readiness probe on port %q, want the http port", p)
+			}
+			svc := mustGet(t, r.services, gatewayName)
+			if tp := svc.Spec.Ports[0].TargetPort.String(); tp != "http" {
+				t.Errorf("Service targetPort %q, want the http port", tp)
+			}
+		})
+	}
+}
