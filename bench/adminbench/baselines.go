@@ -12,6 +12,10 @@ import (
 	"go.uber.org/zap"
 )
 
+// mailbox names the baselines' key for worker w's i-th lease; etcd and
+// Redis have no placement to satisfy.
+func mailbox(w, i int) string { return fmt.Sprintf("bench@w%d-%d", w, i) }
+
 // etcdLatency runs the lease workload against a 3-member etcd: acquire is
 // LeaseGrant plus a put-if-absent with the lease (a Txn, so it is exclusive
 // like ours), heartbeat is KeepAliveOnce, release is Revoke.

@@ -105,7 +105,13 @@ func startPrism(bin, dir string, size int, xds bool) (*prismCluster, error) {
 	for i, a := range as {
 		args := []string{"admin", "--node-id", fmt.Sprintf("admin-%d", i+1), "--raft-addr", a.raft, "--grpc-addr", a.grpc,
 			"--http-addr", a.http, "--data-dir", filepath.Join(dir, fmt.Sprintf("prism-%d", i+1)), "--raft-timing", "fast",
-			"--log-level", "warn", fmt.Sprintf("--xds=%v", xds)}
+			"--log-level", "warn", fmt.Sprintf("--xds=%v", xds),
+			// The bench registers its proxies once and never heartbeats them:
+			// ProxyHeartbeat is a Raft write, and a stream of them would enter
+			// the acquire, commit and CPU figures. So proxies stay live for
+			// the whole run instead of going stale (and their namespaces
+			// moving) after the default 30 s.
+			"--stale-proxy-after", "24h"}
 		if size == 1 {
 			args = append(args, "--bootstrap")
 		} else {

@@ -21,6 +21,7 @@ type options struct {
 	concurrency        int
 	phase              time.Duration
 	maxOps             int
+	acquirePool        int
 	kills              int
 	scaleLeases        int
 	scaleFor           time.Duration
@@ -36,6 +37,7 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 16, "concurrent clients in the latency runs")
 	flag.DurationVar(&o.phase, "phase", 3*time.Second, "length of each acquire/heartbeat/release phase")
 	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per phase")
+	flag.IntVar(&o.acquirePool, "acquire-pool", 1024, "namespaces created per client worker for each latency round (one acquire each)")
 	flag.IntVar(&o.kills, "kills", 20, "leader kills in the failover run")
 	flag.IntVar(&o.scaleLeases, "scale-leases", 10000, "leases in the heartbeat scale run")
 	flag.DurationVar(&o.scaleFor, "scale-for", 10*time.Second, "length of the heartbeat scale run")

@@ -9,16 +9,17 @@ import (
 	"strings"
 )
 
-// histogramQuantile estimates a quantile of a Prometheus histogram scraped
-// from url, interpolating linearly inside the bucket (as histogram_quantile
-// does).
-func histogramQuantile(url, name string, q float64) (float64, error) {
+// bucket is one cumulative bucket of a Prometheus histogram.
+type bucket struct{ le, n float64 }
+
+// scrapeHistogram reads the finite buckets of histogram name from url,
+// sorted by bound.
+func scrapeHistogram(url, name string) ([]bucket, error) {
 	resp, err := http.Get(url)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	type bucket struct{ le, n float64 }
 	var bs []bucket
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -39,20 +40,39 @@ func histogramQuantile(url, name string, q float64) (float64, error) {
 		bs = append(bs, bucket{le, n})
 	}
 	if len(bs) == 0 {
-		return 0, fmt.Errorf("no buckets of %s at %s", name, url)
+		return nil, fmt.Errorf("no buckets of %s at %s", name, url)
 	}
 	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	return bs, nil
+}
+
+// since is the histogram of the observations made between scrapes before
+// and bs, so setup work before a timed phase stays out of its figure.
+func since(before, bs []bucket) ([]bucket, error) {
+	if len(before) != len(bs) {
+		return nil, fmt.Errorf("histogram buckets changed between scrapes: %d then %d", len(before), len(bs))
+	}
+	out := make([]bucket, len(bs))
+	for i, b := range bs {
+		out[i] = bucket{b.le, b.n - before[i].n}
+	}
+	return out, nil
+}
+
+// quantile estimates quantile q of the histogram, interpolating linearly
+// inside the bucket (as histogram_quantile does).
+func quantile(bs []bucket, q float64) float64 {
 	total := bs[len(bs)-1].n
 	rank := q * total
 	prevLe, prevN := 0.0, 0.0
 	for _, b := range bs {
 		if b.n >= rank {
 			if b.n == prevN {
-				return b.le, nil
+				return b.le
 			}
-			return prevLe + (b.le-prevLe)*(rank-prevN)/(b.n-prevN), nil
+			return prevLe + (b.le-prevLe)*(rank-prevN)/(b.n-prevN)
 		}
 		prevLe, prevN = b.le, b.n
 	}
-	return bs[len(bs)-1].le, nil
+	return bs[len(bs)-1].le
 }
