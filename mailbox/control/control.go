@@ -23,6 +23,12 @@
 // asks next whether its event is allowed in the mailbox's state, does the
 // work on the runner, then stores the new state.
 //
+// A Drain of every mailbox (the sidecar shutting down) makes the runner not
+// ready, but is no one-way door: the next OpenMailbox or ActivateMailbox comes
+// from a new sidecar (the old one stops its workers before it drains), so it
+// ends the drain, and a drained mailbox it activates consumes again. Either
+// container of the pod can then restart alone.
+//
 // Locks: the Server's mu guards the map of mailboxes and the draining flag;
 // each entry's mu guards that mailbox's state and is held across the work on
 // the runner (opening a store, draining a consumer), which may take long,
@@ -93,7 +99,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	mailboxes map[string]*entry
-	draining  bool // Drain of every mailbox: nothing opens or activates any more
+	draining  bool // Drain of every mailbox, until the next open or activate
 }
 
 // entry is one mailbox; its mu orders the transitions of that mailbox
@@ -207,11 +213,7 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 	fresh := &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), state: stateOpening}
 	fresh.mu.Lock()
 	s.mu.Lock()
-	if s.draining {
-		s.mu.Unlock()
-		fresh.mu.Unlock()
-		return nil, status.Errorf(codes.FailedPrecondition, "open %s: runner draining", id)
-	}
+	s.endDrainLocked("open", id)
 	e, ok := s.mailboxes[id]
 	if !ok {
 		e = fresh
@@ -283,14 +285,14 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 	if err != nil {
 		return nil, status.Errorf(codes.NotFound, "activate %s: %v", id, err)
 	}
-	if s.isDraining() {
-		return nil, status.Errorf(codes.FailedPrecondition, "activate %s: runner draining", id)
-	}
 	if epoch < e.epoch {
 		return nil, status.Errorf(codes.FailedPrecondition, "activate %s: epoch %d is older than the last one, %d", id, epoch, e.epoch)
 	}
+	s.mu.Lock()
+	s.endDrainLocked("activate", id)
+	s.mu.Unlock()
 	log := s.log.With("mailbox_id", id, "epoch", epoch)
-	if e.state.serving() {
+	if e.state == stateActive {
 		if epoch != e.epoch {
 			// Same holder, new grant (a reconnect): queries report the
 			// new epoch from now on.
@@ -306,6 +308,16 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 			return nil, err
 		}
 		start := time.Now()
+		if e.state == stateDrained {
+			// The runner cannot restart a drained consumer in place: the
+			// mailbox closes (its offsets are committed) and the same
+			// store reopens, so queries miss it only meanwhile.
+			if err := s.host.CloseMailbox(id); err != nil {
+				log.Warn("drained mailbox closed with errors before consuming again", "err", err)
+			}
+			e.state, _ = next(e.state, evFence) // drained accepts fence
+			e.fenceReason = "reactivate_failed" // cleared once it opens
+		}
 		if err := s.host.Open(mc); err != nil {
 			return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
 		}
@@ -600,10 +612,13 @@ func (s *Server) lookup(id string) (*entry, error) {
 	return e, nil
 }
 
-func (s *Server) isDraining() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.draining
+// endDrainLocked ends a Drain of every mailbox: only a new sidecar opens or
+// activates after one. s.mu must be held.
+func (s *Server) endDrainLocked(call, id string) {
+	if s.draining {
+		s.draining = false
+		s.log.Info("runner drain ended: a sidecar takes mailboxes again", "call", call, "mailbox_id", id)
+	}
 }
 
 func (s *Server) count(method string, err error) {

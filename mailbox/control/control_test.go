@@ -304,11 +304,8 @@ func TestCloseAndDrain(t *testing.T) {
 	if st := stateOf(t, s, "c@p"); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || !st.GetDrained() || st.GetConsuming() {
 		t.Fatalf("drained mailbox %v: still served, no longer consuming", st)
 	}
-	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "d@p", Config: cfg}); status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("open while draining: %v", err)
-	}
-	if s.Ready() == nil {
-		t.Fatal("ready while draining")
+	if err := s.Ready(); err == nil || err.Error() != "draining" {
+		t.Fatalf("ready while draining: %v", err)
 	}
 	for _, id := range []string{"a@p", "c@p"} {
 		if _, err := s.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: id}); err != nil {
@@ -551,5 +548,82 @@ func TestDrainedMailboxFencesAndReactivates(t *testing.T) {
 	}
 	if st := stateOf(t, s, "a@p"); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetDrained() || !st.GetConsuming() {
 		t.Fatalf("re-activated mailbox %v: want active and consuming", st)
+	}
+}
+
+// A sidecar restarted alone after its shutdown drained the runner: its open
+// ends the drain, and activating a mailbox the old one left drained (killed
+// before it closed it) consumes it again under the new epoch.
+func TestNewSidecarAfterDrain(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 4, ValidFor: vf}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Drain(ctx, &runnerv1.DrainRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	h.takeCalls()
+
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "b@p", Config: cfg}); err != nil {
+		t.Fatalf("open after a drain: %v", err)
+	}
+	if err := s.Ready(); err == nil || err.Error() == "draining" {
+		t.Fatalf("ready = %v; want the drain ended and b@p waiting for its epoch", err)
+	}
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg}); err != nil {
+		t.Fatalf("re-open of the drained mailbox: %v", err)
+	}
+	if st := stateOf(t, s, "a@p"); !st.GetDrained() {
+		t.Fatalf("an open without epoch changed the drained mailbox: %v", st)
+	}
+	for _, id := range []string{"a@p", "b@p"} {
+		if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: id, Epoch: 5, ValidFor: vf}); err != nil {
+			t.Fatalf("activate %s after a drain: %v", id, err)
+		}
+	}
+	if c := h.takeCalls(); !slices.Equal(c, []string{"prepare b@p", "close a@p", "open a@p 5", "open b@p 5"}) {
+		t.Fatalf("calls %v: the drained mailbox closes and reopens, the new one opens", c)
+	}
+	for _, id := range []string{"a@p", "b@p"} {
+		if st := stateOf(t, s, id); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetDrained() || !st.GetConsuming() || st.GetEpoch() != 5 || st.GetFenceReason() != "" {
+			t.Fatalf("%s after re-activation: %v; want active, consuming, epoch 5", id, st)
+		}
+	}
+	if err := s.Ready(); err != nil {
+		t.Fatalf("ready after the new sidecar took both: %v", err)
+	}
+}
+
+// Activating a drained mailbox whose store fails to reopen leaves it fenced
+// (no longer served), so the sidecar's retry reopens it.
+func TestDrainedReactivateFailsFenced(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 1, ValidFor: vf}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Drain(ctx, &runnerv1.DrainRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	h.failOn = "a@p"
+	h.mu.Unlock()
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 2, ValidFor: vf}); status.Code(err) != codes.Internal {
+		t.Fatalf("activate with a failing store: %v, want Internal", err)
+	}
+	if st := stateOf(t, s, "a@p"); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_FENCED || st.GetDrained() {
+		t.Fatalf("after a failed reopen: %v; want fenced", st)
+	}
+	h.mu.Lock()
+	h.failOn = ""
+	h.mu.Unlock()
+	if _, err := s.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 2, ValidFor: vf}); err != nil {
+		t.Fatal(err)
+	}
+	if st := stateOf(t, s, "a@p"); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || !st.GetConsuming() {
+		t.Fatalf("retry: %v; want active and consuming", st)
 	}
 }

@@ -21,7 +21,8 @@ const (
 	// stateActive: consumed and served under the entry's epoch.
 	stateActive
 	// stateDrained: served under its epoch, no longer consumed (offsets
-	// committed); Close ends it.
+	// committed); Close ends it, or an activation (a new sidecar that
+	// re-acquired the lease) makes it consume again.
 	stateDrained
 	// stateFenced: neither consumed nor served because the lease may be
 	// lost; the record and the data are kept for a re-activation.
@@ -134,7 +135,7 @@ var transitions = [numStates]map[event]state{
 	},
 	stateDrained: {
 		evOpen:     stateDrained,
-		evActivate: stateDrained,
+		evActivate: stateActive, // a new sidecar after a drain: consuming again
 		evExtend:   stateDrained,
 		evFence:    stateFenced,
 		evDrain:    stateDrained,

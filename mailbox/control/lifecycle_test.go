@@ -34,7 +34,7 @@ func TestTransitions(t *testing.T) {
 		{stateActive, evClose}:    stateClosed,
 
 		{stateDrained, evOpen}:     stateDrained,
-		{stateDrained, evActivate}: stateDrained,
+		{stateDrained, evActivate}: stateActive,
 		{stateDrained, evExtend}:   stateDrained,
 		{stateDrained, evFence}:    stateFenced,
 		{stateDrained, evDrain}:    stateDrained,

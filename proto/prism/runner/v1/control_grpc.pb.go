@@ -58,10 +58,10 @@ type RunnerControlClient interface {
 	// succeeds (the sidecar retries); with a different config it fails with
 	// FAILED_PRECONDITION.
 	OpenMailbox(ctx context.Context, in *OpenMailboxRequest, opts ...grpc.CallOption) (*OpenMailboxResponse, error)
-	// ActivateMailbox starts consuming and serving an OPEN or FENCED mailbox
-	// under epoch, or moves an ACTIVE one to a newer epoch. NOT_FOUND if the
-	// mailbox was never opened; FAILED_PRECONDITION for an epoch older than the
-	// last one, or while draining.
+	// ActivateMailbox starts consuming and serving an OPEN, FENCED or drained
+	// mailbox under epoch, or moves an ACTIVE one to a newer epoch. NOT_FOUND if
+	// the mailbox was never opened; FAILED_PRECONDITION for an epoch older than
+	// the last one.
 	ActivateMailbox(ctx context.Context, in *ActivateMailboxRequest, opts ...grpc.CallOption) (*ActivateMailboxResponse, error)
 	// ExtendMailbox moves an ACTIVE mailbox's deadline to now + valid_for.
 	// FAILED_PRECONDITION if the mailbox is not active or epoch is not its
@@ -78,7 +78,9 @@ type RunnerControlClient interface {
 	// while they keep answering queries, so the sidecar can release their
 	// leases with the offsets committed and nothing unanswered while the
 	// route is withdrawn; CloseMailbox then ends them. Draining every mailbox
-	// (no ids) also refuses new ones: the runner's half of a graceful stop.
+	// (no ids) also makes the runner not ready, the runner's half of a graceful
+	// stop, until the next OpenMailbox or ActivateMailbox (a new sidecar) ends
+	// the drain.
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error)
 	// GetStats reports every mailbox the runner knows, or only mailbox_id.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
@@ -172,10 +174,10 @@ type RunnerControlServer interface {
 	// succeeds (the sidecar retries); with a different config it fails with
 	// FAILED_PRECONDITION.
 	OpenMailbox(context.Context, *OpenMailboxRequest) (*OpenMailboxResponse, error)
-	// ActivateMailbox starts consuming and serving an OPEN or FENCED mailbox
-	// under epoch, or moves an ACTIVE one to a newer epoch. NOT_FOUND if the
-	// mailbox was never opened; FAILED_PRECONDITION for an epoch older than the
-	// last one, or while draining.
+	// ActivateMailbox starts consuming and serving an OPEN, FENCED or drained
+	// mailbox under epoch, or moves an ACTIVE one to a newer epoch. NOT_FOUND if
+	// the mailbox was never opened; FAILED_PRECONDITION for an epoch older than
+	// the last one.
 	ActivateMailbox(context.Context, *ActivateMailboxRequest) (*ActivateMailboxResponse, error)
 	// ExtendMailbox moves an ACTIVE mailbox's deadline to now + valid_for.
 	// FAILED_PRECONDITION if the mailbox is not active or epoch is not its
@@ -192,7 +194,9 @@ type RunnerControlServer interface {
 	// while they keep answering queries, so the sidecar can release their
 	// leases with the offsets committed and nothing unanswered while the
 	// route is withdrawn; CloseMailbox then ends them. Draining every mailbox
-	// (no ids) also refuses new ones: the runner's half of a graceful stop.
+	// (no ids) also makes the runner not ready, the runner's half of a graceful
+	// stop, until the next OpenMailbox or ActivateMailbox (a new sidecar) ends
+	// the drain.
 	Drain(context.Context, *DrainRequest) (*DrainResponse, error)
 	// GetStats reports every mailbox the runner knows, or only mailbox_id.
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
