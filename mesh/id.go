@@ -114,3 +114,22 @@ func (m MailboxID) String() string { return m.Namespace + "@" + m.Proxy }
 func PathSafe(id string) bool {
 	return id != "" && id != "." && id != ".." && !strings.ContainsAny(id, "/\\\x00")
 }
+
+// MaxEchoLen bounds an id a refusal echoes back: enough for any valid id
+// (MaxIDLen) and a little more, so an invalid one is still recognisable.
+const MaxEchoLen = 256
+
+// Echo is id as an error message may repeat it: whole up to MaxEchoLen
+// bytes, else its first MaxEchoLen bytes (never a split UTF-8 sequence) and
+// "…", so a client sending a 10 KB id does not get 10 KB back in every
+// refusal or log line.
+func Echo(id string) string {
+	if len(id) <= MaxEchoLen {
+		return id
+	}
+	cut := MaxEchoLen
+	for cut > MaxEchoLen-utf8.UTFMax && !utf8.RuneStart(id[cut]) {
+		cut--
+	}
+	return id[:cut] + "…"
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParseMailboxID(t *testing.T) {
@@ -155,4 +156,31 @@ func FuzzParseMailboxID(f *testing.F) {
 			t.Fatalf("NewMailboxID%v = %#v, %v", id, built, err)
 		}
 	})
+}
+
+func TestEcho(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", 10_000)
+	snowmen := strings.Repeat("a", MaxEchoLen-1) + strings.Repeat("☃", 10) // 3-byte runes across the cut
+	tests := []struct {
+		name, id, want string
+	}{
+		{"short", "audit@proxy-1", "audit@proxy-1"},
+		{"empty", "", ""},
+		{"exactly the bound", long[:MaxEchoLen], long[:MaxEchoLen]},
+		{"10 KB", long, long[:MaxEchoLen] + "…"},
+		{"rune across the cut", snowmen, snowmen[:MaxEchoLen-1] + "…"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := Echo(tc.id)
+			if got != tc.want {
+				t.Fatalf("Echo = %q (%d bytes), want %q", got, len(got), tc.want)
+			}
+			if !utf8.ValidString(got) || len(got) > MaxEchoLen+len("…") {
+				t.Fatalf("Echo = %d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
+			}
+		})
+	}
 }

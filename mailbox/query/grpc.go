@@ -48,7 +48,7 @@ func (g *GRPCServer) resolve(ctx context.Context) (string, Source, uint64, error
 	}
 	src, epoch, ok := g.mailboxes.Mailbox(id)
 	if !ok {
-		return "", nil, 0, status.Errorf(codes.NotFound, "mailbox %q is not served here", id)
+		return "", nil, 0, status.Errorf(codes.NotFound, "mailbox %q is not served here", mesh.Echo(id))
 	}
 	hdr := metadata.Pairs(mesh.HeaderMailbox, id)
 	if epoch != 0 {
@@ -70,12 +70,12 @@ func namespaceMailbox(mb Mailboxes, ns string) (string, error) {
 	}
 	switch len(found) {
 	case 0:
-		return "", status.Errorf(codes.NotFound, "namespace %q has no mailbox served here", ns)
+		return "", status.Errorf(codes.NotFound, "namespace %q has no mailbox served here", mesh.Echo(ns))
 	case 1:
 		return found[0], nil
 	default:
 		return "", status.Errorf(codes.FailedPrecondition, "namespace %q has %d mailboxes served here (%s); name one in %s",
-			ns, len(found), strings.Join(found, ", "), mesh.HeaderMailboxID)
+			mesh.Echo(ns), len(found), strings.Join(found, ", "), mesh.HeaderMailboxID)
 	}
 }
 
@@ -130,7 +130,7 @@ func (g *GRPCServer) GetEvent(ctx context.Context, req *mailboxv1.GetEventReques
 	item, err := src.Get(ctx, req.GetMessageId())
 	if err != nil {
 		if code(err) == codes.NotFound {
-			return nil, status.Errorf(codes.NotFound, "message_id %q not found in mailbox %q", req.GetMessageId(), id)
+			return nil, status.Errorf(codes.NotFound, "message_id %q not found in mailbox %q", mesh.Echo(req.GetMessageId()), mesh.Echo(id))
 		}
 		return nil, err
 	}

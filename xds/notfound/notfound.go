@@ -46,10 +46,10 @@ func (Server) GetStats(ctx context.Context, _ *mailboxv1.GetStatsRequest) (*mail
 func notFound(ctx context.Context) error {
 	md, _ := metadata.FromIncomingContext(ctx)
 	if id := first(md, mesh.HeaderMailboxID); id != "" {
-		return status.Errorf(codes.NotFound, "mailbox %q not found: no live lease routes it", id)
+		return status.Errorf(codes.NotFound, "mailbox %q not found: no live lease routes it", mesh.Echo(id))
 	}
 	if ns := first(md, mesh.HeaderNamespace); ns != "" {
-		return status.Errorf(codes.NotFound, "namespace %q is not routed: no live lease serves it", ns)
+		return status.Errorf(codes.NotFound, "namespace %q is not routed: no live lease serves it", mesh.Echo(ns))
 	}
 	return status.Error(codes.InvalidArgument, "missing x-mailbox-id (or x-prism-namespace) metadata naming the mailbox")
 }

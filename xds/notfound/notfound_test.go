@@ -2,6 +2,7 @@ package notfound
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -18,6 +19,7 @@ func TestCodes(t *testing.T) {
 		return metadata.NewIncomingContext(context.Background(), metadata.Pairs(kv...))
 	}
 	withID := ctx(mesh.HeaderMailboxID, "gone@proxy-01")
+	long := strings.Repeat("x", 10_000)
 	tests := []struct {
 		name    string
 		call    func(context.Context) error
@@ -45,6 +47,14 @@ func TestCodes(t *testing.T) {
 			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 			return err
 		}, ctx(mesh.HeaderNamespace, "audit-logs", mesh.HeaderMailboxID, "gone@proxy-01"), codes.NotFound, `mailbox "gone@proxy-01" not found: no live lease routes it`},
+		{"10 KB mailbox id echoed cut", func(ctx context.Context) error {
+			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
+			return err
+		}, ctx(mesh.HeaderMailboxID, long), codes.NotFound, `mailbox "` + long[:mesh.MaxEchoLen] + `…" not found: no live lease routes it`},
+		{"10 KB namespace echoed cut", func(ctx context.Context) error {
+			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
+			return err
+		}, ctx(mesh.HeaderNamespace, long), codes.NotFound, `namespace "` + long[:mesh.MaxEchoLen] + `…" is not routed: no live lease serves it`},
 		{"empty namespace", func(ctx context.Context) error {
 			_, err := Server{}.GetStats(ctx, &mailboxv1.GetStatsRequest{})
 			return err
