@@ -26,6 +26,7 @@ import (
 
 	"github.com/prism-mesh/prism/gateway"
 	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/mailbox/query/httpapi"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
@@ -100,6 +101,21 @@ type response struct {
 func get(t testing.TB, url string) response {
 	t.Helper()
 	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return response{resp.StatusCode, resp.Header, string(b)}
+}
+
+func do(t testing.TB, method, url string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,6 +291,36 @@ func TestGatewayHTTP(t *testing.T) {
 		var body map[string]string
 		if r.code != http.StatusNotFound || json.Unmarshal([]byte(r.body), &body) != nil || body["error"] == "" {
 			t.Errorf("GET %s = %d %q, want a JSON 404", path, r.code, r.body)
+		}
+	}
+
+	// Another method on a query path: the runner's own JSON 405 with Allow,
+	// answered by the gateway without asking the runner.
+	for _, path := range []string{"/v1/mailboxes/audit@proxy-a/events", "/v1/mailboxes/audit@proxy-a/events/a.events-1", "/v1/mailboxes/audit@proxy-a/stats", "/v1/namespaces/audit/stats", "/v1/mailboxes/nobody@proxy-z/stats"} {
+		for _, method := range []string{http.MethodPost, http.MethodPut, http.MethodDelete} {
+			got := do(t, method, m.url+path)
+			if got.code != http.StatusMethodNotAllowed || got.header.Get("Allow") != httpapi.Allow || !strings.Contains(got.body, `"error"`) {
+				t.Errorf("%s %s = %d Allow %q %q, want a JSON 405 with Allow %q", method, path, got.code, got.header.Get("Allow"), got.body, httpapi.Allow)
+			}
+			if !strings.HasPrefix(path, "/v1/mailboxes/audit") {
+				continue
+			}
+			if direct := do(t, method, "http://"+m.a.httpAddr+path); direct.code != got.code || direct.body != got.body || direct.header.Get("Allow") != got.header.Get("Allow") {
+				t.Errorf("%s %s: gateway %d %q, runner %d %q; want the same answer", method, path, got.code, got.body, direct.code, direct.body)
+			}
+		}
+	}
+	if r := do(t, http.MethodPost, m.url+"/v1/nowhere"); r.code != http.StatusNotFound {
+		t.Errorf("POST /v1/nowhere = %d, want 404", r.code)
+	}
+
+	// A 10 KB id or path is not echoed back whole, whoever refuses it.
+	long := strings.Repeat("x", 10_000)
+	for _, path := range []string{"/v1/mailboxes/" + long + "@proxy-z/stats", "/v1/" + long} {
+		r := get(t, m.url+path)
+		var body map[string]string
+		if r.code != http.StatusNotFound || json.Unmarshal([]byte(r.body), &body) != nil || !strings.Contains(body["error"], strings.Repeat("x", 200)+"…") || len(body["error"]) > mesh.MaxEchoLen+100 {
+			t.Errorf("GET %.30s… = %d, %d-byte error %.80q…; want a JSON 404 echoing the id cut to %d bytes", path, r.code, len(body["error"]), body["error"], mesh.MaxEchoLen)
 		}
 	}
 

@@ -29,9 +29,17 @@ func (g *Gateway) HTTPHandler() http.Handler {
 		mux.HandleFunc("GET "+p.base+"/events", g.handle("QueryEvents", p.key, g.events))
 		mux.HandleFunc("GET "+p.base+"/events/{message_id}", g.handle("GetEvent", p.key, g.event))
 		mux.HandleFunc("GET "+p.base+"/stats", g.handle("GetStats", p.key, g.stats))
+		// The same paths without a method: any other method is refused
+		// 405, not 404 by the catch-all below.
+		for _, path := range []string{p.base + "/events", p.base + "/events/{message_id}", p.base + "/stats"} {
+			mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+				httpapi.WriteMethodNotAllowed(w, r)
+				g.metrics.http("none", http.StatusMethodNotAllowed, time.Now())
+			})
+		}
 	}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		httpapi.WriteError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		httpapi.WriteError(w, http.StatusNotFound, "no such endpoint: "+mesh.Echo(r.Method+" "+r.URL.Path))
 		g.metrics.http("none", http.StatusNotFound, time.Now())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Registry, promhttp.HandlerOpts{Registry: g.cfg.Registry}))

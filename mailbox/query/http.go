@@ -22,8 +22,13 @@ func NewHTTPHandler(mb Mailboxes, m *Metrics) http.Handler {
 	mux.HandleFunc("GET /v1/mailboxes/{id}/events", h.events)
 	mux.HandleFunc("GET /v1/mailboxes/{id}/events/{message_id}", h.event)
 	mux.HandleFunc("GET /v1/mailboxes/{id}/stats", h.stats)
+	// The same paths without a method: any other method is refused 405,
+	// not 404 by the catch-all below.
+	for _, p := range []string{"/v1/mailboxes/{id}/events", "/v1/mailboxes/{id}/events/{message_id}", "/v1/mailboxes/{id}/stats"} {
+		mux.HandleFunc(p, httpapi.WriteMethodNotAllowed)
+	}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		httpapi.WriteError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		httpapi.WriteError(w, http.StatusNotFound, "no such endpoint: "+mesh.Echo(r.Method+" "+r.URL.Path))
 	})
 	return mux
 }
@@ -39,7 +44,7 @@ func (h *httpServer) resolve(w http.ResponseWriter, r *http.Request) (string, So
 	id := r.PathValue("id")
 	src, epoch, ok := h.mailboxes.Mailbox(id)
 	if !ok {
-		httpapi.WriteError(w, http.StatusNotFound, "mailbox "+strconv.Quote(id)+" is not served here")
+		httpapi.WriteError(w, http.StatusNotFound, "mailbox "+strconv.Quote(mesh.Echo(id))+" is not served here")
 		return "", nil, 0, false
 	}
 	w.Header().Set(mesh.HeaderMailbox, id)
@@ -82,7 +87,7 @@ func (h *httpServer) event(w http.ResponseWriter, r *http.Request) {
 	it, err := src.Get(r.Context(), msgID)
 	if err != nil {
 		if code(err) == codes.NotFound {
-			httpapi.WriteError(w, http.StatusNotFound, "message_id "+strconv.Quote(msgID)+" not found in mailbox "+strconv.Quote(id))
+			httpapi.WriteError(w, http.StatusNotFound, "message_id "+strconv.Quote(mesh.Echo(msgID))+" not found in mailbox "+strconv.Quote(mesh.Echo(id)))
 			h.metrics.observe("http", "GetEvent", id, start, codes.NotFound)
 			return
 		}

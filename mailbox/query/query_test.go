@@ -423,3 +423,91 @@ func FuzzParseFilter(f *testing.F) {
 		}
 	})
 }
+
+// Another method on a query path is a JSON 405 saying which ones it answers,
+// not the 404 of an unknown path.
+func TestHTTPWrongMethod(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	esc := url.PathEscape(mailboxID)
+	paths := []string{"/v1/mailboxes/" + esc + "/events", "/v1/mailboxes/" + esc + "/events/m-3", "/v1/mailboxes/" + esc + "/stats", "/v1/mailboxes/nope@proxy-01/stats"}
+	for _, path := range paths {
+		for _, method := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions} {
+			t.Run(method+" "+path, func(t *testing.T) {
+				t.Parallel()
+				code, hdr, body := f.do(t, method, path)
+				if code != http.StatusMethodNotAllowed || hdr.Get("Allow") != httpapi.Allow {
+					t.Fatalf("%s %s = %d Allow %q, want 405 Allow %q", method, path, code, hdr.Get("Allow"), httpapi.Allow)
+				}
+				if msg, _ := body["error"].(string); !strings.Contains(msg, method) || !strings.Contains(msg, "GET") {
+					t.Fatalf("error %q names neither the method nor GET", msg)
+				}
+			})
+		}
+	}
+	if code, _, _ := f.do(t, http.MethodHead, paths[2]); code != http.StatusOK {
+		t.Errorf("HEAD %s = %d, want 200 (Allow promises it)", paths[2], code)
+	}
+	if code, _, body := f.do(t, http.MethodPost, "/v1/mailboxes/"+esc+"/whatever"); code != http.StatusNotFound {
+		t.Errorf("POST to an unknown path = %d %v, want 404", code, body)
+	}
+}
+
+func (f *fixture) do(t *testing.T, method, path string) (int, http.Header, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, f.httpURL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var body map[string]any
+	if method != http.MethodHead && json.Unmarshal(b, &body) != nil {
+		t.Fatalf("%s %s: body is not JSON: %q", method, path, b)
+	}
+	return resp.StatusCode, resp.Header, body
+}
+
+// A 10 KB id is refused without echoing 10 KB back: over HTTP and gRPC the
+// message names its first mesh.MaxEchoLen bytes and marks the cut.
+func TestLongIDsEchoedTruncated(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	long := strings.Repeat("x", 10_000)
+	want := long[:mesh.MaxEchoLen] + "…"
+	check := func(t *testing.T, what, msg string) {
+		t.Helper()
+		if !strings.Contains(msg, want) || len(msg) > mesh.MaxEchoLen+100 {
+			t.Errorf("%s: %d-byte message %.80q…, want the id cut to %d bytes and …", what, len(msg), msg, mesh.MaxEchoLen)
+		}
+	}
+	for _, path := range []string{"/v1/mailboxes/" + long + "/stats", "/v1/mailboxes/" + url.PathEscape(mailboxID) + "/events/" + long} {
+		code, _, body := f.get(t, path)
+		msg, _ := body["error"].(string)
+		if code != http.StatusNotFound {
+			t.Errorf("GET %.40s… = %d, want 404", path, code)
+		}
+		check(t, "HTTP "+path[:40], msg)
+	}
+	// An unknown path is echoed as "GET /v1/…", cut the same way.
+	code, _, body := f.get(t, "/v1/mailboxes/"+long+"/whatever")
+	if msg, _ := body["error"].(string); code != http.StatusNotFound || !strings.HasSuffix(msg, "x…") || len(msg) > mesh.MaxEchoLen+100 {
+		t.Errorf("unknown path: %d, %d-byte message %.80q…, want a 404 with the path cut", code, len(msg), msg)
+	}
+	for name, ctx := range map[string]context.Context{
+		"mailbox":   metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, long),
+		"namespace": metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderNamespace, long),
+	} {
+		_, err := f.grpc.GetStats(ctx, &mailboxv1.GetStatsRequest{})
+		if status.Code(err) != codes.NotFound {
+			t.Errorf("gRPC %s: %v, want NotFound", name, err)
+		}
+		check(t, "gRPC "+name, status.Convert(err).Message())
+	}
+	_, err := f.grpc.GetEvent(metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, mailboxID), &mailboxv1.GetEventRequest{MessageId: long})
+	check(t, "gRPC message_id", status.Convert(err).Message())
+}

@@ -8,12 +8,14 @@ package httpapi
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
@@ -122,6 +124,17 @@ func WriteStats(w http.ResponseWriter, st *mailboxv1.MailboxStats) {
 // WriteError answers status with {"error": msg}, the body of every refusal.
 func WriteError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// Allow is what the query paths answer: GET, and HEAD, which net/http
+// serves with every GET route.
+const Allow = "GET, HEAD"
+
+// WriteMethodNotAllowed answers a query path asked with another method: 405
+// with the Allow header and the JSON body of every refusal.
+func WriteMethodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Allow", Allow)
+	WriteError(w, http.StatusMethodNotAllowed, "method "+strconv.Quote(mesh.Echo(r.Method))+" not allowed; this path answers "+Allow)
 }
 
 // HTTPStatus is the HTTP status the API answers a gRPC code with.
