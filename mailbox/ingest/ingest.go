@@ -5,9 +5,13 @@
 // An offset is committed only after every record it covers is durably stored
 // or produced to its dead-letter topic, so a crash at any moment loses nothing
 // and a redelivery adds nothing. A record that cannot be stored (undecodable or
-// invalid envelope) goes to "<topic>.dlq" with the reason in a header, so a
-// poison record never blocks its partition; store and DLQ errors are retried
-// with backoff instead of being skipped.
+// invalid envelope, or one that makes the decoder panic) goes to "<topic>.dlq"
+// with the reason in a header, so a poison record never blocks its partition.
+// The DLQ producer's size limit is the DLQ topics' own max.message.bytes, and a
+// record the DLQ still refuses as too large is dead-lettered as a reference
+// without its value. Store and DLQ errors are retried with backoff instead of
+// being skipped; a write that keeps failing is reported as a stalled partition
+// (log and metric) and retried still, never committed past.
 package ingest
 
 import (
@@ -15,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -37,12 +42,30 @@ const (
 	HeaderSourcePartition = "prism-dlq-source-partition"
 	HeaderSourceOffset    = "prism-dlq-source-offset"
 	HeaderMailbox         = "prism-mailbox-id"
+	// HeaderTruncated marks a reference: the record was too large for the
+	// dead-letter topic, so the value and the original headers were left out
+	// (the key is cut to maxRefKeyBytes). The source topic, partition and
+	// offset headers say where to read it.
+	HeaderTruncated = "prism-dlq-truncated"
+	// HeaderOriginalBytes is a reference's original key, value and header size.
+	HeaderOriginalBytes = "prism-dlq-original-bytes"
 )
+
+// maxRefKeyBytes bounds the key a reference carries.
+const maxRefKeyBytes = 1024
+
+// recordBatchOverhead is what a broker adds to the records it measures
+// against max.message.bytes (the v2 record batch header).
+const recordBatchOverhead = 61
 
 // reasonUnextractable covers an envelope that decoded and validated but could
 // not be turned into an item; envelope.Process has no such case today, and the
 // DLQ header must never be empty.
 const reasonUnextractable envelope.Reason = "unextractable"
+
+// reasonDecodePanic is a record that made the decoder panic: recovered at the
+// record boundary so the one record, not the runner, pays for the bug.
+const reasonDecodePanic envelope.Reason = "decode_panic"
 
 // DLQSuffix is appended to a source topic to name its dead-letter topic.
 const DLQSuffix = ".dlq"
@@ -75,10 +98,20 @@ type Config struct {
 	LagInterval time.Duration
 	// Clock ticks the lag reports (default the real clock).
 	Clock clock.WithTicker
+	// StallAfter is the number of failed attempts of one store write or DLQ
+	// produce after which its partition is reported stalled: an ERROR naming
+	// the partition and offsets, prism_mailbox_ingest_stalled set to 1 and
+	// prism_mailbox_ingest_stalls_total counted. The write is retried still
+	// (with backoff capped at BackoffMax) and nothing past it is committed.
+	// Default 10.
+	StallAfter int
 
 	Sarama  *sarama.Config // nil = SaramaConfig(); must keep auto-commit off
 	Logger  *slog.Logger   // nil = slog.Default()
 	Metrics *Metrics       // nil = metrics on a private registry
+
+	// process turns a record's value into an item; tests replace it. nil = envelope.Process.
+	process func(raw []byte, mode envelope.Mode, log *slog.Logger) (*mailboxv1.MailboxItem, error)
 }
 
 // SaramaConfig is the client configuration ingest uses by default: a new
@@ -121,6 +154,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.LagInterval <= 0 {
 		c.LagInterval = 5 * time.Second
+	}
+	if c.StallAfter <= 0 {
+		c.StallAfter = 10
+	}
+	if c.process == nil {
+		c.process = envelope.Process
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -169,11 +208,21 @@ func Start(cfg Config, w Writer) (*Ingester, error) {
 		return nil, fmt.Errorf("ingest %s: sarama auto-commit must be off (offsets follow durable writes)", cfg.MailboxID)
 	}
 	log := cfg.Logger.With("mailbox_id", cfg.MailboxID)
+	// A copy: the DLQ limit below is this mailbox's, and callers share one config.
+	sc := *cfg.Sarama
+	cfg.Sarama = &sc
 	client, err := sarama.NewClient(cfg.Brokers, cfg.Sarama)
 	if err != nil {
 		return nil, fmt.Errorf("ingest %s: kafka client: %w", cfg.MailboxID, err)
 	}
 	ensureDLQTopics(client, cfg.Topics, log)
+	if limit, err := dlqMessageLimit(client, cfg.Topics); err != nil {
+		log.Warn("dead-letter topics' max.message.bytes unknown; larger records are dead-lettered as references",
+			"err", err, "producer_max_message_bytes", sc.Producer.MaxMessageBytes)
+	} else {
+		// The broker measures the record batch; sarama its records.
+		sc.Producer.MaxMessageBytes = min(limit-recordBatchOverhead, int(sarama.MaxRequestSize)-1)
+	}
 	group, err := sarama.NewConsumerGroupFromClient(cfg.MailboxID, client)
 	if err != nil {
 		client.Close()
@@ -214,6 +263,47 @@ func ensureDLQTopics(client sarama.Client, topics []string, log *slog.Logger) {
 			log.Warn("create dead-letter topic; relying on auto-creation", "topic", t, "err", e)
 		}
 	}
+}
+
+// dlqMessageLimit is the smallest max.message.bytes of the topics' dead-letter
+// topics (each inherits the broker's message.max.bytes unless set): the
+// largest record batch every one of them accepts.
+func dlqMessageLimit(client sarama.Client, topics []string) (int, error) {
+	broker, err := client.Controller()
+	if err != nil {
+		return 0, fmt.Errorf("controller: %w", err)
+	}
+	req := &sarama.DescribeConfigsRequest{Version: 1}
+	for _, t := range topics {
+		req.Resources = append(req.Resources, &sarama.ConfigResource{
+			Type: sarama.TopicResource, Name: t + DLQSuffix, ConfigNames: []string{"max.message.bytes"}})
+	}
+	resp, err := broker.DescribeConfigs(req)
+	if err != nil {
+		return 0, fmt.Errorf("describe configs: %w", err)
+	}
+	limit := 0
+	for _, r := range resp.Resources {
+		if r.ErrorCode != 0 {
+			return 0, fmt.Errorf("describe %s: %w: %s", r.Name, sarama.KError(r.ErrorCode), r.ErrorMsg)
+		}
+		for _, e := range r.Configs {
+			if e.Name != "max.message.bytes" {
+				continue
+			}
+			v, err := strconv.Atoi(e.Value)
+			if err != nil || v <= recordBatchOverhead {
+				return 0, fmt.Errorf("%s max.message.bytes %q", r.Name, e.Value)
+			}
+			if limit == 0 || v < limit {
+				limit = v
+			}
+		}
+	}
+	if limit == 0 {
+		return 0, errors.New("no max.message.bytes in the answer")
+	}
+	return limit, nil
 }
 
 // Consuming reports whether the ingester is in an active consumer group
@@ -403,6 +493,7 @@ type deadLetter struct {
 	msg    *sarama.ConsumerMessage
 	reason envelope.Reason
 	err    error
+	ref    bool // the DLQ refused the record as too large: send a reference without its value
 }
 
 // decoded is a batch of records split into the items to store and the records to dead-letter.
@@ -416,7 +507,7 @@ func (i *Ingester) decode(batch []*sarama.ConsumerMessage) decoded {
 	i.cfg.Metrics.consumed.WithLabelValues(i.cfg.MailboxID).Add(float64(len(batch)))
 	d := decoded{batch: batch, items: make([]*mailboxv1.MailboxItem, 0, len(batch))}
 	for _, msg := range batch {
-		item, err := envelope.Process(msg.Value, i.cfg.Mode, i.log)
+		item, err := i.process(msg)
 		if err != nil {
 			reason := envelope.ReasonOf(err)
 			if reason == "" {
@@ -428,6 +519,18 @@ func (i *Ingester) decode(batch []*sarama.ConsumerMessage) decoded {
 		d.items = append(d.items, item)
 	}
 	return d
+}
+
+// process decodes one record, turning a panic of the decoder into a rejection of the record.
+func (i *Ingester) process(msg *sarama.ConsumerMessage) (item *mailboxv1.MailboxItem, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			i.log.Error("decoder panicked; dead-lettering the record", "topic", msg.Topic, "partition", msg.Partition,
+				"offset", msg.Offset, "panic", p, "stack", string(debug.Stack()))
+			item, err = nil, &envelope.RejectError{Reason: reasonDecodePanic, Err: fmt.Errorf("panic: %v", p)}
+		}
+	}()
+	return i.cfg.process(msg.Value, i.cfg.Mode, i.log)
 }
 
 // claimWriter stores a claim's decoded batches in order. Its queue holds one batch, so the claim decodes at most
@@ -470,9 +573,10 @@ func (w *claimWriter) finish() error {
 func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim, commits *committer, d decoded, next *atomic.Int64) error {
 	id := i.cfg.MailboxID
 	m := i.cfg.Metrics
+	at := position{topic: c.Topic(), partition: c.Partition(), first: d.batch[0].Offset, last: d.batch[len(d.batch)-1].Offset}
 	if len(d.items) > 0 {
 		var res store.WriteResult
-		err := i.retry("store", func(ctx context.Context) error {
+		err := i.retry("store", at, func(ctx context.Context) error {
 			start := time.Now()
 			r, err := i.w.Write(ctx, d.items)
 			m.batchWrite.WithLabelValues(id).Observe(time.Since(start).Seconds())
@@ -487,7 +591,7 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 		m.expired.WithLabelValues(id).Add(float64(res.Expired))
 	}
 	if len(d.dead) > 0 {
-		if err := i.deadLetter(d.dead); err != nil {
+		if err := i.deadLetter(at, d.dead); err != nil {
 			return err
 		}
 	}
@@ -501,32 +605,75 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 
 // deadLetter produces the rejected records to their DLQ topics, resending only
 // the ones that failed, until all are acknowledged.
-func (i *Ingester) deadLetter(dead []deadLetter) error {
+func (i *Ingester) deadLetter(at position, dead []deadLetter) error {
 	pending := dead
-	return i.retry("dlq", func(context.Context) error {
-		msgs := make([]*sarama.ProducerMessage, len(pending))
-		for j, d := range pending {
-			msgs[j] = i.dlqMessage(d, j)
-		}
-		err := i.producer.SendMessages(msgs)
-		var perrs sarama.ProducerErrors
-		if err != nil && errors.As(err, &perrs) {
-			failed := make([]deadLetter, 0, len(perrs))
-			for _, pe := range perrs {
-				failed = append(failed, pending[pe.Msg.Metadata.(int)])
-			}
-			i.countDead(pending, failed)
-			pending = failed
-			return err
-		}
-		if err != nil {
-			return err
-		}
-		i.countDead(pending, nil)
-		return nil
+	return i.retry("dlq", at, func(context.Context) error {
+		var err error
+		pending, err = i.produceDead(pending)
+		return err
 	})
 }
 
+// produceDead sends dead and returns the ones that failed for a reason worth a
+// retry. A record refused as too large may only have overflowed a batch, so it
+// is sent again alone; refused alone, it is sent as a reference, which a
+// retry could not shrink further.
+func (i *Ingester) produceDead(dead []deadLetter) ([]deadLetter, error) {
+	msgs := make([]*sarama.ProducerMessage, len(dead))
+	for j, d := range dead {
+		msgs[j] = i.dlqMessage(d, j)
+	}
+	err := i.producer.SendMessages(msgs)
+	if err == nil {
+		i.countDead(dead, nil)
+		return nil, nil
+	}
+	var perrs sarama.ProducerErrors
+	if !errors.As(err, &perrs) {
+		return dead, err
+	}
+	var failed, refused []deadLetter
+	var errs []error
+	for _, pe := range perrs {
+		d := dead[pe.Msg.Metadata.(int)]
+		refused = append(refused, d)
+		switch {
+		case !tooLarge(pe.Err) || (d.ref && len(dead) == 1):
+			failed = append(failed, d)
+			errs = append(errs, pe)
+			continue
+		case len(dead) == 1:
+			i.log.Warn("record too large for the dead-letter topic; dead-lettering a reference", "topic", d.msg.Topic,
+				"partition", d.msg.Partition, "offset", d.msg.Offset, "bytes", recordBytes(d.msg), "err", pe.Err)
+			d.ref = true
+		}
+		f, err := i.produceDead([]deadLetter{d})
+		failed = append(failed, f...)
+		errs = append(errs, err)
+	}
+	i.countDead(dead, refused)
+	return failed, errors.Join(errs...)
+}
+
+// tooLarge reports an error that retrying the same record can never cure: the
+// broker's MESSAGE_TOO_LARGE, or the producer's own refusal of the record
+// (sarama's per-record configuration errors, the size above all).
+func tooLarge(err error) bool {
+	var ce sarama.ConfigurationError
+	return errors.Is(err, sarama.ErrMessageSizeTooLarge) || errors.As(err, &ce)
+}
+
+func recordBytes(m *sarama.ConsumerMessage) int {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		if h != nil {
+			n += len(h.Key) + len(h.Value)
+		}
+	}
+	return n
+}
+
+// countDead counts and logs the records of sent that are not in failed.
 func (i *Ingester) countDead(sent, failed []deadLetter) {
 	bad := make(map[*sarama.ConsumerMessage]bool, len(failed))
 	for _, f := range failed {
@@ -536,28 +683,37 @@ func (i *Ingester) countDead(sent, failed []deadLetter) {
 		if !bad[d.msg] {
 			i.cfg.Metrics.deadLettered.WithLabelValues(i.cfg.MailboxID, string(d.reason)).Inc()
 			i.log.Warn("record dead-lettered", "topic", d.msg.Topic, "partition", d.msg.Partition,
-				"offset", d.msg.Offset, "reason", string(d.reason), "err", d.err)
+				"offset", d.msg.Offset, "reason", string(d.reason), "reference", d.ref, "err", d.err)
 		}
 	}
 }
 
+// dlqMessage is the dead letter of d: the original key, value and headers
+// after prism's, or for a reference the headers that locate the record.
 func (i *Ingester) dlqMessage(d deadLetter, idx int) *sarama.ProducerMessage {
 	h := func(k, v string) sarama.RecordHeader { return sarama.RecordHeader{Key: []byte(k), Value: []byte(v)} }
 	pm := &sarama.ProducerMessage{
 		Topic: d.msg.Topic + DLQSuffix,
-		Value: sarama.ByteEncoder(d.msg.Value),
-		Headers: append([]sarama.RecordHeader{
+		Headers: []sarama.RecordHeader{
 			h(HeaderReason, string(d.reason)),
 			h(HeaderError, d.err.Error()),
 			h(HeaderSourceTopic, d.msg.Topic),
 			h(HeaderSourcePartition, strconv.Itoa(int(d.msg.Partition))),
 			h(HeaderSourceOffset, strconv.FormatInt(d.msg.Offset, 10)),
 			h(HeaderMailbox, i.cfg.MailboxID),
-		}, derefHeaders(d.msg.Headers)...),
+		},
 		Metadata: idx,
 	}
-	if d.msg.Key != nil {
-		pm.Key = sarama.ByteEncoder(d.msg.Key)
+	key := d.msg.Key
+	if d.ref {
+		pm.Headers = append(pm.Headers, h(HeaderTruncated, "too_large"), h(HeaderOriginalBytes, strconv.Itoa(recordBytes(d.msg))))
+		key = key[:min(len(key), maxRefKeyBytes)]
+	} else {
+		pm.Value = sarama.ByteEncoder(d.msg.Value)
+		pm.Headers = append(pm.Headers, derefHeaders(d.msg.Headers)...)
+	}
+	if key != nil {
+		pm.Key = sarama.ByteEncoder(key)
 	}
 	return pm
 }
@@ -572,20 +728,46 @@ func derefHeaders(hs []*sarama.RecordHeader) []sarama.RecordHeader {
 	return out
 }
 
+// position is the records a write covers, for the logs of its retries.
+type position struct {
+	topic       string
+	partition   int32
+	first, last int64
+}
+
 // retry runs fn until it succeeds, backing off exponentially, or until the
 // drain deadline passes. It never gives up on its own: skipping would lose the
-// records, and committing past them would lose them for good.
-func (i *Ingester) retry(target string, fn func(context.Context) error) error {
+// records, and committing past them would lose them for good. After
+// StallAfter failed attempts the partition is reported stalled until fn
+// succeeds, so an operator is alerted instead of the partition spinning quietly.
+func (i *Ingester) retry(target string, at position, fn func(context.Context) error) error {
+	m := i.cfg.Metrics
+	part := strconv.Itoa(int(at.partition))
+	where := []any{"target", target, "topic", at.topic, "partition", at.partition, "first_offset", at.first, "last_offset", at.last}
 	delay := i.cfg.BackoffMin
 	for attempt := 1; ; attempt++ {
 		err := fn(i.drainCtx)
 		if err == nil {
+			if attempt > i.cfg.StallAfter {
+				m.stalled.WithLabelValues(i.cfg.MailboxID, at.topic, part, target).Set(0)
+				i.log.Info("stalled partition moves again", append(where, "attempts", attempt)...)
+			}
 			return nil
 		}
-		i.cfg.Metrics.retries.WithLabelValues(i.cfg.MailboxID, target).Inc()
-		i.log.Error("ingest write failed; retrying", "target", target, "attempt", attempt, "retry_in", delay, "err", err)
+		m.retries.WithLabelValues(i.cfg.MailboxID, target).Inc()
+		if attempt == i.cfg.StallAfter {
+			m.stalled.WithLabelValues(i.cfg.MailboxID, at.topic, part, target).Set(1)
+			m.stalls.WithLabelValues(i.cfg.MailboxID, target).Inc()
+			i.log.Error("partition stalled: write keeps failing; retrying with backoff, nothing committed past it",
+				append(where, "attempts", attempt, "err", err)...)
+		}
+		i.log.Error("ingest write failed; retrying", append(where, "attempt", attempt, "retry_in", delay, "err", err)...)
 		if err := sleep(i.drainCtx, delay); err != nil {
-			return fmt.Errorf("ingest %s: %s write abandoned at drain deadline: %w", i.cfg.MailboxID, target, err)
+			if attempt >= i.cfg.StallAfter {
+				m.stalled.WithLabelValues(i.cfg.MailboxID, at.topic, part, target).Set(0)
+			}
+			return fmt.Errorf("ingest %s: %s write of %s/%d offsets %d-%d abandoned at drain deadline: %w",
+				i.cfg.MailboxID, target, at.topic, at.partition, at.first, at.last, err)
 		}
 		delay = min(2*delay, i.cfg.BackoffMax)
 	}

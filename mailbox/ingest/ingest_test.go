@@ -1,9 +1,11 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/store"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
@@ -100,7 +103,8 @@ func TestStoreErrorsNeverCommit(t *testing.T) {
 	m := NewMetrics(prometheus.NewRegistry())
 	cfg := Config{MailboxID: group, Brokers: brokers, Topics: []string{topic}, BatchSize: 30, BatchWait: 10 * time.Millisecond,
 		BackoffMin: 5 * time.Millisecond, BackoffMax: 40 * time.Millisecond, DrainTimeout: 300 * time.Millisecond,
-		LagInterval: 10 * time.Millisecond, Metrics: m}
+		LagInterval: 10 * time.Millisecond, StallAfter: 3, Metrics: m}
+	stalled := m.stalled.WithLabelValues(group, topic, "0", "store")
 
 	w := &flakyWriter{st: st}
 	w.failAll.Store(true)
@@ -113,6 +117,12 @@ func TestStoreErrorsNeverCommit(t *testing.T) {
 	waitFor(t, "lag of the stuck partition", func() bool {
 		return testutil.ToFloat64(m.lag.WithLabelValues(group, topic, "0")) == n
 	})
+	// Past StallAfter failed attempts the partition is reported stalled, for an alert.
+	if testutil.ToFloat64(stalled) != 1 || testutil.ToFloat64(m.stalls.WithLabelValues(group, "store")) < 1 {
+		t.Fatalf("stalled %v, stalls %v after %v retries; want the partition reported stalled",
+			testutil.ToFloat64(stalled), testutil.ToFloat64(m.stalls.WithLabelValues(group, "store")),
+			testutil.ToFloat64(m.retries.WithLabelValues(group, "store")))
+	}
 	if err := ing.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -130,6 +140,11 @@ func TestStoreErrorsNeverCommit(t *testing.T) {
 		s, err := st.Stats(context.Background())
 		return err == nil && s.TotalEvents == n
 	})
+	// The third failure stalled the partition again; the write that then succeeded cleared it.
+	if now, n := testutil.ToFloat64(m.stalled.WithLabelValues(group, topic, "0", "store")),
+		testutil.ToFloat64(m.stalls.WithLabelValues(group, "store")); now != 0 || n < 1 {
+		t.Fatalf("stalled %v, stalls %v after the store recovered; want 0 and >= 1", now, n)
+	}
 	if err := ing.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -139,6 +154,7 @@ func TestStoreErrorsNeverCommit(t *testing.T) {
 	if w.calls.Load() < 4 {
 		t.Fatalf("%d write calls; the 3 failures were not retried", w.calls.Load())
 	}
+
 }
 
 // TestConsumeClaimFlushesOnClose checks the batching contract with a fake
@@ -313,5 +329,154 @@ func TestDLQErrorsAreRetried(t *testing.T) {
 		if keys[k] != 1 {
 			t.Errorf("DLQ holds record %s %d times, want once (all: %v)", k, keys[k], keys)
 		}
+	}
+}
+
+// setTopicMaxMessageBytes sets a topic's max.message.bytes on the broker.
+func setTopicMaxMessageBytes(t *testing.T, cl *kgo.Client, topic string, n int) {
+	t.Helper()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	r := kmsg.NewIncrementalAlterConfigsRequestResource()
+	r.ResourceType = kmsg.ConfigResourceTypeTopic
+	r.ResourceName = topic
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name = "max.message.bytes"
+	c.Value = kmsg.StringPtr(fmt.Sprint(n))
+	r.Configs = append(r.Configs, c)
+	req.Resources = append(req.Resources, r)
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rr := range resp.Resources {
+		if err := kerr.ErrorForCode(rr.ErrorCode); err != nil {
+			t.Fatalf("alter %s: %v", rr.ResourceName, err)
+		}
+	}
+}
+
+// TestPoisonRecordsNeverStallThePartition interleaves valid envelopes with an
+// invalid one larger than sarama's default producer limit (the source topic
+// takes 8 MiB) and a record that panics the decoder. Every valid event is
+// stored once, each poison record reaches the DLQ with its reason, and the
+// committed offset reaches the end of the partition. When the DLQ topic takes
+// 8 MiB too the big record is dead-lettered whole; when it keeps the broker's
+// 1 MiB, as a reference without its value.
+func TestPoisonRecordsNeverStallThePartition(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		dlqLimit int // 0: the broker's default
+		wantRef  bool
+	}{
+		{name: "dlq takes it", dlqLimit: 8 << 20},
+		{name: "dlq too small", wantRef: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const topic, group = "poison", "poison@proxy-01"
+			c := kafkatest.Start(t, kafkatest.Topics(1, topic, topic+DLQSuffix))
+			cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...), kgo.ProducerBatchMaxBytes(8<<20))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			setTopicMaxMessageBytes(t, cl, topic, 8<<20)
+			if tc.dlqLimit > 0 {
+				setTopicMaxMessageBytes(t, cl, topic+DLQSuffix, tc.dlqLimit)
+			}
+
+			big, _ := proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{Topic: topic},
+				Extensions: map[string][]byte{"blob": make([]byte, 3<<19)}}) // 1.5 MiB, no message_id
+			boom := []byte("boom")
+			var recs []*kgo.Record
+			var valid []string
+			for k := range 30 {
+				switch k {
+				case 7:
+					recs = append(recs, &kgo.Record{Topic: topic, Key: []byte("big"), Value: big})
+				case 19:
+					recs = append(recs, &kgo.Record{Topic: topic, Key: []byte("boom"), Value: boom})
+				default:
+					id := fmt.Sprintf("v-%02d", k)
+					valid = append(valid, id)
+					recs = append(recs, kafkatest.Record(t, topic, id, &envelopev1.PrismEnvelope{EnvelopeVersion: 1,
+						Metadata: &envelopev1.PrismMetadata{MessageId: id, Topic: topic, PublishedAt: timestamppb.Now()}}))
+				}
+			}
+			if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+
+			st, err := store.Open(store.Options{InMemory: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			m := NewMetrics(prometheus.NewRegistry())
+			cfg := Config{MailboxID: group, Brokers: c.Brokers, Topics: []string{topic}, BatchSize: 5, BatchWait: 10 * time.Millisecond,
+				BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Metrics: m}
+			cfg.process = func(raw []byte, mode envelope.Mode, log *slog.Logger) (*mailboxv1.MailboxItem, error) {
+				if bytes.Equal(raw, boom) {
+					panic("decoder bug")
+				}
+				return envelope.Process(raw, mode, log)
+			}
+			ing, err := Start(cfg, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "committed to the end of the partition", func() bool { return committed(t, c.Brokers, group, topic) == int64(len(recs)) })
+			if err := ing.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			if s, err := st.Stats(context.Background()); err != nil || s.TotalEvents != int64(len(valid)) {
+				t.Fatalf("stored %d events (err %v), want %d", s.TotalEvents, err, len(valid))
+			}
+			for _, id := range valid {
+				if _, err := st.Get(context.Background(), id); err != nil {
+					t.Fatalf("valid event %s: %v", id, err)
+				}
+			}
+			if d := testutil.ToFloat64(m.duplicates.WithLabelValues(group)); d != 0 {
+				t.Fatalf("%v duplicates: a valid event was written twice", d)
+			}
+
+			dlq := c.ReadAll(t, topic+DLQSuffix, 2)
+			byKey := map[string]*kgo.Record{}
+			for _, r := range dlq {
+				if byKey[string(r.Key)] != nil {
+					t.Fatalf("record %s dead-lettered twice", r.Key)
+				}
+				byKey[string(r.Key)] = r
+			}
+			if len(dlq) != 2 || byKey["big"] == nil || byKey["boom"] == nil {
+				t.Fatalf("DLQ holds %d records (keys %v), want big and boom", len(dlq), byKey)
+			}
+			if r := kafkatest.Header(byKey["boom"], HeaderReason); r != string(reasonDecodePanic) {
+				t.Errorf("panicking record's reason %q, want %q", r, reasonDecodePanic)
+			}
+			if !bytes.Equal(byKey["boom"].Value, boom) {
+				t.Errorf("panicking record dead-lettered with value %q, want %q", byKey["boom"].Value, boom)
+			}
+			b := byKey["big"]
+			if r := kafkatest.Header(b, HeaderReason); r != string(envelope.ReasonMissingMessageID) {
+				t.Errorf("big record's reason %q, want %q", r, envelope.ReasonMissingMessageID)
+			}
+			if off := kafkatest.Header(b, HeaderSourceOffset); off != "7" {
+				t.Errorf("big record's source offset %q, want 7", off)
+			}
+			if tc.wantRef {
+				if len(b.Value) != 0 || kafkatest.Header(b, HeaderTruncated) == "" ||
+					kafkatest.Header(b, HeaderOriginalBytes) != fmt.Sprint(len(big)+len("big")) {
+					t.Errorf("big record dead-lettered with %d value bytes, truncated %q, original bytes %q; want a reference of %d bytes",
+						len(b.Value), kafkatest.Header(b, HeaderTruncated), kafkatest.Header(b, HeaderOriginalBytes), len(big)+len("big"))
+				}
+			} else if !bytes.Equal(b.Value, big) || kafkatest.Header(b, HeaderTruncated) != "" {
+				t.Errorf("big record dead-lettered with %d value bytes (truncated %q), want it whole (%d)",
+					len(b.Value), kafkatest.Header(b, HeaderTruncated), len(big))
+			}
+		})
 	}
 }

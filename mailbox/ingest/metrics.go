@@ -15,6 +15,8 @@ type Metrics struct {
 	duplicates   *prometheus.CounterVec
 	expired      *prometheus.CounterVec
 	retries      *prometheus.CounterVec
+	stalls       *prometheus.CounterVec
+	stalled      *prometheus.GaugeVec
 	lag          *prometheus.GaugeVec
 	batchWrite   *prometheus.HistogramVec
 }
@@ -46,6 +48,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prism_mailbox_ingest_retries_total",
 			Help: "Failed store writes or DLQ produces that were retried, by target.",
 		}, []string{"mailbox", "target"}),
+		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_mailbox_ingest_stalls_total",
+			Help: "Store writes or DLQ produces that failed Config.StallAfter times in a row, stalling their partition.",
+		}, []string{"mailbox", "target"}),
+		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prism_mailbox_ingest_stalled",
+			Help: "1 while a write of the partition has failed Config.StallAfter times and is still being retried.",
+		}, []string{"mailbox", "topic", "partition", "target"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prism_mailbox_consumer_lag",
 			Help: "Records between the partition's high watermark and the last processed record.",
@@ -56,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}, []string{"mailbox"}),
 	}
-	reg.MustRegister(m.consumed, m.stored, m.deadLettered, m.duplicates, m.expired, m.retries, m.lag, m.batchWrite)
+	reg.MustRegister(m.consumed, m.stored, m.deadLettered, m.duplicates, m.expired, m.retries, m.stalls, m.stalled, m.lag, m.batchWrite)
 	return m
 }
 
@@ -69,6 +79,8 @@ func (m *Metrics) forget(mailbox string) {
 	m.duplicates.DeletePartialMatch(l)
 	m.expired.DeletePartialMatch(l)
 	m.retries.DeletePartialMatch(l)
+	m.stalls.DeletePartialMatch(l)
+	m.stalled.DeletePartialMatch(l)
 	m.lag.DeletePartialMatch(l)
 	m.batchWrite.DeletePartialMatch(l)
 }
