@@ -2,7 +2,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -13,10 +15,32 @@ import (
 var version = "dev"
 
 func main() {
-	if err := rootCommand().Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "prismctl:", err)
-		os.Exit(1)
+	os.Exit(exit(rootCommand().Execute(), os.Stderr))
+}
+
+// usageError is a command line prismctl cannot run as written: an unknown
+// command or flag, or the wrong arguments. It exits 2, every other failure 1,
+// so a script can tell its own mistake from the cluster's answer.
+type usageError struct {
+	cmd *cobra.Command
+	err error
+}
+
+func (u *usageError) Error() string { return u.err.Error() }
+func (u *usageError) Unwrap() error { return u.err }
+
+// exit reports err on stderr and returns the exit status it stands for.
+func exit(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
 	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "prismctl: %v\nRun '%s --help' for usage.\n", ue.err, ue.cmd.CommandPath())
+		return 2
+	}
+	fmt.Fprintln(stderr, "prismctl:", err)
+	return 1
 }
 
 func rootCommand() *cobra.Command {
@@ -45,5 +69,29 @@ func rootCommand() *cobra.Command {
 		routeCommand(g),
 		memberCommand(g),
 	)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{c, err} })
+	markUsageErrors(root)
 	return root
+}
+
+// markUsageErrors makes every argument check of c and its subcommands a
+// usageError. A command that only groups others runs its help when named
+// alone, and refuses any argument: cobra would otherwise print the help and
+// succeed for "prismctl lease get x", a typo that must not pass for success.
+func markUsageErrors(c *cobra.Command) {
+	if !c.Runnable() && c.HasSubCommands() {
+		c.Args = cobra.NoArgs
+		c.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
+	}
+	if check := c.Args; check != nil {
+		c.Args = func(c *cobra.Command, args []string) error {
+			if err := check(c, args); err != nil {
+				return &usageError{c, err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		markUsageErrors(sub)
+	}
 }

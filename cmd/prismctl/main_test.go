@@ -124,3 +124,35 @@ func TestErrorsAreClear(t *testing.T) {
 		}
 	}
 }
+
+// A command line prismctl cannot run is a usage error, exit 2, whatever part
+// of it is wrong; a command the cluster refuses is exit 1; naming a group of
+// commands alone shows its help and succeeds.
+func TestExitCodes(t *testing.T) {
+	t.Parallel()
+	dead := []string{"--admin", testproc.FreeAddr(t), "--timeout", "500ms", "--attempt-timeout", "200ms"}
+	cases := []struct {
+		args []string
+		code int
+		want string // in what prismctl prints
+	}{
+		{[]string{"lease", "get", "x"}, 2, `unknown command "get" for "prismctl lease"`},
+		{[]string{"bogus"}, 2, `unknown command "bogus" for "prismctl"`},
+		{[]string{"namespace", "get"}, 2, "accepts 1 arg(s), received 0"},
+		{[]string{"member", "add", "n2"}, 2, "Run 'prismctl member add --help' for usage."},
+		{[]string{"cluster", "status", "extra"}, 2, `unknown command "extra"`},
+		{[]string{"lease", "list", "--no-such-flag"}, 2, "unknown flag: --no-such-flag"},
+		{[]string{"--timeout", "soon", "lease", "list"}, 2, "--timeout"},
+		{append(dead, "cluster", "status"), 1, "Unavailable"},
+		{[]string{"lease"}, 0, "Mailbox leases"},
+		{[]string{}, 0, "Administer a Prism"},
+	}
+	for _, tc := range cases {
+		out, err := prismctl(t, tc.args...)
+		var stderr bytes.Buffer
+		code := exit(err, &stderr)
+		if code != tc.code || !strings.Contains(out+stderr.String(), tc.want) {
+			t.Errorf("prismctl %v: exit %d, printed\n%s%s\nwant exit %d and %q", tc.args, code, out, stderr.String(), tc.code, tc.want)
+		}
+	}
+}
