@@ -480,3 +480,90 @@ func TestPoisonRecordsNeverStallThePartition(t *testing.T) {
 		})
 	}
 }
+
+// TestDLQRefusalsAsTooLarge has the broker refuse, as MESSAGE_TOO_LARGE, every
+// DLQ batch of more than one record or of more than 64 KiB, whatever the
+// producer believes the limit is: records refused only for sharing a batch are
+// dead-lettered whole, one at a time; the one too large alone as a reference.
+func TestDLQRefusalsAsTooLarge(t *testing.T) {
+	t.Parallel()
+	const topic, group = "q", "refuse@proxy-01"
+	c := kafkatest.Start(t, kafkatest.Topics(1, topic, topic+DLQSuffix))
+	var refused atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		pr := req.(*kmsg.ProduceRequest)
+		tooLarge := false
+		for _, rt := range pr.Topics {
+			for _, rp := range rt.Partitions {
+				var b kmsg.RecordBatch
+				if rt.Topic == topic+DLQSuffix && b.ReadFrom(rp.Records) == nil && (b.NumRecords > 1 || b.Length > 64<<10) {
+					tooLarge = true
+				}
+			}
+		}
+		if !tooLarge {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		refused.Add(1)
+		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range pr.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.MessageTooLarge.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	var recs []*kgo.Record
+	for k := range 6 {
+		v := []byte{0xff, byte(k)} // undecodable
+		if k == 3 {
+			v = bytes.Repeat([]byte{0xff}, 200<<10)
+		}
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(fmt.Sprint(k)), Value: v})
+	}
+	c.Produce(t, recs...)
+	st, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ing, err := Start(Config{MailboxID: group, Brokers: c.Brokers, Topics: []string{topic}, BatchWait: 50 * time.Millisecond,
+		BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "committed past the poison", func() bool { return committed(t, c.Brokers, group, topic) == int64(len(recs)) })
+	if err := ing.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if refused.Load() == 0 {
+		t.Fatal("the broker refused no DLQ batch; the test exercised nothing")
+	}
+	got := map[string]*kgo.Record{}
+	for _, r := range c.ReadAll(t, topic+DLQSuffix, len(recs)) {
+		if got[string(r.Key)] != nil {
+			t.Fatalf("record %s dead-lettered twice", r.Key)
+		}
+		got[string(r.Key)] = r
+	}
+	for k, want := range recs {
+		r := got[fmt.Sprint(k)]
+		switch {
+		case r == nil:
+			t.Errorf("record %d not dead-lettered", k)
+		case kafkatest.Header(r, HeaderReason) != string(envelope.ReasonUndecodable):
+			t.Errorf("record %d reason %q", k, kafkatest.Header(r, HeaderReason))
+		case k == 3 && (len(r.Value) != 0 || kafkatest.Header(r, HeaderTruncated) == ""):
+			t.Errorf("record 3 (200 KiB) dead-lettered with %d value bytes, truncated %q; want a reference", len(r.Value), kafkatest.Header(r, HeaderTruncated))
+		case k != 3 && !bytes.Equal(r.Value, want.Value):
+			t.Errorf("record %d dead-lettered as %x, want whole %x", k, r.Value, want.Value)
+		}
+	}
+}
