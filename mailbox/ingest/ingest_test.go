@@ -258,19 +258,8 @@ func TestDLQErrorsAreRetried(t *testing.T) {
 		}
 		c.KeepControl()
 		failed.Add(1)
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range pr.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.InvalidRecord.Code // not retried inside sarama
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		// InvalidRecord is not retried inside sarama.
+		return produceError(pr, kerr.InvalidRecord.Code), nil, true
 	})
 	brokers := c.Brokers
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
@@ -506,19 +495,7 @@ func TestDLQRefusalsAsTooLarge(t *testing.T) {
 		}
 		c.KeepControl()
 		refused.Add(1)
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range pr.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.MessageTooLarge.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return produceError(pr, kerr.MessageTooLarge.Code), nil, true
 	})
 	var recs []*kgo.Record
 	for k := range 6 {
@@ -566,4 +543,21 @@ func TestDLQRefusalsAsTooLarge(t *testing.T) {
 			t.Errorf("record %d dead-lettered as %x, want whole %x", k, r.Value, want.Value)
 		}
 	}
+}
+
+// produceError answers every partition of a produce request with code.
+func produceError(pr *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
+	resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range pr.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic = rt.Topic
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
 }
