@@ -134,28 +134,20 @@ func New(cfg Config) (*Checker, error) {
 // has been dequeued.
 func (c *Checker) Lease(ctx context.Context) error {
 	now := c.cfg.Clock.Now()
-	c.refresh(now)
-	return c.Since(ctx, now.Add(-c.cfg.Lease))
-}
-
-// refresh starts a round early when the last one is past half the lease and
-// none runs, so callers rarely wait for one.
-func (c *Checker) refresh(now time.Time) {
-	term, leader := c.cfg.Leading()
-	if !leader {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if l := c.last; l != nil && l.term == term && c.inflight == nil && now.Sub(l.start) > c.cfg.Lease/2 {
-		c.startLocked(term)
-	}
+	return c.await(ctx, now.Add(-c.cfg.Lease), now.Add(-c.cfg.Lease/2))
 }
 
 // Since returns nil once a round of the current term that started at or
-// after t has succeeded, running one if needed; ErrNotLeader if this node does not
-// lead or such a round failed.
+// after t has succeeded, running one if needed; ErrNotLeader if this node
+// does not lead or such a round failed.
 func (c *Checker) Since(ctx context.Context, t time.Time) error {
+	return c.await(ctx, t, time.Time{})
+}
+
+// await is Since(t); when it answers from a round that started before
+// refresh and none runs, it starts the next one without waiting for it, so
+// callers rarely wait for a round.
+func (c *Checker) await(ctx context.Context, t, refresh time.Time) error {
 	for {
 		term, leader := c.cfg.Leading()
 		if !leader {
@@ -163,6 +155,9 @@ func (c *Checker) Since(ctx context.Context, t time.Time) error {
 		}
 		c.mu.Lock()
 		if l := c.last; l != nil && l.term == term && !l.start.Before(t) {
+			if c.inflight == nil && l.start.Before(refresh) {
+				c.startLocked(term)
+			}
 			c.mu.Unlock()
 			return nil
 		}
