@@ -119,12 +119,8 @@ func TestLeaseQuorum(t *testing.T) {
 // successor was elected. The pause is the fake clock moving on.
 func TestResumedLeaderIsNotConfirmed(t *testing.T) {
 	t.Parallel()
-	f := &cluster{term: 5, leader: true, peers: map[string]uint64{"b": 5, "c": 5}}
-	c, clk := newChecker(t, f)
+	f, c, clk := confirmed(t)
 	ctx := context.Background()
-	if err := c.Lease(ctx); err != nil {
-		t.Fatal(err)
-	}
 	asked := f.asks.Load()
 	clk.Step(lease/2 - time.Millisecond)
 	if err := c.Lease(ctx); err != nil {
@@ -149,12 +145,8 @@ func TestResumedLeaderIsNotConfirmed(t *testing.T) {
 // starts the next one without waiting for it.
 func TestLeaseRefreshesEarly(t *testing.T) {
 	t.Parallel()
-	f := &cluster{term: 5, leader: true, peers: map[string]uint64{"b": 5, "c": 5}}
-	c, clk := newChecker(t, f)
+	f, c, clk := confirmed(t)
 	ctx := context.Background()
-	if err := c.Lease(ctx); err != nil {
-		t.Fatal(err)
-	}
 	f.set(func(f *cluster) { f.gate, f.arrived = make(chan struct{}), make(chan struct{}, 16) })
 	clk.Step(lease * 3 / 4)
 	if err := c.Lease(ctx); err != nil {
@@ -168,12 +160,8 @@ func TestLeaseRefreshesEarly(t *testing.T) {
 // however recent the last one.
 func TestSinceNeedsARoundStartedAfter(t *testing.T) {
 	t.Parallel()
-	f := &cluster{term: 5, leader: true, peers: map[string]uint64{"b": 5, "c": 5}}
-	c, clk := newChecker(t, f)
+	f, c, clk := confirmed(t)
 	ctx := context.Background()
-	if err := c.Lease(ctx); err != nil {
-		t.Fatal(err)
-	}
 	asked := f.asks.Load()
 	clk.Step(time.Millisecond)
 	if err := c.Since(ctx, clk.Now()); err != nil {
@@ -233,6 +221,18 @@ func TestLeaseHonoursContext(t *testing.T) {
 	if err := c.Lease(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Lease = %v, want context.Canceled", err)
 	}
+}
+
+// confirmed returns a 3-voter cluster whose checker has just had its first
+// round confirmed, at the fake clock's start.
+func confirmed(t *testing.T) (*cluster, *Checker, *clocktesting.FakeClock) {
+	t.Helper()
+	f := &cluster{term: 5, leader: true, peers: map[string]uint64{"b": 5, "c": 5}}
+	c, clk := newChecker(t, f)
+	if err := c.Lease(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return f, c, clk
 }
 
 // gated returns a cluster whose Asks wait for its gate.
