@@ -57,6 +57,21 @@ func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
 		})
 	}
 
+	// The joiner can campaign only once its own log holds the configuration
+	// that makes it a voter; cutting the others off before it has caught up
+	// leaves a cluster in which nobody can be elected.
+	testwait.For(t, 30*time.Second, "the joiner to know itself a voter", func() (bool, string) {
+		st, err := joiner.Status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, m := range st.GetMembers() {
+			if m.GetId() == joiner.ID && m.GetSuffrage() == adminv1.MemberSuffrage_MEMBER_SUFFRAGE_VOTER {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("members %v", st.GetMembers())
+	})
 	for a := range 3 {
 		for b := range 3 {
 			if a != b {
