@@ -20,6 +20,8 @@ import (
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+
+	"github.com/prism-mesh/prism/mesh/pki"
 )
 
 // Errors callers branch on.
@@ -90,6 +92,10 @@ type Config struct {
 	// DialAddrs overrides the address dialed for a server id, e.g. to route
 	// each pair of nodes through its own fault proxy.
 	DialAddrs map[string]string
+	// TLS, when set, runs the TCP transport over mutual TLS: a peer must be
+	// admin/<id> with id a member of the configuration (or, before one is
+	// known, one of Peers). Nil is plaintext and unauthenticated.
+	TLS *pki.Source
 
 	Timing            Timing
 	SnapshotInterval  time.Duration
