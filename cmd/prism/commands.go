@@ -11,5 +11,6 @@ func subcommands() []*cobra.Command {
 		sidecarCommand(),
 		adminCommand(),
 		gatewayCommand(),
+		certsCommand(),
 	}
 }
