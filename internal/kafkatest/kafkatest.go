@@ -1,5 +1,5 @@
-// Package kafkatest starts an in-process Kafka (kfake) broker on loopback for tests, seeded with topics, and
-// produces, reads and inspects it the way the tests need.
+// Package kafkatest starts an in-process Kafka (kfake) broker on loopback for tests, seeded with topics, served
+// in plaintext or over TLS and with or without SASL, and produces, reads and inspects it the way the tests need.
 package kafkatest
 
 import (
@@ -10,15 +10,31 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl"
 	"google.golang.org/protobuf/proto"
 
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
 
+// Option is what Start is given: topics to seed (Topics), TLS or SASL users.
+type Option interface {
+	apply(*settings)
+}
+
+type settings struct {
+	kfake []kfake.Opt
+	tls   *tlsOption
+	sasl  []sasl.Mechanism // the helpers' own clients authenticate with the first
+}
+
 // Seed is topics created with the same number of partitions.
 type Seed struct {
 	Partitions int32
 	Topics     []string
+}
+
+func (s Seed) apply(st *settings) {
+	st.kfake = append(st.kfake, kfake.SeedTopics(s.Partitions, s.Topics...))
 }
 
 // Topics seeds names with partitions partitions each.
@@ -31,26 +47,44 @@ func Topics(partitions int32, names ...string) Seed {
 type Cluster struct {
 	*kfake.Cluster
 	Brokers []string
+	// TLS names the files of a cluster started with TLS; nil in plaintext.
+	TLS *TLSFiles
+
+	clientOpts []kgo.Opt // how the helpers' own clients reach the broker
 }
 
-// Start starts a cluster with the seeded topics, closed when the test ends.
-func Start(t testing.TB, seeds ...Seed) *Cluster {
+// Start starts a cluster with the options' topics, TLS and SASL users, closed when the test ends. The helpers
+// (Produce, ReadAll, Committed) connect the way the cluster requires.
+func Start(t testing.TB, opts ...Option) *Cluster {
 	t.Helper()
-	opts := []kfake.Opt{kfake.NumBrokers(1)}
-	for _, s := range seeds {
-		opts = append(opts, kfake.SeedTopics(s.Partitions, s.Topics...))
+	var st settings
+	for _, o := range opts {
+		o.apply(&st)
 	}
-	c, err := kfake.NewCluster(opts...)
+	kopts := append([]kfake.Opt{kfake.NumBrokers(1)}, st.kfake...)
+	c := &Cluster{}
+	if st.tls != nil {
+		serverCfg, clientCfg, files := st.tls.build(t)
+		kopts = append(kopts, kfake.TLS(serverCfg))
+		c.TLS = files
+		c.clientOpts = append(c.clientOpts, kgo.DialTLSConfig(clientCfg))
+	}
+	if len(st.sasl) > 0 {
+		c.clientOpts = append(c.clientOpts, kgo.SASL(st.sasl[0]))
+	}
+	k, err := kfake.NewCluster(kopts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.Close)
-	return &Cluster{Cluster: c, Brokers: c.ListenAddrs()}
+	t.Cleanup(k.Close)
+	c.Cluster, c.Brokers = k, k.ListenAddrs()
+	return c
 }
 
 func (c *Cluster) client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, opts...)...)
+	all := append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...)}, c.clientOpts...)
+	cl, err := kgo.NewClient(append(all, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
