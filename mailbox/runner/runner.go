@@ -26,13 +26,17 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	grpcstatus "google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mailbox/query/httpapi"
 	"github.com/prism-mesh/prism/mailbox/store"
 	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -55,6 +59,12 @@ type Config struct {
 	// gRPC health): a runner driven by the sidecar's control API is ready
 	// by that API's rules, not by hosting at least one mailbox.
 	Ready func() error
+	// TLS, when set, makes the query port serve mutual TLS to gateway,
+	// operator and reader identities (gRPC health: any identity of the
+	// trust domain), and takes the query API off the plaintext HTTP port,
+	// which keeps /metrics, /healthz and /readyz for probes and scrapers.
+	// nil serves both ports in plaintext, unauthenticated.
+	TLS *pki.Source
 }
 
 // MailboxConfig names a mailbox, its topics and its store limits.
@@ -436,6 +446,12 @@ func (r *Runner) Registry() *prometheus.Registry { return r.reg }
 func (r *Runner) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", query.NewHTTPHandler(r, r.queryM))
+	r.probes(mux)
+	return mux
+}
+
+// probes adds /metrics, /healthz and /readyz to mux.
+func (r *Runner) probes(mux *http.ServeMux) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
@@ -447,6 +463,16 @@ func (r *Runner) HTTPHandler() http.Handler {
 		}
 		w.Write([]byte("ready\n"))
 	})
+}
+
+// probeHandler is the plaintext HTTP port of a TLS runner: the probes, and
+// a JSON 404 saying where the query API went instead of a bare one.
+func (r *Runner) probeHandler() http.Handler {
+	mux := http.NewServeMux()
+	r.probes(mux)
+	mux.HandleFunc("/v1/", func(w http.ResponseWriter, _ *http.Request) {
+		httpapi.WriteError(w, http.StatusNotFound, "the query API is served over mutual TLS on the query port, not on this plaintext port")
+	})
 	return mux
 }
 
@@ -456,28 +482,92 @@ func (r *Runner) RegisterGRPC(s *grpc.Server) {
 	healthpb.RegisterHealthServer(s, r.health)
 }
 
-// Serve answers on queryLis both gRPC and the HTTP API (HTTP/1.1 and
-// unencrypted HTTP/2), telling them apart per request by content type, and
-// the HTTP API alone on httpLis, until Close; it keeps the gRPC health status
+// queryRoles are the identities that may query mailboxes on a TLS query
+// port: the gateway routing clients' queries, and operators and readers
+// reaching a runner directly.
+var queryRoles = []identity.Role{identity.Gateway, identity.Operator, identity.Reader}
+
+// queryPolicy is who may call what on the query port's gRPC: MailboxQuery
+// for queryRoles, health for any identity of the trust domain (Envoy's
+// health checks, a kubelet gRPC probe through a client certificate).
+func queryPolicy() identity.Policy {
+	queries := identity.AnyOf(queryRoles...)
+	anyone := func(identity.Identity, any) error { return nil }
+	return identity.Policy{
+		mailboxv1.MailboxQuery_QueryEvents_FullMethodName: queries,
+		mailboxv1.MailboxQuery_GetEvent_FullMethodName:    queries,
+		mailboxv1.MailboxQuery_GetStats_FullMethodName:    queries,
+		healthpb.Health_Check_FullMethodName:              anyone,
+		healthpb.Health_List_FullMethodName:               anyone,
+		healthpb.Health_Watch_FullMethodName:              anyone,
+	}
+}
+
+// authorizeHTTP lets through requests whose client certificate names one of
+// queryRoles, and answers the others as the query API answers every refusal:
+// 401 without a certificate, 403 naming the caller and the allowed roles.
+func authorizeHTTP(h http.Handler) http.Handler {
+	allowed := identity.AnyOf(queryRoles...)
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		caller, err := identity.FromRequest(req)
+		if err != nil {
+			httpapi.WriteError(w, http.StatusUnauthorized, "a client certificate is required: "+err.Error())
+			return
+		}
+		if err := allowed(caller, nil); err != nil {
+			httpapi.WriteError(w, http.StatusForbidden, grpcstatus.Convert(err).Message())
+			return
+		}
+		h.ServeHTTP(w, req.WithContext(identity.WithCaller(req.Context(), caller)))
+	})
+}
+
+// Serve answers on queryLis both gRPC and the HTTP API, telling them apart
+// per request by content type, and on httpLis the HTTP API (without TLS) or
+// only the probes (with TLS), until Close; it keeps the gRPC health status
 // in line with Ready. queryLis is the address the sidecar advertises: Envoy
 // has one endpoint per runner and sends it gRPC calls and /v1/mailboxes
 // requests alike, multiplexed on one HTTP/2 connection, so one port must
-// answer both.
+// answer both. Without TLS that port speaks HTTP/1.1 and h2c; with TLS it
+// offers h2 and http/1.1 by ALPN and requires a client certificate.
 func (r *Runner) Serve(queryLis, httpLis net.Listener) {
-	r.grpc = grpc.NewServer()
+	var opts []grpc.ServerOption
+	if r.cfg.TLS != nil {
+		p := queryPolicy()
+		opts = append(opts, grpc.ChainUnaryInterceptor(p.UnaryInterceptor()), grpc.ChainStreamInterceptor(p.StreamInterceptor()))
+	}
+	r.grpc = grpc.NewServer(opts...)
 	r.RegisterGRPC(r.grpc)
 	api := r.HTTPHandler()
-	var protocols http.Protocols
-	protocols.SetHTTP1(true)
-	protocols.SetUnencryptedHTTP2(true)
-	r.query = &http.Server{Handler: grpcOr(r.grpc, api), Protocols: &protocols, ReadHeaderTimeout: 10 * time.Second}
-	r.http = &http.Server{Handler: api, Protocols: &protocols, ReadHeaderTimeout: 10 * time.Second}
+	var plain http.Protocols
+	plain.SetHTTP1(true)
+	plain.SetUnencryptedHTTP2(true)
+	r.query = &http.Server{Handler: grpcOr(r.grpc, api), Protocols: &plain, ReadHeaderTimeout: 10 * time.Second}
+	r.http = &http.Server{Handler: api, Protocols: &plain, ReadHeaderTimeout: 10 * time.Second}
+	if r.cfg.TLS != nil {
+		var secure http.Protocols
+		secure.SetHTTP1(true)
+		secure.SetHTTP2(true)
+		r.query.Handler = grpcOr(r.grpc, authorizeHTTP(api))
+		r.query.Protocols = &secure
+		// Any identity of the trust domain may connect: health is open to
+		// all, and a refused query is a PermissionDenied or 403 naming
+		// the caller rather than a failed handshake.
+		r.query.TLSConfig = r.cfg.TLS.ServerConfig(pki.Any)
+		r.http.Handler = r.probeHandler()
+	}
 	for _, s := range []struct {
 		srv *http.Server
 		lis net.Listener
 	}{{r.query, queryLis}, {r.http, httpLis}} {
 		go func() {
-			if err := s.srv.Serve(s.lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			var err error
+			if s.srv.TLSConfig != nil {
+				err = s.srv.ServeTLS(s.lis, "", "")
+			} else {
+				err = s.srv.Serve(s.lis)
+			}
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
 				r.log.Error("server stopped", "addr", s.lis.Addr().String(), "err", err)
 			}
 		}()
@@ -485,7 +575,7 @@ func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.stopWatch, r.watchDone = cancel, make(chan struct{})
 	go r.watchHealth(ctx)
-	r.log.Info("runner serving", "query_addr", queryLis.Addr().String(), "http_addr", httpLis.Addr().String())
+	r.log.Info("runner serving", "query_addr", queryLis.Addr().String(), "http_addr", httpLis.Addr().String(), "tls", r.cfg.TLS != nil)
 }
 
 // grpcOr sends gRPC requests (HTTP/2, content type application/grpc[+...])
