@@ -34,7 +34,9 @@ type routesIndexer interface {
 
 // FollowConfig completes the IR Follow builds from a Source.
 type FollowConfig struct {
-	// Gateway is the mailbox gateway the IR routes to.
+	// Gateway is the mailbox gateway the IR routes to. An admin node running
+	// with TLS sets Gateway.UpstreamTLS to its trust domain, so the gateways
+	// reach runners and not-found endpoints over mutual TLS.
 	Gateway ir.Gateway
 	// NotFound lists the admin nodes' gRPC addresses. Envoy needs IPs, so
 	// host names (a StatefulSet's peer DNS names) are resolved every round

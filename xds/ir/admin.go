@@ -18,7 +18,8 @@ type AdminState struct {
 	// endpoints are sent unhealthy so queries fail fast until the leases
 	// expire.
 	StaleProxies map[string]bool
-	// Gateway is the Envoy gateway's listener.
+	// Gateway is the Envoy gateway's listener and, when the admin node runs
+	// with TLS, the trust domain of the mesh's mutual TLS.
 	Gateway Gateway
 	// NotFound lists the admin nodes' gRPC addresses serving xds/notfound.
 	NotFound []string
@@ -48,7 +49,9 @@ func FromAdmin(s AdminState) *IR {
 		}
 		if !ok || rt.GetEpoch() > cur.epoch {
 			cur.epoch = rt.GetEpoch()
-			cur.r = Runner{ID: rt.GetRunnerId(), Address: rt.GetRunnerAddress(), Healthy: !s.StaleProxies[rt.GetProxyId()]}
+			cur.r = Runner{
+				ID: rt.GetRunnerId(), Address: rt.GetRunnerAddress(), Healthy: !s.StaleProxies[rt.GetProxyId()], ProxyID: rt.GetProxyId(),
+			}
 		}
 	}
 	for _, id := range order {

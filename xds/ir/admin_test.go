@@ -28,8 +28,8 @@ func TestFromAdmin(t *testing.T) {
 		Gateway:  Gateway{Address: "0.0.0.0:8080"},
 		NotFound: []string{"10.0.0.100:9000"},
 		Runners: []Runner{
-			{ID: "runner-01", Address: "10.0.0.11:8982", Healthy: true},
-			{ID: "runner-02", Address: "10.0.0.2:8982", Healthy: false},
+			{ID: "runner-01", Address: "10.0.0.11:8982", Healthy: true, ProxyID: "proxy-01"},
+			{ID: "runner-02", Address: "10.0.0.2:8982", Healthy: false, ProxyID: "proxy-02"},
 		},
 		Mailboxes: []Mailbox{
 			{ID: "$admin@proxy-01", Namespace: "$admin", RunnerID: "runner-01", Epoch: 40},

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
 	"github.com/prism-mesh/prism/mesh"
 )
 
@@ -36,11 +38,25 @@ type IR struct {
 	Aliases []Alias `json:"aliases,omitempty"`
 }
 
-// Gateway is the Envoy gateway's listener.
+// Gateway is the Envoy gateway's listener and how the gateways (Envoy and
+// prism gateway) reach the mesh.
 type Gateway struct {
 	// Address is the IP:port Envoy listens on for queries.
 	Address string `json:"address"`
+	// UpstreamTLS, when set, makes every cluster mutual TLS: runners must
+	// present their proxy identity and the not-found endpoints an admin
+	// identity. Zero keeps a plaintext mesh's clusters.
+	UpstreamTLS UpstreamTLS `json:"upstreamTLS,omitzero"`
 }
+
+// UpstreamTLS is the mesh's trust domain; the peers' identities are
+// spiffe://<TrustDomain>/<role>/<name> (mesh/identity).
+type UpstreamTLS struct {
+	TrustDomain string `json:"trustDomain"`
+}
+
+// Enabled reports whether clusters are mutual TLS.
+func (u UpstreamTLS) Enabled() bool { return u != UpstreamTLS{} }
 
 // Runner is one mailbox runner process.
 type Runner struct {
@@ -52,6 +68,10 @@ type Runner struct {
 	// Healthy is false when the runner should get no traffic (for example its
 	// proxy is stale); its endpoint is then sent as UNHEALTHY.
 	Healthy bool `json:"healthy"`
+	// ProxyID is the proxy the runner serves, whose identity
+	// (proxy/<ProxyID>) it presents under UpstreamTLS. Empty accepts any
+	// proxy identity of the trust domain.
+	ProxyID string `json:"proxyId,omitempty"`
 }
 
 // Mailbox is a mailbox with a live lease.
@@ -87,6 +107,8 @@ var (
 	ErrUnknownMailbox  = errors.New("unknown mailbox")
 	ErrAliasNamespace  = errors.New("alias namespace differs from the mailbox's")
 	ErrGatewayListener = errors.New("gateway listener")
+	ErrTrustDomain     = errors.New("upstream TLS trust domain")
+	ErrProxyID         = errors.New("proxy id must match " + runnerIDPattern)
 )
 
 const (
@@ -135,6 +157,13 @@ func (x *IR) Valid() (*IR, error) {
 	}
 	if err := checkAddress(c.Gateway.Address); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrGatewayListener, err))
+	}
+	if u := c.Gateway.UpstreamTLS; u.Enabled() {
+		// Kept even when invalid: the SAN checks then match nobody, so a
+		// bad setting fails closed instead of dropping to plaintext.
+		if _, err := spiffeid.TrustDomainFromString(u.TrustDomain); err != nil {
+			errs = append(errs, fmt.Errorf("%w %q: %w", ErrTrustDomain, u.TrustDomain, err))
+		}
 	}
 	out := &IR{Version: c.Version, Gateway: c.Gateway}
 	for _, a := range c.NotFound {
@@ -205,6 +234,9 @@ func (r Runner) Validate() error {
 	}
 	if err := checkAddress(r.Address); err != nil {
 		errs = append(errs, err)
+	}
+	if r.ProxyID != "" && !runnerIDName.MatchString(r.ProxyID) {
+		errs = append(errs, ErrProxyID)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("runner %q: %w", r.ID, err)

@@ -9,6 +9,10 @@
 //     "mailbox-query" (grpc-go, target xds:///mailbox-query), both on RDS
 //     "mailbox-routes" over ADS.
 //
+// Under ir.UpstreamTLS every cluster is mutual TLS and comes in two variants,
+// grpc-go's and Envoy's (see CertProviderInstance); everything else is
+// shared.
+//
 // The route table is one resource sent whole on every change, and grpc-go's
 // xDS client refuses messages over 4 MiB, so routes carry nothing optional:
 // no names, no metadata, x-prism-* response headers only where the runner
@@ -63,6 +67,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 
@@ -90,10 +95,26 @@ type Resources struct {
 	Routes    []*routev3.RouteConfiguration
 	Clusters  []*clusterv3.Cluster
 	Endpoints []*endpointv3.ClusterLoadAssignment
+	// EnvoyClusters, when not nil, are what Envoy is served instead of
+	// Clusters: the same clusters with Envoy's form of upstream TLS (see
+	// CertProviderInstance). Nil in a plaintext mesh, where both data planes
+	// take the same clusters.
+	EnvoyClusters []*clusterv3.Cluster
 }
 
-// ByType returns the resources keyed by xDS type URL, as snapshots want them.
-func (r *Resources) ByType() map[resource.Type][]types.Resource {
+// ByType returns the resources keyed by xDS type URL, as snapshots want
+// them: grpc-go's variant.
+func (r *Resources) ByType() map[resource.Type][]types.Resource { return r.byType(r.Clusters) }
+
+// ForEnvoy is ByType with Envoy's clusters.
+func (r *Resources) ForEnvoy() map[resource.Type][]types.Resource {
+	if r.EnvoyClusters == nil {
+		return r.ByType()
+	}
+	return r.byType(r.EnvoyClusters)
+}
+
+func (r *Resources) byType(clusters []*clusterv3.Cluster) map[resource.Type][]types.Resource {
 	out := map[resource.Type][]types.Resource{}
 	for _, l := range r.Listeners {
 		out[resource.ListenerType] = append(out[resource.ListenerType], l)
@@ -101,7 +122,7 @@ func (r *Resources) ByType() map[resource.Type][]types.Resource {
 	for _, rc := range r.Routes {
 		out[resource.RouteType] = append(out[resource.RouteType], rc)
 	}
-	for _, c := range r.Clusters {
+	for _, c := range clusters {
 		out[resource.ClusterType] = append(out[resource.ClusterType], c)
 	}
 	for _, e := range r.Endpoints {
@@ -178,8 +199,30 @@ func (t *Translator) Translate(x *ir.IR) (*Resources, error) {
 		return true
 	}
 
+	upTLS := v.Gateway.UpstreamTLS
+	if upTLS.Enabled() {
+		out.EnvoyClusters = []*clusterv3.Cluster{}
+	}
+	addCluster := func(what string, c *clusterv3.Cluster, san *matcherv3.StringMatcher) bool {
+		if !upTLS.Enabled() {
+			return add(what, c, func() { out.Clusters = append(out.Clusters, c) })
+		}
+		g, e, err := withTLS(c, san)
+		if err == nil {
+			err = e.ValidateAll()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+			return false
+		}
+		return add(what, g, func() {
+			out.Clusters = append(out.Clusters, g)
+			out.EnvoyClusters = append(out.EnvoyClusters, e)
+		})
+	}
+
 	nf, nfLA := notFoundCluster(v.NotFound)
-	add("cluster "+NotFoundCluster, nf, func() { out.Clusters = append(out.Clusters, nf) })
+	addCluster("cluster "+NotFoundCluster, nf, sanPrefix(upTLS, identity.Admin))
 	add("endpoints "+NotFoundCluster, nfLA, func() { out.Endpoints = append(out.Endpoints, nfLA) })
 	for _, r := range v.Runners {
 		c, la := runnerCluster(r)
@@ -187,7 +230,7 @@ func (t *Translator) Translate(x *ir.IR) (*Resources, error) {
 			errs = append(errs, fmt.Errorf("runner %q endpoints: %w", r.ID, err))
 			continue
 		}
-		if add("runner "+strconv.Quote(r.ID)+" cluster", c, func() { out.Clusters = append(out.Clusters, c) }) {
+		if addCluster("runner "+strconv.Quote(r.ID)+" cluster", c, runnerSAN(upTLS, r)) {
 			out.Endpoints = append(out.Endpoints, la)
 			runners[r.ID] = true
 		}

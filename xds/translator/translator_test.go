@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
@@ -40,13 +42,20 @@ func TestTranslateGolden(t *testing.T) {
 			golden(t, name+".routes.yaml", toYAML(t, res.Routes))
 			golden(t, name+".clusters.yaml", toYAML(t, res.Clusters))
 			golden(t, name+".endpoints.yaml", toYAML(t, res.Endpoints))
-
-			snap, err := cache.NewSnapshot("1", res.ByType())
-			if err != nil {
-				t.Fatal(err)
+			var envoyClusters []byte
+			if res.EnvoyClusters != nil {
+				envoyClusters = toYAML(t, res.EnvoyClusters)
 			}
-			if err := snap.Consistent(); err != nil {
-				t.Errorf("snapshot not consistent: %v", err)
+			golden(t, name+".envoy-clusters.yaml", envoyClusters)
+
+			for _, byType := range []map[resource.Type][]types.Resource{res.ByType(), res.ForEnvoy()} {
+				snap, err := cache.NewSnapshot("1", byType)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := snap.Consistent(); err != nil {
+					t.Errorf("snapshot not consistent: %v", err)
+				}
 			}
 			again, _ := Translate(x)
 			if !sameResources(res, again) {
@@ -138,7 +147,8 @@ func sameResources(a, b *Resources) bool {
 		return true
 	}
 	return eq(msgs(a.Listeners), msgs(b.Listeners)) && eq(msgs(a.Routes), msgs(b.Routes)) &&
-		eq(msgs(a.Clusters), msgs(b.Clusters)) && eq(msgs(a.Endpoints), msgs(b.Endpoints))
+		eq(msgs(a.Clusters), msgs(b.Clusters)) && eq(msgs(a.Endpoints), msgs(b.Endpoints)) &&
+		(a.EnvoyClusters == nil) == (b.EnvoyClusters == nil) && eq(msgs(a.EnvoyClusters), msgs(b.EnvoyClusters))
 }
 
 func msgs[M proto.Message](in []M) []proto.Message {
