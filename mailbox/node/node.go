@@ -11,9 +11,13 @@ import (
 	"net"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/prism-mesh/prism/mailbox/control"
 	"github.com/prism-mesh/prism/mailbox/runner"
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
 // Config is one runner process. Exactly one of Mailbox and ControlAddr is
@@ -26,15 +30,21 @@ type Config struct {
 	// QueryAddr serves gRPC (MailboxQuery, health) and the HTTP query API on
 	// one port: the address the sidecar advertises and routes point at.
 	QueryAddr string
-	// HTTPAddr serves the HTTP query API, /metrics, /healthz and /readyz.
+	// HTTPAddr serves /metrics, /healthz and /readyz in plaintext, and the
+	// HTTP query API too unless TLS is set.
 	HTTPAddr string
 	// Mailbox is hosted from the start, without a lease epoch.
 	Mailbox *runner.MailboxConfig
 	// ControlAddr serves the sidecar's control API
-	// (prism.runner.v1.RunnerControl); it must be a loopback address, since
-	// the API is not authenticated.
+	// (prism.runner.v1.RunnerControl); it must be a loopback address, so
+	// only the pod reaches it even before TLS decides who may.
 	ControlAddr string
-	Logger      *slog.Logger
+	// TLS, when set, is the runner's identity (proxy/<proxy-id>, shared with
+	// its sidecar): the query port serves mutual TLS to gateway, operator
+	// and reader identities (runner.Config.TLS) and the control API only
+	// to this same identity. nil serves everything in plaintext.
+	TLS    *pki.Source
+	Logger *slog.Logger
 }
 
 // Node is a running runner process.
@@ -52,6 +62,7 @@ func Start(cfg Config) (*Node, error) {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Runner.Logger = cfg.Logger
+	cfg.Runner.TLS = cfg.TLS
 	switch {
 	case cfg.Mailbox != nil && cfg.ControlAddr != "":
 		return nil, errors.New("runner: a static mailbox has no lease, so no control API")
@@ -85,7 +96,7 @@ func Start(cfg Config) (*Node, error) {
 		return n, nil
 	}
 	ctl = control.New(control.Config{Host: r, Registerer: r.Registry(), Logger: cfg.Logger})
-	n.control = grpc.NewServer()
+	n.control = grpc.NewServer(controlServerOptions(cfg.TLS)...)
 	ctl.Register(n.control)
 	go func() {
 		if err := n.control.Serve(n.controlLn); err != nil {
@@ -149,7 +160,37 @@ func (n *Node) Close() error {
 	return err
 }
 
-// loopbackOnly keeps the unauthenticated control API off the network.
+// controlServerOptions secure the control API with src: mutual TLS that
+// accepts only the runner's own identity, which its sidecar shares, and a
+// policy naming every method so a new one is closed until given a rule.
+func controlServerOptions(src *pki.Source) []grpc.ServerOption {
+	if src == nil {
+		return nil
+	}
+	self := src.Identity()
+	onlySelf := func(caller identity.Identity, _ any) error {
+		if caller == self {
+			return nil
+		}
+		return identity.Deny(caller, "only this runner's own sidecar (%s) may call its control API", self)
+	}
+	policy := identity.Policy{
+		runnerv1.RunnerControl_OpenMailbox_FullMethodName:     onlySelf,
+		runnerv1.RunnerControl_ActivateMailbox_FullMethodName: onlySelf,
+		runnerv1.RunnerControl_ExtendMailbox_FullMethodName:   onlySelf,
+		runnerv1.RunnerControl_FenceMailbox_FullMethodName:    onlySelf,
+		runnerv1.RunnerControl_CloseMailbox_FullMethodName:    onlySelf,
+		runnerv1.RunnerControl_Drain_FullMethodName:           onlySelf,
+		runnerv1.RunnerControl_GetStats_FullMethodName:        onlySelf,
+	}
+	return []grpc.ServerOption{
+		grpc.Creds(credentials.NewTLS(src.ServerConfig(pki.Exactly(self)))),
+		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(policy.StreamInterceptor()),
+	}
+}
+
+// loopbackOnly keeps the control API off the network.
 func loopbackOnly(addr string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
