@@ -213,7 +213,7 @@ func Start(cfg Config, w Writer) (*Ingester, error) {
 	cfg.Sarama = &sc
 	client, err := sarama.NewClient(cfg.Brokers, cfg.Sarama)
 	if err != nil {
-		return nil, fmt.Errorf("ingest %s: kafka client: %w", cfg.MailboxID, err)
+		return nil, fmt.Errorf("ingest %s: kafka client (%s): %w%s", cfg.MailboxID, connection(cfg.Sarama), err, closedHint(err))
 	}
 	ensureDLQTopics(client, cfg.Topics, log)
 	if limit, err := dlqMessageLimit(client, cfg.Topics); err != nil {
@@ -239,7 +239,7 @@ func Start(cfg Config, w Writer) (*Ingester, error) {
 	i.drainCtx, i.stopDrain = context.WithCancel(context.Background())
 	go i.logErrors()
 	go i.run()
-	log.Info("ingest started", "topics", cfg.Topics, "brokers", cfg.Brokers, "validation", string(cfg.Mode))
+	log.Info("ingest started", "topics", cfg.Topics, "brokers", cfg.Brokers, "kafka_connection", connection(cfg.Sarama), "validation", string(cfg.Mode))
 	return i, nil
 }
 
