@@ -16,9 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 	"github.com/prism-mesh/prism/sidecar/agent"
@@ -47,7 +50,35 @@ type Config struct {
 	StopTimeout     time.Duration // bound on the graceful stop: runner drain, then every release
 	AttemptTimeout  time.Duration // bound on one call to one admin node
 	RetryMax        time.Duration // longest wait between retries, which start at 100ms and double
-	Logger          *slog.Logger
+	// TLS, when set, is the identity of the proxy, proxy/<ProxyID>, which
+	// the runner shares: the runner's control API is dialled over mutual TLS
+	// and must present exactly that identity too. nil dials in plaintext.
+	TLS    *pki.Source
+	Logger *slog.Logger
+}
+
+// checkIdentity refuses a certificate that names another proxy: the admin
+// would refuse its every call for this proxy id, and the runner would not
+// take its orders.
+func checkIdentity(src *pki.Source, proxyID string) error {
+	if src == nil {
+		return nil
+	}
+	got := src.Identity()
+	if got.Role != identity.Proxy || got.Name != proxyID {
+		want := identity.Identity{TrustDomain: got.TrustDomain, Role: identity.Proxy, Name: proxyID}
+		return fmt.Errorf("sidecar of proxy %q: the TLS certificate is %s, want %s (issue the proxy's certificate for this proxy id, or run with that proxy id)", proxyID, got, want)
+	}
+	return nil
+}
+
+// runnerCredentials are the control API's: the runner must hold the
+// sidecar's own identity.
+func runnerCredentials(src *pki.Source) credentials.TransportCredentials {
+	if src == nil {
+		return insecure.NewCredentials()
+	}
+	return credentials.NewTLS(src.ClientConfig(pki.Exactly(src.Identity())))
 }
 
 // Run runs the sidecar until ctx ends; then the runner drains and every
@@ -57,12 +88,15 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("component", "sidecar")
+	if err := checkIdentity(cfg.TLS, cfg.ProxyID); err != nil {
+		return err
+	}
 	admin, err := agent.DialEndpoints(cfg.AdminEndpoints, cfg.AttemptTimeout, log)
 	if err != nil {
 		return err
 	}
 	defer admin.Close()
-	rc, err := grpc.NewClient(cfg.RunnerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	rc, err := grpc.NewClient(cfg.RunnerAddr, grpc.WithTransportCredentials(runnerCredentials(cfg.TLS)))
 	if err != nil {
 		return fmt.Errorf("runner control address %s: %w", cfg.RunnerAddr, err)
 	}
