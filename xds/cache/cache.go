@@ -1,8 +1,10 @@
 // Package cache holds the xDS resources every client is served and the
 // Updater that turns a stream of IR states into snapshots.
 //
-// All clients, Envoy and grpc-go alike, share one snapshot: the routing table
-// is global, so the node hash maps every node to the same key. Each resource
+// All clients share one routing state: the routing table is global. Envoy
+// and grpc-go get one snapshot each (the node hash tells them apart by user
+// agent), the same resources but for the clusters under upstream TLS, where
+// each data plane takes its certificates its own way. Each resource
 // type is versioned with the IR version (the Raft applied index) at which it
 // last changed, so admin nodes label the same state alike, a client that
 // reconnects to another node is rarely re-sent what it has, and a
@@ -22,16 +24,30 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/prism-mesh/prism/xds/translator"
 )
 
-// NodeKey is the snapshot key every node hashes to.
-const NodeKey = "prism"
+// Snapshot keys: every Envoy hashes to EnvoyNodeKey, every other client
+// (grpc-go) to NodeKey. Both snapshots hold the same resources except the
+// clusters under upstream TLS (translator.Resources.EnvoyClusters).
+const (
+	NodeKey      = "prism"
+	EnvoyNodeKey = "prism-envoy"
+)
+
+// envoyUserAgent is the user_agent_name every Envoy reports in its node.
+const envoyUserAgent = "envoy"
 
 type sharedHash struct{}
 
-func (sharedHash) ID(*corev3.Node) string { return NodeKey }
+func (sharedHash) ID(n *corev3.Node) string {
+	if n.GetUserAgentName() == envoyUserAgent {
+		return EnvoyNodeKey
+	}
+	return NodeKey
+}
 
 // Cache is the snapshot every xDS client is served.
 type Cache struct {
@@ -40,7 +56,8 @@ type Cache struct {
 
 	mu      sync.Mutex
 	version string
-	prev    *cachev3.Snapshot
+	// prev is the snapshot served under each key.
+	prev map[string]*cachev3.Snapshot
 	// lastIR and again label a changed state that arrives under the IR
 	// version already served ("N.1", "N.2", ...), so SotW clients, which
 	// only compare version strings, still receive it.
@@ -73,26 +90,34 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 	if c.prev != nil && version == c.lastIR {
 		label = v + "." + strconv.Itoa(c.again+1)
 	}
-	snap := &cachev3.Snapshot{}
-	for typ, items := range res.ByType() {
-		tv := label
-		if c.prev != nil && sameResources(c.prev.GetResources(typ), items) {
-			tv = c.prev.GetVersion(typ)
+	next := map[string]*cachev3.Snapshot{}
+	for key, byType := range map[string]map[resource.Type][]types.Resource{NodeKey: res.ByType(), EnvoyNodeKey: res.ForEnvoy()} {
+		prev := c.prev[key]
+		snap := &cachev3.Snapshot{}
+		for typ, items := range byType {
+			tv := label
+			if prev != nil && sameResources(prev.GetResources(typ), items) {
+				tv = prev.GetVersion(typ)
+			}
+			snap.Resources[cachev3.GetResponseType(typ)] = cachev3.NewResources(tv, items)
 		}
-		snap.Resources[cachev3.GetResponseType(typ)] = cachev3.NewResources(tv, items)
+		if err := snap.Consistent(); err != nil {
+			return fmt.Errorf("snapshot %d for %s: %w", version, key, err)
+		}
+		next[key] = snap
 	}
-	if err := snap.Consistent(); err != nil {
-		return fmt.Errorf("snapshot %d: %w", version, err)
-	}
-	if err := c.snapshots.SetSnapshot(ctx, NodeKey, snap); err != nil {
-		return fmt.Errorf("set snapshot %d: %w", version, err)
+	// grpc-go's first: the admin's own readiness waits on it.
+	for _, key := range []string{NodeKey, EnvoyNodeKey} {
+		if err := c.snapshots.SetSnapshot(ctx, key, next[key]); err != nil {
+			return fmt.Errorf("set snapshot %d for %s: %w", version, key, err)
+		}
 	}
 	if label != v {
 		c.again++
 	} else {
 		c.again = 0
 	}
-	c.prev, c.version, c.lastIR = snap, v, version
+	c.prev, c.version, c.lastIR = next, v, version
 	return nil
 }
 
@@ -109,8 +134,13 @@ func sameResources(prev map[string]types.Resource, next []types.Resource) bool {
 	return true
 }
 
-// Snapshot is the snapshot being served.
+// Snapshot is the snapshot being served to grpc-go.
 func (c *Cache) Snapshot() (cachev3.ResourceSnapshot, error) { return c.snapshots.GetSnapshot(NodeKey) }
+
+// EnvoySnapshot is the snapshot being served to Envoy.
+func (c *Cache) EnvoySnapshot() (cachev3.ResourceSnapshot, error) {
+	return c.snapshots.GetSnapshot(EnvoyNodeKey)
+}
 
 // Version is the IR version being served, or "" before the first Set.
 func (c *Cache) Version() string {

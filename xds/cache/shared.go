@@ -8,6 +8,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -21,8 +22,11 @@ type sharedMarshal struct {
 	cachev3.Cache
 	log *slog.Logger
 
-	mu   sync.Mutex
-	memo map[string]*typeMemo // by type URL: the latest version only
+	mu sync.Mutex
+	// memo holds the latest version only, by type URL; clusters by type URL
+	// and snapshot key, the one type whose content differs between the
+	// Envoy and grpc-go snapshots under the same version.
+	memo map[string]*typeMemo
 }
 
 type typeMemo struct {
@@ -75,14 +79,19 @@ func (s *sharedMarshal) wrap(r cachev3.Response) cachev3.Response {
 	return &sharedResponse{RawResponse: raw, s: s}
 }
 
-// marshal returns the memoized Any for one resource of typeURL at version.
-func (s *sharedMarshal) marshal(typeURL, version string, res types.Resource) (*anypb.Any, error) {
+// marshal returns the memoized Any for one resource of typeURL at version,
+// served to a client of the given snapshot key.
+func (s *sharedMarshal) marshal(typeURL, version, key string, res types.Resource) (*anypb.Any, error) {
 	name := cachev3.GetResourceName(res)
+	memoKey := typeURL
+	if typeURL == resource.ClusterType {
+		memoKey += "\x00" + key
+	}
 	s.mu.Lock()
-	m := s.memo[typeURL]
+	m := s.memo[memoKey]
 	if m == nil || m.version != version {
 		m = &typeMemo{version: version, anys: map[string]func() (*anypb.Any, error){}}
-		s.memo[typeURL] = m
+		s.memo[memoKey] = m
 	}
 	build, ok := m.anys[name]
 	if !ok {
@@ -113,13 +122,14 @@ type sharedResponse struct {
 
 func (r *sharedResponse) GetDiscoveryResponse() (*discoveryv3.DiscoveryResponse, error) {
 	typeURL := r.GetRequest().GetTypeUrl()
+	key := sharedHash{}.ID(r.GetRequest().GetNode())
 	raw := r.GetRawResources()
 	anys := make([]*anypb.Any, 0, len(raw))
 	for _, res := range raw {
 		if res.TTL != nil {
 			return r.RawResponse.GetDiscoveryResponse()
 		}
-		a, err := r.s.marshal(typeURL, r.Version, res.Resource)
+		a, err := r.s.marshal(typeURL, r.Version, key, res.Resource)
 		if err != nil {
 			return nil, err
 		}
