@@ -9,6 +9,7 @@ import (
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -90,20 +91,37 @@ func (s *Server) ProxyHeartbeat(ctx context.Context, req *adminv1.ProxyHeartbeat
 		})
 }
 
+// CreateNamespace records who created the namespace: over mutual TLS the
+// principal is the caller's identity, whatever the request says; in
+// plaintext it is the unverified field as sent.
 func (s *Server) CreateNamespace(ctx context.Context, req *adminv1.CreateNamespaceRequest) (*adminv1.CreateNamespaceResponse, error) {
-	return write(s, ctx, "CreateNamespace",
+	if caller, ok := identity.Caller(ctx); ok {
+		req.Principal = caller.String()
+	}
+	resp, err := write(s, ctx, "CreateNamespace",
 		&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: req}}, true,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
 			return adminv1.NewControlPlaneClient(cc).CreateNamespace(ctx, req)
 		})
+	if err == nil && resp.GetCreated() && !forwarded(ctx) {
+		s.log.Info("namespace created", "namespace", req.GetNamespace(), "principal", req.GetPrincipal(), "index", resp.GetIndex())
+	}
+	return resp, err
 }
 
+// DeleteNamespace logs the caller's identity (over mutual TLS) as who
+// deleted the namespace.
 func (s *Server) DeleteNamespace(ctx context.Context, req *adminv1.DeleteNamespaceRequest) (*adminv1.DeleteNamespaceResponse, error) {
-	return write(s, ctx, "DeleteNamespace",
+	resp, err := write(s, ctx, "DeleteNamespace",
 		&adminv1.Command{Body: &adminv1.Command_DeleteNamespace{DeleteNamespace: req}}, true,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.DeleteNamespaceResponse, error) {
 			return adminv1.NewControlPlaneClient(cc).DeleteNamespace(ctx, req)
 		})
+	if err == nil && resp.GetDeleted() && !forwarded(ctx) {
+		caller, _ := identity.Caller(ctx)
+		s.log.Info("namespace deleted", "namespace", req.GetNamespace(), "principal", caller.String(), "index", resp.GetIndex())
+	}
+	return resp, err
 }
 
 func (s *Server) AcquireLease(ctx context.Context, req *adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error) {
@@ -163,6 +181,12 @@ func (s *Server) WatchAssignments(req *adminv1.WatchAssignmentsRequest, stream g
 		return toStatus(err)
 	}
 	ctx := stream.Context()
+	// The policy admitted a proxy; it may watch only its own assignments.
+	if caller, ok := identity.Caller(ctx); ok {
+		if err := identity.SameProxy(caller, req.GetProxyId()); err != nil {
+			return err
+		}
+	}
 	var last *adminv1.WatchAssignmentsResponse
 	for {
 		_, changed := s.fsm.Changed()

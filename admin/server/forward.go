@@ -63,7 +63,9 @@ func leaderCall[Resp any](s *Server, ctx context.Context, method string,
 			if err != nil {
 				return zero, status.Error(codes.Internal, err.Error())
 			}
-			out := metadata.AppendToOutgoingContext(ctx, forwardedKey, s.node.ID())
+			// The leader authorizes the original caller again: this node's
+			// admin identity only vouches for who that caller is.
+			out := forwardCaller(ctx, metadata.AppendToOutgoingContext(ctx, forwardedKey, s.node.ID()))
 			start := time.Now()
 			resp, err := remote(out, cc)
 			s.metrics.observeForward(method, err, time.Since(start))

@@ -15,10 +15,12 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/mesh/pki"
 	"github.com/prism-mesh/prism/xds"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 	"k8s.io/utils/clock"
 )
 
@@ -40,8 +42,40 @@ type NodeConfig struct {
 	GatewayAddr string
 	// Clock is the leader's clock, for the lessor and the server (default
 	// the real clock).
-	Clock  clock.WithTicker
-	Logger *slog.Logger
+	Clock clock.WithTicker
+	// TLS, when set, is this node's admin/<id> identity: the gRPC listener
+	// serves mutual TLS and authorizes every call by the caller's identity
+	// (Policy), forwards and leadership rounds dial other nodes with it, and
+	// the raft transport uses it unless Raft.TLS says otherwise. Nil serves
+	// and dials in plaintext with no authorization.
+	TLS *pki.Source
+	// MaxStreams bounds the concurrent calls and streams on one client
+	// connection (default 1000); IdleTimeout closes a connection that has
+	// had none for that long (default 5m; the client reconnects when it
+	// next calls).
+	MaxStreams  uint32
+	IdleTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// pingEvery is the most often a client may ping the gRPC listener; the
+// Envoy gateway's bootstrap pings its xDS connection every 10-30s. A client
+// pinging more often is sent away (too_many_pings).
+const pingEvery = 5 * time.Second
+
+func (cfg NodeConfig) limits() []grpc.ServerOption {
+	streams, idle := cfg.MaxStreams, cfg.IdleTimeout
+	if streams == 0 {
+		streams = 1000
+	}
+	if idle == 0 {
+		idle = 5 * time.Minute
+	}
+	return []grpc.ServerOption{
+		grpc.MaxConcurrentStreams(streams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: pingEvery, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle}),
+	}
 }
 
 // Node is a running admin node.
@@ -74,6 +108,9 @@ func Start(cfg NodeConfig) (*Node, error) {
 		timing = raftnode.DefaultTiming()
 	}
 	cfg.Raft.Logger = cfg.Logger
+	if cfg.Raft.TLS == nil {
+		cfg.Raft.TLS = cfg.TLS
+	}
 	n := &Node{}
 	var err error
 	if n.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
@@ -116,7 +153,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	}
 	n.Server, err = New(Config{
 		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Clock: cfg.Clock,
-		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger,
+		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS,
 		Registry: reg, Metrics: m,
 		// Half the promotion extension: the other half and the grace are
 		// the margin for clock drift (admin/leadership).
@@ -127,10 +164,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 		closeListeners()
 		return nil, err
 	}
-	n.grpc = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(n.Server.UnaryInterceptor()),
-		grpc.ChainStreamInterceptor(n.Server.StreamInterceptor()),
-	)
+	n.grpc = grpc.NewServer(append(n.Server.ServerOptions(), cfg.limits()...)...)
 	n.Server.Register(n.grpc)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel

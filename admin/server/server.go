@@ -17,6 +17,11 @@
 // alone expires leases, marks proxies stale and checkpoints renewals, each by
 // committing a command stamped with its clock. Every node also serves xDS
 // (ADS) from its own FSM.
+//
+// Over mutual TLS (Config.TLS) every call is authorized by the caller's
+// identity before anything else runs (Policy). A follower forwards with its
+// own admin identity and names the original caller, whom the leader
+// authorizes again; only an admin node may name one.
 package server
 
 import (
@@ -35,9 +40,12 @@ import (
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/internal/grpcpool"
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -73,6 +81,11 @@ type Config struct {
 	// ExtendOnPromote (admin/leadership argues the bound). Default: half
 	// raft's default election timeout.
 	LeaderLease time.Duration
+
+	// TLS, when set, is this node's identity: forwards and leadership
+	// rounds dial other admin nodes over mutual TLS with it, accepting only
+	// admin identities. Nil dials in plaintext.
+	TLS *pki.Source
 
 	Logger *slog.Logger
 	// Registry receives the metrics (default: a new registry); Metrics are
@@ -159,6 +172,11 @@ func New(cfg Config) (*Server, error) {
 		// Forwards learn whether a failed call ever left this node.
 		pool: grpcpool.Pool{Options: []grpc.DialOption{client.TrackSent()}},
 	}
+	if cfg.TLS != nil {
+		// Replaces the pool's plaintext credentials (the last one wins).
+		s.pool.Options = append(s.pool.Options, grpc.WithTransportCredentials(
+			credentials.NewTLS(cfg.TLS.ClientConfig(pki.RoleIs(identity.Admin)))))
+	}
 	for id, a := range cfg.GRPCAddrs {
 		s.addrs[id] = a
 	}
@@ -183,11 +201,24 @@ func (s *Server) Register(g *grpc.Server) {
 	healthpb.RegisterHealthServer(g, s.health)
 }
 
-// UnaryInterceptor and StreamInterceptor count calls by method and code.
-func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor { return s.metrics.unary }
-
-// StreamInterceptor counts streams by method and code.
-func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor { return s.metrics.stream }
+// ServerOptions are the credentials and interceptors of the gRPC server the
+// services are registered on. With TLS the first interceptor authorizes
+// every call by Policy, so nothing else runs for a refused one; then calls
+// are counted by method and code.
+func (s *Server) ServerOptions() []grpc.ServerOption {
+	var (
+		opts   []grpc.ServerOption
+		unary  []grpc.UnaryServerInterceptor
+		stream []grpc.StreamServerInterceptor
+	)
+	if s.cfg.TLS != nil {
+		a := authorizer{policy: Policy()}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.TLS.ServerConfig(pki.Any))))
+		unary, stream = append(unary, a.unary), append(stream, a.stream)
+	}
+	unary, stream = append(unary, s.metrics.unary), append(stream, s.metrics.stream)
+	return append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
+}
 
 // Drain ends long-lived streams (WatchAssignments) so a graceful stop does
 // not wait on them; unary calls keep being served.
