@@ -1,7 +1,8 @@
 // Package raftnode runs one member of the admin cluster's Raft group:
 // hashicorp/raft with raft-wal as log and stable store, file snapshots and a
 // TCP transport, or everything in memory for unit tests. It is generic over
-// raft.FSM and knows nothing about admin state.
+// raft.FSM and knows nothing about admin state. The TCP transport runs over
+// mutual TLS between members' admin identities when configured.
 package raftnode
 
 import (
@@ -21,6 +22,7 @@ import (
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
 
+	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 )
 
@@ -92,10 +94,18 @@ type Config struct {
 	// DialAddrs overrides the address dialed for a server id, e.g. to route
 	// each pair of nodes through its own fault proxy.
 	DialAddrs map[string]string
-	// TLS, when set, runs the TCP transport over mutual TLS: a peer must be
-	// admin/<id> with id a member of the configuration (or, before one is
-	// known, one of Peers). Nil is plaintext and unauthenticated.
+	// TLS, when set, runs the TCP transport over mutual TLS with this
+	// node's identity, which must be admin/<ID>. A peer that connects must be
+	// admin/<id> with id a server of the latest configuration (before this
+	// node has one: of Peers or JoinPeers); a server dialed must be the
+	// admin/<id> of the member raft dials at that address. Nil is plaintext
+	// and unauthenticated.
 	TLS *pki.Source
+	// JoinPeers are the members of the cluster a node without state waits
+	// to be added to (--join): nothing is bootstrapped from them, but over
+	// TLS they are the identities accepted until raft replicates a
+	// configuration to this node.
+	JoinPeers []Peer
 
 	Timing            Timing
 	SnapshotInterval  time.Duration
@@ -147,6 +157,13 @@ func (c *Config) withDefaults() error {
 	}
 	if c.DataDir != "" && c.BindAddr == "" && c.Listener == nil {
 		return errors.New("raftnode: a raft bind address is required with a data dir")
+	}
+	// The in-memory transport has no network, so TLS only matters with a
+	// data dir (the TCP transport).
+	if c.TLS != nil && c.DataDir != "" {
+		if self := c.TLS.Identity(); self.Role != identity.Admin || self.Name != c.ID {
+			return fmt.Errorf("raftnode: the TLS identity %s is not admin/%s, so the other members would refuse it", self, c.ID)
+		}
 	}
 	return nil
 }
@@ -269,7 +286,7 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 			cleanup()
 			return nil, fmt.Errorf("node %s in %s: %w", cfg.ID, cfg.DataDir, err)
 		}
-		tr, err := newTCPTransport(cfg, hl.Named("transport"))
+		tr, err := newTCPTransport(cfg, n.peerSet(), hl.Named("transport"))
 		if err != nil {
 			cleanup()
 			return nil, err
@@ -341,57 +358,6 @@ func (c Config) bootstrapConfiguration() (raft.Configuration, bool) {
 	}
 	return raft.Configuration{}, false
 }
-
-type dialOverrides map[string]string
-
-func (d dialOverrides) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
-	if a, ok := d[string(id)]; ok {
-		return raft.ServerAddress(a), nil
-	}
-	return "", fmt.Errorf("no dial override for %s", id)
-}
-
-func newTCPTransport(cfg Config, hl hclog.Logger) (*raft.NetworkTransport, error) {
-	ln := cfg.Listener
-	if ln == nil {
-		l, err := net.Listen("tcp", cfg.BindAddr)
-		if err != nil {
-			return nil, fmt.Errorf("raft transport on %s: %w", cfg.BindAddr, err)
-		}
-		ln = l
-	}
-	sl := &streamLayer{Listener: ln, adv: ln.Addr()}
-	if cfg.Advertise != "" {
-		a, err := net.ResolveTCPAddr("tcp", cfg.Advertise)
-		if err != nil {
-			_ = ln.Close()
-			return nil, fmt.Errorf("raft advertise address %q: %w", cfg.Advertise, err)
-		}
-		sl.adv = a
-	}
-	tc := &raft.NetworkTransportConfig{Stream: sl, Logger: hl, MaxPool: 3, Timeout: 10 * time.Second}
-	if len(cfg.DialAddrs) > 0 {
-		d := dialOverrides{cfg.ID: sl.adv.String()}
-		for id, a := range cfg.DialAddrs {
-			d[id] = a
-		}
-		tc.ServerAddressProvider = d
-	}
-	return raft.NewNetworkTransportWithConfig(tc), nil
-}
-
-// streamLayer is raft's TCP stream layer over a listener we may have created
-// ourselves.
-type streamLayer struct {
-	net.Listener
-	adv net.Addr
-}
-
-func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return net.DialTimeout("tcp", string(addr), timeout)
-}
-
-func (s *streamLayer) Addr() net.Addr { return s.adv }
 
 // ID is the node's server id.
 func (n *Node) ID() string { return n.cfg.ID }
