@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/prism-mesh/prism/internal/pkitest"
+	"github.com/prism-mesh/prism/mesh/identity"
 )
 
 // kvFSM is the smallest useful state machine: "key=value" entries.
@@ -158,6 +161,7 @@ func TestConfigValidation(t *testing.T) {
 
 type testCluster struct {
 	t     *testing.T
+	pki   *pkitest.PKI // when set, every node runs its transport over mTLS as admin/<id>
 	dirs  []string
 	peers []Peer
 	fsms  []*kvFSM
@@ -174,7 +178,11 @@ func listen(t *testing.T) net.Listener {
 }
 
 func newTestCluster(t *testing.T, size int) *testCluster {
-	c := &testCluster{t: t}
+	return startCluster(&testCluster{t: t}, size)
+}
+
+func startCluster(c *testCluster, size int) *testCluster {
+	t := c.t
 	lns := make([]net.Listener, size)
 	for i := range size {
 		lns[i] = listen(t)
@@ -206,11 +214,15 @@ func (c *testCluster) start(i int, ln net.Listener) {
 		ln = l
 	}
 	c.fsms[i] = newKV()
-	n, err := New(Config{
+	cfg := Config{
 		ID: c.peers[i].ID, DataDir: c.dirs[i], Listener: ln, Peers: c.peers,
 		Timing: FastTiming(), SnapshotThreshold: 16, TrailingLogs: 8, SnapshotInterval: 100 * time.Millisecond,
 		Logger: quietLogger(),
-	}, c.fsms[i])
+	}
+	if c.pki != nil {
+		cfg.TLS = c.pki.Source(identity.Admin, cfg.ID)
+	}
+	n, err := New(cfg, c.fsms[i])
 	if err != nil {
 		c.t.Fatal(err)
 	}
