@@ -36,6 +36,8 @@ type runnerFlags struct {
 	// controlAddr serves the sidecar's control API; runners without
 	// --mailbox take their mailboxes from it.
 	controlAddr string
+	// tls is the runner's identity, proxy/<proxy-id> (its sidecar's too).
+	tls tlsFlags
 }
 
 // defaultControlAddr is where the injected sidecar looks for the runner
@@ -48,8 +50,8 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.StringVar(&f.kafka, "kafka", defaults.kafka, "Kafka bootstrap brokers, comma-separated host:port")
 	fs.StringArrayVar(&f.topics, "topic", defaults.topics, "topic to consume (repeatable)")
 	fs.StringVar(&f.dataDir, "data-dir", defaults.dataDir, "directory for the mailbox stores")
-	fs.StringVar(&f.grpcAddr, "grpc-addr", defaults.grpcAddr, "query listen address: gRPC (MailboxQuery, health) and the HTTP query API (HTTP/1.1 and h2c) on one port, the address the sidecar advertises")
-	fs.StringVar(&f.httpAddr, "http-addr", defaults.httpAddr, "HTTP listen address (query API, /metrics, /healthz, /readyz; HTTP/1.1 and h2c)")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", defaults.grpcAddr, "query listen address: gRPC (MailboxQuery, health) and the HTTP query API on one port, the address the sidecar advertises; mutual TLS (h2 and HTTP/1.1) for gateway, operator and reader identities, gRPC health for any identity (HTTP/1.1 and h2c in plaintext with --insecure)")
+	fs.StringVar(&f.httpAddr, "http-addr", defaults.httpAddr, "plaintext HTTP listen address for probes and scrapers: /metrics, /healthz, /readyz (HTTP/1.1 and h2c); the HTTP query API only with --insecure, with TLS it is on --grpc-addr alone")
 	fs.StringVar(&f.validation, "validation", "strict", "envelope validation: strict, warn or disabled")
 	fs.DurationVar(&f.maxAge, "max-age", 0, "retention: delete events older than this (0 keeps them)")
 	fs.StringVar(&f.maxSize, "max-size", "0", "retention: bound on stored envelope bytes, e.g. 10GiB (0 is unbounded)")
@@ -58,7 +60,8 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", defaults.logFormat, "log format: json or text")
 	fs.StringVar(&f.controlAddr, "control-addr", defaults.controlAddr,
-		"serve the sidecar's control API (prism.runner.v1.RunnerControl) here, loopback only; without --mailbox it defaults to "+defaultControlAddr+" and the sidecar opens the mailboxes")
+		"serve the sidecar's control API (prism.runner.v1.RunnerControl) here, loopback only, over mutual TLS to this runner's own identity (its sidecar's); without --mailbox it defaults to "+defaultControlAddr+" and the sidecar opens the mailboxes")
+	f.tls.register(fs)
 }
 
 func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
@@ -123,6 +126,10 @@ dead-letters invalid ones to <topic>.dlq, and serves the query API over gRPC and
 With --mailbox and --topic it hosts that one mailbox, without a lease. Without --mailbox it serves
 the control API on --control-addr (default ` + defaultControlAddr + `) and hosts what the lease sidecar
 (prism sidecar) opens there, consuming and serving each mailbox only under a held lease's epoch.
+With --tls-ca, --tls-cert and --tls-key (the certificate of proxy/<proxy-id>, the same files as the
+sidecar's) the query port serves mutual TLS to gateway, operator and reader identities and the control
+API only to the runner's own identity; --http-addr then keeps only the probes and /metrics, in plaintext.
+--insecure serves everything in plaintext without authentication.
 SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -136,6 +143,9 @@ SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 			}
 			cfg, err := f.nodeConfig(log, brokers)
 			if err != nil {
+				return err
+			}
+			if cfg.TLS, err = f.tls.load(log); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)

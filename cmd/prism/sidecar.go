@@ -43,6 +43,7 @@ func sidecarCommand() *cobra.Command {
 		logLevel, logFormat, region, zone                                           string
 		labels                                                                      map[string]string
 		leaseTTL, heartbeat, runnerDeadAfter, stopTimeout, attemptTimeout, retryMax time.Duration
+		tls                                                                         tlsFlags
 	)
 	ttlDefault, ttlErr := envDuration(inject.EnvLeaseTTL, 15*time.Second)
 	hbDefault, hbErr := envDuration(inject.EnvHeartbeatInterval, 5*time.Second)
@@ -62,7 +63,11 @@ SIGTERM: the runner drains (stop fetching, flush, commit), then every lease is r
 
 Every flag defaults to its environment variable (PRISM_PROXY_ID, PRISM_ADMIN_ENDPOINTS, PRISM_LEASE_TTL,
 PRISM_HEARTBEAT_INTERVAL, PRISM_RUNNER_ADDR, PRISM_ADVERTISE_ADDR, PRISM_HTTP_ADDR, PRISM_LOG_LEVEL,
-PRISM_RUNNER_ID), as set by the injector.`,
+PRISM_RUNNER_ID, PRISM_TLS_CA, PRISM_TLS_CERT, PRISM_TLS_KEY), as set by the injector.
+
+The certificate (--tls-cert) must be proxy/<--proxy-id>'s, the same files the runner serves with: the
+sidecar refuses to start with another identity, dials the admin and the runner's control API over mutual
+TLS, and accepts only a runner presenting that same identity. --insecure dials in plaintext.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := errors.Join(ttlErr, hbErr); err != nil {
@@ -85,6 +90,10 @@ PRISM_RUNNER_ID), as set by the injector.`,
 			if advertiseAddr == "" {
 				return errors.New("--advertise-addr: the runner's MailboxQuery host:port, as Envoy and clients reach it, is required")
 			}
+			src, err := tls.load(log)
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			return node.Run(ctx, node.Config{
@@ -93,7 +102,7 @@ PRISM_RUNNER_ID), as set by the injector.`,
 					Version: version, Capabilities: []string{"mailbox"}, Labels: labels, Region: region, Zone: zone,
 				},
 				LeaseTTL: leaseTTL, HeartbeatInterval: heartbeat, RunnerDeadAfter: runnerDeadAfter, StopTimeout: stopTimeout, AttemptTimeout: attemptTimeout, RetryMax: retryMax,
-				Logger: log,
+				TLS: src, Logger: log,
 			})
 		},
 	}
@@ -115,5 +124,6 @@ PRISM_RUNNER_ID), as set by the injector.`,
 	f.DurationVar(&stopTimeout, "stop-timeout", 4500*time.Millisecond, "bound on the graceful stop: runner drain, then every release (keep it under 5s)")
 	f.DurationVar(&retryMax, "retry-max", 5*time.Second, "longest wait between retries (acquire, heartbeat, watch), which start at 100ms and double")
 	f.DurationVar(&attemptTimeout, "admin-attempt-timeout", 2*time.Second, "bound on one call to one admin node before trying the next")
+	tls.register(f)
 	return cmd
 }

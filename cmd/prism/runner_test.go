@@ -1,0 +1,50 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-mesh/prism/internal/pkitest"
+	"github.com/prism-mesh/prism/mesh/identity"
+)
+
+func execute(cmd *cobra.Command, args ...string) error {
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs(args)
+	return cmd.Execute()
+}
+
+// TestRunnerAndSidecarRefuseToStart: without TLS files or --insecure
+// neither serves, and a sidecar whose certificate is another proxy's (or
+// another role's) than --proxy-id refuses before it dials anything.
+func TestRunnerAndSidecarRefuseToStart(t *testing.T) {
+	t.Parallel()
+	p := pkitest.New(t)
+	tlsArgs := func(role identity.Role, name string) []string {
+		f := p.Files(role, name)
+		return []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
+	}
+	sidecar := []string{"--proxy-id", "p1", "--admin-endpoints", "127.0.0.1:1", "--advertise-addr", "127.0.0.1:9090", "--http-addr", "127.0.0.1:0", "--log-level", "error"}
+	for _, tc := range []struct {
+		name string
+		cmd  *cobra.Command
+		args []string
+		want string
+	}{
+		{"runner without TLS", runnerCommand(), []string{"--data-dir", t.TempDir(), "--log-level", "error"}, "TLS is required"},
+		{"sidecar without TLS", sidecarCommand(), sidecar, "TLS is required"},
+		{"sidecar of another proxy", sidecarCommand(), append(tlsArgs(identity.Proxy, "p2"), sidecar...), "want spiffe://prism.local/proxy/p1"},
+		{"sidecar with a gateway certificate", sidecarCommand(), append(tlsArgs(identity.Gateway, "p1"), sidecar...), "want spiffe://prism.local/proxy/p1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if err := execute(tc.cmd, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%v = %v, want it to say %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
