@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -461,4 +462,86 @@ func snapshot(t *testing.T, n *Node) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// A follower forwards with its own admin identity for the original caller,
+// and the leader authorizes that caller: proxy A through the follower acts
+// for itself and cannot act for B, and an admin peer naming a caller gets
+// that caller's rights, not its own.
+func TestForwardingKeepsTheCallersIdentity(t *testing.T) {
+	t.Parallel()
+	p := pkitest.New(t)
+	listen := func() net.Listener {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ln
+	}
+	lead := startTLSNode(t, p, NodeConfig{Raft: raftnode.Config{ID: "a", DataDir: t.TempDir(), Listener: listen(), Bootstrap: true}})
+	logs := &records{}
+	follower := startTLSNode(t, p, NodeConfig{Raft: raftnode.Config{
+		ID: "b", DataDir: t.TempDir(), Listener: listen(), JoinPeers: []raftnode.Peer{{ID: "a", Addr: lead.Raft.Addr()}},
+	}, Logger: slog.New(logs)})
+	c := ctx(t)
+	if _, err := adminv1.NewAdminClient(as(t, p, lead.GRPCAddr(), identity.Operator, "alice")).AddVoter(c, &adminv1.AddVoterRequest{
+		Id: "b", RaftAddress: follower.Raft.Addr(), GrpcAddress: follower.GRPCAddr(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	awaitState(t, "b to follow a", func() bool {
+		l, _ := follower.Raft.Leadership()
+		return l.LeaderID == "a" && follower.FSM.MemberAddress("a") != ""
+	})
+
+	via := follower.GRPCAddr()
+	cpA, cpB := adminv1.NewControlPlaneClient(as(t, p, via, identity.Proxy, "pa")), adminv1.NewControlPlaneClient(as(t, p, via, identity.Proxy, "pb"))
+	if _, err := cpB.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: "pb", Address: "127.0.0.1:9000", RunnerId: "rb"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminv1.NewControlPlaneClient(as(t, p, via, identity.Operator, "bob")).CreateNamespace(c, &adminv1.CreateNamespaceRequest{
+		Namespace: "nb", Config: &adminv1.NamespaceConfig{Topics: []string{"t"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := logs.attr("namespace created", "principal"); got != "spiffe://prism.local/operator/bob" {
+		t.Errorf("audit principal through the follower = %q, want the operator's identity", got)
+	}
+	acq, err := cpB.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "nb@pb", RunnerId: "rb", RunnerAddress: "127.0.0.1:9001"})
+	if err != nil || !acq.GetGranted() {
+		t.Fatalf("B acquires its own mailbox through the follower: %v, %v", acq, err)
+	}
+	// A renewal needs the leader's quorum round: Term asked of b over mTLS.
+	if hb, err := cpB.MailboxHeartbeat(c, &adminv1.MailboxHeartbeatRequest{MailboxId: "nb@pb", RunnerId: "rb", Epoch: acq.GetLease().GetEpoch()}); err != nil || !hb.GetRenewed() {
+		t.Fatalf("B renews its own mailbox through the follower: %v, %v", hb, err)
+	}
+	if _, err := cpA.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: "pa", Address: "127.0.0.1:9100", RunnerId: "ra"}}); err != nil {
+		t.Fatalf("A registers itself through the follower: %v", err)
+	}
+	before := snapshot(t, lead)
+	_, err = cpA.ReleaseLease(c, &adminv1.ReleaseLeaseRequest{MailboxId: "nb@pb", RunnerId: "rb"})
+	wantCode(t, "A releases nb@pb through the follower", err, codes.PermissionDenied)
+
+	// What the follower sends the leader, from an admin identity.
+	peer := adminv1.NewControlPlaneClient(as(t, p, lead.GRPCAddr(), identity.Admin, "b"))
+	forwardedFor := func(caller string) context.Context {
+		return metadata.AppendToOutgoingContext(c, forwardedKey, "b", callerKey, caller)
+	}
+	_, err = peer.ReleaseLease(forwardedFor("spiffe://prism.local/proxy/pa"), &adminv1.ReleaseLeaseRequest{MailboxId: "nb@pb", RunnerId: "rb"})
+	wantCode(t, "a release of nb@pb forwarded for A", err, codes.PermissionDenied)
+	_, err = peer.CreateNamespace(forwardedFor("spiffe://prism.local/gateway/gw"), &adminv1.CreateNamespaceRequest{Namespace: "gw", Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}})
+	wantCode(t, "a create forwarded for a gateway", err, codes.PermissionDenied)
+	_, err = peer.ProxyHeartbeat(forwardedFor("spiffe://elsewhere/proxy/pa"), &adminv1.ProxyHeartbeatRequest{ProxyId: "pa"})
+	wantCode(t, "a heartbeat forwarded for another trust domain", err, codes.PermissionDenied)
+	_, err = peer.ProxyHeartbeat(c, &adminv1.ProxyHeartbeatRequest{ProxyId: "pa"})
+	wantCode(t, "an admin node's own heartbeat for A", err, codes.PermissionDenied)
+	if after := snapshot(t, lead); !slices.Equal(before, after) {
+		t.Fatalf("refused forwards changed the state:\nbefore %v\nafter  %v", before, after)
+	}
+	if _, err := peer.ProxyHeartbeat(forwardedFor("spiffe://prism.local/proxy/pa"), &adminv1.ProxyHeartbeatRequest{ProxyId: "pa"}); err != nil {
+		t.Fatalf("a heartbeat forwarded for A: %v", err)
+	}
+	if rel, err := cpB.ReleaseLease(c, &adminv1.ReleaseLeaseRequest{MailboxId: "nb@pb", RunnerId: "rb"}); err != nil || !rel.GetReleased() {
+		t.Fatalf("B releases its own mailbox through the follower: %v, %v", rel, err)
+	}
 }
