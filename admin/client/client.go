@@ -22,11 +22,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/internal/grpcpool"
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
 )
 
 // Config says which nodes to call and how patiently.
@@ -47,6 +50,9 @@ type Config struct {
 	Logger *slog.Logger
 	// DialOptions are added to every connection's.
 	DialOptions []grpc.DialOption
+	// TLS, when set, is the caller's identity: connections run mutual TLS
+	// and accept only admin nodes. Nil dials in plaintext.
+	TLS *pki.Source
 }
 
 // Client is safe for concurrent use.
@@ -79,6 +85,11 @@ func New(cfg Config) (*Client, error) {
 		// pings more often than every 5 minutes by default.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 6 * time.Minute, Timeout: 20 * time.Second}),
 	}, cfg.DialOptions...)
+	if cfg.TLS != nil {
+		// Replaces the pool's plaintext credentials (the last one wins).
+		c.conns.Options = append(c.conns.Options, grpc.WithTransportCredentials(
+			credentials.NewTLS(cfg.TLS.ClientConfig(pki.RoleIs(identity.Admin)))))
+	}
 	for _, a := range cfg.Endpoints {
 		if _, err := c.conns.Get(a); err != nil {
 			c.Close()

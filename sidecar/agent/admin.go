@@ -10,6 +10,7 @@ import (
 
 	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -25,9 +26,11 @@ type Endpoints struct {
 var _ adminv1.ControlPlaneClient = (*Endpoints)(nil)
 
 // DialEndpoints makes clients for addrs (host:port). attempt bounds one try
-// on one node, so a blackholed node costs at most that much per call.
-func DialEndpoints(addrs []string, attempt time.Duration, log *slog.Logger, opts ...grpc.DialOption) (*Endpoints, error) {
-	c, err := client.New(client.Config{Endpoints: addrs, Attempt: attempt, Rounds: 1, Logger: log, DialOptions: opts})
+// on one node, so a blackholed node costs at most that much per call. With
+// src the connections run mutual TLS as the proxy's identity and accept
+// only admin nodes; nil dials in plaintext.
+func DialEndpoints(addrs []string, attempt time.Duration, log *slog.Logger, src *pki.Source, opts ...grpc.DialOption) (*Endpoints, error) {
+	c, err := client.New(client.Config{Endpoints: addrs, Attempt: attempt, Rounds: 1, Logger: log, DialOptions: opts, TLS: src})
 	if err != nil {
 		return nil, err
 	}

@@ -61,7 +61,7 @@ func TestEndpointsFailover(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("NOT_LEADER goes to the named leader, skipping others", func(t *testing.T) {
-		e, err := DialEndpoints([]string{follower.addr, bystander.addr, leader.addr}, 5*time.Second, nil)
+		e, err := DialEndpoints([]string{follower.addr, bystander.addr, leader.addr}, 5*time.Second, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +85,7 @@ func TestEndpointsFailover(t *testing.T) {
 		inBand := startNode(t, func() (*adminv1.MailboxHeartbeatResponse, error) {
 			return &adminv1.MailboxHeartbeatResponse{Refusal: &adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER, LeaderAddress: leader.addr}}, nil
 		})
-		e, err := DialEndpoints([]string{inBand.addr, bystander.addr, leader.addr}, 5*time.Second, nil)
+		e, err := DialEndpoints([]string{inBand.addr, bystander.addr, leader.addr}, 5*time.Second, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +100,7 @@ func TestEndpointsFailover(t *testing.T) {
 		}
 	})
 	t.Run("unreachable node is skipped", func(t *testing.T) {
-		e, err := DialEndpoints([]string{dead, bystander.addr}, 5*time.Second, nil)
+		e, err := DialEndpoints([]string{dead, bystander.addr}, 5*time.Second, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,7 +110,7 @@ func TestEndpointsFailover(t *testing.T) {
 		}
 	})
 	t.Run("a real refusal is returned, not retried elsewhere", func(t *testing.T) {
-		e, err := DialEndpoints([]string{refusing.addr, bystander.addr}, 5*time.Second, nil)
+		e, err := DialEndpoints([]string{refusing.addr, bystander.addr}, 5*time.Second, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +125,7 @@ func TestEndpointsFailover(t *testing.T) {
 		}
 	})
 	t.Run("all down is an error naming each", func(t *testing.T) {
-		e, err := DialEndpoints([]string{dead, testproc.FreeAddr(t)}, 2*time.Second, nil)
+		e, err := DialEndpoints([]string{dead, testproc.FreeAddr(t)}, 2*time.Second, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

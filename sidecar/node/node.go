@@ -91,7 +91,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := checkIdentity(cfg.TLS, cfg.ProxyID); err != nil {
 		return err
 	}
-	admin, err := agent.DialEndpoints(cfg.AdminEndpoints, cfg.AttemptTimeout, log)
+	admin, err := agent.DialEndpoints(cfg.AdminEndpoints, cfg.AttemptTimeout, log, cfg.TLS)
 	if err != nil {
 		return err
 	}
