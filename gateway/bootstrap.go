@@ -4,10 +4,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"net"
 	"strings"
+	"time"
 
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/resolver"
+	xdsbootstrap "google.golang.org/grpc/xds/bootstrap"
+
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/xds/translator"
 )
 
 // AdminScheme is the resolver scheme of a bootstrap's one xDS server:
@@ -26,8 +35,13 @@ const AdminScheme = "prism-admins"
 const DefaultNodeCluster = "prism-gateway"
 
 // Bootstrap returns a grpc-go xDS bootstrap whose ADS server is the admin
-// nodes at admins (host:port each), tried in order.
-func Bootstrap(admins []string, nodeID string) ([]byte, error) {
+// nodes at admins (host:port each), tried in order. With tls (the gateway's
+// own files) the gateway speaks mutual TLS: to the admin nodes, which must
+// present an admin identity (channel credentials MTLSCredsType), and to the
+// runners, through grpc-go's xDS credentials and the certificate provider
+// instance translator.CertProviderInstance that the control plane's clusters
+// name. Nil tls is plaintext.
+func Bootstrap(admins []string, nodeID string, tls *pki.Files) ([]byte, error) {
 	if len(admins) == 0 {
 		return nil, errors.New("bootstrap: no admin node")
 	}
@@ -39,19 +53,80 @@ func Bootstrap(admins []string, nodeID string) ([]byte, error) {
 	if nodeID == "" {
 		return nil, errors.New("bootstrap: node id is required")
 	}
-	return json.Marshal(map[string]any{
-		"xds_servers": []any{map[string]any{
-			"server_uri":      AdminScheme + ":///" + strings.Join(admins, ","),
-			"channel_creds":   []any{map[string]any{"type": "insecure"}},
-			"server_features": []string{"xds_v3"},
-		}},
-		"node": map[string]any{"id": nodeID, "cluster": DefaultNodeCluster},
-	})
+	creds := map[string]any{"type": "insecure"}
+	b := map[string]any{"node": map[string]any{"id": nodeID, "cluster": DefaultNodeCluster}}
+	if tls != nil {
+		if tls.CA == "" || tls.Cert == "" || tls.Key == "" {
+			return nil, fmt.Errorf("bootstrap: the CA bundle, certificate and key files are all required (have %+v)", *tls)
+		}
+		files := map[string]any{"ca_certificate_file": tls.CA, "certificate_file": tls.Cert, "private_key_file": tls.Key}
+		creds = map[string]any{"type": MTLSCredsType, "config": files}
+		watcher := maps.Clone(files)
+		watcher["refresh_interval"] = certRefresh.String()
+		b["certificate_providers"] = map[string]any{
+			translator.CertProviderInstance: map[string]any{"plugin_name": "file_watcher", "config": watcher},
+		}
+	}
+	b["xds_servers"] = []any{map[string]any{
+		"server_uri":      AdminScheme + ":///" + strings.Join(admins, ","),
+		"channel_creds":   []any{creds},
+		"server_features": []string{"xds_v3"},
+	}}
+	return json.Marshal(b)
 }
 
-// grpc-go resolves a bootstrap's server_uri through its global resolver
-// registry, which is only safe to fill at init time.
-func init() { resolver.Register(adminsBuilder{}) }
+// certRefresh is how often grpc-go's file_watcher re-reads the gateway's
+// files for the connections to runners, so a rotated certificate is used
+// within it.
+const certRefresh = 10 * time.Second
+
+// MTLSCredsType is the bootstrap channel credentials type of mutual TLS to
+// the admin nodes: config {ca_certificate_file, certificate_file,
+// private_key_file}, the gateway's own files.
+//
+// grpc-go's own "tls" type checks the admin node's certificate against the
+// host name of the server URI, which names every admin node at once and
+// which Prism's certificates (named by SPIFFE identity) do not carry; this
+// one checks the identity instead (mesh/pki), re-reading the files on every
+// handshake.
+const MTLSCredsType = "prism-mtls"
+
+type mtlsCreds struct{}
+
+func (mtlsCreds) Name() string { return MTLSCredsType }
+
+func (mtlsCreds) Build(config json.RawMessage) (credentials.Bundle, func(), error) {
+	var c struct {
+		CA   string `json:"ca_certificate_file"`
+		Cert string `json:"certificate_file"`
+		Key  string `json:"private_key_file"`
+	}
+	if err := json.Unmarshal(config, &c); err != nil {
+		return nil, nil, fmt.Errorf("%s channel credentials: %w", MTLSCredsType, err)
+	}
+	src, err := pki.Load(pki.Files{CA: c.CA, Cert: c.Cert, Key: c.Key}, slog.Default())
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s channel credentials: %w", MTLSCredsType, err)
+	}
+	return mtlsBundle{credentials.NewTLS(src.ClientConfig(pki.RoleIs(identity.Admin)))}, func() {}, nil
+}
+
+type mtlsBundle struct {
+	tc credentials.TransportCredentials
+}
+
+func (b mtlsBundle) TransportCredentials() credentials.TransportCredentials { return b.tc }
+func (mtlsBundle) PerRPCCredentials() credentials.PerRPCCredentials         { return nil }
+func (mtlsBundle) NewWithMode(string) (credentials.Bundle, error) {
+	return nil, errors.New(MTLSCredsType + " credentials have one mode")
+}
+
+// grpc-go resolves a bootstrap's server_uri and its channel credentials
+// through global registries, which are only safe to fill at init time.
+func init() {
+	resolver.Register(adminsBuilder{})
+	xdsbootstrap.RegisterChannelCredentials(mtlsCreds{})
+}
 
 // adminsBuilder resolves AdminScheme targets to their static address list.
 type adminsBuilder struct{}

@@ -17,7 +17,7 @@ import (
 
 func TestBootstrap(t *testing.T) {
 	t.Parallel()
-	b, err := Bootstrap([]string{"127.0.0.1:1", "[::1]:2"}, "gw-1")
+	b, err := Bootstrap([]string{"127.0.0.1:1", "[::1]:2"}, "gw-1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestBootstrap(t *testing.T) {
 		{[]string{"127.0.0.1"}, "gw", `admin "127.0.0.1"`},
 		{[]string{"127.0.0.1:1"}, "", "node id"},
 	} {
-		if _, err := Bootstrap(tc.admins, tc.node); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := Bootstrap(tc.admins, tc.node, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Bootstrap(%q, %q) error = %v, want %q", tc.admins, tc.node, err, tc.want)
 		}
 	}
@@ -89,7 +89,7 @@ func FuzzBootstrap(f *testing.F) {
 	f.Add("admin:x", "")
 	f.Add(`"a\":1`, `}{`)
 	f.Fuzz(func(t *testing.T, admins, node string) {
-		b, err := Bootstrap(strings.Split(admins, ","), node)
+		b, err := Bootstrap(strings.Split(admins, ","), node, nil)
 		if err != nil {
 			return
 		}

@@ -19,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	xdscreds "google.golang.org/grpc/credentials/xds"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
@@ -29,6 +31,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -43,6 +47,13 @@ type Config struct {
 	// Bootstrap is the grpc-go xDS bootstrap (see Bootstrap). Nil takes
 	// grpc-go's own, from $GRPC_XDS_BOOTSTRAP or $GRPC_XDS_BOOTSTRAP_CONFIG.
 	Bootstrap []byte
+	// TLS is the gateway's identity; the bootstrap names the same files
+	// (Bootstrap(admins, id, &files)). Connections to runners take the
+	// TLS the control plane's clusters ask for (grpc-go's xDS credentials,
+	// checking each runner's proxy identity); a cluster without it gets
+	// mutual TLS with any proxy or admin identity of this trust bundle.
+	// Nil is a plaintext mesh.
+	TLS *pki.Source
 	// Timeout bounds every upstream call; default 10s.
 	Timeout time.Duration
 	// ProbeInterval is how often Run probes until the routes arrive;
@@ -87,7 +98,15 @@ func New(cfg Config) (*Gateway, error) {
 		cfg.Registry = prometheus.NewRegistry()
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	fallback := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		fallback = credentials.NewTLS(cfg.TLS.ClientConfig(pki.RoleIs(identity.Proxy, identity.Admin)))
+	}
+	creds, err := xdscreds.NewClientCredentials(xdscreds.ClientOptions{FallbackCreds: fallback})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: xds credentials: %w", err)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if cfg.Bootstrap != nil {
 		// grpc-go reads its bootstrap environment once, at package init, so
 		// a bootstrap built from flags can only reach it this way (the

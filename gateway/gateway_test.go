@@ -165,7 +165,7 @@ func startMesh(t testing.TB) *testMesh {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.cp.Close)
-	boot, err := gateway.Bootstrap([]string{m.cp.Addr}, "gateway-"+t.Name())
+	boot, err := gateway.Bootstrap([]string{m.cp.Addr}, "gateway-"+t.Name(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/prism-mesh/prism/gateway"
+	"github.com/prism-mesh/prism/mesh/pki"
 )
 
 type gatewayFlags struct {
@@ -26,6 +27,10 @@ type gatewayFlags struct {
 	timeout   time.Duration
 	logLevel  string
 	logFormat string
+	tls       tlsFlags
+	// identity is what tls loaded: the gateway's mTLS identity toward the
+	// admin nodes and the runners; nil is plaintext (--insecure).
+	identity *pki.Source
 }
 
 func gatewayCommand() *cobra.Command {
@@ -39,7 +44,10 @@ request into one MailboxQuery call on grpc-go's xDS channel xds:///mailbox-query
 nodes in --admin (tried in order; the gateway moves to the next when its node goes away), so queries land on the
 runner holding the mailbox's lease; the gateway does no routing of its own.
 
-Without --admin, grpc-go's bootstrap is read from $GRPC_XDS_BOOTSTRAP or $GRPC_XDS_BOOTSTRAP_CONFIG.
+With --tls-ca/--tls-cert/--tls-key (a gateway/<name> identity) the gateway speaks mutual TLS to the admin nodes
+(which must present admin identities) and to the runners (each must present the proxy identity of its cluster);
+--insecure runs in plaintext. Without --admin, grpc-go's bootstrap is read from $GRPC_XDS_BOOTSTRAP or
+$GRPC_XDS_BOOTSTRAP_CONFIG, which must then name the certificate provider "prism" itself.
 /readyz turns 200 once the routes have arrived. SIGTERM or SIGINT stops serving.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -57,12 +65,16 @@ Without --admin, grpc-go's bootstrap is read from $GRPC_XDS_BOOTSTRAP or $GRPC_X
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "bound on each upstream call")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
+	f.tls.register(fs)
 	return cmd
 }
 
 func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
 	log, err := newLogger(f.logLevel, f.logFormat)
 	if err != nil {
+		return err
+	}
+	if f.identity, err = f.tls.load(log); err != nil {
 		return err
 	}
 	gw, err := startGateway(log, f)
@@ -85,10 +97,15 @@ type runningGateway struct {
 // startGateway serves a gateway on f's addresses until stop; it is ready
 // (/readyz) once its routes arrive.
 func startGateway(log *slog.Logger, f gatewayFlags) (*runningGateway, error) {
-	cfg := gateway.Config{Timeout: f.timeout, Logger: log}
+	cfg := gateway.Config{Timeout: f.timeout, Logger: log, TLS: f.identity}
+	var files *pki.Files
+	if f.identity != nil {
+		fl := f.identity.Files()
+		files = &fl
+	}
 	var err error
 	if admins := splitBrokers(f.admin); len(admins) > 0 {
-		if cfg.Bootstrap, err = gateway.Bootstrap(admins, f.nodeID); err != nil {
+		if cfg.Bootstrap, err = gateway.Bootstrap(admins, f.nodeID, files); err != nil {
 			return nil, fmt.Errorf("--admin: %w", err)
 		}
 	} else if os.Getenv("GRPC_XDS_BOOTSTRAP") == "" && os.Getenv("GRPC_XDS_BOOTSTRAP_CONFIG") == "" {

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/prism-mesh/prism/mesh/pki"
 )
 
 func TestGatewayFlagErrors(t *testing.T) {
@@ -17,12 +19,14 @@ func TestGatewayFlagErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	base := gatewayFlags{admin: "127.0.0.1:1", nodeID: "gw", httpAddr: "127.0.0.1:0", grpcAddr: "127.0.0.1:0", logLevel: "info", logFormat: "json"}
+	base := gatewayFlags{admin: "127.0.0.1:1", nodeID: "gw", httpAddr: "127.0.0.1:0", grpcAddr: "127.0.0.1:0", logLevel: "info", logFormat: "json", tls: tlsFlags{insecure: true}}
 	cases := []struct {
 		name string
 		mod  func(*gatewayFlags)
 		want string
 	}{
+		{"neither TLS files nor --insecure", func(f *gatewayFlags) { f.tls = tlsFlags{} }, "TLS is required"},
+		{"missing TLS files", func(f *gatewayFlags) { f.tls = tlsFlags{files: pki.Files{CA: "/nonexistent/ca.pem"}} }, "tls:"},
 		{"no admin and no bootstrap env", func(f *gatewayFlags) { f.admin = " , " }, "--admin: required"},
 		{"admin without port", func(f *gatewayFlags) { f.admin = "127.0.0.1:1,admin-2" }, `--admin: bootstrap: admin "admin-2"`},
 		{"empty node id", func(f *gatewayFlags) { f.nodeID = "" }, "node id is required"},

@@ -38,8 +38,9 @@ type ControlPlane struct {
 }
 
 // StartControlPlane serves xDS on 127.0.0.1:0 until Close. debounce 0 takes
-// the updater's default.
-func StartControlPlane(log *slog.Logger, debounce time.Duration) (*ControlPlane, error) {
+// the updater's default; opts configure the gRPC server (e.g. its TLS
+// credentials).
+func StartControlPlane(log *slog.Logger, debounce time.Duration, opts ...grpc.ServerOption) (*ControlPlane, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("control plane listen: %w", err)
@@ -47,7 +48,7 @@ func StartControlPlane(log *slog.Logger, debounce time.Duration) (*ControlPlane,
 	ctx, cancel := context.WithCancel(context.Background())
 	reg := prometheus.NewRegistry()
 	x := xds.New(ctx, xds.Config{Registerer: reg, Log: log, Debounce: debounce})
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	x.Register(g)
 	healthpb.RegisterHealthServer(g, health.NewServer())
 	cp := &ControlPlane{Addr: lis.Addr().String(), Registry: reg, ControlPlane: x, grpc: g, cancel: cancel, done: make(chan struct{})}
@@ -99,13 +100,14 @@ type Runner struct {
 	grpc *grpc.Server
 }
 
-// StartRunner serves on 127.0.0.1:0 until Close.
-func StartRunner(id string) (*Runner, error) {
+// StartRunner serves on 127.0.0.1:0 until Close; opts configure the gRPC
+// server.
+func StartRunner(id string, opts ...grpc.ServerOption) (*Runner, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("runner %s listen: %w", id, err)
 	}
-	r := &Runner{ID: id, Addr: lis.Addr().String(), grpc: grpc.NewServer()}
+	r := &Runner{ID: id, Addr: lis.Addr().String(), grpc: grpc.NewServer(opts...)}
 	mailboxv1.RegisterMailboxQueryServer(r.grpc, &runnerService{id: id})
 	healthpb.RegisterHealthServer(r.grpc, health.NewServer())
 	go func() { _ = r.grpc.Serve(lis) }()
