@@ -144,6 +144,23 @@ func TestPolicyCoversEveryMethod(t *testing.T) {
 	}
 }
 
+// A node refuses to start with a certificate that is not its own admin
+// identity: the others would refuse its forwards and its raft traffic.
+func TestNodeRefusesAnotherIdentity(t *testing.T) {
+	t.Parallel()
+	p := pkitest.New(t)
+	for _, src := range []*pki.Source{p.Source(identity.Proxy, "solo"), p.Source(identity.Admin, "other")} {
+		n, err := Start(NodeConfig{Raft: raftnode.Config{ID: "solo", Bootstrap: true}, GRPCAddr: "127.0.0.1:0", Logger: quiet(), TLS: src})
+		if err == nil {
+			_ = n.Stop(context.Background())
+			t.Fatalf("started with %s", src.Identity())
+		}
+		if !strings.Contains(err.Error(), "want an admin/solo identity") {
+			t.Fatalf("start with %s: %v", src.Identity(), err)
+		}
+	}
+}
+
 // A client the handshake cannot authenticate gets no answer, and its write
 // changes nothing.
 func TestUnauthenticatedClientsAreRefused(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	"github.com/prism-mesh/prism/xds"
 	"github.com/prism-mesh/prism/xds/ir"
@@ -108,6 +109,13 @@ func Start(cfg NodeConfig) (*Node, error) {
 		timing = raftnode.DefaultTiming()
 	}
 	cfg.Raft.Logger = cfg.Logger
+	if cfg.TLS != nil {
+		// The other nodes take a forward only from an admin identity, and
+		// raft admits admin/<id> of its members.
+		if self := cfg.TLS.Identity(); self.Role != identity.Admin || self.Name != cfg.Raft.ID {
+			return nil, fmt.Errorf("admin node %q: the TLS certificate is %s, want an admin/%s identity", cfg.Raft.ID, self, cfg.Raft.ID)
+		}
+	}
 	if cfg.Raft.TLS == nil {
 		cfg.Raft.TLS = cfg.TLS
 	}
