@@ -38,6 +38,7 @@ type adminFlags struct {
 	gatewayAddr       string
 	logLevel          string
 	logFormat         string
+	tls               tlsFlags
 }
 
 func adminCommand() *cobra.Command {
@@ -51,7 +52,12 @@ of 3 or 5: the same --peers list on every node (id=raft_addr=grpc_addr,...), eac
 with its own --node-id, --raft-addr and --data-dir. A node restarting on its data
 dir rejoins with its state; bootstrap only happens on an empty data dir. A node
 added at runtime starts with --join and is added with prismctl member add ID
-RAFT_ADDR GRPC_ADDR, which replicates its gRPC address to every node.`,
+RAFT_ADDR GRPC_ADDR, which replicates its gRPC address to every node.
+
+Every node needs its admin/<node-id> certificate (--tls-ca/--tls-cert/--tls-key):
+the gRPC API, forwarding between nodes and the raft transport run over mutual
+TLS and every call is authorized by the caller's identity. --insecure runs in
+plaintext with no authorization.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runAdmin(cmd.Context(), f)
@@ -79,6 +85,7 @@ RAFT_ADDR GRPC_ADDR, which replicates its gRPC address to every node.`,
 	fs.StringVar(&f.gatewayAddr, "gateway-addr", "0.0.0.0:8080", "IP:port the Envoy gateway listens on for queries (its listener resource)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
+	f.tls.register(fs)
 	return cmd
 }
 
@@ -168,21 +175,26 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if f.inMemory {
 		raftAddr = ""
 	}
-	bootPeers := peers
+	bootPeers, joinPeers := peers, []raftnode.Peer(nil)
 	if f.join {
 		// A joining node must not invent a configuration of its own: the
-		// leader's replaces it only where the logs differ in term.
-		bootPeers = nil
+		// leader's replaces it only where the logs differ in term. Over
+		// TLS its raft port admits the members named until it has one.
+		bootPeers, joinPeers = nil, peers
+	}
+	src, err := f.tls.load(log)
+	if err != nil {
+		return cfg, err
 	}
 	return server.NodeConfig{
 		Raft: raftnode.Config{
 			ID: f.nodeID, DataDir: f.dataDir, BindAddr: raftAddr, Advertise: advertise,
-			Peers: bootPeers, Bootstrap: f.bootstrap || f.inMemory, DialAddrs: dial, Timing: timing,
+			Peers: bootPeers, JoinPeers: joinPeers, Bootstrap: f.bootstrap || f.inMemory, DialAddrs: dial, Timing: timing,
 			SnapshotInterval: f.snapshotInterval, SnapshotThreshold: f.snapshotThreshold, TrailingLogs: f.trailingLogs,
 			AcceptLogLoss: f.acceptLogLoss,
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
-		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr,
+		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 	}, nil
 }
 

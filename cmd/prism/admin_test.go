@@ -1,8 +1,13 @@
 package main
 
 import (
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/prism-mesh/prism/internal/pkitest"
+	"github.com/prism-mesh/prism/mesh/identity"
 )
 
 func TestParsePeers(t *testing.T) {
@@ -36,7 +41,8 @@ func TestParsePeers(t *testing.T) {
 
 func TestAdminFlagValidation(t *testing.T) {
 	t.Parallel()
-	base := adminFlags{nodeID: "a", dataDir: "/tmp/x", timing: "fast", raftAddr: "127.0.0.1:1"}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	base := adminFlags{nodeID: "a", dataDir: "/tmp/x", timing: "fast", raftAddr: "127.0.0.1:1", tls: tlsFlags{insecure: true}}
 	cases := []struct {
 		mod  func(*adminFlags)
 		want string
@@ -48,24 +54,33 @@ func TestAdminFlagValidation(t *testing.T) {
 		{func(f *adminFlags) { f.inMemory = true }, "--in-memory"},
 		{func(f *adminFlags) { f.peerDial = "b" }, "--peer-dial"},
 		{func(f *adminFlags) { f.join, f.bootstrap = true, true }, "exclude each other"},
+		{func(f *adminFlags) { f.tls.insecure = false }, "TLS is required"},
 	}
 	for _, tc := range cases {
 		f := base
 		tc.mod(&f)
-		if _, err := f.nodeConfig(nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := f.nodeConfig(log); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("error = %v, want %q", err, tc.want)
 		}
 	}
 	f := base
 	f.peers = "a=127.0.0.1:7=127.0.0.1:8,b=127.0.0.1:9=127.0.0.1:10"
-	cfg, err := f.nodeConfig(nil)
+	cfg, err := f.nodeConfig(log)
 	if err != nil || cfg.Raft.Advertise != "127.0.0.1:7" || len(cfg.Raft.Peers) != 2 || cfg.GRPCAddrs["b"] != "127.0.0.1:10" {
 		t.Fatalf("config from peers: %+v, %v", cfg, err)
 	}
 	f.join = true
-	cfg, err = f.nodeConfig(nil)
+	cfg, err = f.nodeConfig(log)
 	if err != nil || len(cfg.Raft.Peers) != 0 || cfg.Raft.Bootstrap || cfg.GRPCAddrs["b"] != "127.0.0.1:10" {
 		t.Fatalf("joining node must know gRPC addresses but bootstrap nothing: %+v, %v", cfg, err)
+	}
+	if len(cfg.Raft.JoinPeers) != 2 || cfg.TLS != nil {
+		t.Fatalf("a joining node admits the --peers to raft until it has a configuration: %+v", cfg.Raft)
+	}
+	f.tls = tlsFlags{files: pkitest.New(t).Files(identity.Admin, "a")}
+	cfg, err = f.nodeConfig(log)
+	if err != nil || cfg.TLS == nil || cfg.TLS.Identity() != pkitest.ID(identity.Admin, "a") {
+		t.Fatalf("the TLS files make the node's identity: %+v, %v", cfg.TLS, err)
 	}
 }
 
