@@ -113,7 +113,14 @@ func (g *GRPCServer) QueryEvents(ctx context.Context, req *mailboxv1.QueryEvents
 	if err := ValidateFilter(f); err != nil {
 		return nil, status.Error(codes.InvalidArgument, "filter."+err.Error())
 	}
-	return src.Query(ctx, f)
+	resp, err := src.Query(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	if err := bounded(resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
 
 // GetEvent answers one item by message id.

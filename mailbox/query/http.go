@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/mailbox/query/httpapi"
 	"github.com/prism-mesh/prism/mesh"
@@ -70,6 +71,11 @@ func (h *httpServer) events(w http.ResponseWriter, r *http.Request) {
 	resp, err := src.Query(r.Context(), f)
 	if err != nil {
 		h.metrics.observe("http", "QueryEvents", id, start, writeStoreError(w, err))
+		return
+	}
+	if err := bounded(resp); err != nil {
+		httpapi.WriteError(w, httpapi.HTTPStatus(codes.OutOfRange), status.Convert(err).Message())
+		h.metrics.observe("http", "QueryEvents", id, start, codes.OutOfRange)
 		return
 	}
 	httpapi.WriteEvents(w, id, resp)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/mailbox/store"
 	"github.com/prism-mesh/prism/mesh"
@@ -69,6 +71,23 @@ func ValidateFilter(f *mailboxv1.EventFilter) error {
 				return fmt.Errorf("%s: empty value", field)
 			}
 		}
+	}
+	return nil
+}
+
+// MaxResponseBytes bounds one answer of the query API (its protobuf size;
+// the JSON form is somewhat larger). A page of MaxQueryLimit large events
+// could otherwise be hundreds of MiB, built in memory and sent to a client
+// that would refuse it: grpc-go receives at most 4 MiB unless told
+// otherwise. A larger page is refused, naming how to ask for less.
+const MaxResponseBytes = 16 << 20
+
+// bounded refuses a page over MaxResponseBytes: OutOfRange (HTTP 400, not a
+// 429 a client would retry as it is) saying to ask for fewer events.
+func bounded(resp *mailboxv1.QueryEventsResponse) error {
+	if n := proto.Size(resp); n > MaxResponseBytes {
+		return status.Errorf(codes.OutOfRange, "the answer would be %d bytes, over the bound of %d: ask for fewer events than %d (limit) or narrow the filter",
+			n, MaxResponseBytes, len(resp.GetItems()))
 	}
 	return nil
 }
