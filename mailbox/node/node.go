@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/prism-mesh/prism/mailbox/control"
 	"github.com/prism-mesh/prism/mailbox/runner"
@@ -96,7 +98,7 @@ func Start(cfg Config) (*Node, error) {
 		return n, nil
 	}
 	ctl = control.New(control.Config{Host: r, Registerer: r.Registry(), Logger: cfg.Logger})
-	n.control = grpc.NewServer(controlServerOptions(cfg.TLS)...)
+	n.control = grpc.NewServer(append(controlLimits(cfg.Runner), controlServerOptions(cfg.TLS)...)...)
 	ctl.Register(n.control)
 	go func() {
 		if err := n.control.Serve(n.controlLn); err != nil {
@@ -158,6 +160,28 @@ func (n *Node) Close() error {
 		n.control.GracefulStop()
 	}
 	return err
+}
+
+// controlPingEvery is the most often the sidecar may ping the control API;
+// it does not (it calls every heartbeat), so a client pinging more often is
+// not the sidecar and is sent away (too_many_pings).
+const controlPingEvery = 5 * time.Second
+
+// controlLimits bound the control API as the runner bounds its query port:
+// streams per connection and the idle timeout (runner.Config's).
+func controlLimits(rc runner.Config) []grpc.ServerOption {
+	streams, idle := rc.MaxStreams, rc.IdleTimeout
+	if streams == 0 {
+		streams = 1000
+	}
+	if idle <= 0 {
+		idle = 5 * time.Minute
+	}
+	return []grpc.ServerOption{
+		grpc.MaxConcurrentStreams(streams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: controlPingEvery, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle}),
+	}
 }
 
 // controlServerOptions secure the control API with src: mutual TLS that

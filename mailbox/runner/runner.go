@@ -65,6 +65,13 @@ type Config struct {
 	// which keeps /metrics, /healthz and /readyz for probes and scrapers.
 	// nil serves both ports in plaintext, unauthenticated.
 	TLS *pki.Source
+	// MaxStreams bounds the concurrent requests and gRPC calls on one
+	// HTTP/2 connection (default 1000); IdleTimeout closes a connection
+	// that has had none for that long (default 5m; clients reconnect when
+	// they next call). Envoy health-checks every runner every few seconds,
+	// so its connections never idle out.
+	MaxStreams  uint32
+	IdleTimeout time.Duration
 }
 
 // MailboxConfig names a mailbox, its topics and its store limits.
@@ -125,6 +132,12 @@ func New(cfg Config) (*Runner, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxStreams == 0 {
+		cfg.MaxStreams = 1000
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 5 * time.Minute
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
@@ -536,14 +549,26 @@ func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 		p := queryPolicy()
 		opts = append(opts, grpc.ChainUnaryInterceptor(p.UnaryInterceptor()), grpc.ChainStreamInterceptor(p.StreamInterceptor()))
 	}
+	// gRPC is served through net/http here, so grpc-go's transport limits
+	// (MaxConcurrentStreams, keepalive) do not apply: the http.Servers' do,
+	// and net/http's HTTP/2 server already caps queued control frames, so
+	// a ping flood closes the connection. The size bound does apply.
+	opts = append(opts, grpc.MaxSendMsgSize(query.MaxResponseBytes))
 	r.grpc = grpc.NewServer(opts...)
 	r.RegisterGRPC(r.grpc)
 	api := r.HTTPHandler()
 	var plain http.Protocols
 	plain.SetHTTP1(true)
 	plain.SetUnencryptedHTTP2(true)
-	r.query = &http.Server{Handler: grpcOr(r.grpc, api), Protocols: &plain, ReadHeaderTimeout: 10 * time.Second}
-	r.http = &http.Server{Handler: api, Protocols: &plain, ReadHeaderTimeout: 10 * time.Second}
+	limited := func(h http.Handler) *http.Server {
+		return &http.Server{
+			Handler: h, Protocols: &plain,
+			ReadHeaderTimeout: 10 * time.Second, IdleTimeout: r.cfg.IdleTimeout,
+			HTTP2: &http.HTTP2Config{MaxConcurrentStreams: int(r.cfg.MaxStreams)},
+		}
+	}
+	r.query = limited(grpcOr(r.grpc, api))
+	r.http = limited(api)
 	if r.cfg.TLS != nil {
 		var secure http.Protocols
 		secure.SetHTTP1(true)
