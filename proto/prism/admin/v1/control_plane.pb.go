@@ -258,7 +258,10 @@ type CreateNamespaceRequest struct {
 	Config    *NamespaceConfig       `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
 	// Proxy that relayed the request for a client, if any.
 	RequestingProxy string `protobuf:"bytes,3,opt,name=requesting_proxy,json=requestingProxy,proto3" json:"requesting_proxy,omitempty"`
-	// Authenticated principal creating the namespace, for audit.
+	// Who created the namespace, for audit. Over mutual TLS the admin sets it
+	// to the caller's identity (spiffe://<trust-domain>/operator/<name>),
+	// whatever the request says; in plaintext (--insecure) it is kept as
+	// sent, unverified.
 	Principal     string `protobuf:"bytes,4,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
