@@ -18,12 +18,19 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
+
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/xds/translator"
 )
 
 // Names the bootstrap defines.
@@ -48,6 +55,25 @@ type Config struct {
 	// AdminAddress is Envoy's admin interface (stats at /stats/prometheus,
 	// readiness at /ready), kept on loopback; default 127.0.0.1:9901.
 	AdminAddress string `json:"adminAddress,omitempty"`
+	// TLS, when set, makes this Envoy speak mutual TLS to the admin nodes
+	// and to the runners with its gateway identity's files.
+	TLS *TLS `json:"tls,omitempty"`
+}
+
+// TLS is the Envoy gateway's identity (a gateway/<name> certificate) and its
+// trust bundle. The bootstrap defines them as the static secrets the
+// control plane's clusters name (translator.EnvoyIdentitySecret and
+// translator.EnvoyCASecret), so the admin nodes never see a private key.
+// Envoy reads static secrets once: a rotated certificate takes a restart
+// (or a hot restart) of Envoy.
+type TLS struct {
+	// CA, Cert and Key are PEM file paths as Envoy sees them.
+	CA   string `json:"ca"`
+	Cert string `json:"cert"`
+	Key  string `json:"key"`
+	// TrustDomain is the mesh's; the admin nodes must present
+	// spiffe://<TrustDomain>/admin/... (default identity.DefaultTrustDomain).
+	TrustDomain string `json:"trustDomain,omitempty"`
 }
 
 // Example is the configuration of bootstrap.yaml in this directory: one
@@ -60,6 +86,11 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AdminAddress == "" {
 		c.AdminAddress = "127.0.0.1:9901"
+	}
+	if c.TLS != nil && c.TLS.TrustDomain == "" {
+		t := *c.TLS
+		t.TrustDomain = identity.DefaultTrustDomain
+		c.TLS = &t
 	}
 	return c
 }
@@ -81,8 +112,28 @@ func Bootstrap(c Config) (*bootstrapv3.Bootstrap, error) {
 	} else if ip, perr := netip.ParseAddr(adminAddr.GetSocketAddress().GetAddress()); perr != nil || !ip.IsLoopback() {
 		errs = append(errs, fmt.Errorf("admin address %q must be a loopback IP: the admin interface can stop Envoy", c.AdminAddress))
 	}
+	var adminSAN *matcherv3.StringMatcher
+	if t := c.TLS; t != nil {
+		if t.CA == "" || t.Cert == "" || t.Key == "" {
+			errs = append(errs, fmt.Errorf("tls: the CA bundle, certificate and key files are all required (have %+v)", *t))
+		}
+		if _, err := spiffeid.TrustDomainFromString(t.TrustDomain); err != nil {
+			errs = append(errs, fmt.Errorf("tls: trust domain %q: %w", t.TrustDomain, err))
+		}
+		adminSAN = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{
+			Prefix: "spiffe://" + t.TrustDomain + "/" + string(identity.Admin) + "/",
+		}}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("envoy bootstrap: %w", err)
+	}
+	xds := xdsCluster(adminNodes, dns)
+	var secrets []*tlsv3.Secret
+	if c.TLS != nil {
+		if xds.TransportSocket, err = xdsTLS(adminSAN); err != nil {
+			return nil, fmt.Errorf("envoy bootstrap: %w", err)
+		}
+		secrets = staticSecrets(*c.TLS)
 	}
 
 	b := &bootstrapv3.Bootstrap{
@@ -112,8 +163,10 @@ func Bootstrap(c Config) (*bootstrapv3.Bootstrap, error) {
 			LdsConfig: ads(),
 		},
 		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
-			// The only static resource: listeners and the rest come over ADS.
-			Clusters: []*clusterv3.Cluster{xdsCluster(adminNodes, dns)},
+			// The only static resources: listeners and the rest come over
+			// ADS.
+			Clusters: []*clusterv3.Cluster{xds},
+			Secrets:  secrets,
 		},
 	}
 	if err := b.ValidateAll(); err != nil {
@@ -240,4 +293,42 @@ func xdsCluster(eps []*endpointv3.LbEndpoint, dns bool) *clusterv3.Cluster {
 			HealthChecker:      &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{}},
 		}},
 	}
+}
+
+// staticSecrets are the gateway's certificate and trust bundle, from files.
+func staticSecrets(t TLS) []*tlsv3.Secret {
+	file := func(path string) *corev3.DataSource {
+		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: path}}
+	}
+	return []*tlsv3.Secret{
+		{Name: translator.EnvoyIdentitySecret, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
+			CertificateChain: file(t.Cert), PrivateKey: file(t.Key),
+		}}},
+		{Name: translator.EnvoyCASecret, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+			TrustedCa: file(t.CA),
+		}}},
+	}
+}
+
+// xdsTLS is mutual TLS to an admin node: the static secrets, and a peer of
+// the bundle whose URI SAN is an admin identity. The control plane's
+// clusters take the same form for runners (xds/translator).
+func xdsTLS(adminSAN *matcherv3.StringMatcher) (*corev3.TransportSocket, error) {
+	cfg, err := anypb.New(&tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
+		TlsParams: &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_3},
+		// The admin nodes are grpc-go servers, which refuse a TLS client
+		// that does not offer h2.
+		AlpnProtocols:                  []string{"h2"},
+		TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{{Name: translator.EnvoyIdentitySecret}},
+		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext: &tlsv3.CertificateValidationContext{
+				MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{SanType: tlsv3.SubjectAltNameMatcher_URI, Matcher: adminSAN}},
+			},
+			ValidationContextSdsSecretConfig: &tlsv3.SdsSecretConfig{Name: translator.EnvoyCASecret},
+		}},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	return &corev3.TransportSocket{Name: wellknown.TransportSocketTLS, ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: cfg}}, nil
 }

@@ -84,6 +84,8 @@ func TestBootstrapRejectsBadConfig(t *testing.T) {
 		{"no admin nodes", Config{NodeID: "g"}, "at least one admin node"},
 		{"admin node without port", Config{AdminNodes: []string{"10.0.0.1"}}, "admin nodes"},
 		{"admin interface exposed", Config{AdminNodes: []string{"10.0.0.1:8981"}, AdminAddress: "0.0.0.0:9901"}, "loopback"},
+		{"TLS without a key", Config{AdminNodes: []string{"10.0.0.1:8981"}, TLS: &TLS{CA: "ca.pem", Cert: "tls.crt"}}, "all required"},
+		{"TLS with a bad trust domain", Config{AdminNodes: []string{"10.0.0.1:8981"}, TLS: &TLS{CA: "ca.pem", Cert: "tls.crt", Key: "tls.key", TrustDomain: "Not A Domain"}}, "trust domain"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
