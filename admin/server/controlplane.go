@@ -76,6 +76,9 @@ func (s *Server) awaitApplied(ctx context.Context, resp any) {
 }
 
 func (s *Server) RegisterProxy(ctx context.Context, req *adminv1.RegisterProxyRequest) (*adminv1.RegisterProxyResponse, error) {
+	if err := s.admitProxy(req.GetRegistration().GetProxyId()); err != nil {
+		return nil, err
+	}
 	return write(s, ctx, "RegisterProxy",
 		&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: req}}, true,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RegisterProxyResponse, error) {
@@ -97,6 +100,9 @@ func (s *Server) ProxyHeartbeat(ctx context.Context, req *adminv1.ProxyHeartbeat
 func (s *Server) CreateNamespace(ctx context.Context, req *adminv1.CreateNamespaceRequest) (*adminv1.CreateNamespaceResponse, error) {
 	if caller, ok := identity.Caller(ctx); ok {
 		req.Principal = caller.String()
+	}
+	if err := s.admitNamespace(req.GetNamespace()); err != nil {
+		return nil, err
 	}
 	resp, err := write(s, ctx, "CreateNamespace",
 		&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: req}}, true,
@@ -125,6 +131,9 @@ func (s *Server) DeleteNamespace(ctx context.Context, req *adminv1.DeleteNamespa
 }
 
 func (s *Server) AcquireLease(ctx context.Context, req *adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error) {
+	if err := s.admitLease(req.GetMailboxId()); err != nil {
+		return nil, err
+	}
 	resp, err := write(s, ctx, "AcquireLease",
 		&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: req}}, false,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AcquireLeaseResponse, error) {

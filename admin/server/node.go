@@ -56,6 +56,7 @@ type NodeConfig struct {
 	// next calls).
 	MaxStreams  uint32
 	IdleTimeout time.Duration
+	Quotas      Quotas
 	Logger      *slog.Logger
 }
 
@@ -161,7 +162,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	}
 	n.Server, err = New(Config{
 		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Clock: cfg.Clock,
-		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS,
+		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas,
 		Registry: reg, Metrics: m,
 		// Half the promotion extension: the other half and the grace are
 		// the margin for clock drift (admin/leadership).

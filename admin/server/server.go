@@ -82,6 +82,9 @@ type Config struct {
 	// raft's default election timeout.
 	LeaderLease time.Duration
 
+	// Quotas bound the tables (zero fields: DefaultQuotas').
+	Quotas Quotas
+
 	// TLS, when set, is this node's identity: forwards and leadership
 	// rounds dial other admin nodes over mutual TLS with it, accepting only
 	// admin identities. Nil dials in plaintext.
@@ -119,6 +122,7 @@ func (c *Config) withDefaults() error {
 	if c.LeaderLease == 0 {
 		c.LeaderLease = raftnode.DefaultTiming().ElectionTimeout / 2
 	}
+	c.Quotas = c.Quotas.withDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

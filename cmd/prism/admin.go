@@ -38,6 +38,7 @@ type adminFlags struct {
 	gatewayAddr       string
 	logLevel          string
 	logFormat         string
+	quotas            server.Quotas
 	tls               tlsFlags
 }
 
@@ -85,6 +86,9 @@ plaintext with no authorization.`,
 	fs.StringVar(&f.gatewayAddr, "gateway-addr", "0.0.0.0:8080", "IP:port the Envoy gateway listens on for queries (its listener resource)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
+	fs.IntVar(&f.quotas.Proxies, "max-proxies", server.DefaultQuotas.Proxies, "proxies the cluster registers; one more is refused RESOURCE_EXHAUSTED")
+	fs.IntVar(&f.quotas.Namespaces, "max-namespaces", server.DefaultQuotas.Namespaces, "namespaces the cluster holds; one more is refused RESOURCE_EXHAUSTED")
+	fs.IntVar(&f.quotas.Leases, "max-leases", server.DefaultQuotas.Leases, "mailbox leases the cluster holds; one more is refused RESOURCE_EXHAUSTED")
 	f.tls.register(fs)
 	return cmd
 }
@@ -139,6 +143,9 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	}
 	if f.inMemory && (len(peers) > 0 || f.dataDir != "" || f.join) {
 		return cfg, fmt.Errorf("--in-memory is a single node without --peers, --join or --data-dir")
+	}
+	if q := f.quotas; q.Proxies < 0 || q.Namespaces < 0 || q.Leases < 0 {
+		return cfg, fmt.Errorf("--max-proxies, --max-namespaces and --max-leases must not be negative (0: the default)")
 	}
 	if f.join && f.bootstrap {
 		return cfg, fmt.Errorf("--join and --bootstrap exclude each other")
@@ -195,6 +202,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
+		Quotas: f.quotas,
 	}, nil
 }
 

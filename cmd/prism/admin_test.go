@@ -55,6 +55,7 @@ func TestAdminFlagValidation(t *testing.T) {
 		{func(f *adminFlags) { f.peerDial = "b" }, "--peer-dial"},
 		{func(f *adminFlags) { f.join, f.bootstrap = true, true }, "exclude each other"},
 		{func(f *adminFlags) { f.tls.insecure = false }, "TLS is required"},
+		{func(f *adminFlags) { f.quotas.Leases = -1 }, "must not be negative"},
 	}
 	for _, tc := range cases {
 		f := base

@@ -1,0 +1,64 @@
+package server
+
+import (
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Quotas bound how many proxies, namespaces and leases the cluster holds,
+// so no caller can grow the replicated state (and every runner's memory)
+// without limit. A call that would add one more past its bound is refused
+// ResourceExhausted; renewals, re-registrations and re-creations of what
+// exists are not. Each node checks its own state, so concurrent additions
+// may pass a bound by their number.
+type Quotas struct {
+	Proxies, Namespaces, Leases int
+}
+
+// DefaultQuotas are far above what one cluster is sized for (the
+// benchmarks run 10k leases) and low enough to stop a runaway client.
+var DefaultQuotas = Quotas{Proxies: 5_000, Namespaces: 50_000, Leases: 200_000}
+
+func (q Quotas) withDefaults() Quotas {
+	if q.Proxies == 0 {
+		q.Proxies = DefaultQuotas.Proxies
+	}
+	if q.Namespaces == 0 {
+		q.Namespaces = DefaultQuotas.Namespaces
+	}
+	if q.Leases == 0 {
+		q.Leases = DefaultQuotas.Leases
+	}
+	return q
+}
+
+func overQuota(what string, have, limit int) error {
+	if have < limit {
+		return nil
+	}
+	return status.Errorf(codes.ResourceExhausted, "%s: the cluster holds %d, its quota (prism admin --max-%s)", what, have, what)
+}
+
+// admitProxy refuses registering a new proxy past the quota.
+func (s *Server) admitProxy(id string) error {
+	if p, _ := s.fsm.Proxy(id); p != nil {
+		return nil
+	}
+	return overQuota("proxies", s.fsm.Counts().Proxies, s.cfg.Quotas.Proxies)
+}
+
+// admitNamespace refuses creating a new namespace past the quota.
+func (s *Server) admitNamespace(name string) error {
+	if ns, _, _ := s.fsm.Namespace(name); ns != nil {
+		return nil
+	}
+	return overQuota("namespaces", s.fsm.Counts().Namespaces, s.cfg.Quotas.Namespaces)
+}
+
+// admitLease refuses a lease on a mailbox that has none past the quota.
+func (s *Server) admitLease(mailboxID string) error {
+	if l, _ := s.fsm.Lease(mailboxID); l != nil {
+		return nil
+	}
+	return overQuota("leases", s.fsm.Counts().Leases, s.cfg.Quotas.Leases)
+}
