@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -9,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/gateway/auth"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
@@ -70,4 +73,40 @@ func (p *grpcProxy) GetStats(ctx context.Context, req *mailboxv1.GetStatsRequest
 		return err
 	})
 	return resp, err
+}
+
+// GRPCInterceptor checks the MailboxQuery calls of the server RegisterGRPC
+// registers on before they reach the gateway's handlers, as the options say
+// (WithAuth); other services (health) pass. Install it with
+// grpc.ChainUnaryInterceptor. Without WithAuth it checks nothing.
+func (g *Gateway) GRPCInterceptor(opts ...Option) grpc.UnaryServerInterceptor {
+	var d door
+	for _, o := range opts {
+		o(&d)
+	}
+	prefix := "/" + mailboxv1.MailboxQuery_ServiceDesc.ServiceName + "/"
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		method, ok := strings.CutPrefix(info.FullMethod, prefix)
+		if !ok || d.auth == nil {
+			return handler(ctx, req)
+		}
+		start := time.Now()
+		up, noTarget := target(ctx)
+		p, err := d.auth.Call(ctx)
+		if err == nil {
+			if noTarget != nil {
+				return handler(ctx, req) // which refuses it, InvalidArgument
+			}
+			err = mayRead(p, up)
+		}
+		if err == nil {
+			return handler(ctx, req)
+		}
+		var refusal *auth.Error
+		if errors.As(err, &refusal) {
+			g.refused("grpc", method, up, refusal)
+		}
+		g.metrics.grpc(method, status.Code(err), start)
+		return nil, err
+	}
 }

@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/gateway/auth"
 	"github.com/prism-mesh/prism/mailbox/query/httpapi"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
@@ -20,15 +23,19 @@ import (
 // and /v1/namespaces/{namespace}/, plus /metrics, /healthz and /readyz.
 // Parameters are parsed and answers rendered by mailbox/query, as the
 // runners do, so a query gets the same answer through the gateway as
-// through Envoy.
-func (g *Gateway) HTTPHandler() http.Handler {
+// through Envoy. Without WithAuth every query is answered.
+func (g *Gateway) HTTPHandler(opts ...Option) http.Handler {
+	var d door
+	for _, o := range opts {
+		o(&d)
+	}
 	mux := http.NewServeMux()
 	for _, p := range []struct {
 		base, key string
 	}{{"/v1/mailboxes/{id}", mesh.HeaderMailboxID}, {"/v1/namespaces/{id}", mesh.HeaderNamespace}} {
-		mux.HandleFunc("GET "+p.base+"/events", g.handle("QueryEvents", p.key, g.events))
-		mux.HandleFunc("GET "+p.base+"/events/{message_id}", g.handle("GetEvent", p.key, g.event))
-		mux.HandleFunc("GET "+p.base+"/stats", g.handle("GetStats", p.key, g.stats))
+		mux.HandleFunc("GET "+p.base+"/events", g.handle(d, "QueryEvents", p.key, g.events))
+		mux.HandleFunc("GET "+p.base+"/events/{message_id}", g.handle(d, "GetEvent", p.key, g.event))
+		mux.HandleFunc("GET "+p.base+"/stats", g.handle(d, "GetStats", p.key, g.stats))
 		// The same paths without a method: any other method is refused
 		// 405, not 404 by the catch-all below.
 		for _, path := range []string{p.base + "/events", p.base + "/events/{message_id}", p.base + "/stats"} {
@@ -58,11 +65,61 @@ func (g *Gateway) HTTPHandler() http.Handler {
 // status it answered with.
 type endpoint func(w http.ResponseWriter, r *http.Request, up upstream) int
 
-func (g *Gateway) handle(method, key string, e endpoint) http.HandlerFunc {
+func (g *Gateway) handle(d door, method, key string, e endpoint) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		g.metrics.http(method, e(w, r, upstream{key: key, value: r.PathValue("id")}), start)
+		up := upstream{key: key, value: r.PathValue("id")}
+		if d.auth != nil {
+			p, err := d.auth.Request(r)
+			if err == nil {
+				err = mayRead(p, up)
+			}
+			var refusal *auth.Error
+			if errors.As(err, &refusal) {
+				g.refused("http", method, up, refusal)
+				refusal.Write(w)
+				g.metrics.http(method, refusal.HTTPStatus(), start)
+				return
+			}
+		}
+		g.metrics.http(method, e(w, r, up), start)
 	}
+}
+
+// Option changes how a front door (HTTPHandler, GRPCInterceptor) serves.
+type Option func(*door)
+
+type door struct {
+	auth *auth.Authenticator
+}
+
+// WithAuth makes the door answer a query only for a caller a authenticates
+// whose token (or certificate) may read the mailbox's namespace: without
+// credentials, or with bad ones, 401 (gRPC Unauthenticated); for another
+// namespace 403 (PermissionDenied); the runner is not asked. /metrics,
+// /healthz, /readyz and gRPC health stay open. A nil a checks nothing.
+func WithAuth(a *auth.Authenticator) Option {
+	return func(d *door) { d.auth = a }
+}
+
+// mayRead refuses a caller the namespace of the mailbox up names: the
+// namespace itself for the /v1/namespaces/ alias, else the namespace part
+// of the mailbox id.
+func mayRead(p auth.Principal, up upstream) error {
+	if up.key == mesh.HeaderNamespace {
+		return p.MayReadNamespace(up.value)
+	}
+	return p.MayReadMailbox(up.value)
+}
+
+// refused logs a refusal: a caller with valid credentials asking outside
+// its namespaces is worth an operator's attention, a missing token is not.
+func (g *Gateway) refused(api, method string, up upstream, e *auth.Error) {
+	level := slog.LevelDebug
+	if e.Kind == auth.Forbidden {
+		level = slog.LevelInfo
+	}
+	g.log.Log(context.Background(), level, "query refused", "api", api, "method", method, up.logKey(), mesh.Echo(up.value), "code", e.Code(), "err", e.Msg)
 }
 
 func (g *Gateway) events(w http.ResponseWriter, r *http.Request, up upstream) int {
