@@ -73,9 +73,11 @@ type Config struct {
 	// Leeway allowed on exp, nbf and iat for clock skew; default 30s.
 	Leeway time.Duration
 	// CertRoles are the roles whose client certificate reads every
-	// namespace without a token, when the gateway serves mutual TLS (the
-	// certificate was verified by the handshake). Empty: certificates are
-	// not accepted in place of a token.
+	// namespace without a token. The certificate is taken as the handshake
+	// left it, so the listener's TLS must verify client certificates
+	// against the trust bundle (pki.Source.ServerConfig, or
+	// VerifyClientCertIfGiven with ClientCAs), never RequestClientCert.
+	// Empty: certificates are not accepted in place of a token.
 	CertRoles []identity.Role
 	// FetchTimeout bounds one fetch of JWKSURL; default 5s.
 	FetchTimeout time.Duration
