@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/resolver"
 	xdsbootstrap "google.golang.org/grpc/xds/bootstrap"
 
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
-	"github.com/prism-mesh/prism/xds/translator"
 )
 
 // AdminScheme is the resolver scheme of a bootstrap's one xDS server:
@@ -39,7 +39,7 @@ const DefaultNodeCluster = "prism-gateway"
 // own files) the gateway speaks mutual TLS: to the admin nodes, which must
 // present an admin identity (channel credentials MTLSCredsType), and to the
 // runners, through grpc-go's xDS credentials and the certificate provider
-// instance translator.CertProviderInstance that the control plane's clusters
+// instance mesh.CertProviderInstance that the control plane's clusters
 // name. Nil tls is plaintext.
 func Bootstrap(admins []string, nodeID string, tls *pki.Files) ([]byte, error) {
 	if len(admins) == 0 {
@@ -64,7 +64,7 @@ func Bootstrap(admins []string, nodeID string, tls *pki.Files) ([]byte, error) {
 		watcher := maps.Clone(files)
 		watcher["refresh_interval"] = certRefresh.String()
 		b["certificate_providers"] = map[string]any{
-			translator.CertProviderInstance: map[string]any{"plugin_name": "file_watcher", "config": watcher},
+			mesh.CertProviderInstance: map[string]any{"plugin_name": "file_watcher", "config": watcher},
 		}
 	}
 	b["xds_servers"] = []any{map[string]any{

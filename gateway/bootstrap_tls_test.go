@@ -8,9 +8,9 @@ import (
 	grpcxds "google.golang.org/grpc/xds"
 
 	"github.com/prism-mesh/prism/internal/pkitest"
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
-	"github.com/prism-mesh/prism/xds/translator"
 )
 
 // TestBootstrapTLS: with the gateway's files the bootstrap dials the admin
@@ -44,9 +44,9 @@ func TestBootstrapTLS(t *testing.T) {
 		!sameFiles(got.XDSServers[0].Creds[0].Config, want) {
 		t.Errorf("xds server credentials = %+v, want %s with %v", got.XDSServers, MTLSCredsType, want)
 	}
-	p, ok := got.Providers[translator.CertProviderInstance]
+	p, ok := got.Providers[mesh.CertProviderInstance]
 	if !ok || p.Plugin != "file_watcher" || !sameFiles(p.Config, want) || p.Config["refresh_interval"] == "" {
-		t.Errorf("certificate provider %q = %+v, want file_watcher with %v", translator.CertProviderInstance, got.Providers, want)
+		t.Errorf("certificate provider %q = %+v, want file_watcher with %v", mesh.CertProviderInstance, got.Providers, want)
 	}
 	if _, err := grpcxds.NewXDSResolverWithConfigForTesting(b); err != nil {
 		t.Fatalf("grpc-go refuses the TLS bootstrap %s: %v", b, err)

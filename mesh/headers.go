@@ -21,3 +21,8 @@ const (
 // clients of the query API: the gateway dials "xds:///" + QueryListenerName
 // and the translator names the listener so.
 const QueryListenerName = "mailbox-query"
+
+// CertProviderInstance is the certificate provider instance of a grpc-go
+// gateway's xDS bootstrap that holds its certificate and trust bundle; the
+// translator's clusters name it in their UpstreamTlsContext.
+const CertProviderInstance = "prism"

@@ -8,6 +8,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/xds/ir"
 )
@@ -28,7 +29,7 @@ import (
 const (
 	// CertProviderInstance is the grpc-go bootstrap's certificate provider
 	// instance for both the gateway's certificate and the trust bundle.
-	CertProviderInstance = "prism"
+	CertProviderInstance = mesh.CertProviderInstance
 	// EnvoyIdentitySecret is the Envoy bootstrap's static secret with the
 	// gateway's certificate and key.
 	EnvoyIdentitySecret = "prism-identity"
