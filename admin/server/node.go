@@ -185,6 +185,11 @@ func Start(cfg NodeConfig) (*Node, error) {
 			Gateway: ir.Gateway{Address: cfg.GatewayAddr}, NotFound: notFoundAddrs(addrs),
 			Resolve: net.DefaultResolver.LookupHost,
 		}
+		if cfg.TLS != nil {
+			// A mesh on mTLS routes over it: the gateways' clusters verify
+			// each runner's proxy identity.
+			feed.Gateway.UpstreamTLS = ir.UpstreamTLS{TrustDomain: cfg.TLS.Identity().TrustDomain}
+		}
 		n.wg.Add(2)
 		go func() { defer n.wg.Done(); _ = cp.Run(ctx) }()
 		go func() { defer n.wg.Done(); _ = cp.Follow(ctx, n.FSM, feed) }()
