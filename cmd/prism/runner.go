@@ -38,6 +38,9 @@ type runnerFlags struct {
 	controlAddr string
 	// tls is the runner's identity, proxy/<proxy-id> (its sidecar's too).
 	tls tlsFlags
+	// kafkaSec is how the runner reaches Kafka: its own Kafka credentials,
+	// not the mesh identity.
+	kafkaSec kafkaFlags
 }
 
 // defaultControlAddr is where the injected sidecar looks for the runner
@@ -62,6 +65,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.StringVar(&f.controlAddr, "control-addr", defaults.controlAddr,
 		"serve the sidecar's control API (prism.runner.v1.RunnerControl) here, loopback only, over mutual TLS to this runner's own identity (its sidecar's); without --mailbox it defaults to "+defaultControlAddr+" and the sidecar opens the mailboxes")
 	f.tls.register(fs)
+	f.kafkaSec.register(fs)
 }
 
 func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
@@ -86,6 +90,11 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 		Runner:    runner.Config{DataDir: f.dataDir, Brokers: brokers, BatchSize: f.batchSize, BatchWait: f.batchWait},
 		QueryAddr: f.grpcAddr, HTTPAddr: f.httpAddr, ControlAddr: f.controlAddr, Logger: log,
 	}
+	sc, err := f.kafkaSec.saramaConfig(log)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Runner.Sarama = sc
 	if f.mailbox == "" {
 		if cfg.ControlAddr == "" {
 			cfg.ControlAddr = defaultControlAddr
