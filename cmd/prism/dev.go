@@ -391,6 +391,8 @@ func (e *devEnv) startGateway(_ context.Context, kind string) error {
 	gw, err := startGateway(e.log.With("component", "gateway"), gatewayFlags{
 		admin: e.f.adminAddr, nodeID: "prism-dev-gateway", httpAddr: e.f.gatewayAddr, grpcAddr: e.f.gatewayGRPCAddr,
 		timeout: 10 * time.Second,
+		// The dev gateway listens on loopback for the one user of the machine.
+		noQueryAuth: true,
 	})
 	if err != nil {
 		return fmt.Errorf("--gateway-addr %s, --gateway-grpc-addr %s: %w", e.f.gatewayAddr, e.f.gatewayGRPCAddr, err)

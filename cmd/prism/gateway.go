@@ -14,8 +14,10 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/prism-mesh/prism/gateway"
+	"github.com/prism-mesh/prism/gateway/auth"
 	"github.com/prism-mesh/prism/mesh/pki"
 )
 
@@ -28,6 +30,11 @@ type gatewayFlags struct {
 	logLevel  string
 	logFormat string
 	tls       tlsFlags
+	// Query authentication: JWT bearer tokens verified against a JWKS,
+	// whose claim lists the namespaces a token may read; noQueryAuth
+	// serves every namespace to anyone who reaches the listeners.
+	jwksFile, jwksURL, jwtIssuer, jwtAudience, jwtNamespacesClaim string
+	noQueryAuth                                                   bool
 	// identity is what tls loaded: the gateway's mTLS identity toward the
 	// admin nodes and the runners; nil is plaintext (--insecure).
 	identity *pki.Source
@@ -66,7 +73,34 @@ $GRPC_XDS_BOOTSTRAP_CONFIG, which must then name the certificate provider "prism
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 	f.tls.register(fs)
+	fs.StringVar(&f.jwksFile, "jwks-file", "", "JWKS file verifying query bearer tokens (re-read when it changes)")
+	fs.StringVar(&f.jwksURL, "jwks-url", "", "https URL of the JWKS verifying query bearer tokens (cached)")
+	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "iss query tokens must carry (required with --jwks-*)")
+	fs.StringVar(&f.jwtAudience, "jwt-audience", "", "aud query tokens must include (required with --jwks-*)")
+	fs.StringVar(&f.jwtNamespacesClaim, "jwt-namespaces-claim", auth.DefaultNamespacesClaim, `claim listing the namespaces a token may read ("*" = all)`)
+	fs.BoolVar(&f.noQueryAuth, "no-query-auth", false, "answer queries without a token: anyone who reaches the gateway reads every mailbox (a gateway on loopback, or behind another authenticating proxy)")
 	return cmd
+}
+
+// queryAuth is the gateway's query authentication the flags ask for: a
+// gateway answers only token holders unless --no-query-auth says otherwise.
+func (f gatewayFlags) queryAuth(log *slog.Logger) ([]gateway.Option, error) {
+	jwks := f.jwksFile != "" || f.jwksURL != ""
+	switch {
+	case jwks && f.noQueryAuth:
+		return nil, errors.New("--no-query-auth and --jwks-file/--jwks-url exclude each other")
+	case f.noQueryAuth:
+		log.Warn("query authentication is off (--no-query-auth): anyone who reaches the gateway reads every mailbox")
+		return nil, nil
+	case !jwks:
+		return nil, errors.New("query authentication is required: pass --jwks-file or --jwks-url with --jwt-issuer and --jwt-audience, or --no-query-auth")
+	}
+	a, err := auth.New(auth.Config{JWKSFile: f.jwksFile, JWKSURL: f.jwksURL, Issuer: f.jwtIssuer, Audience: f.jwtAudience,
+		NamespacesClaim: f.jwtNamespacesClaim, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("query auth: %w", err)
+	}
+	return []gateway.Option{gateway.WithAuth(a)}, nil
 }
 
 func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
@@ -97,13 +131,16 @@ type runningGateway struct {
 // startGateway serves a gateway on f's addresses until stop; it is ready
 // (/readyz) once its routes arrive.
 func startGateway(log *slog.Logger, f gatewayFlags) (*runningGateway, error) {
+	opts, err := f.queryAuth(log)
+	if err != nil {
+		return nil, err
+	}
 	cfg := gateway.Config{Timeout: f.timeout, Logger: log, TLS: f.identity}
 	var files *pki.Files
 	if f.identity != nil {
 		fl := f.identity.Files()
 		files = &fl
 	}
-	var err error
 	if admins := splitBrokers(f.admin); len(admins) > 0 {
 		if cfg.Bootstrap, err = gateway.Bootstrap(admins, f.nodeID, files); err != nil {
 			return nil, fmt.Errorf("--admin: %w", err)
@@ -130,13 +167,15 @@ func startGateway(log *slog.Logger, f gatewayFlags) (*runningGateway, error) {
 		}
 		return nil, err
 	}
-	hs := &http.Server{Handler: gw.HTTPHandler(), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: gw.HTTPHandler(opts...), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 5 * time.Minute}
 	go func() {
 		if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server stopped", "err", err)
 		}
 	}()
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(gw.GRPCInterceptor(opts...)), grpc.MaxConcurrentStreams(1000),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 5 * time.Minute}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
 	gw.RegisterGRPC(gs)
 	if gl != nil {
 		go func() {
