@@ -8,13 +8,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/prism-mesh/prism/admin/client"
+	"github.com/prism-mesh/prism/mesh/pki"
 )
 
 // newClient calls the admin cluster through any of the comma-separated
 // endpoints, each try bounded by attempt, going round them until the
 // command's --timeout: an operator would rather wait for an election than
-// retry by hand.
-func newClient(admin string, attempt time.Duration) (*client.Client, error) {
+// retry by hand. A nil tls talks plaintext.
+func newClient(admin string, attempt time.Duration, tls *pki.Source) (*client.Client, error) {
 	var eps []string
 	for _, e := range strings.Split(admin, ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -27,6 +28,7 @@ func newClient(admin string, attempt time.Duration) (*client.Client, error) {
 	return client.New(client.Config{
 		Endpoints: eps,
 		Attempt:   attempt,
+		TLS:       tls,
 		Backoff:   wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 100, Cap: 2 * time.Second},
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,6 +24,7 @@ type globals struct {
 	format  string
 	timeout time.Duration
 	attempt time.Duration
+	tls     tlsOptions
 }
 
 // run connects, calls f within --timeout and prints its result; r says
@@ -31,7 +33,12 @@ func run[T proto.Message](cmd *cobra.Command, g *globals, r client.Repeatable, f
 	if g.format != "table" && g.format != "json" {
 		return fmt.Errorf("--format: %q is not table or json", g.format)
 	}
-	c, err := newClient(g.admin, g.attempt)
+	adminSet := os.Getenv("PRISM_ADMIN") != "" || cmd.Flag("admin").Changed
+	src, err := g.resolve(adminSet)
+	if err != nil {
+		return err
+	}
+	c, err := newClient(g.admin, g.attempt, src)
 	if err != nil {
 		return err
 	}

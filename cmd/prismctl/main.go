@@ -61,6 +61,7 @@ func rootCommand() *cobra.Command {
 	pf.StringVar(&g.format, "format", "table", "output format: table or json")
 	pf.DurationVar(&g.timeout, "timeout", 15*time.Second, "overall deadline, retries included")
 	pf.DurationVar(&g.attempt, "attempt-timeout", 3*time.Second, "deadline of one call on one endpoint")
+	g.tls.register(pf)
 	root.AddCommand(
 		clusterCommand(g),
 		namespaceCommand(g),

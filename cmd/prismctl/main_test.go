@@ -6,21 +6,40 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
+	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/internal/testproc"
+	"github.com/prism-mesh/prism/mesh/identity"
 )
 
-// startAdmin runs an in-memory single-node admin for the CLI to talk to.
-func startAdmin(t *testing.T) string {
+// testAdmin is an in-memory single-node admin over mTLS and the CA that
+// issued its certificate, for the CLI to talk to.
+type testAdmin struct {
+	addr string
+	pki  *pkitest.PKI
+}
+
+// as are the flags that make prismctl call the admin as role/name.
+func (a testAdmin) as(role identity.Role, name string) []string {
+	f := a.pki.Files(role, name)
+	return []string{"--admin", a.addr, "--cacert", f.CA, "--cert", f.Cert, "--key", f.Key}
+}
+
+func startAdmin(t *testing.T) testAdmin {
 	t.Helper()
+	p := pkitest.New(t)
 	n, err := server.Start(server.NodeConfig{
 		Raft:     raftnode.Config{ID: "solo", Bootstrap: true, Timing: raftnode.FastTiming()},
 		GRPCAddr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		TLS: p.Source(identity.Admin, "solo"),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +49,7 @@ func startAdmin(t *testing.T) string {
 		defer cancel()
 		_ = n.Stop(ctx)
 	})
-	return n.GRPCAddr()
+	return testAdmin{addr: n.GRPCAddr(), pki: p}
 }
 
 func prismctl(t *testing.T, args ...string) (string, error) {
@@ -48,8 +67,8 @@ func TestCommandsAgainstAdmin(t *testing.T) {
 	t.Parallel()
 	// The first endpoint is dead: the client must move on to the next one,
 	// and retry while the fresh node has no leader yet.
-	admin := testproc.FreeAddr(t) + "," + startAdmin(t)
-	g := []string{"--admin", admin, "--attempt-timeout", "1s", "--timeout", "20s"}
+	a := startAdmin(t)
+	g := append(a.as(identity.Operator, "ops"), "--admin", testproc.FreeAddr(t)+","+a.addr, "--attempt-timeout", "1s", "--timeout", "20s")
 	run := func(args ...string) string {
 		t.Helper()
 		out, err := prismctl(t, append(g, args...)...)
@@ -100,22 +119,34 @@ func TestCommandsAgainstAdmin(t *testing.T) {
 
 func TestErrorsAreClear(t *testing.T) {
 	t.Parallel()
-	admin := startAdmin(t)
+	a := startAdmin(t)
+	op := a.as(identity.Operator, "ops")
+	reader := a.as(identity.Reader, "dash")
+	other := pkitest.New(t).Files(identity.Operator, "ops")
 	cases := []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--admin", admin, "namespace", "get", "missing"}, `NotFound: namespace "missing" not found`},
-		{[]string{"--admin", admin, "namespace", "create", "x"}, "InvalidArgument"},
-		{[]string{"--admin", admin, "namespace", "create", "x", "--topic", "t", "--validation", "loose"}, "--validation"},
-		{[]string{"--admin", admin, "--format", "yaml", "cluster", "status"}, "--format"},
-		{[]string{"--admin", admin, "member", "add", "n2", "nowhere", "127.0.0.1:1"}, "InvalidArgument"},
-		{[]string{"--admin", admin, "member", "add", "n2", "127.0.0.1:1", "nowhere"}, "grpc_address"},
+		{[]string{"namespace", "get", "missing"}, `NotFound: namespace "missing" not found`},
+		{[]string{"namespace", "create", "x"}, "InvalidArgument"},
+		{[]string{"namespace", "create", "x", "--topic", "t", "--validation", "loose"}, "--validation"},
+		{[]string{"--format", "yaml", "cluster", "status"}, "--format"},
+		{[]string{"member", "add", "n2", "nowhere", "127.0.0.1:1"}, "InvalidArgument"},
+		{[]string{"member", "add", "n2", "127.0.0.1:1", "nowhere"}, "grpc_address"},
 		{[]string{"--admin", " , ", "cluster", "status"}, "no admin endpoints"},
 		{[]string{"--admin", testproc.FreeAddr(t), "--timeout", "1s", "--attempt-timeout", "200ms", "cluster", "status"}, "Unavailable: no admin node could answer"},
+		{append(slices.Clone(reader), "namespace", "create", "x", "--topic", "t"), "PermissionDenied"},
+		{append(slices.Clone(reader), "member", "remove", "solo"), "PermissionDenied"},
+		{[]string{"--admin", a.addr, "--cacert", other.CA, "--cert", other.Cert, "--key", other.Key, "--timeout", "1s", "--attempt-timeout", "300ms", "cluster", "status"}, "Unavailable"},
+		{[]string{"--admin", a.addr, "--insecure", "--timeout", "1s", "--attempt-timeout", "300ms", "cluster", "status"}, "Unavailable"},
+		{append(slices.Clone(op), "--insecure", "cluster", "status"), "exclude each other"},
 	}
 	for _, tc := range cases {
-		out, err := prismctl(t, tc.args...)
+		args := tc.args
+		if !slices.Contains(args, "--cacert") && !slices.Contains(args, "--insecure") {
+			args = append(slices.Clone(op), args...)
+		}
+		out, err := prismctl(t, args...)
 		if err == nil {
 			t.Fatalf("%v succeeded:\n%s", tc.args, out)
 		}
@@ -130,7 +161,7 @@ func TestErrorsAreClear(t *testing.T) {
 // commands alone shows its help and succeeds.
 func TestExitCodes(t *testing.T) {
 	t.Parallel()
-	dead := []string{"--admin", testproc.FreeAddr(t), "--timeout", "500ms", "--attempt-timeout", "200ms"}
+	dead := []string{"--admin", testproc.FreeAddr(t), "--insecure", "--timeout", "500ms", "--attempt-timeout", "200ms"}
 	cases := []struct {
 		args []string
 		code int
@@ -154,5 +185,28 @@ func TestExitCodes(t *testing.T) {
 		if code != tc.code || !strings.Contains(out+stderr.String(), tc.want) {
 			t.Errorf("prismctl %v: exit %d, printed\n%s%s\nwant exit %d and %q", tc.args, code, out, stderr.String(), tc.code, tc.want)
 		}
+	}
+}
+
+// TestIdentityDiscovery: without flags prismctl takes its identity and
+// endpoints from the config file prism dev writes, and without any it
+// refuses to talk plaintext.
+func TestIdentityDiscovery(t *testing.T) {
+	a := startAdmin(t)
+	f := a.pki.Files(identity.Operator, "dev")
+	path := filepath.Join(t.TempDir(), "prismctl.yaml")
+	t.Setenv(client.EnvConfig, path)
+	for _, env := range []string{"PRISM_ADMIN", envCACert, envCert, envKey, envInsecure} {
+		t.Setenv(env, "")
+	}
+	if _, err := prismctl(t, "cluster", "status"); err == nil || !strings.Contains(err.Error(), "TLS is required") {
+		t.Fatalf("no identity anywhere: %v; want a refusal to go plaintext", err)
+	}
+	if err := client.WriteConfig(path, client.FileConfig{Admin: a.addr, CACert: f.CA, Cert: f.Cert, Key: f.Key}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := prismctl(t, "--timeout", "20s", "cluster", "status")
+	if err != nil || !strings.Contains(out, "node                       solo (") {
+		t.Fatalf("with the config file: %v\n%s", err, out)
 	}
 }
