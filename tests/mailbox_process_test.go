@@ -22,7 +22,7 @@ func startRunner(t *testing.T, brokers []string, mailbox, dataDir string, topics
 		Args: []string{"--batch-size", "100", "--log-level", "warn"}})
 }
 
-func stored(p *e2e.Runner, mailbox string) (int64, error) { return totalEvents(p.HTTPURL(), mailbox) }
+func stored(p *e2e.Runner, mailbox string) (int64, error) { return totalEvents(p.QueryURL(), mailbox) }
 
 func envelopes(prefix, topic string, n int) ([]*kgo.Record, map[string]bool) {
 	recs := make([]*kgo.Record, 0, n)
@@ -78,7 +78,7 @@ func TestMailboxRunnerKill9(t *testing.T) {
 	// The killed member stays in the group until its session times out, so
 	// the restart may wait for a rebalance.
 	waitStored(t, p2, mailbox, len(want), 180*time.Second)
-	exactlyOnce(t, httpIDs(t, p2.HTTPURL(), mailbox), want)
+	exactlyOnce(t, httpIDs(t, p2.QueryURL(), mailbox), want)
 }
 
 // TestMailboxRunnerSIGTERM stops a real runner with SIGTERM mid-ingest and
@@ -107,7 +107,7 @@ func TestMailboxRunnerSIGTERM(t *testing.T) {
 
 	p2 := startRunner(t, brokers, mailbox, dataDir, topic)
 	waitStored(t, p2, mailbox, len(want), 180*time.Second)
-	exactlyOnce(t, httpIDs(t, p2.HTTPURL(), mailbox), want)
+	exactlyOnce(t, httpIDs(t, p2.QueryURL(), mailbox), want)
 	// Whatever the second run consumed has reached the store by now (the store
 	// count is complete), so its metrics are final.
 	dups, err := metric(p2.HTTPURL(), "prism_mailbox_duplicates_dropped_total", "mailbox="+mailbox)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/prism-mesh/prism/internal/faultproxy"
 	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -29,14 +31,41 @@ type AdminNode struct {
 	// DataDir holds the node's raft log and snapshots; a restart finds them there.
 	DataDir string
 	conn    *grpc.ClientConn
+	// insecure runs the node in plaintext; as caches the node's connections by caller identity.
+	insecure bool
+	t        testing.TB
+	mu       sync.Mutex
+	as       map[string]*grpc.ClientConn
 }
 
-// Admin is the node's Admin API (reads, cluster status, members).
+// Admin is the node's Admin API (reads, cluster status, members), called as the operator.
 func (n *AdminNode) Admin() adminv1.AdminClient { return adminv1.NewAdminClient(n.conn) }
 
-// Control is the node's ControlPlane API (namespaces, leases).
+// Control is the node's ControlPlane API called as the operator: namespaces, not leases.
 func (n *AdminNode) Control() adminv1.ControlPlaneClient {
 	return adminv1.NewControlPlaneClient(n.conn)
+}
+
+// ControlAs is the node's ControlPlane API called as proxy's sidecar: its registration and the leases of
+// its mailboxes (*@proxy).
+func (n *AdminNode) ControlAs(proxy string) adminv1.ControlPlaneClient {
+	return adminv1.NewControlPlaneClient(n.ConnAs(identity.Proxy, proxy))
+}
+
+// ConnAs is a connection to the node with role/name's identity (the operator's connection in plaintext).
+func (n *AdminNode) ConnAs(role identity.Role, name string) *grpc.ClientConn {
+	if n.insecure {
+		return n.conn
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	key := string(role) + "/" + name
+	if cc, ok := n.as[key]; ok {
+		return cc
+	}
+	cc := Dial(n.t, n.GRPCAddr, role, name)
+	n.as[key] = cc
+	return cc
 }
 
 // Status is the node's cluster status, asked with a one-second bound.
@@ -55,12 +84,16 @@ type AdminOptions struct {
 	RaftFaults bool
 	// Args are added to every node's flags.
 	Args []string
+	// Insecure runs the nodes in plaintext (--insecure); by default they run over mutual TLS with the
+	// harness's certificates.
+	Insecure bool
 }
 
 // AdminCluster is the admin nodes of one test, on fast raft timing with raft-wal on temp dirs.
 type AdminCluster struct {
-	t     testing.TB
-	Nodes []*AdminNode
+	t        testing.TB
+	insecure bool
+	Nodes    []*AdminNode
 	// Links[i][j] carries node i's raft connections to node j; nil without RaftFaults.
 	Links [][]*faultproxy.Proxy
 }
@@ -68,7 +101,7 @@ type AdminCluster struct {
 // StartAdmins starts the voters and waits up to 60s for one of them to lead.
 func StartAdmins(t testing.TB, o AdminOptions) *AdminCluster {
 	t.Helper()
-	c := &AdminCluster{t: t}
+	c := &AdminCluster{t: t, insecure: o.Insecure}
 	var peers []string
 	for i := range o.Size {
 		n := c.newNode(fmt.Sprintf("admin-%d", i+1))
@@ -99,13 +132,18 @@ func StartAdmins(t testing.TB, o AdminOptions) *AdminCluster {
 
 func (c *AdminCluster) newNode(id string) *AdminNode {
 	c.t.Helper()
-	n := &AdminNode{ID: id, RaftAddr: testproc.FreeAddr(c.t), GRPCAddr: testproc.FreeAddr(c.t), HTTPAddr: testproc.FreeAddr(c.t), DataDir: c.t.TempDir()}
-	cc, err := grpc.NewClient(n.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		c.t.Fatal(err)
+	n := &AdminNode{ID: id, RaftAddr: testproc.FreeAddr(c.t), GRPCAddr: testproc.FreeAddr(c.t), HTTPAddr: testproc.FreeAddr(c.t), DataDir: c.t.TempDir(),
+		insecure: c.insecure, t: c.t, as: map[string]*grpc.ClientConn{}}
+	if c.insecure {
+		cc, err := grpc.NewClient(n.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		c.t.Cleanup(func() { cc.Close() })
+		n.conn = cc
+		return n
 	}
-	c.t.Cleanup(func() { cc.Close() })
-	n.conn = cc
+	n.conn = Dial(c.t, n.GRPCAddr, identity.Operator, Operator)
 	return n
 }
 
@@ -113,8 +151,12 @@ func (c *AdminCluster) newNode(id string) *AdminNode {
 func (n *AdminNode) peer() string { return n.ID + "=" + n.RaftAddr + "=" + n.GRPCAddr }
 
 func (n *AdminNode) flags() []string {
-	return []string{"admin", "--node-id", n.ID, "--raft-addr", n.RaftAddr, "--grpc-addr", n.GRPCAddr,
+	args := []string{"admin", "--node-id", n.ID, "--raft-addr", n.RaftAddr, "--grpc-addr", n.GRPCAddr,
 		"--http-addr", n.HTTPAddr, "--data-dir", n.DataDir, "--raft-timing", "fast", "--log-format", "text"}
+	if n.insecure {
+		return append(args, "--insecure")
+	}
+	return append(args, TLSArgs(n.t, identity.Admin, n.ID)...)
 }
 
 // proxyLinks starts a fault proxy from node i to every other node and returns node i's --peer-dial entries.

@@ -14,8 +14,15 @@ import (
 // HTTP is a client for probing the processes' HTTP listeners.
 type HTTP struct{ c *http.Client }
 
-// NewHTTP bounds each request by timeout (none when 0).
-func NewHTTP(timeout time.Duration) HTTP { return HTTP{&http.Client{Timeout: timeout}} }
+// NewHTTP bounds each request by timeout (none when 0). For https URLs it presents the harness's reader
+// identity (a runner's query API over mutual TLS).
+func NewHTTP(timeout time.Duration) HTTP {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if cfg, err := readerTLS(); err == nil {
+		tr.TLSClientConfig = cfg
+	}
+	return HTTP{&http.Client{Timeout: timeout, Transport: tr}}
+}
 
 // Get returns the status code, body and headers of a GET of url.
 func (h HTTP) Get(url string) (int, string, http.Header, error) {

@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/mesh/identity"
 )
 
 // probe is the client of the harness's own readiness checks; the suites' probes carry their own bounds.
@@ -26,18 +28,38 @@ type RunnerOptions struct {
 	DataDir string
 	// Args are added to the flags.
 	Args []string
+	// ProxyID names the runner's identity, proxy/<ProxyID>, which its sidecar shares; DefaultProxyID when
+	// empty.
+	ProxyID string
+	// Insecure runs it in plaintext (--insecure); by default it serves over mutual TLS.
+	Insecure bool
 }
+
+// DefaultProxyID is the proxy id of a runner whose options name none.
+const DefaultProxyID = "proxy-1"
 
 // Runner is a `prism runner` process.
 type Runner struct {
 	*testproc.Proc
-	// QueryAddr answers gRPC and HTTP queries (what a sidecar advertises); HTTPAddr serves the query API,
-	// /metrics and the health checks; ControlAddr is empty in static mode.
+	// QueryAddr answers gRPC and HTTP queries (what a sidecar advertises); HTTPAddr serves /metrics and the
+	// health checks (and the query API in plaintext); ControlAddr is empty in static mode.
 	QueryAddr, HTTPAddr, ControlAddr string
+	// ProxyID is the identity the runner and its sidecar share; Insecure says it runs in plaintext.
+	ProxyID  string
+	Insecure bool
 }
 
-// HTTPURL is the base URL of the runner's HTTP listener.
+// HTTPURL is the base URL of the runner's HTTP listener: health checks and metrics.
 func (r *Runner) HTTPURL() string { return "http://" + r.HTTPAddr }
+
+// QueryURL is the base URL of the runner's HTTP query API: the query port over mutual TLS (NewHTTP's
+// clients present a reader identity), the HTTP listener in plaintext.
+func (r *Runner) QueryURL() string {
+	if r.Insecure {
+		return r.HTTPURL()
+	}
+	return "https://" + r.QueryAddr
+}
 
 // StartRunner starts a runner and waits up to 30s for its /healthz.
 func StartRunner(t testing.TB, o RunnerOptions) *Runner {
@@ -48,9 +70,17 @@ func StartRunner(t testing.TB, o RunnerOptions) *Runner {
 	if o.DataDir == "" {
 		o.DataDir = t.TempDir()
 	}
-	r := &Runner{QueryAddr: testproc.FreeAddr(t), HTTPAddr: testproc.FreeAddr(t)}
+	if o.ProxyID == "" {
+		o.ProxyID = DefaultProxyID
+	}
+	r := &Runner{QueryAddr: testproc.FreeAddr(t), HTTPAddr: testproc.FreeAddr(t), ProxyID: o.ProxyID, Insecure: o.Insecure}
 	args := []string{"runner", "--kafka", strings.Join(o.Brokers, ","), "--data-dir", o.DataDir,
 		"--grpc-addr", r.QueryAddr, "--http-addr", r.HTTPAddr}
+	if o.Insecure {
+		args = append(args, "--insecure")
+	} else {
+		args = append(args, TLSArgs(t, identity.Proxy, o.ProxyID)...)
+	}
 	if o.Mailbox != "" {
 		args = append(args, "--mailbox", o.Mailbox)
 		for _, tp := range o.Topics {
@@ -71,7 +101,9 @@ func StartRunner(t testing.TB, o RunnerOptions) *Runner {
 // SidecarOptions shape a `prism sidecar`.
 type SidecarOptions struct {
 	// Name names the process in logs; "sidecar" when empty.
-	Name              string
+	Name string
+	// ProxyID is the proxy it registers; it must be the runner's (they share one identity). RunnerID
+	// names the runner in leases.
 	ProxyID, RunnerID string
 	// Runner is the runner whose leases it holds: it opens mailboxes on its control address and advertises its
 	// query address as the one routes point at.
@@ -95,11 +127,20 @@ func StartSidecar(t testing.TB, o SidecarOptions) *Sidecar {
 	if o.Name == "" {
 		o.Name = "sidecar"
 	}
+	if o.ProxyID != o.Runner.ProxyID {
+		t.Fatalf("sidecar for proxy %q beside runner of proxy %q: they share one identity", o.ProxyID, o.Runner.ProxyID)
+	}
 	s := &Sidecar{HTTPAddr: testproc.FreeAddr(t)}
-	s.Proc = testproc.Start(t, o.Name, "sidecar", "--proxy-id", o.ProxyID, "--runner-id", o.RunnerID,
+	args := []string{"sidecar", "--proxy-id", o.ProxyID, "--runner-id", o.RunnerID,
 		"--admin-endpoints", strings.Join(o.Admins, ","), "--runner-addr", o.Runner.ControlAddr, "--advertise-addr", o.Runner.QueryAddr,
 		"--http-addr", s.HTTPAddr, "--lease-ttl", o.Lease.TTL.String(), "--heartbeat-interval", o.Lease.Heartbeat.String(),
-		"--retry-max", "250ms", "--admin-attempt-timeout", "700ms", "--log-format", "json")
+		"--retry-max", "250ms", "--admin-attempt-timeout", "700ms", "--log-format", "json"}
+	if o.Runner.Insecure {
+		args = append(args, "--insecure")
+	} else {
+		args = append(args, TLSArgs(t, identity.Proxy, o.ProxyID)...)
+	}
+	s.Proc = testproc.Start(t, o.Name, args...)
 	return s
 }
 
@@ -119,6 +160,12 @@ type GatewayOptions struct {
 	Admins []string
 	// Timeout bounds each proxied query.
 	Timeout time.Duration
+	// Insecure runs it in plaintext (--insecure); by default it talks to the admin nodes and runners over
+	// mutual TLS as gateway/<NodeID>.
+	Insecure bool
+	// Args are added to the flags; without --jwks-file or --jwks-url the gateway answers queries without a
+	// token (--no-query-auth).
+	Args []string
 }
 
 // Gateway is a `prism gateway` process.
@@ -135,7 +182,16 @@ func (g *Gateway) HTTPURL() string { return "http://" + g.HTTPAddr }
 func StartGateway(t testing.TB, o GatewayOptions) *Gateway {
 	t.Helper()
 	g := &Gateway{HTTPAddr: testproc.FreeAddr(t), GRPCAddr: testproc.FreeAddr(t)}
-	g.Proc = testproc.Start(t, "gateway", "gateway", "--admin", strings.Join(o.Admins, ","), "--node-id", o.NodeID,
-		"--http-addr", g.HTTPAddr, "--grpc-addr", g.GRPCAddr, "--timeout", o.Timeout.String(), "--log-format", "json")
+	args := []string{"gateway", "--admin", strings.Join(o.Admins, ","), "--node-id", o.NodeID,
+		"--http-addr", g.HTTPAddr, "--grpc-addr", g.GRPCAddr, "--timeout", o.Timeout.String(), "--log-format", "json"}
+	if o.Insecure {
+		args = append(args, "--insecure")
+	} else {
+		args = append(args, TLSArgs(t, identity.Gateway, o.NodeID)...)
+	}
+	if !slices.ContainsFunc(o.Args, func(a string) bool { return strings.HasPrefix(a, "--jwks") }) {
+		args = append(args, "--no-query-auth")
+	}
+	g.Proc = testproc.Start(t, "gateway", append(args, o.Args...)...)
 	return g
 }

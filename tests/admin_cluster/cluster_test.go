@@ -15,6 +15,7 @@ import (
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -61,9 +62,10 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := testproc.FreeAddr(t)
+	op := e2e.CtlArgs(t, identity.Operator, e2e.Operator)
 	prismctl := func(args ...string) string {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, ctl, append([]string{"--admin", dead + "," + fol.GRPCAddr, "--attempt-timeout", "1s"}, args...)...)
+		cmd := exec.CommandContext(ctx, ctl, append(append(op, "--admin", dead+","+fol.GRPCAddr, "--attempt-timeout", "1s"), args...)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("prismctl %v: %v\n%s", args, err, out)
@@ -99,11 +101,11 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 	if out := prismctl("namespace", "delete", "billing"); !strings.Contains(out, "deleted billing") {
 		t.Fatalf("namespace delete:\n%s", out)
 	}
-	cmd := exec.CommandContext(ctx, ctl, "--admin", fol.GRPCAddr, "namespace", "get", "billing")
+	cmd := exec.CommandContext(ctx, ctl, append(op, "--admin", fol.GRPCAddr, "namespace", "get", "billing")...)
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "NotFound") {
 		t.Fatalf("get deleted namespace: %v\n%s", err, out)
 	}
-	cmd = exec.CommandContext(ctx, ctl, "--admin", fol.GRPCAddr, "member", "add", "x", "not-an-address", "127.0.0.1:1")
+	cmd = exec.CommandContext(ctx, ctl, append(op, "--admin", fol.GRPCAddr, "member", "add", "x", "not-an-address", "127.0.0.1:1")...)
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "InvalidArgument") {
 		t.Fatalf("member add with a bad address: %v\n%s", err, out)
 	}
@@ -124,7 +126,6 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	lead := c.AwaitLeader()
-	cp := func(n *e2e.AdminNode) adminv1.ControlPlaneClient { return n.Control() }
 
 	// Short leases, heartbeated every 250 ms: without the extension on
 	// promotion, the new leader would expire them during the failover.
@@ -141,7 +142,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	for i := range 5 {
 		proxy := fmt.Sprintf("p%d", i)
 		mb := placedMailbox(ctx, t, c, proxy, "held-"+proxy, short)
-		r, err := cp(c.Nodes[lead]).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: proxy, RunnerAddress: "127.0.0.1:9000"})
+		r, err := c.Nodes[lead].ControlAs(proxy).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: proxy, RunnerAddress: "127.0.0.1:9000"})
 		if err != nil || !r.GetGranted() {
 			t.Fatalf("acquire %s: %v %v", mb, r, err)
 		}
@@ -162,7 +163,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 400 && loadCtx.Err() == nil; i++ {
 				r, err := anyNode(loadCtx, c, i, func(ctx context.Context, n *e2e.AdminNode) (*adminv1.MailboxHeartbeatResponse, error) {
-					return cp(n).MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: mb, RunnerId: runnerOf[mb], Epoch: epoch})
+					return n.ControlAs(runnerOf[mb]).MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: mb, RunnerId: runnerOf[mb], Epoch: epoch})
 				})
 				if err == nil && !r.GetRenewed() {
 					mu.Lock()
@@ -184,7 +185,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 				// Each acquire is for a new namespace's mailbox, by the
 				// runner of the proxy it is placed on.
 				created, err := anyNode(loadCtx, c, w+i, func(ctx context.Context, n *e2e.AdminNode) (*adminv1.CreateNamespaceResponse, error) {
-					return cp(n).CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: fmt.Sprintf("load-w%d-%d", w, i), Config: nsConfig()})
+					return n.Control().CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: fmt.Sprintf("load-w%d-%d", w, i), Config: nsConfig()})
 				})
 				if err != nil {
 					continue
@@ -192,7 +193,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 				proxy := created.GetNamespace().GetAssignedProxyId()
 				mb := created.GetNamespace().GetName() + "@" + proxy
 				r, err := anyNode(loadCtx, c, w+i, func(ctx context.Context, n *e2e.AdminNode) (*adminv1.AcquireLeaseResponse, error) {
-					return cp(n).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: proxy, RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(time.Hour)})
+					return n.ControlAs(proxy).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mb, RunnerId: proxy, RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(time.Hour)})
 				})
 				if err == nil && r.GetGranted() {
 					mu.Lock()
@@ -331,7 +332,7 @@ func TestMembershipThroughPrismctl(t *testing.T) {
 	}
 	prismctl := func(args ...string) string {
 		t.Helper()
-		out, err := exec.CommandContext(ctx, ctl, append([]string{"--admin", fol.GRPCAddr}, args...)...).CombinedOutput()
+		out, err := exec.CommandContext(ctx, ctl, append(append(e2e.CtlArgs(t, identity.Operator, e2e.Operator), "--admin", fol.GRPCAddr), args...)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("prismctl %v: %v\n%s", args, err, out)
 		}

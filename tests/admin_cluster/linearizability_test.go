@@ -309,10 +309,10 @@ func TestLeaseLinearizabilityUnderFaults(t *testing.T) {
 // doLeaseOp runs one operation on one node; an error means the outcome is
 // unknown (the node may have committed it before the error).
 func doLeaseOp(ctx context.Context, n *e2e.AdminNode, in linInput) (linOutput, error) {
-	cp := n.Control()
+	proxy := in.mailbox[strings.LastIndex(in.mailbox, "@")+1:]
+	cp := n.ControlAs(proxy)
 	switch in.kind {
 	case opRegister:
-		proxy := in.mailbox[strings.LastIndex(in.mailbox, "@")+1:]
 		_, err := cp.RegisterProxy(ctx, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: proxy, Address: "127.0.0.1:9000", RunnerId: in.runner}})
 		if err != nil {
 			return linOutput{}, err

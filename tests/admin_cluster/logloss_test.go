@@ -35,7 +35,7 @@ func cutLogTail(t *testing.T, ctx context.Context, args ...string) *lossyNode {
 
 	// A lone proxy hosts the namespace; its runner id defaults to its id.
 	const proxy, ns = "proxy-1", "cut"
-	if _, err := n.Control().RegisterProxy(ctx, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: proxy, Address: "127.0.0.1:9000"}}); err != nil {
+	if _, err := n.ControlAs(proxy).RegisterProxy(ctx, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: proxy, Address: "127.0.0.1:9000"}}); err != nil {
 		t.Fatal(err)
 	}
 	c.CreateNamespace(30*time.Second, ns, nsConfig())
@@ -44,7 +44,7 @@ func cutLogTail(t *testing.T, ctx context.Context, args ...string) *lossyNode {
 	// Every grant, reconnects included, takes a new epoch.
 	l.grant = func() uint64 {
 		t.Helper()
-		r, err := n.Control().AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mailbox, RunnerId: proxy, RunnerAddress: "127.0.0.1:9000"})
+		r, err := n.ControlAs(proxy).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mailbox, RunnerId: proxy, RunnerAddress: "127.0.0.1:9000"})
 		if err != nil || !r.GetGranted() {
 			t.Fatalf("acquire %s: %v %v", mailbox, r, err)
 		}

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
@@ -30,8 +32,8 @@ func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.CommandContext(ctx, ctl, "--admin", c.Nodes[c.Follower(lead)].GRPCAddr,
-		"member", "add", joiner.ID, joiner.RaftAddr, joiner.GRPCAddr).CombinedOutput()
+	out, err := exec.CommandContext(ctx, ctl, append(e2e.CtlArgs(t, identity.Operator, e2e.Operator), "--admin", c.Nodes[c.Follower(lead)].GRPCAddr,
+		"member", "add", joiner.ID, joiner.RaftAddr, joiner.GRPCAddr)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("prismctl member add: %v\n%s", err, out)
 	}

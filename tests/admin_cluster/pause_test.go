@@ -117,7 +117,7 @@ func pauseCycle(t *testing.T, c *e2e.AdminCluster, victim int, wantLeader bool, 
 		actx, acancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		defer acancel()
 		sent := time.Now()
-		r, err := n.Control().AcquireLease(actx, &adminv1.AcquireLeaseRequest{MailboxId: mailbox, RunnerId: runner, RunnerAddress: "127.0.0.1:9000"})
+		r, err := n.ControlAs(proxyOf(mailbox)).AcquireLease(actx, &adminv1.AcquireLeaseRequest{MailboxId: mailbox, RunnerId: runner, RunnerAddress: "127.0.0.1:9000"})
 		return r, sent, err
 	}
 	mustAcquire := func(mailbox, runner string) (*adminv1.AcquireLeaseResponse, time.Time) {
@@ -149,7 +149,7 @@ func pauseCycle(t *testing.T, c *e2e.AdminCluster, victim int, wantLeader bool, 
 		hctx, hcancel := context.WithTimeout(ctx, pause+5*time.Second)
 		defer hcancel()
 		b := beat{sent: time.Now()}
-		b.resp, b.err = paused.Control().MailboxHeartbeat(hctx, &adminv1.MailboxHeartbeatRequest{MailboxId: mailbox, RunnerId: runner, Epoch: epoch})
+		b.resp, b.err = paused.ControlAs(proxyOf(mailbox)).MailboxHeartbeat(hctx, &adminv1.MailboxHeartbeatRequest{MailboxId: mailbox, RunnerId: runner, Epoch: epoch})
 		b.answered = time.Now()
 		mu.Lock()
 		*into = append(*into, b)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prism-mesh/prism/admin/placement"
@@ -17,7 +18,7 @@ func registerRunner(ctx context.Context, t *testing.T, c *e2e.AdminCluster, prox
 	t.Helper()
 	reg := &adminv1.ProxyRegistration{ProxyId: proxy, Address: "127.0.0.1:9000", RunnerId: runner}
 	if _, err := anyNode(ctx, c, 0, func(ctx context.Context, n *e2e.AdminNode) (*adminv1.RegisterProxyResponse, error) {
-		return n.Control().RegisterProxy(ctx, &adminv1.RegisterProxyRequest{Registration: reg})
+		return n.ControlAs(proxy).RegisterProxy(ctx, &adminv1.RegisterProxyRequest{Registration: reg})
 	}); err != nil {
 		t.Fatalf("register %s (runner %s): %v", proxy, runner, err)
 	}
@@ -66,3 +67,6 @@ func placedMailbox(ctx context.Context, t *testing.T, c *e2e.AdminCluster, proxy
 	t.Fatalf("no namespace placed on %s: %v", proxy, ctx.Err())
 	return ""
 }
+
+// proxyOf is the proxy a mailbox id names: the sidecar identity that may hold its lease.
+func proxyOf(mailbox string) string { return mailbox[strings.LastIndex(mailbox, "@")+1:] }

@@ -100,7 +100,7 @@ func startSidecar(t testing.TB, name, runnerID string, r *e2e.Runner, admins ...
 // mailboxStats is the runner's HTTP stats for the mailbox: status code, the
 // epoch it serves under and the events it stored.
 func mailboxStats(r *e2e.Runner) (int, uint64, int64, error) {
-	code, body, _, err := web.Get(r.HTTPURL() + "/v1/mailboxes/" + mailboxID + "/stats")
+	code, body, _, err := web.Get(r.QueryURL() + "/v1/mailboxes/" + mailboxID + "/stats")
 	if err != nil || code != 200 {
 		return code, 0, 0, err
 	}

@@ -49,7 +49,7 @@ func TestSidecarRestartedAloneServesAgain(t *testing.T) {
 		_, _, stored, err := mailboxStats(e.runner)
 		return stored == 2*n, fmt.Sprint(stored, err)
 	})
-	code, body, _, err := web.Get(e.runner.HTTPURL() + "/v1/mailboxes/" + mailboxID + "/events/after-0007")
+	code, body, _, err := web.Get(e.runner.QueryURL() + "/v1/mailboxes/" + mailboxID + "/events/after-0007")
 	if err != nil || code != 200 {
 		t.Fatalf("query after the restart: %d %v %s", code, err, body)
 	}
