@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/envoy"
 	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testbin"
@@ -29,6 +30,8 @@ type devProcess struct {
 	cmd *exec.Cmd
 	// addrs maps each address flag of prism dev to the port given to it.
 	addrs map[string]string
+	// ctlConfig is where prism dev writes prismctl's config file.
+	ctlConfig string
 	// done is closed once the process has exited, with waitErr set.
 	done    chan struct{}
 	waitErr error
@@ -75,9 +78,10 @@ func startDevEnv(t *testing.T, env []string, args ...string) *devProcess {
 		}
 	}
 	d.cmd = exec.Command(bin, append(argv, args...)...)
-	if env != nil {
-		d.cmd.Env = append(os.Environ(), env...)
-	}
+	// prism dev leaves prismctl its identity in the config file; a test's
+	// stays in the test's directory.
+	d.ctlConfig = filepath.Join(t.TempDir(), "prismctl.yaml")
+	d.cmd.Env = append(append(os.Environ(), client.EnvConfig+"="+d.ctlConfig), env...)
 	d.cmd.Stderr = &lockedWriter{mu: &d.mu, w: &d.stderr}
 	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
@@ -229,7 +233,22 @@ func TestMailboxDevCurlLine(t *testing.T) {
 		t.Errorf("x-prism-epoch = %q, want the lease's epoch", ep)
 	}
 
+	// The second command of the quickstart: prismctl, given nothing, calls
+	// the admin over mTLS as the operator prism dev issued.
+	ctl, err := testbin.Path("prismctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(ctl, "namespace", "list")
+	cmd.Env = append(os.Environ(), client.EnvConfig+"="+d.ctlConfig, "PRISM_ADMIN=")
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "demo") {
+		t.Errorf("prismctl namespace list with prism dev's config: %v\n%s", err, out)
+	}
+
 	d.interrupt(t)
+	if _, err := os.Stat(d.ctlConfig); !os.IsNotExist(err) {
+		t.Errorf("prism dev left its prismctl config pointing at a removed CA: %v", err)
+	}
 	logs := d.logs()
 	last := -1
 	for _, c := range []string{`"demo producer"`, "gateway", "sidecar", "runner", "admin", "kafka"} {
@@ -294,7 +313,9 @@ func TestMailboxDevDataDirAndExternalKafka(t *testing.T) {
 const fakeEnvoy = `#!/bin/sh
 [ "$1" = "-c" ] && [ -f "$2" ] || { echo "fake envoy: want -c BOOTSTRAP, got $*" >&2; exit 2; }
 cp "$2" "$FAKE_ENVOY_BOOTSTRAP_COPY" || exit 2
-exec "$FAKE_ENVOY_PRISM" gateway --admin "$FAKE_ENVOY_ADMIN" --http-addr "$FAKE_ENVOY_LISTEN" --grpc-addr "" --log-format text
+pki=$(dirname "$(grep -o '/[^" ]*/ca[.]pem' "$2" | head -n 1)")
+exec "$FAKE_ENVOY_PRISM" gateway --admin "$FAKE_ENVOY_ADMIN" --http-addr "$FAKE_ENVOY_LISTEN" --grpc-addr "" --log-format text \
+  --tls-ca "$pki/ca.pem" --tls-cert "$pki/gateway-prism-dev-gateway.pem" --tls-key "$pki/gateway-prism-dev-gateway-key.pem" --no-query-auth
 `
 
 // TestMailboxDevEnvoyOnPath: with an envoy on PATH, prism dev starts it

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/internal/testbin"
 )
 
@@ -110,7 +111,7 @@ func TestQuickstart(t *testing.T) {
 			runCurlLine(t, bash, line, curlErr == nil)
 			continue
 		}
-		out, err := runLine(bash, line)
+		out, err := runLine(bash, line, client.EnvConfig+"="+d.ctlConfig)
 		if err != nil {
 			t.Fatalf("line %d %q: %v\n%s", i+1, readmeLine, err, out)
 		}
@@ -119,10 +120,14 @@ func TestQuickstart(t *testing.T) {
 	d.interrupt(t)
 }
 
-func runLine(bash, line string) (string, error) {
+// runLine runs line in a shell with env added, as the user's second
+// terminal (where prismctl finds the config file prism dev wrote).
+func runLine(bash, line string, env ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, bash, "-c", line).CombinedOutput()
+	cmd := exec.CommandContext(ctx, bash, "-c", line)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
 

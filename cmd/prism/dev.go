@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -32,6 +33,8 @@ import (
 	runnernode "github.com/prism-mesh/prism/mailbox/node"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	sidecarnode "github.com/prism-mesh/prism/sidecar/node"
 )
@@ -67,6 +70,7 @@ type devFlags struct {
 	demo            bool
 	logLevel        string
 	logFormat       string
+	insecure        bool
 }
 
 // devEnv is what `prism dev` has started. Each component registers how to
@@ -81,6 +85,8 @@ type devEnv struct {
 	// gatewayKind says which gateway serves gatewayURL.
 	gatewayKind string
 	gatewayURL  string
+	// ids are the components' certificates; nil with --insecure.
+	ids *devIdentities
 	// failed reports a component that stopped on its own.
 	failed chan error
 	stops  []devStop
@@ -177,6 +183,7 @@ Envoy admin 9901.`,
 	fs.BoolVar(&f.demo, "demo", true, "produce demo envelopes")
 	fs.StringVar(&f.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: json or text")
+	fs.BoolVar(&f.insecure, "insecure", false, "run every component in plaintext, without the throwaway CA and mutual TLS")
 	return cmd
 }
 
@@ -198,6 +205,7 @@ func (e *devEnv) run(ctx context.Context, out io.Writer) error {
 		fn   func(context.Context) error
 	}{
 		{"data dir", e.prepareDataDir},
+		{"certificates", e.preparePKI},
 		{"kafka", e.startKafka},
 		{"admin", e.startAdmin},
 		{"runner", e.startRunner},
@@ -288,6 +296,10 @@ func (e *devEnv) startAdmin(ctx context.Context) error {
 		nodeID: devAdminID, raftAddr: e.f.raftAddr, grpcAddr: e.f.adminAddr, httpAddr: e.f.adminHTTPAddr,
 		dataDir: filepath.Join(e.dataDir, "admin"), bootstrap: true, timing: "fast",
 		staleProxyAfter: 30 * time.Second, xds: true, gatewayAddr: e.f.gatewayAddr,
+		tls: tlsFlags{insecure: e.f.insecure},
+	}
+	if e.ids != nil {
+		af.tls = tlsFlags{files: e.ids.admin}
 	}
 	cfg, err := af.nodeConfig(e.log.With("component", "admin"))
 	if err != nil {
@@ -317,10 +329,14 @@ func (e *devEnv) startRunner(context.Context) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
+	src, err := e.source(e.ids.proxyFiles())
+	if err != nil {
+		return err
+	}
 	n, err := runnernode.Start(runnernode.Config{
 		Runner:    runner.Config{DataDir: dir, Brokers: e.brokers},
 		QueryAddr: e.f.runnerAddr, HTTPAddr: e.f.runnerHTTPAddr, ControlAddr: e.f.controlAddr,
-		Logger: e.log.With("component", "runner"),
+		Logger: e.log.With("component", "runner"), TLS: src,
 	})
 	if err != nil {
 		return err
@@ -332,6 +348,10 @@ func (e *devEnv) startRunner(context.Context) error {
 // startSidecar runs the lease agent of `prism sidecar` next to the runner.
 // Stopping it drains the runner and releases the leases.
 func (e *devEnv) startSidecar(context.Context) error {
+	src, err := e.source(e.ids.proxyFiles())
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -341,7 +361,7 @@ func (e *devEnv) startSidecar(context.Context) error {
 			Registration:   &adminv1.ProxyRegistration{Version: version, Capabilities: []string{"mailbox"}},
 			LeaseTTL:       15 * time.Second, HeartbeatInterval: 5 * time.Second, StopTimeout: 4500 * time.Millisecond,
 			AttemptTimeout: 2 * time.Second, RetryMax: 2 * time.Second,
-			Logger: e.log,
+			Logger: e.log, TLS: src,
 		})
 		if ctx.Err() == nil {
 			// Reported as the failure; not again as a stop error.
@@ -358,7 +378,15 @@ func (e *devEnv) startSidecar(context.Context) error {
 // `prismctl namespace create`; with the sidecar's proxy the only one, it is
 // placed there. An existing one (a kept --data-dir) is left as it is.
 func (e *devEnv) createNamespace(ctx context.Context) error {
-	cc, err := grpc.NewClient(e.f.adminAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if e.ids != nil {
+		src, err := e.source(e.ids.operator)
+		if err != nil {
+			return err
+		}
+		creds = credentials.NewTLS(src.ClientConfig(pki.RoleIs(identity.Admin)))
+	}
+	cc, err := grpc.NewClient(e.f.adminAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return err
 	}
@@ -388,8 +416,12 @@ func (e *devEnv) startGateway(_ context.Context, kind string) error {
 	if e.f.gateway == "prism" {
 		e.gatewayKind = "prism gateway (in-process)"
 	}
+	src, err := e.source(e.ids.gatewayFiles())
+	if err != nil {
+		return err
+	}
 	gw, err := startGateway(e.log.With("component", "gateway"), gatewayFlags{
-		admin: e.f.adminAddr, nodeID: "prism-dev-gateway", httpAddr: e.f.gatewayAddr, grpcAddr: e.f.gatewayGRPCAddr,
+		admin: e.f.adminAddr, nodeID: devGatewayID, httpAddr: e.f.gatewayAddr, grpcAddr: e.f.gatewayGRPCAddr, identity: src,
 		timeout: 10 * time.Second,
 		// The dev gateway listens on loopback for the one user of the machine.
 		noQueryAuth: true,
@@ -409,7 +441,12 @@ func (e *devEnv) startEnvoy() error {
 	if err != nil {
 		return err
 	}
-	y, err := envoy.YAML(envoy.Config{NodeID: "prism-dev-gateway", AdminNodes: []string{e.f.adminAddr}, AdminAddress: e.f.envoyAdminAddr})
+	cfg := envoy.Config{NodeID: devGatewayID, AdminNodes: []string{e.f.adminAddr}, AdminAddress: e.f.envoyAdminAddr}
+	if e.ids != nil {
+		g := e.ids.gateway
+		cfg.TLS = &envoy.TLS{CA: g.CA, Cert: g.Cert, Key: g.Key, TrustDomain: identity.DefaultTrustDomain}
+	}
+	y, err := envoy.YAML(cfg)
 	if err != nil {
 		return err
 	}
@@ -540,6 +577,7 @@ func (e *devEnv) printReady(out io.Writer) {
 	fmt.Fprintf(out, "\nprism dev: the mesh is up on one machine\n")
 	fmt.Fprintf(out, "  gateway   %s   %s\n", e.gatewayURL, e.gatewayKind)
 	fmt.Fprintf(out, "  admin     %s   (prismctl --admin %s)\n", f.adminAddr, f.adminAddr)
+	e.printIdentity(out)
 	fmt.Fprintf(out, "  kafka     %s\n", kafka)
 	fmt.Fprintf(out, "  runner    %s with sidecar for proxy %s; mailbox %s@%s on %s\n", f.runnerAddr, devProxyID, devNamespace, devProxyID, strings.Join(f.topics, ", "))
 	if f.demo {
@@ -550,7 +588,7 @@ func (e *devEnv) printReady(out io.Writer) {
 	fmt.Fprintf(out, "  curl -s '%s'\n", e.demoQueryURL())
 	fmt.Fprintf(out, "  curl -s '%s/v1/mailboxes/%s@%s/stats'\n", e.gatewayURL, devNamespace, devProxyID)
 	fmt.Fprintf(out, "add a namespace on a demo topic; its mailbox is NAME@%s:\n", devProxyID)
-	fmt.Fprintf(out, "  ./bin/prismctl --admin %s namespace create audit-logs --topic %s\n", f.adminAddr, f.topics[0])
+	fmt.Fprintf(out, "  ./bin/prismctl %snamespace create audit-logs --topic %s\n", e.ctlFlags(), f.topics[0])
 	fmt.Fprintf(out, "  curl -s '%s/v1/mailboxes/audit-logs@%s/events?limit=5'\n", e.gatewayURL, devProxyID)
 	fmt.Fprintf(out, "prism dev: ready (Ctrl-C stops)\n")
 }

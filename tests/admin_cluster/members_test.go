@@ -9,8 +9,8 @@ import (
 
 	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/testbin"
-	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
