@@ -138,3 +138,11 @@ func (f *FSM) Counts() Counts {
 		Leases:      len(f.st.leases),
 	}
 }
+
+// ProxyLeases is how many leases proxy holds, for its quota: read from the
+// replicated table, so every node answers the same at the same index.
+func (f *FSM) ProxyLeases(proxyID string) int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.proxyLeases[proxyID]
+}

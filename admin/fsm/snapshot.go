@@ -142,5 +142,6 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 			len(st.proxies), len(st.namespaces), len(st.leases), len(st.members))
 	}
 	st.table = placement.Compute(st.liveProxyIDs())
+	st.proxyLeases = countLeases(st.leases)
 	return st, hdr.GetAppliedIndex(), nil
 }

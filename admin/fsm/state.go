@@ -19,6 +19,11 @@ type state struct {
 	namespaces map[string]*adminv1.Namespace
 	leases     map[string]*adminv1.Lease
 	members    map[string]*adminv1.MemberAddress
+	// proxyLeases counts the leases of each proxy (absent: none) for the
+	// per-proxy quota. Derived from leases alone, so every replica holds the
+	// same counts; kept by grantLease and removeLease, recounted on restore,
+	// never persisted.
+	proxyLeases map[string]int
 	// table is derived from the live proxies; recomputed, never persisted.
 	table placement.Table
 	// routesIndex is the index of the last change to anything routes are
@@ -32,6 +37,8 @@ func newState() *state {
 		namespaces: map[string]*adminv1.Namespace{},
 		leases:     map[string]*adminv1.Lease{},
 		members:    map[string]*adminv1.MemberAddress{},
+
+		proxyLeases: map[string]int{},
 	}
 }
 
@@ -41,6 +48,7 @@ func (s *state) clone() *state {
 		namespaces:  maps.Clone(s.namespaces),
 		leases:      maps.Clone(s.leases),
 		members:     maps.Clone(s.members),
+		proxyLeases: maps.Clone(s.proxyLeases),
 		table:       s.table,
 		routesIndex: s.routesIndex,
 	}
@@ -77,7 +85,21 @@ func (tx *txn) deleteNamespace(name string) {
 	tx.changed = true
 }
 
+// countLeases is the per-proxy lease count recomputed from the table.
+func countLeases(leases map[string]*adminv1.Lease) map[string]int {
+	n := map[string]int{}
+	for _, l := range leases {
+		n[l.GetProxyId()]++
+	}
+	return n
+}
+
+// grantLease stores l, a new lease or a re-grant replacing the mailbox's
+// current one (same mailbox id, so same proxy: the count stays).
 func (tx *txn) grantLease(l *adminv1.Lease) {
+	if _, ok := tx.st.leases[l.GetMailboxId()]; !ok {
+		tx.st.proxyLeases[l.GetProxyId()]++
+	}
 	tx.st.leases[l.GetMailboxId()] = l
 	tx.st.routesIndex = tx.index
 	tx.changed = true
@@ -86,6 +108,11 @@ func (tx *txn) grantLease(l *adminv1.Lease) {
 
 func (tx *txn) removeLease(l *adminv1.Lease) {
 	delete(tx.st.leases, l.GetMailboxId())
+	if p := l.GetProxyId(); tx.st.proxyLeases[p] > 1 {
+		tx.st.proxyLeases[p]--
+	} else {
+		delete(tx.st.proxyLeases, p)
+	}
 	tx.st.routesIndex = tx.index
 	tx.changed = true
 	tx.events = append(tx.events, leaseEvent{mailboxID: l.GetMailboxId(), epoch: l.GetEpoch()})

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/prism-mesh/prism/mesh"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -13,11 +14,14 @@ import (
 // may pass a bound by their number.
 type Quotas struct {
 	Proxies, Namespaces, Leases int
+	// LeasesPerProxy bounds one proxy's leases, so one sidecar cannot take
+	// the whole Leases quota from the others.
+	LeasesPerProxy int
 }
 
 // DefaultQuotas are far above what one cluster is sized for (the
 // benchmarks run 10k leases) and low enough to stop a runaway client.
-var DefaultQuotas = Quotas{Proxies: 5_000, Namespaces: 50_000, Leases: 200_000}
+var DefaultQuotas = Quotas{Proxies: 5_000, Namespaces: 50_000, Leases: 200_000, LeasesPerProxy: 10_000}
 
 func (q Quotas) withDefaults() Quotas {
 	if q.Proxies == 0 {
@@ -28,6 +32,9 @@ func (q Quotas) withDefaults() Quotas {
 	}
 	if q.Leases == 0 {
 		q.Leases = DefaultQuotas.Leases
+	}
+	if q.LeasesPerProxy == 0 {
+		q.LeasesPerProxy = DefaultQuotas.LeasesPerProxy
 	}
 	return q
 }
@@ -55,10 +62,22 @@ func (s *Server) admitNamespace(name string) error {
 	return overQuota("namespaces", s.fsm.Counts().Namespaces, s.cfg.Quotas.Namespaces)
 }
 
-// admitLease refuses a lease on a mailbox that has none past the quota.
+// admitLease refuses a lease on a mailbox that has none past the cluster's
+// quota or its proxy's. A mailbox that has a lease is never refused: a
+// renewal or re-grant does not add one.
 func (s *Server) admitLease(mailboxID string) error {
 	if l, _ := s.fsm.Lease(mailboxID); l != nil {
 		return nil
 	}
-	return overQuota("leases", s.fsm.Counts().Leases, s.cfg.Quotas.Leases)
+	if err := overQuota("leases", s.fsm.Counts().Leases, s.cfg.Quotas.Leases); err != nil {
+		return err
+	}
+	id, err := mesh.ParseMailboxID(mailboxID)
+	if err != nil {
+		return nil // the write refuses it InvalidArgument
+	}
+	if have := s.fsm.ProxyLeases(id.Proxy); have >= s.cfg.Quotas.LeasesPerProxy {
+		return status.Errorf(codes.ResourceExhausted, "leases of proxy %s: it holds %d, its quota (prism admin --max-leases-per-proxy)", id.Proxy, have)
+	}
+	return nil
 }

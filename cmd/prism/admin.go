@@ -89,6 +89,7 @@ plaintext with no authorization.`,
 	fs.IntVar(&f.quotas.Proxies, "max-proxies", server.DefaultQuotas.Proxies, "proxies the cluster registers; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Namespaces, "max-namespaces", server.DefaultQuotas.Namespaces, "namespaces the cluster holds; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Leases, "max-leases", server.DefaultQuotas.Leases, "mailbox leases the cluster holds; one more is refused RESOURCE_EXHAUSTED")
+	fs.IntVar(&f.quotas.LeasesPerProxy, "max-leases-per-proxy", server.DefaultQuotas.LeasesPerProxy, "mailbox leases one proxy holds; one more for it is refused RESOURCE_EXHAUSTED (renewals and re-grants never are)")
 	f.tls.register(fs)
 	return cmd
 }
@@ -144,8 +145,8 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if f.inMemory && (len(peers) > 0 || f.dataDir != "" || f.join) {
 		return cfg, fmt.Errorf("--in-memory is a single node without --peers, --join or --data-dir")
 	}
-	if q := f.quotas; q.Proxies < 0 || q.Namespaces < 0 || q.Leases < 0 {
-		return cfg, fmt.Errorf("--max-proxies, --max-namespaces and --max-leases must not be negative (0: the default)")
+	if q := f.quotas; q.Proxies < 0 || q.Namespaces < 0 || q.Leases < 0 || q.LeasesPerProxy < 0 {
+		return cfg, fmt.Errorf("--max-proxies, --max-namespaces, --max-leases and --max-leases-per-proxy must not be negative (0: the default)")
 	}
 	if f.join && f.bootstrap {
 		return cfg, fmt.Errorf("--join and --bootstrap exclude each other")
