@@ -33,6 +33,7 @@ type AdminNode struct {
 	conn    *grpc.ClientConn
 	// insecure runs the node in plaintext; as caches the node's connections by caller identity.
 	insecure bool
+	pki      *PKI
 	t        testing.TB
 	mu       sync.Mutex
 	as       map[string]*grpc.ClientConn
@@ -63,7 +64,7 @@ func (n *AdminNode) ConnAs(role identity.Role, name string) *grpc.ClientConn {
 	if cc, ok := n.as[key]; ok {
 		return cc
 	}
-	cc := Dial(n.t, n.GRPCAddr, role, name)
+	cc := Dial(n.t, n.pki, n.GRPCAddr, role, name)
 	n.as[key] = cc
 	return cc
 }
@@ -84,15 +85,17 @@ type AdminOptions struct {
 	RaftFaults bool
 	// Args are added to every node's flags.
 	Args []string
-	// Insecure runs the nodes in plaintext (--insecure); by default they run over mutual TLS with the
-	// harness's certificates.
+	// Insecure runs the nodes in plaintext (--insecure); by default they run over mutual TLS with
+	// certificates from PKI (Shared when nil).
 	Insecure bool
+	PKI      *PKI
 }
 
 // AdminCluster is the admin nodes of one test, on fast raft timing with raft-wal on temp dirs.
 type AdminCluster struct {
 	t        testing.TB
 	insecure bool
+	pki      *PKI
 	Nodes    []*AdminNode
 	// Links[i][j] carries node i's raft connections to node j; nil without RaftFaults.
 	Links [][]*faultproxy.Proxy
@@ -101,7 +104,7 @@ type AdminCluster struct {
 // StartAdmins starts the voters and waits up to 60s for one of them to lead.
 func StartAdmins(t testing.TB, o AdminOptions) *AdminCluster {
 	t.Helper()
-	c := &AdminCluster{t: t, insecure: o.Insecure}
+	c := &AdminCluster{t: t, insecure: o.Insecure, pki: orShared(t, o.PKI)}
 	var peers []string
 	for i := range o.Size {
 		n := c.newNode(fmt.Sprintf("admin-%d", i+1))
@@ -133,7 +136,7 @@ func StartAdmins(t testing.TB, o AdminOptions) *AdminCluster {
 func (c *AdminCluster) newNode(id string) *AdminNode {
 	c.t.Helper()
 	n := &AdminNode{ID: id, RaftAddr: testproc.FreeAddr(c.t), GRPCAddr: testproc.FreeAddr(c.t), HTTPAddr: testproc.FreeAddr(c.t), DataDir: c.t.TempDir(),
-		insecure: c.insecure, t: c.t, as: map[string]*grpc.ClientConn{}}
+		insecure: c.insecure, pki: c.pki, t: c.t, as: map[string]*grpc.ClientConn{}}
 	if c.insecure {
 		cc, err := grpc.NewClient(n.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -143,7 +146,7 @@ func (c *AdminCluster) newNode(id string) *AdminNode {
 		n.conn = cc
 		return n
 	}
-	n.conn = Dial(c.t, n.GRPCAddr, identity.Operator, Operator)
+	n.conn = Dial(c.t, n.pki, n.GRPCAddr, identity.Operator, Operator)
 	return n
 }
 
@@ -156,7 +159,7 @@ func (n *AdminNode) flags() []string {
 	if n.insecure {
 		return append(args, "--insecure")
 	}
-	return append(args, TLSArgs(n.t, identity.Admin, n.ID)...)
+	return append(args, TLSArgs(n.t, n.pki, identity.Admin, n.ID)...)
 }
 
 // proxyLinks starts a fault proxy from node i to every other node and returns node i's --peer-dial entries.

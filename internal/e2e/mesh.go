@@ -31,8 +31,10 @@ type RunnerOptions struct {
 	// ProxyID names the runner's identity, proxy/<ProxyID>, which its sidecar shares; DefaultProxyID when
 	// empty.
 	ProxyID string
-	// Insecure runs it in plaintext (--insecure); by default it serves over mutual TLS.
+	// Insecure runs it in plaintext (--insecure); by default it serves over mutual TLS with certificates
+	// from PKI (Shared when nil), which its sidecar shares.
 	Insecure bool
+	PKI      *PKI
 }
 
 // DefaultProxyID is the proxy id of a runner whose options name none.
@@ -47,6 +49,7 @@ type Runner struct {
 	// ProxyID is the identity the runner and its sidecar share; Insecure says it runs in plaintext.
 	ProxyID  string
 	Insecure bool
+	PKI      *PKI
 }
 
 // HTTPURL is the base URL of the runner's HTTP listener: health checks and metrics.
@@ -73,13 +76,13 @@ func StartRunner(t testing.TB, o RunnerOptions) *Runner {
 	if o.ProxyID == "" {
 		o.ProxyID = DefaultProxyID
 	}
-	r := &Runner{QueryAddr: testproc.FreeAddr(t), HTTPAddr: testproc.FreeAddr(t), ProxyID: o.ProxyID, Insecure: o.Insecure}
+	r := &Runner{QueryAddr: testproc.FreeAddr(t), HTTPAddr: testproc.FreeAddr(t), ProxyID: o.ProxyID, Insecure: o.Insecure, PKI: orShared(t, o.PKI)}
 	args := []string{"runner", "--kafka", strings.Join(o.Brokers, ","), "--data-dir", o.DataDir,
 		"--grpc-addr", r.QueryAddr, "--http-addr", r.HTTPAddr}
 	if o.Insecure {
 		args = append(args, "--insecure")
 	} else {
-		args = append(args, TLSArgs(t, identity.Proxy, o.ProxyID)...)
+		args = append(args, TLSArgs(t, r.PKI, identity.Proxy, o.ProxyID)...)
 	}
 	if o.Mailbox != "" {
 		args = append(args, "--mailbox", o.Mailbox)
@@ -138,7 +141,7 @@ func StartSidecar(t testing.TB, o SidecarOptions) *Sidecar {
 	if o.Runner.Insecure {
 		args = append(args, "--insecure")
 	} else {
-		args = append(args, TLSArgs(t, identity.Proxy, o.ProxyID)...)
+		args = append(args, TLSArgs(t, o.Runner.PKI, identity.Proxy, o.ProxyID)...)
 	}
 	s.Proc = testproc.Start(t, o.Name, args...)
 	return s
@@ -161,8 +164,9 @@ type GatewayOptions struct {
 	// Timeout bounds each proxied query.
 	Timeout time.Duration
 	// Insecure runs it in plaintext (--insecure); by default it talks to the admin nodes and runners over
-	// mutual TLS as gateway/<NodeID>.
+	// mutual TLS as gateway/<NodeID>, with certificates from PKI (Shared when nil).
 	Insecure bool
+	PKI      *PKI
 	// Args are added to the flags; without --jwks-file or --jwks-url the gateway answers queries without a
 	// token (--no-query-auth).
 	Args []string
@@ -187,7 +191,7 @@ func StartGateway(t testing.TB, o GatewayOptions) *Gateway {
 	if o.Insecure {
 		args = append(args, "--insecure")
 	} else {
-		args = append(args, TLSArgs(t, identity.Gateway, o.NodeID)...)
+		args = append(args, TLSArgs(t, o.PKI, identity.Gateway, o.NodeID)...)
 	}
 	if !slices.ContainsFunc(o.Args, func(a string) bool { return strings.HasPrefix(a, "--jwks") }) {
 		args = append(args, "--no-query-auth")

@@ -16,59 +16,140 @@ import (
 	"github.com/prism-mesh/prism/mesh/pki"
 )
 
-// The processes of one test binary run over mutual TLS, as a deployment does by default: one CA per test
-// process (in a temporary directory, like testbin's binaries) and one certificate per identity, issued on
-// first use.
-var certs struct {
-	sync.Mutex
+// TrustDomain is the trust domain of the harness's CAs.
+const TrustDomain = identity.DefaultTrustDomain
+
+// Operator is the name of the identities the harness's own calls use: operator/e2e for admin writes,
+// reader/e2e for runners' query APIs.
+const Operator = "e2e"
+
+// PKI is a CA and the certificates it issued, one per identity, issued on first use into its directory.
+// The processes of a test run over mutual TLS with certificates from Shared unless their options name
+// another PKI (a test that rotates certificates has its own, so the files it replaces are its alone).
+type PKI struct {
+	mu    sync.Mutex
 	ca    *pki.CA
 	dir   string
 	files map[identity.Identity]pki.Files
 }
 
-// TrustDomain is the trust domain of the harness's CA.
-const TrustDomain = identity.DefaultTrustDomain
+// NewPKI makes a CA valid for a day in dir.
+func NewPKI(dir string) (*PKI, error) {
+	ca, err := pki.NewCA(TrustDomain, 24*time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	return &PKI{ca: ca, dir: dir, files: map[identity.Identity]pki.Files{}}, nil
+}
 
-// Certs are the files of role/name, issued by the harness's CA on first use.
-func Certs(t testing.TB, role identity.Role, name string) pki.Files {
+var shared struct {
+	once sync.Once
+	pki  *PKI
+	err  error
+}
+
+// Shared is the PKI of the test process: one CA in a temporary directory (like testbin's binaries).
+func Shared() (*PKI, error) {
+	shared.once.Do(func() {
+		dir, err := os.MkdirTemp("", "prism-e2e-pki-")
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.pki, shared.err = NewPKI(dir)
+	})
+	return shared.pki, shared.err
+}
+
+func orShared(t testing.TB, p *PKI) *PKI {
 	t.Helper()
-	f, err := issue(role, name)
+	if p != nil {
+		return p
+	}
+	s, err := Shared()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// CA is the certificate authority.
+func (p *PKI) CA() *pki.CA { return p.ca }
+
+// Dir is where the certificates are: <dir>/<role>-<name>/{ca.pem,<role>-<name>.pem,<role>-<name>-key.pem}.
+func (p *PKI) Dir() string { return p.dir }
+
+// Files are role/name's files, issued on first use.
+func (p *PKI) Files(role identity.Role, name string) (pki.Files, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	id := identity.Identity{TrustDomain: TrustDomain, Role: role, Name: name}
+	if f, ok := p.files[id]; ok {
+		return f, nil
+	}
+	f, err := p.ca.IssueFiles(filepath.Join(p.dir, string(role)+"-"+name), pki.Request{
+		Role: role, Name: name, Hosts: []string{"127.0.0.1", "::1", "localhost"}})
+	if err != nil {
+		return pki.Files{}, fmt.Errorf("issue %s: %w", id, err)
+	}
+	p.files[id] = f
+	return f, nil
+}
+
+// Certs are role/name's files from p (the shared PKI when nil).
+func Certs(t testing.TB, p *PKI, role identity.Role, name string) pki.Files {
+	t.Helper()
+	f, err := orShared(t, p).Files(role, name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return f
 }
 
-func issue(role identity.Role, name string) (pki.Files, error) {
-	certs.Lock()
-	defer certs.Unlock()
-	if certs.ca == nil {
-		ca, err := pki.NewCA(TrustDomain, 24*time.Hour)
-		if err != nil {
-			return pki.Files{}, err
-		}
-		dir, err := os.MkdirTemp("", "prism-e2e-pki-")
-		if err != nil {
-			return pki.Files{}, err
-		}
-		certs.ca, certs.dir, certs.files = ca, dir, map[identity.Identity]pki.Files{}
-	}
-	id := identity.Identity{TrustDomain: TrustDomain, Role: role, Name: name}
-	if f, ok := certs.files[id]; ok {
-		return f, nil
-	}
-	f, err := certs.ca.IssueFiles(filepath.Join(certs.dir, string(role)+"-"+name), pki.Request{
-		Role: role, Name: name, Hosts: []string{"127.0.0.1", "::1", "localhost"}})
+// TLSArgs are the flags that start a process with role/name's identity from p (nil: shared).
+func TLSArgs(t testing.TB, p *PKI, role identity.Role, name string) []string {
+	t.Helper()
+	f := Certs(t, p, role, name)
+	return []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
+}
+
+// CtlArgs are the prismctl flags that call as role/name from p (nil: shared): operator for writes, reader
+// for reads.
+func CtlArgs(t testing.TB, p *PKI, role identity.Role, name string) []string {
+	t.Helper()
+	f := Certs(t, p, role, name)
+	return []string{"--cacert", f.CA, "--cert", f.Cert, "--key", f.Key}
+}
+
+// ClientTLS is a client configuration with role/name's identity from p (nil: shared) that accepts any
+// server of p's CA.
+func ClientTLS(t testing.TB, p *PKI, role identity.Role, name string) *tls.Config {
+	t.Helper()
+	src, err := pki.Load(Certs(t, p, role, name), nil)
 	if err != nil {
-		return pki.Files{}, fmt.Errorf("issue %s: %w", id, err)
+		t.Fatal(err)
 	}
-	certs.files[id] = f
-	return f, nil
+	return src.ClientConfig(pki.Any)
+}
+
+// Dial is a gRPC connection to addr as role/name from p (nil: shared), closed when the test ends.
+func Dial(t testing.TB, p *PKI, addr string, role identity.Role, name string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(ClientTLS(t, p, role, name))))
+	if err != nil {
+		t.Fatalf("dial %s as %s/%s: %v", addr, role, name, err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }
 
 // readerTLS is the identity of the harness's HTTP clients: they read runners' query APIs and probe.
 func readerTLS() (*tls.Config, error) {
-	f, err := issue(identity.Reader, Operator)
+	p, err := Shared()
+	if err != nil {
+		return nil, err
+	}
+	f, err := p.Files(identity.Reader, Operator)
 	if err != nil {
 		return nil, err
 	}
@@ -77,42 +158,4 @@ func readerTLS() (*tls.Config, error) {
 		return nil, err
 	}
 	return src.ClientConfig(pki.Any), nil
-}
-
-// TLSArgs are the flags that start a process with role/name's identity.
-func TLSArgs(t testing.TB, role identity.Role, name string) []string {
-	t.Helper()
-	f := Certs(t, role, name)
-	return []string{"--tls-ca", f.CA, "--tls-cert", f.Cert, "--tls-key", f.Key}
-}
-
-// ClientTLS is a client configuration with role/name's identity that accepts any server of the harness's CA.
-func ClientTLS(t testing.TB, role identity.Role, name string) *tls.Config {
-	t.Helper()
-	src, err := pki.Load(Certs(t, role, name), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return src.ClientConfig(pki.Any)
-}
-
-// Dial is a gRPC connection to addr as role/name, closed when the test ends.
-func Dial(t testing.TB, addr string, role identity.Role, name string) *grpc.ClientConn {
-	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(ClientTLS(t, role, name))))
-	if err != nil {
-		t.Fatalf("dial %s as %s/%s: %v", addr, role, name, err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
-}
-
-// Operator is the identity the harness's own admin calls use.
-const Operator = "e2e"
-
-// CtlArgs are the prismctl flags that call as role/name (operator for writes, reader for reads).
-func CtlArgs(t testing.TB, role identity.Role, name string) []string {
-	t.Helper()
-	f := Certs(t, role, name)
-	return []string{"--cacert", f.CA, "--cert", f.Cert, "--key", f.Key}
 }

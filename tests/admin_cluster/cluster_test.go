@@ -62,7 +62,7 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := testproc.FreeAddr(t)
-	op := e2e.CtlArgs(t, identity.Operator, e2e.Operator)
+	op := e2e.CtlArgs(t, nil, identity.Operator, e2e.Operator)
 	prismctl := func(args ...string) string {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, ctl, append(append(op, "--admin", dead+","+fol.GRPCAddr, "--attempt-timeout", "1s"), args...)...)
@@ -332,7 +332,7 @@ func TestMembershipThroughPrismctl(t *testing.T) {
 	}
 	prismctl := func(args ...string) string {
 		t.Helper()
-		out, err := exec.CommandContext(ctx, ctl, append(append(e2e.CtlArgs(t, identity.Operator, e2e.Operator), "--admin", fol.GRPCAddr), args...)...).CombinedOutput()
+		out, err := exec.CommandContext(ctx, ctl, append(append(e2e.CtlArgs(t, nil, identity.Operator, e2e.Operator), "--admin", fol.GRPCAddr), args...)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("prismctl %v: %v\n%s", args, err, out)
 		}

@@ -32,7 +32,7 @@ func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.CommandContext(ctx, ctl, append(e2e.CtlArgs(t, identity.Operator, e2e.Operator), "--admin", c.Nodes[c.Follower(lead)].GRPCAddr,
+	out, err := exec.CommandContext(ctx, ctl, append(e2e.CtlArgs(t, nil, identity.Operator, e2e.Operator), "--admin", c.Nodes[c.Follower(lead)].GRPCAddr,
 		"member", "add", joiner.ID, joiner.RaftAddr, joiner.GRPCAddr)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("prismctl member add: %v\n%s", err, out)
