@@ -12,9 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // proc is one server process of a cluster under test.
@@ -82,10 +81,12 @@ type prismCluster struct {
 	nodes []*proc
 	grpc  []string
 	http  []string
-	conns []*grpc.ClientConn
+	conns *conns
 }
 
-func startPrism(bin, dir string, size int, xds bool) (*prismCluster, error) {
+// startPrism starts the nodes over mutual TLS with identities from certs,
+// or in plaintext (--insecure) when certs is nil.
+func startPrism(bin, dir string, size int, xds bool, certs *certs) (*prismCluster, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -102,6 +103,7 @@ func startPrism(bin, dir string, size int, xds bool) (*prismCluster, error) {
 	for i, a := range as {
 		peers = append(peers, fmt.Sprintf("admin-%d=%s=%s", i+1, a.raft, a.grpc))
 	}
+	c.conns = newConns(c.grpc, certs)
 	for i, a := range as {
 		args := []string{"admin", "--node-id", fmt.Sprintf("admin-%d", i+1), "--raft-addr", a.raft, "--grpc-addr", a.grpc,
 			"--http-addr", a.http, "--data-dir", filepath.Join(dir, fmt.Sprintf("prism-%d", i+1)), "--raft-timing", "fast",
@@ -117,18 +119,22 @@ func startPrism(bin, dir string, size int, xds bool) (*prismCluster, error) {
 		} else {
 			args = append(args, "--peers", strings.Join(peers, ","))
 		}
+		if certs == nil {
+			args = append(args, "--insecure")
+		} else {
+			tlsArgs, err := certs.serverArgs(identity.Admin, fmt.Sprintf("admin-%d", i+1))
+			if err != nil {
+				c.stop()
+				return nil, err
+			}
+			args = append(args, tlsArgs...)
+		}
 		p := &proc{name: fmt.Sprintf("admin-%d", i+1), args: args, bin: bin, log: filepath.Join(dir, fmt.Sprintf("prism-%d.log", i+1))}
 		if err := p.start(); err != nil {
 			c.stop()
 			return nil, err
 		}
 		c.nodes = append(c.nodes, p)
-		cc, err := grpc.NewClient(a.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			c.stop()
-			return nil, err
-		}
-		c.conns = append(c.conns, cc)
 	}
 	return c, nil
 }
@@ -137,9 +143,7 @@ func (c *prismCluster) stop() {
 	for _, n := range c.nodes {
 		n.kill()
 	}
-	for _, cc := range c.conns {
-		cc.Close()
-	}
+	c.conns.close()
 }
 
 // leader waits for the running nodes (except skip) to agree on a leader.
@@ -147,12 +151,12 @@ func (c *prismCluster) leader(ctx context.Context, skip int) (int, error) {
 	for ctx.Err() == nil {
 		idx, agreed := -1, true
 		var leaderID string
-		for i, cc := range c.conns {
-			if i == skip || c.nodes[i].cmd == nil {
+		for i, n := range c.nodes {
+			if i == skip || n.cmd == nil {
 				continue
 			}
 			sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-			st, err := adminv1.NewAdminClient(cc).GetClusterStatus(sctx, &adminv1.GetClusterStatusRequest{})
+			st, err := adminv1.NewAdminClient(c.conns.operator(i)).GetClusterStatus(sctx, &adminv1.GetClusterStatusRequest{})
 			cancel()
 			if err != nil || st.GetLeaderId() == "" || (leaderID != "" && st.GetLeaderId() != leaderID) {
 				agreed = false

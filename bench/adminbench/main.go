@@ -27,6 +27,8 @@ type options struct {
 	scaleFor           time.Duration
 	scaleXDS           bool
 	only               string
+	security           string
+	handshakes         int
 }
 
 func main() {
@@ -42,7 +44,10 @@ func main() {
 	flag.IntVar(&o.scaleLeases, "scale-leases", 10000, "leases in the heartbeat scale run")
 	flag.DurationVar(&o.scaleFor, "scale-for", 10*time.Second, "length of the heartbeat scale run")
 	flag.BoolVar(&o.scaleXDS, "scale-xds", true, "serve xDS during the scale run, as a production admin node does")
-	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, etcd, redis")
+	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, handshake, etcd, redis")
+	flag.StringVar(&o.security, "security", modeBoth, "prism admin over plaintext (--insecure), mtls (figures suffixed _mtls), or both: "+
+		"every part in plaintext plus the 3-node latency, the scale run and the handshake over mutual TLS, with mtls/plaintext ratios")
+	flag.IntVar(&o.handshakes, "handshakes", 200, "fresh connections timed per mode in the handshake run")
 	flag.Parse()
 	if o.prism == "" {
 		log.Fatal("adminbench: -prism is required")
@@ -52,6 +57,24 @@ func main() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
+	mtlsModes, err := modes(o.security)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// One CA for the run, made when a part first runs over mTLS.
+	var ca *certs
+	certsFor := func(mtls bool) (*certs, error) {
+		if !mtls {
+			return nil, nil
+		}
+		if ca == nil {
+			var err error
+			if ca, err = newCerts(filepath.Join(dir, "pki")); err != nil {
+				return nil, err
+			}
+		}
+		return ca, nil
+	}
 	ctx := context.Background()
 	run := func(part string, f func() error) {
 		if o.only != "" && o.only != part {
@@ -62,17 +85,63 @@ func main() {
 		}
 	}
 	run("latency", func() error {
-		for _, size := range []int{1, 3} {
-			if err := prismLatency(ctx, o, filepath.Join(dir, fmt.Sprintf("lat%d", size)), size); err != nil {
+		// acquire3 is the 3-node acquire p99 through the leader, per mode.
+		var acquire3 [2]time.Duration
+		for _, mtls := range mtlsModes {
+			cs, err := certsFor(mtls)
+			if err != nil {
 				return err
 			}
+			sizes := []int{1, 3}
+			if o.security == modeBoth && mtls {
+				sizes = []int{3}
+			}
+			for _, size := range sizes {
+				p99, err := prismLatency(ctx, o, filepath.Join(dir, fmt.Sprintf("lat%d%s", size, tlsSuffix(mtls))), size, cs)
+				if err != nil {
+					return err
+				}
+				if size == 3 {
+					acquire3[b2i(mtls)] = p99
+				}
+			}
 		}
+		ratio("admin.acquire_p99_mtls_ratio", acquire3[0], acquire3[1])
 		return nil
 	})
 	run("etcd", func() error { return etcdLatency(ctx, o, filepath.Join(dir, "etcd")) })
 	run("redis", func() error { return redisLatency(ctx, o, filepath.Join(dir, "redis")) })
-	run("failover", func() error { return failover(ctx, o, filepath.Join(dir, "failover")) })
-	run("scale", func() error { return scale(ctx, o, filepath.Join(dir, "scale")) })
+	run("failover", func() error {
+		// Failover is one figure per run: over mTLS only when that is all
+		// the run measures.
+		cs, err := certsFor(o.security == modeMTLS)
+		if err != nil {
+			return err
+		}
+		return failover(ctx, o, filepath.Join(dir, "failover"), cs)
+	})
+	run("scale", func() error {
+		var p99 [2]time.Duration
+		for _, mtls := range mtlsModes {
+			cs, err := certsFor(mtls)
+			if err != nil {
+				return err
+			}
+			if p99[b2i(mtls)], err = scale(ctx, o, filepath.Join(dir, "scale"+tlsSuffix(mtls)), cs); err != nil {
+				return err
+			}
+		}
+		ratio("admin.heartbeat_p99_10k_mtls_ratio", p99[0], p99[1])
+		return nil
+	})
+	run("handshake", func() error { return handshake(ctx, o, filepath.Join(dir, "handshake"), mtlsModes, certsFor) })
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func bench(name string, v float64, unit string) {

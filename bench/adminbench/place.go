@@ -28,9 +28,11 @@ type placed struct {
 
 var benchNamespaceConfig = &adminv1.NamespaceConfig{Topics: []string{"bench"}}
 
-// registerProxies registers each proxy with runnerOf[proxy] as its runner.
-func registerProxies(ctx context.Context, cp adminv1.ControlPlaneClient, runnerOf map[string]string) error {
+// registerProxies registers each proxy, as itself, through node with
+// runnerOf[proxy] as its runner.
+func registerProxies(ctx context.Context, c *prismCluster, node int, runnerOf map[string]string) error {
 	for proxy, runner := range runnerOf {
+		cp := adminv1.NewControlPlaneClient(c.conns.proxy(node, proxy))
 		reg := &adminv1.ProxyRegistration{ProxyId: proxy, Address: "127.0.0.1:9000", RunnerId: runner}
 		if err := retryUnavailable(ctx, func() error {
 			_, err := cp.RegisterProxy(ctx, &adminv1.RegisterProxyRequest{Registration: reg})
@@ -89,10 +91,12 @@ func namesPerProxy(proxies []string, prefix string, per int) []string {
 	return names
 }
 
-// place creates the namespaces (concurrently, so the batch rides Raft's
-// group commit) and returns, for each, the mailbox on the proxy the admin
-// placed it on and that proxy's runner, in the order of names.
-func place(ctx context.Context, cc *grpc.ClientConn, names []string, runnerOf map[string]string) ([]placed, error) {
+// place creates the namespaces through node as the bench's operator
+// (concurrently, so the batch rides Raft's group commit) and returns, for
+// each, the mailbox on the proxy the admin placed it on and that proxy's
+// runner, in the order of names.
+func place(ctx context.Context, c *prismCluster, node int, names []string, runnerOf map[string]string) ([]placed, error) {
+	cc := c.conns.operator(node)
 	cp := adminv1.NewControlPlaneClient(cc)
 	var next atomic.Int64
 	var wg sync.WaitGroup

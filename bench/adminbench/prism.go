@@ -13,23 +13,29 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-func prismLatency(ctx context.Context, o options, dir string, size int) error {
+// prismLatency runs the acquire, heartbeat and release phases on size
+// nodes, over mutual TLS with identities from certs or in plaintext (nil),
+// and returns the acquire p99 through the leader. Every client calls on a
+// connection it made before the clock started (in either mode), so the
+// figures hold no handshakes.
+func prismLatency(ctx context.Context, o options, dir string, size int, certs *certs) (time.Duration, error) {
 	// Lease operations alone, as the baselines do them: no xDS translation
 	// competing for the same two cores.
-	c, err := startPrism(o.prism, dir, size, false)
+	c, err := startPrism(o.prism, dir, size, false, certs)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer c.stop()
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	lead, err := c.leader(lctx, -1)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	// One proxy per client worker, its runner named for the worker, as one
 	// sidecar per runner would be.
@@ -38,36 +44,40 @@ func prismLatency(ctx context.Context, o options, dir string, size int) error {
 	for w, p := range proxies {
 		runnerOf[p] = fmt.Sprintf("w%d", w)
 	}
-	if err := registerProxies(lctx, adminv1.NewControlPlaneClient(c.conns[lead]), runnerOf); err != nil {
-		return err
+	if err := registerProxies(lctx, c, lead, runnerOf); err != nil {
+		return 0, err
 	}
 	suffix := fmt.Sprintf("_%dn", size)
-	targets := []struct {
+	type target struct {
 		suffix string
-		cc     *grpc.ClientConn
-	}{{suffix, c.conns[lead]}}
-	if size > 1 {
-		targets = append(targets, struct {
-			suffix string
-			cc     *grpc.ClientConn
-		}{suffix + "_via_follower", c.conns[(lead+1)%size]})
+		node   int
 	}
+	targets := []target{{suffix, lead}}
+	if size > 1 {
+		targets = append(targets, target{suffix + "_via_follower", (lead + 1) % size})
+	}
+	var acquireP99 time.Duration
 	for round, t := range targets {
 		// Fresh namespaces for every round, so each acquires mailboxes no
 		// one holds, created before the clock starts.
-		ps, err := place(ctx, c.conns[lead], namesPerProxy(proxies, fmt.Sprintf("r%d-", round), o.acquirePool), runnerOf)
+		ps, err := place(ctx, c, lead, namesPerProxy(proxies, fmt.Sprintf("r%d-", round), o.acquirePool), runnerOf)
 		if err != nil {
-			return fmt.Errorf("latency%s: %w", t.suffix, err)
+			return 0, fmt.Errorf("latency%s: %w", t.suffix, err)
 		}
 		placedOn := byProxy(ps)
 		pool := make([][]placed, o.concurrency)
+		cps := make([]adminv1.ControlPlaneClient, o.concurrency)
 		for w, p := range proxies {
 			if pool[w] = placedOn[p]; len(pool[w]) == 0 {
-				return fmt.Errorf("latency%s: no namespace was placed on proxy %s", t.suffix, p)
+				return 0, fmt.Errorf("latency%s: no namespace was placed on proxy %s", t.suffix, p)
 			}
+			cps[w] = adminv1.NewControlPlaneClient(c.conns.proxy(t.node, p))
+		}
+		if err := warm(ctx, c, t.node, proxies); err != nil {
+			return 0, fmt.Errorf("latency%s: %w", t.suffix, err)
 		}
 		mb := func(w, i int) placed { return pool[w][i%len(pool[w])] }
-		cp := adminv1.NewControlPlaneClient(t.cc)
+		t.suffix += tlsSuffix(certs != nil)
 		acquired := make([]int, o.concurrency)
 		var regrants atomic.Int64
 		commitURL := "http://" + c.http[lead] + "/metrics"
@@ -77,7 +87,7 @@ func prismLatency(ctx context.Context, o options, dir string, size int) error {
 			if i >= len(pool[w]) {
 				regrants.Add(1)
 			}
-			resp, err := cp.AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: m.mailbox, RunnerId: m.runner,
+			resp, err := cps[w].AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: m.mailbox, RunnerId: m.runner,
 				RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(time.Hour)})
 			ok := err == nil && resp.GetGranted()
 			if ok {
@@ -86,6 +96,9 @@ func prismLatency(ctx context.Context, o options, dir string, size int) error {
 			return ok, true
 		})
 		report("admin", "acquire", t.suffix, r, rate)
+		if round == 0 {
+			acquireP99 = r.pct(0.99)
+		}
 		if n := regrants.Load(); n > 0 {
 			// A worker past its pool acquires its own mailboxes again: a
 			// reconnect, granted with a new epoch through the same Raft write.
@@ -97,7 +110,7 @@ func prismLatency(ctx context.Context, o options, dir string, size int) error {
 			// over the acquire phase only (not the setup's creates).
 			if after, err := scrapeHistogram(commitURL, "prism_admin_raft_commit_seconds"); err == nil {
 				if d, err := since(commitBefore, after); err == nil {
-					bench("admin.raft_commit_p99_ms"+suffix, quantile(d, 0.99)*1000, "ms")
+					bench("admin.raft_commit_p99_ms"+suffix+tlsSuffix(certs != nil), quantile(d, 0.99)*1000, "ms")
 				}
 			}
 		}
@@ -106,7 +119,7 @@ func prismLatency(ctx context.Context, o options, dir string, size int) error {
 				return false, false
 			}
 			m := mb(w, i%acquired[w])
-			resp, err := cp.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: m.mailbox, RunnerId: m.runner})
+			resp, err := cps[w].MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: m.mailbox, RunnerId: m.runner})
 			return err == nil && resp.GetRenewed(), true
 		})
 		report("admin", "heartbeat", t.suffix, r, rate)
@@ -115,18 +128,35 @@ func prismLatency(ctx context.Context, o options, dir string, size int) error {
 				return false, false
 			}
 			m := mb(w, i)
-			resp, err := cp.ReleaseLease(ctx, &adminv1.ReleaseLeaseRequest{MailboxId: m.mailbox, RunnerId: m.runner})
+			resp, err := cps[w].ReleaseLease(ctx, &adminv1.ReleaseLeaseRequest{MailboxId: m.mailbox, RunnerId: m.runner})
 			return err == nil && resp.GetReleased(), i+1 < acquired[w]
 		})
 		report("admin", "release", t.suffix, r, rate)
+	}
+	return acquireP99, nil
+}
+
+// warm makes node's connections of proxies (TCP, and the TLS handshake over
+// mTLS), or waits for them to reconnect, before a timed phase, with one
+// cheap call each.
+func warm(ctx context.Context, c *prismCluster, node int, proxies []string) error {
+	for _, p := range proxies {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := healthpb.NewHealthClient(c.conns.proxy(node, p)).Check(wctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("warm the connection of %s to node %d: %w", p, node, err)
+		}
 	}
 	return nil
 }
 
 // failover kills the leader -9 repeatedly and measures the time from the
-// kill to the first acknowledged write through a surviving node.
-func failover(ctx context.Context, o options, dir string) error {
-	c, err := startPrism(o.prism, dir, 3, true)
+// kill to the first acknowledged write through a surviving node. The writers
+// call on connections they had before the kill; the redial to a restarted
+// node happens between kills, off the clock.
+func failover(ctx context.Context, o options, dir string, certs *certs) error {
+	c, err := startPrism(o.prism, dir, 3, true, certs)
 	if err != nil {
 		return err
 	}
@@ -146,10 +176,10 @@ func failover(ctx context.Context, o options, dir string) error {
 	for i, p := range proxies {
 		runnerOf[p] = fmt.Sprintf("fo%d", i)
 	}
-	if err := registerProxies(sctx, adminv1.NewControlPlaneClient(c.conns[lead]), runnerOf); err != nil {
+	if err := registerProxies(sctx, c, lead, runnerOf); err != nil {
 		return err
 	}
-	ps, err := place(sctx, c.conns[lead], namesPerProxy(proxies, "fo-", o.kills), runnerOf)
+	ps, err := place(sctx, c, lead, namesPerProxy(proxies, "fo-", o.kills), runnerOf)
 	if err != nil {
 		return err
 	}
@@ -157,6 +187,11 @@ func failover(ctx context.Context, o options, dir string) error {
 	for _, p := range proxies {
 		if len(placedOn[p]) < o.kills {
 			return fmt.Errorf("failover: %d namespaces placed on proxy %s, want %d", len(placedOn[p]), p, o.kills)
+		}
+	}
+	for i := range c.nodes {
+		if err := warm(sctx, c, i, proxies[i:i+1]); err != nil {
+			return err
 		}
 	}
 	var times []time.Duration
@@ -174,14 +209,14 @@ func failover(ctx context.Context, o options, dir string) error {
 		var took time.Duration
 		var wg sync.WaitGroup
 		// One writer per survivor, as clients of a real cluster would be.
-		for i, cc := range c.conns {
+		for i := range c.nodes {
 			if i == lead {
 				continue
 			}
+			cp := adminv1.NewControlPlaneClient(c.conns.proxy(i, proxies[i]))
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				cp := adminv1.NewControlPlaneClient(cc)
 				m := placedOn[proxies[i]][k]
 				for !done.Load() && time.Since(t0) < 30*time.Second {
 					actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -206,6 +241,9 @@ func failover(ctx context.Context, o options, dir string) error {
 		// leaves a quorum.
 		rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		err = waitCaughtUp(rctx, c, lead)
+		if err == nil {
+			err = warm(rctx, c, lead, proxies[lead:lead+1])
+		}
 		cancel()
 		if err != nil {
 			return fmt.Errorf("kill %d: restart: %w", k, err)
@@ -213,15 +251,16 @@ func failover(ctx context.Context, o options, dir string) error {
 	}
 	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
 	p := func(q float64) time.Duration { return times[int(q*float64(len(times)-1))] }
-	bench("admin.failover_p50_ms", ms(p(0.5)), "ms")
-	bench("admin.failover_p99_ms", ms(p(0.99)), "ms")
-	bench("admin.failover_max_ms", ms(times[len(times)-1]), "ms")
-	bench("admin.failover_kills", float64(len(times)), "kills")
+	sfx := tlsSuffix(certs != nil)
+	bench("admin.failover_p50_ms"+sfx, ms(p(0.5)), "ms")
+	bench("admin.failover_p99_ms"+sfx, ms(p(0.99)), "ms")
+	bench("admin.failover_max_ms"+sfx, ms(times[len(times)-1]), "ms")
+	bench("admin.failover_kills"+sfx, float64(len(times)), "kills")
 	return nil
 }
 
 func waitCaughtUp(ctx context.Context, c *prismCluster, i int) error {
-	adm := adminv1.NewAdminClient(c.conns[i])
+	adm := adminv1.NewAdminClient(c.conns.operator(i))
 	for ctx.Err() == nil {
 		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		st, err := adm.GetClusterStatus(sctx, &adminv1.GetClusterStatusRequest{})
@@ -238,39 +277,43 @@ func waitCaughtUp(ctx context.Context, c *prismCluster, i int) error {
 const scaleProxies = 100
 
 // scale holds many leases on 3 nodes, each heartbeated every second, and
-// reports heartbeat latency and the admin processes' CPU.
-func scale(ctx context.Context, o options, dir string) error {
-	c, err := startPrism(o.prism, dir, 3, o.scaleXDS)
+// reports heartbeat latency and the admin processes' CPU, and returns the
+// heartbeat p99. Each proxy's leases go over that proxy's own connection
+// (made during the ramp, before the heartbeats are timed).
+func scale(ctx context.Context, o options, dir string, certs *certs) (time.Duration, error) {
+	c, err := startPrism(o.prism, dir, 3, o.scaleXDS, certs)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer c.stop()
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	lead, err := c.leader(lctx, -1)
 	cancel()
 	if err != nil {
-		return err
+		return 0, err
 	}
-	cp := adminv1.NewControlPlaneClient(c.conns[lead])
+	cps := make(map[string]adminv1.ControlPlaneClient, scaleProxies)
 	// The leases spread over scaleProxies proxies, each with its runner; the
 	// namespaces are created and their placement read back before the ramp,
 	// so its rate is the acquires' alone.
 	runnerOf := make(map[string]string, scaleProxies)
 	for p := range scaleProxies {
-		runnerOf[fmt.Sprintf("scale-p%d", p)] = fmt.Sprintf("scale-r%d", p)
+		id := fmt.Sprintf("scale-p%d", p)
+		runnerOf[id] = fmt.Sprintf("scale-r%d", p)
+		cps[id] = adminv1.NewControlPlaneClient(c.conns.proxy(lead, id))
 	}
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	if err := registerProxies(sctx, cp, runnerOf); err != nil {
-		return err
+	if err := registerProxies(sctx, c, lead, runnerOf); err != nil {
+		return 0, err
 	}
 	names := make([]string, o.scaleLeases)
 	for i := range names {
 		names[i] = fmt.Sprintf("scale-%d", i)
 	}
-	leases, err := place(sctx, c.conns[lead], names, runnerOf)
+	leases, err := place(sctx, c, lead, names, runnerOf)
 	if err != nil {
-		return fmt.Errorf("scale: %w", err)
+		return 0, fmt.Errorf("scale: %w", err)
 	}
 	const workers = 64
 	rampStart := time.Now()
@@ -294,7 +337,7 @@ func scale(ctx context.Context, o options, dir string) error {
 				// A sidecar retries an acquire that failed with Unavailable
 				// (a leader change during the ramp); so does the ramp.
 				for try := 0; try < 5; try++ {
-					resp, err = cp.AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: leases[i].mailbox,
+					resp, err = cps[leases[i].proxy].AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: leases[i].mailbox,
 						RunnerId: leases[i].runner, RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(5 * time.Second)})
 					if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded {
 						break
@@ -310,9 +353,10 @@ func scale(ctx context.Context, o options, dir string) error {
 	}
 	wg.Wait()
 	if f := failed.Load(); f > 0 {
-		return fmt.Errorf("scale: %d of %d acquires failed, first: %v", f, o.scaleLeases, firstErr.Load())
+		return 0, fmt.Errorf("scale: %d of %d acquires failed, first: %v", f, o.scaleLeases, firstErr.Load())
 	}
-	bench("admin.scale_acquire_ops_per_s_10k", float64(o.scaleLeases)/time.Since(rampStart).Seconds(), "ops/s")
+	sfx := tlsSuffix(certs != nil)
+	bench("admin.scale_acquire_ops_per_s_10k"+sfx, float64(o.scaleLeases)/time.Since(rampStart).Seconds(), "ops/s")
 	r := &recorder{}
 	var refused atomic.Int64
 	cpu0 := make([]int64, len(c.nodes))
@@ -339,7 +383,7 @@ func scale(ctx context.Context, o options, dir string) error {
 				}
 				for i := w; i < o.scaleLeases; i += workers {
 					t0 := time.Now()
-					resp, err := cp.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: leases[i].mailbox, RunnerId: leases[i].runner})
+					resp, err := cps[leases[i].proxy].MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: leases[i].mailbox, RunnerId: leases[i].runner})
 					if err != nil || !resp.GetRenewed() {
 						refused.Add(1)
 						continue
@@ -359,15 +403,15 @@ func scale(ctx context.Context, o options, dir string) error {
 		pct := float64(n.cpuTicks()-cpu0[i]) / elapsed
 		total += pct
 		if i == lead {
-			bench("admin.heartbeat_leader_cpu_pct_10k", pct, "%")
+			bench("admin.heartbeat_leader_cpu_pct_10k"+sfx, pct, "%")
 		}
 	}
-	bench("admin.heartbeat_cluster_cpu_pct_10k", total, "%")
-	bench("admin.heartbeat_p50_ms_10k", ms(r.pct(0.5)), "ms")
-	bench("admin.heartbeat_p99_ms_10k", ms(r.pct(0.99)), "ms")
-	bench("admin.heartbeat_rate_10k", float64(r.n())/elapsed, "heartbeats/s")
+	bench("admin.heartbeat_cluster_cpu_pct_10k"+sfx, total, "%")
+	bench("admin.heartbeat_p50_ms_10k"+sfx, ms(r.pct(0.5)), "ms")
+	bench("admin.heartbeat_p99_ms_10k"+sfx, ms(r.pct(0.99)), "ms")
+	bench("admin.heartbeat_rate_10k"+sfx, float64(r.n())/elapsed, "heartbeats/s")
 	if f := refused.Load(); f > 0 || late.Load() > 0 {
-		fmt.Fprintf(os.Stderr, "# scale: %d heartbeats failed or refused, %d rounds overran their second\n", f, late.Load())
+		fmt.Fprintf(os.Stderr, "# scale%s: %d heartbeats failed or refused, %d rounds overran their second\n", sfx, f, late.Load())
 	}
-	return nil
+	return r.pct(0.99), nil
 }
