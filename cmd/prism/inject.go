@@ -24,6 +24,7 @@ func injectCommand() *cobra.Command {
 		addr, certFile, keyFile string
 		adminEndpoints          string
 		cpu, memory             string
+		tlsMode, tlsContainers  string
 	)
 	cmd := &cobra.Command{
 		Use:   "inject",
@@ -33,12 +34,28 @@ prism sidecar, as a native sidecar, to pods labelled prism.io/inject=true
 (path ` + inject.PathInjectPod + `) or in namespaces so labelled (path ` + inject.PathInjectNamespace + `).
 Pod annotations (prism.io/proxy-id, prism.io/admin-endpoints, prism.io/lease-ttl,
 prism.io/heartbeat-interval, prism.io/runner-addr, prism.io/runner-query-port,
-prism.io/sidecar-image, ...)
-override the defaults given here.`,
+prism.io/sidecar-image, prism.io/tls-secret, prism.io/tls-containers, ...)
+override the defaults given here.
+
+--mesh-tls says how the sidecar and the pod's runner (the containers named by
+--mesh-tls-containers) get their shared identity spiffe://<trust-domain>/proxy/<proxy-id>:
+  csi       a cert-manager csi-driver volume (csi.cert-manager.io) per pod, signed by
+            --mesh-issuer-name, renewed in place
+  secret    a Secret (--mesh-tls-secret) holding ca.crt, <proxy-id>.crt and <proxy-id>.key
+  insecure  the sidecar runs with --insecure
+Both containers find the files through PRISM_TLS_CA, PRISM_TLS_CERT and PRISM_TLS_KEY.
+--tls-cert and --tls-key are the webhook's own serving certificate.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "inject")
 			opts := defaults
+			opts.TLS.Mode = inject.TLSMode(tlsMode)
+			opts.TLS.Containers = nil
+			for _, c := range strings.Split(tlsContainers, ",") {
+				if c = strings.TrimSpace(c); c != "" {
+					opts.TLS.Containers = append(opts.TLS.Containers, c)
+				}
+			}
 			for _, ep := range strings.Split(adminEndpoints, ",") {
 				if ep = strings.TrimSpace(ep); ep != "" {
 					opts.AdminEndpoints = append(opts.AdminEndpoints, ep)
@@ -84,5 +101,13 @@ override the defaults given here.`,
 	f.StringVar(&cpu, "sidecar-cpu", defaults.CPU.String(), "default sidecar CPU request")
 	f.StringVar(&memory, "sidecar-memory", defaults.Memory.String(), "default sidecar memory request and limit")
 	f.StringVar(&defaults.LogLevel, "sidecar-log-level", defaults.LogLevel, "default sidecar log level")
+	f.StringVar(&tlsMode, "mesh-tls", "", fmt.Sprintf("how injected pods get their proxy identity: one of %v (required)", inject.TLSModes))
+	f.StringVar(&defaults.TLS.TrustDomain, "mesh-trust-domain", defaults.TLS.TrustDomain, "trust domain of the proxy identities (csi mode)")
+	f.StringVar(&defaults.TLS.Issuer.Name, "mesh-issuer-name", "", "cert-manager issuer that signs the csi-driver certificates: a CA issuer, since csi-driver cannot use a SelfSigned one (csi mode)")
+	f.StringVar(&defaults.TLS.Issuer.Kind, "mesh-issuer-kind", "Issuer", "kind of --mesh-issuer-name: Issuer or ClusterIssuer (csi mode)")
+	f.StringVar(&defaults.TLS.Issuer.Group, "mesh-issuer-group", "cert-manager.io", "API group of --mesh-issuer-name (csi mode)")
+	f.DurationVar(&defaults.TLS.Duration, "mesh-cert-duration", 0, "lifetime of each pod's certificate; csi-driver renews it at two thirds (0: the driver's default; csi mode)")
+	f.StringVar(&defaults.TLS.SecretName, "mesh-tls-secret", "", "default Secret of the proxy identities: ca.crt, <proxy-id>.crt, <proxy-id>.key (secret mode; annotation "+inject.AnnotationTLSSecret+")")
+	f.StringVar(&tlsContainers, "mesh-tls-containers", strings.Join(defaults.TLS.Containers, ","), "default containers of a pod that share the sidecar's identity, comma-separated (annotation "+inject.AnnotationTLSContainers+")")
 	return cmd
 }

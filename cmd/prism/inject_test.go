@@ -70,7 +70,8 @@ func TestInjectCommand(t *testing.T) {
 	}
 	certFile, keyFile, pool := selfSigned(t, t.TempDir())
 	cmd := exec.Command(bin, "inject", "--addr", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile,
-		"--sidecar-image", "prism:test", "--admin-endpoints", "admin-0:7001,admin-1:7001", "--lease-ttl", "20s")
+		"--sidecar-image", "prism:test", "--admin-endpoints", "admin-0:7001,admin-1:7001", "--lease-ttl", "20s",
+		"--mesh-tls", "csi", "--mesh-issuer-name", "prism-ca", "--mesh-trust-domain", "mesh.example.com")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +125,8 @@ func TestInjectCommand(t *testing.T) {
 		t.Fatalf("review answer %d %s: %v", resp.StatusCode, body, err)
 	}
 	// The flags became the injected container's configuration.
-	for _, want := range []string{`"value":"admin-0:7001,admin-1:7001"`, `"value":"20s"`, `"image":"prism:test"`} {
+	for _, want := range []string{`"value":"admin-0:7001,admin-1:7001"`, `"value":"20s"`, `"image":"prism:test"`,
+		`"driver":"csi.cert-manager.io"`, `"csi.cert-manager.io/issuer-name":"prism-ca"`, `"spiffe://mesh.example.com/proxy/${POD_NAME}"`} {
 		if !bytes.Contains(out.Response.Patch, []byte(want)) {
 			t.Errorf("patch lacks %s: %s", want, out.Response.Patch)
 		}
@@ -150,7 +152,7 @@ func TestInjectCommandRefusesBadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	certFile, keyFile, _ := selfSigned(t, t.TempDir())
-	base := []string{"inject", "--addr", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile}
+	base := []string{"inject", "--addr", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile, "--mesh-tls", "insecure"}
 	tests := []struct {
 		name string
 		args []string
@@ -159,6 +161,8 @@ func TestInjectCommandRefusesBadConfig(t *testing.T) {
 		{"no sidecar image", []string{"--admin-endpoints", "a:1"}, "--sidecar-image"},
 		{"no admin endpoints", []string{"--sidecar-image", "p"}, "--admin-endpoints"},
 		{"heartbeat not below ttl", []string{"--sidecar-image", "p", "--admin-endpoints", "a:1", "--lease-ttl", "5s", "--heartbeat-interval", "5s"}, "shorter than lease ttl"},
+		{"no mesh tls mode", []string{"--sidecar-image", "p", "--admin-endpoints", "a:1", "--mesh-tls", ""}, "--mesh-tls"},
+		{"csi without an issuer", []string{"--sidecar-image", "p", "--admin-endpoints", "a:1", "--mesh-tls", "csi"}, "--mesh-issuer-name"},
 		{"missing key file", []string{"--sidecar-image", "p", "--admin-endpoints", "a:1", "--tls-key", "/nonexistent/tls.key"}, "/nonexistent/tls.key"},
 	}
 	for _, tc := range tests {

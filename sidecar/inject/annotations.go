@@ -30,6 +30,12 @@ const (
 	AnnotationCPU               = "prism.io/sidecar-cpu"
 	AnnotationMemory            = "prism.io/sidecar-memory"
 	AnnotationLogLevel          = "prism.io/sidecar-log-level"
+	// AnnotationTLSSecret names the Secret of the proxy identity in the
+	// injector's secret mode.
+	AnnotationTLSSecret = "prism.io/tls-secret"
+	// AnnotationTLSContainers lists, comma-separated, the pod's containers
+	// that share the sidecar's identity (the runner).
+	AnnotationTLSContainers = "prism.io/tls-containers"
 
 	// AnnotationStatus is written by the injector for people and tools
 	// looking at a pod; whether to inject is decided by the container.
@@ -69,6 +75,8 @@ type Options struct {
 	CPU, Memory resource.Quantity
 	// LogLevel is passed through to the sidecar's slog handler.
 	LogLevel string
+	// TLS is how the sidecar and the runner get their proxy identity.
+	TLS TLSOptions
 }
 
 // AnnotationError names the annotation that made a pod uninjectable, so the
@@ -160,6 +168,7 @@ func ParseOptions(annotations map[string]string, defaults Options) (Options, err
 			bad(AnnotationLogLevel, errors.New("want one of debug, info, warn, error"))
 		}
 	}
+	parseTLS(annotations, &o, bad)
 	if len(errs) > 0 {
 		return Options{}, errors.Join(errs...)
 	}
@@ -184,6 +193,9 @@ func ParseOptions(annotations map[string]string, defaults Options) (Options, err
 	if o.Image == "" {
 		return Options{}, &AnnotationError{Key: AnnotationImage, Value: annotations[AnnotationImage],
 			Err: errors.New("no sidecar image: set the annotation or the injector's --sidecar-image")}
+	}
+	if err := o.TLS.validate(annotations); err != nil {
+		return Options{}, err
 	}
 	return o, nil
 }

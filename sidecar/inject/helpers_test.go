@@ -34,6 +34,7 @@ func testDefaults() Options {
 	o := DefaultOptions()
 	o.Image = "ghcr.io/prism-mesh/prism:test"
 	o.AdminEndpoints = []string{"prism-admin-0.prism-admin:7000", "prism-admin-1.prism-admin:7000"}
+	o.TLS.Mode, o.TLS.Issuer.Name = TLSCSI, "prism-ca"
 	return o
 }
 

@@ -9,6 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/prism-mesh/prism/mesh/identity"
 )
 
 // ContainerName is the injected container's name; finding it in a pod is
@@ -59,9 +61,11 @@ func Injected(pod *corev1.Pod) bool {
 // so it starts only when the pod is otherwise ready to run, and before the
 // runner: the kubelet starts it first and stops it last, which is what
 // lets the lease be released after the runner has committed its offsets.
-func Mutate(pod *corev1.Pod, o Options) {
+// The sidecar, and the containers o.TLS names, get the proxy identity the
+// TLS mode says; it fails only when that identity cannot be named.
+func Mutate(pod *corev1.Pod, o Options) error {
 	always := corev1.ContainerRestartPolicyAlways
-	pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
+	sidecar := corev1.Container{
 		Name:          ContainerName,
 		Image:         o.Image,
 		Args:          sidecarArgs(),
@@ -83,11 +87,16 @@ func Mutate(pod *corev1.Pod, o Options) {
 		ReadinessProbe:           httpProbe("/readyz", 5, 2),
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 		SecurityContext:          restrictedSecurityContext(),
-	})
+	}
+	if err := addTLS(pod, &sidecar, o); err != nil {
+		return err
+	}
+	pod.Spec.InitContainers = append(pod.Spec.InitContainers, sidecar)
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
 	pod.Annotations[AnnotationStatus] = statusInjected
+	return nil
 }
 
 func sidecarArgs() []string {
@@ -160,7 +169,9 @@ func restrictedSecurityContext() *corev1.SecurityContext {
 }
 
 // DefaultOptions are the injector's built-in defaults; the command's flags
-// override them and pod annotations override those.
+// override them and pod annotations override those. The TLS mode has no
+// default: the injector is told how pods get their identity, or it refuses
+// to start.
 func DefaultOptions() Options {
 	return Options{
 		LeaseTTL:          15 * time.Second,
@@ -170,6 +181,7 @@ func DefaultOptions() Options {
 		CPU:               resource.MustParse("50m"),
 		Memory:            resource.MustParse("64Mi"),
 		LogLevel:          "info",
+		TLS:               TLSOptions{TrustDomain: identity.DefaultTrustDomain, Containers: []string{"runner"}},
 	}
 }
 
@@ -180,5 +192,5 @@ func (o Options) describe() string {
 	if id == "" {
 		id = "<pod name>"
 	}
-	return fmt.Sprintf("proxy=%s admin=%s ttl=%s heartbeat=%s", id, strings.Join(o.AdminEndpoints, ","), o.LeaseTTL, o.HeartbeatInterval)
+	return fmt.Sprintf("proxy=%s admin=%s ttl=%s heartbeat=%s tls=%s", id, strings.Join(o.AdminEndpoints, ","), o.LeaseTTL, o.HeartbeatInterval, o.TLS.Mode)
 }

@@ -167,6 +167,11 @@ func (w *Webhook) Review(req *admissionv1.AdmissionRequest, sel Selection) (*adm
 		log.Warn("sidecar injection denied", "err", err)
 		return deny(resp, http.StatusUnprocessableEntity, metav1.StatusReasonInvalid, "prism sidecar injection: "+err.Error()), outcomeDenied
 	}
+	if _, err := tlsIdentityName(&pod, opts); err != nil {
+		w.metrics.denials.WithLabelValues(AnnotationProxyID).Inc()
+		log.Warn("sidecar injection denied", "err", err)
+		return deny(resp, http.StatusUnprocessableEntity, metav1.StatusReasonInvalid, "prism sidecar injection: "+err.Error()), outcomeDenied
+	}
 	patch, err := podPatch(&pod, opts)
 	if err != nil {
 		log.Error("build sidecar patch", "err", err)
@@ -187,7 +192,9 @@ func podPatch(pod *corev1.Pod, o Options) ([]byte, error) {
 		return nil, fmt.Errorf("encode pod: %w", err)
 	}
 	mutated := pod.DeepCopy()
-	Mutate(mutated, o)
+	if err := Mutate(mutated, o); err != nil {
+		return nil, err
+	}
 	after, err := json.Marshal(mutated)
 	if err != nil {
 		return nil, fmt.Errorf("encode mutated pod: %w", err)
