@@ -208,6 +208,9 @@ func (s *Server) AddVoter(ctx context.Context, req *adminv1.AddVoterRequest) (*a
 		}
 	}
 	resp, err := leaderCall(s, ctx, "AddVoter", func(ctx context.Context) (*adminv1.AddVoterResponse, error) {
+		if err := s.admitAddVoter(ctx, req); err != nil {
+			return nil, err
+		}
 		// The address is committed before the member joins, so no node can
 		// see it lead without knowing where to forward to.
 		if a := req.GetGrpcAddress(); a != "" {
@@ -233,6 +236,9 @@ func (s *Server) RemoveServer(ctx context.Context, req *adminv1.RemoveServerRequ
 		return nil, toStatus(err)
 	}
 	resp, err := leaderCall(s, ctx, "RemoveServer", func(ctx context.Context) (*adminv1.RemoveServerResponse, error) {
+		if err := s.admitRemoveServer(ctx, req.GetId(), req.GetForce()); err != nil {
+			return nil, err
+		}
 		// The row goes first: a leader removing itself cannot commit after
 		// it stepped down. If RemoveServer then fails, the others find the
 		// member by their --peers until the client retries.

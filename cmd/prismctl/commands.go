@@ -286,26 +286,36 @@ func routeCommand(g *globals) *cobra.Command {
 
 func memberCommand(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "member", Short: "Raft membership"}
-	c.AddCommand(&cobra.Command{
+	var forceAdd, forceRemove bool
+	add := &cobra.Command{
 		Use:   "add ID RAFT_ADDR GRPC_ADDR",
 		Short: "Add a voter; its admin gRPC address is replicated so every node can forward to it when it leads",
-		Args:  cobra.ExactArgs(3),
+		Long: `Add a voter. Start the new node with --join first: the leader refuses
+(FailedPrecondition) a configuration that would have no quorum of healthy
+voters, counting the new one only once it answers at GRPC_ADDR.`,
+		Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return run(cmd, g, client.Once, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.AddVoterResponse, error) {
-				return adminv1.NewAdminClient(cc).AddVoter(ctx, &adminv1.AddVoterRequest{Id: args[0], RaftAddress: args[1], GrpcAddress: args[2]})
+				return adminv1.NewAdminClient(cc).AddVoter(ctx, &adminv1.AddVoterRequest{Id: args[0], RaftAddress: args[1], GrpcAddress: args[2], Force: forceAdd})
 			}, func(w io.Writer, r *adminv1.AddVoterResponse) {
 				fmt.Fprintf(w, "added %s at index %d\n", args[0], r.GetIndex())
 			})
 		},
-	}, &cobra.Command{
+	}
+	add.Flags().BoolVar(&forceAdd, "force", false, "add even if the new configuration would have no quorum of healthy voters")
+	remove := &cobra.Command{
 		Use: "remove ID", Short: "Remove a server", Args: cobra.ExactArgs(1),
+		Long: `Remove a server. The leader refuses (FailedPrecondition) removing a voter
+when the voters left would have no quorum of healthy ones.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return run(cmd, g, client.Once, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RemoveServerResponse, error) {
-				return adminv1.NewAdminClient(cc).RemoveServer(ctx, &adminv1.RemoveServerRequest{Id: args[0]})
+				return adminv1.NewAdminClient(cc).RemoveServer(ctx, &adminv1.RemoveServerRequest{Id: args[0], Force: forceRemove})
 			}, func(w io.Writer, r *adminv1.RemoveServerResponse) {
 				fmt.Fprintf(w, "removed %s at index %d\n", args[0], r.GetIndex())
 			})
 		},
-	})
+	}
+	remove.Flags().BoolVar(&forceRemove, "force", false, "remove even if the voters left would have no quorum of healthy ones")
+	c.AddCommand(add, remove)
 	return c
 }

@@ -1234,7 +1234,13 @@ type AddVoterRequest struct {
 	RaftAddress string `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
 	// Admin gRPC address, host:port, recorded in the replicated members table
 	// so every node can forward writes to the new member once it leads.
-	GrpcAddress   string `protobuf:"bytes,3,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	GrpcAddress string `protobuf:"bytes,3,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	// Without force the leader first checks, as etcd's strict reconfiguration
+	// check does, that the configuration with the new voter still has a
+	// quorum of healthy voters: the leader, the voters that answer its Term
+	// call now, and the new voter only if it answers at grpc_address (a node
+	// started with --join does; one that does not exist never counts).
+	Force         bool `protobuf:"varint,4,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1290,6 +1296,13 @@ func (x *AddVoterRequest) GetGrpcAddress() string {
 	return ""
 }
 
+func (x *AddVoterRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
 type AddVoterResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
@@ -1335,8 +1348,12 @@ func (x *AddVoterResponse) GetIndex() uint64 {
 }
 
 type RemoveServerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Without force the leader first checks that the voters left after the
+	// removal hold a quorum of healthy ones (the leader and those that answer
+	// its Term call now), as etcd's strict reconfiguration check does.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1376,6 +1393,13 @@ func (x *RemoveServerRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *RemoveServerRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type RemoveServerResponse struct {
@@ -1507,15 +1531,17 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\vconsistency\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"U\n" +
 	"\x10GetRouteResponse\x12+\n" +
 	"\x05route\x18\x01 \x01(\v2\x15.prism.admin.v1.RouteR\x05route\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"g\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"}\n" +
 	"\x0fAddVoterRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12!\n" +
-	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\"(\n" +
+	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\x12\x14\n" +
+	"\x05force\x18\x04 \x01(\bR\x05force\"(\n" +
 	"\x10AddVoterResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index\"%\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\";\n" +
 	"\x13RemoveServerRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\",\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\",\n" +
 	"\x14RemoveServerResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index*j\n" +
 	"\x0eMemberSuffrage\x12\x1f\n" +

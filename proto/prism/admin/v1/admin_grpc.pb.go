@@ -49,9 +49,13 @@ type AdminClient interface {
 	ListRoutes(ctx context.Context, in *ListRoutesRequest, opts ...grpc.CallOption) (*ListRoutesResponse, error)
 	GetRoute(ctx context.Context, in *GetRouteRequest, opts ...grpc.CallOption) (*GetRouteResponse, error)
 	// AddVoter adds a raft voter; adding an existing voter at the same address
-	// succeeds (safe to forward and retry).
+	// succeeds (safe to forward and retry). Unless forced, it is refused
+	// FAILED_PRECONDITION when the new configuration would have no quorum of
+	// healthy voters (see AddVoterRequest.force).
 	AddVoter(ctx context.Context, in *AddVoterRequest, opts ...grpc.CallOption) (*AddVoterResponse, error)
 	// RemoveServer removes a raft server; removing a non-member succeeds.
+	// Unless forced, removing a voter is refused FAILED_PRECONDITION when the
+	// remaining voters would have no quorum of healthy ones.
 	RemoveServer(ctx context.Context, in *RemoveServerRequest, opts ...grpc.CallOption) (*RemoveServerResponse, error)
 }
 
@@ -187,9 +191,13 @@ type AdminServer interface {
 	ListRoutes(context.Context, *ListRoutesRequest) (*ListRoutesResponse, error)
 	GetRoute(context.Context, *GetRouteRequest) (*GetRouteResponse, error)
 	// AddVoter adds a raft voter; adding an existing voter at the same address
-	// succeeds (safe to forward and retry).
+	// succeeds (safe to forward and retry). Unless forced, it is refused
+	// FAILED_PRECONDITION when the new configuration would have no quorum of
+	// healthy voters (see AddVoterRequest.force).
 	AddVoter(context.Context, *AddVoterRequest) (*AddVoterResponse, error)
 	// RemoveServer removes a raft server; removing a non-member succeeds.
+	// Unless forced, removing a voter is refused FAILED_PRECONDITION when the
+	// remaining voters would have no quorum of healthy ones.
 	RemoveServer(context.Context, *RemoveServerRequest) (*RemoveServerResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
