@@ -1,5 +1,5 @@
-// Package grpcpool keeps one plaintext client connection per address, for
-// callers that talk to a changing subset of a known set of nodes (a follower
+// Package grpcpool keeps one client connection per address, for callers
+// that talk to a changing subset of a known set of nodes (a follower
 // forwarding to whichever node leads, the admin client trying each node).
 package grpcpool
 
@@ -13,8 +13,9 @@ import (
 
 // Pool is safe for concurrent use; the zero value is ready.
 type Pool struct {
-	// Options are added to every connection's plaintext credentials; set
-	// them before the first Get.
+	// Options are added after plaintext transport credentials, so a
+	// WithTransportCredentials among them (mTLS) replaces those; set them
+	// before the first Get.
 	Options []grpc.DialOption
 
 	mu    sync.Mutex
