@@ -2,7 +2,10 @@ package server
 
 import (
 	"context"
+	"strings"
+	"sync"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -154,7 +157,80 @@ func (a authorizer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 	if err != nil {
 		return err
 	}
-	return handler(srv, callerStream{ServerStream: ss, ctx: identity.WithCaller(ss.Context(), caller)})
+	cs := callerStream{ServerStream: ss, ctx: identity.WithCaller(ss.Context(), caller)}
+	if !adsStreams[info.FullMethod] {
+		return handler(srv, cs)
+	}
+	ns := &nodeStream{ServerStream: cs, caller: caller}
+	err = handler(srv, ns)
+	if refused := ns.refusal(); refused != nil {
+		// The xDS server ends a stream whose Recv failed without an error
+		// of its own; the client must learn why.
+		return refused
+	}
+	return err
+}
+
+// adsStreams are the xDS streams whose requests name the client's node.
+var adsStreams = map[string]bool{
+	discoveryv3.AggregatedDiscoveryService_StreamAggregatedResources_FullMethodName: true,
+	discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResources_FullMethodName:  true,
+}
+
+// nodeAllowed says whether caller may subscribe to xDS as node id: a
+// gateway/<name> identity as node <name>, or <name>/<anything> (replicas
+// sharing one certificate telling themselves apart). Identity names hold no
+// '/', so no gateway's node ids are another's, and the node a stream names
+// (in the logs, and to anything served per node) is its caller's own.
+func nodeAllowed(caller identity.Identity, node string) bool {
+	return node == caller.Name || strings.HasPrefix(node, caller.Name+"/")
+}
+
+// nodeStream checks the node every xDS request names (the first must name
+// one; later ones may leave it out) before the xDS server sees the request:
+// a request naming a node its caller may not be is refused, and with it the
+// whole stream, before anything is served for it.
+type nodeStream struct {
+	grpc.ServerStream
+	caller identity.Identity
+
+	mu      sync.Mutex
+	named   bool
+	refused error
+}
+
+func (s *nodeStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	r, ok := m.(interface{ GetNode() *corev3.Node })
+	if !ok {
+		return s.refuse(status.Errorf(codes.Internal, "xDS request of unexpected type %T", m))
+	}
+	s.mu.Lock()
+	first := !s.named
+	s.named = true
+	s.mu.Unlock()
+	switch node := r.GetNode(); {
+	case node == nil && first:
+		return s.refuse(identity.Deny(s.caller, "the first xDS request names no node"))
+	case node != nil && !nodeAllowed(s.caller, node.GetId()):
+		return s.refuse(identity.Deny(s.caller, "xDS node id %q is not %q or %q", node.GetId(), s.caller.Name, s.caller.Name+"/..."))
+	}
+	return nil
+}
+
+func (s *nodeStream) refuse(err error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refused = err
+	return err
+}
+
+func (s *nodeStream) refusal() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused
 }
 
 type callerStream struct {
