@@ -48,10 +48,22 @@ var shared struct {
 	err  error
 }
 
-// Shared is the PKI of the test process: one CA in a temporary directory (like testbin's binaries).
+// Shared is the PKI of the test process: one CA in a directory of its own under the user's cache
+// directory, where the PKIs of test processes more than a day old are removed (a test process has no hook
+// to remove its own at exit, and `go test ./...` runs one per package).
 func Shared() (*PKI, error) {
 	shared.once.Do(func() {
-		dir, err := os.MkdirTemp("", "prism-e2e-pki-")
+		base, err := os.UserCacheDir()
+		if err != nil {
+			base = os.TempDir()
+		}
+		base = filepath.Join(base, "prism-e2e-pki")
+		if err := os.MkdirAll(base, 0o700); err != nil {
+			shared.err = err
+			return
+		}
+		pruneOlder(base, 24*time.Hour)
+		dir, err := os.MkdirTemp(base, "pki-")
 		if err != nil {
 			shared.err = err
 			return
@@ -59,6 +71,19 @@ func Shared() (*PKI, error) {
 		shared.pki, shared.err = NewPKI(dir)
 	})
 	return shared.pki, shared.err
+}
+
+// pruneOlder removes the entries of dir last changed more than age ago.
+func pruneOlder(dir string, age time.Duration) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > age {
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 func orShared(t testing.TB, p *PKI) *PKI {

@@ -3,6 +3,8 @@
 package testbin
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,37 +16,62 @@ import (
 var (
 	mu    sync.Mutex
 	built = map[string]string{}
-	dir   string
 )
 
 // Path returns the path of the named command under cmd/ (e.g. "prism"),
-// building it with the race detector off on first use. Callers own no cleanup:
-// the binaries live in one temporary directory per process.
+// building it with the race detector off on first use in this process.
+//
+// The binaries live in the user's cache directory, one place per checkout
+// (~/.cache/prism-testbin/<hash of the module root>/), not in a temporary
+// directory per test process: `go test ./...` runs a process per package, and
+// ~100 MB each filled /tmp. Each build goes to a temporary name and is renamed
+// into place, so a test of another package that runs the binary at the same
+// moment sees the old file or the new one, never half of one; both are built
+// from the same sources in one `go test` run.
 func Path(name string) (string, error) {
 	mu.Lock()
 	defer mu.Unlock()
 	if p, ok := built[name]; ok {
 		return p, nil
 	}
-	if dir == "" {
-		d, err := os.MkdirTemp("", "prism-testbin-")
-		if err != nil {
-			return "", fmt.Errorf("testbin dir: %w", err)
-		}
-		dir = d
-	}
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+name)
+	dir, err := cacheDir(root)
+	if err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(dir, name+".build-*")
+	if err != nil {
+		return "", fmt.Errorf("testbin: %w", err)
+	}
+	_ = tmp.Close()
+	defer os.Remove(tmp.Name())
+	cmd := exec.Command("go", "build", "-o", tmp.Name(), "./cmd/"+name)
 	cmd.Dir = root
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build %s: %w\n%s", name, err, b)
 	}
+	out := filepath.Join(dir, name)
+	if err := os.Rename(tmp.Name(), out); err != nil {
+		return "", fmt.Errorf("testbin: %w", err)
+	}
 	built[name] = out
 	return out, nil
+}
+
+func cacheDir(root string) (string, error) {
+	base, err := os.UserCacheDir()
+	if err != nil {
+		base = os.TempDir()
+	}
+	sum := sha256.Sum256([]byte(root))
+	dir := filepath.Join(base, "prism-testbin", hex.EncodeToString(sum[:8]))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("testbin: %w", err)
+	}
+	return dir, nil
 }
 
 func moduleRoot() (string, error) {
@@ -52,5 +79,5 @@ func moduleRoot() (string, error) {
 	if !ok {
 		return "", fmt.Errorf("testbin: cannot locate source")
 	}
-	return filepath.Join(filepath.Dir(file), "..", ".."), nil
+	return filepath.Abs(filepath.Join(filepath.Dir(file), "..", ".."))
 }
