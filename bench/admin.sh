@@ -7,6 +7,10 @@
 # Then failover (kill -9 of the leader to the first acknowledged write, ADMIN_BENCH_KILLS times) and scale
 # (10,000 leases each heartbeating every second on 3 nodes: heartbeat latency and admin CPU), and the cost of the
 # leadership check per renewal (admin.renewal_leader_check_us, a Go benchmark of admin/leadership).
+# The cost of mutual TLS (issue 11), side by side in the same run (adminbench -security both, the default): the
+# 3-node latency and the scale run again over mTLS (figures suffixed _mtls, ratios admin.acquire_p99_mtls_ratio and
+# admin.heartbeat_p99_10k_mtls_ratio), and security.handshake_ms, a fresh mTLS connection's first call, next to
+# security.handshake_ms_plaintext. Every other figure is plaintext (--insecure), as before.
 #   ADMIN_BENCH_ARGS   extra flags for bench/adminbench (go run ./bench/adminbench -h)
 set -euo pipefail
 cd "$(dirname "$0")/.."
