@@ -51,6 +51,21 @@ var valueSets = map[string]map[string]any{
 	"single admin": {
 		"admin": map[string]any{"replicas": 1},
 	},
+	"tls from secrets":                secretMode,
+	"insecure":                        insecureMode,
+	"cert-manager with a corp issuer": corpIssuer,
+	"no network policies":             {"networkPolicy": map[string]any{"enabled": false}},
+}
+
+// userSecrets are the Secrets the values say the user provides.
+func userSecrets(vals map[string]any) map[string]bool {
+	out := map[string]bool{}
+	tls, _ := vals["tls"].(map[string]any)
+	secrets, _ := tls["secret"].(map[string]any)
+	for _, v := range secrets {
+		out[v.(string)] = true
+	}
+	return out
 }
 
 func TestChartLints(t *testing.T) {
@@ -128,7 +143,7 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 							t.Errorf("%s: volume %s: ConfigMap %s not rendered", wl, v.Name, v.ConfigMap.Name)
 						}
 					case v.Secret != nil:
-						if !r.makesSecret(v.Secret.SecretName) {
+						if !r.makesSecret(v.Secret.SecretName) && !userSecrets(vals)[v.Secret.SecretName] {
 							t.Errorf("%s: volume %s: nothing makes Secret %s", wl, v.Name, v.Secret.SecretName)
 						}
 					}
@@ -342,6 +357,9 @@ func TestBadValuesRejected(t *testing.T) {
 		{"ttl without unit", map[string]any{"lease": map[string]any{"ttl": "15"}}, "lease/ttl"},
 		{"unknown failure policy", map[string]any{"injector": map[string]any{"failurePolicy": "Sometimes"}}, "injector/failurePolicy"},
 		{"anti-affinity typo", map[string]any{"admin": map[string]any{"antiAffinity": "strict"}}, "admin/antiAffinity"},
+		{"unknown tls mode", map[string]any{"tls": map[string]any{"mode": "mtls"}}, "tls/mode"},
+		{"secret mode without the runners' Secret", map[string]any{"tls": map[string]any{"mode": "secret", "secret": map[string]any{"admin": "a", "gateway": "g"}}}, "tls/secret/runner"},
+		{"trust domain with a path", map[string]any{"tls": map[string]any{"trustDomain": "prism.local/x"}}, "tls/trustDomain"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

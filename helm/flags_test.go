@@ -23,16 +23,21 @@ func TestChartArgsParseWithPrism(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := render(t, valueSets["custom kafka and static topics"])
-	injector := container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector")
-	runnerPod := &corev1.Pod{Spec: *mustGet(t, r.statefulSets, runnerName).Spec.Template.Spec.DeepCopy()}
-	inject.Mutate(runnerPod, injectorOptions(t, injector))
-
-	cases := map[string][]string{
-		"admin":    kubeletArgs(container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")),
-		"runner":   kubeletArgs(container(t, runnerPod.Spec, "runner")),
-		"injector": kubeletArgs(injector),
-		"sidecar":  kubeletArgs(runnerPod.Spec.InitContainers[len(runnerPod.Spec.InitContainers)-1]),
+	cases := map[string][]string{}
+	for mode, vals := range map[string]map[string]any{
+		"cert-manager": valueSets["custom kafka and static topics"], "secret": secretMode, "insecure": insecureMode,
+	} {
+		r := render(t, vals)
+		injector := container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector")
+		runnerPod := &corev1.Pod{Spec: *mustGet(t, r.statefulSets, runnerName).Spec.Template.Spec.DeepCopy()}
+		runnerPod.Name = runnerName + "-0"
+		if err := inject.Mutate(runnerPod, injectorOptions(t, injector)); err != nil {
+			t.Fatal(err)
+		}
+		cases[mode+"/admin"] = kubeletArgs(container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin"))
+		cases[mode+"/runner"] = kubeletArgs(container(t, runnerPod.Spec, "runner"))
+		cases[mode+"/injector"] = kubeletArgs(injector)
+		cases[mode+"/sidecar"] = kubeletArgs(runnerPod.Spec.InitContainers[len(runnerPod.Spec.InitContainers)-1])
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {

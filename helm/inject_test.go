@@ -49,6 +49,18 @@ func injectorOptions(t *testing.T, c corev1.Container) inject.Options {
 	if o.Memory, err = resource.ParseQuantity(a["--sidecar-memory"]); err != nil {
 		t.Fatalf("--sidecar-memory: %v", err)
 	}
+	o.TLS.Mode = inject.TLSMode(a["--mesh-tls"])
+	o.TLS.Containers = strings.Split(a["--mesh-tls-containers"], ",")
+	o.TLS.SecretName = a["--mesh-tls-secret"]
+	if td, ok := a["--mesh-trust-domain"]; ok {
+		o.TLS.TrustDomain = td
+	}
+	o.TLS.Issuer = inject.IssuerRef{Name: a["--mesh-issuer-name"], Kind: a["--mesh-issuer-kind"], Group: a["--mesh-issuer-group"]}
+	if d, ok := a["--mesh-cert-duration"]; ok {
+		if o.TLS.Duration, err = time.ParseDuration(d); err != nil {
+			t.Fatalf("--mesh-cert-duration: %v", err)
+		}
+	}
 	return o
 }
 

@@ -21,6 +21,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -53,8 +54,15 @@ type certManagerCertificate struct {
 		SecretName string   `json:"secretName"`
 		CommonName string   `json:"commonName"`
 		DNSNames   []string `json:"dnsNames"`
+		URIs       []string `json:"uris"`
+		IsCA       bool     `json:"isCA"`
+		Usages     []string `json:"usages"`
 		Duration   string   `json:"duration"`
-		IssuerRef  struct {
+		PrivateKey struct {
+			Algorithm string `json:"algorithm"`
+			Size      int    `json:"size"`
+		} `json:"privateKey"`
+		IssuerRef struct {
 			Name  string `json:"name"`
 			Kind  string `json:"kind"`
 			Group string `json:"group"`
@@ -82,6 +90,7 @@ type rendered struct {
 	webhooks     map[string]*admissionregistrationv1.MutatingWebhookConfiguration
 	issuers      map[string]*certManagerIssuer
 	certificates map[string]*certManagerCertificate
+	policies     map[string]*networkingv1.NetworkPolicy
 }
 
 func loadChart(t testing.TB) *chart.Chart {
@@ -128,6 +137,7 @@ func decodeAll(t testing.TB, files map[string]string) *rendered {
 		secrets: map[string]*corev1.Secret{}, accounts: map[string]*corev1.ServiceAccount{}, pods: map[string]*corev1.Pod{},
 		pdbs: map[string]*policyv1.PodDisruptionBudget{}, webhooks: map[string]*admissionregistrationv1.MutatingWebhookConfiguration{},
 		issuers: map[string]*certManagerIssuer{}, certificates: map[string]*certManagerCertificate{},
+		policies: map[string]*networkingv1.NetworkPolicy{},
 	}
 	names := make([]string, 0, len(files))
 	for name := range files {
@@ -204,6 +214,8 @@ func (r *rendered) add(t testing.TB, file string, doc []byte) {
 		obj = put(r.issuers, name, t, gvk)
 	case "cert-manager.io/v1/Certificate":
 		obj = put(r.certificates, name, t, gvk)
+	case "networking.k8s.io/v1/NetworkPolicy":
+		obj = put(r.policies, name, t, gvk)
 	default:
 		t.Fatalf("%s: unexpected object %s %s", file, gvk, name)
 	}

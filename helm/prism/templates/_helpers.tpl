@@ -97,3 +97,75 @@ runAsNonRoot: true
 capabilities:
   drop: ["ALL"]
 {{- end -}}
+
+{{/*
+Mutual TLS. Every prism container finds its identity in /etc/prism/tls
+(ca.crt, tls.crt, tls.key: csi-driver's file names), from a csi-driver
+volume (cert-manager mode) or a Secret (secret mode).
+*/}}
+{{- define "prism.tls.on" -}}{{ if ne .Values.tls.mode "insecure" }}true{{ end }}{{- end -}}
+{{- define "prism.tls.dir" -}}/etc/prism/tls{{- end -}}
+
+{{/* The issuer of the mesh's certificates: the user's, or the chart's CA issuer. */}}
+{{- define "prism.tls.issuerName" -}}{{ .Values.tls.certManager.issuerRef.name | default (printf "%s-ca" (include "prism.fullname" .)) }}{{- end -}}
+{{- define "prism.tls.issuerKind" -}}{{ ternary (.Values.tls.certManager.issuerRef.kind | default "Issuer") "Issuer" (not (empty .Values.tls.certManager.issuerRef.name)) }}{{- end -}}
+{{- define "prism.tls.issuerGroup" -}}{{ .Values.tls.certManager.issuerRef.group | default "cert-manager.io" }}{{- end -}}
+
+{{/* The SPIFFE URI of role/name. */}}
+{{- define "prism.tls.uri" -}}spiffe://{{ .ctx.Values.tls.trustDomain }}/{{ .role }}/{{ .name }}{{- end -}}
+
+{{/*
+The identity volume of a pod: (dict "ctx" . "role" "admin" "secret" "name"
+"fsGroup" 65532). In cert-manager mode csi-driver fills ${POD_NAME} in when
+it requests the pod's certificate.
+*/}}
+{{- define "prism.tls.volume" -}}
+- name: prism-tls
+{{- if eq .ctx.Values.tls.mode "cert-manager" }}
+  csi:
+    driver: csi.cert-manager.io
+    readOnly: true
+    volumeAttributes:
+      csi.cert-manager.io/issuer-name: {{ include "prism.tls.issuerName" .ctx }}
+      csi.cert-manager.io/issuer-kind: {{ include "prism.tls.issuerKind" .ctx }}
+      csi.cert-manager.io/issuer-group: {{ include "prism.tls.issuerGroup" .ctx }}
+      csi.cert-manager.io/uri-sans: {{ include "prism.tls.uri" (dict "ctx" .ctx "role" .role "name" "${POD_NAME}") | quote }}
+      csi.cert-manager.io/key-usages: "digital signature,key encipherment,server auth,client auth"
+      csi.cert-manager.io/duration: {{ .ctx.Values.tls.certManager.duration }}
+      csi.cert-manager.io/fs-group: {{ .fsGroup | quote }}
+{{- else }}
+  secret:
+    secretName: {{ required (printf "tls.secret.%s is required with tls.mode secret" .role) .secret }}
+    # Readable by the pod's fsGroup only.
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{- define "prism.tls.mount" -}}
+- name: prism-tls
+  mountPath: {{ include "prism.tls.dir" . }}
+  readOnly: true
+{{- end -}}
+
+{{/*
+The TLS flags of a prism server: (dict "ctx" . "cert" "tls"), where cert
+is the file name without extension in secret mode (e.g. "$(POD_NAME)").
+*/}}
+{{- define "prism.tls.args" -}}
+{{- if include "prism.tls.on" .ctx }}
+{{- $cert := ternary "tls" .cert (eq .ctx.Values.tls.mode "cert-manager") }}
+- --tls-ca={{ include "prism.tls.dir" .ctx }}/ca.crt
+- --tls-cert={{ include "prism.tls.dir" .ctx }}/{{ $cert }}.crt
+- --tls-key={{ include "prism.tls.dir" .ctx }}/{{ $cert }}.key
+{{- else }}
+- --insecure
+{{- end }}
+{{- end -}}
+
+{{/* The injector's --mesh-tls mode for the chart's tls.mode. */}}
+{{- define "prism.tls.injectorMode" -}}
+{{- get (dict "cert-manager" "csi" "secret" "secret" "insecure" "insecure") .Values.tls.mode -}}
+{{- end -}}
+
+{{/* The sidecar's HTTP port (probes, metrics): inject.SidecarHTTPPort. */}}
+{{- define "prism.sidecar.httpPort" -}}9102{{- end -}}
