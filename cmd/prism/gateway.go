@@ -66,7 +66,7 @@ $GRPC_XDS_BOOTSTRAP_CONFIG, which must then name the certificate provider "prism
 	host, _ := os.Hostname()
 	fs := cmd.Flags()
 	fs.StringVar(&f.admin, "admin", "", "admin nodes' gRPC addresses (xDS), comma-separated host:port, tried in order")
-	fs.StringVar(&f.nodeID, "node-id", "prism-gateway-"+host, "xDS node id this gateway reports to the admin nodes")
+	fs.StringVar(&f.nodeID, "node-id", "prism-gateway-"+host, "xDS node id this gateway reports to the admin nodes; with TLS its identity's name by default (a gateway/<name> certificate may subscribe only as <name> or <name>/<replica>)")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8088", "HTTP listen address (query API, /metrics, /healthz, /readyz)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":9088", "gRPC listen address (MailboxQuery, health); empty disables")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "bound on each upstream call")
@@ -110,6 +110,10 @@ func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
 	}
 	if f.identity, err = f.tls.load(log); err != nil {
 		return err
+	}
+	if f.identity != nil && !cmd.Flags().Changed("node-id") {
+		// The admin nodes serve a gateway/<name> identity only as node <name>.
+		f.nodeID = f.identity.Identity().Name
 	}
 	gw, err := startGateway(log, f)
 	if err != nil {
