@@ -77,26 +77,6 @@ func takeOver(tr raft.Transport, target *Node, key string) (uint64, error, error
 	return term, errVote, errAppend
 }
 
-// expiredCert is an admin/<name> certificate of p that expired an hour ago,
-// presented by hand because pki.Load refuses it.
-func expiredCert(t *testing.T, p *pkitest.PKI, name string) *tls.Config {
-	t.Helper()
-	f := p.Issue(pki.Request{Role: identity.Admin, Name: name,
-		NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
-	return certOf(t, f)
-}
-
-// certOf presents f's certificate without checking the server, so only the
-// server's checks decide.
-func certOf(t *testing.T, f pki.Files) *tls.Config {
-	t.Helper()
-	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13} //nolint:gosec // the test is about the server's check
-}
-
 // TestTLSClusterRefusesOutsiders: a three-node cluster over mutual TLS
 // elects and replicates; nobody but a member's admin identity gets an RPC
 // through, so an outsider can neither raise the term nor commit an entry.
@@ -131,8 +111,8 @@ func TestTLSClusterRefusesOutsiders(t *testing.T) {
 	}{
 		{"plaintext", plainDial},
 		{"no client certificate", tlsDial(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})}, //nolint:gosec // the test is about the server's check
-		{"member's name from another CA", tlsDial(certOf(t, other.Files(identity.Admin, "n1")))},
-		{"member's expired certificate", tlsDial(expiredCert(t, p, "n1"))},
+		{"member's name from another CA", tlsDial(pkitest.Presented(t, other.Files(identity.Admin, "n1")))},
+		{"member's expired certificate", tlsDial(pkitest.Presented(t, p.Expired(identity.Admin, "n1")))},
 		{"admin identity that is not a member", tlsDial(p.Source(identity.Admin, "intruder").ClientConfig(pki.Any))},
 		{"proxy identity", tlsDial(p.Source(identity.Proxy, "x").ClientConfig(pki.Any))},
 	}

@@ -167,17 +167,8 @@ func TestUnauthenticatedClientsAreRefused(t *testing.T) {
 	t.Parallel()
 	p := pkitest.New(t)
 	n := startTLSNode(t, p, NodeConfig{Raft: raftnode.Config{ID: "solo", Bootstrap: true}})
-	expiredFiles := p.Issue(pki.Request{Role: identity.Operator, Name: "old",
-		NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
-	pair, err := tls.LoadX509KeyPair(expiredFiles.Cert, expiredFiles.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	otherFiles := pkitest.New(t).Files(identity.Operator, "op")
-	other, err := tls.LoadX509KeyPair(otherFiles.Cert, otherFiles.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	expired := pkitest.Presented(t, p.Expired(identity.Operator, "old"))
+	other := pkitest.Presented(t, pkitest.New(t).Files(identity.Operator, "op"))
 	//nolint:gosec // these clients skip verifying the server: the test is about the server's check of them
 	cases := []struct {
 		name string
@@ -187,10 +178,8 @@ func TestUnauthenticatedClientsAreRefused(t *testing.T) {
 	}{
 		{name: "plaintext", plaintext: true},
 		{name: "no client certificate", tls: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}},
-		{name: "certificate of another CA", tls: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13,
-			Certificates: []tls.Certificate{other}}},
-		{name: "expired certificate", tls: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13,
-			Certificates: []tls.Certificate{pair}}},
+		{name: "certificate of another CA", tls: other},
+		{name: "expired certificate", tls: expired},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,6 +4,7 @@
 package pkitest
 
 import (
+	"crypto/tls"
 	"os"
 	"path/filepath"
 	"testing"
@@ -81,4 +82,22 @@ func (p *PKI) CAFile() string {
 		p.t.Fatal(err)
 	}
 	return path
+}
+
+// Expired issues a certificate for role/name that expired an hour ago (pki.Load refuses it: present it
+// with Presented).
+func (p *PKI) Expired(role identity.Role, name string) pki.Files {
+	p.t.Helper()
+	return p.Issue(pki.Request{Role: role, Name: name, NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
+}
+
+// Presented is a client configuration that shows f's certificate and does not check the server, so a
+// refused handshake or call can only be the server's doing.
+func Presented(t testing.TB, f pki.Files) *tls.Config {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13} //nolint:gosec // the tests are about the server's checks
 }

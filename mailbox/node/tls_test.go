@@ -25,17 +25,6 @@ import (
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
-// presented shows the certificate of files without checking the server, so
-// a refusal can only be the server's.
-func presented(t *testing.T, files pki.Files) *tls.Config {
-	t.Helper()
-	pair, err := tls.LoadX509KeyPair(files.Cert, files.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13} //nolint:gosec // the tests are about the server's checks
-}
-
 func dial(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
 	t.Helper()
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
@@ -83,15 +72,15 @@ func TestTLSControlAPIOnlyItsOwnSidecar(t *testing.T) {
 		t.Fatalf("the sidecar's ActivateMailbox: %v", err)
 	}
 
-	expired := p.Issue(pki.Request{Role: identity.Proxy, Name: "p1", NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
+	expired := p.Expired(identity.Proxy, "p1")
 	for _, tc := range []struct {
 		name  string
 		creds credentials.TransportCredentials
 	}{
 		{"plaintext", insecure.NewCredentials()},
 		{"no client certificate", credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})}, //nolint:gosec // the test is about the server's check
-		{"certificate of another CA for the same identity", credentials.NewTLS(presented(t, pkitest.New(t).Files(identity.Proxy, "p1")))},
-		{"expired certificate of the same identity", credentials.NewTLS(presented(t, expired))},
+		{"certificate of another CA for the same identity", credentials.NewTLS(pkitest.Presented(t, pkitest.New(t).Files(identity.Proxy, "p1")))},
+		{"expired certificate of the same identity", credentials.NewTLS(pkitest.Presented(t, expired))},
 		{"another proxy", credentials.NewTLS(p.Source(identity.Proxy, "p2").ClientConfig(pki.Any))},
 		{"a gateway", credentials.NewTLS(p.Source(identity.Gateway, "gw").ClientConfig(pki.Any))},
 		{"an operator", credentials.NewTLS(p.Source(identity.Operator, "ops").ClientConfig(pki.Any))},

@@ -27,17 +27,6 @@ import (
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-// presented is a client configuration that shows the certificate of files
-// without checking the server, so a refusal can only be the server's.
-func presented(t *testing.T, files pki.Files) *tls.Config {
-	t.Helper()
-	pair, err := tls.LoadX509KeyPair(files.Cert, files.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13} //nolint:gosec // the tests are about the server's checks
-}
-
 // clientCases are the callers of a TLS runner's query port, and what each
 // must get: refused at the connection, refused by role, or answered.
 type clientCase struct {
@@ -49,14 +38,14 @@ type clientCase struct {
 
 func clientCases(t *testing.T, p *pkitest.PKI) []clientCase {
 	t.Helper()
-	expired := p.Issue(pki.Request{Role: identity.Gateway, Name: "gw", NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
+	expired := p.Expired(identity.Gateway, "gw")
 	client := func(role identity.Role, name string) *tls.Config {
 		return p.Source(role, name).ClientConfig(pki.RoleIs(identity.Proxy))
 	}
 	return []clientCase{
 		{"no client certificate", &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}, codes.Unavailable, 0}, //nolint:gosec // the test is about the server's check
-		{"certificate of another CA", presented(t, pkitest.New(t).Files(identity.Gateway, "gw")), codes.Unavailable, 0},
-		{"expired certificate", presented(t, expired), codes.Unavailable, 0},
+		{"certificate of another CA", pkitest.Presented(t, pkitest.New(t).Files(identity.Gateway, "gw")), codes.Unavailable, 0},
+		{"expired certificate", pkitest.Presented(t, expired), codes.Unavailable, 0},
 		{"proxy identity", client(identity.Proxy, "p2"), codes.PermissionDenied, http.StatusForbidden},
 		{"the runner's own identity", client(identity.Proxy, "p1"), codes.PermissionDenied, http.StatusForbidden},
 		{"admin identity", client(identity.Admin, "a1"), codes.PermissionDenied, http.StatusForbidden},

@@ -69,16 +69,11 @@ func TestMutualTLSRefusals(t *testing.T) {
 	addr := serve(t, server.ServerConfig(pki.RoleIs(identity.Proxy, identity.Operator)))
 
 	// pki.Load refuses an expired certificate, so present one by hand.
-	ef := p.Issue(pki.Request{Role: identity.Proxy, Name: "p1",
-		NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
+	ef := p.Expired(identity.Proxy, "p1")
 	if _, err := pki.Load(ef, nil); err == nil {
 		t.Fatal("pki.Load accepted an expired certificate")
 	}
-	pair, err := tls.LoadX509KeyPair(ef.Cert, ef.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	expired := &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13} //nolint:gosec // the test is about the server's check
+	expired := pkitest.Presented(t, ef)
 	noCert := &tls.Config{RootCAs: server.Roots(), ServerName: "localhost", MinVersion: tls.VersionTLS13}
 	tls12 := p.Source(identity.Proxy, "p1").ClientConfig(pki.RoleIs(identity.Admin))
 	tls12.MinVersion, tls12.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
