@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/internal/e2e"
+	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
@@ -80,15 +81,11 @@ func strangers(t *testing.T, good identity.Identity) []credential {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pair, err := tls.LoadX509KeyPair(ef.Cert, ef.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
 	return []credential{
 		{name: "plaintext"},
 		{name: "no client certificate", tls: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}, //nolint:gosec // a stranger does not check the server
 		{name: "certificate of another CA", tls: e2e.ClientTLS(t, other, good.Role, good.Name)},
-		{name: "expired certificate", tls: &tls.Config{Certificates: []tls.Certificate{pair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}}, //nolint:gosec // a stranger does not check the server
+		{name: "expired certificate", tls: pkitest.Presented(t, ef)},
 	}
 }
 

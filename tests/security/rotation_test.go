@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/prism-mesh/prism/internal/e2e"
+	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh/identity"
@@ -49,12 +50,7 @@ func TestRotationKeepsLeases(t *testing.T) {
 		ids = append(ids, identity.Identity{Role: identity.Admin, Name: n.ID})
 	}
 	// A client that keeps the operator certificate of the old CA (a pki.Source would follow the files).
-	of := e2e.Certs(t, p, identity.Operator, e2e.Operator)
-	oldPair, err := tls.LoadX509KeyPair(of.Cert, of.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldOperator := &tls.Config{Certificates: []tls.Certificate{oldPair}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13} //nolint:gosec // the test is about the server's check
+	oldOperator := pkitest.Presented(t, e2e.Certs(t, p, identity.Operator, e2e.Operator))
 	oldCA := p.CA()
 	if _, err := serverSerial(admins.Nodes[0].GRPCAddr, oldOperator); err != nil {
 		t.Fatalf("before the rotation the operator's certificate is refused: %v", err)
