@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
