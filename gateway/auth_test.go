@@ -156,7 +156,7 @@ func startAuthMesh(t *testing.T) *authMesh {
 		t.Fatal(err)
 	}
 	hs := &http.Server{Handler: gw.HTTPHandler(gateway.WithAuth(a)), TLSConfig: serverTLS.Clone()}
-	go hs.ServeTLS(hl, "", "")
+	go func() { _ = hs.ServeTLS(hl, "", "") }()
 	t.Cleanup(func() { hs.Close() })
 	m.httpURL = "https://" + hl.Addr().String()
 	m.httpClient = func(role identity.Role) *http.Client {

@@ -72,12 +72,11 @@ func (s *Server) admitLease(mailboxID string) error {
 	if err := overQuota("leases", s.fsm.Counts().Leases, s.cfg.Quotas.Leases); err != nil {
 		return err
 	}
-	id, err := mesh.ParseMailboxID(mailboxID)
-	if err != nil {
-		return nil // the write refuses it InvalidArgument
-	}
-	if have := s.fsm.ProxyLeases(id.Proxy); have >= s.cfg.Quotas.LeasesPerProxy {
-		return status.Errorf(codes.ResourceExhausted, "leases of proxy %s: it holds %d, its quota (prism admin --max-leases-per-proxy)", id.Proxy, have)
+	// A malformed id is the write's to refuse (InvalidArgument), not the quota's.
+	if id, err := mesh.ParseMailboxID(mailboxID); err == nil {
+		if have := s.fsm.ProxyLeases(id.Proxy); have >= s.cfg.Quotas.LeasesPerProxy {
+			return status.Errorf(codes.ResourceExhausted, "leases of proxy %s: it holds %d, its quota (prism admin --max-leases-per-proxy)", id.Proxy, have)
+		}
 	}
 	return nil
 }

@@ -51,9 +51,9 @@ func TestIdleConnectionsAreClosed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			io.Copy(io.Discard, resp.Body)
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 			if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
 				t.Fatalf("idle connection: read %v, want the server to close it (EOF)", err)
 			}

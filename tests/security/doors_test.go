@@ -193,7 +193,7 @@ func TestEveryDoorRefusesStrangers(t *testing.T) {
 	for _, d := range doors {
 		for _, c := range append(strangers(t, d.good), d.wrong...) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := d.try(ctx, t, c); err != errRefused {
+			if err := d.try(ctx, t, c); !errors.Is(err, errRefused) {
 				t.Errorf("%s as %s: not refused: %v", d.name, c.name, err)
 			}
 			cancel()

@@ -67,7 +67,7 @@ func withTLS(c *clusterv3.Cluster, san *matcherv3.StringMatcher) (grpcGo, envoy 
 			CaCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: CertProviderInstance},
 			// grpc-go reads the untyped list only; it matches every SAN
 			// type, and a SPIFFE ID only ever appears as a URI.
-			MatchSubjectAltNames: []*matcherv3.StringMatcher{san},
+			MatchSubjectAltNames: []*matcherv3.StringMatcher{san}, //nolint:staticcheck // deprecated for Envoy, the only field grpc-go v1.85 reads (xdsresource/unmarshal_cds.go)
 		}},
 	})
 	if err != nil {
