@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
 
@@ -47,6 +48,95 @@ type Gateway struct {
 	// present their proxy identity and the not-found endpoints an admin
 	// identity. Zero keeps a plaintext mesh's clusters.
 	UpstreamTLS UpstreamTLS `json:"upstreamTLS,omitzero"`
+	// QueryAuth, when set, makes the Envoy gateway take queries only with a
+	// JWT that may read the mailbox's namespace, by the rules prism gateway
+	// applies in Go (gateway/auth). Zero leaves Envoy's queries open.
+	// grpc-go's resources never change with it: prism gateway checks tokens
+	// itself.
+	QueryAuth QueryAuth `json:"queryAuth,omitzero"`
+}
+
+// QueryAuth is how the Envoy gateway checks query tokens: signed by a key of
+// one JWKS (a file on the Envoy host, or an https URL Envoy fetches), with
+// iss Issuer, Audience among aud, an exp, and a namespaces claim naming the
+// mailbox's namespace or "*".
+type QueryAuth struct {
+	// Issuer must equal the token's iss.
+	Issuer string `json:"issuer"`
+	// Audience must be among the token's aud.
+	Audience string `json:"audience"`
+	// NamespacesClaim names the claim listing the namespaces a token may
+	// read; empty is DefaultNamespacesClaim.
+	NamespacesClaim string `json:"namespacesClaim,omitempty"`
+	// JWKSFile is a JSON Web Key Set file as the Envoy host sees it. Envoy
+	// reads it when the listener is (re)built, not when the file changes.
+	JWKSFile string `json:"jwksFile,omitempty"`
+	// JWKSURL is an https URL of a JSON Web Key Set, fetched by Envoy.
+	// Exactly one of JWKSFile and JWKSURL is set.
+	JWKSURL string `json:"jwksURL,omitempty"`
+	// JWKSCA is the file (on the Envoy host) of the CAs trusted to sign
+	// JWKSURL's server certificate; empty is DefaultJWKSCA.
+	JWKSCA string `json:"jwksCA,omitempty"`
+}
+
+// DefaultNamespacesClaim is gateway/auth's default claim.
+const DefaultNamespacesClaim = "prism_namespaces"
+
+// DefaultJWKSCA is the system CA bundle of the Envoy image (Debian and
+// Ubuntu's path), which trusts the public identity providers.
+const DefaultJWKSCA = "/etc/ssl/certs/ca-certificates.crt"
+
+// Enabled reports whether Envoy checks query tokens.
+func (q QueryAuth) Enabled() bool { return q != QueryAuth{} }
+
+// Claim is the namespaces claim's name, defaulted.
+func (q QueryAuth) Claim() string { return cmp.Or(q.NamespacesClaim, DefaultNamespacesClaim) }
+
+// CA is the JWKS URL's trust bundle file, defaulted.
+func (q QueryAuth) CA() string { return cmp.Or(q.JWKSCA, DefaultJWKSCA) }
+
+// Validate checks a QueryAuth that is Enabled: what prism gateway requires
+// (an issuer and an audience with a JWKS), plus Envoy's one JWKS source.
+func (q QueryAuth) Validate() error {
+	var errs []error
+	if q.Issuer == "" {
+		errs = append(errs, errors.New("an issuer is required"))
+	}
+	if q.Audience == "" {
+		errs = append(errs, errors.New("an audience is required"))
+	}
+	switch {
+	case q.JWKSFile == "" && q.JWKSURL == "":
+		errs = append(errs, errors.New("a JWKS file or URL is required"))
+	case q.JWKSFile != "" && q.JWKSURL != "":
+		errs = append(errs, errors.New("a JWKS file or a URL, not both (Envoy takes one JWKS per provider)"))
+	case q.JWKSURL != "":
+		if _, _, err := q.JWKSHost(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if q.JWKSURL == "" && q.JWKSCA != "" {
+		errs = append(errs, errors.New("a JWKS CA file is only for a JWKS URL"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrQueryAuth, err)
+	}
+	return nil
+}
+
+// JWKSHost is the host and port Envoy fetches JWKSURL from.
+func (q QueryAuth) JWKSHost() (string, uint32, error) {
+	u, err := url.Parse(q.JWKSURL)
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" || u.User != nil {
+		return "", 0, fmt.Errorf("JWKS URL %q: want https://host[:port]/path", q.JWKSURL)
+	}
+	port := uint64(443)
+	if p := u.Port(); p != "" {
+		if port, err = strconv.ParseUint(p, 10, 16); err != nil || port == 0 {
+			return "", 0, fmt.Errorf("JWKS URL %q: bad port", q.JWKSURL)
+		}
+	}
+	return u.Hostname(), uint32(port), nil
 }
 
 // UpstreamTLS is the mesh's trust domain; the peers' identities are
@@ -109,6 +199,7 @@ var (
 	ErrGatewayListener = errors.New("gateway listener")
 	ErrTrustDomain     = errors.New("upstream TLS trust domain")
 	ErrProxyID         = errors.New("proxy id must match " + runnerIDPattern)
+	ErrQueryAuth       = errors.New("gateway query auth")
 )
 
 const (
@@ -163,6 +254,14 @@ func (x *IR) Valid() (*IR, error) {
 		// bad setting fails closed instead of dropping to plaintext.
 		if _, err := spiffeid.TrustDomainFromString(u.TrustDomain); err != nil {
 			errs = append(errs, fmt.Errorf("%w %q: %w", ErrTrustDomain, u.TrustDomain, err))
+		}
+	}
+	if q := c.Gateway.QueryAuth; q.Enabled() {
+		// Kept even when invalid, like UpstreamTLS: the translator then
+		// leaves Envoy's listener out, so queries are refused rather than
+		// served without a check.
+		if err := q.Validate(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	out := &IR{Version: c.Version, Gateway: c.Gateway}

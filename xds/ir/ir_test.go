@@ -3,6 +3,7 @@ package ir
 import (
 	"errors"
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -112,5 +113,67 @@ func TestNameMatchersFollowPatterns(t *testing.T) {
 		if got, want := runnerIDName.MatchString(s), id.MatchString(s); got != want {
 			t.Errorf("runner id %q: %v, pattern says %v", s, got, want)
 		}
+	}
+}
+
+func TestQueryAuthValidate(t *testing.T) {
+	t.Parallel()
+	base := QueryAuth{Issuer: "https://idp.example", Audience: "prism", JWKSFile: "/etc/prism/jwks.json"}
+	tests := []struct {
+		name    string
+		mutate  func(*QueryAuth)
+		wantErr string // "" is valid
+	}{
+		{name: "file", mutate: func(*QueryAuth) {}},
+		{name: "url", mutate: func(q *QueryAuth) { q.JWKSFile, q.JWKSURL = "", "https://idp.example:8443/keys" }},
+		{name: "url with ca", mutate: func(q *QueryAuth) { q.JWKSFile, q.JWKSURL, q.JWKSCA = "", "https://idp.example/keys", "/ca.pem" }},
+		{name: "no issuer", mutate: func(q *QueryAuth) { q.Issuer = "" }, wantErr: "issuer"},
+		{name: "no audience", mutate: func(q *QueryAuth) { q.Audience = "" }, wantErr: "audience"},
+		{name: "no jwks", mutate: func(q *QueryAuth) { q.JWKSFile = "" }, wantErr: "JWKS file or URL is required"},
+		{name: "both jwks", mutate: func(q *QueryAuth) { q.JWKSURL = "https://idp.example/keys" }, wantErr: "not both"},
+		{name: "http url", mutate: func(q *QueryAuth) { q.JWKSFile, q.JWKSURL = "", "http://idp.example/keys" }, wantErr: "want https"},
+		{name: "url without host", mutate: func(q *QueryAuth) { q.JWKSFile, q.JWKSURL = "", "https:///keys" }, wantErr: "want https"},
+		{name: "url with user", mutate: func(q *QueryAuth) { q.JWKSFile, q.JWKSURL = "", "https://u:p@idp.example/keys" }, wantErr: "want https"},
+		{name: "url port zero", mutate: func(q *QueryAuth) { q.JWKSFile, q.JWKSURL = "", "https://idp.example:0/keys" }, wantErr: "bad port"},
+		{name: "ca without url", mutate: func(q *QueryAuth) { q.JWKSCA = "/ca.pem" }, wantErr: "only for a JWKS URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			q := base
+			tt.mutate(&q)
+			err := q.Validate()
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrQueryAuth) || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Validate() = %v, want ErrQueryAuth naming %q", err, tt.wantErr)
+			}
+			x := valid()
+			x.Gateway.QueryAuth = q
+			got, verr := x.Valid()
+			if !errors.Is(verr, ErrQueryAuth) || got.Gateway.QueryAuth != q {
+				t.Fatalf("Valid() = %v, kept %+v; want ErrQueryAuth and the setting kept (fail closed)", verr, got.Gateway.QueryAuth)
+			}
+		})
+	}
+}
+
+func TestQueryAuthDefaults(t *testing.T) {
+	t.Parallel()
+	var q QueryAuth
+	if q.Enabled() || q.Claim() != "prism_namespaces" || q.CA() != DefaultJWKSCA {
+		t.Fatalf("zero QueryAuth: enabled %v, claim %q, CA %q", q.Enabled(), q.Claim(), q.CA())
+	}
+	q = QueryAuth{Issuer: "i", NamespacesClaim: "ns", JWKSCA: "/ca.pem"}
+	if !q.Enabled() || q.Claim() != "ns" || q.CA() != "/ca.pem" {
+		t.Fatalf("QueryAuth: enabled %v, claim %q, CA %q", q.Enabled(), q.Claim(), q.CA())
+	}
+	host, port, err := QueryAuth{JWKSURL: "https://idp.example/keys"}.JWKSHost()
+	if err != nil || host != "idp.example" || port != 443 {
+		t.Fatalf("JWKSHost() = %q, %d, %v; want idp.example, 443", host, port, err)
 	}
 }
