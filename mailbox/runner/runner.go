@@ -463,9 +463,11 @@ func (r *Runner) HTTPHandler() http.Handler {
 	return mux
 }
 
-// probes adds /metrics, /healthz and /readyz to mux.
+// probes adds /metrics, /healthz, /readyz and the query API's description,
+// /openapi.json, to mux: a TLS runner serves them on its plaintext port too.
 func (r *Runner) probes(mux *http.ServeMux) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
+	mux.HandleFunc("GET /openapi.json", httpapi.ServeOpenAPI)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
