@@ -27,6 +27,8 @@ const (
 	binDir      = "usr/local/bin"
 	dataDir     = "var/lib/prism"
 	caPath      = "etc/ssl/certs/ca-certificates.crt"
+	// defaultSource is org.opencontainers.image.source.
+	defaultSource = "https://github.com/prism-mesh/prism"
 )
 
 // binaries are the files every platform directory must hold; the first is the
@@ -143,7 +145,18 @@ func buildImage(s Spec, p Platform, base v1.Layer) (v1.Image, error) {
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture, cf.Variant = p.OS, p.Arch, p.Variant
 	cf.Created = created
-	cf.Config = v1.Config{
+	cf.Config = imageConfig(s)
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		return nil, fmt.Errorf("set config: %w", err)
+	}
+	return img, nil
+}
+
+// imageConfig is how every container of the image runs; the Dockerfile says
+// the same (TestDockerfileInStep).
+func imageConfig(s Spec) v1.Config {
+	return v1.Config{
 		User:       fmt.Sprintf("%d:%d", nonrootUID, nonrootUID),
 		Entrypoint: []string{"/" + binDir + "/" + binaries[0]},
 		WorkingDir: "/" + dataDir,
@@ -153,11 +166,6 @@ func buildImage(s Spec, p Platform, base v1.Layer) (v1.Image, error) {
 		},
 		Labels: s.Labels(),
 	}
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		return nil, fmt.Errorf("set config: %w", err)
-	}
-	return img, nil
 }
 
 // baseFiles is a minimal root filesystem for a static Go binary, laid out as

@@ -61,7 +61,7 @@ func buildCmd(args []string) error {
 	created := fs.String("created", os.Getenv("SOURCE_DATE_EPOCH"), "creation time, seconds since the epoch (default $SOURCE_DATE_EPOCH)")
 	version := fs.String("version", "dev", "org.opencontainers.image.version")
 	revision := fs.String("revision", "", "org.opencontainers.image.revision (the commit)")
-	source := fs.String("source", "https://github.com/prism-mesh/prism", "org.opencontainers.image.source")
+	source := fs.String("source", defaultSource, "org.opencontainers.image.source")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
