@@ -4,7 +4,8 @@
 // All clients share one routing state: the routing table is global. Envoy
 // and grpc-go get one snapshot each (the node hash tells them apart by user
 // agent), the same resources but for the clusters under upstream TLS, where
-// each data plane takes its certificates its own way. Each resource
+// each data plane takes its certificates its own way, and Envoy's gateway
+// listener and route table under query auth (translator.Resources.Envoy*). Each resource
 // type is versioned with the IR version (the Raft applied index) at which it
 // last changed, so admin nodes label the same state alike, a client that
 // reconnects to another node is rarely re-sent what it has, and a
@@ -31,7 +32,9 @@ import (
 
 // Snapshot keys: every Envoy hashes to EnvoyNodeKey, every other client
 // (grpc-go) to NodeKey. Both snapshots hold the same resources except the
-// clusters under upstream TLS (translator.Resources.EnvoyClusters).
+// clusters under upstream TLS and the gateway listener and routes under
+// query auth (translator.Resources.EnvoyClusters, EnvoyListeners,
+// EnvoyRoutes).
 const (
 	NodeKey      = "prism"
 	EnvoyNodeKey = "prism-envoy"

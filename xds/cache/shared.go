@@ -23,9 +23,11 @@ type sharedMarshal struct {
 	log *slog.Logger
 
 	mu sync.Mutex
-	// memo holds the latest version only, by type URL; clusters by type URL
-	// and snapshot key, the one type whose content differs between the
-	// Envoy and grpc-go snapshots under the same version.
+	// memo holds the latest version only, by type URL; clusters and
+	// listeners by type URL and snapshot key, the types whose resources of
+	// one name differ between the Envoy and grpc-go snapshots under the same
+	// version (upstream TLS, query auth). Envoy's route table under query
+	// auth has a name of its own.
 	memo map[string]*typeMemo
 }
 
@@ -84,7 +86,7 @@ func (s *sharedMarshal) wrap(r cachev3.Response) cachev3.Response {
 func (s *sharedMarshal) marshal(typeURL, version, key string, res types.Resource) (*anypb.Any, error) {
 	name := cachev3.GetResourceName(res)
 	memoKey := typeURL
-	if typeURL == resource.ClusterType {
+	if typeURL == resource.ClusterType || typeURL == resource.ListenerType {
 		memoKey += "\x00" + key
 	}
 	s.mu.Lock()

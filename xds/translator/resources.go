@@ -152,8 +152,8 @@ func router() (*hcmv3.HttpFilter, error) {
 	return &hcmv3.HttpFilter{Name: wellknown.Router, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: cfg}}, nil
 }
 
-func rds() *hcmv3.HttpConnectionManager_Rds {
-	return &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{ConfigSource: ads(), RouteConfigName: RouteConfigName}}
+func rds(name string) *hcmv3.HttpConnectionManager_Rds {
+	return &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{ConfigSource: ads(), RouteConfigName: name}}
 }
 
 // accessLogFormat is one JSON line per request with the mailbox and the
@@ -172,7 +172,11 @@ var accessLogFormat = map[string]any{
 	"bytes_out": "%BYTES_SENT%",
 }
 
-func gatewayListener(addr string) (*listenerv3.Listener, error) {
+// gatewayListener is the Envoy gateway's listener; under query auth it
+// checks tokens (see queryauth.go) and routes by the gateway's own table.
+// An invalid query auth setting is an error, so the listener is left out
+// rather than served open.
+func gatewayListener(addr string, q ir.QueryAuth) (*listenerv3.Listener, error) {
 	host, port, err := splitAddress(addr)
 	if err != nil {
 		return nil, fmt.Errorf("listener %s: %w", GatewayListenerName, err)
@@ -195,12 +199,31 @@ func gatewayListener(addr string) (*listenerv3.Listener, error) {
 		StatPrefix: GatewayListenerName,
 		// AUTO serves HTTP/1.1 for curl and h2c for gRPC clients on one port.
 		CodecType:      hcmv3.HttpConnectionManager_AUTO,
-		RouteSpecifier: rds(),
+		RouteSpecifier: rds(RouteConfigName),
 		HttpFilters:    []*hcmv3.HttpFilter{rf},
 		AccessLog: []*accesslogv3.AccessLog{{
 			Name:       "envoy.access_loggers.stdout",
 			ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: stdout},
 		}},
+	}
+	if q.Enabled() {
+		if err := q.Validate(); err != nil {
+			return nil, fmt.Errorf("listener %s: %w", GatewayListenerName, err)
+		}
+		auth, err := authFilters(q)
+		if err != nil {
+			return nil, fmt.Errorf("listener %s: %w", GatewayListenerName, err)
+		}
+		hcm.HttpFilters = append(auth, rf)
+		hcm.RouteSpecifier = rds(GatewayRouteConfigName)
+		hcm.LocalReplyConfig = localReplies(q.Claim())
+		// Routes and jwt_authn's rules match the path as RBAC scopes it:
+		// no dot segments or doubled slashes can make a path match one
+		// mailbox's route and reach another's, and mailbox ids never hold
+		// a slash, so an escaped one is refused.
+		hcm.NormalizePath = wrapperspb.Bool(true)
+		hcm.MergeSlashes = true
+		hcm.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_REJECT_REQUEST
 	}
 	if err := hcm.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("listener %s connection manager: %w", GatewayListenerName, err)
@@ -231,7 +254,7 @@ func apiListener() (*listenerv3.Listener, error) {
 	}
 	hcm := &hcmv3.HttpConnectionManager{
 		StatPrefix:     "mailbox_query",
-		RouteSpecifier: rds(),
+		RouteSpecifier: rds(RouteConfigName),
 		HttpFilters:    []*hcmv3.HttpFilter{rf},
 	}
 	if err := hcm.ValidateAll(); err != nil {

@@ -10,8 +10,10 @@
 //     "mailbox-routes" over ADS.
 //
 // Under ir.UpstreamTLS every cluster is mutual TLS and comes in two variants,
-// grpc-go's and Envoy's (see CertProviderInstance); everything else is
-// shared.
+// grpc-go's and Envoy's (see CertProviderInstance). Under ir.QueryAuth Envoy
+// gets its own gateway listener, checking tokens, and its own route table,
+// "gateway-routes", scoping each route to its namespace (see queryauth.go);
+// grpc-go's resources stay as they are. Everything else is shared.
 //
 // The route table is one resource sent whole on every change, and grpc-go's
 // xDS client refuses messages over 4 MiB, so routes carry nothing optional:
@@ -51,6 +53,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,26 +103,39 @@ type Resources struct {
 	// CertProviderInstance). Nil in a plaintext mesh, where both data planes
 	// take the same clusters.
 	EnvoyClusters []*clusterv3.Cluster
+	// EnvoyListeners and EnvoyRoutes, when not nil, are what Envoy is
+	// served instead of Listeners and Routes: under ir.QueryAuth its
+	// gateway listener checks tokens and routes by its own table,
+	// GatewayRouteConfigName (see queryauth.go). Nil without query auth.
+	EnvoyListeners []*listenerv3.Listener
+	EnvoyRoutes    []*routev3.RouteConfiguration
 }
 
 // ByType returns the resources keyed by xDS type URL, as snapshots want
 // them: grpc-go's variant.
-func (r *Resources) ByType() map[resource.Type][]types.Resource { return r.byType(r.Clusters) }
-
-// ForEnvoy is ByType with Envoy's clusters.
-func (r *Resources) ForEnvoy() map[resource.Type][]types.Resource {
-	if r.EnvoyClusters == nil {
-		return r.ByType()
-	}
-	return r.byType(r.EnvoyClusters)
+func (r *Resources) ByType() map[resource.Type][]types.Resource {
+	return r.byType(r.Listeners, r.Routes, r.Clusters)
 }
 
-func (r *Resources) byType(clusters []*clusterv3.Cluster) map[resource.Type][]types.Resource {
+// ForEnvoy is ByType with Envoy's variants where there are some.
+func (r *Resources) ForEnvoy() map[resource.Type][]types.Resource {
+	return r.byType(variant(r.EnvoyListeners, r.Listeners), variant(r.EnvoyRoutes, r.Routes), variant(r.EnvoyClusters, r.Clusters))
+}
+
+// variant is Envoy's list when it has its own (even an empty one).
+func variant[T any](envoy, shared []T) []T {
+	if envoy != nil {
+		return envoy
+	}
+	return shared
+}
+
+func (r *Resources) byType(listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, clusters []*clusterv3.Cluster) map[resource.Type][]types.Resource {
 	out := map[resource.Type][]types.Resource{}
-	for _, l := range r.Listeners {
+	for _, l := range listeners {
 		out[resource.ListenerType] = append(out[resource.ListenerType], l)
 	}
-	for _, rc := range r.Routes {
+	for _, rc := range routes {
 		out[resource.RouteType] = append(out[resource.RouteType], rc)
 	}
 	for _, c := range clusters {
@@ -150,13 +166,18 @@ type Translator struct {
 	mu        sync.Mutex
 	mailboxes map[ir.Mailbox]idRoutesPair
 	aliases   map[aliasKey]idRoutesPair
+	// claim is the namespaces claim the remembered gateway routes check,
+	// "" when they were built without query auth.
+	claim string
 }
 
 // idRoutesPair is the header route and the path routes of one mailbox or
-// namespace alias.
+// namespace alias, and under query auth their twins in the Envoy gateway's
+// table.
 type idRoutesPair struct {
 	header *routev3.Route
 	path   []*routev3.Route
+	gw     *idRoutesPair
 }
 
 func (p idRoutesPair) validate() error {
@@ -221,6 +242,11 @@ func (t *Translator) Translate(x *ir.IR) (*Resources, error) {
 		})
 	}
 
+	qa := v.Gateway.QueryAuth
+	// An invalid setting has been reported by Valid; without it the
+	// gateway listener is left out below, so Envoy refuses every query.
+	auth := qa.Enabled() && qa.Validate() == nil
+
 	nf, nfLA := notFoundCluster(v.NotFound)
 	addCluster("cluster "+NotFoundCluster, nf, sanPrefix(upTLS, identity.Admin))
 	add("endpoints "+NotFoundCluster, nfLA, func() { out.Endpoints = append(out.Endpoints, nfLA) })
@@ -235,43 +261,97 @@ func (t *Translator) Translate(x *ir.IR) (*Resources, error) {
 			runners[r.ID] = true
 		}
 	}
+	if auth && qa.JWKSURL != "" {
+		c, err := jwksCluster(qa)
+		if err == nil {
+			err = c.ValidateAll()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cluster %s: %w", JWKSCluster, err))
+		} else {
+			// Envoy's alone: grpc-go never fetches keys. "prism/jwks" sorts
+			// first.
+			if out.EnvoyClusters == nil {
+				out.EnvoyClusters = slices.Clone(out.Clusters)
+			}
+			out.EnvoyClusters = append([]*clusterv3.Cluster{c}, out.EnvoyClusters...)
+		}
+	}
 	// Clusters sort by name: "prism/..." sorts before "runner/...", and runners
 	// are already sorted by id.
 
-	rc, rcErrs := t.routeConfig(v, runners)
+	claim := ""
+	if auth {
+		claim = qa.Claim()
+	}
+	rc, gwRC, rcErrs := t.routeConfig(v, runners, claim)
 	errs = append(errs, rcErrs...)
 	// Every route was validated on its own (so a bad one is skipped, not
 	// the table); validating the table again would double the cost of the
 	// largest resource, so only its shell is checked here.
-	vh := rc.GetVirtualHosts()[0]
-	routes := vh.Routes
-	vh.Routes = nil
-	add("route configuration", rc, func() { out.Routes = append(out.Routes, rc) })
-	vh.Routes = routes
+	addTable := func(table *routev3.RouteConfiguration, to *[]*routev3.RouteConfiguration) {
+		vh := table.GetVirtualHosts()[0]
+		routes := vh.Routes
+		vh.Routes = nil
+		add("route configuration "+table.Name, table, func() { *to = append(*to, table) })
+		vh.Routes = routes
+	}
+	addTable(rc, &out.Routes)
 
-	gw, err := gatewayListener(v.Gateway.Address)
+	// grpc-go's snapshot keeps the open gateway listener even under query
+	// auth: grpc-go never asks for it, and it is what references
+	// mailbox-routes there (a snapshot must reference every route table it
+	// holds, and API listeners are not counted).
+	gw, err := gatewayListener(v.Gateway.Address, ir.QueryAuth{})
 	if err != nil {
 		errs = append(errs, err)
 	} else {
 		add("listener "+GatewayListenerName, gw, func() { out.Listeners = append(out.Listeners, gw) })
 	}
 	api, err := apiListener()
+	apiOK := err == nil
 	if err != nil {
 		errs = append(errs, err)
 	} else {
-		add("listener "+mesh.QueryListenerName, api, func() { out.Listeners = append(out.Listeners, api) })
+		apiOK = add("listener "+mesh.QueryListenerName, api, func() { out.Listeners = append(out.Listeners, api) })
 	}
 	// Listeners sort by name: "gateway" < "mailbox-query".
+	if qa.Enabled() {
+		// Envoy's variant: its gateway listener checks tokens and routes by
+		// the gateway table. Without a valid setting (Valid said why) or
+		// that table, the listener is left out: Envoy serves no query
+		// rather than serving them unchecked.
+		out.EnvoyListeners, out.EnvoyRoutes = []*listenerv3.Listener{}, []*routev3.RouteConfiguration{}
+		if gwRC != nil {
+			addTable(gwRC, &out.EnvoyRoutes)
+		}
+		if len(out.EnvoyRoutes) > 0 {
+			if egw, err := gatewayListener(v.Gateway.Address, qa); err != nil {
+				errs = append(errs, err)
+				out.EnvoyRoutes = out.EnvoyRoutes[:0]
+			} else if !add("Envoy's listener "+GatewayListenerName, egw, func() { out.EnvoyListeners = append(out.EnvoyListeners, egw) }) {
+				out.EnvoyRoutes = out.EnvoyRoutes[:0]
+			}
+		}
+		if apiOK {
+			out.EnvoyListeners = append(out.EnvoyListeners, api)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return out, fmt.Errorf("translate version %d: %w", x.Version, err)
 	}
 	return out, nil
 }
 
-func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.RouteConfiguration, []error) {
-	var errs []error
+// routeConfig builds the route table both data planes share and, when
+// claim is set (query auth), the Envoy gateway's own table, which checks it.
+func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool, claim string) (shared, gateway *routev3.RouteConfiguration, errs []error) {
+	if claim != t.claim {
+		// The remembered gateway routes check another claim, or none.
+		t.mailboxes, t.aliases, t.claim = map[ir.Mailbox]idRoutesPair{}, map[aliasKey]idRoutesPair{}, claim
+	}
 	byID := map[string]ir.Mailbox{}
-	var headerRoutes, aliasHeaderRoutes, pathRoutes, aliasRoutes []*routev3.Route
+	var all, gw routeLists
 	mailboxes := make(map[ir.Mailbox]idRoutesPair, len(v.Mailboxes))
 	for _, m := range v.Mailboxes {
 		if !runners[m.RunnerID] {
@@ -283,15 +363,27 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 			hr := headerRoute(mesh.HeaderMailboxID, m.ID, m)
 			hr.ResponseHeadersToAdd = whoAnswered(m)
 			mr = idRoutesPair{header: hr, path: mailboxPathRoutes(m)}
-			if err := mr.validate(); err != nil {
+			err := mr.validate()
+			if err == nil && claim != "" {
+				var g idRoutesPair
+				if g, err = authMailboxRoutes(claim, m); err == nil {
+					err = g.validate()
+				}
+				mr.gw = &g
+			}
+			if err != nil {
 				errs = append(errs, fmt.Errorf("mailbox %q routes: %w", m.ID, err))
 				continue
 			}
 		}
 		mailboxes[m] = mr
 		byID[m.ID] = m
-		headerRoutes = append(headerRoutes, mr.header)
-		pathRoutes = append(pathRoutes, mr.path...)
+		all.header = append(all.header, mr.header)
+		all.path = append(all.path, mr.path...)
+		if mr.gw != nil {
+			gw.header = append(gw.header, mr.gw.header)
+			gw.path = append(gw.path, mr.gw.path...)
+		}
 	}
 	aliases := make(map[aliasKey]idRoutesPair, len(v.Aliases))
 	for _, a := range v.Aliases {
@@ -304,31 +396,56 @@ func (t *Translator) routeConfig(v *ir.IR, runners map[string]bool) (*routev3.Ro
 		r, ok := t.aliases[key]
 		if !ok {
 			r = idRoutesPair{header: headerRoute(mesh.HeaderNamespace, a.Namespace, m), path: namespaceAliasRoutes(a, m)}
-			if err := r.validate(); err != nil {
+			err := r.validate()
+			if err == nil && claim != "" {
+				var g idRoutesPair
+				if g, err = authAliasRoutes(claim, a, m); err == nil {
+					err = g.validate()
+				}
+				r.gw = &g
+			}
+			if err != nil {
 				errs = append(errs, fmt.Errorf("alias %q routes: %w", a.Namespace, err))
 				continue
 			}
 		}
 		aliases[key] = r
-		aliasHeaderRoutes = append(aliasHeaderRoutes, r.header)
-		aliasRoutes = append(aliasRoutes, r.path...)
+		all.aliasHeader = append(all.aliasHeader, r.header)
+		all.alias = append(all.alias, r.path...)
+		if r.gw != nil {
+			gw.aliasHeader = append(gw.aliasHeader, r.gw.header)
+			gw.alias = append(gw.alias, r.gw.path...)
+		}
 	}
 	// Remember only what this state uses, so the memory follows the table.
 	t.mailboxes, t.aliases = mailboxes, aliases
-	routes := make([]*routev3.Route, 0, len(headerRoutes)+len(aliasHeaderRoutes)+len(pathRoutes)+len(aliasRoutes)+2)
-	routes = append(routes, headerRoutes...)
-	routes = append(routes, aliasHeaderRoutes...)
-	routes = append(routes, pathRoutes...)
-	routes = append(routes, aliasRoutes...)
+	shared = all.table(RouteConfigName)
+	if claim != "" {
+		gateway = gw.table(GatewayRouteConfigName)
+	}
+	return shared, gateway, errs
+}
+
+// routeLists are a table's routes by kind, in the order they are matched.
+type routeLists struct {
+	header, aliasHeader, path, alias []*routev3.Route
+}
+
+func (l routeLists) table(name string) *routev3.RouteConfiguration {
+	routes := make([]*routev3.Route, 0, len(l.header)+len(l.aliasHeader)+len(l.path)+len(l.alias)+2)
+	routes = append(routes, l.header...)
+	routes = append(routes, l.aliasHeader...)
+	routes = append(routes, l.path...)
+	routes = append(routes, l.alias...)
 	routes = append(routes, notFoundGRPCRoute(), notFoundHTTPRoute())
 	return &routev3.RouteConfiguration{
-		Name: RouteConfigName,
+		Name: name,
 		VirtualHosts: []*routev3.VirtualHost{{
 			Name:    "mailboxes",
 			Domains: []string{"*"},
 			Routes:  routes,
 		}},
-	}, errs
+	}
 }
 
 func validateRoutes(routes []*routev3.Route) error {

@@ -42,11 +42,9 @@ func TestTranslateGolden(t *testing.T) {
 			golden(t, name+".routes.yaml", toYAML(t, res.Routes))
 			golden(t, name+".clusters.yaml", toYAML(t, res.Clusters))
 			golden(t, name+".endpoints.yaml", toYAML(t, res.Endpoints))
-			var envoyClusters []byte
-			if res.EnvoyClusters != nil {
-				envoyClusters = toYAML(t, res.EnvoyClusters)
-			}
-			golden(t, name+".envoy-clusters.yaml", envoyClusters)
+			golden(t, name+".envoy-clusters.yaml", variantYAML(t, res.EnvoyClusters))
+			golden(t, name+".envoy-listeners.yaml", variantYAML(t, res.EnvoyListeners))
+			golden(t, name+".envoy-routes.yaml", variantYAML(t, res.EnvoyRoutes))
 
 			for _, byType := range []map[resource.Type][]types.Resource{res.ByType(), res.ForEnvoy()} {
 				snap, err := cache.NewSnapshot("1", byType)
@@ -76,6 +74,15 @@ func readIR(t *testing.T, path string) *ir.IR {
 		t.Fatalf("%s: %v", path, err)
 	}
 	return &x
+}
+
+// variantYAML is an Envoy variant's golden text, none when Envoy takes the
+// shared resources.
+func variantYAML[M proto.Message](t *testing.T, msgs []M) []byte {
+	if msgs == nil {
+		return nil
+	}
+	return toYAML(t, msgs)
 }
 
 func errorText(err error) []byte {
@@ -148,7 +155,9 @@ func sameResources(a, b *Resources) bool {
 	}
 	return eq(msgs(a.Listeners), msgs(b.Listeners)) && eq(msgs(a.Routes), msgs(b.Routes)) &&
 		eq(msgs(a.Clusters), msgs(b.Clusters)) && eq(msgs(a.Endpoints), msgs(b.Endpoints)) &&
-		(a.EnvoyClusters == nil) == (b.EnvoyClusters == nil) && eq(msgs(a.EnvoyClusters), msgs(b.EnvoyClusters))
+		(a.EnvoyClusters == nil) == (b.EnvoyClusters == nil) && eq(msgs(a.EnvoyClusters), msgs(b.EnvoyClusters)) &&
+		(a.EnvoyListeners == nil) == (b.EnvoyListeners == nil) && eq(msgs(a.EnvoyListeners), msgs(b.EnvoyListeners)) &&
+		(a.EnvoyRoutes == nil) == (b.EnvoyRoutes == nil) && eq(msgs(a.EnvoyRoutes), msgs(b.EnvoyRoutes))
 }
 
 func msgs[M proto.Message](in []M) []proto.Message {
