@@ -20,7 +20,7 @@ import (
 )
 
 // HTTPHandler serves the query API (docs/architecture.md#http-query-api) under /v1/mailboxes/{id}/
-// and /v1/namespaces/{namespace}/, plus /metrics, /healthz and /readyz.
+// and /v1/namespaces/{namespace}/, plus its description (/openapi.json), /metrics, /healthz and /readyz.
 // Parameters are parsed and answers rendered by mailbox/query, as the
 // runners do, so a query gets the same answer through the gateway as
 // through Envoy. Without WithAuth every query is answered.
@@ -50,6 +50,7 @@ func (g *Gateway) HTTPHandler(opts ...Option) http.Handler {
 		g.metrics.http("none", http.StatusNotFound, time.Now())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g.cfg.Registry, promhttp.HandlerOpts{Registry: g.cfg.Registry}))
+	mux.HandleFunc("GET /openapi.json", httpapi.ServeOpenAPI)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := g.Ready(); err != nil {
@@ -96,8 +97,8 @@ type door struct {
 // WithAuth makes the door answer a query only for a caller a authenticates
 // whose token (or certificate) may read the mailbox's namespace: without
 // credentials, or with bad ones, 401 (gRPC Unauthenticated); for another
-// namespace 403 (PermissionDenied); the runner is not asked. /metrics,
-// /healthz, /readyz and gRPC health stay open. A nil a checks nothing.
+// namespace 403 (PermissionDenied); the runner is not asked. /openapi.json,
+// /metrics, /healthz, /readyz and gRPC health stay open. A nil a checks nothing.
 func WithAuth(a *auth.Authenticator) Option {
 	return func(d *door) { d.auth = a }
 }
