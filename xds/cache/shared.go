@@ -10,6 +10,8 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/prism-mesh/prism/xds/translator"
 )
 
 // sharedMarshal makes state-of-the-world responses share marshaled
@@ -102,7 +104,9 @@ func (s *sharedMarshal) marshal(typeURL, version, key string, res types.Resource
 			if err != nil {
 				return nil, fmt.Errorf("marshal %s %s: %w", typeURL, name, err)
 			}
-			if len(b) > grpcMaxMessage {
+			// Envoy takes messages of any size, and only Envoy asks for its
+			// gateway table (query auth makes it several times grpc-go's).
+			if len(b) > grpcMaxMessage && !(typeURL == resource.RouteType && name == translator.GatewayRouteConfigName) {
 				s.log.Error("xds resource exceeds grpc-go's default 4 MiB message limit; proxyless clients will reject it",
 					"type", typeURL, "name", name, "version", version, "bytes", len(b))
 			}
