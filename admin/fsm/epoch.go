@@ -39,5 +39,50 @@ func epochAt(term, index uint64) (uint64, error) {
 	return term<<epochIndexBits | index, nil
 }
 
-// nextEpoch is the fencing token of a grant applied by tx.
-func nextEpoch(tx *txn) (uint64, error) { return epochAt(tx.term, tx.index) }
+// # Many grants in one entry
+//
+// A bulk grant (AcquireLeasesCommand) hands out n epochs in one entry, and
+// an open session takes one for its id. epochAt(term, index) + k cannot be
+// the rule on its own: with k >= 1 it equals the epoch of the entry at
+// index + k, so the next single grant would get an epoch already held. So the
+// FSM keeps the highest token handed out, st.epochHighWater (replicated
+// state: derived from the log by every replica alike, and carried in every
+// snapshot), and an entry's grants take
+//
+//	first = max(epochAt(term, index), epochHighWater + 1)
+//	epochs first, first+1, ..., first+n-1;  epochHighWater = first+n-1
+//
+// in request order. Every token is above every earlier one (high water)
+// and every later entry's are above these, within a term and across terms.
+// The cut-log argument above still holds: a term's tokens stay below
+// (term+1) << epochIndexBits (allocEpochs refuses an entry whose last token
+// would reach it), and a node that lost its log's tail, and with it part of
+// the high water, can grant again only as leader of a later term, whose
+// tokens start at epochAt(newTerm, index), above all of the old term's.
+// While no entry grants more than one token the rule gives exactly
+// epochAt(term, index), as before sessions; a snapshot from before sessions
+// restores a high water of zero, which is below that too.
+//
+// The cost is index space: a term spends as many of its 2^40 tokens as it
+// grants leases, not one per entry: 1.1e12 is 35 years of a bulk grant of
+// 1,000 every second. allocEpochs mutates the high water, so handlers call
+// it only once every check has passed.
+
+// allocEpochs takes n (>= 1) consecutive fencing tokens for grants applied
+// by tx and returns the first.
+func (tx *txn) allocEpochs(n int) (uint64, error) {
+	first, err := epochAt(tx.term, tx.index)
+	if err != nil {
+		return 0, err
+	}
+	first = max(first, tx.st.epochHighWater+1)
+	last := first + uint64(n) - 1
+	if last>>epochIndexBits != tx.term {
+		return 0, fmt.Errorf("epoch space of term %d exhausted at index %d granting %d: recreate the admin cluster", tx.term, tx.index, n)
+	}
+	tx.st.epochHighWater = last
+	return first, nil
+}
+
+// nextEpoch is the fencing token of a single grant applied by tx.
+func nextEpoch(tx *txn) (uint64, error) { return tx.allocEpochs(1) }

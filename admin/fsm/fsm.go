@@ -117,6 +117,11 @@ var handlers = map[reflect.Type]handler{
 	reflect.TypeFor[*adminv1.Command_CheckpointLeases](): {validateCheckpointLeases, applyCheckpointLeases},
 	reflect.TypeFor[*adminv1.Command_PutMembers]():       {validatePutMembers, applyPutMembers},
 	reflect.TypeFor[*adminv1.Command_RemoveMember]():     {validateRemoveMember, applyRemoveMember},
+	reflect.TypeFor[*adminv1.Command_OpenSession]():      {validateOpenSession, applyOpenSession},
+	reflect.TypeFor[*adminv1.Command_CloseSession]():     {validateCloseSession, applyCloseSession},
+	reflect.TypeFor[*adminv1.Command_AcquireLeases]():    {validateAcquireLeases, applyAcquireLeases},
+	reflect.TypeFor[*adminv1.Command_ReleaseLeases]():    {validateReleaseLeases, applyReleaseLeases},
+	reflect.TypeFor[*adminv1.Command_ExpireSessions]():   {validateExpireSessions, applyExpireSessions},
 }
 
 // lookup finds cmd's handler. A body this version does not know (decoded as
@@ -238,10 +243,20 @@ func (f *FSM) deliver(events []leaseEvent) {
 	if f.observer == nil {
 		return
 	}
+	so, _ := f.observer.(SessionObserver)
 	for _, e := range events {
-		if e.granted != nil {
+		switch {
+		case e.granted != nil:
 			f.observer.LeaseGranted(e.granted)
-		} else {
+		case e.opened != nil:
+			if so != nil {
+				so.SessionOpened(e.opened)
+			}
+		case e.closed != 0:
+			if so != nil {
+				so.SessionClosed(e.closed)
+			}
+		default:
 			f.observer.LeaseRemoved(e.mailboxID, e.epoch)
 		}
 	}
@@ -262,8 +277,12 @@ func (f *FSM) AppliedIndex() uint64 {
 	return f.applied
 }
 
+// leaseEvent is one change for the observer: a grant, a session opened or
+// closed, else a lease removed.
 type leaseEvent struct {
 	granted   *adminv1.Lease
+	opened    *adminv1.Session
+	closed    uint64
 	mailboxID string
 	epoch     uint64
 }

@@ -46,6 +46,16 @@ func c(d time.Duration, body any) *adminv1.Command {
 		cmd.Body = &adminv1.Command_PutMembers{PutMembers: b}
 	case *adminv1.RemoveMemberCommand:
 		cmd.Body = &adminv1.Command_RemoveMember{RemoveMember: b}
+	case *adminv1.OpenSessionRequest:
+		cmd.Body = &adminv1.Command_OpenSession{OpenSession: b}
+	case *adminv1.CloseSessionRequest:
+		cmd.Body = &adminv1.Command_CloseSession{CloseSession: b}
+	case *adminv1.AcquireLeasesRequest:
+		cmd.Body = &adminv1.Command_AcquireLeases{AcquireLeases: b}
+	case *adminv1.ReleaseLeasesRequest:
+		cmd.Body = &adminv1.Command_ReleaseLeases{ReleaseLeases: b}
+	case *adminv1.ExpireSessionsCommand:
+		cmd.Body = &adminv1.Command_ExpireSessions{ExpireSessions: b}
 	default:
 		panic(fmt.Sprintf("no command body for %T", body))
 	}
@@ -207,6 +217,10 @@ func roundTrip(t *testing.T, f *FSM) *FSM {
 	same("routes", r1, r2)
 	same("namespace routes", a1, a2)
 	same("routes version", v1, v2)
+	s1, _ := f.Sessions()
+	s2, _ := g.Sessions()
+	same("sessions", s1, s2)
+	same("counts", f.Counts(), g.Counts())
 	if m1, m2 := memberAddrs(f), memberAddrs(g); !maps.Equal(m1, m2) {
 		t.Fatalf("members differ after restore:\n%v\n%v", m1, m2)
 	}
@@ -233,6 +247,8 @@ func equalAny(a, b any) bool {
 		return equalSlices(x, b.([]*adminv1.Route))
 	case []*adminv1.NamespaceRoute:
 		return equalSlices(x, b.([]*adminv1.NamespaceRoute))
+	case []*adminv1.Session:
+		return equalSlices(x, b.([]*adminv1.Session))
 	default:
 		return a == b
 	}

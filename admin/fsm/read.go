@@ -124,7 +124,7 @@ func (f *FSM) Assignments(proxyID string) (*adminv1.WatchAssignmentsResponse, ui
 
 // Counts is the size of each table, for cluster status and metrics.
 type Counts struct {
-	Proxies, LiveProxies, Namespaces, Leases int
+	Proxies, LiveProxies, Namespaces, Leases, Sessions int
 }
 
 // Counts returns the table sizes.
@@ -136,6 +136,7 @@ func (f *FSM) Counts() Counts {
 		LiveProxies: len(f.st.liveProxyIDs()),
 		Namespaces:  len(f.st.namespaces),
 		Leases:      len(f.st.leases),
+		Sessions:    len(f.st.sessions),
 	}
 }
 

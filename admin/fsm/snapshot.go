@@ -53,6 +53,8 @@ func (s *snapshot) write(w io.Writer) error {
 		NamespaceCount: uint64(len(s.st.namespaces)),
 		LeaseCount:     uint64(len(s.st.leases)),
 		MemberCount:    uint64(len(s.st.members)),
+		SessionCount:   uint64(len(s.st.sessions)),
+		EpochHighWater: s.st.epochHighWater,
 	}
 	if _, err := opts.MarshalTo(bw, hdr); err != nil {
 		return err
@@ -69,6 +71,9 @@ func (s *snapshot) write(w io.Writer) error {
 	}
 	for _, m := range sortedValues(s.st.members) {
 		recs = append(recs, &adminv1.SnapshotRecord{Record: &adminv1.SnapshotRecord_Member{Member: m}})
+	}
+	for _, ss := range sortedSessions(s.st.sessions) {
+		recs = append(recs, &adminv1.SnapshotRecord{Record: &adminv1.SnapshotRecord_Session{Session: ss}})
 	}
 	for _, r := range recs {
 		if _, err := opts.MarshalTo(bw, r); err != nil {
@@ -95,8 +100,12 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	close(f.changed)
 	f.changed = make(chan struct{})
 	leases := sortedValues(st.leases)
+	sessions := sortedSessions(st.sessions)
 	f.mu.Unlock()
 	if f.observer != nil {
+		if so, ok := f.observer.(SessionObserver); ok {
+			so.SessionsRestored(sessions)
+		}
 		f.observer.LeasesRestored(leases)
 	}
 	return nil
@@ -113,6 +122,7 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 	}
 	st := newState()
 	st.routesIndex = hdr.GetRoutesIndex()
+	st.epochHighWater = hdr.GetEpochHighWater()
 	for {
 		rec := &adminv1.SnapshotRecord{}
 		err := opts.UnmarshalFrom(r, rec)
@@ -120,7 +130,7 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 			break
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("record %d: %w", len(st.proxies)+len(st.namespaces)+len(st.leases)+len(st.members), err)
+			return nil, 0, fmt.Errorf("record %d: %w", len(st.proxies)+len(st.namespaces)+len(st.leases)+len(st.members)+len(st.sessions), err)
 		}
 		switch x := rec.GetRecord().(type) {
 		case *adminv1.SnapshotRecord_Proxy:
@@ -131,17 +141,21 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 			st.leases[x.Lease.GetMailboxId()] = x.Lease
 		case *adminv1.SnapshotRecord_Member:
 			st.members[x.Member.GetId()] = x.Member
+		case *adminv1.SnapshotRecord_Session:
+			st.sessions[x.Session.GetId()] = x.Session
 		default:
 			return nil, 0, fmt.Errorf("record of unknown kind")
 		}
 	}
 	if uint64(len(st.proxies)) != hdr.GetProxyCount() || uint64(len(st.namespaces)) != hdr.GetNamespaceCount() ||
-		uint64(len(st.leases)) != hdr.GetLeaseCount() || uint64(len(st.members)) != hdr.GetMemberCount() {
-		return nil, 0, fmt.Errorf("truncated: header promises %d proxies, %d namespaces, %d leases, %d members; read %d, %d, %d, %d",
-			hdr.GetProxyCount(), hdr.GetNamespaceCount(), hdr.GetLeaseCount(), hdr.GetMemberCount(),
-			len(st.proxies), len(st.namespaces), len(st.leases), len(st.members))
+		uint64(len(st.leases)) != hdr.GetLeaseCount() || uint64(len(st.members)) != hdr.GetMemberCount() ||
+		uint64(len(st.sessions)) != hdr.GetSessionCount() {
+		return nil, 0, fmt.Errorf("truncated: header promises %d proxies, %d namespaces, %d leases, %d members, %d sessions; read %d, %d, %d, %d, %d",
+			hdr.GetProxyCount(), hdr.GetNamespaceCount(), hdr.GetLeaseCount(), hdr.GetMemberCount(), hdr.GetSessionCount(),
+			len(st.proxies), len(st.namespaces), len(st.leases), len(st.members), len(st.sessions))
 	}
 	st.table = placement.Compute(st.liveProxyIDs())
 	st.proxyLeases = countLeases(st.leases)
+	st.sessionLeases = countSessionLeases(st.leases)
 	return st, hdr.GetAppliedIndex(), nil
 }

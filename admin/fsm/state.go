@@ -19,6 +19,13 @@ type state struct {
 	namespaces map[string]*adminv1.Namespace
 	leases     map[string]*adminv1.Lease
 	members    map[string]*adminv1.MemberAddress
+	sessions   map[uint64]*adminv1.Session
+	// sessionLeases holds each open session's mailboxes (absent: none),
+	// derived from leases like proxyLeases. Its inner sets are modified in
+	// place, so a snapshot's clone leaves it out (Persist does not need it).
+	sessionLeases map[uint64]map[string]struct{}
+	// epochHighWater is the highest fencing token handed out (epoch.go).
+	epochHighWater uint64
 	// proxyLeases counts the leases of each proxy (absent: none) for the
 	// per-proxy quota. Derived from leases alone, so every replica holds the
 	// same counts; kept by grantLease and removeLease, recounted on restore,
@@ -37,8 +44,10 @@ func newState() *state {
 		namespaces: map[string]*adminv1.Namespace{},
 		leases:     map[string]*adminv1.Lease{},
 		members:    map[string]*adminv1.MemberAddress{},
+		sessions:   map[uint64]*adminv1.Session{},
 
-		proxyLeases: map[string]int{},
+		sessionLeases: map[uint64]map[string]struct{}{},
+		proxyLeases:   map[string]int{},
 	}
 }
 
@@ -48,9 +57,12 @@ func (s *state) clone() *state {
 		namespaces:  maps.Clone(s.namespaces),
 		leases:      maps.Clone(s.leases),
 		members:     maps.Clone(s.members),
+		sessions:    maps.Clone(s.sessions),
 		proxyLeases: maps.Clone(s.proxyLeases),
-		table:       s.table,
-		routesIndex: s.routesIndex,
+
+		epochHighWater: s.epochHighWater,
+		table:          s.table,
+		routesIndex:    s.routesIndex,
 	}
 }
 
@@ -94,11 +106,45 @@ func countLeases(leases map[string]*adminv1.Lease) map[string]int {
 	return n
 }
 
+// countSessionLeases is sessionLeases recomputed from the table.
+func countSessionLeases(leases map[string]*adminv1.Lease) map[uint64]map[string]struct{} {
+	n := map[uint64]map[string]struct{}{}
+	for mid, l := range leases {
+		if sid := l.GetSessionId(); sid != 0 {
+			if n[sid] == nil {
+				n[sid] = map[string]struct{}{}
+			}
+			n[sid][mid] = struct{}{}
+		}
+	}
+	return n
+}
+
+func (s *state) unlinkSession(l *adminv1.Lease) {
+	sid := l.GetSessionId()
+	if sid == 0 {
+		return
+	}
+	delete(s.sessionLeases[sid], l.GetMailboxId())
+	if len(s.sessionLeases[sid]) == 0 {
+		delete(s.sessionLeases, sid)
+	}
+}
+
 // grantLease stores l, a new lease or a re-grant replacing the mailbox's
-// current one (same mailbox id, so same proxy: the count stays).
+// current one (same mailbox id, so same proxy: the count stays; the session
+// may differ).
 func (tx *txn) grantLease(l *adminv1.Lease) {
-	if _, ok := tx.st.leases[l.GetMailboxId()]; !ok {
+	if cur, ok := tx.st.leases[l.GetMailboxId()]; ok {
+		tx.st.unlinkSession(cur)
+	} else {
 		tx.st.proxyLeases[l.GetProxyId()]++
+	}
+	if sid := l.GetSessionId(); sid != 0 {
+		if tx.st.sessionLeases[sid] == nil {
+			tx.st.sessionLeases[sid] = map[string]struct{}{}
+		}
+		tx.st.sessionLeases[sid][l.GetMailboxId()] = struct{}{}
 	}
 	tx.st.leases[l.GetMailboxId()] = l
 	tx.st.routesIndex = tx.index
@@ -108,6 +154,7 @@ func (tx *txn) grantLease(l *adminv1.Lease) {
 
 func (tx *txn) removeLease(l *adminv1.Lease) {
 	delete(tx.st.leases, l.GetMailboxId())
+	tx.st.unlinkSession(l)
 	if p := l.GetProxyId(); tx.st.proxyLeases[p] > 1 {
 		tx.st.proxyLeases[p]--
 	} else {

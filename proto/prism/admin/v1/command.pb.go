@@ -47,6 +47,11 @@ type Command struct {
 	//	*Command_CheckpointLeases
 	//	*Command_PutMembers
 	//	*Command_RemoveMember
+	//	*Command_OpenSession
+	//	*Command_CloseSession
+	//	*Command_AcquireLeases
+	//	*Command_ReleaseLeases
+	//	*Command_ExpireSessions
 	Body          isCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -195,6 +200,51 @@ func (x *Command) GetRemoveMember() *RemoveMemberCommand {
 	return nil
 }
 
+func (x *Command) GetOpenSession() *OpenSessionRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Command_OpenSession); ok {
+			return x.OpenSession
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetCloseSession() *CloseSessionRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Command_CloseSession); ok {
+			return x.CloseSession
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetAcquireLeases() *AcquireLeasesRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Command_AcquireLeases); ok {
+			return x.AcquireLeases
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetReleaseLeases() *ReleaseLeasesRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Command_ReleaseLeases); ok {
+			return x.ReleaseLeases
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetExpireSessions() *ExpireSessionsCommand {
+	if x != nil {
+		if x, ok := x.Body.(*Command_ExpireSessions); ok {
+			return x.ExpireSessions
+		}
+	}
+	return nil
+}
+
 type isCommand_Body interface {
 	isCommand_Body()
 }
@@ -243,6 +293,27 @@ type Command_RemoveMember struct {
 	RemoveMember *RemoveMemberCommand `protobuf:"bytes,20,opt,name=remove_member,json=removeMember,proto3,oneof"`
 }
 
+type Command_OpenSession struct {
+	// The session's id is the entry's epoch.
+	OpenSession *OpenSessionRequest `protobuf:"bytes,21,opt,name=open_session,json=openSession,proto3,oneof"`
+}
+
+type Command_CloseSession struct {
+	CloseSession *CloseSessionRequest `protobuf:"bytes,22,opt,name=close_session,json=closeSession,proto3,oneof"`
+}
+
+type Command_AcquireLeases struct {
+	AcquireLeases *AcquireLeasesRequest `protobuf:"bytes,23,opt,name=acquire_leases,json=acquireLeases,proto3,oneof"`
+}
+
+type Command_ReleaseLeases struct {
+	ReleaseLeases *ReleaseLeasesRequest `protobuf:"bytes,24,opt,name=release_leases,json=releaseLeases,proto3,oneof"`
+}
+
+type Command_ExpireSessions struct {
+	ExpireSessions *ExpireSessionsCommand `protobuf:"bytes,25,opt,name=expire_sessions,json=expireSessions,proto3,oneof"`
+}
+
 func (*Command_RegisterProxy) isCommand_Body() {}
 
 func (*Command_ProxyHeartbeat) isCommand_Body() {}
@@ -264,6 +335,16 @@ func (*Command_CheckpointLeases) isCommand_Body() {}
 func (*Command_PutMembers) isCommand_Body() {}
 
 func (*Command_RemoveMember) isCommand_Body() {}
+
+func (*Command_OpenSession) isCommand_Body() {}
+
+func (*Command_CloseSession) isCommand_Body() {}
+
+func (*Command_AcquireLeases) isCommand_Body() {}
+
+func (*Command_ReleaseLeases) isCommand_Body() {}
+
+func (*Command_ExpireSessions) isCommand_Body() {}
 
 // LeaseRef names one grant of a mailbox's lease.
 type LeaseRef struct {
@@ -691,11 +772,60 @@ func (x *RemoveMemberCommand) GetId() string {
 	return ""
 }
 
+// ExpireSessionsCommand is committed by the leader's expiry loop for sessions
+// past expires + grace without a keepalive. Each named session still open is
+// closed with all its leases; session ids are never reused, so a stale
+// expire cannot end a newer session.
+type ExpireSessionsCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionIds    []uint64               `protobuf:"varint,1,rep,packed,name=session_ids,json=sessionIds,proto3" json:"session_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExpireSessionsCommand) Reset() {
+	*x = ExpireSessionsCommand{}
+	mi := &file_prism_admin_v1_command_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExpireSessionsCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExpireSessionsCommand) ProtoMessage() {}
+
+func (x *ExpireSessionsCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_command_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExpireSessionsCommand.ProtoReflect.Descriptor instead.
+func (*ExpireSessionsCommand) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_command_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ExpireSessionsCommand) GetSessionIds() []uint64 {
+	if x != nil {
+		return x.SessionIds
+	}
+	return nil
+}
+
 var File_prism_admin_v1_command_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\n" +
-	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\xb1\a\n" +
+	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\xb6\n" +
+	"\n" +
 	"\aCommand\x12,\n" +
 	"\x03now\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12M\n" +
 	"\x0eregister_proxy\x18\n" +
@@ -710,7 +840,12 @@ const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\x11checkpoint_leases\x18\x12 \x01(\v2'.prism.admin.v1.CheckpointLeasesCommandH\x00R\x10checkpointLeases\x12D\n" +
 	"\vput_members\x18\x13 \x01(\v2!.prism.admin.v1.PutMembersCommandH\x00R\n" +
 	"putMembers\x12J\n" +
-	"\rremove_member\x18\x14 \x01(\v2#.prism.admin.v1.RemoveMemberCommandH\x00R\fremoveMemberB\x06\n" +
+	"\rremove_member\x18\x14 \x01(\v2#.prism.admin.v1.RemoveMemberCommandH\x00R\fremoveMember\x12G\n" +
+	"\fopen_session\x18\x15 \x01(\v2\".prism.admin.v1.OpenSessionRequestH\x00R\vopenSession\x12J\n" +
+	"\rclose_session\x18\x16 \x01(\v2#.prism.admin.v1.CloseSessionRequestH\x00R\fcloseSession\x12M\n" +
+	"\x0eacquire_leases\x18\x17 \x01(\v2$.prism.admin.v1.AcquireLeasesRequestH\x00R\racquireLeases\x12M\n" +
+	"\x0erelease_leases\x18\x18 \x01(\v2$.prism.admin.v1.ReleaseLeasesRequestH\x00R\rreleaseLeases\x12P\n" +
+	"\x0fexpire_sessions\x18\x19 \x01(\v2%.prism.admin.v1.ExpireSessionsCommandH\x00R\x0eexpireSessionsB\x06\n" +
 	"\x04body\"?\n" +
 	"\bLeaseRef\x12\x1d\n" +
 	"\n" +
@@ -738,7 +873,10 @@ const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\vonly_absent\x18\x02 \x01(\bR\n" +
 	"onlyAbsent\"%\n" +
 	"\x13RemoveMemberCommand\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02idB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
+	"\x02id\x18\x01 \x01(\tR\x02id\"8\n" +
+	"\x15ExpireSessionsCommand\x12\x1f\n" +
+	"\vsession_ids\x18\x01 \x03(\x04R\n" +
+	"sessionIdsB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_prism_admin_v1_command_proto_rawDescOnce sync.Once
@@ -752,7 +890,7 @@ func file_prism_admin_v1_command_proto_rawDescGZIP() []byte {
 	return file_prism_admin_v1_command_proto_rawDescData
 }
 
-var file_prism_admin_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_prism_admin_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_prism_admin_v1_command_proto_goTypes = []any{
 	(*Command)(nil),                 // 0: prism.admin.v1.Command
 	(*LeaseRef)(nil),                // 1: prism.admin.v1.LeaseRef
@@ -763,42 +901,52 @@ var file_prism_admin_v1_command_proto_goTypes = []any{
 	(*MarkProxiesStaleCommand)(nil), // 6: prism.admin.v1.MarkProxiesStaleCommand
 	(*PutMembersCommand)(nil),       // 7: prism.admin.v1.PutMembersCommand
 	(*RemoveMemberCommand)(nil),     // 8: prism.admin.v1.RemoveMemberCommand
-	(*timestamppb.Timestamp)(nil),   // 9: google.protobuf.Timestamp
-	(*RegisterProxyRequest)(nil),    // 10: prism.admin.v1.RegisterProxyRequest
-	(*ProxyHeartbeatRequest)(nil),   // 11: prism.admin.v1.ProxyHeartbeatRequest
-	(*CreateNamespaceRequest)(nil),  // 12: prism.admin.v1.CreateNamespaceRequest
-	(*DeleteNamespaceRequest)(nil),  // 13: prism.admin.v1.DeleteNamespaceRequest
-	(*AcquireLeaseRequest)(nil),     // 14: prism.admin.v1.AcquireLeaseRequest
-	(*ReleaseLeaseRequest)(nil),     // 15: prism.admin.v1.ReleaseLeaseRequest
-	(*LeaseStats)(nil),              // 16: prism.admin.v1.LeaseStats
-	(*MemberAddress)(nil),           // 17: prism.admin.v1.MemberAddress
+	(*ExpireSessionsCommand)(nil),   // 9: prism.admin.v1.ExpireSessionsCommand
+	(*timestamppb.Timestamp)(nil),   // 10: google.protobuf.Timestamp
+	(*RegisterProxyRequest)(nil),    // 11: prism.admin.v1.RegisterProxyRequest
+	(*ProxyHeartbeatRequest)(nil),   // 12: prism.admin.v1.ProxyHeartbeatRequest
+	(*CreateNamespaceRequest)(nil),  // 13: prism.admin.v1.CreateNamespaceRequest
+	(*DeleteNamespaceRequest)(nil),  // 14: prism.admin.v1.DeleteNamespaceRequest
+	(*AcquireLeaseRequest)(nil),     // 15: prism.admin.v1.AcquireLeaseRequest
+	(*ReleaseLeaseRequest)(nil),     // 16: prism.admin.v1.ReleaseLeaseRequest
+	(*OpenSessionRequest)(nil),      // 17: prism.admin.v1.OpenSessionRequest
+	(*CloseSessionRequest)(nil),     // 18: prism.admin.v1.CloseSessionRequest
+	(*AcquireLeasesRequest)(nil),    // 19: prism.admin.v1.AcquireLeasesRequest
+	(*ReleaseLeasesRequest)(nil),    // 20: prism.admin.v1.ReleaseLeasesRequest
+	(*LeaseStats)(nil),              // 21: prism.admin.v1.LeaseStats
+	(*MemberAddress)(nil),           // 22: prism.admin.v1.MemberAddress
 }
 var file_prism_admin_v1_command_proto_depIdxs = []int32{
-	9,  // 0: prism.admin.v1.Command.now:type_name -> google.protobuf.Timestamp
-	10, // 1: prism.admin.v1.Command.register_proxy:type_name -> prism.admin.v1.RegisterProxyRequest
-	11, // 2: prism.admin.v1.Command.proxy_heartbeat:type_name -> prism.admin.v1.ProxyHeartbeatRequest
+	10, // 0: prism.admin.v1.Command.now:type_name -> google.protobuf.Timestamp
+	11, // 1: prism.admin.v1.Command.register_proxy:type_name -> prism.admin.v1.RegisterProxyRequest
+	12, // 2: prism.admin.v1.Command.proxy_heartbeat:type_name -> prism.admin.v1.ProxyHeartbeatRequest
 	6,  // 3: prism.admin.v1.Command.mark_proxies_stale:type_name -> prism.admin.v1.MarkProxiesStaleCommand
-	12, // 4: prism.admin.v1.Command.create_namespace:type_name -> prism.admin.v1.CreateNamespaceRequest
-	13, // 5: prism.admin.v1.Command.delete_namespace:type_name -> prism.admin.v1.DeleteNamespaceRequest
-	14, // 6: prism.admin.v1.Command.acquire_lease:type_name -> prism.admin.v1.AcquireLeaseRequest
-	15, // 7: prism.admin.v1.Command.release_lease:type_name -> prism.admin.v1.ReleaseLeaseRequest
+	13, // 4: prism.admin.v1.Command.create_namespace:type_name -> prism.admin.v1.CreateNamespaceRequest
+	14, // 5: prism.admin.v1.Command.delete_namespace:type_name -> prism.admin.v1.DeleteNamespaceRequest
+	15, // 6: prism.admin.v1.Command.acquire_lease:type_name -> prism.admin.v1.AcquireLeaseRequest
+	16, // 7: prism.admin.v1.Command.release_lease:type_name -> prism.admin.v1.ReleaseLeaseRequest
 	2,  // 8: prism.admin.v1.Command.expire_leases:type_name -> prism.admin.v1.ExpireLeasesCommand
 	4,  // 9: prism.admin.v1.Command.checkpoint_leases:type_name -> prism.admin.v1.CheckpointLeasesCommand
 	7,  // 10: prism.admin.v1.Command.put_members:type_name -> prism.admin.v1.PutMembersCommand
 	8,  // 11: prism.admin.v1.Command.remove_member:type_name -> prism.admin.v1.RemoveMemberCommand
-	1,  // 12: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
-	9,  // 13: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
-	9,  // 14: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	16, // 15: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
-	3,  // 16: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
-	9,  // 17: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
-	5,  // 18: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
-	17, // 19: prism.admin.v1.PutMembersCommand.members:type_name -> prism.admin.v1.MemberAddress
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	17, // 12: prism.admin.v1.Command.open_session:type_name -> prism.admin.v1.OpenSessionRequest
+	18, // 13: prism.admin.v1.Command.close_session:type_name -> prism.admin.v1.CloseSessionRequest
+	19, // 14: prism.admin.v1.Command.acquire_leases:type_name -> prism.admin.v1.AcquireLeasesRequest
+	20, // 15: prism.admin.v1.Command.release_leases:type_name -> prism.admin.v1.ReleaseLeasesRequest
+	9,  // 16: prism.admin.v1.Command.expire_sessions:type_name -> prism.admin.v1.ExpireSessionsCommand
+	1,  // 17: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
+	10, // 18: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
+	10, // 19: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	21, // 20: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
+	3,  // 21: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
+	10, // 22: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
+	5,  // 23: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
+	22, // 24: prism.admin.v1.PutMembersCommand.members:type_name -> prism.admin.v1.MemberAddress
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_command_proto_init() }
@@ -820,6 +968,11 @@ func file_prism_admin_v1_command_proto_init() {
 		(*Command_CheckpointLeases)(nil),
 		(*Command_PutMembers)(nil),
 		(*Command_RemoveMember)(nil),
+		(*Command_OpenSession)(nil),
+		(*Command_CloseSession)(nil),
+		(*Command_AcquireLeases)(nil),
+		(*Command_ReleaseLeases)(nil),
+		(*Command_ExpireSessions)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -827,7 +980,7 @@ func file_prism_admin_v1_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_command_proto_rawDesc), len(file_prism_admin_v1_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1009,6 +1009,696 @@ func (x *ReleaseLeaseResponse) GetIndex() uint64 {
 	return 0
 }
 
+type OpenSessionRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ProxyId string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	// Must be the runner the proxy registered (ProxyRegistration.runner_id,
+	// else the proxy id).
+	RunnerId string `protobuf:"bytes,2,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
+	// host:port of the runner's MailboxQuery gRPC server, for every lease of
+	// the session.
+	RunnerAddress string `protobuf:"bytes,3,opt,name=runner_address,json=runnerAddress,proto3" json:"runner_address,omitempty"`
+	// Zero takes the admin default lease ttl.
+	Ttl           *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenSessionRequest) Reset() {
+	*x = OpenSessionRequest{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenSessionRequest) ProtoMessage() {}
+
+func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenSessionRequest.ProtoReflect.Descriptor instead.
+func (*OpenSessionRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *OpenSessionRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *OpenSessionRequest) GetRunnerId() string {
+	if x != nil {
+		return x.RunnerId
+	}
+	return ""
+}
+
+func (x *OpenSessionRequest) GetRunnerAddress() string {
+	if x != nil {
+		return x.RunnerAddress
+	}
+	return ""
+}
+
+func (x *OpenSessionRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type OpenSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The new session, when opened.
+	Session *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// Why not, when not opened (NOT_PROXY_RUNNER, or the proxy is not
+	// registered: UNKNOWN_SESSION is not used here).
+	Refusal       *LeaseRefusal `protobuf:"bytes,2,opt,name=refusal,proto3" json:"refusal,omitempty"`
+	Index         uint64        `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenSessionResponse) Reset() {
+	*x = OpenSessionResponse{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenSessionResponse) ProtoMessage() {}
+
+func (x *OpenSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenSessionResponse.ProtoReflect.Descriptor instead.
+func (*OpenSessionResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *OpenSessionResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *OpenSessionResponse) GetRefusal() *LeaseRefusal {
+	if x != nil {
+		return x.Refusal
+	}
+	return nil
+}
+
+func (x *OpenSessionResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type KeepAliveSessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProxyId       string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	SessionId     uint64                 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveSessionRequest) Reset() {
+	*x = KeepAliveSessionRequest{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveSessionRequest) ProtoMessage() {}
+
+func (x *KeepAliveSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveSessionRequest.ProtoReflect.Descriptor instead.
+func (*KeepAliveSessionRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *KeepAliveSessionRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *KeepAliveSessionRequest) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+type KeepAliveSessionResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Renewed bool                   `protobuf:"varint,1,opt,name=renewed,proto3" json:"renewed,omitempty"`
+	// The leader's new expiry (now + ttl). As with MailboxHeartbeat the
+	// sidecar counts ttl from when it sent the keepalive, not from this.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Ttl       *durationpb.Duration   `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// UNKNOWN_SESSION (closed, expired or never opened: open a new one and
+	// acquire again) or EXPIRED (past expires_at + grace, removal pending).
+	Refusal       *LeaseRefusal `protobuf:"bytes,4,opt,name=refusal,proto3" json:"refusal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveSessionResponse) Reset() {
+	*x = KeepAliveSessionResponse{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveSessionResponse) ProtoMessage() {}
+
+func (x *KeepAliveSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveSessionResponse.ProtoReflect.Descriptor instead.
+func (*KeepAliveSessionResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *KeepAliveSessionResponse) GetRenewed() bool {
+	if x != nil {
+		return x.Renewed
+	}
+	return false
+}
+
+func (x *KeepAliveSessionResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *KeepAliveSessionResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *KeepAliveSessionResponse) GetRefusal() *LeaseRefusal {
+	if x != nil {
+		return x.Refusal
+	}
+	return nil
+}
+
+type CloseSessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProxyId       string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	SessionId     uint64                 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseSessionRequest) Reset() {
+	*x = CloseSessionRequest{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseSessionRequest) ProtoMessage() {}
+
+func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
+func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CloseSessionRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *CloseSessionRequest) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+type CloseSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the session was already gone (a retry, or it expired).
+	Closed bool `protobuf:"varint,1,opt,name=closed,proto3" json:"closed,omitempty"`
+	// How many leases ended with it.
+	LeasesReleased uint32 `protobuf:"varint,2,opt,name=leases_released,json=leasesReleased,proto3" json:"leases_released,omitempty"`
+	Index          uint64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CloseSessionResponse) Reset() {
+	*x = CloseSessionResponse{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseSessionResponse) ProtoMessage() {}
+
+func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
+func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CloseSessionResponse) GetClosed() bool {
+	if x != nil {
+		return x.Closed
+	}
+	return false
+}
+
+func (x *CloseSessionResponse) GetLeasesReleased() uint32 {
+	if x != nil {
+		return x.LeasesReleased
+	}
+	return 0
+}
+
+func (x *CloseSessionResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type AcquireLeasesRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ProxyId   string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	SessionId uint64                 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Mailboxes "{namespace}@{proxy_id}" of this proxy, each at most once.
+	MailboxIds    []string `protobuf:"bytes,3,rep,name=mailbox_ids,json=mailboxIds,proto3" json:"mailbox_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireLeasesRequest) Reset() {
+	*x = AcquireLeasesRequest{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireLeasesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireLeasesRequest) ProtoMessage() {}
+
+func (x *AcquireLeasesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireLeasesRequest.ProtoReflect.Descriptor instead.
+func (*AcquireLeasesRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *AcquireLeasesRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *AcquireLeasesRequest) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *AcquireLeasesRequest) GetMailboxIds() []string {
+	if x != nil {
+		return x.MailboxIds
+	}
+	return nil
+}
+
+// MailboxLeaseResult is one mailbox's answer in a bulk call.
+type MailboxLeaseResult struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MailboxId string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	// Acquire: granted; release: released (false with no refusal when the
+	// mailbox had no lease).
+	Ok bool `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// Acquire: the granted lease with its epoch.
+	Lease         *Lease        `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	Refusal       *LeaseRefusal `protobuf:"bytes,4,opt,name=refusal,proto3" json:"refusal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MailboxLeaseResult) Reset() {
+	*x = MailboxLeaseResult{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MailboxLeaseResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MailboxLeaseResult) ProtoMessage() {}
+
+func (x *MailboxLeaseResult) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MailboxLeaseResult.ProtoReflect.Descriptor instead.
+func (*MailboxLeaseResult) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *MailboxLeaseResult) GetMailboxId() string {
+	if x != nil {
+		return x.MailboxId
+	}
+	return ""
+}
+
+func (x *MailboxLeaseResult) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *MailboxLeaseResult) GetLease() *Lease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+func (x *MailboxLeaseResult) GetRefusal() *LeaseRefusal {
+	if x != nil {
+		return x.Refusal
+	}
+	return nil
+}
+
+type AcquireLeasesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per requested mailbox, in request order. Empty when refusal is set.
+	Results []*MailboxLeaseResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// Set when the session itself is refused (UNKNOWN_SESSION): nothing was
+	// granted.
+	Refusal       *LeaseRefusal `protobuf:"bytes,2,opt,name=refusal,proto3" json:"refusal,omitempty"`
+	Index         uint64        `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireLeasesResponse) Reset() {
+	*x = AcquireLeasesResponse{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireLeasesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireLeasesResponse) ProtoMessage() {}
+
+func (x *AcquireLeasesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireLeasesResponse.ProtoReflect.Descriptor instead.
+func (*AcquireLeasesResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *AcquireLeasesResponse) GetResults() []*MailboxLeaseResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *AcquireLeasesResponse) GetRefusal() *LeaseRefusal {
+	if x != nil {
+		return x.Refusal
+	}
+	return nil
+}
+
+func (x *AcquireLeasesResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type ReleaseLeasesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProxyId       string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	SessionId     uint64                 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	MailboxIds    []string               `protobuf:"bytes,3,rep,name=mailbox_ids,json=mailboxIds,proto3" json:"mailbox_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeasesRequest) Reset() {
+	*x = ReleaseLeasesRequest{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeasesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeasesRequest) ProtoMessage() {}
+
+func (x *ReleaseLeasesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeasesRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseLeasesRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ReleaseLeasesRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *ReleaseLeasesRequest) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *ReleaseLeasesRequest) GetMailboxIds() []string {
+	if x != nil {
+		return x.MailboxIds
+	}
+	return nil
+}
+
+type ReleaseLeasesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*MailboxLeaseResult  `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	Refusal       *LeaseRefusal          `protobuf:"bytes,2,opt,name=refusal,proto3" json:"refusal,omitempty"`
+	Index         uint64                 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeasesResponse) Reset() {
+	*x = ReleaseLeasesResponse{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeasesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeasesResponse) ProtoMessage() {}
+
+func (x *ReleaseLeasesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeasesResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseLeasesResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ReleaseLeasesResponse) GetResults() []*MailboxLeaseResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *ReleaseLeasesResponse) GetRefusal() *LeaseRefusal {
+	if x != nil {
+		return x.Refusal
+	}
+	return nil
+}
+
+func (x *ReleaseLeasesResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 var File_prism_admin_v1_control_plane_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_control_plane_proto_rawDesc = "" +
@@ -1080,6 +1770,59 @@ const file_prism_admin_v1_control_plane_proto_rawDesc = "" +
 	"\x14ReleaseLeaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\x126\n" +
 	"\arefusal\x18\x02 \x01(\v2\x1c.prism.admin.v1.LeaseRefusalR\arefusal\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"\xa0\x01\n" +
+	"\x12OpenSessionRequest\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1b\n" +
+	"\trunner_id\x18\x02 \x01(\tR\brunnerId\x12%\n" +
+	"\x0erunner_address\x18\x03 \x01(\tR\rrunnerAddress\x12+\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\x96\x01\n" +
+	"\x13OpenSessionResponse\x121\n" +
+	"\asession\x18\x01 \x01(\v2\x17.prism.admin.v1.SessionR\asession\x126\n" +
+	"\arefusal\x18\x02 \x01(\v2\x1c.prism.admin.v1.LeaseRefusalR\arefusal\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"S\n" +
+	"\x17KeepAliveSessionRequest\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\x04R\tsessionId\"\xd4\x01\n" +
+	"\x18KeepAliveSessionResponse\x12\x18\n" +
+	"\arenewed\x18\x01 \x01(\bR\arenewed\x129\n" +
+	"\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x126\n" +
+	"\arefusal\x18\x04 \x01(\v2\x1c.prism.admin.v1.LeaseRefusalR\arefusal\"O\n" +
+	"\x13CloseSessionRequest\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\x04R\tsessionId\"m\n" +
+	"\x14CloseSessionResponse\x12\x16\n" +
+	"\x06closed\x18\x01 \x01(\bR\x06closed\x12'\n" +
+	"\x0fleases_released\x18\x02 \x01(\rR\x0eleasesReleased\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"q\n" +
+	"\x14AcquireLeasesRequest\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\x04R\tsessionId\x12\x1f\n" +
+	"\vmailbox_ids\x18\x03 \x03(\tR\n" +
+	"mailboxIds\"\xa8\x01\n" +
+	"\x12MailboxLeaseResult\x12\x1d\n" +
+	"\n" +
+	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12+\n" +
+	"\x05lease\x18\x03 \x01(\v2\x15.prism.admin.v1.LeaseR\x05lease\x126\n" +
+	"\arefusal\x18\x04 \x01(\v2\x1c.prism.admin.v1.LeaseRefusalR\arefusal\"\xa3\x01\n" +
+	"\x15AcquireLeasesResponse\x12<\n" +
+	"\aresults\x18\x01 \x03(\v2\".prism.admin.v1.MailboxLeaseResultR\aresults\x126\n" +
+	"\arefusal\x18\x02 \x01(\v2\x1c.prism.admin.v1.LeaseRefusalR\arefusal\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"q\n" +
+	"\x14ReleaseLeasesRequest\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\x04R\tsessionId\x12\x1f\n" +
+	"\vmailbox_ids\x18\x03 \x03(\tR\n" +
+	"mailboxIds\"\xa3\x01\n" +
+	"\x15ReleaseLeasesResponse\x12<\n" +
+	"\aresults\x18\x01 \x03(\v2\".prism.admin.v1.MailboxLeaseResultR\aresults\x126\n" +
+	"\arefusal\x18\x02 \x01(\v2\x1c.prism.admin.v1.LeaseRefusalR\arefusal\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\x04R\x05index2\x9b\x06\n" +
 	"\fControlPlane\x12\\\n" +
 	"\rRegisterProxy\x12$.prism.admin.v1.RegisterProxyRequest\x1a%.prism.admin.v1.RegisterProxyResponse\x12_\n" +
@@ -1089,7 +1832,13 @@ const file_prism_admin_v1_control_plane_proto_rawDesc = "" +
 	"\x10WatchAssignments\x12'.prism.admin.v1.WatchAssignmentsRequest\x1a(.prism.admin.v1.WatchAssignmentsResponse0\x01\x12Y\n" +
 	"\fAcquireLease\x12#.prism.admin.v1.AcquireLeaseRequest\x1a$.prism.admin.v1.AcquireLeaseResponse\x12e\n" +
 	"\x10MailboxHeartbeat\x12'.prism.admin.v1.MailboxHeartbeatRequest\x1a(.prism.admin.v1.MailboxHeartbeatResponse\x12Y\n" +
-	"\fReleaseLease\x12#.prism.admin.v1.ReleaseLeaseRequest\x1a$.prism.admin.v1.ReleaseLeaseResponseB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
+	"\fReleaseLease\x12#.prism.admin.v1.ReleaseLeaseRequest\x1a$.prism.admin.v1.ReleaseLeaseResponse2\xe0\x03\n" +
+	"\bSessions\x12V\n" +
+	"\vOpenSession\x12\".prism.admin.v1.OpenSessionRequest\x1a#.prism.admin.v1.OpenSessionResponse\x12e\n" +
+	"\x10KeepAliveSession\x12'.prism.admin.v1.KeepAliveSessionRequest\x1a(.prism.admin.v1.KeepAliveSessionResponse\x12Y\n" +
+	"\fCloseSession\x12#.prism.admin.v1.CloseSessionRequest\x1a$.prism.admin.v1.CloseSessionResponse\x12\\\n" +
+	"\rAcquireLeases\x12$.prism.admin.v1.AcquireLeasesRequest\x1a%.prism.admin.v1.AcquireLeasesResponse\x12\\\n" +
+	"\rReleaseLeases\x12$.prism.admin.v1.ReleaseLeasesRequest\x1a%.prism.admin.v1.ReleaseLeasesResponseB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_prism_admin_v1_control_plane_proto_rawDescOnce sync.Once
@@ -1103,7 +1852,7 @@ func file_prism_admin_v1_control_plane_proto_rawDescGZIP() []byte {
 	return file_prism_admin_v1_control_plane_proto_rawDescData
 }
 
-var file_prism_admin_v1_control_plane_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_prism_admin_v1_control_plane_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_prism_admin_v1_control_plane_proto_goTypes = []any{
 	(*RegisterProxyRequest)(nil),     // 0: prism.admin.v1.RegisterProxyRequest
 	(*RegisterProxyResponse)(nil),    // 1: prism.admin.v1.RegisterProxyResponse
@@ -1121,59 +1870,93 @@ var file_prism_admin_v1_control_plane_proto_goTypes = []any{
 	(*MailboxHeartbeatResponse)(nil), // 13: prism.admin.v1.MailboxHeartbeatResponse
 	(*ReleaseLeaseRequest)(nil),      // 14: prism.admin.v1.ReleaseLeaseRequest
 	(*ReleaseLeaseResponse)(nil),     // 15: prism.admin.v1.ReleaseLeaseResponse
-	(*ProxyRegistration)(nil),        // 16: prism.admin.v1.ProxyRegistration
-	(*Proxy)(nil),                    // 17: prism.admin.v1.Proxy
-	(*NamespaceAssignment)(nil),      // 18: prism.admin.v1.NamespaceAssignment
-	(*PartitionRange)(nil),           // 19: prism.admin.v1.PartitionRange
-	(*NamespaceHealth)(nil),          // 20: prism.admin.v1.NamespaceHealth
-	(*NamespaceConfig)(nil),          // 21: prism.admin.v1.NamespaceConfig
-	(*Namespace)(nil),                // 22: prism.admin.v1.Namespace
-	(*durationpb.Duration)(nil),      // 23: google.protobuf.Duration
-	(*Lease)(nil),                    // 24: prism.admin.v1.Lease
-	(*LeaseRefusal)(nil),             // 25: prism.admin.v1.LeaseRefusal
-	(*LeaseStats)(nil),               // 26: prism.admin.v1.LeaseStats
-	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
+	(*OpenSessionRequest)(nil),       // 16: prism.admin.v1.OpenSessionRequest
+	(*OpenSessionResponse)(nil),      // 17: prism.admin.v1.OpenSessionResponse
+	(*KeepAliveSessionRequest)(nil),  // 18: prism.admin.v1.KeepAliveSessionRequest
+	(*KeepAliveSessionResponse)(nil), // 19: prism.admin.v1.KeepAliveSessionResponse
+	(*CloseSessionRequest)(nil),      // 20: prism.admin.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),     // 21: prism.admin.v1.CloseSessionResponse
+	(*AcquireLeasesRequest)(nil),     // 22: prism.admin.v1.AcquireLeasesRequest
+	(*MailboxLeaseResult)(nil),       // 23: prism.admin.v1.MailboxLeaseResult
+	(*AcquireLeasesResponse)(nil),    // 24: prism.admin.v1.AcquireLeasesResponse
+	(*ReleaseLeasesRequest)(nil),     // 25: prism.admin.v1.ReleaseLeasesRequest
+	(*ReleaseLeasesResponse)(nil),    // 26: prism.admin.v1.ReleaseLeasesResponse
+	(*ProxyRegistration)(nil),        // 27: prism.admin.v1.ProxyRegistration
+	(*Proxy)(nil),                    // 28: prism.admin.v1.Proxy
+	(*NamespaceAssignment)(nil),      // 29: prism.admin.v1.NamespaceAssignment
+	(*PartitionRange)(nil),           // 30: prism.admin.v1.PartitionRange
+	(*NamespaceHealth)(nil),          // 31: prism.admin.v1.NamespaceHealth
+	(*NamespaceConfig)(nil),          // 32: prism.admin.v1.NamespaceConfig
+	(*Namespace)(nil),                // 33: prism.admin.v1.Namespace
+	(*durationpb.Duration)(nil),      // 34: google.protobuf.Duration
+	(*Lease)(nil),                    // 35: prism.admin.v1.Lease
+	(*LeaseRefusal)(nil),             // 36: prism.admin.v1.LeaseRefusal
+	(*LeaseStats)(nil),               // 37: prism.admin.v1.LeaseStats
+	(*timestamppb.Timestamp)(nil),    // 38: google.protobuf.Timestamp
+	(*Session)(nil),                  // 39: prism.admin.v1.Session
 }
 var file_prism_admin_v1_control_plane_proto_depIdxs = []int32{
-	16, // 0: prism.admin.v1.RegisterProxyRequest.registration:type_name -> prism.admin.v1.ProxyRegistration
-	17, // 1: prism.admin.v1.RegisterProxyResponse.proxy:type_name -> prism.admin.v1.Proxy
-	18, // 2: prism.admin.v1.RegisterProxyResponse.assignments:type_name -> prism.admin.v1.NamespaceAssignment
-	19, // 3: prism.admin.v1.RegisterProxyResponse.partition_ranges:type_name -> prism.admin.v1.PartitionRange
-	20, // 4: prism.admin.v1.ProxyHeartbeatRequest.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
-	17, // 5: prism.admin.v1.ProxyHeartbeatResponse.proxy:type_name -> prism.admin.v1.Proxy
-	21, // 6: prism.admin.v1.CreateNamespaceRequest.config:type_name -> prism.admin.v1.NamespaceConfig
-	22, // 7: prism.admin.v1.CreateNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
-	18, // 8: prism.admin.v1.WatchAssignmentsResponse.assignments:type_name -> prism.admin.v1.NamespaceAssignment
-	19, // 9: prism.admin.v1.WatchAssignmentsResponse.partition_ranges:type_name -> prism.admin.v1.PartitionRange
-	23, // 10: prism.admin.v1.AcquireLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	24, // 11: prism.admin.v1.AcquireLeaseResponse.lease:type_name -> prism.admin.v1.Lease
-	25, // 12: prism.admin.v1.AcquireLeaseResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
-	26, // 13: prism.admin.v1.MailboxHeartbeatRequest.stats:type_name -> prism.admin.v1.LeaseStats
-	27, // 14: prism.admin.v1.MailboxHeartbeatResponse.expires_at:type_name -> google.protobuf.Timestamp
-	23, // 15: prism.admin.v1.MailboxHeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	25, // 16: prism.admin.v1.MailboxHeartbeatResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
-	25, // 17: prism.admin.v1.ReleaseLeaseResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
-	0,  // 18: prism.admin.v1.ControlPlane.RegisterProxy:input_type -> prism.admin.v1.RegisterProxyRequest
-	2,  // 19: prism.admin.v1.ControlPlane.ProxyHeartbeat:input_type -> prism.admin.v1.ProxyHeartbeatRequest
-	4,  // 20: prism.admin.v1.ControlPlane.CreateNamespace:input_type -> prism.admin.v1.CreateNamespaceRequest
-	6,  // 21: prism.admin.v1.ControlPlane.DeleteNamespace:input_type -> prism.admin.v1.DeleteNamespaceRequest
-	8,  // 22: prism.admin.v1.ControlPlane.WatchAssignments:input_type -> prism.admin.v1.WatchAssignmentsRequest
-	10, // 23: prism.admin.v1.ControlPlane.AcquireLease:input_type -> prism.admin.v1.AcquireLeaseRequest
-	12, // 24: prism.admin.v1.ControlPlane.MailboxHeartbeat:input_type -> prism.admin.v1.MailboxHeartbeatRequest
-	14, // 25: prism.admin.v1.ControlPlane.ReleaseLease:input_type -> prism.admin.v1.ReleaseLeaseRequest
-	1,  // 26: prism.admin.v1.ControlPlane.RegisterProxy:output_type -> prism.admin.v1.RegisterProxyResponse
-	3,  // 27: prism.admin.v1.ControlPlane.ProxyHeartbeat:output_type -> prism.admin.v1.ProxyHeartbeatResponse
-	5,  // 28: prism.admin.v1.ControlPlane.CreateNamespace:output_type -> prism.admin.v1.CreateNamespaceResponse
-	7,  // 29: prism.admin.v1.ControlPlane.DeleteNamespace:output_type -> prism.admin.v1.DeleteNamespaceResponse
-	9,  // 30: prism.admin.v1.ControlPlane.WatchAssignments:output_type -> prism.admin.v1.WatchAssignmentsResponse
-	11, // 31: prism.admin.v1.ControlPlane.AcquireLease:output_type -> prism.admin.v1.AcquireLeaseResponse
-	13, // 32: prism.admin.v1.ControlPlane.MailboxHeartbeat:output_type -> prism.admin.v1.MailboxHeartbeatResponse
-	15, // 33: prism.admin.v1.ControlPlane.ReleaseLease:output_type -> prism.admin.v1.ReleaseLeaseResponse
-	26, // [26:34] is the sub-list for method output_type
-	18, // [18:26] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	27, // 0: prism.admin.v1.RegisterProxyRequest.registration:type_name -> prism.admin.v1.ProxyRegistration
+	28, // 1: prism.admin.v1.RegisterProxyResponse.proxy:type_name -> prism.admin.v1.Proxy
+	29, // 2: prism.admin.v1.RegisterProxyResponse.assignments:type_name -> prism.admin.v1.NamespaceAssignment
+	30, // 3: prism.admin.v1.RegisterProxyResponse.partition_ranges:type_name -> prism.admin.v1.PartitionRange
+	31, // 4: prism.admin.v1.ProxyHeartbeatRequest.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
+	28, // 5: prism.admin.v1.ProxyHeartbeatResponse.proxy:type_name -> prism.admin.v1.Proxy
+	32, // 6: prism.admin.v1.CreateNamespaceRequest.config:type_name -> prism.admin.v1.NamespaceConfig
+	33, // 7: prism.admin.v1.CreateNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
+	29, // 8: prism.admin.v1.WatchAssignmentsResponse.assignments:type_name -> prism.admin.v1.NamespaceAssignment
+	30, // 9: prism.admin.v1.WatchAssignmentsResponse.partition_ranges:type_name -> prism.admin.v1.PartitionRange
+	34, // 10: prism.admin.v1.AcquireLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	35, // 11: prism.admin.v1.AcquireLeaseResponse.lease:type_name -> prism.admin.v1.Lease
+	36, // 12: prism.admin.v1.AcquireLeaseResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	37, // 13: prism.admin.v1.MailboxHeartbeatRequest.stats:type_name -> prism.admin.v1.LeaseStats
+	38, // 14: prism.admin.v1.MailboxHeartbeatResponse.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 15: prism.admin.v1.MailboxHeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	36, // 16: prism.admin.v1.MailboxHeartbeatResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	36, // 17: prism.admin.v1.ReleaseLeaseResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	34, // 18: prism.admin.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	39, // 19: prism.admin.v1.OpenSessionResponse.session:type_name -> prism.admin.v1.Session
+	36, // 20: prism.admin.v1.OpenSessionResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	38, // 21: prism.admin.v1.KeepAliveSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 22: prism.admin.v1.KeepAliveSessionResponse.ttl:type_name -> google.protobuf.Duration
+	36, // 23: prism.admin.v1.KeepAliveSessionResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	35, // 24: prism.admin.v1.MailboxLeaseResult.lease:type_name -> prism.admin.v1.Lease
+	36, // 25: prism.admin.v1.MailboxLeaseResult.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	23, // 26: prism.admin.v1.AcquireLeasesResponse.results:type_name -> prism.admin.v1.MailboxLeaseResult
+	36, // 27: prism.admin.v1.AcquireLeasesResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	23, // 28: prism.admin.v1.ReleaseLeasesResponse.results:type_name -> prism.admin.v1.MailboxLeaseResult
+	36, // 29: prism.admin.v1.ReleaseLeasesResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	0,  // 30: prism.admin.v1.ControlPlane.RegisterProxy:input_type -> prism.admin.v1.RegisterProxyRequest
+	2,  // 31: prism.admin.v1.ControlPlane.ProxyHeartbeat:input_type -> prism.admin.v1.ProxyHeartbeatRequest
+	4,  // 32: prism.admin.v1.ControlPlane.CreateNamespace:input_type -> prism.admin.v1.CreateNamespaceRequest
+	6,  // 33: prism.admin.v1.ControlPlane.DeleteNamespace:input_type -> prism.admin.v1.DeleteNamespaceRequest
+	8,  // 34: prism.admin.v1.ControlPlane.WatchAssignments:input_type -> prism.admin.v1.WatchAssignmentsRequest
+	10, // 35: prism.admin.v1.ControlPlane.AcquireLease:input_type -> prism.admin.v1.AcquireLeaseRequest
+	12, // 36: prism.admin.v1.ControlPlane.MailboxHeartbeat:input_type -> prism.admin.v1.MailboxHeartbeatRequest
+	14, // 37: prism.admin.v1.ControlPlane.ReleaseLease:input_type -> prism.admin.v1.ReleaseLeaseRequest
+	16, // 38: prism.admin.v1.Sessions.OpenSession:input_type -> prism.admin.v1.OpenSessionRequest
+	18, // 39: prism.admin.v1.Sessions.KeepAliveSession:input_type -> prism.admin.v1.KeepAliveSessionRequest
+	20, // 40: prism.admin.v1.Sessions.CloseSession:input_type -> prism.admin.v1.CloseSessionRequest
+	22, // 41: prism.admin.v1.Sessions.AcquireLeases:input_type -> prism.admin.v1.AcquireLeasesRequest
+	25, // 42: prism.admin.v1.Sessions.ReleaseLeases:input_type -> prism.admin.v1.ReleaseLeasesRequest
+	1,  // 43: prism.admin.v1.ControlPlane.RegisterProxy:output_type -> prism.admin.v1.RegisterProxyResponse
+	3,  // 44: prism.admin.v1.ControlPlane.ProxyHeartbeat:output_type -> prism.admin.v1.ProxyHeartbeatResponse
+	5,  // 45: prism.admin.v1.ControlPlane.CreateNamespace:output_type -> prism.admin.v1.CreateNamespaceResponse
+	7,  // 46: prism.admin.v1.ControlPlane.DeleteNamespace:output_type -> prism.admin.v1.DeleteNamespaceResponse
+	9,  // 47: prism.admin.v1.ControlPlane.WatchAssignments:output_type -> prism.admin.v1.WatchAssignmentsResponse
+	11, // 48: prism.admin.v1.ControlPlane.AcquireLease:output_type -> prism.admin.v1.AcquireLeaseResponse
+	13, // 49: prism.admin.v1.ControlPlane.MailboxHeartbeat:output_type -> prism.admin.v1.MailboxHeartbeatResponse
+	15, // 50: prism.admin.v1.ControlPlane.ReleaseLease:output_type -> prism.admin.v1.ReleaseLeaseResponse
+	17, // 51: prism.admin.v1.Sessions.OpenSession:output_type -> prism.admin.v1.OpenSessionResponse
+	19, // 52: prism.admin.v1.Sessions.KeepAliveSession:output_type -> prism.admin.v1.KeepAliveSessionResponse
+	21, // 53: prism.admin.v1.Sessions.CloseSession:output_type -> prism.admin.v1.CloseSessionResponse
+	24, // 54: prism.admin.v1.Sessions.AcquireLeases:output_type -> prism.admin.v1.AcquireLeasesResponse
+	26, // 55: prism.admin.v1.Sessions.ReleaseLeases:output_type -> prism.admin.v1.ReleaseLeasesResponse
+	43, // [43:56] is the sub-list for method output_type
+	30, // [30:43] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_control_plane_proto_init() }
@@ -1188,9 +1971,9 @@ func file_prism_admin_v1_control_plane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_control_plane_proto_rawDesc), len(file_prism_admin_v1_control_plane_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   27,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_prism_admin_v1_control_plane_proto_goTypes,
 		DependencyIndexes: file_prism_admin_v1_control_plane_proto_depIdxs,

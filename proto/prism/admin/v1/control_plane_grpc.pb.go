@@ -421,3 +421,299 @@ var ControlPlane_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "prism/admin/v1/control_plane.proto",
 }
+
+const (
+	Sessions_OpenSession_FullMethodName      = "/prism.admin.v1.Sessions/OpenSession"
+	Sessions_KeepAliveSession_FullMethodName = "/prism.admin.v1.Sessions/KeepAliveSession"
+	Sessions_CloseSession_FullMethodName     = "/prism.admin.v1.Sessions/CloseSession"
+	Sessions_AcquireLeases_FullMethodName    = "/prism.admin.v1.Sessions/AcquireLeases"
+	Sessions_ReleaseLeases_FullMethodName    = "/prism.admin.v1.Sessions/ReleaseLeases"
+)
+
+// SessionsClient is the client API for Sessions service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Sessions is what a sidecar uses instead of per-mailbox leases
+// (docs/architecture.md#sessions): one session per sidecar, renewed as a
+// whole, so the admin's work follows the number of proxies, not mailboxes.
+// A service of its own beside ControlPlane, as etcd keeps Lease beside KV, so
+// ControlPlane's clients are untouched. Forwarding and idempotence are as for
+// ControlPlane: opening again makes another session (the old one expires),
+// re-acquiring in the same session is a reconnect with a new epoch, closing
+// or releasing what is gone succeeds with closed/ok=false.
+//
+// Every request names the proxy the session belongs to: a proxy identity may
+// act only for itself, and a session of another proxy is refused with
+// PERMISSION_DENIED.
+type SessionsClient interface {
+	// OpenSession starts a session for the proxy's registered runner.
+	OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error)
+	// KeepAliveSession renews the session and with it every lease it holds.
+	// Leader-local, like MailboxHeartbeat, and answered only under the same
+	// leadership confirmation.
+	KeepAliveSession(ctx context.Context, in *KeepAliveSessionRequest, opts ...grpc.CallOption) (*KeepAliveSessionResponse, error)
+	// CloseSession ends the session and all its leases in one Raft entry.
+	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
+	// AcquireLeases grants many mailboxes' leases in the session in one Raft
+	// entry, each with its own epoch; refusals are per mailbox.
+	AcquireLeases(ctx context.Context, in *AcquireLeasesRequest, opts ...grpc.CallOption) (*AcquireLeasesResponse, error)
+	// ReleaseLeases drops leases of the session in one Raft entry.
+	ReleaseLeases(ctx context.Context, in *ReleaseLeasesRequest, opts ...grpc.CallOption) (*ReleaseLeasesResponse, error)
+}
+
+type sessionsClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewSessionsClient(cc grpc.ClientConnInterface) SessionsClient {
+	return &sessionsClient{cc}
+}
+
+func (c *sessionsClient) OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenSessionResponse)
+	err := c.cc.Invoke(ctx, Sessions_OpenSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionsClient) KeepAliveSession(ctx context.Context, in *KeepAliveSessionRequest, opts ...grpc.CallOption) (*KeepAliveSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeepAliveSessionResponse)
+	err := c.cc.Invoke(ctx, Sessions_KeepAliveSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionsClient) CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CloseSessionResponse)
+	err := c.cc.Invoke(ctx, Sessions_CloseSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionsClient) AcquireLeases(ctx context.Context, in *AcquireLeasesRequest, opts ...grpc.CallOption) (*AcquireLeasesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AcquireLeasesResponse)
+	err := c.cc.Invoke(ctx, Sessions_AcquireLeases_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sessionsClient) ReleaseLeases(ctx context.Context, in *ReleaseLeasesRequest, opts ...grpc.CallOption) (*ReleaseLeasesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseLeasesResponse)
+	err := c.cc.Invoke(ctx, Sessions_ReleaseLeases_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SessionsServer is the server API for Sessions service.
+// All implementations must embed UnimplementedSessionsServer
+// for forward compatibility.
+//
+// Sessions is what a sidecar uses instead of per-mailbox leases
+// (docs/architecture.md#sessions): one session per sidecar, renewed as a
+// whole, so the admin's work follows the number of proxies, not mailboxes.
+// A service of its own beside ControlPlane, as etcd keeps Lease beside KV, so
+// ControlPlane's clients are untouched. Forwarding and idempotence are as for
+// ControlPlane: opening again makes another session (the old one expires),
+// re-acquiring in the same session is a reconnect with a new epoch, closing
+// or releasing what is gone succeeds with closed/ok=false.
+//
+// Every request names the proxy the session belongs to: a proxy identity may
+// act only for itself, and a session of another proxy is refused with
+// PERMISSION_DENIED.
+type SessionsServer interface {
+	// OpenSession starts a session for the proxy's registered runner.
+	OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error)
+	// KeepAliveSession renews the session and with it every lease it holds.
+	// Leader-local, like MailboxHeartbeat, and answered only under the same
+	// leadership confirmation.
+	KeepAliveSession(context.Context, *KeepAliveSessionRequest) (*KeepAliveSessionResponse, error)
+	// CloseSession ends the session and all its leases in one Raft entry.
+	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
+	// AcquireLeases grants many mailboxes' leases in the session in one Raft
+	// entry, each with its own epoch; refusals are per mailbox.
+	AcquireLeases(context.Context, *AcquireLeasesRequest) (*AcquireLeasesResponse, error)
+	// ReleaseLeases drops leases of the session in one Raft entry.
+	ReleaseLeases(context.Context, *ReleaseLeasesRequest) (*ReleaseLeasesResponse, error)
+	mustEmbedUnimplementedSessionsServer()
+}
+
+// UnimplementedSessionsServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedSessionsServer struct{}
+
+func (UnimplementedSessionsServer) OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenSession not implemented")
+}
+func (UnimplementedSessionsServer) KeepAliveSession(context.Context, *KeepAliveSessionRequest) (*KeepAliveSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method KeepAliveSession not implemented")
+}
+func (UnimplementedSessionsServer) CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseSession not implemented")
+}
+func (UnimplementedSessionsServer) AcquireLeases(context.Context, *AcquireLeasesRequest) (*AcquireLeasesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AcquireLeases not implemented")
+}
+func (UnimplementedSessionsServer) ReleaseLeases(context.Context, *ReleaseLeasesRequest) (*ReleaseLeasesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseLeases not implemented")
+}
+func (UnimplementedSessionsServer) mustEmbedUnimplementedSessionsServer() {}
+func (UnimplementedSessionsServer) testEmbeddedByValue()                  {}
+
+// UnsafeSessionsServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to SessionsServer will
+// result in compilation errors.
+type UnsafeSessionsServer interface {
+	mustEmbedUnimplementedSessionsServer()
+}
+
+func RegisterSessionsServer(s grpc.ServiceRegistrar, srv SessionsServer) {
+	// If the following call panics, it indicates UnimplementedSessionsServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Sessions_ServiceDesc, srv)
+}
+
+func _Sessions_OpenSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionsServer).OpenSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sessions_OpenSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionsServer).OpenSession(ctx, req.(*OpenSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sessions_KeepAliveSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeepAliveSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionsServer).KeepAliveSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sessions_KeepAliveSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionsServer).KeepAliveSession(ctx, req.(*KeepAliveSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sessions_CloseSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionsServer).CloseSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sessions_CloseSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionsServer).CloseSession(ctx, req.(*CloseSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sessions_AcquireLeases_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcquireLeasesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionsServer).AcquireLeases(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sessions_AcquireLeases_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionsServer).AcquireLeases(ctx, req.(*AcquireLeasesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sessions_ReleaseLeases_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseLeasesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SessionsServer).ReleaseLeases(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sessions_ReleaseLeases_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SessionsServer).ReleaseLeases(ctx, req.(*ReleaseLeasesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Sessions_ServiceDesc is the grpc.ServiceDesc for Sessions service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Sessions_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "prism.admin.v1.Sessions",
+	HandlerType: (*SessionsServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "OpenSession",
+			Handler:    _Sessions_OpenSession_Handler,
+		},
+		{
+			MethodName: "KeepAliveSession",
+			Handler:    _Sessions_KeepAliveSession_Handler,
+		},
+		{
+			MethodName: "CloseSession",
+			Handler:    _Sessions_CloseSession_Handler,
+		},
+		{
+			MethodName: "AcquireLeases",
+			Handler:    _Sessions_AcquireLeases_Handler,
+		},
+		{
+			MethodName: "ReleaseLeases",
+			Handler:    _Sessions_ReleaseLeases_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "prism/admin/v1/control_plane.proto",
+}

@@ -6,7 +6,7 @@
 
 // The FSM snapshot format: one length-delimited SnapshotHeader, then one
 // length-delimited SnapshotRecord per row, in a fixed order (proxies,
-// namespaces, leases, members, each sorted by key), so equal states give equal bytes.
+// namespaces, leases, members, sessions, each sorted by key), so equal states give equal bytes.
 
 package adminv1
 
@@ -37,6 +37,11 @@ type SnapshotHeader struct {
 	NamespaceCount uint64 `protobuf:"varint,5,opt,name=namespace_count,json=namespaceCount,proto3" json:"namespace_count,omitempty"`
 	LeaseCount     uint64 `protobuf:"varint,6,opt,name=lease_count,json=leaseCount,proto3" json:"lease_count,omitempty"`
 	MemberCount    uint64 `protobuf:"varint,7,opt,name=member_count,json=memberCount,proto3" json:"member_count,omitempty"`
+	SessionCount   uint64 `protobuf:"varint,8,opt,name=session_count,json=sessionCount,proto3" json:"session_count,omitempty"`
+	// The highest fencing token (lease epoch or session id) handed out so
+	// far; the next grant's is above it (admin/fsm/epoch.go). Zero in
+	// snapshots from before sessions, which never needed it.
+	EpochHighWater uint64 `protobuf:"varint,9,opt,name=epoch_high_water,json=epochHighWater,proto3" json:"epoch_high_water,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -120,6 +125,20 @@ func (x *SnapshotHeader) GetMemberCount() uint64 {
 	return 0
 }
 
+func (x *SnapshotHeader) GetSessionCount() uint64 {
+	if x != nil {
+		return x.SessionCount
+	}
+	return 0
+}
+
+func (x *SnapshotHeader) GetEpochHighWater() uint64 {
+	if x != nil {
+		return x.EpochHighWater
+	}
+	return 0
+}
+
 type SnapshotRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Record:
@@ -128,6 +147,7 @@ type SnapshotRecord struct {
 	//	*SnapshotRecord_Namespace
 	//	*SnapshotRecord_Lease
 	//	*SnapshotRecord_Member
+	//	*SnapshotRecord_Session
 	Record        isSnapshotRecord_Record `protobuf_oneof:"record"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -206,6 +226,15 @@ func (x *SnapshotRecord) GetMember() *MemberAddress {
 	return nil
 }
 
+func (x *SnapshotRecord) GetSession() *Session {
+	if x != nil {
+		if x, ok := x.Record.(*SnapshotRecord_Session); ok {
+			return x.Session
+		}
+	}
+	return nil
+}
+
 type isSnapshotRecord_Record interface {
 	isSnapshotRecord_Record()
 }
@@ -226,6 +255,10 @@ type SnapshotRecord_Member struct {
 	Member *MemberAddress `protobuf:"bytes,4,opt,name=member,proto3,oneof"`
 }
 
+type SnapshotRecord_Session struct {
+	Session *Session `protobuf:"bytes,5,opt,name=session,proto3,oneof"`
+}
+
 func (*SnapshotRecord_Proxy) isSnapshotRecord_Record() {}
 
 func (*SnapshotRecord_Namespace) isSnapshotRecord_Record() {}
@@ -234,11 +267,13 @@ func (*SnapshotRecord_Lease) isSnapshotRecord_Record() {}
 
 func (*SnapshotRecord_Member) isSnapshotRecord_Record() {}
 
+func (*SnapshotRecord_Session) isSnapshotRecord_Record() {}
+
 var File_prism_admin_v1_snapshot_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_snapshot_proto_rawDesc = "" +
 	"\n" +
-	"\x1dprism/admin/v1/snapshot.proto\x12\x0eprism.admin.v1\x1a\x1aprism/admin/v1/types.proto\"\xfe\x01\n" +
+	"\x1dprism/admin/v1/snapshot.proto\x12\x0eprism.admin.v1\x1a\x1aprism/admin/v1/types.proto\"\xcd\x02\n" +
 	"\x0eSnapshotHeader\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12!\n" +
@@ -248,12 +283,15 @@ const file_prism_admin_v1_snapshot_proto_rawDesc = "" +
 	"\x0fnamespace_count\x18\x05 \x01(\x04R\x0enamespaceCount\x12\x1f\n" +
 	"\vlease_count\x18\x06 \x01(\x04R\n" +
 	"leaseCount\x12!\n" +
-	"\fmember_count\x18\a \x01(\x04R\vmemberCount\"\xec\x01\n" +
+	"\fmember_count\x18\a \x01(\x04R\vmemberCount\x12#\n" +
+	"\rsession_count\x18\b \x01(\x04R\fsessionCount\x12(\n" +
+	"\x10epoch_high_water\x18\t \x01(\x04R\x0eepochHighWater\"\xa1\x02\n" +
 	"\x0eSnapshotRecord\x12-\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyH\x00R\x05proxy\x129\n" +
 	"\tnamespace\x18\x02 \x01(\v2\x19.prism.admin.v1.NamespaceH\x00R\tnamespace\x12-\n" +
 	"\x05lease\x18\x03 \x01(\v2\x15.prism.admin.v1.LeaseH\x00R\x05lease\x127\n" +
-	"\x06member\x18\x04 \x01(\v2\x1d.prism.admin.v1.MemberAddressH\x00R\x06memberB\b\n" +
+	"\x06member\x18\x04 \x01(\v2\x1d.prism.admin.v1.MemberAddressH\x00R\x06member\x123\n" +
+	"\asession\x18\x05 \x01(\v2\x17.prism.admin.v1.SessionH\x00R\asessionB\b\n" +
 	"\x06recordB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
 var (
@@ -276,17 +314,19 @@ var file_prism_admin_v1_snapshot_proto_goTypes = []any{
 	(*Namespace)(nil),      // 3: prism.admin.v1.Namespace
 	(*Lease)(nil),          // 4: prism.admin.v1.Lease
 	(*MemberAddress)(nil),  // 5: prism.admin.v1.MemberAddress
+	(*Session)(nil),        // 6: prism.admin.v1.Session
 }
 var file_prism_admin_v1_snapshot_proto_depIdxs = []int32{
 	2, // 0: prism.admin.v1.SnapshotRecord.proxy:type_name -> prism.admin.v1.Proxy
 	3, // 1: prism.admin.v1.SnapshotRecord.namespace:type_name -> prism.admin.v1.Namespace
 	4, // 2: prism.admin.v1.SnapshotRecord.lease:type_name -> prism.admin.v1.Lease
 	5, // 3: prism.admin.v1.SnapshotRecord.member:type_name -> prism.admin.v1.MemberAddress
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	6, // 4: prism.admin.v1.SnapshotRecord.session:type_name -> prism.admin.v1.Session
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_snapshot_proto_init() }
@@ -300,6 +340,7 @@ func file_prism_admin_v1_snapshot_proto_init() {
 		(*SnapshotRecord_Namespace)(nil),
 		(*SnapshotRecord_Lease)(nil),
 		(*SnapshotRecord_Member)(nil),
+		(*SnapshotRecord_Session)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -274,21 +274,26 @@ const (
 	// Acquire: the caller is not the runner registered for the mailbox's
 	// proxy (ProxyRegistration.runner_id).
 	LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER LeaseRefusalReason = 9
+	// Session calls: the session is closed, expired or was never opened; open
+	// a new one. MailboxHeartbeat/ReleaseLeases: the lease belongs to a
+	// session (another one, for ReleaseLeases), not to the caller's.
+	LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION LeaseRefusalReason = 10
 )
 
 // Enum value maps for LeaseRefusalReason.
 var (
 	LeaseRefusalReason_name = map[int32]string{
-		0: "LEASE_REFUSAL_REASON_UNSPECIFIED",
-		1: "LEASE_REFUSAL_REASON_HELD_BY_OTHER",
-		2: "LEASE_REFUSAL_REASON_NOT_HOLDER",
-		3: "LEASE_REFUSAL_REASON_EXPIRED",
-		4: "LEASE_REFUSAL_REASON_UNKNOWN_LEASE",
-		5: "LEASE_REFUSAL_REASON_STALE_EPOCH",
-		6: "LEASE_REFUSAL_REASON_NOT_LEADER",
-		7: "LEASE_REFUSAL_REASON_NAMESPACE_NOT_FOUND",
-		8: "LEASE_REFUSAL_REASON_NOT_PLACED_HERE",
-		9: "LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER",
+		0:  "LEASE_REFUSAL_REASON_UNSPECIFIED",
+		1:  "LEASE_REFUSAL_REASON_HELD_BY_OTHER",
+		2:  "LEASE_REFUSAL_REASON_NOT_HOLDER",
+		3:  "LEASE_REFUSAL_REASON_EXPIRED",
+		4:  "LEASE_REFUSAL_REASON_UNKNOWN_LEASE",
+		5:  "LEASE_REFUSAL_REASON_STALE_EPOCH",
+		6:  "LEASE_REFUSAL_REASON_NOT_LEADER",
+		7:  "LEASE_REFUSAL_REASON_NAMESPACE_NOT_FOUND",
+		8:  "LEASE_REFUSAL_REASON_NOT_PLACED_HERE",
+		9:  "LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER",
+		10: "LEASE_REFUSAL_REASON_UNKNOWN_SESSION",
 	}
 	LeaseRefusalReason_value = map[string]int32{
 		"LEASE_REFUSAL_REASON_UNSPECIFIED":         0,
@@ -301,6 +306,7 @@ var (
 		"LEASE_REFUSAL_REASON_NAMESPACE_NOT_FOUND": 7,
 		"LEASE_REFUSAL_REASON_NOT_PLACED_HERE":     8,
 		"LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER":    9,
+		"LEASE_REFUSAL_REASON_UNKNOWN_SESSION":     10,
 	}
 )
 
@@ -1170,8 +1176,13 @@ type Lease struct {
 	// Leader time of the last checkpointed heartbeat (granted_at before one).
 	LastHeartbeatAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=last_heartbeat_at,json=lastHeartbeatAt,proto3" json:"last_heartbeat_at,omitempty"`
 	Stats           *LeaseStats            `protobuf:"bytes,14,opt,name=stats,proto3" json:"stats,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The session the lease belongs to; zero for a lease acquired on its own
+	// (AcquireLease), which is renewed by MailboxHeartbeat. A session's lease
+	// lives as long as its session: its expires_at, ttl and grace are the
+	// session's, and it is renewed only by KeepAliveSession.
+	SessionId     uint64 `protobuf:"varint,15,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Lease) Reset() {
@@ -1302,6 +1313,128 @@ func (x *Lease) GetStats() *LeaseStats {
 	return nil
 }
 
+func (x *Lease) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+// Session is one sidecar's hold on the admin cluster: one renewal keeps every
+// lease it holds (docs/architecture.md#sessions).
+type Session struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Allocated like a lease epoch (term << 40 | index, see
+	// docs/architecture.md#fencing-epochs), so never reused.
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	ProxyId       string                 `protobuf:"bytes,2,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	RunnerId      string                 `protobuf:"bytes,3,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
+	RunnerAddress string                 `protobuf:"bytes,4,opt,name=runner_address,json=runnerAddress,proto3" json:"runner_address,omitempty"`
+	Ttl           *durationpb.Duration   `protobuf:"bytes,5,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Grace         *durationpb.Duration   `protobuf:"bytes,6,opt,name=grace,proto3" json:"grace,omitempty"`
+	OpenedAt      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=opened_at,json=openedAt,proto3" json:"opened_at,omitempty"`
+	// As last written through Raft (the open); renewals are leader-local, so
+	// only the leader's lessor has the live value.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Leases of the session, in the replicated table.
+	LeaseCount    uint32 `protobuf:"varint,9,opt,name=lease_count,json=leaseCount,proto3" json:"lease_count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Session) Reset() {
+	*x = Session{}
+	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Session) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Session) ProtoMessage() {}
+
+func (x *Session) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Session.ProtoReflect.Descriptor instead.
+func (*Session) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Session) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Session) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *Session) GetRunnerId() string {
+	if x != nil {
+		return x.RunnerId
+	}
+	return ""
+}
+
+func (x *Session) GetRunnerAddress() string {
+	if x != nil {
+		return x.RunnerAddress
+	}
+	return ""
+}
+
+func (x *Session) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *Session) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
+}
+
+func (x *Session) GetOpenedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OpenedAt
+	}
+	return nil
+}
+
+func (x *Session) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Session) GetLeaseCount() uint32 {
+	if x != nil {
+		return x.LeaseCount
+	}
+	return 0
+}
+
 // Route is what the data plane needs to send a mailbox's queries to its
 // runner: one per live lease.
 type Route struct {
@@ -1319,7 +1452,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1464,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1477,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Route) GetMailboxId() string {
@@ -1412,7 +1545,7 @@ type NamespaceRoute struct {
 
 func (x *NamespaceRoute) Reset() {
 	*x = NamespaceRoute{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1557,7 @@ func (x *NamespaceRoute) String() string {
 func (*NamespaceRoute) ProtoMessage() {}
 
 func (x *NamespaceRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1570,7 @@ func (x *NamespaceRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceRoute.ProtoReflect.Descriptor instead.
 func (*NamespaceRoute) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NamespaceRoute) GetNamespace() string {
@@ -1480,7 +1613,7 @@ type LeaseRefusal struct {
 
 func (x *LeaseRefusal) Reset() {
 	*x = LeaseRefusal{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1625,7 @@ func (x *LeaseRefusal) String() string {
 func (*LeaseRefusal) ProtoMessage() {}
 
 func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1638,7 @@ func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRefusal.ProtoReflect.Descriptor instead.
 func (*LeaseRefusal) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeaseRefusal) GetReason() LeaseRefusalReason {
@@ -1559,7 +1692,7 @@ type NamespaceAssignment struct {
 
 func (x *NamespaceAssignment) Reset() {
 	*x = NamespaceAssignment{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1704,7 @@ func (x *NamespaceAssignment) String() string {
 func (*NamespaceAssignment) ProtoMessage() {}
 
 func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1717,7 @@ func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceAssignment.ProtoReflect.Descriptor instead.
 func (*NamespaceAssignment) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NamespaceAssignment) GetNamespace() string {
@@ -1688,7 +1821,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\revents_stored\x18\x01 \x01(\x03R\feventsStored\x12%\n" +
 	"\x0equeries_served\x18\x02 \x01(\x03R\rqueriesServed\x12#\n" +
 	"\rstorage_bytes\x18\x03 \x01(\x03R\fstorageBytes\x124\n" +
-	"\x06health\x18\x04 \x01(\x0e2\x1c.prism.admin.v1.RunnerHealthR\x06health\"\xef\x04\n" +
+	"\x06health\x18\x04 \x01(\x0e2\x1c.prism.admin.v1.RunnerHealthR\x06health\"\x8e\x05\n" +
 	"\x05Lease\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x1c\n" +
@@ -1707,7 +1840,21 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x05grace\x18\v \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12H\n" +
 	"\x12heartbeat_interval\x18\f \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x12F\n" +
 	"\x11last_heartbeat_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0flastHeartbeatAt\x120\n" +
-	"\x05stats\x18\x0e \x01(\v2\x1a.prism.admin.v1.LeaseStatsR\x05stats\"\xd7\x01\n" +
+	"\x05stats\x18\x0e \x01(\v2\x1a.prism.admin.v1.LeaseStatsR\x05stats\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x0f \x01(\x04R\tsessionId\"\xeb\x02\n" +
+	"\aSession\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x19\n" +
+	"\bproxy_id\x18\x02 \x01(\tR\aproxyId\x12\x1b\n" +
+	"\trunner_id\x18\x03 \x01(\tR\brunnerId\x12%\n" +
+	"\x0erunner_address\x18\x04 \x01(\tR\rrunnerAddress\x12+\n" +
+	"\x03ttl\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12/\n" +
+	"\x05grace\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x127\n" +
+	"\topened_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bopenedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1f\n" +
+	"\vlease_count\x18\t \x01(\rR\n" +
+	"leaseCount\"\xd7\x01\n" +
 	"\x05Route\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x1c\n" +
@@ -1752,7 +1899,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\fRunnerHealth\x12\x1d\n" +
 	"\x19RUNNER_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15RUNNER_HEALTH_HEALTHY\x10\x01\x12\x1a\n" +
-	"\x16RUNNER_HEALTH_DEGRADED\x10\x02*\x9f\x03\n" +
+	"\x16RUNNER_HEALTH_DEGRADED\x10\x02*\xc9\x03\n" +
 	"\x12LeaseRefusalReason\x12$\n" +
 	" LEASE_REFUSAL_REASON_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"LEASE_REFUSAL_REASON_HELD_BY_OTHER\x10\x01\x12#\n" +
@@ -1763,7 +1910,9 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x1fLEASE_REFUSAL_REASON_NOT_LEADER\x10\x06\x12,\n" +
 	"(LEASE_REFUSAL_REASON_NAMESPACE_NOT_FOUND\x10\a\x12(\n" +
 	"$LEASE_REFUSAL_REASON_NOT_PLACED_HERE\x10\b\x12)\n" +
-	"%LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER\x10\t*_\n" +
+	"%LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER\x10\t\x12(\n" +
+	"$LEASE_REFUSAL_REASON_UNKNOWN_SESSION\x10\n" +
+	"*_\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_STALE\x10\x01\x12\x1c\n" +
@@ -1782,7 +1931,7 @@ func file_prism_admin_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_admin_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_prism_admin_v1_types_proto_goTypes = []any{
 	(ProxyStatus)(0),              // 0: prism.admin.v1.ProxyStatus
 	(HealthStatus)(0),             // 1: prism.admin.v1.HealthStatus
@@ -1801,49 +1950,54 @@ var file_prism_admin_v1_types_proto_goTypes = []any{
 	(*Namespace)(nil),             // 14: prism.admin.v1.Namespace
 	(*LeaseStats)(nil),            // 15: prism.admin.v1.LeaseStats
 	(*Lease)(nil),                 // 16: prism.admin.v1.Lease
-	(*Route)(nil),                 // 17: prism.admin.v1.Route
-	(*NamespaceRoute)(nil),        // 18: prism.admin.v1.NamespaceRoute
-	(*LeaseRefusal)(nil),          // 19: prism.admin.v1.LeaseRefusal
-	(*NamespaceAssignment)(nil),   // 20: prism.admin.v1.NamespaceAssignment
-	nil,                           // 21: prism.admin.v1.ProxyRegistration.LabelsEntry
-	nil,                           // 22: prism.admin.v1.NamespaceConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*Session)(nil),               // 17: prism.admin.v1.Session
+	(*Route)(nil),                 // 18: prism.admin.v1.Route
+	(*NamespaceRoute)(nil),        // 19: prism.admin.v1.NamespaceRoute
+	(*LeaseRefusal)(nil),          // 20: prism.admin.v1.LeaseRefusal
+	(*NamespaceAssignment)(nil),   // 21: prism.admin.v1.NamespaceAssignment
+	nil,                           // 22: prism.admin.v1.ProxyRegistration.LabelsEntry
+	nil,                           // 23: prism.admin.v1.NamespaceConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
 }
 var file_prism_admin_v1_types_proto_depIdxs = []int32{
-	21, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
+	22, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
 	7,  // 1: prism.admin.v1.Proxy.registration:type_name -> prism.admin.v1.ProxyRegistration
 	0,  // 2: prism.admin.v1.Proxy.status:type_name -> prism.admin.v1.ProxyStatus
-	23, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
-	23, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
+	24, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
+	24, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
 	9,  // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
 	1,  // 6: prism.admin.v1.NamespaceHealth.status:type_name -> prism.admin.v1.HealthStatus
-	24, // 7: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
-	24, // 8: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	24, // 9: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
-	24, // 10: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
+	25, // 7: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
+	25, // 8: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	25, // 9: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
+	25, // 10: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
 	11, // 11: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
 	2,  // 12: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
 	12, // 13: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
-	22, // 14: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
+	23, // 14: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
 	13, // 15: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
-	23, // 16: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
+	24, // 16: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 17: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
-	23, // 18: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	23, // 19: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	24, // 20: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	24, // 21: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
-	24, // 22: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
-	23, // 23: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	24, // 18: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	24, // 19: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	25, // 20: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	25, // 21: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
+	25, // 22: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
+	24, // 23: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
 	15, // 24: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
-	4,  // 25: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
-	16, // 26: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
-	13, // 27: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	25, // 25: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
+	25, // 26: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
+	24, // 27: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
+	24, // 28: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
+	4,  // 29: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
+	16, // 30: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
+	13, // 31: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
+	32, // [32:32] is the sub-list for method output_type
+	32, // [32:32] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_types_proto_init() }
@@ -1857,7 +2011,7 @@ func file_prism_admin_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_types_proto_rawDesc), len(file_prism_admin_v1_types_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
