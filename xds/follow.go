@@ -36,7 +36,8 @@ type routesIndexer interface {
 type FollowConfig struct {
 	// Gateway is the mailbox gateway the IR routes to. An admin node running
 	// with TLS sets Gateway.UpstreamTLS to its trust domain, so the gateways
-	// reach runners and not-found endpoints over mutual TLS.
+	// reach runners and not-found endpoints over mutual TLS; a node given a
+	// JWKS sets Gateway.QueryAuth, so Envoy checks query tokens.
 	Gateway ir.Gateway
 	// NotFound lists the admin nodes' gRPC addresses. Envoy needs IPs, so
 	// host names (a StatefulSet's peer DNS names) are resolved every round
