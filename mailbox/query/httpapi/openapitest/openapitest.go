@@ -174,12 +174,12 @@ func (c *Checker) checkOutside(t testing.TB, req *http.Request, ex Exchange, sta
 	}
 }
 
-// RequestError is what the document says is wrong with req; nil when it
-// allows req (or has no operation for it).
+// RequestError is what the document says is wrong with req: nil when it
+// allows req, the routing error when it has no operation for it.
 func (c *Checker) RequestError(req *http.Request) error {
 	route, pathParams, err := c.router.FindRoute(req)
 	if err != nil {
-		return nil
+		return fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err)
 	}
 	return openapi3filter.ValidateRequest(req.Context(), &openapi3filter.RequestValidationInput{
 		Request: req, PathParams: pathParams, Route: route,
