@@ -68,6 +68,7 @@ package lease
 
 import (
 	"container/heap"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -115,6 +116,11 @@ type Lessor struct {
 	queue expiryQueue
 	// dirty holds leases renewed since their last checkpoint.
 	dirty map[string]struct{}
+	// sessions mirrors the FSM's sessions (session.go); sessionQueue
+	// orders them by next action time, only while primary. A session's
+	// leases are in leases but never in queue: they live as long as it.
+	sessions     map[uint64]*sessionEntry
+	sessionQueue sessionQueue
 }
 
 type entry struct {
@@ -162,6 +168,8 @@ func New(cfg Config) *Lessor {
 		limiter: rate.NewLimiter(rate.Limit(cfg.ExpiryRate), cfg.ExpiryBurst),
 		leases:  map[string]*entry{},
 		dirty:   map[string]struct{}{},
+
+		sessions: map[uint64]*sessionEntry{},
 	}
 }
 
@@ -173,7 +181,7 @@ func (l *Lessor) LeaseGranted(ls *adminv1.Lease) {
 	l.drop(ls.GetMailboxId())
 	e := newEntry(ls)
 	l.leases[ls.GetMailboxId()] = e
-	if l.primary {
+	if l.primary && ls.GetSessionId() == 0 {
 		l.track(e)
 	}
 }
@@ -220,15 +228,20 @@ func (l *Lessor) track(e *entry) {
 	heap.Push(&l.queue, e)
 }
 
-// refresh gives every lease a full ttl plus the promotion extension.
+// refresh gives every lease and session a full ttl plus the promotion
+// extension.
 func (l *Lessor) refresh() {
 	now := l.cfg.Clock.Now()
 	l.queue = l.queue[:0]
 	for _, id := range slices.Sorted(maps.Keys(l.leases)) {
 		e := l.leases[id]
+		if e.lease.GetSessionId() != 0 {
+			continue
+		}
 		e.expires = now.Add(e.lease.GetTtl().AsDuration() + l.cfg.ExtendOnPromote)
 		l.track(e)
 	}
+	l.refreshSessions(now)
 }
 
 // Promote makes this lessor primary; call it when the node becomes leader,
@@ -251,6 +264,10 @@ func (l *Lessor) Demote() {
 	l.queue = nil
 	clear(l.dirty)
 	for _, e := range l.leases {
+		e.idx = -1
+	}
+	l.sessionQueue = nil
+	for _, e := range l.sessions {
 		e.idx = -1
 	}
 }
@@ -293,6 +310,10 @@ func (l *Lessor) Renew(req *adminv1.MailboxHeartbeatRequest) *adminv1.MailboxHea
 	}
 	if r := fsm.HolderRefusal(e.lease, req.GetRunnerId(), req.GetEpoch()); r != nil {
 		return &adminv1.MailboxHeartbeatResponse{Refusal: r}
+	}
+	if sid := e.lease.GetSessionId(); sid != 0 {
+		return refusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION,
+			fmt.Sprintf("lease of %s belongs to session %d: renew the session (KeepAliveSession), not the lease", req.GetMailboxId(), sid), e.lease)
 	}
 	if now.After(e.deadline()) {
 		return refusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED,
@@ -378,6 +399,11 @@ func (l *Lessor) Annotate(ls *adminv1.Lease) *adminv1.Lease {
 		return ls
 	}
 	out := proto.CloneOf(ls)
+	if s, ok := l.sessions[ls.GetSessionId()]; ok {
+		out.ExpiresAt = timestamppb.New(s.expires)
+		out.LastHeartbeatAt = timestamppb.New(s.lastKeepAlive)
+		return out
+	}
 	out.ExpiresAt = timestamppb.New(e.expires)
 	out.LastHeartbeatAt = timestamppb.New(e.lastHeartbeat)
 	if e.stats != nil {

@@ -1,0 +1,215 @@
+package lease
+
+import (
+	"container/heap"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/prism-mesh/prism/admin/fsm"
+	"github.com/prism-mesh/prism/mesh"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// # Sessions
+//
+// A session (admin/fsm/session.go) is renewed and expired here exactly as a
+// lease is, with one entry per session instead of one per mailbox: its
+// leases are mirrored but never queued, so a keepalive costs O(log
+// sessions) whatever the number of leases, and an expiry is one request
+// naming the session, which the FSM turns into the removal of all its leases
+// in one entry. The safety argument above carries over word for word with
+// "heartbeat" read as "keepalive": the server answers a keepalive only under
+// the same leadership confirmation, Promote gives every session ttl +
+// ExtendOnPromote, and a session is requested for expiry only after expires
+// + grace on the primary's clock. So a holder that stops serving at ttl
+// after it sent its last acknowledged keepalive stops before any of the
+// session's mailboxes can be granted to anyone else.
+//
+// A keepalive that arrives in time is never refused for load: shedding
+// (RESOURCE_EXHAUSTED before a renewal is lost) is the next slice of issue
+// 20 and must keep that rule: shed acquires and opens first.
+
+type sessionEntry struct {
+	session       *adminv1.Session
+	expires       time.Time
+	lastKeepAlive time.Time
+	requested     time.Time
+	next          time.Time
+	idx           int
+}
+
+func (e *sessionEntry) deadline() time.Time { return e.expires.Add(e.session.GetGrace().AsDuration()) }
+
+var _ fsm.SessionObserver = (*Lessor)(nil)
+
+// SessionOpened implements fsm.SessionObserver. The open's expires_at was
+// stamped by the leader that proposed it, so a primary starts from there.
+func (l *Lessor) SessionOpened(s *adminv1.Session) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dropSession(s.GetId())
+	e := &sessionEntry{session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(), idx: -1}
+	l.sessions[s.GetId()] = e
+	if l.primary {
+		l.trackSession(e)
+	}
+}
+
+// SessionClosed implements fsm.SessionObserver. The FSM has reported the
+// removal of each of the session's leases before.
+func (l *Lessor) SessionClosed(id uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dropSession(id)
+}
+
+// SessionsRestored implements fsm.SessionObserver. A primary gives restored
+// sessions a full ttl plus the extension, as on promotion.
+func (l *Lessor) SessionsRestored(sessions []*adminv1.Session) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sessions = make(map[uint64]*sessionEntry, len(sessions))
+	for _, s := range sessions {
+		l.sessions[s.GetId()] = &sessionEntry{session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(), idx: -1}
+	}
+	if l.primary {
+		l.refreshSessions(l.cfg.Clock.Now())
+	}
+}
+
+func (l *Lessor) dropSession(id uint64) {
+	e, ok := l.sessions[id]
+	if !ok {
+		return
+	}
+	if e.idx >= 0 {
+		heap.Remove(&l.sessionQueue, e.idx)
+	}
+	delete(l.sessions, id)
+}
+
+func (l *Lessor) trackSession(e *sessionEntry) {
+	e.requested = time.Time{}
+	e.next = e.deadline()
+	heap.Push(&l.sessionQueue, e)
+}
+
+func (l *Lessor) refreshSessions(now time.Time) {
+	l.sessionQueue = l.sessionQueue[:0]
+	for _, id := range slices.Sorted(maps.Keys(l.sessions)) {
+		e := l.sessions[id]
+		e.expires = now.Add(e.session.GetTtl().AsDuration() + l.cfg.ExtendOnPromote)
+		l.trackSession(e)
+	}
+}
+
+// Sessions is the number of sessions mirrored.
+func (l *Lessor) Sessions() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.sessions)
+}
+
+func keepAliveRefusal(reason adminv1.LeaseRefusalReason, msg string) *adminv1.KeepAliveSessionResponse {
+	return &adminv1.KeepAliveSessionResponse{Refusal: &adminv1.LeaseRefusal{Reason: reason, Message: msg}}
+}
+
+// KeepAlive renews a session, and so every lease it holds: expires = now +
+// ttl if it is open, belongs to the named proxy and is not past expires +
+// grace. A session of another proxy is an error wrapping
+// fsm.ErrSessionNotOwned (PermissionDenied); the rest are typed refusals.
+func (l *Lessor) KeepAlive(req *adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error) {
+	now := l.cfg.Clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.primary {
+		return keepAliveRefusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER, "this node does not renew sessions; send keepalives to the leader"), nil
+	}
+	e, ok := l.sessions[req.GetSessionId()]
+	if !ok {
+		return keepAliveRefusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION,
+			fmt.Sprintf("proxy %s has no session %d (closed, expired or never opened); open a new one", req.GetProxyId(), req.GetSessionId())), nil
+	}
+	if e.session.GetProxyId() != req.GetProxyId() {
+		return nil, fmt.Errorf("keepalive: session %d is not proxy %s's: %w", req.GetSessionId(), req.GetProxyId(), fsm.ErrSessionNotOwned)
+	}
+	if now.After(e.deadline()) {
+		return keepAliveRefusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED,
+			fmt.Sprintf("session %d expired at %s (+grace); stop serving its mailboxes and open a new one", req.GetSessionId(), e.expires.UTC().Format(time.RFC3339Nano))), nil
+	}
+	ttl := e.session.GetTtl().AsDuration()
+	e.expires = now.Add(ttl)
+	e.lastKeepAlive = now
+	e.requested = time.Time{}
+	e.next = e.deadline()
+	heap.Fix(&l.sessionQueue, e.idx)
+	return &adminv1.KeepAliveSessionResponse{Renewed: true, ExpiresAt: timestamppb.New(e.expires), Ttl: durationpb.New(ttl)}, nil
+}
+
+// ExpiredSessions returns the sessions past expires + grace, oldest deadline
+// first, under the same rate limit as Expired. The caller commits them as
+// one ExpireSessionsCommand; each is offered again after ExpiryRetry unless
+// the FSM ends it before then.
+func (l *Lessor) ExpiredSessions() []uint64 {
+	now := l.cfg.Clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.primary {
+		return nil
+	}
+	var out []uint64
+	for len(l.sessionQueue) > 0 {
+		e := l.sessionQueue[0]
+		if !now.After(e.next) || !l.limiter.AllowN(now, 1) {
+			break
+		}
+		out = append(out, e.session.GetId())
+		e.requested = now
+		e.next = now.Add(l.cfg.ExpiryRetry)
+		heap.Fix(&l.sessionQueue, 0)
+	}
+	return out
+}
+
+// sessionQueue is a min-heap on next, ties by session id.
+type sessionQueue []*sessionEntry
+
+func (q sessionQueue) Len() int { return len(q) }
+func (q sessionQueue) Less(i, j int) bool {
+	if !q[i].next.Equal(q[j].next) {
+		return q[i].next.Before(q[j].next)
+	}
+	return q[i].session.GetId() < q[j].session.GetId()
+}
+func (q sessionQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].idx, q[j].idx = i, j
+}
+func (q *sessionQueue) Push(x any) {
+	e := x.(*sessionEntry)
+	e.idx = len(*q)
+	*q = append(*q, e)
+}
+func (q *sessionQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	e.idx = -1
+	*q = old[:len(old)-1]
+	return e
+}
+
+// ValidateKeepAlive checks a keepalive request before KeepAlive.
+func ValidateKeepAlive(req *adminv1.KeepAliveSessionRequest) error {
+	if err := mesh.ValidateProxyID(req.GetProxyId()); err != nil {
+		return err
+	}
+	if req.GetSessionId() == 0 {
+		return fmt.Errorf("%w: session_id: zero", fsm.ErrInvalid)
+	}
+	return nil
+}
