@@ -30,7 +30,8 @@ type Loaded struct {
 	Refs []string
 }
 
-// Load unpacks the archive at path into dir and opens it both ways.
+// Load unpacks the archive at path into dir and opens it both ways; docker's
+// way by ref, or the only image manifest.json names if ref is empty.
 func Load(path, ref, dir string) (*Loaded, error) {
 	if err := untar(path, dir); err != nil {
 		return nil, fmt.Errorf("unpack %s: %w", path, err)
@@ -50,11 +51,15 @@ func Load(path, ref, dir string) (*Loaded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read image index: %w", err)
 	}
-	tag, err := name.NewTag(ref, name.StrictValidation)
-	if err != nil {
-		return nil, fmt.Errorf("ref %q: %w", ref, err)
+	var tag *name.Tag
+	if ref != "" {
+		t, err := name.NewTag(ref, name.StrictValidation)
+		if err != nil {
+			return nil, fmt.Errorf("ref %q: %w", ref, err)
+		}
+		tag = &t
 	}
-	docker, err := tarball.ImageFromPath(path, &tag)
+	docker, err := tarball.ImageFromPath(path, tag)
 	if err != nil {
 		return nil, fmt.Errorf("read manifest.json: %w", err)
 	}

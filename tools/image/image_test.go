@@ -339,7 +339,8 @@ func TestArchiveLoads(t *testing.T) {
 	if err := WriteArchiveFile(path, idx, refs, spec.Created); err != nil {
 		t.Fatal(err)
 	}
-	for _, ref := range refs {
+	// "" reads manifest.json's only image, as docker load does.
+	for _, ref := range append([]string{""}, refs...) {
 		l, err := Load(path, ref, t.TempDir())
 		if err != nil {
 			t.Fatalf("load %s: %v", ref, err)

@@ -119,7 +119,7 @@ func parsePlatform(s string) (Platform, error) {
 func checkCmd(args []string) error {
 	fs := flag.NewFlagSet("check", flag.ExitOnError)
 	archive := fs.String("archive", "bin/prism-image.tar", "the archive to check")
-	ref := fs.String("ref", "", "repository:tag the archive names")
+	ref := fs.String("ref", "", "repository:tag the archive names (empty: its only one)")
 	version := fs.String("version", "", "the version prism --version must print")
 	chart := fs.String("chart", "", "a Helm chart whose default image the archive must be named")
 	if err := fs.Parse(args); err != nil {
@@ -191,7 +191,7 @@ func sameImage(l *Loaded) error {
 func sizeCmd(args []string) error {
 	fs := flag.NewFlagSet("size", flag.ExitOnError)
 	archive := fs.String("archive", "bin/prism-image.tar", "the archive to measure")
-	ref := fs.String("ref", "", "repository:tag the archive names")
+	ref := fs.String("ref", "", "repository:tag the archive names (empty: its only one)")
 	platform := fs.String("platform", "linux/amd64", "os/arch of the image to measure")
 	if err := fs.Parse(args); err != nil {
 		return err
