@@ -53,6 +53,15 @@ func Policy() identity.Policy {
 			return mailboxProxy(r.GetMailboxId())
 		}),
 		adminv1.ControlPlane_CreateNamespace_FullMethodName: ops,
+
+		// Sessions name their proxy; a session of another proxy is refused
+		// by the handler (PermissionDenied), which knows whose it is.
+		adminv1.Sessions_OpenSession_FullMethodName:      identity.OwnProxy((*adminv1.OpenSessionRequest).GetProxyId),
+		adminv1.Sessions_KeepAliveSession_FullMethodName: identity.OwnProxy((*adminv1.KeepAliveSessionRequest).GetProxyId),
+		adminv1.Sessions_CloseSession_FullMethodName:     identity.OwnProxy((*adminv1.CloseSessionRequest).GetProxyId),
+		adminv1.Sessions_AcquireLeases_FullMethodName:    ownMailboxes[*adminv1.AcquireLeasesRequest](),
+		adminv1.Sessions_ReleaseLeases_FullMethodName:    ownMailboxes[*adminv1.ReleaseLeasesRequest](),
+
 		adminv1.ControlPlane_DeleteNamespace_FullMethodName: ops,
 
 		adminv1.Admin_GetClusterStatus_FullMethodName: readers,

@@ -125,6 +125,8 @@ func toStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, fsm.ErrProxyNotFound):
 		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, fsm.ErrSessionNotOwned):
+		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, fsm.ErrNamespaceExists):
 		return status.Error(codes.AlreadyExists, err.Error())
 	case errors.Is(err, fsm.ErrUnknownCommand):

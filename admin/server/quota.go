@@ -17,11 +17,15 @@ type Quotas struct {
 	// LeasesPerProxy bounds one proxy's leases, so one sidecar cannot take
 	// the whole Leases quota from the others.
 	LeasesPerProxy int
+	// SessionsPerProxy bounds one proxy's open sessions: a sidecar needs
+	// one, plus its predecessor's while that runs out after a restart, so a
+	// loop of OpenSession stops here rather than filling the table.
+	SessionsPerProxy int
 }
 
 // DefaultQuotas are far above what one cluster is sized for (the
 // benchmarks run 10k leases) and low enough to stop a runaway client.
-var DefaultQuotas = Quotas{Proxies: 5_000, Namespaces: 50_000, Leases: 200_000, LeasesPerProxy: 10_000}
+var DefaultQuotas = Quotas{Proxies: 5_000, Namespaces: 50_000, Leases: 200_000, LeasesPerProxy: 10_000, SessionsPerProxy: 4}
 
 func (q Quotas) withDefaults() Quotas {
 	if q.Proxies == 0 {
@@ -35,6 +39,9 @@ func (q Quotas) withDefaults() Quotas {
 	}
 	if q.LeasesPerProxy == 0 {
 		q.LeasesPerProxy = DefaultQuotas.LeasesPerProxy
+	}
+	if q.SessionsPerProxy == 0 {
+		q.SessionsPerProxy = DefaultQuotas.SessionsPerProxy
 	}
 	return q
 }
@@ -77,6 +84,36 @@ func (s *Server) admitLease(mailboxID string) error {
 		if have := s.fsm.ProxyLeases(id.Proxy); have >= s.cfg.Quotas.LeasesPerProxy {
 			return status.Errorf(codes.ResourceExhausted, "leases of proxy %s: it holds %d, its quota (prism admin --max-leases-per-proxy)", id.Proxy, have)
 		}
+	}
+	return nil
+}
+
+// admitSession refuses a proxy's session past its quota.
+func (s *Server) admitSession(proxyID string) error {
+	if have := s.fsm.ProxySessions(proxyID); have >= s.cfg.Quotas.SessionsPerProxy {
+		return status.Errorf(codes.ResourceExhausted, "sessions of proxy %s: it has %d open, its quota; close one or let it expire", proxyID, have)
+	}
+	return nil
+}
+
+// admitLeases refuses a bulk grant whose new leases (mailboxes without one
+// now) would take the cluster or the proxy past its lease quota; re-grants
+// count for nothing, as in admitLease.
+func (s *Server) admitLeases(proxyID string, mailboxIDs []string) error {
+	fresh := 0
+	for _, m := range mailboxIDs {
+		if l, _ := s.fsm.Lease(m); l == nil {
+			fresh++
+		}
+	}
+	if fresh == 0 {
+		return nil
+	}
+	if have := s.fsm.Counts().Leases; have+fresh > s.cfg.Quotas.Leases {
+		return status.Errorf(codes.ResourceExhausted, "leases: the cluster holds %d, %d more would pass its quota %d (prism admin --max-leases)", have, fresh, s.cfg.Quotas.Leases)
+	}
+	if have := s.fsm.ProxyLeases(proxyID); have+fresh > s.cfg.Quotas.LeasesPerProxy {
+		return status.Errorf(codes.ResourceExhausted, "leases of proxy %s: it holds %d, %d more would pass its quota %d (prism admin --max-leases-per-proxy)", proxyID, have, fresh, s.cfg.Quotas.LeasesPerProxy)
 	}
 	return nil
 }

@@ -197,9 +197,10 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Register adds ControlPlane, Admin, Peer and the gRPC health service to g.
+// Register adds ControlPlane, Sessions, Admin, Peer and the gRPC health service to g.
 func (s *Server) Register(g *grpc.Server) {
 	adminv1.RegisterControlPlaneServer(g, s)
+	adminv1.RegisterSessionsServer(g, sessions{s: s})
 	adminv1.RegisterAdminServer(g, s)
 	adminv1.RegisterPeerServer(g, peer{s: s})
 	healthpb.RegisterHealthServer(g, s.health)
@@ -388,8 +389,10 @@ func publishable(addr string) bool {
 	return err != nil || !ip.IsUnspecified()
 }
 
-// expireDue commits the leases the lessor says are past expires + grace.
+// expireDue commits the sessions and the leases the lessor says are past
+// expires + grace.
 func (s *Server) expireDue(ctx context.Context) {
+	s.expireSessions(ctx)
 	refs := s.lessor.Expired()
 	s.metrics.expiryScans.Inc()
 	if len(refs) == 0 {
