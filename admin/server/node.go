@@ -41,6 +41,9 @@ type NodeConfig struct {
 	// gateway's query listener put into the listener resource.
 	XDS         bool
 	GatewayAddr string
+	// GatewayQueryAuth makes an Envoy gateway check query tokens
+	// (docs/security.md#query-tokens); the zero value checks none.
+	GatewayQueryAuth ir.QueryAuth
 	// Clock is the leader's clock, for the lessor and the server (default
 	// the real clock).
 	Clock clock.WithTicker
@@ -190,6 +193,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 			// each runner's proxy identity.
 			feed.Gateway.UpstreamTLS = ir.UpstreamTLS{TrustDomain: cfg.TLS.Identity().TrustDomain}
 		}
+		feed.Gateway.QueryAuth = cfg.GatewayQueryAuth
 		n.wg.Add(2)
 		go func() { defer n.wg.Done(); _ = cp.Run(ctx) }()
 		go func() { defer n.wg.Done(); _ = cp.Follow(ctx, n.FSM, feed) }()

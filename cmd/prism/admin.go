@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
+	"github.com/prism-mesh/prism/xds/ir"
 )
 
 type adminFlags struct {
@@ -39,7 +41,11 @@ type adminFlags struct {
 	logLevel          string
 	logFormat         string
 	quotas            server.Quotas
-	tls               tlsFlags
+	// gatewayAuth is what an Envoy gateway checks of query tokens;
+	// gatewayNoAuth says it checks nothing.
+	gatewayAuth   ir.QueryAuth
+	gatewayNoAuth bool
+	tls           tlsFlags
 }
 
 func adminCommand() *cobra.Command {
@@ -86,6 +92,13 @@ plaintext with no authorization.`,
 	fs.StringVar(&f.gatewayAddr, "gateway-addr", "0.0.0.0:8080", "IP:port the Envoy gateway listens on for queries (its listener resource)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
+	fs.StringVar(&f.gatewayAuth.JWKSFile, "gateway-jwks-file", "", "JWKS file, as the Envoy gateway's host sees it, verifying query bearer tokens")
+	fs.StringVar(&f.gatewayAuth.JWKSURL, "gateway-jwks-url", "", "https URL of the JWKS verifying query bearer tokens, fetched by the Envoy gateway")
+	fs.StringVar(&f.gatewayAuth.JWKSCA, "gateway-jwks-ca", ir.DefaultJWKSCA, "CA bundle, on the Envoy host, that --gateway-jwks-url's server certificate chains to")
+	fs.StringVar(&f.gatewayAuth.Issuer, "gateway-jwt-issuer", "", "iss query tokens must carry (required with --gateway-jwks-*)")
+	fs.StringVar(&f.gatewayAuth.Audience, "gateway-jwt-audience", "", "aud query tokens must include (required with --gateway-jwks-*)")
+	fs.StringVar(&f.gatewayAuth.NamespacesClaim, "gateway-jwt-namespaces-claim", ir.DefaultNamespacesClaim, `claim listing the namespaces a token may read ("*" = all)`)
+	fs.BoolVar(&f.gatewayNoAuth, "gateway-no-query-auth", false, "the Envoy gateway answers queries without a token: anyone who reaches it reads every mailbox")
 	fs.IntVar(&f.quotas.Proxies, "max-proxies", server.DefaultQuotas.Proxies, "proxies the cluster registers; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Namespaces, "max-namespaces", server.DefaultQuotas.Namespaces, "namespaces the cluster holds; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Leases, "max-leases", server.DefaultQuotas.Leases, "mailbox leases the cluster holds; one more is refused RESOURCE_EXHAUSTED")
@@ -151,6 +164,10 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if f.join && f.bootstrap {
 		return cfg, fmt.Errorf("--join and --bootstrap exclude each other")
 	}
+	gatewayAuth, err := f.queryAuth(log)
+	if err != nil {
+		return cfg, err
+	}
 	advertise := f.raftAdvertise
 	if len(peers) > 0 {
 		self := -1
@@ -203,7 +220,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
-		Quotas: f.quotas,
+		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth,
 	}, nil
 }
 
@@ -230,4 +247,26 @@ func runAdmin(ctx context.Context, f adminFlags) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return n.Stop(sctx)
+}
+
+// queryAuth is what the Envoy gateways this node configures check of query
+// tokens: like prism gateway, nothing only when asked (docs/security.md#query-tokens).
+func (f adminFlags) queryAuth(log *slog.Logger) (ir.QueryAuth, error) {
+	q := f.gatewayAuth
+	jwks := q.JWKSFile != "" || q.JWKSURL != ""
+	switch {
+	case !f.xds:
+		return ir.QueryAuth{}, nil
+	case jwks && f.gatewayNoAuth:
+		return ir.QueryAuth{}, errors.New("--gateway-no-query-auth and --gateway-jwks-file/--gateway-jwks-url exclude each other")
+	case f.gatewayNoAuth:
+		log.Warn("the Envoy gateway checks no query tokens (--gateway-no-query-auth): anyone who reaches it reads every mailbox")
+		return ir.QueryAuth{}, nil
+	case !jwks:
+		return ir.QueryAuth{}, errors.New("query authentication for the Envoy gateway is required: --gateway-jwks-file or --gateway-jwks-url with --gateway-jwt-issuer and --gateway-jwt-audience, or --gateway-no-query-auth")
+	}
+	if err := q.Validate(); err != nil {
+		return ir.QueryAuth{}, fmt.Errorf("gateway query auth: %w", err)
+	}
+	return q, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/xds/ir"
 )
 
 func TestParsePeers(t *testing.T) {
@@ -56,6 +57,9 @@ func TestAdminFlagValidation(t *testing.T) {
 		{func(f *adminFlags) { f.join, f.bootstrap = true, true }, "exclude each other"},
 		{func(f *adminFlags) { f.tls.insecure = false }, "TLS is required"},
 		{func(f *adminFlags) { f.quotas.Leases = -1 }, "must not be negative"},
+		{func(f *adminFlags) { f.xds = true }, "query authentication for the Envoy gateway is required"},
+		{func(f *adminFlags) { f.xds, f.gatewayNoAuth, f.gatewayAuth.JWKSFile = true, true, "/jwks.json" }, "exclude each other"},
+		{func(f *adminFlags) { f.xds, f.gatewayAuth.JWKSFile = true, "/jwks.json" }, "gateway query auth"},
 	}
 	for _, tc := range cases {
 		f := base
@@ -65,6 +69,11 @@ func TestAdminFlagValidation(t *testing.T) {
 		}
 	}
 	f := base
+	f.xds, f.gatewayAuth = true, ir.QueryAuth{JWKSFile: "/etc/prism/jwks.json", Issuer: "https://id.example", Audience: "prism", NamespacesClaim: ir.DefaultNamespacesClaim}
+	if cfg, err := f.nodeConfig(log); err != nil || !cfg.GatewayQueryAuth.Enabled() || cfg.GatewayQueryAuth.Issuer != "https://id.example" {
+		t.Fatalf("the Envoy gateway's token check: %+v, %v", cfg.GatewayQueryAuth, err)
+	}
+	f = base
 	f.peers = "a=127.0.0.1:7=127.0.0.1:8,b=127.0.0.1:9=127.0.0.1:10"
 	cfg, err := f.nodeConfig(log)
 	if err != nil || cfg.Raft.Advertise != "127.0.0.1:7" || len(cfg.Raft.Peers) != 2 || cfg.GRPCAddrs["b"] != "127.0.0.1:10" {

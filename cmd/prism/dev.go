@@ -296,6 +296,8 @@ func (e *devEnv) startAdmin(ctx context.Context) error {
 		nodeID: devAdminID, raftAddr: e.f.raftAddr, grpcAddr: e.f.adminAddr, httpAddr: e.f.adminHTTPAddr,
 		dataDir: filepath.Join(e.dataDir, "admin"), bootstrap: true, timing: "fast",
 		staleProxyAfter: 30 * time.Second, xds: true, gatewayAddr: e.f.gatewayAddr,
+		// Envoy, like the prism gateway, listens on loopback for the machine's one user.
+		gatewayNoAuth: true,
 		tls: tlsFlags{insecure: e.f.insecure},
 	}
 	if e.ids != nil {

@@ -96,6 +96,8 @@ type AdminCluster struct {
 	t        testing.TB
 	insecure bool
 	pki      *PKI
+	// args are the options' Args, given to every node, a joiner's too.
+	args []string
 	Nodes    []*AdminNode
 	// Links[i][j] carries node i's raft connections to node j; nil without RaftFaults.
 	Links [][]*faultproxy.Proxy
@@ -114,6 +116,10 @@ func StartAdmins(t testing.TB, o AdminOptions) *AdminCluster {
 	if o.RaftFaults {
 		c.Links = make([][]*faultproxy.Proxy, o.Size)
 	}
+	if !slices.ContainsFunc(o.Args, func(a string) bool { return strings.HasPrefix(a, "--gateway-jwks") }) {
+		o.Args = append(slices.Clone(o.Args), "--gateway-no-query-auth")
+	}
+	c.args = o.Args
 	for i, n := range c.Nodes {
 		args := append(n.flags(), o.Args...)
 		switch o.Size {
@@ -275,7 +281,7 @@ func (c *AdminCluster) AddJoiner() int {
 	for _, o := range append(slices.Clone(c.Nodes), n) {
 		peers = append(peers, o.peer())
 	}
-	n.Proc = testproc.Start(c.t, n.ID, append(n.flags(), "--join", "--peers", strings.Join(peers, ","))...)
+	n.Proc = testproc.Start(c.t, n.ID, append(append(n.flags(), c.args...), "--join", "--peers", strings.Join(peers, ","))...)
 	c.Nodes = append(c.Nodes, n)
 	return len(c.Nodes) - 1
 }
