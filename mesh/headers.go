@@ -26,3 +26,8 @@ const QueryListenerName = "mailbox-query"
 // gateway's xDS bootstrap that holds its certificate and trust bundle; the
 // translator's clusters name it in their UpstreamTlsContext.
 const CertProviderInstance = "prism"
+
+// DefaultNamespacesClaim is the JWT claim that lists the namespaces a query
+// token may read (names, or "*" for all), checked alike by prism gateway and
+// by Envoy's RBAC rules (docs/security.md#query-tokens).
+const DefaultNamespacesClaim = "prism_namespaces"

@@ -42,8 +42,8 @@ import (
 )
 
 // DefaultNamespacesClaim names the claim listing the namespaces a token may
-// read.
-const DefaultNamespacesClaim = "prism_namespaces"
+// read; Envoy's rules use the same (mesh).
+const DefaultNamespacesClaim = mesh.DefaultNamespacesClaim
 
 // AllNamespaces in the namespaces claim lets a token read every namespace.
 const AllNamespaces = "*"

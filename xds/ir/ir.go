@@ -79,8 +79,8 @@ type QueryAuth struct {
 	JWKSCA string `json:"jwksCA,omitempty"`
 }
 
-// DefaultNamespacesClaim is gateway/auth's default claim.
-const DefaultNamespacesClaim = "prism_namespaces"
+// DefaultNamespacesClaim is the claim prism gateway reads too (mesh).
+const DefaultNamespacesClaim = mesh.DefaultNamespacesClaim
 
 // DefaultJWKSCA is the system CA bundle of the Envoy image (Debian and
 // Ubuntu's path), which trusts the public identity providers.
