@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
@@ -141,5 +142,66 @@ func TestSessionsActOnlyForTheirProxy(t *testing.T) {
 	ka, err = sB.KeepAliveSession(c, &adminv1.KeepAliveSessionRequest{ProxyId: "pb", SessionId: sidB})
 	if err != nil || ka.GetRenewed() || ka.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION {
 		t.Fatalf("keepalive of a closed session: %v, %v", ka, err)
+	}
+}
+
+// A leader that lost its quorum renews no session: once its last quorum
+// confirmation is older than LeaderLease, a keepalive gets no renewal
+// (whether the leadership check or raft's step-down refuses it first) and
+// the session's expiry on the leader does not move. The same guard as
+// MailboxHeartbeat's, which tests/admin_cluster checks under SIGSTOP.
+func TestKeepAliveNeedsAQuorum(t *testing.T) {
+	t.Parallel()
+	p := pkitest.New(t)
+	a := startTLSNode(t, p, NodeConfig{Raft: raftnode.Config{ID: "a", DataDir: t.TempDir(), Listener: listenLocal(t), Bootstrap: true}})
+	b := startTLSNode(t, p, NodeConfig{Raft: raftnode.Config{
+		ID: "b", DataDir: t.TempDir(), Listener: listenLocal(t), JoinPeers: []raftnode.Peer{{ID: "a", Addr: a.Raft.Addr()}},
+	}})
+	c := ctx(t)
+	if _, err := adminv1.NewAdminClient(as(t, p, a.GRPCAddr(), identity.Operator, "alice")).AddVoter(c, &adminv1.AddVoterRequest{
+		Id: "b", RaftAddress: b.Raft.Addr(), GrpcAddress: b.GRPCAddr(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	awaitState(t, "b to follow a", func() bool { l, _ := b.Raft.Leadership(); return l.LeaderID == "a" })
+	cp := adminv1.NewControlPlaneClient(as(t, p, a.GRPCAddr(), identity.Proxy, "p"))
+	op := adminv1.NewControlPlaneClient(as(t, p, a.GRPCAddr(), identity.Operator, "alice"))
+	ss := adminv1.NewSessionsClient(as(t, p, a.GRPCAddr(), identity.Proxy, "p"))
+	if _, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: "p", Address: "127.0.0.1:9000", RunnerId: "r"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.CreateNamespace(c, &adminv1.CreateNamespaceRequest{Namespace: "n", Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}}); err != nil {
+		t.Fatal(err)
+	}
+	open, err := ss.OpenSession(c, &adminv1.OpenSessionRequest{ProxyId: "p", RunnerId: "r", RunnerAddress: "127.0.0.1:9001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := open.GetSession().GetId()
+	if r, err := ss.AcquireLeases(c, &adminv1.AcquireLeasesRequest{ProxyId: "p", SessionId: sid, MailboxIds: []string{"n@p"}}); err != nil || !r.GetResults()[0].GetOk() {
+		t.Fatalf("acquire: %v, %v", r, err)
+	}
+	ka, err := ss.KeepAliveSession(c, &adminv1.KeepAliveSessionRequest{ProxyId: "p", SessionId: sid})
+	if err != nil || !ka.GetRenewed() {
+		t.Fatalf("keepalive with a quorum: %v, %v", ka, err)
+	}
+	stop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.Stop(stop); err != nil {
+		t.Fatal(err)
+	}
+	// The last confirmation may answer for LeaderLease; no later.
+	time.Sleep(a.Server.cfg.LeaderLease)
+	short, cancelShort := context.WithTimeout(c, 2*time.Second)
+	defer cancelShort()
+	late, err := ss.KeepAliveSession(short, &adminv1.KeepAliveSessionRequest{ProxyId: "p", SessionId: sid})
+	if err == nil || late.GetRenewed() {
+		t.Fatalf("keepalive without a quorum: %v, %v", late, err)
+	}
+	if a.Lessor.Primary() {
+		l, _ := a.FSM.Lease("n@p")
+		if got := a.Lessor.Annotate(l).GetExpiresAt().AsTime(); !got.Equal(ka.GetExpiresAt().AsTime()) {
+			t.Fatalf("session expiry moved to %s without a quorum (was %s)", got, ka.GetExpiresAt().AsTime())
+		}
 	}
 }
