@@ -52,16 +52,20 @@ func main() {
 	if o.prism == "" {
 		log.Fatal("adminbench: -prism is required")
 	}
-	dir, err := os.MkdirTemp("", "adminbench-")
-	if err != nil {
-		log.Fatal(err)
-	}
-	// log.Fatal below skips this; the directory is the run's only litter.
-	defer os.RemoveAll(dir) //nolint:gocritic // exitAfterDefer: see above
 	mtlsModes, err := modes(o.security)
 	if err != nil {
 		log.Fatal(err)
 	}
+	dir, err := os.MkdirTemp("", "adminbench-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	runParts(o, dir, mtlsModes)
+	_ = os.RemoveAll(dir)
+}
+
+// runParts runs the parts -only selects, each reporting its own failure.
+func runParts(o options, dir string, mtlsModes []bool) {
 	// One CA for the run, made when a part first runs over mTLS.
 	var ca *certs
 	certsFor := func(mtls bool) (*certs, error) {

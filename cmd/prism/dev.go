@@ -298,7 +298,7 @@ func (e *devEnv) startAdmin(ctx context.Context) error {
 		staleProxyAfter: 30 * time.Second, xds: true, gatewayAddr: e.f.gatewayAddr,
 		// Envoy, like the prism gateway, listens on loopback for the machine's one user.
 		gatewayNoAuth: true,
-		tls: tlsFlags{insecure: e.f.insecure},
+		tls:           tlsFlags{insecure: e.f.insecure},
 	}
 	if e.ids != nil {
 		af.tls = tlsFlags{files: e.ids.admin}

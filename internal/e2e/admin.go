@@ -97,8 +97,8 @@ type AdminCluster struct {
 	insecure bool
 	pki      *PKI
 	// args are the options' Args, given to every node, a joiner's too.
-	args []string
-	Nodes    []*AdminNode
+	args  []string
+	Nodes []*AdminNode
 	// Links[i][j] carries node i's raft connections to node j; nil without RaftFaults.
 	Links [][]*faultproxy.Proxy
 }

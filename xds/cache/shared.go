@@ -106,7 +106,8 @@ func (s *sharedMarshal) marshal(typeURL, version, key string, res types.Resource
 			}
 			// Envoy takes messages of any size, and only Envoy asks for its
 			// gateway table (query auth makes it several times grpc-go's).
-			if len(b) > grpcMaxMessage && !(typeURL == resource.RouteType && name == translator.GatewayRouteConfigName) {
+			envoyOnly := typeURL == resource.RouteType && name == translator.GatewayRouteConfigName
+			if len(b) > grpcMaxMessage && !envoyOnly {
 				s.log.Error("xds resource exceeds grpc-go's default 4 MiB message limit; proxyless clients will reject it",
 					"type", typeURL, "name", name, "version", version, "bytes", len(b))
 			}
