@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 
@@ -29,32 +30,77 @@ const (
 )
 
 // valueSets are the configurations the chart is tested under; every test
-// that checks general invariants runs over all of them.
+// that checks general invariants runs over all of them. "defaults" is the
+// chart's defaults plus what every install must say: how the gateway checks
+// query tokens.
 var valueSets = map[string]map[string]any{
-	"defaults": nil,
-	"cert-manager": {
+	"defaults": withQueryAuth(nil),
+	"cert-manager": withQueryAuth(map[string]any{
 		"injector": map[string]any{"certManager": map[string]any{"enabled": true}},
-	},
-	"cert-manager with cluster issuer": {
+	}),
+	"cert-manager with cluster issuer": withQueryAuth(map[string]any{
 		"injector": map[string]any{"certManager": map[string]any{
 			"enabled": true, "issuerRef": map[string]any{"name": "corp-ca", "kind": "ClusterIssuer"},
 		}},
-	},
-	"custom kafka and static topics": {
+	}),
+	"custom kafka and static topics": withQueryAuth(map[string]any{
 		"kafka":  map[string]any{"brokers": []any{"b-1.kafka.example:9094", "b-2.kafka.example:9094", "b-3.kafka.example:9094"}},
 		"runner": map[string]any{"topics": []any{"audit.events", "billing.events"}, "mailbox": "audit-logs@proxy-01", "replicas": 4},
-	},
-	"five soft-spread admins and a load balancer": {
+	}),
+	"five soft-spread admins and a load balancer": withQueryAuth(map[string]any{
 		"admin":   map[string]any{"replicas": 5, "antiAffinity": "soft"},
 		"gateway": map[string]any{"service": map[string]any{"type": "LoadBalancer"}},
-	},
-	"single admin": {
+	}),
+	"single admin": withQueryAuth(map[string]any{
 		"admin": map[string]any{"replicas": 1},
-	},
+	}),
 	"tls from secrets":                secretMode,
 	"insecure":                        insecureMode,
 	"cert-manager with a corp issuer": corpIssuer,
-	"no network policies":             {"networkPolicy": map[string]any{"enabled": false}},
+	"no network policies":             withQueryAuth(map[string]any{"networkPolicy": map[string]any{"enabled": false}}),
+	"query auth disabled":             queryAuth(map[string]any{"disabled": true}),
+	"query auth from a ConfigMap": queryAuth(map[string]any{
+		"jwksConfigMap": "prism-jwks", "issuer": "https://idp.example.com", "audience": "prism",
+	}),
+	"query auth with a CA and port": queryAuth(map[string]any{
+		"jwksUrl": "https://idp.corp.example:8443/keys", "jwksCA": "/etc/prism/tls/ca.crt",
+		"issuer": "https://idp.corp.example", "audience": "prism-queries", "namespacesClaim": "scopes",
+	}),
+}
+
+// jwksURLAuth is the query auth of the value sets that are about something
+// else: the chart refuses to render without one.
+var jwksURLAuth = map[string]any{
+	"jwksUrl": "https://idp.example.com/.well-known/jwks.json", "issuer": "https://idp.example.com", "audience": "prism",
+}
+
+// withQueryAuth is a copy of vals whose gateway.queryAuth is jwksURLAuth.
+func withQueryAuth(vals map[string]any) map[string]any {
+	out := maps.Clone(vals)
+	if out == nil {
+		out = map[string]any{}
+	}
+	gateway, _ := vals["gateway"].(map[string]any)
+	gateway = maps.Clone(gateway)
+	if gateway == nil {
+		gateway = map[string]any{}
+	}
+	gateway["queryAuth"] = jwksURLAuth
+	out["gateway"] = gateway
+	return out
+}
+
+// queryAuth is the values setting gateway.queryAuth to q.
+func queryAuth(q map[string]any) map[string]any {
+	return map[string]any{"gateway": map[string]any{"queryAuth": q}}
+}
+
+// userConfigMaps are the ConfigMaps the values say the user provides.
+func userConfigMaps(vals map[string]any) map[string]bool {
+	gateway, _ := vals["gateway"].(map[string]any)
+	q, _ := gateway["queryAuth"].(map[string]any)
+	name, _ := q["jwksConfigMap"].(string)
+	return map[string]bool{name: name != ""}
 }
 
 // userSecrets are the Secrets the values say the user provides.
@@ -139,7 +185,7 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 				for _, v := range spec.Volumes {
 					switch {
 					case v.ConfigMap != nil:
-						if _, ok := r.configMaps[v.ConfigMap.Name]; !ok {
+						if _, ok := r.configMaps[v.ConfigMap.Name]; !ok && !userConfigMaps(vals)[v.ConfigMap.Name] {
 							t.Errorf("%s: volume %s: ConfigMap %s not rendered", wl, v.Name, v.ConfigMap.Name)
 						}
 					case v.Secret != nil:
@@ -221,7 +267,7 @@ func TestAdminCluster(t *testing.T) {
 		pdbMin   string
 		hard     bool
 	}{
-		{"defaults", nil, 3, "2", true},
+		{"defaults", valueSets["defaults"], 3, "2", true},
 		{"five soft", valueSets["five soft-spread admins and a load balancer"], 5, "3", false},
 		{"single", valueSets["single admin"], 1, "", true},
 	}
@@ -310,7 +356,7 @@ func TestRunnerAndKafka(t *testing.T) {
 		brokers string
 		topics  []string
 	}{
-		{"defaults", nil, "kafka:9092", nil},
+		{"defaults", valueSets["defaults"], "kafka:9092", nil},
 		{"custom", valueSets["custom kafka and static topics"], "b-1.kafka.example:9094,b-2.kafka.example:9094,b-3.kafka.example:9094", []string{"audit.events", "billing.events"}},
 	}
 	for _, tc := range tests {
@@ -360,6 +406,15 @@ func TestBadValuesRejected(t *testing.T) {
 		{"unknown tls mode", map[string]any{"tls": map[string]any{"mode": "mtls"}}, "tls/mode"},
 		{"secret mode without the runners' Secret", map[string]any{"tls": map[string]any{"mode": "secret", "secret": map[string]any{"admin": "a", "gateway": "g"}}}, "tls/secret/runner"},
 		{"trust domain with a path", map[string]any{"tls": map[string]any{"trustDomain": "prism.local/x"}}, "tls/trustDomain"},
+		{"no query auth", nil, "set gateway.queryAuth.jwksUrl or gateway.queryAuth.jwksConfigMap, with gateway.queryAuth.issuer and gateway.queryAuth.audience; or gateway.queryAuth.disabled=true"},
+		{"jwks url without an audience", queryAuth(map[string]any{"jwksUrl": "https://idp.example.com/jwks", "issuer": "https://idp.example.com"}), "gateway.queryAuth.audience"},
+		{"jwks without an issuer", queryAuth(map[string]any{"jwksConfigMap": "jwks", "audience": "prism"}), "gateway.queryAuth.issuer"},
+		{"issuer and audience without a jwks", queryAuth(map[string]any{"issuer": "https://idp.example.com", "audience": "prism"}), "gateway.queryAuth.jwksUrl or gateway.queryAuth.jwksConfigMap"},
+		{"disabled with a jwks url", queryAuth(map[string]any{"disabled": true, "jwksUrl": "https://idp.example.com/jwks"}), "gateway.queryAuth.disabled=true excludes gateway.queryAuth.jwksUrl"},
+		{"jwks url and configmap", queryAuth(map[string]any{"jwksUrl": "https://idp.example.com/jwks", "jwksConfigMap": "jwks", "issuer": "i", "audience": "a"}), "exclude each other"},
+		{"jwks ca without a url", queryAuth(map[string]any{"jwksConfigMap": "jwks", "jwksCA": "/etc/ca.crt", "issuer": "i", "audience": "a"}), "gateway.queryAuth.jwksCA is only for gateway.queryAuth.jwksUrl"},
+		{"plain http jwks url", queryAuth(map[string]any{"jwksUrl": "http://idp.example.com/jwks", "issuer": "i", "audience": "a"}), "gateway/queryAuth/jwksUrl"},
+		{"disabled not a bool", queryAuth(map[string]any{"disabled": "yes"}), "gateway/queryAuth/disabled"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -384,7 +439,7 @@ func TestTemplateChecks(t *testing.T) {
 	t.Parallel()
 	ch := loadChart(t)
 	ch.Schema = nil
-	vals := renderValues(t, ch, map[string]any{"kafka": map[string]any{"brokers": []any{}}})
+	vals := renderValues(t, ch, withQueryAuth(map[string]any{"kafka": map[string]any{"brokers": []any{}}}))
 	if _, err := engine.Render(ch, vals); err == nil || !strings.Contains(err.Error(), "kafka.brokers is required") {
 		t.Fatalf("render without brokers: %v, want an error naming kafka.brokers", err)
 	}
@@ -507,14 +562,21 @@ func verifyServingCert(t testing.TB, secret *corev1.Secret, caBundle []byte, dns
 
 func TestNotes(t *testing.T) {
 	t.Parallel()
+	const warning = "WARNING: gateway.queryAuth.disabled is true"
 	tests := []struct {
-		name string
-		vals map[string]any
-		want []string
+		name    string
+		vals    map[string]any
+		want    []string
+		notWant []string
 	}{
-		{"cluster ip", nil, []string{"kubectl port-forward -n mesh svc/prism-gateway 8080:80", "GATEWAY_URL=http://127.0.0.1:8080",
-			`curl "$GATEWAY_URL/v1/namespaces/audit-logs/events?principal=user-123&limit=10"`, "namespace create audit-logs --topic audit.events"}},
-		{"load balancer", valueSets["five soft-spread admins and a load balancer"], []string{".status.loadBalancer.ingress[0]", "GATEWAY_URL=http://$GATEWAY_HOST:80", `curl "$GATEWAY_URL/v1/`}},
+		{"cluster ip", valueSets["defaults"], []string{"kubectl port-forward -n mesh svc/prism-gateway 8080:80", "GATEWAY_URL=http://127.0.0.1:8080",
+			`curl -H "Authorization: Bearer $TOKEN" "$GATEWAY_URL/v1/namespaces/audit-logs/events?principal=user-123&limit=10"`,
+			"iss https://idp.example.com, aud prism", "prism_namespaces listing audit-logs", "https://idp.example.com/.well-known/jwks.json",
+			"namespace create audit-logs --topic audit.events"}, []string{warning}},
+		{"load balancer", valueSets["five soft-spread admins and a load balancer"], []string{".status.loadBalancer.ingress[0]", "GATEWAY_URL=http://$GATEWAY_HOST:80", `"$GATEWAY_URL/v1/`}, nil},
+		{"jwks configmap", valueSets["query auth from a ConfigMap"], []string{"ConfigMap prism-jwks (restart the gateway", `Authorization: Bearer $TOKEN`}, []string{warning}},
+		{"query auth disabled", valueSets["query auth disabled"], []string{warning, "anyone who reaches it reads every mailbox",
+			`curl "$GATEWAY_URL/v1/namespaces/audit-logs/events?principal=user-123&limit=10"`}, []string{"Bearer"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -523,6 +585,11 @@ func TestNotes(t *testing.T) {
 			for _, w := range tc.want {
 				if !strings.Contains(r.notes, w) {
 					t.Errorf("NOTES.txt lacks %q:\n%s", w, r.notes)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(r.notes, w) {
+					t.Errorf("NOTES.txt says %q:\n%s", w, r.notes)
 				}
 			}
 		})

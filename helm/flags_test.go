@@ -39,6 +39,11 @@ func TestChartArgsParseWithPrism(t *testing.T) {
 		cases[mode+"/injector"] = kubeletArgs(injector)
 		cases[mode+"/sidecar"] = kubeletArgs(runnerPod.Spec.InitContainers[len(runnerPod.Spec.InitContainers)-1])
 	}
+	// Each way of checking query tokens gives prism admin other flags.
+	for _, set := range []string{"query auth disabled", "query auth from a ConfigMap", "query auth with a CA and port"} {
+		r := render(t, valueSets[set])
+		cases[set+"/admin"] = kubeletArgs(container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin"))
+	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -109,7 +114,7 @@ func TestNotesCommandParsesWithPrismctl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := render(t, nil)
+	r := render(t, valueSets["defaults"])
 	var line string
 	for _, l := range strings.Split(r.notes, "\n") {
 		if f := strings.TrimSpace(l); strings.HasPrefix(f, "prismctl ") {

@@ -2,13 +2,17 @@ package helm
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	// Register the typed_config types the bootstrap uses.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
@@ -16,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
 
+	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
 )
 
@@ -73,7 +78,7 @@ func checkADSOnly(t *testing.T, name string, b *bootstrapv3.Bootstrap) *corev3.S
 
 func TestGatewayBootstrap(t *testing.T) {
 	t.Parallel()
-	r := render(t, nil)
+	r := render(t, valueSets["defaults"])
 	cm := mustGet(t, r.configMaps, gatewayName+"-bootstrap")
 	b := parseBootstrap(t, "chart bootstrap", []byte(cm.Data["bootstrap.yaml"]))
 	addr := checkADSOnly(t, "chart bootstrap", b)
@@ -108,7 +113,7 @@ func TestGatewayBootstrapMatchesEnvoyDir(t *testing.T) {
 	if len(matches) == 0 {
 		t.Skip("envoy/ has no bootstrap yet; the chart's own bootstrap is checked by TestGatewayBootstrap")
 	}
-	r := render(t, nil)
+	r := render(t, valueSets["defaults"])
 	chartB := parseBootstrap(t, "chart bootstrap", []byte(mustGet(t, r.configMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
 	checkADSOnly(t, "chart bootstrap", chartB)
 	for _, path := range matches {
@@ -125,27 +130,134 @@ func TestGatewayBootstrapMatchesEnvoyDir(t *testing.T) {
 }
 
 // TestHelmTestQueriesGateway: the `helm test` pod asks the gateway Service
-// for an unknown mailbox and expects the JSON 404 the xDS routes send.
+// for an unknown mailbox without a token: with query tokens on it expects
+// the gateway's 401 missing_token refusal, with gateway.queryAuth.disabled
+// the JSON 404 the xDS routes send.
 func TestHelmTestQueriesGateway(t *testing.T) {
 	t.Parallel()
-	r := render(t, nil)
-	pod := mustGet(t, r.pods, gatewayName+"-test")
-	if pod.Annotations["helm.sh/hook"] != "test" || pod.Spec.RestartPolicy != "Never" {
-		t.Errorf("test pod hook %q restartPolicy %q", pod.Annotations["helm.sh/hook"], pod.Spec.RestartPolicy)
-	}
-	script := strings.Join(pod.Spec.Containers[0].Args, "\n")
-	// The script greps for what the translator's direct 404 says.
+	// The scripts grep for what the translator's direct 404 and the Envoy
+	// gateway's refusal of a query without a token say.
 	if !strings.Contains(translator.NotFoundBody, "NOT_FOUND") {
 		t.Fatalf("gateway 404 body %s no longer says NOT_FOUND; update the test pod", translator.NotFoundBody)
 	}
-	svc := mustGet(t, r.services, gatewayName)
-	for _, want := range []string{
-		fmt.Sprintf("http://%s:%d/v1/mailboxes/", svc.Name, svc.Spec.Ports[0].Port),
-		`[ "$code" = 404 ]`, "NOT_FOUND",
-	} {
-		if !strings.Contains(script, want) {
-			t.Errorf("test script lacks %q:\n%s", want, script)
+	if refusal := envoyListenersJSON(t, ir.QueryAuth{JWKSURL: "https://idp.example.com/jwks", Issuer: "i", Audience: "a"}); !strings.Contains(refusal, `"missing_token"`) {
+		t.Fatalf("the Envoy gateway's listener no longer answers a query without a token with code missing_token; update the test pod:\n%s", refusal)
+	}
+	tests := []struct {
+		name string
+		vals map[string]any
+		want []string
+	}{
+		{"query tokens", valueSets["defaults"], []string{`[ "$code" = 401 ]`, "missing_token", "query tokens are on"}},
+		{"query auth disabled", valueSets["query auth disabled"], []string{`[ "$code" = 404 ]`, "NOT_FOUND"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := render(t, tc.vals)
+			pod := mustGet(t, r.pods, gatewayName+"-test")
+			if pod.Annotations["helm.sh/hook"] != "test" || pod.Spec.RestartPolicy != "Never" {
+				t.Errorf("test pod hook %q restartPolicy %q", pod.Annotations["helm.sh/hook"], pod.Spec.RestartPolicy)
+			}
+			script := strings.Join(pod.Spec.Containers[0].Args, "\n")
+			svc := mustGet(t, r.services, gatewayName)
+			for _, want := range append([]string{fmt.Sprintf("http://%s:%d/v1/mailboxes/", svc.Name, svc.Spec.Ports[0].Port)}, tc.want...) {
+				if !strings.Contains(script, want) {
+					t.Errorf("test script lacks %q:\n%s", want, script)
+				}
+			}
+			if strings.Contains(script, "Authorization") {
+				t.Errorf("test script sends a token it does not have:\n%s", script)
+			}
+		})
+	}
+}
+
+// envoyListenersJSON is the Envoy gateway's listeners the admin sends with q.
+func envoyListenersJSON(t *testing.T, q ir.QueryAuth) string {
+	t.Helper()
+	res, err := translator.Translate(&ir.IR{Version: 1, Gateway: ir.Gateway{Address: "0.0.0.0:10000", QueryAuth: q}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, l := range res.ForEnvoy()[resource.ListenerType] {
+		js, err := protojson.Marshal(l)
+		if err != nil {
+			t.Fatal(err)
 		}
+		b.Write(js)
+	}
+	return b.String()
+}
+
+// TestGatewayQueryAuth: the admin nodes get the query token rules of
+// gateway.queryAuth as flags, and a JWKS from a ConfigMap is mounted in the
+// Envoy pods at the path the flag names.
+func TestGatewayQueryAuth(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		vals      map[string]any
+		want      map[string]string // admin flags and their values
+		noAuth    bool
+		configMap string
+	}{
+		{"jwks url", valueSets["defaults"], map[string]string{
+			"--gateway-jwks-url": "https://idp.example.com/.well-known/jwks.json", "--gateway-jwt-issuer": "https://idp.example.com",
+			"--gateway-jwt-audience": "prism", "--gateway-jwt-namespaces-claim": "prism_namespaces",
+		}, false, ""},
+		{"jwks url with a CA", valueSets["query auth with a CA and port"], map[string]string{
+			"--gateway-jwks-url": "https://idp.corp.example:8443/keys", "--gateway-jwks-ca": "/etc/prism/tls/ca.crt",
+			"--gateway-jwt-issuer": "https://idp.corp.example", "--gateway-jwt-audience": "prism-queries", "--gateway-jwt-namespaces-claim": "scopes",
+		}, false, ""},
+		{"jwks configmap", valueSets["query auth from a ConfigMap"], map[string]string{
+			"--gateway-jwks-file": "/etc/prism/jwks/jwks.json", "--gateway-jwt-issuer": "https://idp.example.com",
+			"--gateway-jwt-audience": "prism", "--gateway-jwt-namespaces-claim": "prism_namespaces",
+		}, false, "prism-jwks"},
+		{"disabled", valueSets["query auth disabled"], map[string]string{}, true, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := render(t, tc.vals)
+			admin := container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")
+			got := map[string]string{}
+			for k, v := range args(admin) {
+				if strings.HasPrefix(k, "--gateway-j") {
+					got[k] = v
+				}
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("admin query auth flags %v, want %v", got, tc.want)
+			}
+			if noAuth := slices.Contains(admin.Args, "--gateway-no-query-auth"); noAuth != tc.noAuth {
+				t.Errorf("--gateway-no-query-auth %v, want %v", noAuth, tc.noAuth)
+			}
+			spec := mustGet(t, r.deployments, gatewayName).Spec.Template.Spec
+			var mounted string
+			for _, v := range spec.Volumes {
+				if v.ConfigMap == nil || v.ConfigMap.Name != tc.configMap {
+					continue
+				}
+				for _, m := range container(t, spec, "envoy").VolumeMounts {
+					if m.Name != v.Name {
+						continue
+					}
+					if !m.ReadOnly {
+						t.Errorf("JWKS mount %s is writable", m.MountPath)
+					}
+					for _, item := range v.ConfigMap.Items {
+						if item.Key == "jwks.json" {
+							mounted = path.Join(m.MountPath, item.Path)
+						}
+					}
+				}
+			}
+			if tc.configMap != "" && mounted != tc.want["--gateway-jwks-file"] {
+				t.Errorf("ConfigMap %s key jwks.json is at %q in the Envoy pods; the admins send --gateway-jwks-file=%s", tc.configMap, mounted, tc.want["--gateway-jwks-file"])
+			}
+		})
 	}
 }
 
@@ -158,9 +270,9 @@ func TestGatewayListenerIsWhatTheChartProbes(t *testing.T) {
 	for _, port := range []int{0, 12345} {
 		t.Run(fmt.Sprint(port), func(t *testing.T) {
 			t.Parallel()
-			var overrides map[string]any
+			overrides := valueSets["defaults"]
 			if port != 0 {
-				overrides = map[string]any{"gateway": map[string]any{"port": port}}
+				overrides = withQueryAuth(map[string]any{"gateway": map[string]any{"port": port}})
 			}
 			r := render(t, overrides)
 			admin := container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")

@@ -74,11 +74,11 @@ func TestInjectorOnRenderedRunnerPod(t *testing.T) {
 		name string
 		vals map[string]any
 	}{
-		{"defaults", nil},
+		{"defaults", valueSets["defaults"]},
 		{"custom kafka", valueSets["custom kafka and static topics"]},
-		{"lease override by pod annotation", map[string]any{"runner": map[string]any{"podAnnotations": map[string]any{
+		{"lease override by pod annotation", withQueryAuth(map[string]any{"runner": map[string]any{"podAnnotations": map[string]any{
 			inject.AnnotationLeaseTTL: "30s", inject.AnnotationHeartbeatInterval: "10s",
-		}}}},
+		}}})},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -120,10 +120,10 @@ func TestNetworkPoliciesAllowOnlyTheMeshFlows(t *testing.T) {
 		operator  map[string]string // an operator pod's labels
 		anyPodOps bool              // any pod in the namespace counts as an operator
 	}{
-		{"defaults", nil, map[string]string{"app": "prismctl"}, true},
-		{"operators by label", map[string]any{"networkPolicy": map[string]any{"operators": []any{
+		{"defaults", valueSets["defaults"], map[string]string{"app": "prismctl"}, true},
+		{"operators by label", withQueryAuth(map[string]any{"networkPolicy": map[string]any{"operators": []any{
 			map[string]any{"podSelector": map[string]any{"matchLabels": map[string]any{"role": "prism-operator"}}},
-		}}}, map[string]string{"role": "prism-operator"}, false},
+		}}}), map[string]string{"role": "prism-operator"}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -143,6 +143,7 @@ func TestNetworkPoliciesAllowOnlyTheMeshFlows(t *testing.T) {
 			stranger := endpoint{labels: map[string]string{"app": "curious"}}
 			kubelet := endpoint{labels: nil}
 			kafka := endpoint{labels: map[string]string{"app": "kafka"}, spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kafka", Ports: []corev1.ContainerPort{{Name: "kafka", ContainerPort: 9092}}}}}}
+			idp := endpoint{labels: map[string]string{"app": "idp"}, spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "idp", Ports: []corev1.ContainerPort{{Name: "https", ContainerPort: 443}}}}}}
 			flows := []struct {
 				from, to string
 				src, dst endpoint
@@ -162,6 +163,8 @@ func TestNetworkPoliciesAllowOnlyTheMeshFlows(t *testing.T) {
 				{"client", "gateway", stranger, gateway, "http", true},
 				{"api server", "injector", kubelet, injector, "https", true},
 				{"runner", "kafka", runner, kafka, "kafka", true},
+				{"gateway", "jwks url", gateway, idp, "https", true},
+				{"runner", "jwks url", runner, idp, "https", false},
 				{"stranger", "admin", stranger, admin, "grpc", tc.anyPodOps},
 				{"stranger", "runner", stranger, runner, "grpc", tc.anyPodOps},
 				{"runner", "admin raft", runner, admin, "raft", false},
@@ -221,10 +224,10 @@ func hasInitPort(spec corev1.PodSpec, target string) bool {
 // of kafka.brokers, to the peers networkPolicy.kafka names.
 func TestNetworkPolicyKafkaPorts(t *testing.T) {
 	t.Parallel()
-	r := render(t, map[string]any{
+	r := render(t, withQueryAuth(map[string]any{
 		"kafka":         map[string]any{"brokers": []any{"b-1.kafka:9094", "b-2.kafka:9094", "b-3.kafka:19094"}},
 		"networkPolicy": map[string]any{"kafka": []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.20.0.0/16"}}}},
-	})
+	}))
 	pol := mustGet(t, r.policies, runnerName)
 	var ports []string
 	for _, rule := range pol.Spec.Egress {
@@ -239,5 +242,50 @@ func TestNetworkPolicyKafkaPorts(t *testing.T) {
 	}
 	if off := render(t, valueSets["no network policies"]); len(off.policies) != 0 {
 		t.Errorf("networkPolicy.enabled=false still renders %d policies", len(off.policies))
+	}
+}
+
+// TestNetworkPolicyJWKSPort: the gateway's Envoys may fetch the JWKS of
+// gateway.queryAuth.jwksUrl, on its port and from the peers
+// networkPolicy.jwks names, and nothing else when there is no URL.
+func TestNetworkPolicyJWKSPort(t *testing.T) {
+	t.Parallel()
+	idp := []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.30.0.0/16"}}}
+	tests := []struct {
+		name string
+		vals map[string]any
+		want string // the JWKS egress rule's peers and ports; empty: no such rule
+	}{
+		{"default port, any address", valueSets["defaults"], "any:443"},
+		{"own port and peers", map[string]any{
+			"gateway":       valueSets["query auth with a CA and port"]["gateway"],
+			"networkPolicy": map[string]any{"jwks": idp},
+		}, "10.30.0.0/16:8443"},
+		{"configmap", valueSets["query auth from a ConfigMap"], ""},
+		{"disabled", valueSets["query auth disabled"], ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pol := mustGet(t, render(t, tc.vals).policies, gatewayName)
+			var got []string
+			for _, rule := range pol.Spec.Egress {
+				if len(rule.To) > 0 && rule.To[0].PodSelector != nil {
+					continue // the mesh's own pods
+				}
+				peer := "any"
+				if len(rule.To) == 1 && rule.To[0].IPBlock != nil {
+					peer = rule.To[0].IPBlock.CIDR
+				}
+				for _, p := range rule.Ports {
+					if p.Port.String() != "53" {
+						got = append(got, peer+":"+p.Port.String())
+					}
+				}
+			}
+			if strings.Join(got, ",") != tc.want {
+				t.Errorf("gateway egress outside the mesh %v, want %q", got, tc.want)
+			}
+		})
 	}
 }

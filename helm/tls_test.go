@@ -16,12 +16,12 @@ import (
 )
 
 var (
-	secretMode = map[string]any{"tls": map[string]any{"mode": "secret", "secret": map[string]any{
+	secretMode = withQueryAuth(map[string]any{"tls": map[string]any{"mode": "secret", "secret": map[string]any{
 		"admin": "admin-certs", "runner": "proxy-certs", "gateway": "gateway-certs",
-	}}}
-	insecureMode = map[string]any{"tls": map[string]any{"mode": "insecure"}}
-	corpIssuer   = map[string]any{"tls": map[string]any{"trustDomain": "mesh.example.com",
-		"certManager": map[string]any{"issuerRef": map[string]any{"name": "corp-ca", "kind": "ClusterIssuer"}}}}
+	}}})
+	insecureMode = withQueryAuth(map[string]any{"tls": map[string]any{"mode": "insecure"}})
+	corpIssuer   = withQueryAuth(map[string]any{"tls": map[string]any{"trustDomain": "mesh.example.com",
+		"certManager": map[string]any{"issuerRef": map[string]any{"name": "corp-ca", "kind": "ClusterIssuer"}}}})
 )
 
 // injectedRunner is the chart's runner pod prism-runner-0 after the
@@ -150,7 +150,7 @@ func TestTLSIdentities(t *testing.T) {
 		issuer      string
 		issuerKind  string
 	}{
-		{"cert-manager with the chart's CA", nil, "prism.local", "prism-ca", "Issuer"},
+		{"cert-manager with the chart's CA", valueSets["defaults"], "prism.local", "prism-ca", "Issuer"},
 		{"cert-manager with a cluster issuer", corpIssuer, "mesh.example.com", "corp-ca", "ClusterIssuer"},
 		{"secrets", secretMode, "", "", ""},
 	}

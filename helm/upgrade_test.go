@@ -26,13 +26,13 @@ func (p secretsProvider) GetClientFor(apiVersion, kind string) (dynamic.Namespac
 // certificate would disagree until every injector pod restarts.
 func TestGeneratedTLSKeptAcrossUpgrades(t *testing.T) {
 	t.Parallel()
-	first := render(t, nil)
+	first := render(t, valueSets["defaults"])
 	installed := mustGet(t, first.secrets, injectorName+"-tls")
 	caFirst := string(firstCABundle(first))
 
 	// Without a cluster every render generates a new CA; this is what lookup
 	// must prevent.
-	if caFresh := string(firstCABundle(render(t, nil))); caFresh == caFirst {
+	if caFresh := string(firstCABundle(render(t, valueSets["defaults"]))); caFresh == caFirst {
 		t.Fatal("two installs generated the same CA")
 	}
 
@@ -43,7 +43,7 @@ func TestGeneratedTLSKeptAcrossUpgrades(t *testing.T) {
 	cluster := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
 		map[schema.GroupVersionResource]string{{Version: "v1", Resource: "secrets"}: "SecretList"}, installed)
 	ch := loadChart(t)
-	vals := renderValues(t, ch, nil)
+	vals := renderValues(t, ch, valueSets["defaults"])
 	files, err := engine.RenderWithClientProvider(ch, vals, secretsProvider{client: cluster})
 	if err != nil {
 		t.Fatalf("upgrade render: %v", err)

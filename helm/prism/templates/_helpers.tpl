@@ -169,3 +169,47 @@ is the file name without extension in secret mode (e.g. "$(POD_NAME)").
 
 {{/* The sidecar's HTTP port (probes, metrics): inject.SidecarHTTPPort. */}}
 {{- define "prism.sidecar.httpPort" -}}9102{{- end -}}
+
+{{/*
+Query tokens on the Envoy gateway (docs/security.md#query-tokens): the
+prism admin flags that say what the Envoys it configures over xDS check.
+Secure by default: without a JWKS, an issuer and an audience the chart
+refuses to render unless gateway.queryAuth.disabled says the gateway is open.
+*/}}
+{{- define "prism.gateway.jwksDir" -}}/etc/prism/jwks{{- end -}}
+{{- define "prism.gateway.queryAuth.args" -}}
+{{- $q := .Values.gateway.queryAuth -}}
+{{- if $q.disabled }}
+{{- if or $q.jwksUrl $q.jwksConfigMap }}
+{{- fail "gateway.queryAuth.disabled=true excludes gateway.queryAuth.jwksUrl and gateway.queryAuth.jwksConfigMap: set one or the other" }}
+{{- end }}
+- --gateway-no-query-auth
+{{- else }}
+{{- if not (and (or $q.jwksUrl $q.jwksConfigMap) $q.issuer $q.audience) }}
+{{- fail "query tokens for the gateway are required (docs/security.md#query-tokens): set gateway.queryAuth.jwksUrl or gateway.queryAuth.jwksConfigMap, with gateway.queryAuth.issuer and gateway.queryAuth.audience; or gateway.queryAuth.disabled=true to let anyone who reaches the gateway read every mailbox" }}
+{{- end }}
+{{- if and $q.jwksUrl $q.jwksConfigMap }}
+{{- fail "gateway.queryAuth.jwksUrl and gateway.queryAuth.jwksConfigMap exclude each other: Envoy takes one JWKS" }}
+{{- end }}
+{{- if $q.jwksUrl }}
+- {{ printf "--gateway-jwks-url=%s" $q.jwksUrl | quote }}
+{{- with $q.jwksCA }}
+- {{ printf "--gateway-jwks-ca=%s" . | quote }}
+{{- end }}
+{{- else }}
+{{- if $q.jwksCA }}
+{{- fail "gateway.queryAuth.jwksCA is only for gateway.queryAuth.jwksUrl" }}
+{{- end }}
+- --gateway-jwks-file={{ include "prism.gateway.jwksDir" . }}/jwks.json
+{{- end }}
+- {{ printf "--gateway-jwt-issuer=%s" $q.issuer | quote }}
+- {{ printf "--gateway-jwt-audience=%s" $q.audience | quote }}
+- {{ printf "--gateway-jwt-namespaces-claim=%s" $q.namespacesClaim | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The port of gateway.queryAuth.jwksUrl, which the gateway's Envoys dial. */}}
+{{- define "prism.gateway.jwksPort" -}}
+{{- $host := (urlParse .Values.gateway.queryAuth.jwksUrl).host -}}
+{{- if regexMatch ":[0-9]+$" $host }}{{ splitList ":" $host | last }}{{ else }}443{{ end -}}
+{{- end -}}
