@@ -94,7 +94,7 @@ plaintext with no authorization.`,
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&f.gatewayAuth.JWKSFile, "gateway-jwks-file", "", "JWKS file, as the Envoy gateway's host sees it, verifying query bearer tokens")
 	fs.StringVar(&f.gatewayAuth.JWKSURL, "gateway-jwks-url", "", "https URL of the JWKS verifying query bearer tokens, fetched by the Envoy gateway")
-	fs.StringVar(&f.gatewayAuth.JWKSCA, "gateway-jwks-ca", ir.DefaultJWKSCA, "CA bundle, on the Envoy host, that --gateway-jwks-url's server certificate chains to")
+	fs.StringVar(&f.gatewayAuth.JWKSCA, "gateway-jwks-ca", "", "CA bundle, on the Envoy host, that --gateway-jwks-url's server certificate chains to (default "+ir.DefaultJWKSCA+")")
 	fs.StringVar(&f.gatewayAuth.Issuer, "gateway-jwt-issuer", "", "iss query tokens must carry (required with --gateway-jwks-*)")
 	fs.StringVar(&f.gatewayAuth.Audience, "gateway-jwt-audience", "", "aud query tokens must include (required with --gateway-jwks-*)")
 	fs.StringVar(&f.gatewayAuth.NamespacesClaim, "gateway-jwt-namespaces-claim", ir.DefaultNamespacesClaim, `claim listing the namespaces a token may read ("*" = all)`)
@@ -265,8 +265,11 @@ func (f adminFlags) queryAuth(log *slog.Logger) (ir.QueryAuth, error) {
 	case !jwks:
 		return ir.QueryAuth{}, errors.New("query authentication for the Envoy gateway is required: --gateway-jwks-file or --gateway-jwks-url with --gateway-jwt-issuer and --gateway-jwt-audience, or --gateway-no-query-auth")
 	}
+	if q.JWKSURL != "" && q.JWKSCA == "" {
+		q.JWKSCA = ir.DefaultJWKSCA
+	}
 	if err := q.Validate(); err != nil {
-		return ir.QueryAuth{}, fmt.Errorf("gateway query auth: %w", err)
+		return ir.QueryAuth{}, err
 	}
 	return q, nil
 }

@@ -59,7 +59,10 @@ func TestAdminFlagValidation(t *testing.T) {
 		{func(f *adminFlags) { f.quotas.Leases = -1 }, "must not be negative"},
 		{func(f *adminFlags) { f.xds = true }, "query authentication for the Envoy gateway is required"},
 		{func(f *adminFlags) { f.xds, f.gatewayNoAuth, f.gatewayAuth.JWKSFile = true, true, "/jwks.json" }, "exclude each other"},
-		{func(f *adminFlags) { f.xds, f.gatewayAuth.JWKSFile = true, "/jwks.json" }, "gateway query auth"},
+		{func(f *adminFlags) { f.xds, f.gatewayAuth.JWKSFile = true, "/jwks.json" }, "an issuer is required"},
+		{func(f *adminFlags) {
+			f.xds, f.gatewayAuth = true, ir.QueryAuth{JWKSFile: "/jwks.json", JWKSCA: "/ca.pem", Issuer: "i", Audience: "a"}
+		}, "only for a JWKS URL"},
 	}
 	for _, tc := range cases {
 		f := base
@@ -72,6 +75,11 @@ func TestAdminFlagValidation(t *testing.T) {
 	f.xds, f.gatewayAuth = true, ir.QueryAuth{JWKSFile: "/etc/prism/jwks.json", Issuer: "https://id.example", Audience: "prism", NamespacesClaim: ir.DefaultNamespacesClaim}
 	if cfg, err := f.nodeConfig(log); err != nil || !cfg.GatewayQueryAuth.Enabled() || cfg.GatewayQueryAuth.Issuer != "https://id.example" {
 		t.Fatalf("the Envoy gateway's token check: %+v, %v", cfg.GatewayQueryAuth, err)
+	}
+	// A URL takes the system CA bundle unless told otherwise; a file needs none.
+	f.gatewayAuth.JWKSFile, f.gatewayAuth.JWKSURL = "", "https://id.example/jwks"
+	if cfg, err := f.nodeConfig(log); err != nil || cfg.GatewayQueryAuth.JWKSCA != ir.DefaultJWKSCA {
+		t.Fatalf("a JWKS URL's CA: %+v, %v", cfg.GatewayQueryAuth, err)
 	}
 	f = base
 	f.peers = "a=127.0.0.1:7=127.0.0.1:8,b=127.0.0.1:9=127.0.0.1:10"
