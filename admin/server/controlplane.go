@@ -79,6 +79,9 @@ func (s *Server) RegisterProxy(ctx context.Context, req *adminv1.RegisterProxyRe
 	if err := s.admitProxy(req.GetRegistration().GetProxyId()); err != nil {
 		return nil, err
 	}
+	if err := s.admitAddress("registration.address", req.GetRegistration().GetAddress()); err != nil {
+		return nil, err
+	}
 	return write(s, ctx, "RegisterProxy",
 		&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: req}}, true,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.RegisterProxyResponse, error) {
@@ -132,6 +135,9 @@ func (s *Server) DeleteNamespace(ctx context.Context, req *adminv1.DeleteNamespa
 
 func (s *Server) AcquireLease(ctx context.Context, req *adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error) {
 	if err := s.admitLease(req.GetMailboxId()); err != nil {
+		return nil, err
+	}
+	if err := s.admitAddress("runner_address", req.GetRunnerAddress()); err != nil {
 		return nil, err
 	}
 	resp, err := write(s, ctx, "AcquireLease",

@@ -8,9 +8,15 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
@@ -19,10 +25,6 @@ import (
 	"github.com/prism-mesh/prism/mesh/pki"
 	"github.com/prism-mesh/prism/xds"
 	"github.com/prism-mesh/prism/xds/ir"
-	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
-	"k8s.io/utils/clock"
 )
 
 // NodeConfig is one complete admin node: Raft member, FSM, lessor, gRPC and
@@ -44,6 +46,8 @@ type NodeConfig struct {
 	// GatewayQueryAuth makes an Envoy gateway check query tokens
 	// (docs/security.md#query-tokens); the zero value checks none.
 	GatewayQueryAuth ir.QueryAuth
+	// RunnerNetworks: see Config.
+	RunnerNetworks []netip.Prefix
 	// Clock is the leader's clock, for the lessor and the server (default
 	// the real clock).
 	Clock clock.WithTicker
@@ -165,7 +169,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	}
 	n.Server, err = New(Config{
 		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Clock: cfg.Clock,
-		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas,
+		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas, RunnerNetworks: cfg.RunnerNetworks,
 		Registry: reg, Metrics: m,
 		// Half the promotion extension: the other half and the grace are
 		// the margin for clock drift (admin/leadership).

@@ -34,6 +34,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/utils/clock"
+
 	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/leadership"
@@ -43,13 +51,6 @@ import (
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/protobuf/types/known/timestamppb"
-	"k8s.io/utils/clock"
 )
 
 // Config wires a server to its node's parts.
@@ -84,6 +85,10 @@ type Config struct {
 
 	// Quotas bound the tables (zero fields: DefaultQuotas').
 	Quotas Quotas
+	// RunnerNetworks are where the runner addresses of registrations and
+	// leases may be (none: anywhere; prism admin defaults to
+	// DefaultRunnerNetworks).
+	RunnerNetworks []netip.Prefix
 
 	// TLS, when set, is this node's identity: forwards and leadership
 	// rounds dial other admin nodes over mutual TLS with it, accepting only

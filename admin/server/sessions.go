@@ -59,6 +59,9 @@ func (x sessions) OpenSession(ctx context.Context, req *adminv1.OpenSessionReque
 	if err := s.admitSession(req.GetProxyId()); err != nil {
 		return nil, err
 	}
+	if err := s.admitAddress("runner_address", req.GetRunnerAddress()); err != nil {
+		return nil, err
+	}
 	resp, err := write(s, ctx, "OpenSession",
 		&adminv1.Command{Body: &adminv1.Command_OpenSession{OpenSession: req}}, false,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.OpenSessionResponse, error) {

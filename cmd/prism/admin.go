@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -45,7 +46,9 @@ type adminFlags struct {
 	// gatewayNoAuth says it checks nothing.
 	gatewayAuth   ir.QueryAuth
 	gatewayNoAuth bool
-	tls           tlsFlags
+	// runnerNetworks are where runner addresses may be.
+	runnerNetworks string
+	tls            tlsFlags
 }
 
 func adminCommand() *cobra.Command {
@@ -99,6 +102,8 @@ plaintext with no authorization.`,
 	fs.StringVar(&f.gatewayAuth.Audience, "gateway-jwt-audience", "", "aud query tokens must include (required with --gateway-jwks-*)")
 	fs.StringVar(&f.gatewayAuth.NamespacesClaim, "gateway-jwt-namespaces-claim", ir.DefaultNamespacesClaim, `claim listing the namespaces a token may read ("*" = all)`)
 	fs.BoolVar(&f.gatewayNoAuth, "gateway-no-query-auth", false, "the Envoy gateway answers queries without a token: anyone who reaches it reads every mailbox")
+	fs.StringVar(&f.runnerNetworks, "runner-networks", prefixes(server.DefaultRunnerNetworks),
+		"CIDR prefixes runner addresses (the targets of routes) may be in; a registration or lease naming another address, or a host name, is refused (0.0.0.0/0,::/0 allows any)")
 	fs.IntVar(&f.quotas.Proxies, "max-proxies", server.DefaultQuotas.Proxies, "proxies the cluster registers; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Namespaces, "max-namespaces", server.DefaultQuotas.Namespaces, "namespaces the cluster holds; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Leases, "max-leases", server.DefaultQuotas.Leases, "mailbox leases the cluster holds; one more is refused RESOURCE_EXHAUSTED")
@@ -168,6 +173,10 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if err != nil {
 		return cfg, err
 	}
+	networks, err := server.ParseNetworks(f.runnerNetworks)
+	if err != nil {
+		return cfg, fmt.Errorf("--runner-networks: %w", err)
+	}
 	advertise := f.raftAdvertise
 	if len(peers) > 0 {
 		self := -1
@@ -220,7 +229,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
-		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth,
+		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
 	}, nil
 }
 
@@ -272,4 +281,12 @@ func (f adminFlags) queryAuth(log *slog.Logger) (ir.QueryAuth, error) {
 		return ir.QueryAuth{}, err
 	}
 	return q, nil
+}
+
+func prefixes(ps []netip.Prefix) string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return strings.Join(out, ",")
 }

@@ -43,7 +43,7 @@ func TestParsePeers(t *testing.T) {
 func TestAdminFlagValidation(t *testing.T) {
 	t.Parallel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	base := adminFlags{nodeID: "a", dataDir: "/tmp/x", timing: "fast", raftAddr: "127.0.0.1:1", tls: tlsFlags{insecure: true}}
+	base := adminFlags{nodeID: "a", dataDir: "/tmp/x", timing: "fast", raftAddr: "127.0.0.1:1", tls: tlsFlags{insecure: true}, runnerNetworks: "127.0.0.0/8"}
 	cases := []struct {
 		mod  func(*adminFlags)
 		want string
@@ -57,6 +57,8 @@ func TestAdminFlagValidation(t *testing.T) {
 		{func(f *adminFlags) { f.join, f.bootstrap = true, true }, "exclude each other"},
 		{func(f *adminFlags) { f.tls.insecure = false }, "TLS is required"},
 		{func(f *adminFlags) { f.quotas.Leases = -1 }, "must not be negative"},
+		{func(f *adminFlags) { f.runnerNetworks = "10.0.0.0/33" }, "--runner-networks"},
+		{func(f *adminFlags) { f.runnerNetworks = " , " }, "--runner-networks"},
 		{func(f *adminFlags) { f.xds = true }, "query authentication for the Envoy gateway is required"},
 		{func(f *adminFlags) { f.xds, f.gatewayNoAuth, f.gatewayAuth.JWKSFile = true, true, "/jwks.json" }, "exclude each other"},
 		{func(f *adminFlags) { f.xds, f.gatewayAuth.JWKSFile = true, "/jwks.json" }, "an issuer is required"},

@@ -297,8 +297,9 @@ func (e *devEnv) startAdmin(ctx context.Context) error {
 		dataDir: filepath.Join(e.dataDir, "admin"), bootstrap: true, timing: "fast",
 		staleProxyAfter: 30 * time.Second, xds: true, gatewayAddr: e.f.gatewayAddr,
 		// Envoy, like the prism gateway, listens on loopback for the machine's one user.
-		gatewayNoAuth: true,
-		tls:           tlsFlags{insecure: e.f.insecure},
+		gatewayNoAuth:  true,
+		runnerNetworks: prefixes(server.DefaultRunnerNetworks),
+		tls:            tlsFlags{insecure: e.f.insecure},
 	}
 	if e.ids != nil {
 		af.tls = tlsFlags{files: e.ids.admin}

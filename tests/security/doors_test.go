@@ -200,6 +200,16 @@ func TestEveryDoorRefusesStrangers(t *testing.T) {
 		}
 	}
 
+	// The right proxy still cannot point its mailbox's route outside the runner networks.
+	for _, addr := range []string{"8.8.8.8:53", "attacker.example:443"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := leader.ControlAs(proxyID).AcquireLease(ctx, &adminv1.AcquireLeaseRequest{MailboxId: mailboxID, RunnerId: "runner-1", RunnerAddress: addr})
+		cancel()
+		if status.Code(err) != codes.PermissionDenied {
+			t.Errorf("the mailbox's own proxy pointing its lease at %s: %v, want PermissionDenied", addr, err)
+		}
+	}
+
 	// The gateway's door: a query needs a token for the mailbox's namespace.
 	for _, tc := range []struct {
 		name, token string
