@@ -180,15 +180,15 @@ type statefulSetFlags struct {
 func (s *statefulSetFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&s.secretName, s.flag+"-secret", "", "Secret of the "+s.flag+" pods' certificates; empty: none")
 	f.StringVar(&s.statefulSet, s.flag+"-statefulset", "", "StatefulSet of the "+s.flag+" pods, whose names are <statefulset>-<ordinal>")
-	f.IntVar(&s.replicas, s.flag+"-replicas", 0, "number of "+s.flag+" pods")
+	f.IntVar(&s.replicas, s.flag+"-replicas", 0, "number of "+s.flag+" pods (0: the Secret holds only ca.crt)")
 }
 
 func (s statefulSetFlags) secret() (kube.Secret, bool, error) {
 	if s.secretName == "" {
 		return kube.Secret{}, false, nil
 	}
-	if s.statefulSet == "" || s.replicas < 1 {
-		return kube.Secret{}, false, fmt.Errorf("certs kube-secrets: --%[1]s-secret needs --%[1]s-statefulset and --%[1]s-replicas of at least 1", s.flag)
+	if s.statefulSet == "" || s.replicas < 0 {
+		return kube.Secret{}, false, fmt.Errorf("certs kube-secrets: --%[1]s-secret needs --%[1]s-statefulset and a --%[1]s-replicas not below 0", s.flag)
 	}
 	out := kube.Secret{Name: s.secretName}
 	for i := range s.replicas {

@@ -160,7 +160,8 @@ func TestCertsKubeSecrets(t *testing.T) {
 		want string
 	}{
 		{[]string{"--ca-secret=c"}, "--namespace and --ca-secret are required"},
-		{[]string{"--namespace=n", "--ca-secret=c", "--admin-secret=a"}, "--admin-secret needs --admin-statefulset and --admin-replicas"},
+		{[]string{"--namespace=n", "--ca-secret=c", "--admin-secret=a"}, "--admin-secret needs --admin-statefulset"},
+		{[]string{"--namespace=n", "--ca-secret=c", "--runner-secret=r", "--runner-statefulset=s", "--runner-replicas=-1"}, "--runner-replicas not below 0"},
 		{[]string{"--namespace=n", "--ca-secret=c", "--gateway-secret=g"}, "--gateway-secret needs --gateway-name"},
 		{[]string{"--namespace=n", "--ca-secret=c", "--operator-secret=o", "--operator-name=a@b"}, "operator name"},
 	} {
