@@ -25,7 +25,7 @@ func TestChartArgsParseWithPrism(t *testing.T) {
 	}
 	cases := map[string][]string{}
 	for mode, vals := range map[string]map[string]any{
-		"cert-manager": valueSets["custom kafka and static topics"], "secret": secretMode, "insecure": insecureMode,
+		"cert-manager": valueSets["custom kafka and static topics"], "secret": secretMode, "insecure": insecureMode, "generate": generateMode,
 	} {
 		r := render(t, vals)
 		injector := container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector")
@@ -38,6 +38,12 @@ func TestChartArgsParseWithPrism(t *testing.T) {
 		cases[mode+"/runner"] = kubeletArgs(container(t, runnerPod.Spec, "runner"))
 		cases[mode+"/injector"] = kubeletArgs(injector)
 		cases[mode+"/sidecar"] = kubeletArgs(runnerPod.Spec.InitContainers[len(runnerPod.Spec.InitContainers)-1])
+		if job, ok := r.certsJob(); ok {
+			cases[mode+"/certs"] = kubeletArgs(job.Spec.Template.Spec.Containers[0])
+		}
+	}
+	if _, ok := cases["generate/certs"]; !ok {
+		t.Fatal("tls.mode generate rendered no certs hook Job")
 	}
 	// Each way of checking query tokens gives prism admin other flags.
 	for _, set := range []string{"query auth disabled", "query auth from a ConfigMap", "query auth with a CA and port"} {

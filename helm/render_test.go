@@ -20,9 +20,11 @@ import (
 	"helm.sh/helm/v3/pkg/releaseutil"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
@@ -81,6 +83,9 @@ type rendered struct {
 	notes        string
 	statefulSets map[string]*appsv1.StatefulSet
 	deployments  map[string]*appsv1.Deployment
+	jobs         map[string]*batchv1.Job
+	roles        map[string]*rbacv1.Role
+	roleBindings map[string]*rbacv1.RoleBinding
 	services     map[string]*corev1.Service
 	configMaps   map[string]*corev1.ConfigMap
 	secrets      map[string]*corev1.Secret
@@ -133,6 +138,7 @@ func decodeAll(t testing.TB, files map[string]string) *rendered {
 	t.Helper()
 	r := &rendered{
 		statefulSets: map[string]*appsv1.StatefulSet{}, deployments: map[string]*appsv1.Deployment{},
+		jobs: map[string]*batchv1.Job{}, roles: map[string]*rbacv1.Role{}, roleBindings: map[string]*rbacv1.RoleBinding{},
 		services: map[string]*corev1.Service{}, configMaps: map[string]*corev1.ConfigMap{},
 		secrets: map[string]*corev1.Secret{}, accounts: map[string]*corev1.ServiceAccount{}, pods: map[string]*corev1.Pod{},
 		pdbs: map[string]*policyv1.PodDisruptionBudget{}, webhooks: map[string]*admissionregistrationv1.MutatingWebhookConfiguration{},
@@ -196,6 +202,12 @@ func (r *rendered) add(t testing.TB, file string, doc []byte) {
 		obj = put(r.statefulSets, name, t, gvk)
 	case "apps/v1/Deployment":
 		obj = put(r.deployments, name, t, gvk)
+	case "batch/v1/Job":
+		obj = put(r.jobs, name, t, gvk)
+	case "rbac.authorization.k8s.io/v1/Role":
+		obj = put(r.roles, name, t, gvk)
+	case "rbac.authorization.k8s.io/v1/RoleBinding":
+		obj = put(r.roleBindings, name, t, gvk)
 	case "v1/Service":
 		obj = put(r.services, name, t, gvk)
 	case "v1/ConfigMap":
@@ -249,8 +261,8 @@ func put[T any](m map[string]*T, name string, t testing.TB, gvk string) *T {
 	return v
 }
 
-// podTemplates are every workload's pod template, by workload name, and
-// the bare pods (helm test hooks).
+// podTemplates are every workload's pod template (StatefulSets, Deployments
+// and hook Jobs), by workload name, and the bare pods (helm test hooks).
 func (r *rendered) podTemplates() map[string]corev1.PodTemplateSpec {
 	out := map[string]corev1.PodTemplateSpec{}
 	for n, p := range r.pods {
@@ -261,6 +273,9 @@ func (r *rendered) podTemplates() map[string]corev1.PodTemplateSpec {
 	}
 	for n, d := range r.deployments {
 		out[n] = d.Spec.Template
+	}
+	for n, j := range r.jobs {
+		out[n] = j.Spec.Template
 	}
 	return out
 }

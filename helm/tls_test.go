@@ -19,6 +19,8 @@ var (
 	secretMode = withQueryAuth(map[string]any{"tls": map[string]any{"mode": "secret", "secret": map[string]any{
 		"admin": "admin-certs", "runner": "proxy-certs", "gateway": "gateway-certs",
 	}}})
+	generateMode = withQueryAuth(map[string]any{"tls": map[string]any{"mode": "generate", "trustDomain": "mesh.example.com"},
+		"admin": map[string]any{"replicas": 5}, "runner": map[string]any{"replicas": 4}})
 	insecureMode = withQueryAuth(map[string]any{"tls": map[string]any{"mode": "insecure"}})
 	corpIssuer   = withQueryAuth(map[string]any{"tls": map[string]any{"trustDomain": "mesh.example.com",
 		"certManager": map[string]any{"issuerRef": map[string]any{"name": "corp-ca", "kind": "ClusterIssuer"}}}})
@@ -28,13 +30,20 @@ var (
 // chart's injector has run on it.
 func injectedRunner(t *testing.T, r *rendered) *corev1.Pod {
 	t.Helper()
+	return injectedRunnerNamed(t, r, runnerName+"-0")
+}
+
+// injectedRunnerNamed is the chart's runner pod podName after the chart's
+// injector has run on it.
+func injectedRunnerNamed(t *testing.T, r *rendered, podName string) *corev1.Pod {
+	t.Helper()
 	sts := mustGet(t, r.statefulSets, runnerName)
 	opts := injectorOptions(t, container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector"))
 	if _, err := inject.NewWebhook(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), clock.RealClock{}); err != nil {
 		t.Fatalf("injector refuses the chart's flags: %v", err)
 	}
 	pod := &corev1.Pod{ObjectMeta: *sts.Spec.Template.ObjectMeta.DeepCopy(), Spec: *sts.Spec.Template.Spec.DeepCopy()}
-	pod.Name, pod.Namespace = runnerName+"-0", namespace
+	pod.Name, pod.Namespace = podName, namespace
 	o, err := inject.ParseOptions(pod.Annotations, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +162,7 @@ func TestTLSIdentities(t *testing.T) {
 		{"cert-manager with the chart's CA", valueSets["defaults"], "prism.local", "prism-ca", "Issuer"},
 		{"cert-manager with a cluster issuer", corpIssuer, "mesh.example.com", "corp-ca", "ClusterIssuer"},
 		{"secrets", secretMode, "", "", ""},
+		{"secrets from the hook Job", generateMode, "mesh.example.com", "", ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

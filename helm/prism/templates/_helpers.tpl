@@ -101,10 +101,29 @@ capabilities:
 {{/*
 Mutual TLS. Every prism container finds its identity in /etc/prism/tls
 (ca.crt, tls.crt, tls.key: csi-driver's file names), from a csi-driver
-volume (cert-manager mode) or a Secret (secret mode).
+volume (cert-manager mode) or a Secret (secret mode, and generate mode,
+whose hook Job writes the Secrets secret mode reads).
 */}}
 {{- define "prism.tls.on" -}}{{ if ne .Values.tls.mode "insecure" }}true{{ end }}{{- end -}}
 {{- define "prism.tls.dir" -}}/etc/prism/tls{{- end -}}
+
+{{/*
+The Secret of a role's identities in secret and generate modes: (dict "ctx"
+. "role" "admin"), role one of admin, runner, gateway. The user's in secret
+mode; in generate mode the one the hook Job writes, <component>-tls.
+*/}}
+{{- define "prism.tls.secretName" -}}
+{{- if eq .ctx.Values.tls.mode "generate" -}}
+{{- include (printf "prism.%s.name" .role) .ctx }}-tls
+{{- else -}}
+{{- required (printf "tls.secret.%s is required with tls.mode secret" .role) (get .ctx.Values.tls.secret .role) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secrets of the generate mode's CA and of the operator identity (also cert-manager mode's). */}}
+{{- define "prism.tls.caSecret" -}}{{ include "prism.fullname" . }}-ca{{- end -}}
+{{- define "prism.tls.operatorSecret" -}}{{ include "prism.fullname" . }}-operator-tls{{- end -}}
+{{- define "prism.certs.name" -}}{{ include "prism.fullname" . | trunc 57 | trimSuffix "-" }}-certs{{- end -}}
 
 {{/* The issuer of the mesh's certificates: the user's, or the chart's CA issuer. */}}
 {{- define "prism.tls.issuerName" -}}{{ .Values.tls.certManager.issuerRef.name | default (printf "%s-ca" (include "prism.fullname" .)) }}{{- end -}}
@@ -115,9 +134,9 @@ volume (cert-manager mode) or a Secret (secret mode).
 {{- define "prism.tls.uri" -}}spiffe://{{ .ctx.Values.tls.trustDomain }}/{{ .role }}/{{ .name }}{{- end -}}
 
 {{/*
-The identity volume of a pod: (dict "ctx" . "role" "admin" "secret" "name"
-"fsGroup" 65532). In cert-manager mode csi-driver fills ${POD_NAME} in when
-it requests the pod's certificate.
+The identity volume of a pod: (dict "ctx" . "role" "admin" "fsGroup" 65532).
+In cert-manager mode csi-driver fills ${POD_NAME} in when it requests the
+pod's certificate.
 */}}
 {{- define "prism.tls.volume" -}}
 - name: prism-tls
@@ -135,7 +154,7 @@ it requests the pod's certificate.
       csi.cert-manager.io/fs-group: {{ .fsGroup | quote }}
 {{- else }}
   secret:
-    secretName: {{ required (printf "tls.secret.%s is required with tls.mode secret" .role) .secret }}
+    secretName: {{ include "prism.tls.secretName" . }}
     # Readable by the pod's fsGroup only.
     defaultMode: 0440
 {{- end }}
@@ -164,7 +183,7 @@ is the file name without extension in secret mode (e.g. "$(POD_NAME)").
 
 {{/* The injector's --mesh-tls mode for the chart's tls.mode. */}}
 {{- define "prism.tls.injectorMode" -}}
-{{- get (dict "cert-manager" "csi" "secret" "secret" "insecure" "insecure") .Values.tls.mode -}}
+{{- get (dict "cert-manager" "csi" "generate" "secret" "secret" "secret" "insecure" "insecure") .Values.tls.mode -}}
 {{- end -}}
 
 {{/* The sidecar's HTTP port (probes, metrics): inject.SidecarHTTPPort. */}}
