@@ -107,9 +107,9 @@ type Config struct {
 	// and how long a write's ENOSPC (Full) holds the guard short at least.
 	// Default 1s.
 	Interval time.Duration
-	Clock    clock.Clock                      // nil = the real clock
+	Clock    clock.Clock                     // nil = the real clock
 	Stat     func(dir string) (Usage, error) // nil = Statfs
-	Logger   *slog.Logger                     // nil = slog.Default()
+	Logger   *slog.Logger                    // nil = slog.Default()
 }
 
 // Guard watches one data directory. A nil Guard is no watermark: never short.
