@@ -12,6 +12,13 @@
 // without its value. Store and DLQ errors are retried with backoff instead of
 // being skipped; a write that keeps failing is reported as a stalled partition
 // (log and metric) and retried still, never committed past.
+//
+// Disk pressure is not a failure: while Config.Space says the store's disk is
+// short (below its free-space watermark, or a write failed with ENOSPC), each
+// claim holds its next batch back before writing it, nothing past it is
+// committed, and the batch is written once space returns. The claim stops
+// fetching meanwhile (its writer's queue is full), so no more than a batch
+// waits in memory per partition.
 package ingest
 
 import (
@@ -29,6 +36,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/store"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
@@ -76,6 +84,16 @@ type Writer interface {
 	Write(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error)
 }
 
+// Space is the store's disk as ingest sees it (a *diskfree.Guard).
+type Space interface {
+	// Wait returns nil once the disk has room for a write, or ctx's error.
+	Wait(ctx context.Context) error
+	// Err is non-nil, saying why, while the disk is short.
+	Err() error
+	// Full reports a write that failed for want of space.
+	Full(cause error)
+}
+
 // Config of one mailbox's ingest.
 type Config struct {
 	MailboxID string   // also the consumer group id
@@ -105,6 +123,9 @@ type Config struct {
 	// (with backoff capped at BackoffMax) and nothing past it is committed.
 	// Default 10.
 	StallAfter int
+	// Space, when set, holds store writes back while the store's disk is
+	// short of space, and learns of writes that failed for want of it.
+	Space Space
 
 	Sarama  *sarama.Config // nil = SaramaConfig(); must keep auto-commit off
 	Logger  *slog.Logger   // nil = slog.Default()
@@ -575,14 +596,7 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 	m := i.cfg.Metrics
 	at := position{topic: c.Topic(), partition: c.Partition(), first: d.batch[0].Offset, last: d.batch[len(d.batch)-1].Offset}
 	if len(d.items) > 0 {
-		var res store.WriteResult
-		err := i.retry("store", at, func(ctx context.Context) error {
-			start := time.Now()
-			r, err := i.w.Write(ctx, d.items)
-			m.batchWrite.WithLabelValues(id).Observe(time.Since(start).Seconds())
-			res = r
-			return err
-		})
+		res, err := i.store(at, d.items)
 		if err != nil {
 			return err
 		}
@@ -600,6 +614,63 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 	commits.request()
 	next.Store(last.Offset + 1)
 	m.setLag(id, c.Topic(), c.Partition(), max(0, c.HighWaterMarkOffset()-last.Offset-1))
+	return nil
+}
+
+// errNoSpace ends a store write's retries: the disk is out of space, which
+// a retry cannot cure, so the write waits for space instead.
+var errNoSpace = errors.New("out of space")
+
+// store writes items durably, first waiting while the disk is short of
+// space, and again whenever a write fails for want of it.
+func (i *Ingester) store(at position, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
+	m := i.cfg.Metrics
+	for {
+		if err := i.awaitSpace(at); err != nil {
+			return store.WriteResult{}, err
+		}
+		var res store.WriteResult
+		err := i.retry("store", at, func(ctx context.Context) error {
+			start := time.Now()
+			r, err := i.w.Write(ctx, items)
+			m.batchWrite.WithLabelValues(i.cfg.MailboxID).Observe(time.Since(start).Seconds())
+			res = r
+			if err != nil && i.cfg.Space != nil && diskfree.IsNoSpace(err) {
+				i.cfg.Space.Full(err)
+				return fmt.Errorf("%w: %w", errNoSpace, err)
+			}
+			return err
+		})
+		if !errors.Is(err, errNoSpace) {
+			return res, err
+		}
+	}
+}
+
+// awaitSpace holds the batch at back while the disk is short of space, until
+// it has room or the ingester closes; closing, the batch is left uncommitted
+// (redelivered on the next start), since the disk cannot take it.
+func (i *Ingester) awaitSpace(at position) error {
+	if i.cfg.Space == nil {
+		return nil
+	}
+	short := i.cfg.Space.Err()
+	if short == nil {
+		return nil
+	}
+	m := i.cfg.Metrics
+	part := strconv.Itoa(int(at.partition))
+	where := []any{"topic", at.topic, "partition", at.partition, "first_offset", at.first, "last_offset", at.last}
+	i.log.Warn("ingest paused: disk short of space; nothing committed past this batch", append(where, "reason", short.Error())...)
+	m.paused.WithLabelValues(i.cfg.MailboxID, at.topic, part).Set(1)
+	start := time.Now()
+	err := i.cfg.Space.Wait(i.runCtx)
+	m.paused.WithLabelValues(i.cfg.MailboxID, at.topic, part).Set(0)
+	if err != nil {
+		return fmt.Errorf("ingest %s: store write of %s/%d offsets %d-%d abandoned at close: disk short of space: %w",
+			i.cfg.MailboxID, at.topic, at.partition, at.first, at.last, short)
+	}
+	i.log.Info("ingest resumed: disk has space again", append(where, "paused_for", time.Since(start))...)
 	return nil
 }
 
@@ -747,6 +818,12 @@ func (i *Ingester) retry(target string, at position, fn func(context.Context) er
 	delay := i.cfg.BackoffMin
 	for attempt := 1; ; attempt++ {
 		err := fn(i.drainCtx)
+		if errors.Is(err, errNoSpace) {
+			if attempt > i.cfg.StallAfter {
+				m.stalled.WithLabelValues(i.cfg.MailboxID, at.topic, part, target).Set(0)
+			}
+			return err
+		}
 		if err == nil {
 			if attempt > i.cfg.StallAfter {
 				m.stalled.WithLabelValues(i.cfg.MailboxID, at.topic, part, target).Set(0)

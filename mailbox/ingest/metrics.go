@@ -17,6 +17,7 @@ type Metrics struct {
 	retries      *prometheus.CounterVec
 	stalls       *prometheus.CounterVec
 	stalled      *prometheus.GaugeVec
+	paused       *prometheus.GaugeVec
 	lag          *prometheus.GaugeVec
 	batchWrite   *prometheus.HistogramVec
 }
@@ -56,6 +57,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prism_mailbox_ingest_stalled",
 			Help: "1 while a write of the partition has failed Config.StallAfter times and is still being retried.",
 		}, []string{"mailbox", "topic", "partition", "target"}),
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prism_mailbox_ingest_paused",
+			Help: "1 while the partition's next store write is held back because the store's disk is short of space.",
+		}, []string{"mailbox", "topic", "partition"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prism_mailbox_consumer_lag",
 			Help: "Records between the partition's high watermark and the last processed record.",
@@ -66,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}, []string{"mailbox"}),
 	}
-	reg.MustRegister(m.consumed, m.stored, m.deadLettered, m.duplicates, m.expired, m.retries, m.stalls, m.stalled, m.lag, m.batchWrite)
+	reg.MustRegister(m.consumed, m.stored, m.deadLettered, m.duplicates, m.expired, m.retries, m.stalls, m.stalled, m.paused, m.lag, m.batchWrite)
 	return m
 }
 
@@ -81,6 +86,7 @@ func (m *Metrics) forget(mailbox string) {
 	m.retries.DeletePartialMatch(l)
 	m.stalls.DeletePartialMatch(l)
 	m.stalled.DeletePartialMatch(l)
+	m.paused.DeletePartialMatch(l)
 	m.lag.DeletePartialMatch(l)
 	m.batchWrite.DeletePartialMatch(l)
 }
