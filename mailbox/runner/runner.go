@@ -29,6 +29,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/query"
@@ -50,6 +51,13 @@ type Config struct {
 	Sarama    *sarama.Config // nil = ingest.SaramaConfig()
 
 	RetentionInterval time.Duration // default 1m
+	// MinFree is the free-space watermark of DataDir's filesystem (zero:
+	// none). Below it every mailbox's ingest holds its next batch back,
+	// uncommitted, and /readyz answers 503 saying so, until space returns
+	// (diskfree.Guard); DiskCheckInterval is how often a held ingest looks
+	// again (default 1s).
+	MinFree           diskfree.Watermark
+	DiskCheckInterval time.Duration
 	ShutdownTimeout   time.Duration // bound on draining ingest and in-flight queries; default 10s
 
 	Registry *prometheus.Registry // nil = a new one with Go and process collectors
@@ -111,6 +119,7 @@ type Runner struct {
 	query     *http.Server // gRPC and HTTP on the advertised address
 	http      *http.Server
 	stopWatch context.CancelFunc
+	disk      *diskfree.Guard // nil: no watermark
 	watchDone chan struct{}
 
 	mu        sync.RWMutex
@@ -157,8 +166,26 @@ func New(cfg Config) (*Runner, error) {
 		prepared:  map[string]*store.Store{},
 	}
 	cfg.Registry.MustRegister(storeCollector{r})
+	disk, err := diskfree.New(diskfree.Config{Name: "runner data dir", Dir: cfg.DataDir, Watermark: cfg.MinFree,
+		Interval: cfg.DiskCheckInterval, Clock: cfg.Clock, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
 	if r.cfg.Ready == nil {
 		r.cfg.Ready = r.Ready
+	}
+	if disk != nil {
+		r.disk = disk
+		cfg.Registry.MustRegister(disk.Collector("prism_mailbox"))
+		// A runner short of space is not ready whoever judges the rest:
+		// its mailboxes serve what they hold but stored nothing since.
+		ready := r.cfg.Ready
+		r.cfg.Ready = func() error {
+			if err := disk.Err(); err != nil {
+				return fmt.Errorf("ingest paused: %w", err)
+			}
+			return ready()
+		}
 	}
 	r.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	return r, nil
@@ -246,11 +273,15 @@ func (r *Runner) Open(mc MailboxConfig) error {
 			return fmt.Errorf("open %s: %w", mc.ID, err)
 		}
 	}
-	ing, err := ingest.Start(ingest.Config{
+	icfg := ingest.Config{
 		MailboxID: mc.ID, Brokers: r.cfg.Brokers, Topics: mc.Topics, Mode: mc.Mode,
 		BatchSize: r.cfg.BatchSize, BatchWait: r.cfg.BatchWait, Sarama: r.cfg.Sarama,
 		DrainTimeout: r.cfg.ShutdownTimeout, Logger: r.log, Metrics: r.ingestM,
-	}, st)
+	}
+	if r.disk != nil {
+		icfg.Space = r.disk
+	}
+	ing, err := ingest.Start(icfg, st)
 	if err != nil {
 		st.Close()
 		return fmt.Errorf("open %s: %w", mc.ID, err)
