@@ -40,7 +40,7 @@ func envDuration(name string, def time.Duration) (time.Duration, error) {
 func sidecarCommand() *cobra.Command {
 	var (
 		proxyID, runnerID, adminEndpoints, runnerAddr, advertiseAddr, httpAddr      string
-		logLevel, logFormat, region, zone                                           string
+		logLevel, logFormat, region, zone, leaseMode                                string
 		labels                                                                      map[string]string
 		leaseTTL, heartbeat, runnerDeadAfter, stopTimeout, attemptTimeout, retryMax time.Duration
 		tls                                                                         tlsFlags
@@ -54,12 +54,15 @@ func sidecarCommand() *cobra.Command {
 It registers proxy --proxy-id with the admin cluster (--admin-endpoints, any node), watches the proxy's
 namespace assignments and, for each, has the runner open mailbox {namespace}@{proxy-id}, acquires its
 lease with the runner's query address (--advertise-addr) and only then lets the runner consume and serve
-it under the lease's epoch. It heartbeats every --heartbeat-interval (jittered) and stops the runner on a
-mailbox once the lease ttl has passed since it sent the last acknowledged heartbeat, or on a refusal,
-then acquires again. A runner whose control API fails the stats probe for --runner-dead-after gets no
+it under the lease's epoch. With --lease-mode=session (the default) every lease belongs to one session
+of this sidecar: the mailboxes are acquired in batches (all those known at start in one call) and one
+keepalive every --heartbeat-interval (jittered) renews them all; an admin cluster without sessions (not
+upgraded) is detected and the sidecar falls back to --lease-mode=mailbox, one heartbeat per lease. It
+stops the runner on a mailbox once the lease ttl has passed since it sent the last acknowledged
+keepalive (heartbeat), or on a refusal, then acquires again (a lost session: in a new one). A runner whose control API fails the stats probe for --runner-dead-after gets no
 more renewals: the sidecar fences it, releases its leases and acquires again once the runner answers.
-SIGTERM: the runner drains (stop fetching, flush, commit), then every lease is released, within
---stop-timeout. /readyz is ready only while every assigned lease is held.
+SIGTERM: the runner drains (stop fetching, flush, commit), then every lease is released (the session
+closed), within --stop-timeout. /readyz is ready only while every assigned lease is held.
 
 Every flag defaults to its environment variable (PRISM_PROXY_ID, PRISM_ADMIN_ENDPOINTS, PRISM_LEASE_TTL,
 PRISM_HEARTBEAT_INTERVAL, PRISM_RUNNER_ADDR, PRISM_ADVERTISE_ADDR, PRISM_HTTP_ADDR, PRISM_LOG_LEVEL,
@@ -87,6 +90,10 @@ TLS, and accepts only a runner presenting that same identity. --insecure dials i
 			if retryMax <= 0 || attemptTimeout <= 0 {
 				return errors.New("--retry-max and --admin-attempt-timeout must be positive")
 			}
+			mode := agent.LeaseMode(leaseMode)
+			if mode != agent.LeaseModeSession && mode != agent.LeaseModeMailbox {
+				return fmt.Errorf("--lease-mode %q: want session or mailbox", leaseMode)
+			}
 			if advertiseAddr == "" {
 				return errors.New("--advertise-addr: the runner's MailboxQuery host:port, as Envoy and clients reach it, is required")
 			}
@@ -101,7 +108,7 @@ TLS, and accepts only a runner presenting that same identity. --insecure dials i
 				AdminEndpoints: endpoints, Registration: &adminv1.ProxyRegistration{
 					Version: version, Capabilities: []string{"mailbox"}, Labels: labels, Region: region, Zone: zone,
 				},
-				LeaseTTL: leaseTTL, HeartbeatInterval: heartbeat, RunnerDeadAfter: runnerDeadAfter, StopTimeout: stopTimeout, AttemptTimeout: attemptTimeout, RetryMax: retryMax,
+				LeaseMode: mode, LeaseTTL: leaseTTL, HeartbeatInterval: heartbeat, RunnerDeadAfter: runnerDeadAfter, StopTimeout: stopTimeout, AttemptTimeout: attemptTimeout, RetryMax: retryMax,
 				TLS: src, Logger: log,
 			})
 		},
@@ -110,6 +117,7 @@ TLS, and accepts only a runner presenting that same identity. --insecure dials i
 	f.StringVar(&proxyID, "proxy-id", envOr(inject.EnvProxyID, agent.Hostname()), "proxy id to register; mailboxes are {namespace}@{proxy-id}")
 	f.StringVar(&runnerID, "runner-id", envOr("PRISM_RUNNER_ID", ""), "runner id in leases (default: the proxy id)")
 	f.StringVar(&adminEndpoints, "admin-endpoints", envOr(inject.EnvAdminEndpoints, ""), "admin gRPC endpoints, comma-separated host:port; list every node")
+	f.StringVar(&leaseMode, "lease-mode", envOr("PRISM_LEASE_MODE", string(agent.LeaseModeSession)), "session: hold every lease in one session renewed by one keepalive (falls back to mailbox on an admin without sessions); mailbox: acquire and heartbeat each lease on its own")
 	f.DurationVar(&leaseTTL, "lease-ttl", ttlDefault, "lease ttl to ask for (0: the namespace's); the granted ttl is what the sidecar fences by")
 	f.DurationVar(&heartbeat, "heartbeat-interval", hbDefault, "time between heartbeats (jittered down by up to 20%; below --lease-ttl)")
 	f.DurationVar(&runnerDeadAfter, "runner-dead-after", 0, "the runner failing the stats probe of each heartbeat this long (unreachable, or erring) has its leases given back: no more renewals, fence, release (0: three heartbeat intervals, at most half the lease ttl; below --lease-ttl)")

@@ -113,3 +113,51 @@ func (e *Endpoints) WatchAssignments(ctx context.Context, in *adminv1.WatchAssig
 	}
 	return s, nil
 }
+
+var _ adminv1.SessionsClient = (*Endpoints)(nil)
+
+func callSessions[Resp any](ctx context.Context, e *Endpoints, r client.Repeatable, fn func(context.Context, adminv1.SessionsClient) (Resp, error)) (Resp, error) {
+	return client.Do(ctx, e.c, r, func(ctx context.Context, cc *grpc.ClientConn) (Resp, error) {
+		return fn(ctx, adminv1.NewSessionsClient(cc))
+	})
+}
+
+// OpenSession implements adminv1.SessionsClient. Not retried on another node
+// after a timeout: a second open makes a second session, which only runs out.
+func (e *Endpoints) OpenSession(ctx context.Context, in *adminv1.OpenSessionRequest, opts ...grpc.CallOption) (*adminv1.OpenSessionResponse, error) {
+	return callSessions(ctx, e, client.Once, func(ctx context.Context, c adminv1.SessionsClient) (*adminv1.OpenSessionResponse, error) {
+		return c.OpenSession(ctx, in, opts...)
+	})
+}
+
+// KeepAliveSession implements adminv1.SessionsClient.
+func (e *Endpoints) KeepAliveSession(ctx context.Context, in *adminv1.KeepAliveSessionRequest, opts ...grpc.CallOption) (*adminv1.KeepAliveSessionResponse, error) {
+	return callSessions(ctx, e, client.Idempotent, func(ctx context.Context, c adminv1.SessionsClient) (*adminv1.KeepAliveSessionResponse, error) {
+		resp, err := c.KeepAliveSession(ctx, in, opts...)
+		if err == nil && resp.GetRefusal().GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
+			return nil, mesh.RefusalError(resp.GetRefusal())
+		}
+		return resp, err
+	})
+}
+
+// CloseSession implements adminv1.SessionsClient.
+func (e *Endpoints) CloseSession(ctx context.Context, in *adminv1.CloseSessionRequest, opts ...grpc.CallOption) (*adminv1.CloseSessionResponse, error) {
+	return callSessions(ctx, e, client.Idempotent, func(ctx context.Context, c adminv1.SessionsClient) (*adminv1.CloseSessionResponse, error) {
+		return c.CloseSession(ctx, in, opts...)
+	})
+}
+
+// AcquireLeases implements adminv1.SessionsClient.
+func (e *Endpoints) AcquireLeases(ctx context.Context, in *adminv1.AcquireLeasesRequest, opts ...grpc.CallOption) (*adminv1.AcquireLeasesResponse, error) {
+	return callSessions(ctx, e, client.Idempotent, func(ctx context.Context, c adminv1.SessionsClient) (*adminv1.AcquireLeasesResponse, error) {
+		return c.AcquireLeases(ctx, in, opts...)
+	})
+}
+
+// ReleaseLeases implements adminv1.SessionsClient.
+func (e *Endpoints) ReleaseLeases(ctx context.Context, in *adminv1.ReleaseLeasesRequest, opts ...grpc.CallOption) (*adminv1.ReleaseLeasesResponse, error) {
+	return callSessions(ctx, e, client.Idempotent, func(ctx context.Context, c adminv1.SessionsClient) (*adminv1.ReleaseLeasesResponse, error) {
+		return c.ReleaseLeases(ctx, in, opts...)
+	})
+}

@@ -5,17 +5,36 @@
 // "{namespace}@{proxy_id}", acquires its lease, and only then lets the
 // runner consume and serve it under the lease's epoch.
 //
-// # One worker per mailbox, one heartbeat path
+// # One session, one worker per mailbox
 //
-// Each mailbox has one goroutine owning its lease: it alone acquires,
-// heartbeats (at most one heartbeat in flight), fences and releases it, so
-// there is no second path that could keep a lease alive, or drop it, behind
-// the worker's back. Heartbeats carry the runner's stats.
+// By default (LeaseModeSession) the sidecar holds every lease in one
+// session (docs/architecture.md#sessions): it opens the session at start
+// (proxy id, runner id, advertise address, ttl) and renews only the
+// session, one keepalive per heartbeat interval (jittered, at most one in
+// flight) whatever the number of mailboxes. The mailboxes assigned together
+// are acquired in one AcquireLeases call, later ones in batches of whatever
+// is waiting; each lease keeps its own epoch. A lease's validity is its
+// session's: ttl after the send of the last acknowledged keepalive (or the
+// open), exactly as a lease's is after its heartbeat below. A refused
+// keepalive, or the validity running out, loses the session: every mailbox
+// is fenced, a new session is opened and the mailboxes are acquired again
+// under new epochs. An admin cluster without the Sessions service
+// (Unimplemented, not upgraded yet) turns the sidecar to LeaseModeMailbox,
+// which is today's per-mailbox path: AcquireLease, a MailboxHeartbeat per
+// lease, ReleaseLease.
+//
+// Each mailbox has one goroutine owning its lease: it alone asks for it,
+// (in mailbox mode) heartbeats it with at most one heartbeat in flight,
+// fences, and releases it, so there is no second path that could keep a
+// lease alive, or drop it, behind the worker's back; in session mode the
+// session's keepalive loop is the one renewal every worker follows.
+// Heartbeats carry the runner's stats; keepalives carry none.
 //
 // # Self-fencing
 //
 // The worker stops the runner (FenceMailbox) once ttl has passed since it
-// *sent* the last heartbeat (or acquire) the admin acknowledged: the leader
+// *sent* the last heartbeat (or acquire; in session mode, keepalive or
+// open) the admin acknowledged: the leader
 // renewed at or after that moment, so it cannot expire the lease before
 // ttl + grace later, and the runner is always stopped first. The deadline is
 // a timer on the injected clock, independent of the RPC in flight, so a
@@ -30,8 +49,9 @@
 //
 // # A dead runner gives its lease back
 //
-// Each heartbeat first asks the runner for its stats, which doubles as a
-// probe of the runner's control API. Once the probes have failed (the
+// Each heartbeat (in session mode, each worker every interval) first asks
+// the runner for its stats, which doubles as a probe of the runner's
+// control API. Once the probes have failed (the
 // runner unreachable, or answering with an error other than NotFound) for
 // RunnerDeadAfter since it last answered, the worker renews no more, fences
 // the runner, and releases the lease with its epoch: at once if the runner
@@ -48,9 +68,11 @@
 //
 // On stop the workers halt (no new acquires or heartbeats), the runner
 // drains (stop fetching, flush, commit offsets; queries still answered),
-// then every lease is released and its mailbox closed, in parallel, within
-// StopTimeout, so that all of it ends within 5 s of SIGTERM
-// (docs/architecture.md#release). An unassigned mailbox goes the same way.
+// then every lease is released (in session mode: one CloseSession ends
+// them all) and its mailbox closed, in parallel, within StopTimeout, so
+// that all of it ends within 5 s of SIGTERM
+// (docs/architecture.md#release). An unassigned mailbox goes the same way,
+// its lease released on its own.
 package agent
 
 import (
@@ -116,8 +138,16 @@ type Config struct {
 	// jitter.
 	Backoff wait.Backoff
 
-	Admin  adminv1.ControlPlaneClient
-	Runner runnerv1.RunnerControlClient
+	// LeaseMode is how the leases are held; "" is LeaseModeSession, which
+	// falls back to LeaseModeMailbox by itself when the admin cluster has
+	// no Sessions service.
+	LeaseMode LeaseMode
+
+	Admin adminv1.ControlPlaneClient
+	// Sessions is the admin's Sessions service; nil takes Admin when it
+	// serves both (as Endpoints does). Unused in LeaseModeMailbox.
+	Sessions adminv1.SessionsClient
+	Runner   runnerv1.RunnerControlClient
 
 	Clock clock.Clock // nil = real clock
 	// Jitter shortens a heartbeat interval; nil takes 80-100% at random.
@@ -175,15 +205,30 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	switch c.LeaseMode {
+	case "":
+		c.LeaseMode = LeaseModeSession
+	case LeaseModeSession, LeaseModeMailbox:
+	default:
+		return fmt.Errorf("agent: lease mode %q: want %q or %q", c.LeaseMode, LeaseModeSession, LeaseModeMailbox)
+	}
+	if c.LeaseMode == LeaseModeSession && c.Sessions == nil {
+		sc, ok := c.Admin.(adminv1.SessionsClient)
+		if !ok {
+			return errors.New("agent: session lease mode needs a Sessions client")
+		}
+		c.Sessions = sc
+	}
 	return nil
 }
 
 // Agent is the sidecar.
 type Agent struct {
-	cfg Config
-	log *slog.Logger
-	m   *metrics
-	reg prometheus.Gatherer
+	cfg  Config
+	log  *slog.Logger
+	m    *metrics
+	reg  prometheus.Gatherer
+	sess *sessions
 
 	registered atomic.Bool
 	synced     atomic.Bool
@@ -212,6 +257,13 @@ func New(cfg Config) (*Agent, error) {
 	if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
 		a.reg = g
 	}
+	a.sess = newSessions(a)
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "prism_sidecar_session_leases",
+			Help: "Leases held in the current session with the runner active on them (0 in mailbox mode).",
+		}, a.sessionLeases))
+	}
 	return a, nil
 }
 
@@ -219,12 +271,13 @@ func New(cfg Config) (*Agent, error) {
 // until ctx ends, then stops gracefully: the runner drains and every lease
 // is released, within StopTimeout. It returns the stop's errors.
 func (a *Agent) Run(ctx context.Context) error {
-	a.log.Info("sidecar starting", "advertise_addr", a.cfg.AdvertiseAddr, "lease_ttl", a.cfg.LeaseTTL, "heartbeat_interval", a.cfg.HeartbeatInterval)
+	a.log.Info("sidecar starting", "advertise_addr", a.cfg.AdvertiseAddr, "lease_ttl", a.cfg.LeaseTTL, "heartbeat_interval", a.cfg.HeartbeatInterval, "lease_mode", a.cfg.LeaseMode)
 	loops, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if a.register(loops) {
 			wg.Go(func() { a.proxyHeartbeats(loops) })
+			wg.Go(func() { a.sess.run(loops) })
 			a.watch(loops)
 		}
 	})
@@ -352,6 +405,7 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 			a.closing[id] = w
 		}
 	}
+	var started []*worker
 	for id, as := range want {
 		if _, ok := a.workers[id]; ok {
 			continue
@@ -362,6 +416,16 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 		// and release must not land after this one's open and acquire.
 		w.prev = a.closing[id]
 		a.workers[id] = w
+		started = append(started, w)
+	}
+	// The mailboxes assigned together are acquired together: one batch
+	// waits for all of them but those still waiting for a close.
+	for _, w := range started {
+		if w.prev == nil {
+			a.sess.expect(w.id)
+		}
+	}
+	for _, w := range started {
 		a.all.Go(w.run)
 	}
 	a.synced.Store(true)
@@ -409,12 +473,21 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	} else {
 		a.log.Info("runner drained", "mailboxes", resp.GetDrained())
 	}
+	// In session mode one CloseSession ends every lease of the session;
+	// a lease still held otherwise (on its own, or in a session that was
+	// not closed) is released by itself.
+	closedID, err := a.closeSession(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	var wg sync.WaitGroup
 	relErrs := make([]error, len(stopped))
 	for i, w := range stopped {
 		wg.Go(func() {
-			if v := w.view(); v.Epoch != 0 {
+			if v := w.view(); v.Epoch != 0 && (v.SessionID == 0 || v.SessionID != closedID) {
 				relErrs[i] = w.release(ctx, "shutdown", v.Epoch)
+			} else if v.Epoch != 0 {
+				w.update(func(v *LeaseView) { v.State = StateFenced })
 			}
 			w.closeInRunner(ctx)
 		})
@@ -423,6 +496,37 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	errs = append(errs, relErrs...)
 	a.log.Info("sidecar stopped", "took", a.cfg.Clock.Since(start), "leases", len(stopped))
 	return errors.Join(errs...)
+}
+
+// closeSession closes the current session, if any, and returns its id:
+// its leases ended with it, or expire after ttl + grace if the close
+// failed.
+func (a *Agent) closeSession(ctx context.Context) (uint64, error) {
+	id, n, err := a.sess.close(ctx)
+	switch {
+	case id == 0:
+	case err != nil:
+		a.log.Error("session close failed; its leases expire after ttl + grace", "session_id", id, "err", err)
+		a.m.releases.WithLabelValues("shutdown", "error").Inc()
+	default:
+		a.m.releases.WithLabelValues("shutdown", "released").Add(float64(n))
+	}
+	return id, err
+}
+
+// sessionLeases counts the leases active in the current session.
+func (a *Agent) sessionLeases() float64 {
+	st := a.sess.current()
+	if st == nil {
+		return 0
+	}
+	n := 0
+	for _, v := range a.Leases() {
+		if v.SessionID == st.id && v.State == StateActive {
+			n++
+		}
+	}
+	return float64(n)
 }
 
 func remaining(ctx context.Context) time.Duration {

@@ -310,6 +310,10 @@ func TestConfigErrors(t *testing.T) {
 		{"runner-dead bound not below ttl", func(c *Config) {
 			c.LeaseTTL, c.HeartbeatInterval, c.RunnerDeadAfter = 5*time.Second, time.Second, 5*time.Second
 		}, "runner-dead bound 5s must be below the lease ttl"},
+		{"unknown lease mode", func(c *Config) { c.LeaseMode = "lease" }, `lease mode "lease"`},
+		{"sessions without a Sessions client", func(c *Config) {
+			c.Admin = struct{ adminv1.ControlPlaneClient }{c.Admin}
+		}, "needs a Sessions client"},
 	}
 	for _, tc := range tests {
 		c := base()
@@ -318,8 +322,8 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("%s: err %v, want %q", tc.name, err, tc.want)
 		}
 	}
-	if a, err := New(base()); err != nil || a.cfg.RunnerID != "p1" {
-		t.Fatalf("defaults: %v, runner id %q (want the proxy id)", err, a.cfg.RunnerID)
+	if a, err := New(base()); err != nil || a.cfg.RunnerID != "p1" || a.cfg.LeaseMode != LeaseModeSession {
+		t.Fatalf("defaults: %v, runner id %q (want the proxy id), lease mode %q (want session)", err, a.cfg.RunnerID, a.cfg.LeaseMode)
 	}
 }
 

@@ -92,6 +92,7 @@ type fakeAdmin struct {
 	// releaseHangs makes ReleaseLease wait for its context, like a
 	// blackholed admin.
 	releaseHangs bool
+	s            fakeSessions
 }
 
 func newFakeAdmin(ev *events) *fakeAdmin {
@@ -369,7 +370,9 @@ func newHarness(t *testing.T, opts ...func(*Config)) *harness {
 		ProxyID: "p1", AdvertiseAddr: "10.0.0.1:9090",
 		LeaseTTL: testTTL, HeartbeatInterval: testInterval, StopTimeout: 4 * time.Second, RPCTimeout: 30 * time.Second,
 		Backoff: wait.Backoff{Duration: time.Second, Factor: 1, Steps: 1 << 30},
-		Admin:   h.admin, Runner: h.runner, Clock: clk,
+		// The per-mailbox path unless a test asks for sessions.
+		LeaseMode: LeaseModeMailbox,
+		Admin:     h.admin, Runner: h.runner, Clock: clk,
 		Jitter:     func(d time.Duration) time.Duration { return d },
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registerer: h.reg,
@@ -450,3 +453,96 @@ func (r *fakeRunner) forget(id string) {
 	defer r.mu.Unlock()
 	delete(r.mb, id)
 }
+
+// The fake admin's Sessions service: one session at a time, scripted
+// keepalive and open answers.
+type fakeSessions struct {
+	nextSession uint64
+	sessions    map[uint64]bool
+	openFn      func(*adminv1.OpenSessionRequest) (*adminv1.OpenSessionResponse, error)
+	keepAliveFn func(*adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error)
+}
+
+func (f *fakeAdmin) OpenSession(_ context.Context, in *adminv1.OpenSessionRequest, _ ...grpc.CallOption) (*adminv1.OpenSessionResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ev.add("admin open-session %s %s %s", in.GetProxyId(), in.GetRunnerId(), in.GetRunnerAddress())
+	if f.s.openFn != nil {
+		if resp, err := f.s.openFn(in); resp != nil || err != nil {
+			return resp, err
+		}
+	}
+	if f.s.sessions == nil {
+		f.s.sessions = map[uint64]bool{}
+	}
+	f.s.nextSession++
+	f.s.sessions[f.s.nextSession] = true
+	return &adminv1.OpenSessionResponse{Session: &adminv1.Session{Id: f.s.nextSession, ProxyId: in.GetProxyId(), Ttl: durationpb.New(f.ttl)}}, nil
+}
+
+func (f *fakeAdmin) KeepAliveSession(_ context.Context, in *adminv1.KeepAliveSessionRequest, _ ...grpc.CallOption) (*adminv1.KeepAliveSessionResponse, error) {
+	f.mu.Lock()
+	fn, ttl := f.s.keepAliveFn, f.ttl
+	f.mu.Unlock()
+	f.ev.add("admin keepalive %d", in.GetSessionId())
+	if fn != nil {
+		return fn(in)
+	}
+	return &adminv1.KeepAliveSessionResponse{Renewed: true, Ttl: durationpb.New(ttl)}, nil
+}
+
+func (f *fakeAdmin) CloseSession(_ context.Context, in *adminv1.CloseSessionRequest, _ ...grpc.CallOption) (*adminv1.CloseSessionResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ev.add("admin close-session %d", in.GetSessionId())
+	closed := f.s.sessions[in.GetSessionId()]
+	delete(f.s.sessions, in.GetSessionId())
+	return &adminv1.CloseSessionResponse{Closed: closed}, nil
+}
+
+func (f *fakeAdmin) AcquireLeases(_ context.Context, in *adminv1.AcquireLeasesRequest, _ ...grpc.CallOption) (*adminv1.AcquireLeasesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ev.add("admin acquire-leases %d %s", in.GetSessionId(), strings.Join(in.GetMailboxIds(), ","))
+	if !f.s.sessions[in.GetSessionId()] {
+		return &adminv1.AcquireLeasesResponse{Refusal: &adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION}}, nil
+	}
+	resp := &adminv1.AcquireLeasesResponse{}
+	for _, id := range in.GetMailboxIds() {
+		req := &adminv1.AcquireLeaseRequest{MailboxId: id, RunnerId: in.GetProxyId()}
+		if f.acquireFn != nil {
+			if r, err := f.acquireFn(req); err == nil && r != nil && !r.GetGranted() {
+				resp.Results = append(resp.Results, &adminv1.MailboxLeaseResult{MailboxId: id, Refusal: r.GetRefusal()})
+				continue
+			}
+		}
+		l := f.grant(req).GetLease()
+		l.SessionId = in.GetSessionId()
+		resp.Results = append(resp.Results, &adminv1.MailboxLeaseResult{MailboxId: id, Ok: true, Lease: l})
+	}
+	return resp, nil
+}
+
+func (f *fakeAdmin) ReleaseLeases(_ context.Context, in *adminv1.ReleaseLeasesRequest, _ ...grpc.CallOption) (*adminv1.ReleaseLeasesResponse, error) {
+	f.ev.add("admin release-leases %d %s", in.GetSessionId(), strings.Join(in.GetMailboxIds(), ","))
+	resp := &adminv1.ReleaseLeasesResponse{}
+	for _, id := range in.GetMailboxIds() {
+		resp.Results = append(resp.Results, &adminv1.MailboxLeaseResult{MailboxId: id, Ok: true})
+	}
+	return resp, nil
+}
+
+func (f *fakeAdmin) setKeepAlive(fn func(*adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.s.keepAliveFn = fn
+}
+
+func (f *fakeAdmin) setOpen(fn func(*adminv1.OpenSessionRequest) (*adminv1.OpenSessionResponse, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.s.openFn = fn
+}
+
+// sessionMode runs the harness's agent on sessions.
+func sessionMode(c *Config) { c.LeaseMode = LeaseModeSession }

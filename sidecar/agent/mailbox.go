@@ -42,6 +42,9 @@ type LeaseView struct {
 	// was sent; FenceAt = LastAckSent + ttl.
 	LastAckSent, FenceAt time.Time
 	TTL                  time.Duration
+	// SessionID is the session the lease belongs to; 0 for a lease held
+	// on its own (LeaseModeMailbox).
+	SessionID uint64
 }
 
 type stopMode int
@@ -111,6 +114,7 @@ func (w *worker) stopMode() stopMode {
 // until stopped, re-acquiring after every loss.
 func (w *worker) run() {
 	defer close(w.done)
+	defer w.a.sess.unexpect(w.id)
 	if w.prev != nil {
 		select {
 		case <-w.prev.done:
@@ -120,9 +124,22 @@ func (w *worker) run() {
 	// A runner given up on (runnerGone) is opened again before the next
 	// acquire: the lease is only asked for once the runner answers.
 	for w.ctx.Err() == nil && w.openInRunner() {
-		for w.ctx.Err() == nil {
-			l, sentAt, ok := w.acquire()
-			if !ok || w.hold(l, sentAt) == runnerGone {
+		mode, ok := w.a.sess.leaseMode(w.ctx)
+		for ok && w.ctx.Err() == nil {
+			end := leaseEnded
+			if mode == LeaseModeSession {
+				var r acqResult
+				if r, ok = w.acquireSession(); ok {
+					end = w.holdSession(r)
+				}
+			} else {
+				var l *adminv1.Lease
+				var sentAt time.Time
+				if l, sentAt, ok = w.acquire(); ok {
+					end = w.hold(l, sentAt)
+				}
+			}
+			if end == runnerGone {
 				break
 			}
 		}
@@ -163,6 +180,8 @@ func (w *worker) openInRunner() bool {
 			}
 		}
 		w.log.Warn("runner could not open the mailbox; retrying", "err", err)
+		// The batch at hand goes without this mailbox.
+		w.a.sess.unexpect(w.id)
 		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
 			return false
 		}
@@ -386,7 +405,7 @@ func (w *worker) giveUp(epoch uint64, runnerUntil time.Time, down, deadAfter tim
 	// release logs and counts every outcome; a lease it could not give
 	// back expires on the admin, since nothing renews it any more.
 	_ = w.release(ctx, "runner_unreachable", epoch)
-	w.update(func(v *LeaseView) { v.Epoch = 0 })
+	w.update(func(v *LeaseView) { v.Epoch, v.SessionID = 0, 0 })
 }
 
 // refused tells a lost lease from a failure to reach the leader.
@@ -401,7 +420,12 @@ func refused(r hbResult) (reason, detail string, lost bool) {
 	if ref == nil || ref.GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER || ref.GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNSPECIFIED {
 		return "", "", false
 	}
-	return strings.ToLower(strings.TrimPrefix(ref.GetReason().String(), "LEASE_REFUSAL_REASON_")), ref.GetMessage(), true
+	return refusalReason(ref), ref.GetMessage(), true
+}
+
+// refusalReason is a refusal's reason as a metric label: "expired".
+func refusalReason(ref *adminv1.LeaseRefusal) string {
+	return strings.ToLower(strings.TrimPrefix(ref.GetReason().String(), "LEASE_REFUSAL_REASON_"))
 }
 
 // heartbeat sends one heartbeat with the runner's stats, in the background.
@@ -413,29 +437,7 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration, giveUpAt time.T
 	go func() {
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		defer cancel()
-		stats := &adminv1.LeaseStats{Health: adminv1.RunnerHealth_RUNNER_HEALTH_HEALTHY}
-		lost := false
-		rctx, rcancel := context.WithTimeout(ctx, min(w.a.cfg.RPCTimeout/2, interval))
-		sr, err := w.a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{MailboxId: w.id})
-		rcancel()
-		switch {
-		case err == nil && len(sr.GetMailboxes()) == 1:
-			st := sr.GetMailboxes()[0]
-			stats.EventsStored, stats.QueriesServed, stats.StorageBytes = st.GetEventsStored(), st.GetQueriesServed(), st.GetStorageBytes()
-			lost = st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetEpoch() != epoch
-			if lost || !st.GetConsuming() {
-				stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
-			}
-		case status.Code(err) == codes.NotFound:
-			lost = true
-			stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
-		default:
-			stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
-		}
-		var runnerErr error
-		if err != nil && status.Code(err) != codes.NotFound {
-			runnerErr = err
-		}
+		stats, lost, runnerErr := w.probe(ctx, epoch, interval)
 		sentAt := w.a.cfg.Clock.Now()
 		if runnerErr != nil && !sentAt.Before(giveUpAt) {
 			ch <- hbResult{runnerErr: runnerErr, probedAt: sentAt}
@@ -445,6 +447,34 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration, giveUpAt time.T
 		ch <- hbResult{sentAt: sentAt, resp: resp, err: err, runnerLost: lost, runnerErr: runnerErr, probedAt: sentAt}
 	}()
 	return ch
+}
+
+// probe asks the runner for the mailbox's stats: whether it still serves
+// it actively under epoch (lost if not), and why its control API did not
+// answer (nil if it did, NotFound included).
+func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration) (stats *adminv1.LeaseStats, lost bool, runnerErr error) {
+	stats = &adminv1.LeaseStats{Health: adminv1.RunnerHealth_RUNNER_HEALTH_HEALTHY}
+	rctx, rcancel := context.WithTimeout(ctx, min(w.a.cfg.RPCTimeout/2, interval))
+	sr, err := w.a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{MailboxId: w.id})
+	rcancel()
+	switch {
+	case err == nil && len(sr.GetMailboxes()) == 1:
+		st := sr.GetMailboxes()[0]
+		stats.EventsStored, stats.QueriesServed, stats.StorageBytes = st.GetEventsStored(), st.GetQueriesServed(), st.GetStorageBytes()
+		lost = st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetEpoch() != epoch
+		if lost || !st.GetConsuming() {
+			stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
+		}
+	case status.Code(err) == codes.NotFound:
+		lost = true
+		stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
+	default:
+		stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
+	}
+	if err != nil && status.Code(err) != codes.NotFound {
+		runnerErr = err
+	}
+	return stats, lost, runnerErr
 }
 
 // activate lets the runner consume and serve under epoch until fenceAt,
@@ -549,20 +579,40 @@ func (w *worker) closeInRunner(ctx context.Context) {
 }
 
 // release gives the lease back; every outcome is logged and counted.
+// A lease of a session is released in it (ReleaseLeases), one on its own
+// with ReleaseLease.
 func (w *worker) release(ctx context.Context, cause string, epoch uint64) error {
-	resp, err := w.a.cfg.Admin.ReleaseLease(ctx, &adminv1.ReleaseLeaseRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch})
+	var (
+		released bool
+		refusal  *adminv1.LeaseRefusal
+		index    uint64
+		err      error
+	)
+	sessionID := w.view().SessionID
+	if sessionID != 0 {
+		var r *adminv1.MailboxLeaseResult
+		r, index, err = w.a.sess.release(ctx, sessionID, w.id)
+		released, refusal = r.GetOk(), r.GetRefusal()
+	} else {
+		var resp *adminv1.ReleaseLeaseResponse
+		resp, err = w.a.cfg.Admin.ReleaseLease(ctx, &adminv1.ReleaseLeaseRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch})
+		released, refusal, index = resp.GetReleased(), resp.GetRefusal(), resp.GetIndex()
+	}
 	log := w.log.With("epoch", epoch, "cause", cause)
+	if sessionID != 0 {
+		log = log.With("session_id", sessionID)
+	}
 	switch {
 	case err != nil:
 		w.a.m.releases.WithLabelValues(cause, "error").Inc()
 		log.Error("lease release failed; it expires after ttl + grace", "err", err)
 		return err
-	case resp.GetReleased():
+	case released:
 		w.a.m.releases.WithLabelValues(cause, "released").Inc()
-		log.Info("lease released", "index", resp.GetIndex())
-	case resp.GetRefusal() != nil:
+		log.Info("lease released", "index", index)
+	case refusal != nil:
 		w.a.m.releases.WithLabelValues(cause, "refused").Inc()
-		log.Warn("lease release refused: it was no longer ours", "reason", resp.GetRefusal().GetReason().String(), "message", resp.GetRefusal().GetMessage())
+		log.Warn("lease release refused: it was no longer ours", "reason", refusal.GetReason().String(), "message", refusal.GetMessage())
 	default:
 		w.a.m.releases.WithLabelValues(cause, "absent").Inc()
 		log.Info("lease already gone at release")

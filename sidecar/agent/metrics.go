@@ -13,13 +13,18 @@ type metrics struct {
 	hbLatency  prometheus.Histogram
 	acqLatency prometheus.Histogram
 	watchConns prometheus.Counter
+
+	sessionsOpened prometheus.Counter
+	keepalives     *prometheus.CounterVec
+	kaLatency      prometheus.Histogram
+	batches        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		losses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_lease_losses_total",
-			Help: "Leases lost (runner fenced), by reason: ttl_elapsed, expired, not_holder, unknown_lease, stale_epoch, runner_unreachable.",
+			Help: "Leases lost (runner fenced), by reason: ttl_elapsed, expired, not_holder, unknown_lease, stale_epoch, unknown_session, runner_unreachable.",
 		}, []string{"reason"}),
 		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_lease_acquires_total",
@@ -27,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"result"}),
 		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_heartbeats_total",
-			Help: "Mailbox heartbeats by result: renewed, refused or error.",
+			Help: "Mailbox heartbeats (mailbox lease mode) by result: renewed, refused or error.",
 		}, []string{"result"}),
 		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_lease_releases_total",
@@ -51,9 +56,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "prism_sidecar_watch_connects_total",
 			Help: "WatchAssignments streams opened (reconnects included).",
 		}),
+		sessionsOpened: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prism_sidecar_sessions_opened_total",
+			Help: "Sessions opened (one at start, one after every lost session).",
+		}),
+		keepalives: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_sidecar_session_keepalives_total",
+			Help: "Session keepalives sent, by result: renewed, refused (the session is lost) or error.",
+		}, []string{"result"}),
+		kaLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "prism_sidecar_session_keepalive_seconds",
+			Help:    "Session keepalive round trip, including failover across admin nodes.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prism_sidecar_acquire_batches_total",
+			Help: "AcquireLeases calls made (each asks for every mailbox then waiting, up to 10,000).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.losses, m.acquires, m.heartbeats, m.releases, m.held, m.hbLatency, m.acqLatency, m.watchConns)
+		reg.MustRegister(m.losses, m.acquires, m.heartbeats, m.releases, m.held, m.hbLatency, m.acqLatency, m.watchConns,
+			m.sessionsOpened, m.keepalives, m.kaLatency, m.batches)
 	}
 	return m
 }

@@ -42,6 +42,9 @@ type Config struct {
 	AdminEndpoints []string
 	Registration   *adminv1.ProxyRegistration
 
+	// LeaseMode: one session for every lease (default), or each lease on
+	// its own for an admin cluster without the Sessions service.
+	LeaseMode         agent.LeaseMode
 	LeaseTTL          time.Duration // 0: the namespace's
 	HeartbeatInterval time.Duration
 	// RunnerDeadAfter: the runner failing probes this long has its leases
@@ -105,7 +108,7 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a, err := agent.New(agent.Config{
 		ProxyID: cfg.ProxyID, RunnerID: cfg.RunnerID, AdvertiseAddr: cfg.AdvertiseAddr, Registration: cfg.Registration,
-		LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, RunnerDeadAfter: cfg.RunnerDeadAfter, StopTimeout: cfg.StopTimeout,
+		LeaseMode: cfg.LeaseMode, LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, RunnerDeadAfter: cfg.RunnerDeadAfter, StopTimeout: cfg.StopTimeout,
 		Backoff: wait.Backoff{Duration: min(100*time.Millisecond, cfg.RetryMax), Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: cfg.RetryMax},
 		Admin:   admin, Runner: runnerv1.NewRunnerControlClient(rc),
 		Logger: log, Registerer: reg,
