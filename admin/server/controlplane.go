@@ -26,6 +26,9 @@ func write[Resp proto.Message](s *Server, ctx context.Context, method string, cm
 	remote func(context.Context, *grpc.ClientConn) (Resp, error),
 ) (Resp, error) {
 	var zero Resp
+	if err := s.admitWrite(method); err != nil {
+		return zero, err
+	}
 	// The leader checks cmd whole in propose, once it has stamped it. Any
 	// other node checks what it can here, so a malformed request is refused
 	// at once instead of forwarded or held until a leader appears. Should

@@ -9,6 +9,7 @@ import (
 	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
@@ -133,6 +134,8 @@ func toStatus(err error) error {
 		return status.Error(codes.Internal, err.Error())
 	case errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown), errors.Is(err, raftnode.ErrLeadershipLost):
 		return status.Error(codes.Unavailable, err.Error())
+	case diskfree.IsNoSpace(err):
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):

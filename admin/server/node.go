@@ -21,6 +21,7 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	"github.com/prism-mesh/prism/xds"
@@ -64,7 +65,12 @@ type NodeConfig struct {
 	MaxStreams  uint32
 	IdleTimeout time.Duration
 	Quotas      Quotas
-	Logger      *slog.Logger
+	// MinFree is the free-space watermark of Raft.DataDir (zero: none):
+	// below it the node refuses writes (Config.Disk).
+	MinFree diskfree.Watermark
+	Logger  *slog.Logger
+
+	diskStat func(dir string) (diskfree.Usage, error) // tests' filesystem; nil = statfs
 }
 
 // pingEvery is the most often a client may ping the gRPC listener; the
@@ -160,6 +166,15 @@ func Start(cfg NodeConfig) (*Node, error) {
 		Logger:          cfg.Logger.With("node", cfg.Raft.ID),
 	})
 	n.FSM = fsm.New(fsm.WithLeaseObserver(n.Lessor), fsm.WithLogger(cfg.Logger.With("node", cfg.Raft.ID)))
+	var disk *diskfree.Guard
+	if cfg.Raft.DataDir != "" {
+		disk, err = diskfree.New(diskfree.Config{Name: "admin data dir", Dir: cfg.Raft.DataDir, Watermark: cfg.MinFree,
+			Clock: cfg.Clock, Stat: cfg.diskStat, Logger: cfg.Logger.With("node", cfg.Raft.ID)})
+		if err != nil {
+			closeListeners()
+			return nil, err
+		}
+	}
 	m := NewMetrics()
 	reg := prometheus.NewRegistry()
 	cfg.Raft.Metrics = m.RaftHooks()
@@ -170,7 +185,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	n.Server, err = New(Config{
 		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Clock: cfg.Clock,
 		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas, RunnerNetworks: cfg.RunnerNetworks,
-		Registry: reg, Metrics: m,
+		Registry: reg, Metrics: m, Disk: disk,
 		// Half the promotion extension: the other half and the grace are
 		// the margin for clock drift (admin/leadership).
 		LeaderLease: timing.ElectionTimeout / 2,

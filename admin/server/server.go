@@ -47,6 +47,7 @@ import (
 	"github.com/prism-mesh/prism/admin/leadership"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/internal/grpcpool"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
@@ -82,6 +83,10 @@ type Config struct {
 	// ExtendOnPromote (admin/leadership argues the bound). Default: half
 	// raft's default election timeout.
 	LeaderLease time.Duration
+
+	// Disk is the free-space watermark of the node's data dir: below it
+	// writes are refused (admitWrite). Nil: none.
+	Disk *diskfree.Guard
 
 	// Quotas bound the tables (zero fields: DefaultQuotas').
 	Quotas Quotas
@@ -197,6 +202,11 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = cfg.Metrics
 	if err := s.metrics.register(cfg.Registry, s); err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
+	}
+	if cfg.Disk != nil {
+		if err := cfg.Registry.Register(cfg.Disk.Collector("prism_admin")); err != nil {
+			return nil, fmt.Errorf("register disk metrics: %w", err)
+		}
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	return s, nil
@@ -478,6 +488,7 @@ func (s *Server) propose(ctx context.Context, cmd *adminv1.Command) (any, error)
 	}
 	resp, _, err := s.node.Apply(ctx, data)
 	if err != nil {
+		s.noticeFull(err)
 		return nil, fmt.Errorf("commit %s: %w", fsm.CommandType(cmd), err)
 	}
 	if err, ok := resp.(error); ok {
