@@ -49,6 +49,7 @@ type adminFlags struct {
 	// runnerNetworks are where runner addresses may be.
 	runnerNetworks string
 	tls            tlsFlags
+	disk           diskFlags
 }
 
 func adminCommand() *cobra.Command {
@@ -109,6 +110,7 @@ plaintext with no authorization.`,
 	fs.IntVar(&f.quotas.Leases, "max-leases", server.DefaultQuotas.Leases, "mailbox leases the cluster holds; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.LeasesPerProxy, "max-leases-per-proxy", server.DefaultQuotas.LeasesPerProxy, "mailbox leases one proxy holds; one more for it is refused RESOURCE_EXHAUSTED (renewals and re-grants never are)")
 	f.tls.register(fs)
+	f.disk.register(fs, "the node refuses writes (namespaces, registrations, acquisitions) RESOURCE_EXHAUSTED before the raft log runs out of space; reads, renewals and proxy heartbeats go on")
 	return cmd
 }
 
@@ -216,6 +218,10 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		// TLS its raft port admits the members named until it has one.
 		bootPeers, joinPeers = nil, peers
 	}
+	minFree, err := f.disk.watermark()
+	if err != nil {
+		return cfg, err
+	}
 	src, err := f.tls.load(log)
 	if err != nil {
 		return cfg, err
@@ -229,7 +235,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
-		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
+		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks, MinFree: minFree,
 	}, nil
 }
 

@@ -41,6 +41,7 @@ type runnerFlags struct {
 	// kafkaSec is how the runner reaches Kafka: its own Kafka credentials,
 	// not the mesh identity.
 	kafkaSec kafkaFlags
+	disk     diskFlags
 }
 
 // defaultControlAddr is where the injected sidecar looks for the runner
@@ -66,6 +67,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 		"serve the sidecar's control API (prism.runner.v1.RunnerControl) here, loopback only, over mutual TLS to this runner's own identity (its sidecar's); without --mailbox it defaults to "+defaultControlAddr+" and the sidecar opens the mailboxes")
 	f.tls.register(fs)
 	f.kafkaSec.register(fs)
+	f.disk.register(fs, "every mailbox's ingest holds its next batch back, uncommitted, and /readyz answers 503 saying why")
 }
 
 func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
@@ -95,6 +97,9 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 		return cfg, err
 	}
 	cfg.Runner.Sarama = sc
+	if cfg.Runner.MinFree, err = f.disk.watermark(); err != nil {
+		return cfg, err
+	}
 	if f.mailbox == "" {
 		if cfg.ControlAddr == "" {
 			cfg.ControlAddr = defaultControlAddr
