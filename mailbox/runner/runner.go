@@ -181,8 +181,8 @@ func New(cfg Config) (*Runner, error) {
 		// its mailboxes serve what they hold but stored nothing since.
 		ready := r.cfg.Ready
 		r.cfg.Ready = func() error {
-			if err := disk.Err(); err != nil {
-				return fmt.Errorf("ingest paused: %w", err)
+			if err := r.DiskPressure(); err != nil {
+				return err
 			}
 			return ready()
 		}
@@ -479,6 +479,15 @@ func (r *Runner) Ready() error {
 	if len(notConsuming) > 0 {
 		slices.Sort(notConsuming)
 		return fmt.Errorf("not consuming yet: %s", strings.Join(notConsuming, ", "))
+	}
+	return nil
+}
+
+// DiskPressure says why ingest is held back while the data dir's filesystem
+// is below its free-space watermark (Config.MinFree), and is nil otherwise.
+func (r *Runner) DiskPressure() error {
+	if err := r.disk.Err(); err != nil {
+		return fmt.Errorf("ingest paused: %w", err)
 	}
 	return nil
 }
