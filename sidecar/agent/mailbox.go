@@ -180,8 +180,6 @@ func (w *worker) openInRunner() bool {
 			}
 		}
 		w.log.Warn("runner could not open the mailbox; retrying", "err", err)
-		// The batch at hand goes without this mailbox.
-		w.a.sess.unexpect(w.id)
 		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
 			return false
 		}

@@ -34,6 +34,10 @@ const (
 // bulk quota).
 const maxBatch = 10000
 
+// batchLinger bounds how long queued acquires wait for the mailboxes
+// expected with them (whose runner open is slow or retried).
+const batchLinger = time.Second
+
 // sessState is one opened session as the sidecar holds it. Its validity is
 // computed as a lease's is: ttl after the send of the last acknowledged
 // keepalive (or the open). renewed is closed and replaced on every
@@ -70,6 +74,7 @@ type sessions struct {
 	opened   chan struct{}
 	wake     chan struct{}
 	pending  map[string]chan acqResult
+	queued   time.Time // when pending last became non-empty
 	expected map[string]bool
 }
 
@@ -116,8 +121,9 @@ func (s *sessions) kick() {
 }
 
 // expect names mailboxes about to ask for their leases: a batch waits
-// until each has asked or given up (unexpect), so the assignments known
-// together are acquired in one call.
+// until each has asked or was stopped (unexpect), at most batchLinger, so
+// the assignments known together are acquired in one call even when the
+// runner's first answers are slow or failed.
 func (s *sessions) expect(ids ...string) {
 	if !s.sessionMode() {
 		return
@@ -143,6 +149,9 @@ func (s *sessions) acquire(ctx context.Context, id string) (acqResult, bool) {
 	ch := make(chan acqResult, 1)
 	s.mu.Lock()
 	delete(s.expected, id)
+	if len(s.pending) == 0 {
+		s.queued = s.a.cfg.Clock.Now()
+	}
 	s.pending[id] = ch
 	s.mu.Unlock()
 	s.kick()
@@ -413,10 +422,22 @@ func (s *sessions) batches(ctx context.Context) {
 		for {
 			s.mu.Lock()
 			st, opened := s.cur, s.opened
-			ready := len(s.pending) > 0 && len(s.expected) == 0
+			pending, expected, queued := len(s.pending), len(s.expected), s.queued
 			s.mu.Unlock()
-			if !ready {
+			if pending == 0 {
 				break
+			}
+			if wait := queued.Add(batchLinger).Sub(a.cfg.Clock.Now()); expected > 0 && wait > 0 {
+				t := a.cfg.Clock.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-s.wake:
+				case <-t.C():
+				}
+				t.Stop()
+				continue
 			}
 			if st == nil {
 				select {

@@ -297,3 +297,21 @@ func TestSessionDeadRunnerGivesLeaseBack(t *testing.T) {
 		t.Fatalf("%d acquire batches, want the first and the one after the runner came back:\n%s", got, h.ev)
 	}
 }
+
+// Mailboxes assigned together whose first runner open failed are still
+// acquired together once the runner answers: one AcquireLeases call.
+func TestSessionBatchWaitsForRetriedOpens(t *testing.T) {
+	t.Parallel()
+	const n = 5
+	h := newHarness(t, sessionMode)
+	h.runner.setDown(true)
+	h.assign(1, namespaces(n)...)
+	h.waitFor("every open failed", func() bool { return h.ev.count("runner down open") == n })
+	h.settle(n + 2)
+	h.runner.setDown(false)
+	h.clk.Step(time.Second)
+	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == n })
+	if got := h.ev.count("admin acquire-leases"); got != 1 {
+		t.Fatalf("%d AcquireLeases calls, want 1:\n%s", got, h.ev)
+	}
+}
