@@ -8,6 +8,7 @@ package sidecare2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -83,6 +84,21 @@ func route(n *e2e.AdminNode) (*adminv1.Route, error) {
 		}
 	}
 	return nil, nil
+}
+
+// renewals is how many renewals the sidecar at base had acknowledged: its
+// mailbox heartbeats (mailbox lease mode) plus its session keepalives, so
+// that with one mailbox a renewal is one either way.
+func renewals(base string) (float64, error) {
+	var sum float64
+	for _, name := range []string{"prism_sidecar_heartbeats_total", "prism_sidecar_session_keepalives_total"} {
+		v, err := web.Metric(base, name, `result="renewed"`)
+		if err != nil && !errors.Is(err, e2e.ErrNoSeries) {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, nil
 }
 
 // startRunner starts a runner for a sidecar.

@@ -81,9 +81,9 @@ func TestRunnerPausedKeepsLease(t *testing.T) {
 	time.Sleep(pause)
 	e.runner.Resume()
 	e.tl.mark("SIGCONT runner-a")
-	renewed, _ := web.Metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+	renewed, _ := renewals(base)
 	testwait.For(t, 10*time.Second, "heartbeats renewed after the resume", func() (bool, string) {
-		v, err := web.Metric(base, "prism_sidecar_heartbeats_total", `result="renewed"`)
+		v, err := renewals(base)
 		return v >= renewed+3, fmt.Sprint(v, err)
 	})
 	e.tl.mark("renewed again")

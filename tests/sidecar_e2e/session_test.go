@@ -1,0 +1,197 @@
+package sidecare2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prism-mesh/prism/internal/e2e"
+	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/internal/testwait"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+)
+
+// sessionLeases are the leases of proxyID as n lists them (linearizable).
+func sessionLeases(n *e2e.AdminNode) ([]*adminv1.Lease, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := n.Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	if err != nil {
+		return nil, err
+	}
+	var out []*adminv1.Lease
+	for _, l := range resp.GetLeases() {
+		if l.GetProxyId() == proxyID {
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+// proxyRoutes counts the routes to proxyID's mailboxes as n lists them.
+func proxyRoutes(n *e2e.AdminNode) (int, uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := n.Admin().ListRoutes(ctx, &adminv1.ListRoutesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	if err != nil {
+		return 0, 0, err
+	}
+	count := 0
+	for _, r := range resp.GetRoutes() {
+		if r.GetProxyId() == proxyID {
+			count++
+		}
+	}
+	return count, resp.GetIndex(), nil
+}
+
+// adminCalls is how many calls of method the admin node served, any code.
+func adminCalls(n *e2e.AdminNode, method string) float64 {
+	v, _ := web.Metric("http://"+n.HTTPAddr, "prism_admin_grpc_requests_total", method+`"`)
+	return v
+}
+
+// One sidecar with 200 mailboxes holds them in one session: all leased in
+// one AcquireLeases call within seconds, renewed by one keepalive per
+// interval on the wire (the admin's own call counts), kept across a
+// SIGSTOP shorter than ttl, and after kill -9 all ended by the session's
+// expiry, which takes their routes away together (never seen in part).
+func TestSidecarSession200Mailboxes(t *testing.T) {
+	const n = 200
+	tl := newTimeline()
+	kafka := kafkatest.Start(t, kafkatest.Topics(1, topic))
+	cluster := e2e.StartAdmins(t, e2e.AdminOptions{Size: 1})
+	admin := cluster.Nodes[0]
+	for i := range n {
+		cluster.CreateNamespace(30*time.Second, fmt.Sprintf("ns-%03d", i), &adminv1.NamespaceConfig{Topics: []string{topic}, Lease: lease.Config()})
+	}
+	tl.mark("%d namespaces created", n)
+	runner := startRunner(t, "runner-a", kafka.Brokers)
+	started := tl.mark("sidecar started")
+	sidecar := startSidecar(t, "sidecar-a", "runner-a", runner, admin.GRPCAddr)
+
+	var session uint64
+	epochs := map[string]uint64{}
+	testwait.For(t, 60*time.Second, fmt.Sprintf("%d leases held in one session", n), func() (bool, string) {
+		ls, err := sessionLeases(admin)
+		if err != nil || len(ls) != n {
+			return false, fmt.Sprintf("%d leases, err %v", len(ls), err)
+		}
+		session = ls[0].GetSessionId()
+		for _, l := range ls {
+			if l.GetSessionId() != session || session == 0 || l.GetRunnerId() != "runner-a" {
+				return false, fmt.Sprintf("lease %v not in session %d", l, session)
+			}
+			epochs[l.GetMailboxId()] = l.GetEpoch()
+		}
+		return true, ""
+	})
+	leased := tl.mark("%d leases held in session %d", n, session)
+	testwait.For(t, 60*time.Second, "sidecar ready (every mailbox served)", sidecar.Ready)
+	ready := tl.mark("sidecar ready")
+	if d := leased.Sub(started); d > 15*time.Second {
+		t.Errorf("all %d leases held %v after the sidecar started, want within a few seconds", n, d)
+	}
+	if v, err := web.Metric(sidecar.HTTPURL(), "prism_sidecar_acquire_batches_total"); err != nil || v != 1 {
+		t.Errorf("AcquireLeases batches %v %v, want 1; the sidecar's batches and retries:\n%s", v, err, logLines(sidecar.Tail(5000), "batch", "retrying", "assigned"))
+	}
+	if acq, one := adminCalls(admin, "AcquireLeases"), adminCalls(admin, "AcquireLease"); acq != 1 || one != 0 {
+		t.Errorf("the admin served %v AcquireLeases and %v AcquireLease, want 1 and 0", acq, one)
+	}
+	if len(epochs) != n {
+		t.Errorf("%d distinct mailboxes leased", len(epochs))
+	}
+
+	// One keepalive per interval (jittered down by up to 20%) on the wire,
+	// and no per-mailbox heartbeat.
+	window := 10 * interval
+	ka0, hb0 := adminCalls(admin, "KeepAliveSession"), adminCalls(admin, "MailboxHeartbeat")
+	time.Sleep(window)
+	ka, hb := adminCalls(admin, "KeepAliveSession")-ka0, adminCalls(admin, "MailboxHeartbeat")-hb0
+	tl.mark("%v keepalives and %v mailbox heartbeats in %v", ka, hb, window)
+	if lo, hi := float64(window/interval)-2, float64(window)/float64(interval*8/10)+2; ka < lo || ka > hi || hb != 0 {
+		t.Errorf("%v keepalives and %v heartbeats in %v for %d mailboxes, want %v..%v and 0", ka, hb, window, n, lo, hi)
+	}
+
+	// A pause of the sidecar shorter than ttl: every lease kept, same epochs.
+	pause := ttl / 2
+	tl.mark("SIGSTOP sidecar for %v", pause)
+	sidecar.Pause()
+	time.Sleep(pause)
+	sidecar.Resume()
+	tl.mark("SIGCONT")
+	kaResumed := adminCalls(admin, "KeepAliveSession")
+	testwait.For(t, 10*time.Second, "keepalives after the resume", func() (bool, string) {
+		v := adminCalls(admin, "KeepAliveSession")
+		return v >= kaResumed+2, fmt.Sprint(v)
+	})
+	ls, err := sessionLeases(admin)
+	if err != nil || len(ls) != n {
+		t.Fatalf("%d leases after a %v pause (err %v), want %d", len(ls), pause, err, n)
+	}
+	sessionGrace := ls[0].GetGrace().AsDuration()
+	for _, l := range ls {
+		if l.GetSessionId() != session || l.GetEpoch() != epochs[l.GetMailboxId()] {
+			t.Fatalf("lease %v after a %v pause, want session %d epoch %d", l, pause, session, epochs[l.GetMailboxId()])
+		}
+	}
+	if v, _ := web.Metric(sidecar.HTTPURL(), "prism_sidecar_lease_losses_total"); v != 0 {
+		t.Fatalf("%v losses after a pause shorter than ttl", v)
+	}
+
+	// kill -9: nothing renews the session; it expires ttl + grace after the
+	// last keepalive, with all its leases in one entry, so the routes are
+	// never seen in part.
+	killed := tl.mark("kill -9 sidecar")
+	sidecar.Kill()
+	var gone time.Time
+	var partial []string
+	testwait.For(t, ttl+grace+10*time.Second, "every route gone", func() (bool, string) {
+		count, index, err := proxyRoutes(admin)
+		if err != nil {
+			return false, err.Error()
+		}
+		if count != 0 && count != n {
+			partial = append(partial, fmt.Sprintf("%d routes at index %d", count, index))
+		}
+		if count == 0 {
+			gone = tl.mark("every route gone at index %d", index)
+			return true, ""
+		}
+		return false, fmt.Sprintf("%d routes", count)
+	})
+	t.Logf("timeline:\n%s", tl)
+	if len(partial) > 0 {
+		t.Errorf("routes seen in part while the session expired: %s", strings.Join(partial, "; "))
+	}
+	// The last keepalive was sent at most one interval before the kill;
+	// a session's grace is the admin's default, not the namespace's.
+	if d := gone.Sub(killed); d < ttl+sessionGrace-interval || d > ttl+sessionGrace+2*time.Second {
+		t.Errorf("routes gone %v after kill -9, want ttl + grace (%v) after the last keepalive", d, ttl+sessionGrace)
+	}
+	if ls, err := sessionLeases(admin); err != nil || len(ls) != 0 {
+		t.Errorf("%d leases left after the session expired (err %v)", len(ls), err)
+	}
+	if !admin.LogHas("session expired") {
+		t.Error("the admin did not log the session's expiry")
+	}
+	fmt.Printf("BENCH sidecar.session_acquire_%d_ms %.1f ms\n", n, float64(leased.Sub(started).Microseconds())/1000)
+	fmt.Printf("BENCH sidecar.session_ready_%d_ms %.1f ms\n", n, float64(ready.Sub(started).Microseconds())/1000)
+	fmt.Printf("BENCH sidecar.session_expiry_routes_%d_ms %.1f ms\n", n, float64(gone.Sub(killed).Microseconds())/1000)
+}
+
+// logLines are the lines of log holding any of parts, at most 40.
+func logLines(log string, parts ...string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		for _, p := range parts {
+			if strings.Contains(l, p) && len(out) < 40 {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
