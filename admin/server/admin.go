@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"strconv"
 
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/mesh"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // read serves a List/Get: STALE from the local FSM; LINEARIZABLE after the
@@ -192,6 +194,70 @@ func (s *Server) GetRoute(ctx context.Context, req *adminv1.GetRouteRequest) (*a
 		return &adminv1.GetRouteResponse{Route: r, Index: idx}, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetRouteResponse, error) {
 		return adminv1.NewAdminClient(cc).GetRoute(ctx, req)
+	})
+}
+
+// sessionLeases are the annotated leases of every session, by session id:
+// on the leader their expires_at is their session's live one.
+func (s *Server) sessionLeases() map[uint64][]*adminv1.Lease {
+	all, _ := s.fsm.Leases()
+	out := map[uint64][]*adminv1.Lease{}
+	for _, l := range all {
+		if id := l.GetSessionId(); id != 0 {
+			out[id] = append(out[id], l)
+		}
+	}
+	for id, ls := range out {
+		out[id] = s.annotate(ls)
+	}
+	return out
+}
+
+// liveSession is sess with the leader's live expiry, read off one of its
+// annotated leases (a session without leases shows its Raft expiry).
+func liveSession(sess *adminv1.Session, leases []*adminv1.Lease) *adminv1.Session {
+	if len(leases) == 0 {
+		return sess
+	}
+	out := proto.CloneOf(sess)
+	out.ExpiresAt = leases[0].GetExpiresAt()
+	return out
+}
+
+func (s *Server) ListSessions(ctx context.Context, req *adminv1.ListSessionsRequest) (*adminv1.ListSessionsResponse, error) {
+	if p := req.GetProxyId(); p != "" {
+		if err := mesh.ValidateProxyID(p); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	return read(s, ctx, "ListSessions", req.GetConsistency(), func() (*adminv1.ListSessionsResponse, error) {
+		all, idx := s.fsm.Sessions()
+		leases := s.sessionLeases()
+		var out []*adminv1.Session
+		for _, sess := range all {
+			if req.GetProxyId() == "" || sess.GetProxyId() == req.GetProxyId() {
+				out = append(out, liveSession(sess, leases[sess.GetId()]))
+			}
+		}
+		return &adminv1.ListSessionsResponse{Sessions: out, Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListSessionsResponse, error) {
+		return adminv1.NewAdminClient(cc).ListSessions(ctx, req)
+	})
+}
+
+func (s *Server) GetSession(ctx context.Context, req *adminv1.GetSessionRequest) (*adminv1.GetSessionResponse, error) {
+	if req.GetSessionId() == 0 {
+		return nil, status.Error(codes.InvalidArgument, "session_id is required")
+	}
+	return read(s, ctx, "GetSession", req.GetConsistency(), func() (*adminv1.GetSessionResponse, error) {
+		sess, idx := s.fsm.Session(req.GetSessionId())
+		if sess == nil {
+			return nil, notFound("session", strconv.FormatUint(req.GetSessionId(), 10))
+		}
+		leases := s.sessionLeases()[sess.GetId()]
+		return &adminv1.GetSessionResponse{Session: liveSession(sess, leases), Leases: leases, Index: idx}, nil
+	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetSessionResponse, error) {
+		return adminv1.NewAdminClient(cc).GetSession(ctx, req)
 	})
 }
 

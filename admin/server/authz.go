@@ -73,6 +73,8 @@ func Policy() identity.Policy {
 		adminv1.Admin_GetLease_FullMethodName:         readers,
 		adminv1.Admin_ListRoutes_FullMethodName:       readers,
 		adminv1.Admin_GetRoute_FullMethodName:         readers,
+		adminv1.Admin_ListSessions_FullMethodName:     readers,
+		adminv1.Admin_GetSession_FullMethodName:       readers,
 		adminv1.Admin_AddVoter_FullMethodName:         ops,
 		adminv1.Admin_RemoveServer_FullMethodName:     ops,
 

@@ -1017,6 +1017,226 @@ func (x *GetLeaseResponse) GetIndex() uint64 {
 	return 0
 }
 
+type ListSessionsRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Consistency Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
+	// Optional: only this proxy's sessions.
+	ProxyId       string `protobuf:"bytes,2,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsRequest) Reset() {
+	*x = ListSessionsRequest{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsRequest) ProtoMessage() {}
+
+func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
+func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListSessionsRequest) GetConsistency() Consistency {
+	if x != nil {
+		return x.Consistency
+	}
+	return Consistency_CONSISTENCY_UNSPECIFIED
+}
+
+func (x *ListSessionsRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+type ListSessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sorted by id. On the leader expires_at is the lessor's live value
+	// when the session holds a lease; otherwise as last written through Raft.
+	Sessions      []*Session `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	Index         uint64     `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsResponse) Reset() {
+	*x = ListSessionsResponse{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsResponse) ProtoMessage() {}
+
+func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
+func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListSessionsResponse) GetSessions() []*Session {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+func (x *ListSessionsResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type GetSessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Consistency   Consistency            `protobuf:"varint,2,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSessionRequest) Reset() {
+	*x = GetSessionRequest{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionRequest) ProtoMessage() {}
+
+func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
+func (*GetSessionRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetSessionRequest) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *GetSessionRequest) GetConsistency() Consistency {
+	if x != nil {
+		return x.Consistency
+	}
+	return Consistency_CONSISTENCY_UNSPECIFIED
+}
+
+type GetSessionResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session *Session               `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// The session's leases, sorted by mailbox id.
+	Leases        []*Lease `protobuf:"bytes,2,rep,name=leases,proto3" json:"leases,omitempty"`
+	Index         uint64   `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSessionResponse) Reset() {
+	*x = GetSessionResponse{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSessionResponse) ProtoMessage() {}
+
+func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
+func (*GetSessionResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GetSessionResponse) GetSession() *Session {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *GetSessionResponse) GetLeases() []*Lease {
+	if x != nil {
+		return x.Leases
+	}
+	return nil
+}
+
+func (x *GetSessionResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 type ListRoutesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Consistency   Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
@@ -1026,7 +1246,7 @@ type ListRoutesRequest struct {
 
 func (x *ListRoutesRequest) Reset() {
 	*x = ListRoutesRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1258,7 @@ func (x *ListRoutesRequest) String() string {
 func (*ListRoutesRequest) ProtoMessage() {}
 
 func (x *ListRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1271,7 @@ func (x *ListRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoutesRequest.ProtoReflect.Descriptor instead.
 func (*ListRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListRoutesRequest) GetConsistency() Consistency {
@@ -1074,7 +1294,7 @@ type ListRoutesResponse struct {
 
 func (x *ListRoutesResponse) Reset() {
 	*x = ListRoutesResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1306,7 @@ func (x *ListRoutesResponse) String() string {
 func (*ListRoutesResponse) ProtoMessage() {}
 
 func (x *ListRoutesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1319,7 @@ func (x *ListRoutesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoutesResponse.ProtoReflect.Descriptor instead.
 func (*ListRoutesResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListRoutesResponse) GetRoutes() []*Route {
@@ -1133,7 +1353,7 @@ type GetRouteRequest struct {
 
 func (x *GetRouteRequest) Reset() {
 	*x = GetRouteRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1365,7 @@ func (x *GetRouteRequest) String() string {
 func (*GetRouteRequest) ProtoMessage() {}
 
 func (x *GetRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1378,7 @@ func (x *GetRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRouteRequest.ProtoReflect.Descriptor instead.
 func (*GetRouteRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetRouteRequest) GetMailboxId() string {
@@ -1185,7 +1405,7 @@ type GetRouteResponse struct {
 
 func (x *GetRouteResponse) Reset() {
 	*x = GetRouteResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1417,7 @@ func (x *GetRouteResponse) String() string {
 func (*GetRouteResponse) ProtoMessage() {}
 
 func (x *GetRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1430,7 @@ func (x *GetRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRouteResponse.ProtoReflect.Descriptor instead.
 func (*GetRouteResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetRouteResponse) GetRoute() *Route {
@@ -1247,7 +1467,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1479,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1492,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -1312,7 +1532,7 @@ type AddVoterResponse struct {
 
 func (x *AddVoterResponse) Reset() {
 	*x = AddVoterResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1544,7 @@ func (x *AddVoterResponse) String() string {
 func (*AddVoterResponse) ProtoMessage() {}
 
 func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1557,7 @@ func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterResponse.ProtoReflect.Descriptor instead.
 func (*AddVoterResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AddVoterResponse) GetIndex() uint64 {
@@ -1360,7 +1580,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1592,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1605,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -1411,7 +1631,7 @@ type RemoveServerResponse struct {
 
 func (x *RemoveServerResponse) Reset() {
 	*x = RemoveServerResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1643,7 @@ func (x *RemoveServerResponse) String() string {
 func (*RemoveServerResponse) ProtoMessage() {}
 
 func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1656,7 @@ func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RemoveServerResponse) GetIndex() uint64 {
@@ -1518,7 +1738,21 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\vconsistency\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"U\n" +
 	"\x10GetLeaseResponse\x12+\n" +
 	"\x05lease\x18\x01 \x01(\v2\x15.prism.admin.v1.LeaseR\x05lease\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"R\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"o\n" +
+	"\x13ListSessionsRequest\x12=\n" +
+	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\x12\x19\n" +
+	"\bproxy_id\x18\x02 \x01(\tR\aproxyId\"a\n" +
+	"\x14ListSessionsResponse\x123\n" +
+	"\bsessions\x18\x01 \x03(\v2\x17.prism.admin.v1.SessionR\bsessions\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"q\n" +
+	"\x11GetSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12=\n" +
+	"\vconsistency\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"\x8c\x01\n" +
+	"\x12GetSessionResponse\x121\n" +
+	"\asession\x18\x01 \x01(\v2\x17.prism.admin.v1.SessionR\asession\x12-\n" +
+	"\x06leases\x18\x02 \x03(\v2\x15.prism.admin.v1.LeaseR\x06leases\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"R\n" +
 	"\x11ListRoutesRequest\x12=\n" +
 	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"\xa4\x01\n" +
 	"\x12ListRoutesResponse\x12-\n" +
@@ -1547,7 +1781,7 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x0eMemberSuffrage\x12\x1f\n" +
 	"\x1bMEMBER_SUFFRAGE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15MEMBER_SUFFRAGE_VOTER\x10\x01\x12\x1c\n" +
-	"\x18MEMBER_SUFFRAGE_NONVOTER\x10\x022\xc3\a\n" +
+	"\x18MEMBER_SUFFRAGE_NONVOTER\x10\x022\xf3\b\n" +
 	"\x05Admin\x12e\n" +
 	"\x10GetClusterStatus\x12'.prism.admin.v1.GetClusterStatusRequest\x1a(.prism.admin.v1.GetClusterStatusResponse\x12_\n" +
 	"\x0eListNamespaces\x12%.prism.admin.v1.ListNamespacesRequest\x1a&.prism.admin.v1.ListNamespacesResponse\x12Y\n" +
@@ -1559,7 +1793,10 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\bGetLease\x12\x1f.prism.admin.v1.GetLeaseRequest\x1a .prism.admin.v1.GetLeaseResponse\x12S\n" +
 	"\n" +
 	"ListRoutes\x12!.prism.admin.v1.ListRoutesRequest\x1a\".prism.admin.v1.ListRoutesResponse\x12M\n" +
-	"\bGetRoute\x12\x1f.prism.admin.v1.GetRouteRequest\x1a .prism.admin.v1.GetRouteResponse\x12M\n" +
+	"\bGetRoute\x12\x1f.prism.admin.v1.GetRouteRequest\x1a .prism.admin.v1.GetRouteResponse\x12Y\n" +
+	"\fListSessions\x12#.prism.admin.v1.ListSessionsRequest\x1a$.prism.admin.v1.ListSessionsResponse\x12S\n" +
+	"\n" +
+	"GetSession\x12!.prism.admin.v1.GetSessionRequest\x1a\".prism.admin.v1.GetSessionResponse\x12M\n" +
 	"\bAddVoter\x12\x1f.prism.admin.v1.AddVoterRequest\x1a .prism.admin.v1.AddVoterResponse\x12Y\n" +
 	"\fRemoveServer\x12#.prism.admin.v1.RemoveServerRequest\x1a$.prism.admin.v1.RemoveServerResponseB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
@@ -1576,7 +1813,7 @@ func file_prism_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_prism_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_prism_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_prism_admin_v1_admin_proto_goTypes = []any{
 	(MemberSuffrage)(0),              // 0: prism.admin.v1.MemberSuffrage
 	(*GetClusterStatusRequest)(nil),  // 1: prism.admin.v1.GetClusterStatusRequest
@@ -1595,72 +1832,86 @@ var file_prism_admin_v1_admin_proto_goTypes = []any{
 	(*ListLeasesResponse)(nil),       // 14: prism.admin.v1.ListLeasesResponse
 	(*GetLeaseRequest)(nil),          // 15: prism.admin.v1.GetLeaseRequest
 	(*GetLeaseResponse)(nil),         // 16: prism.admin.v1.GetLeaseResponse
-	(*ListRoutesRequest)(nil),        // 17: prism.admin.v1.ListRoutesRequest
-	(*ListRoutesResponse)(nil),       // 18: prism.admin.v1.ListRoutesResponse
-	(*GetRouteRequest)(nil),          // 19: prism.admin.v1.GetRouteRequest
-	(*GetRouteResponse)(nil),         // 20: prism.admin.v1.GetRouteResponse
-	(*AddVoterRequest)(nil),          // 21: prism.admin.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),         // 22: prism.admin.v1.AddVoterResponse
-	(*RemoveServerRequest)(nil),      // 23: prism.admin.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),     // 24: prism.admin.v1.RemoveServerResponse
-	(Consistency)(0),                 // 25: prism.admin.v1.Consistency
-	(*Namespace)(nil),                // 26: prism.admin.v1.Namespace
-	(*NamespaceRoute)(nil),           // 27: prism.admin.v1.NamespaceRoute
-	(*Proxy)(nil),                    // 28: prism.admin.v1.Proxy
-	(*PartitionRange)(nil),           // 29: prism.admin.v1.PartitionRange
-	(*Lease)(nil),                    // 30: prism.admin.v1.Lease
-	(*Route)(nil),                    // 31: prism.admin.v1.Route
+	(*ListSessionsRequest)(nil),      // 17: prism.admin.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),     // 18: prism.admin.v1.ListSessionsResponse
+	(*GetSessionRequest)(nil),        // 19: prism.admin.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),       // 20: prism.admin.v1.GetSessionResponse
+	(*ListRoutesRequest)(nil),        // 21: prism.admin.v1.ListRoutesRequest
+	(*ListRoutesResponse)(nil),       // 22: prism.admin.v1.ListRoutesResponse
+	(*GetRouteRequest)(nil),          // 23: prism.admin.v1.GetRouteRequest
+	(*GetRouteResponse)(nil),         // 24: prism.admin.v1.GetRouteResponse
+	(*AddVoterRequest)(nil),          // 25: prism.admin.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),         // 26: prism.admin.v1.AddVoterResponse
+	(*RemoveServerRequest)(nil),      // 27: prism.admin.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),     // 28: prism.admin.v1.RemoveServerResponse
+	(Consistency)(0),                 // 29: prism.admin.v1.Consistency
+	(*Namespace)(nil),                // 30: prism.admin.v1.Namespace
+	(*NamespaceRoute)(nil),           // 31: prism.admin.v1.NamespaceRoute
+	(*Proxy)(nil),                    // 32: prism.admin.v1.Proxy
+	(*PartitionRange)(nil),           // 33: prism.admin.v1.PartitionRange
+	(*Lease)(nil),                    // 34: prism.admin.v1.Lease
+	(*Session)(nil),                  // 35: prism.admin.v1.Session
+	(*Route)(nil),                    // 36: prism.admin.v1.Route
 }
 var file_prism_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: prism.admin.v1.Member.suffrage:type_name -> prism.admin.v1.MemberSuffrage
 	2,  // 1: prism.admin.v1.GetClusterStatusResponse.members:type_name -> prism.admin.v1.Member
-	25, // 2: prism.admin.v1.ListNamespacesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	26, // 3: prism.admin.v1.ListNamespacesResponse.namespaces:type_name -> prism.admin.v1.Namespace
-	25, // 4: prism.admin.v1.GetNamespaceRequest.consistency:type_name -> prism.admin.v1.Consistency
-	26, // 5: prism.admin.v1.GetNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
-	27, // 6: prism.admin.v1.GetNamespaceResponse.route:type_name -> prism.admin.v1.NamespaceRoute
-	28, // 7: prism.admin.v1.ProxyInfo.proxy:type_name -> prism.admin.v1.Proxy
-	29, // 8: prism.admin.v1.ProxyInfo.partition_ranges:type_name -> prism.admin.v1.PartitionRange
-	25, // 9: prism.admin.v1.ListProxiesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	29, // 2: prism.admin.v1.ListNamespacesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	30, // 3: prism.admin.v1.ListNamespacesResponse.namespaces:type_name -> prism.admin.v1.Namespace
+	29, // 4: prism.admin.v1.GetNamespaceRequest.consistency:type_name -> prism.admin.v1.Consistency
+	30, // 5: prism.admin.v1.GetNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
+	31, // 6: prism.admin.v1.GetNamespaceResponse.route:type_name -> prism.admin.v1.NamespaceRoute
+	32, // 7: prism.admin.v1.ProxyInfo.proxy:type_name -> prism.admin.v1.Proxy
+	33, // 8: prism.admin.v1.ProxyInfo.partition_ranges:type_name -> prism.admin.v1.PartitionRange
+	29, // 9: prism.admin.v1.ListProxiesRequest.consistency:type_name -> prism.admin.v1.Consistency
 	8,  // 10: prism.admin.v1.ListProxiesResponse.proxies:type_name -> prism.admin.v1.ProxyInfo
-	25, // 11: prism.admin.v1.GetProxyRequest.consistency:type_name -> prism.admin.v1.Consistency
+	29, // 11: prism.admin.v1.GetProxyRequest.consistency:type_name -> prism.admin.v1.Consistency
 	8,  // 12: prism.admin.v1.GetProxyResponse.proxy:type_name -> prism.admin.v1.ProxyInfo
-	25, // 13: prism.admin.v1.ListLeasesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	30, // 14: prism.admin.v1.ListLeasesResponse.leases:type_name -> prism.admin.v1.Lease
-	25, // 15: prism.admin.v1.GetLeaseRequest.consistency:type_name -> prism.admin.v1.Consistency
-	30, // 16: prism.admin.v1.GetLeaseResponse.lease:type_name -> prism.admin.v1.Lease
-	25, // 17: prism.admin.v1.ListRoutesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	31, // 18: prism.admin.v1.ListRoutesResponse.routes:type_name -> prism.admin.v1.Route
-	27, // 19: prism.admin.v1.ListRoutesResponse.namespace_routes:type_name -> prism.admin.v1.NamespaceRoute
-	25, // 20: prism.admin.v1.GetRouteRequest.consistency:type_name -> prism.admin.v1.Consistency
-	31, // 21: prism.admin.v1.GetRouteResponse.route:type_name -> prism.admin.v1.Route
-	1,  // 22: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
-	4,  // 23: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
-	6,  // 24: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
-	9,  // 25: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
-	11, // 26: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
-	13, // 27: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
-	15, // 28: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
-	17, // 29: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
-	19, // 30: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
-	21, // 31: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
-	23, // 32: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
-	3,  // 33: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
-	5,  // 34: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
-	7,  // 35: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
-	10, // 36: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
-	12, // 37: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
-	14, // 38: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
-	16, // 39: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
-	18, // 40: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
-	20, // 41: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
-	22, // 42: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
-	24, // 43: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
-	33, // [33:44] is the sub-list for method output_type
-	22, // [22:33] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	29, // 13: prism.admin.v1.ListLeasesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	34, // 14: prism.admin.v1.ListLeasesResponse.leases:type_name -> prism.admin.v1.Lease
+	29, // 15: prism.admin.v1.GetLeaseRequest.consistency:type_name -> prism.admin.v1.Consistency
+	34, // 16: prism.admin.v1.GetLeaseResponse.lease:type_name -> prism.admin.v1.Lease
+	29, // 17: prism.admin.v1.ListSessionsRequest.consistency:type_name -> prism.admin.v1.Consistency
+	35, // 18: prism.admin.v1.ListSessionsResponse.sessions:type_name -> prism.admin.v1.Session
+	29, // 19: prism.admin.v1.GetSessionRequest.consistency:type_name -> prism.admin.v1.Consistency
+	35, // 20: prism.admin.v1.GetSessionResponse.session:type_name -> prism.admin.v1.Session
+	34, // 21: prism.admin.v1.GetSessionResponse.leases:type_name -> prism.admin.v1.Lease
+	29, // 22: prism.admin.v1.ListRoutesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	36, // 23: prism.admin.v1.ListRoutesResponse.routes:type_name -> prism.admin.v1.Route
+	31, // 24: prism.admin.v1.ListRoutesResponse.namespace_routes:type_name -> prism.admin.v1.NamespaceRoute
+	29, // 25: prism.admin.v1.GetRouteRequest.consistency:type_name -> prism.admin.v1.Consistency
+	36, // 26: prism.admin.v1.GetRouteResponse.route:type_name -> prism.admin.v1.Route
+	1,  // 27: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
+	4,  // 28: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
+	6,  // 29: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
+	9,  // 30: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
+	11, // 31: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
+	13, // 32: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
+	15, // 33: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
+	21, // 34: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
+	23, // 35: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
+	17, // 36: prism.admin.v1.Admin.ListSessions:input_type -> prism.admin.v1.ListSessionsRequest
+	19, // 37: prism.admin.v1.Admin.GetSession:input_type -> prism.admin.v1.GetSessionRequest
+	25, // 38: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
+	27, // 39: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
+	3,  // 40: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
+	5,  // 41: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
+	7,  // 42: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
+	10, // 43: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
+	12, // 44: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
+	14, // 45: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
+	16, // 46: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
+	22, // 47: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
+	24, // 48: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
+	18, // 49: prism.admin.v1.Admin.ListSessions:output_type -> prism.admin.v1.ListSessionsResponse
+	20, // 50: prism.admin.v1.Admin.GetSession:output_type -> prism.admin.v1.GetSessionResponse
+	26, // 51: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
+	28, // 52: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
+	40, // [40:53] is the sub-list for method output_type
+	27, // [27:40] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_admin_proto_init() }
@@ -1675,7 +1926,7 @@ func file_prism_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_admin_proto_rawDesc), len(file_prism_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,8 @@ const (
 	Admin_GetLease_FullMethodName         = "/prism.admin.v1.Admin/GetLease"
 	Admin_ListRoutes_FullMethodName       = "/prism.admin.v1.Admin/ListRoutes"
 	Admin_GetRoute_FullMethodName         = "/prism.admin.v1.Admin/GetRoute"
+	Admin_ListSessions_FullMethodName     = "/prism.admin.v1.Admin/ListSessions"
+	Admin_GetSession_FullMethodName       = "/prism.admin.v1.Admin/GetSession"
 	Admin_AddVoter_FullMethodName         = "/prism.admin.v1.Admin/AddVoter"
 	Admin_RemoveServer_FullMethodName     = "/prism.admin.v1.Admin/RemoveServer"
 )
@@ -48,6 +50,10 @@ type AdminClient interface {
 	GetLease(ctx context.Context, in *GetLeaseRequest, opts ...grpc.CallOption) (*GetLeaseResponse, error)
 	ListRoutes(ctx context.Context, in *ListRoutesRequest, opts ...grpc.CallOption) (*ListRoutesResponse, error)
 	GetRoute(ctx context.Context, in *GetRouteRequest, opts ...grpc.CallOption) (*GetRouteResponse, error)
+	// ListSessions lists the open sessions (docs/architecture.md#sessions)
+	// with their lease counts; GetSession one session with its leases.
+	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
+	GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error)
 	// AddVoter adds a raft voter; adding an existing voter at the same address
 	// succeeds (safe to forward and retry). Unless forced, it is refused
 	// FAILED_PRECONDITION when the new configuration would have no quorum of
@@ -157,6 +163,26 @@ func (c *adminClient) GetRoute(ctx context.Context, in *GetRouteRequest, opts ..
 	return out, nil
 }
 
+func (c *adminClient) ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSessionsResponse)
+	err := c.cc.Invoke(ctx, Admin_ListSessions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) GetSession(ctx context.Context, in *GetSessionRequest, opts ...grpc.CallOption) (*GetSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetSessionResponse)
+	err := c.cc.Invoke(ctx, Admin_GetSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminClient) AddVoter(ctx context.Context, in *AddVoterRequest, opts ...grpc.CallOption) (*AddVoterResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(AddVoterResponse)
@@ -190,6 +216,10 @@ type AdminServer interface {
 	GetLease(context.Context, *GetLeaseRequest) (*GetLeaseResponse, error)
 	ListRoutes(context.Context, *ListRoutesRequest) (*ListRoutesResponse, error)
 	GetRoute(context.Context, *GetRouteRequest) (*GetRouteResponse, error)
+	// ListSessions lists the open sessions (docs/architecture.md#sessions)
+	// with their lease counts; GetSession one session with its leases.
+	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
+	GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error)
 	// AddVoter adds a raft voter; adding an existing voter at the same address
 	// succeeds (safe to forward and retry). Unless forced, it is refused
 	// FAILED_PRECONDITION when the new configuration would have no quorum of
@@ -235,6 +265,12 @@ func (UnimplementedAdminServer) ListRoutes(context.Context, *ListRoutesRequest) 
 }
 func (UnimplementedAdminServer) GetRoute(context.Context, *GetRouteRequest) (*GetRouteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRoute not implemented")
+}
+func (UnimplementedAdminServer) ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSessions not implemented")
+}
+func (UnimplementedAdminServer) GetSession(context.Context, *GetSessionRequest) (*GetSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSession not implemented")
 }
 func (UnimplementedAdminServer) AddVoter(context.Context, *AddVoterRequest) (*AddVoterResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AddVoter not implemented")
@@ -425,6 +461,42 @@ func _Admin_GetRoute_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListSessions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSessionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListSessions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListSessions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListSessions(ctx, req.(*ListSessionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_GetSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetSession(ctx, req.(*GetSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Admin_AddVoter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(AddVoterRequest)
 	if err := dec(in); err != nil {
@@ -503,6 +575,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRoute",
 			Handler:    _Admin_GetRoute_Handler,
+		},
+		{
+			MethodName: "ListSessions",
+			Handler:    _Admin_ListSessions_Handler,
+		},
+		{
+			MethodName: "GetSession",
+			Handler:    _Admin_GetSession_Handler,
 		},
 		{
 			MethodName: "AddVoter",
