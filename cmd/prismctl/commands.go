@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -254,6 +255,56 @@ func leaseCommand(g *globals) *cobra.Command {
 	list.Flags().StringVar(&namespace, "namespace", "", "only this namespace's leases")
 	list.Flags().StringVar(&proxy, "proxy", "", "only this proxy's leases")
 	c.AddCommand(list)
+	return c
+}
+
+func sessionCommand(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "session", Short: "Sidecar sessions: one renewal keeps all of a sidecar's leases"}
+	var (
+		consistent bool
+		proxy      string
+	)
+	list := &cobra.Command{
+		Use: "list", Short: "List open sessions with their lease counts (the leader shows live expiries)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListSessionsResponse, error) {
+				return adminv1.NewAdminClient(cc).ListSessions(ctx, &adminv1.ListSessionsRequest{Consistency: consistency(consistent), ProxyId: proxy})
+			}, func(w io.Writer, r *adminv1.ListSessionsResponse) {
+				fmt.Fprintln(w, "SESSION\tPROXY\tRUNNER\tADDRESS\tLEASES\tEXPIRES\tTTL")
+				for _, s := range r.GetSessions() {
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", s.GetId(), s.GetProxyId(), s.GetRunnerId(), s.GetRunnerAddress(),
+						s.GetLeaseCount(), ts(s.GetExpiresAt()), s.GetTtl().AsDuration())
+				}
+			})
+		},
+	}
+	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
+	list.Flags().StringVar(&proxy, "proxy", "", "only this proxy's sessions")
+	get := &cobra.Command{
+		Use: "get ID", Short: "Show a session and its leases", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := strconv.ParseUint(args[0], 10, 64)
+			if err != nil || id == 0 {
+				return fmt.Errorf("session id %q: want a positive number, as session list shows it", args[0])
+			}
+			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetSessionResponse, error) {
+				return adminv1.NewAdminClient(cc).GetSession(ctx, &adminv1.GetSessionRequest{SessionId: id, Consistency: consistency(consistent)})
+			}, func(w io.Writer, r *adminv1.GetSessionResponse) {
+				s := r.GetSession()
+				fmt.Fprintf(w, "session\t%d\nproxy\t%s\nrunner\t%s\naddress\t%s\nopened\t%s\nexpires\t%s\nttl\t%s\ngrace\t%s\nleases\t%d\n",
+					s.GetId(), s.GetProxyId(), s.GetRunnerId(), s.GetRunnerAddress(), ts(s.GetOpenedAt()), ts(s.GetExpiresAt()),
+					s.GetTtl().AsDuration(), s.GetGrace().AsDuration(), len(r.GetLeases()))
+				if len(r.GetLeases()) > 0 {
+					fmt.Fprintln(w, "\nMAILBOX\tEPOCH\tGRANTED")
+					for _, l := range r.GetLeases() {
+						fmt.Fprintf(w, "%s\t%d\t%s\n", l.GetMailboxId(), l.GetEpoch(), ts(l.GetGrantedAt()))
+					}
+				}
+			})
+		},
+	}
+	get.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
+	c.AddCommand(list, get)
 	return c
 }
 

@@ -67,6 +67,7 @@ func rootCommand() *cobra.Command {
 		namespaceCommand(g),
 		proxyCommand(g),
 		leaseCommand(g),
+		sessionCommand(g),
 		routeCommand(g),
 		memberCommand(g),
 	)
