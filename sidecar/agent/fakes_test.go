@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -315,6 +316,13 @@ func (r *fakeRunner) GetStats(_ context.Context, in *runnerv1.GetStatsRequest, _
 	defer r.mu.Unlock()
 	if err := r.unreachable("stats"); err != nil {
 		return nil, err
+	}
+	if in.GetMailboxId() == "" {
+		resp := &runnerv1.GetStatsResponse{}
+		for _, id := range slices.Sorted(maps.Keys(r.mb)) {
+			resp.Mailboxes = append(resp.Mailboxes, proto.CloneOf(r.mb[id]))
+		}
+		return resp, nil
 	}
 	st, ok := r.mb[in.GetMailboxId()]
 	if !ok {

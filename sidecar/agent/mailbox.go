@@ -180,6 +180,7 @@ func (w *worker) openInRunner() bool {
 			}
 		}
 		w.log.Warn("runner could not open the mailbox; retrying", "err", err)
+		w.a.sess.retrying(w.id)
 		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
 			return false
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
 // LeaseMode is how the sidecar holds its leases.
@@ -35,7 +36,7 @@ const (
 const maxBatch = 10000
 
 // batchLinger bounds how long queued acquires wait for the mailboxes
-// expected with them (whose runner open is slow or retried).
+// expected with them whose runner open failed and is being retried.
 const batchLinger = time.Second
 
 // sessState is one opened session as the sidecar holds it. Its validity is
@@ -69,19 +70,30 @@ type sessions struct {
 	decided chan struct{} // closed once the lease mode is known
 	mode    LeaseMode     // set before decided is closed
 
-	mu       sync.Mutex
-	cur      *sessState // nil until opened, or once lost
-	opened   chan struct{}
-	wake     chan struct{}
-	pending  map[string]chan acqResult
-	queued   time.Time // when pending last became non-empty
+	mu      sync.Mutex
+	cur     *sessState // nil until opened, or once lost
+	opened  chan struct{}
+	wake    chan struct{}
+	pending map[string]chan acqResult
+	queued  time.Time // when pending last became non-empty
+	// expected mailboxes are about to ask for their leases; true once
+	// their first runner open failed.
 	expected map[string]bool
+	probe    probeResult
+	probed   chan struct{} // closed and replaced by every probe
+}
+
+// probeResult is one stats probe of every mailbox of the runner.
+type probeResult struct {
+	sentAt, at time.Time
+	mailboxes  map[string]*runnerv1.MailboxStatus
+	err        error
 }
 
 func newSessions(a *Agent) *sessions {
 	s := &sessions{
 		a: a, decided: make(chan struct{}), opened: make(chan struct{}), wake: make(chan struct{}, 1),
-		pending: map[string]chan acqResult{}, expected: map[string]bool{},
+		pending: map[string]chan acqResult{}, expected: map[string]bool{}, probed: make(chan struct{}),
 	}
 	if a.cfg.LeaseMode == LeaseModeMailbox {
 		s.decide(LeaseModeMailbox)
@@ -121,9 +133,9 @@ func (s *sessions) kick() {
 }
 
 // expect names mailboxes about to ask for their leases: a batch waits
-// until each has asked or was stopped (unexpect), at most batchLinger, so
-// the assignments known together are acquired in one call even when the
-// runner's first answers are slow or failed.
+// until each has asked or was stopped (unexpect), and for those whose
+// runner open failed (retrying) at most batchLinger, so the assignments
+// known together are acquired in one call even when the runner is slow.
 func (s *sessions) expect(ids ...string) {
 	if !s.sessionMode() {
 		return
@@ -135,10 +147,20 @@ func (s *sessions) expect(ids ...string) {
 	}
 }
 
+// retrying marks an expected mailbox whose runner open failed.
+func (s *sessions) retrying(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.expected[id]; ok {
+		s.expected[id] = true
+		s.kick()
+	}
+}
+
 func (s *sessions) unexpect(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.expected[id] {
+	if _, ok := s.expected[id]; ok {
 		delete(s.expected, id)
 		s.kick()
 	}
@@ -245,6 +267,7 @@ func (s *sessions) run(ctx context.Context) {
 		default:
 			s.decide(LeaseModeSession)
 			wg.Go(func() { s.batches(ctx) })
+			wg.Go(func() { s.probes(ctx, min(s.a.cfg.HeartbeatInterval, st.ttl/3)) })
 		}
 		s.keepAlive(ctx, st)
 	}
@@ -422,12 +445,22 @@ func (s *sessions) batches(ctx context.Context) {
 		for {
 			s.mu.Lock()
 			st, opened := s.cur, s.opened
-			pending, expected, queued := len(s.pending), len(s.expected), s.queued
+			pending, queued := len(s.pending), s.queued
+			opening, retrying := 0, 0
+			for _, r := range s.expected {
+				if r {
+					retrying++
+				} else {
+					opening++
+				}
+			}
 			s.mu.Unlock()
-			if pending == 0 {
+			if pending == 0 || opening > 0 {
+				// Every runner open ends within RPCTimeout, then asks
+				// or retries: either wakes this loop.
 				break
 			}
-			if wait := queued.Add(batchLinger).Sub(a.cfg.Clock.Now()); expected > 0 && wait > 0 {
+			if wait := queued.Add(batchLinger).Sub(a.cfg.Clock.Now()); retrying > 0 && wait > 0 {
 				t := a.cfg.Clock.NewTimer(wait)
 				select {
 				case <-ctx.Done():
@@ -493,10 +526,16 @@ func (s *sessions) send(ctx context.Context, st *sessState) bool {
 		return true
 	}
 	granted := 0
+	var orphans []string
 	s.mu.Lock()
 	for _, r := range resp.GetResults() {
 		ch, ok := s.pending[r.GetMailboxId()]
 		if !ok {
+			// Its worker stopped meanwhile (unassigned): nothing would
+			// release the lease, and the session would keep it alive.
+			if r.GetOk() {
+				orphans = append(orphans, r.GetMailboxId())
+			}
 			continue
 		}
 		delete(s.pending, r.GetMailboxId())
@@ -509,6 +548,12 @@ func (s *sessions) send(ctx context.Context, st *sessState) bool {
 	a.m.acquires.WithLabelValues("granted").Add(float64(granted))
 	a.m.acquires.WithLabelValues("refused").Add(float64(len(resp.GetResults()) - granted))
 	a.log.Info("leases acquired in one batch", "session_id", st.id, "asked", len(ids), "granted", granted, "index", resp.GetIndex())
+	if len(orphans) > 0 {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
+		_, err := a.cfg.Sessions.ReleaseLeases(cctx, &adminv1.ReleaseLeasesRequest{ProxyId: a.cfg.ProxyID, SessionId: st.id, MailboxIds: orphans})
+		cancel()
+		a.log.Info("released the leases granted to mailboxes no longer asking", "session_id", st.id, "mailboxes", orphans, "err", err)
+	}
 	return true
 }
 
@@ -574,9 +619,9 @@ func (w *worker) acquireSession() (acqResult, bool) {
 // holdSession is hold for a lease of a session: the runner is activated
 // under the lease's own epoch and extended after every acknowledged
 // keepalive of the session, and fenced once the session's validity runs
-// out or the session is lost. The worker still probes its runner every
-// interval, for the dead-runner bound and to reactivate a runner that
-// forgot the mailbox.
+// out or the session is lost. The session's one stats probe of the runner
+// per interval serves every worker, for the dead-runner bound and to
+// reactivate a runner that forgot the mailbox.
 func (w *worker) holdSession(r acqResult) holdEnd {
 	clk := w.a.cfg.Clock
 	st := r.st
@@ -590,11 +635,15 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 	deadAfter := w.runnerDeadAfter(interval, ttl)
 	log.Info("lease acquired", "ttl", ttl, "probe_interval", interval, "runner_dead_after", deadAfter, "runner_address", r.lease.GetRunnerAddress())
 
+	_, probed := w.a.sess.lastProbe()
 	runnerUntil, ok := w.activate(epoch, fenceAt)
 	if !ok {
 		return leaseEnded
 	}
+	// runnerOK is when the runner last answered a probe; a probe sent
+	// before activatedAt cannot show the mailbox active.
 	runnerOK := clk.Now()
+	activatedAt := runnerOK
 	w.a.m.acqLatency.Observe(clk.Since(w.assigned).Seconds())
 	w.a.m.held.Inc()
 	active := true
@@ -606,8 +655,6 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 	w.update(func(v *LeaseView) { v.State = StateActive })
 	log.Info("runner serving under the lease")
 
-	nextProbe := runnerOK.Add(w.a.cfg.Jitter(interval))
-	var inflight chan hbResult
 	runnerLost := false
 	for {
 		now := clk.Now()
@@ -617,15 +664,7 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 			w.fence(epoch, "ttl_elapsed", "no session keepalive acknowledged for ttl since the last one was sent", fenceAt.Add(-ttl))
 			return leaseEnded
 		}
-		if inflight == nil && !now.Before(nextProbe) {
-			inflight = w.probeAsync(epoch, interval)
-			continue
-		}
-		wake := fenceAt
-		if inflight == nil && nextProbe.Before(wake) {
-			wake = nextProbe
-		}
-		t := clk.NewTimer(wake.Sub(now))
+		t := clk.NewTimer(fenceAt.Sub(now))
 		select {
 		case <-w.ctx.Done():
 			t.Stop()
@@ -648,37 +687,63 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 				if runnerUntil, ok = w.activate(epoch, fenceAt); !ok {
 					return leaseEnded
 				}
-				runnerLost = false
+				activatedAt, runnerLost = clk.Now(), false
 				continue
 			}
 			if until, ok := w.extend(epoch, fenceAt); ok {
 				runnerUntil = until
 			}
-		case p := <-inflight:
+		case <-probed:
 			t.Stop()
-			inflight = nil
-			if p.runnerErr == nil {
-				runnerOK = p.probedAt
-			} else if down := p.probedAt.Sub(runnerOK); down >= deadAfter {
+			var p probeResult
+			p, probed = w.a.sess.lastProbe()
+			if p.err == nil {
+				runnerOK = p.at
+			} else if down := p.at.Sub(runnerOK); down >= deadAfter {
 				w.a.m.held.Dec()
 				active = false
-				w.giveUp(epoch, runnerUntil, down, deadAfter, p.runnerErr)
+				w.giveUp(epoch, runnerUntil, down, deadAfter, p.err)
 				return runnerGone
 			}
-			runnerLost = p.runnerLost
-			nextProbe = p.probedAt.Add(w.a.cfg.Jitter(interval))
+			if p.err == nil && !p.sentAt.Before(activatedAt) {
+				st, ok := p.mailboxes[w.id]
+				runnerLost = !ok || st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetEpoch() != epoch
+			}
 		}
 	}
 }
 
-// probeAsync probes the runner in the background.
-func (w *worker) probeAsync(epoch uint64, interval time.Duration) chan hbResult {
-	ch := make(chan hbResult, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
-		defer cancel()
-		_, lost, runnerErr := w.probe(ctx, epoch, interval)
-		ch <- hbResult{runnerLost: lost, runnerErr: runnerErr, probedAt: w.a.cfg.Clock.Now()}
-	}()
-	return ch
+// probes asks the runner for the stats of every mailbox in one call every
+// interval (jittered) and hands the answer to the workers: a probe of the
+// runner's control API per sidecar, not per mailbox.
+func (s *sessions) probes(ctx context.Context, interval time.Duration) {
+	a := s.a
+	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(interval)) {
+		sentAt := a.cfg.Clock.Now()
+		rctx, cancel := context.WithTimeout(ctx, min(a.cfg.RPCTimeout/2, interval))
+		resp, err := a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{})
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		r := probeResult{sentAt: sentAt, at: a.cfg.Clock.Now(), err: err}
+		if err == nil {
+			r.mailboxes = make(map[string]*runnerv1.MailboxStatus, len(resp.GetMailboxes()))
+			for _, m := range resp.GetMailboxes() {
+				r.mailboxes[m.GetMailboxId()] = m
+			}
+		}
+		s.mu.Lock()
+		s.probe = r
+		close(s.probed)
+		s.probed = make(chan struct{})
+		s.mu.Unlock()
+	}
+}
+
+// lastProbe is the latest probe and the channel closed by the next one.
+func (s *sessions) lastProbe() (probeResult, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.probe, s.probed
 }

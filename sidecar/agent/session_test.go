@@ -69,7 +69,7 @@ func TestSessionOneKeepAlivePerInterval(t *testing.T) {
 
 	const rounds = 3
 	for i := 1; i <= rounds; i++ {
-		h.settle(n + 2)
+		h.settle(n + 3)
 		h.clk.Step(testInterval)
 		sent := h.t0.Add(time.Duration(i) * testInterval)
 		h.waitFor(fmt.Sprintf("keepalive %d acknowledged and every mailbox extended", i), func() bool {
@@ -118,7 +118,7 @@ func TestSessionRefusedKeepAliveFencesEveryMailbox(t *testing.T) {
 			h.admin.setKeepAlive(func(*adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error) {
 				return &adminv1.KeepAliveSessionResponse{Refusal: &adminv1.LeaseRefusal{Reason: tc.reason}}, nil
 			})
-			h.settle(n + 2)
+			h.settle(n + 3)
 			h.clk.Step(testInterval)
 			iRefused, _ := h.waitEvent(0, "admin keepalive 1")
 			for _, ns := range namespaces(n) {
@@ -170,14 +170,14 @@ func TestSessionValidityRunsOut(t *testing.T) {
 	})
 	fenceAt := h.t0.Add(testTTL)
 	for h.clk.Now().Before(fenceAt.Add(-time.Second)) {
-		h.settle(n + 2)
+		h.settle(n + 3)
 		h.clk.Step(time.Second)
 	}
 	h.waitFor("retries", func() bool { return h.ev.count("admin keepalive") >= 3 })
 	if got := h.ev.count("runner fence"); got != 0 {
 		t.Fatalf("fenced before the deadline:\n%s", h.ev)
 	}
-	h.settle(n + 2)
+	h.settle(n + 3)
 	h.clk.Step(time.Second)
 	for _, ns := range namespaces(n) {
 		_, f := h.waitEvent(0, "runner fence "+ns+"@p1 ttl_elapsed")
@@ -263,16 +263,16 @@ func TestSessionDeadRunnerGivesLeaseBack(t *testing.T) {
 	h.assign(1, "audit")
 	h.waitEvent(0, "runner activate audit@p1 5 valid_for=10s")
 	h.runner.setDown(true)
-	h.settle(3)
+	h.settle(4)
 	h.clk.Step(testInterval)
 	h.waitEvent(0, "runner down stats")
-	h.settle(3)
+	h.settle(4)
 	h.clk.Step(testInterval)
 	_, giveUp := h.waitEvent(0, "runner down fence")
 	if !giveUp.at.Equal(h.t0.Add(2 * testInterval)) {
 		t.Fatalf("gave up at %v, want at the first probe past the bound (t0+6s)", giveUp.at)
 	}
-	h.settle(3)
+	h.settle(4)
 	h.clk.Step(testTTL - 2*testInterval)
 	iRel, rel := h.waitEvent(0, "admin release-leases")
 	if rel.what != "admin release-leases 1 audit@p1" || !rel.at.Equal(h.t0.Add(testTTL)) {
@@ -281,7 +281,7 @@ func TestSessionDeadRunnerGivesLeaseBack(t *testing.T) {
 	h.waitFor("lease given up", func() bool { return h.lease("audit@p1").Epoch == 0 })
 	h.runner.setDown(false)
 	h.waitFor("runner answers again", func() bool {
-		if h.clk.Waiters() == 3 {
+		if h.clk.Waiters() == 4 {
 			h.clk.Step(time.Second)
 		}
 		_, _, ok := h.ev.find(iRel, "runner activate audit@p1")
@@ -307,7 +307,7 @@ func TestSessionBatchWaitsForRetriedOpens(t *testing.T) {
 	h.runner.setDown(true)
 	h.assign(1, namespaces(n)...)
 	h.waitFor("every open failed", func() bool { return h.ev.count("runner down open") == n })
-	h.settle(n + 2)
+	h.settle(n + 3)
 	h.runner.setDown(false)
 	h.clk.Step(time.Second)
 	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == n })
