@@ -3,6 +3,7 @@ package sidecare2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -95,7 +96,7 @@ func TestSidecarSession200Mailboxes(t *testing.T) {
 		t.Errorf("all %d leases held %v after the sidecar started, want within a few seconds", n, d)
 	}
 	if v, err := web.Metric(sidecar.HTTPURL(), "prism_sidecar_acquire_batches_total"); err != nil || v != 1 {
-		t.Errorf("AcquireLeases batches %v %v, want 1; the sidecar's batches and retries:\n%s", v, err, logLines(sidecar.Tail(5000), "batch", "retrying", "assigned"))
+		t.Errorf("AcquireLeases batches %v %v, want 1; the sidecar's batches, losses and retries:\n%s", v, err, logLines(sidecar.LogPath, "batch", "lease lost", "runner unreachable", "session lost", "retrying"))
 	}
 	if acq, one := adminCalls(admin, "AcquireLeases"), adminCalls(admin, "AcquireLease"); acq != 1 || one != 0 {
 		t.Errorf("the admin served %v AcquireLeases and %v AcquireLease, want 1 and 0", acq, one)
@@ -182,10 +183,15 @@ func TestSidecarSession200Mailboxes(t *testing.T) {
 	fmt.Printf("BENCH sidecar.session_expiry_routes_%d_ms %.1f ms\n", n, float64(gone.Sub(killed).Microseconds())/1000)
 }
 
-// logLines are the lines of log holding any of parts, at most 40.
-func logLines(log string, parts ...string) string {
+// logLines are the lines of the log at path holding any of parts, at most
+// 40.
+func logLines(path string, parts ...string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
 	var out []string
-	for _, l := range strings.Split(log, "\n") {
+	for _, l := range strings.Split(string(b), "\n") {
 		for _, p := range parts {
 			if strings.Contains(l, p) && len(out) < 40 {
 				out = append(out, l)
