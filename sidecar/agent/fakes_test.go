@@ -195,6 +195,10 @@ type fakeRunner struct {
 	closeGate chan struct{}
 	// down makes every call fail Unavailable, like a killed runner.
 	down bool
+	// openGate, when set, holds OpenMailbox of openGated until closed: a
+	// slow runner.
+	openGate  chan struct{}
+	openGated string
 }
 
 // setDown kills (true) or restarts (false) the runner's control API; its
@@ -221,6 +225,12 @@ func newFakeRunner(ev *events) *fakeRunner {
 
 func (r *fakeRunner) OpenMailbox(_ context.Context, in *runnerv1.OpenMailboxRequest, _ ...grpc.CallOption) (*runnerv1.OpenMailboxResponse, error) {
 	r.mu.Lock()
+	if gate := r.openGate; gate != nil && in.GetMailboxId() == r.openGated {
+		r.ev.add("runner open held %s", in.GetMailboxId())
+		r.mu.Unlock()
+		<-gate
+		r.mu.Lock()
+	}
 	defer r.mu.Unlock()
 	if err := r.unreachable("open"); err != nil {
 		return nil, err

@@ -143,7 +143,7 @@ func (s *sessions) expect(ids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, id := range ids {
-		s.expected[id] = true
+		s.expected[id] = false
 	}
 }
 
@@ -506,6 +506,7 @@ func (s *sessions) send(ctx context.Context, st *sessState) bool {
 	for id := range s.pending {
 		ids = append(ids, id)
 	}
+	expected := len(s.expected)
 	s.mu.Unlock()
 	slices.Sort(ids)
 	ids = ids[:min(len(ids), maxBatch)]
@@ -547,7 +548,7 @@ func (s *sessions) send(ctx context.Context, st *sessState) bool {
 	s.mu.Unlock()
 	a.m.acquires.WithLabelValues("granted").Add(float64(granted))
 	a.m.acquires.WithLabelValues("refused").Add(float64(len(resp.GetResults()) - granted))
-	a.log.Info("leases acquired in one batch", "session_id", st.id, "asked", len(ids), "granted", granted, "index", resp.GetIndex())
+	a.log.Info("leases acquired in one batch", "session_id", st.id, "asked", len(ids), "granted", granted, "still_expected", expected, "index", resp.GetIndex())
 	if len(orphans) > 0 {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
 		_, err := a.cfg.Sessions.ReleaseLeases(cctx, &adminv1.ReleaseLeasesRequest{ProxyId: a.cfg.ProxyID, SessionId: st.id, MailboxIds: orphans})

@@ -194,10 +194,13 @@ func TestSessionValidityRunsOut(t *testing.T) {
 // sidecar holds each lease on its own, as before sessions.
 func TestSessionFallsBackToMailboxMode(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, sessionMode)
-	h.admin.setOpen(func(*adminv1.OpenSessionRequest) (*adminv1.OpenSessionResponse, error) {
-		return nil, status.Error(codes.Unimplemented, "unknown service prism.admin.v1.Sessions")
-	})
+	// An old admin from the start: set before the agent runs.
+	oldAdmin := func(c *Config) {
+		c.Admin.(*fakeAdmin).setOpen(func(*adminv1.OpenSessionRequest) (*adminv1.OpenSessionResponse, error) {
+			return nil, status.Error(codes.Unimplemented, "unknown service prism.admin.v1.Sessions")
+		})
+	}
+	h := newHarness(t, sessionMode, oldAdmin)
 	h.assign(1, "audit")
 	iAcq, _ := h.waitEvent(0, "admin acquire audit@p1 p1")
 	h.waitEvent(iAcq, "runner activate audit@p1 5 ")
@@ -310,6 +313,33 @@ func TestSessionBatchWaitsForRetriedOpens(t *testing.T) {
 	h.settle(n + 3)
 	h.runner.setDown(false)
 	h.clk.Step(time.Second)
+	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == n })
+	if got := h.ev.count("admin acquire-leases"); got != 1 {
+		t.Fatalf("%d AcquireLeases calls, want 1:\n%s", got, h.ev)
+	}
+}
+
+// A batch waits for every mailbox whose first runner open is still in
+// flight, however slow, not only for a second: a slow runner does not split
+// the mailboxes assigned together.
+func TestSessionBatchWaitsForSlowOpens(t *testing.T) {
+	t.Parallel()
+	const n = 5
+	h := newHarness(t, sessionMode)
+	gate := make(chan struct{})
+	h.runner.mu.Lock()
+	h.runner.openGate, h.runner.openGated = gate, "ns004@p1"
+	h.runner.mu.Unlock()
+	h.assign(1, namespaces(n)...)
+	h.waitEvent(0, "runner open held ns004@p1")
+	h.waitFor("the others queued", func() bool { return h.ev.count("runner open ns") == n-1 })
+	h.settle(3) // proxy heartbeat, keepalive, probe
+	h.clk.Step(2 * batchLinger)
+	h.settle(3)
+	if got := h.ev.count("admin acquire-leases"); got != 0 {
+		t.Fatalf("a batch went while a first open was in flight:\n%s", h.ev)
+	}
+	close(gate)
 	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == n })
 	if got := h.ev.count("admin acquire-leases"); got != 1 {
 		t.Fatalf("%d AcquireLeases calls, want 1:\n%s", got, h.ev)
