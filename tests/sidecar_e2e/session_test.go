@@ -96,7 +96,7 @@ func TestSidecarSession200Mailboxes(t *testing.T) {
 		t.Errorf("all %d leases held %v after the sidecar started, want within a few seconds", n, d)
 	}
 	if v, err := web.Metric(sidecar.HTTPURL(), "prism_sidecar_acquire_batches_total"); err != nil || v != 1 {
-		t.Errorf("AcquireLeases batches %v %v, want 1; the sidecar's batches, losses and retries:\n%s", v, err, logLines(sidecar.LogPath, "batch", "lease lost", "runner unreachable", "session lost", "retrying"))
+		t.Errorf("AcquireLeases batches %v %v, want 1; the sidecar's batches, losses and retries:\n%s", v, err, logLines(sidecar.LogPath, "proxy registered", "batch", "lease lost", "runner unreachable", "session lost", "retrying"))
 	}
 	if acq, one := adminCalls(admin, "AcquireLeases"), adminCalls(admin, "AcquireLease"); acq != 1 || one != 0 {
 		t.Errorf("the admin served %v AcquireLeases and %v AcquireLease, want 1 and 0", acq, one)
