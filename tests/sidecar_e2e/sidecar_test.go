@@ -123,7 +123,8 @@ func startAndSIGTERM(t *testing.T, size int) {
 		return code == 404, fmt.Sprint(code, err)
 	})
 	// One lease: released on its own, or in session mode its session closed.
-	if !e.sidecar.LogHas("runner drained") || !(e.sidecar.LogHas("lease released", mailboxID) || e.sidecar.LogHas("session closed", `"leases":1`)) {
+	released := e.sidecar.LogHas("lease released", mailboxID) || e.sidecar.LogHas("session closed", `"leases":1`)
+	if !e.sidecar.LogHas("runner drained") || !released {
 		t.Fatalf("sidecar log lacks the drain or the release:\n%s", e.sidecar.Tail(30))
 	}
 	// From the sidecar's first log line to the runner serving under the
