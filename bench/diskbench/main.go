@@ -61,7 +61,7 @@ func run(runs, perRun int) error {
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", base).CombinedOutput(); err != nil {
 		return fmt.Errorf("mount a tmpfs: %v: %s", err, out)
 	}
-	defer exec.Command("umount", base).Run()
+	defer func() { _ = exec.Command("umount", base).Run() }()
 
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic, topic+".dlq"))
 	if err != nil {

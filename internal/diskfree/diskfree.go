@@ -40,7 +40,7 @@ func Statfs(dir string) (Usage, error) {
 		return Usage{}, &fs.PathError{Op: "statfs", Path: dir, Err: err}
 	}
 	bs := uint64(st.Bsize)
-	return Usage{Free: uint64(st.Bavail) * bs, Total: uint64(st.Blocks) * bs}, nil
+	return Usage{Free: st.Bavail * bs, Total: st.Blocks * bs}, nil
 }
 
 // Watermark is how much of its filesystem a data directory keeps free: at
@@ -132,10 +132,10 @@ type Status struct {
 
 // New makes the guard of cfg.Dir, or nil when cfg's watermark is zero.
 func New(cfg Config) (*Guard, error) {
-	if err := cfg.Watermark.Validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if !cfg.Watermark.enabled() {
+	if !cfg.enabled() {
 		return nil, nil
 	}
 	if cfg.Dir == "" {
@@ -191,7 +191,7 @@ func (g *Guard) Check() Status {
 		g.last.Err = err
 		return g.last
 	}
-	need, flag := g.cfg.Watermark.need(u.Total)
+	need, flag := g.cfg.need(u.Total)
 	switch {
 	case u.Free < need:
 		if g.short == nil {
@@ -249,7 +249,7 @@ func (g *Guard) Full(cause error) {
 	u, _ := g.stat()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	need, flag := g.cfg.Watermark.need(u.Total)
+	need, flag := g.cfg.need(u.Total)
 	g.cfg.Logger.Warn(g.cfg.Name+" out of space on write: holding writes back", "free_bytes", u.Free,
 		"min_free_bytes", need, "err", cause)
 	g.short = &ShortError{Name: g.cfg.Name, Dir: g.cfg.Dir, Free: u.Free, Need: need, Flag: flag, Cause: cause}
