@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -23,16 +24,39 @@ import (
 const tailLines = 60
 
 // FreeAddr returns a loopback host:port that nothing listened on a moment ago: for a process to listen on, or
-// as a dead endpoint.
+// as a dead endpoint. The port is drawn below Linux's ephemeral range (32768-60999 by default), not from it:
+// between this call and the child's bind, any outgoing connection on the machine (a Kafka client, a gRPC
+// dial) may be given an ephemeral port, and a CI run lost a runner to "address already in use" that way.
+// A port is never handed out twice by one test process.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ports.Lock()
+	defer ports.Unlock()
+	for range 1000 {
+		p := portLow + rand.IntN(portHigh-portLow)
+		if ports.given[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		addr := l.Addr().String()
+		_ = l.Close()
+		ports.given[p] = true
+		return addr
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("testproc: no free port below the ephemeral range after 1000 tries")
+	return ""
 }
+
+// The ports FreeAddr draws from, and those it gave out.
+const portLow, portHigh = 20000, 32000
+
+var ports = struct {
+	sync.Mutex
+	given map[int]bool
+}{given: map[int]bool{}}
 
 // Proc is one `prism` process, possibly restarted: every run appends to the same log.
 type Proc struct {

@@ -338,7 +338,7 @@ func TestMembershipThroughPrismctl(t *testing.T) {
 		}
 		return string(out)
 	}
-	prismctl("member", "add", joiner.ID, joiner.RaftAddr, joiner.GRPCAddr)
+	memberAdd(ctx, t, fol, joiner)
 	testwait.For(t, 30*time.Second, "the joiner to replicate", func() (bool, string) {
 		r, err := joiner.Admin().GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: "before-join"})
 		return err == nil && r.GetNamespace() != nil, fmt.Sprint(err)

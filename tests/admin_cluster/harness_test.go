@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -15,6 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/internal/e2e"
+	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/mesh/identity"
 )
 
 // startCluster starts size voters with a static peer list, raft links behind
@@ -59,4 +63,20 @@ func anyNode[T any](ctx context.Context, c *e2e.AdminCluster, start int, f func(
 		}
 	}
 	return zero, fmt.Errorf("no node answered: %w", err)
+}
+
+// memberAdd runs `prismctl member add` for joiner through via until the leader accepts it: it adds a voter
+// only while the new configuration has a healthy quorum, counting the joiner once it answers at its gRPC
+// address, so an operator retries a refusal until the joiner is up, as this does.
+func memberAdd(ctx context.Context, t *testing.T, via, joiner *e2e.AdminNode) {
+	t.Helper()
+	ctl, err := testbin.Path("prismctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 30*time.Second, "prismctl member add "+joiner.ID, func() (bool, string) {
+		out, err := exec.CommandContext(ctx, ctl, append(e2e.CtlArgs(t, nil, identity.Operator, e2e.Operator), "--admin", via.GRPCAddr,
+			"member", "add", joiner.ID, joiner.RaftAddr, joiner.GRPCAddr)...).CombinedOutput()
+		return err == nil, string(out)
+	})
 }

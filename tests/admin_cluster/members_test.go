@@ -3,14 +3,10 @@ package admincluster
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/internal/testwait"
-	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -28,15 +24,7 @@ func TestRuntimeMemberLeadsAndIsForwardedTo(t *testing.T) {
 	lead := c.AwaitLeader()
 	j := c.AddJoiner()
 	joiner := c.Nodes[j]
-	ctl, err := testbin.Path("prismctl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.CommandContext(ctx, ctl, append(e2e.CtlArgs(t, nil, identity.Operator, e2e.Operator), "--admin", c.Nodes[c.Follower(lead)].GRPCAddr,
-		"member", "add", joiner.ID, joiner.RaftAddr, joiner.GRPCAddr)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("prismctl member add: %v\n%s", err, out)
-	}
+	memberAdd(ctx, t, c.Nodes[c.Follower(lead)], joiner)
 	// Every original node lists the joiner with its gRPC address, and the
 	// bootstrap rows for the static members.
 	for i := range 3 {
