@@ -96,7 +96,7 @@ func TestGatewayBootstrap(t *testing.T) {
 	}
 	dep := mustGet(t, r.deployments, gatewayName)
 	envoy := container(t, dep.Spec.Template.Spec, "envoy")
-	if a := args(envoy); a["--service-node"] != "$(POD_NAME)" || a["--config-path"] != "/etc/envoy/bootstrap.yaml" {
+	if a := args(envoy); a["--service-node"] != "$(POD_NAME)" && a["--service-node"] != gatewayName+"/$(POD_NAME)" || a["--config-path"] != "/etc/envoy/bootstrap.yaml" {
 		t.Errorf("envoy args %v: each Envoy needs its own node id and the mounted bootstrap", envoy.Args)
 	}
 	if p := envoy.ReadinessProbe; p == nil || p.TCPSocket == nil || p.TCPSocket.Port.String() != "http" {
@@ -298,5 +298,43 @@ func TestGatewayListenerIsWhatTheChartProbes(t *testing.T) {
 				t.Errorf("Service targetPort %q, want the http port", tp)
 			}
 		})
+	}
+}
+
+// TestGatewayNodeIDMatchesIdentity: the admin nodes serve a gateway/<name>
+// identity over xDS only as node <name> or <name>/<replica>, so each mode's
+// Envoy node id must start with the name of the certificate it presents:
+// the pod's own in cert-manager mode, the one shared identity (the hook Job's
+// --gateway-name, or tls.secret.gatewayName) otherwise.
+func TestGatewayNodeIDMatchesIdentity(t *testing.T) {
+	t.Parallel()
+	withName := withQueryAuth(map[string]any{"tls": map[string]any{"mode": "secret", "secret": map[string]any{
+		"admin": "admin-certs", "runner": "proxy-certs", "gateway": "gateway-certs", "gatewayName": "edge",
+	}}})
+	for _, tc := range []struct {
+		name string
+		vals map[string]any
+		want func(r *rendered) string
+	}{
+		{"cert-manager", valueSets["defaults"], func(*rendered) string { return "$(POD_NAME)" }},
+		{"secret", secretMode, func(*rendered) string { return gatewayName + "/$(POD_NAME)" }},
+		{"secret with a named identity", withName, func(*rendered) string { return "edge/$(POD_NAME)" }},
+		{"generate", generateMode, func(r *rendered) string {
+			for _, j := range r.jobs {
+				for _, c := range j.Spec.Template.Spec.Containers {
+					if n := args(c)["--gateway-name"]; n != "" {
+						return n + "/$(POD_NAME)"
+					}
+				}
+			}
+			t.Fatal("no hook Job issues the gateway's identity")
+			return ""
+		}},
+	} {
+		r := render(t, tc.vals)
+		envoy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
+		if got, want := args(envoy)["--service-node"], tc.want(r); got != want {
+			t.Errorf("%s: Envoy's node id %q, want %q", tc.name, got, want)
+		}
 	}
 }

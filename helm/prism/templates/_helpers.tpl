@@ -232,3 +232,17 @@ refuses to render unless gateway.queryAuth.disabled says the gateway is open.
 {{- $host := (urlParse .Values.gateway.queryAuth.jwksUrl).host -}}
 {{- if regexMatch ":[0-9]+$" $host }}{{ splitList ":" $host | last }}{{ else }}443{{ end -}}
 {{- end -}}
+
+{{/*
+The xDS node id of a gateway pod. The admin nodes serve a gateway/<name>
+identity only as node <name> or <name>/<replica>: in cert-manager mode each pod
+is gateway/<pod>, so its pod name; with one shared identity (secret and
+generate modes) <name>/<pod>.
+*/}}
+{{- define "prism.gateway.nodeID" -}}
+{{- if has .Values.tls.mode (list "secret" "generate") -}}
+{{ default (include "prism.gateway.name" .) .Values.tls.secret.gatewayName }}/$(POD_NAME)
+{{- else -}}
+$(POD_NAME)
+{{- end -}}
+{{- end -}}
