@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,28 +25,12 @@ func etcdLatency(ctx context.Context, o options, dir string) error {
 	if o.etcd == "" {
 		return nil
 	}
-	c, err := startEtcd(o.etcd, dir, 3)
+	c, cli, err := serveEtcd(ctx, o, dir)
 	if err != nil {
 		return err
 	}
 	defer c.stop()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: c.endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return err
-	}
 	defer cli.Close()
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := cli.Put(sctx, "warmup", "x")
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("etcd never served: %w", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	leases := make([][]clientv3.LeaseID, o.concurrency)
 	r, rate := phase(o, func(w, i int) (bool, bool) {
 		g, err := cli.Grant(ctx, 3600)
@@ -77,6 +63,86 @@ func etcdLatency(ctx context.Context, o options, dir string) error {
 		return err == nil, i+1 < len(leases[w])
 	})
 	report("admin", "etcd_release", "", r, rate)
+	return nil
+}
+
+// serveEtcd starts a 3-member etcd and returns a client once it serves.
+func serveEtcd(ctx context.Context, o options, dir string) (*etcdCluster, *clientv3.Client, error) {
+	c, err := startEtcd(o.etcd, dir, 3)
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		c.stop()
+		return nil, nil, err
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := cli.Put(sctx, "warmup", "x")
+		cancel()
+		if err == nil {
+			return c, cli, nil
+		}
+		if time.Now().After(deadline) {
+			cli.Close()
+			c.stop()
+			return nil, nil, fmt.Errorf("etcd never served: %w", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// etcdKeepAlive is the baseline of a session: etcd's one lease with as many
+// keys as a session holds leases, renewed by one KeepAliveOnce, timed over
+// -bulk-reps*20 renewals one after another.
+func etcdKeepAlive(ctx context.Context, o options, dir string) error {
+	if o.etcd == "" {
+		return nil
+	}
+	c, cli, err := serveEtcd(ctx, o, dir)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	defer cli.Close()
+	g, err := cli.Grant(ctx, int64(o.sessionTTL/time.Second))
+	if err != nil {
+		return fmt.Errorf("etcd grant: %w", err)
+	}
+	// Concurrent puts ride etcd's batching; a Txn is capped at 128 ops.
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < o.sessionLeases; i = int(next.Add(1)) - 1 {
+				if _, err := cli.Put(ctx, mailbox(0, i), "w0", clientv3.WithLease(g.ID)); err != nil {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		return fmt.Errorf("etcd: %d of %d puts with the lease failed", f, o.sessionLeases)
+	}
+	r := &recorder{}
+	for range o.bulkReps * 20 {
+		t0 := time.Now()
+		if _, err := cli.KeepAliveOnce(ctx, g.ID); err != nil {
+			r.errs.Add(1)
+			continue
+		}
+		r.add(time.Since(t0))
+	}
+	bench(fmt.Sprintf("admin.etcd_keepalive_p50_ms_%dkeys", o.sessionLeases), ms(r.pct(0.5)), "ms")
+	bench(fmt.Sprintf("admin.etcd_keepalive_p99_ms_%dkeys", o.sessionLeases), ms(r.pct(0.99)), "ms")
+	if e := r.errs.Load(); e > 0 {
+		fmt.Fprintf(os.Stderr, "# etcd keepalive: %d failed\n", e)
+	}
 	return nil
 }
 

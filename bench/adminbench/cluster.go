@@ -85,8 +85,9 @@ type prismCluster struct {
 }
 
 // startPrism starts the nodes over mutual TLS with identities from certs,
-// or in plaintext (--insecure) when certs is nil.
-func startPrism(bin, dir string, size int, xds bool, certs *certs) (*prismCluster, error) {
+// or in plaintext (--insecure) when certs is nil, each with extra flags
+// appended.
+func startPrism(bin, dir string, size int, xds bool, certs *certs, extra ...string) (*prismCluster, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -133,6 +134,7 @@ func startPrism(bin, dir string, size int, xds bool, certs *certs) (*prismCluste
 			}
 			args = append(args, tlsArgs...)
 		}
+		args = append(args, extra...)
 		p := &proc{name: fmt.Sprintf("admin-%d", i+1), args: args, bin: bin, log: filepath.Join(dir, fmt.Sprintf("prism-%d.log", i+1))}
 		if err := p.start(); err != nil {
 			c.stop()

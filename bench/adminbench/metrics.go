@@ -76,3 +76,21 @@ func quantile(bs []bucket, q float64) float64 {
 	}
 	return bs[len(bs)-1].le
 }
+
+// scrapeGauge reads the unlabelled gauge or counter name from url.
+func scrapeGauge(url, name string) (float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && f[0] == name {
+			return strconv.ParseFloat(f[1], 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s at %s", name, url)
+}
