@@ -28,7 +28,7 @@ func BenchmarkRenew(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			k := int(i.Add(1)) % n
-			if res := l.Renew(hb(reqs[k].id, "runner", uint64(k+1))); !res.GetRenewed() {
+			if res := renewNow(l, hb(reqs[k].id, "runner", uint64(k+1))); !res.GetRenewed() {
 				b.Fatalf("renew refused: %v", res.GetRefusal())
 			}
 		}

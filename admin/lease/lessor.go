@@ -121,6 +121,9 @@ type Lessor struct {
 	// leases are in leases but never in queue: they live as long as it.
 	sessions     map[uint64]*sessionEntry
 	sessionQueue sessionQueue
+	// arrivals are the open receipts' times by lease or session
+	// (arrival.go): renewals received and not yet done with.
+	arrivals map[arrivalKey][]time.Time
 }
 
 type entry struct {
@@ -129,6 +132,8 @@ type entry struct {
 	expires       time.Time
 	lastHeartbeat time.Time
 	stats         *adminv1.LeaseStats
+	// counted is the arrival of the latest heartbeat renewed on this node.
+	counted time.Time
 	// requested is when an expire was last requested; zero if never.
 	requested time.Time
 	// next is the queue key: expires + grace, or requested + retry.
@@ -170,6 +175,7 @@ func New(cfg Config) *Lessor {
 		dirty:   map[string]struct{}{},
 
 		sessions: map[uint64]*sessionEntry{},
+		arrivals: map[arrivalKey][]time.Time{},
 	}
 }
 
@@ -294,11 +300,12 @@ func refusal(reason adminv1.LeaseRefusalReason, msg string, cur *adminv1.Lease) 
 	return &adminv1.MailboxHeartbeatResponse{Refusal: r}
 }
 
-// Renew handles a mailbox heartbeat: expires = now + ttl if the caller holds
-// the lease and it is not past expires + grace; otherwise a typed refusal.
-// Input validation is the server's job; Renew only judges the lease.
-func (l *Lessor) Renew(req *adminv1.MailboxHeartbeatRequest) *adminv1.MailboxHeartbeatResponse {
-	now := l.cfg.Clock.Now()
+// Renew handles a mailbox heartbeat received as rc: expires = arrival + ttl
+// if the caller holds the lease and it was not past expires + grace when the
+// heartbeat arrived (arrival.go); otherwise a typed refusal. Input
+// validation is the server's job; Renew only judges the lease.
+func (l *Lessor) Renew(rc *Receipt, req *adminv1.MailboxHeartbeatRequest) *adminv1.MailboxHeartbeatResponse {
+	at := rc.At()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.primary {
@@ -315,13 +322,19 @@ func (l *Lessor) Renew(req *adminv1.MailboxHeartbeatRequest) *adminv1.MailboxHea
 		return refusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION,
 			fmt.Sprintf("lease of %s belongs to session %d: renew the session (KeepAliveSession), not the lease", req.GetMailboxId(), sid), e.lease)
 	}
-	if now.After(e.deadline()) {
+	// An expiry already requested may commit whatever arrives now; a
+	// receipt that arrived in time held it off (arrival.go).
+	if at.After(l.deadlineWith(arrivalKey{mailbox: req.GetMailboxId()}, e.deadline(), at, e.lease.GetTtl().AsDuration()+e.lease.GetGrace().AsDuration())) || !e.requested.IsZero() {
 		return refusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED,
 			"lease of "+req.GetMailboxId()+" expired at "+e.expires.UTC().Format(time.RFC3339Nano)+" (+grace); stop serving and acquire again", e.lease)
 	}
 	ttl := e.lease.GetTtl().AsDuration()
-	e.expires = now.Add(ttl)
-	e.lastHeartbeat = now
+	// Receipts may be processed out of order: one older than a receipt
+	// already counted would shorten the lease below what its holder was
+	// told, so it changes nothing.
+	if !at.Before(e.counted) {
+		e.expires, e.lastHeartbeat, e.counted = at.Add(ttl), at, at
+	}
 	if req.GetStats() != nil {
 		e.stats = req.GetStats()
 	}
@@ -338,9 +351,10 @@ func (l *Lessor) Renew(req *adminv1.MailboxHeartbeatRequest) *adminv1.MailboxHea
 }
 
 // Expired returns leases past expires + grace, oldest deadline first, at
-// most as many as the rate limit allows now. Each is offered again after
-// ExpiryRetry unless the FSM removes it (or it is renewed, which a holder
-// cannot do once it is due) before then.
+// most as many as the rate limit allows now, except those a heartbeat
+// arrived in time for and is still being processed (arrival.go). Each is
+// offered again after ExpiryRetry unless the FSM removes it (or it is
+// renewed, which a holder cannot do once it is due) before then.
 func (l *Lessor) Expired() []*adminv1.LeaseRef {
 	now := l.cfg.Clock.Now()
 	l.mu.Lock()
@@ -351,7 +365,15 @@ func (l *Lessor) Expired() []*adminv1.LeaseRef {
 	var out []*adminv1.LeaseRef
 	for len(l.queue) > 0 {
 		e := l.queue[0]
-		if !now.After(e.next) || !l.limiter.AllowN(now, 1) {
+		if !now.After(e.next) {
+			break
+		}
+		if d := l.deadlineWith(arrivalKey{mailbox: e.lease.GetMailboxId()}, e.deadline(), time.Time{}, e.lease.GetTtl().AsDuration()+e.lease.GetGrace().AsDuration()); !now.After(d) {
+			e.next = d
+			heap.Fix(&l.queue, 0)
+			continue
+		}
+		if !l.limiter.AllowN(now, 1) {
 			break
 		}
 		out = append(out, &adminv1.LeaseRef{MailboxId: e.lease.GetMailboxId(), Epoch: e.lease.GetEpoch()})

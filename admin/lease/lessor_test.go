@@ -69,7 +69,7 @@ func TestRenew(t *testing.T) {
 			}
 			l.LeaseGranted(lease("a@p", "r1", 7, t0))
 			clk.Step(tc.after)
-			res := l.Renew(tc.req)
+			res := renewNow(l, tc.req)
 			if tc.want == 0 {
 				if !res.GetRenewed() || !res.GetExpiresAt().AsTime().Equal(clk.Now().Add(ttl)) || res.GetEpoch() != 7 || res.GetTtl().AsDuration() != ttl {
 					t.Fatalf("renew = %v, want renewed until now+ttl", res)
@@ -123,7 +123,7 @@ func TestExpiryOnlyAfterTTLPlusGrace(t *testing.T) {
 				if refs := l.Expired(); len(refs) > 0 {
 					t.Fatalf("expired %v at %s, before its heartbeat", refs, at)
 				}
-				if res := l.Renew(hb("a@p", "r1", 1)); !res.GetRenewed() {
+				if res := renewNow(l, hb("a@p", "r1", 1)); !res.GetRenewed() {
 					t.Fatalf("renew at %s: %v", at, res)
 				}
 			}
@@ -153,7 +153,7 @@ func TestPromoteExtendsEveryLease(t *testing.T) {
 	}
 	// b heartbeats to the new leader; a never does.
 	clk.Step(ttl)
-	if res := l.Renew(hb("b@p", "r2", 2)); !res.GetRenewed() {
+	if res := renewNow(l, hb("b@p", "r2", 2)); !res.GetRenewed() {
 		t.Fatalf("renew after promotion: %v", res)
 	}
 	got := firstExpiry(t, l, clk, time.Minute)
@@ -161,7 +161,7 @@ func TestPromoteExtendsEveryLease(t *testing.T) {
 		t.Fatalf("first expiry at promotion+%s, want just after promotion+ttl+extend+grace", got.Sub(promoted))
 	}
 	l.Demote()
-	if res := l.Renew(hb("b@p", "r2", 2)); res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
+	if res := renewNow(l, hb("b@p", "r2", 2)); res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
 		t.Fatalf("demoted lessor renewed: %v", res)
 	}
 	if refs := l.Expired(); refs != nil {
@@ -198,7 +198,7 @@ func TestHolderStopsBeforeAnyoneElseCanAcquire(t *testing.T) {
 				sent := t0.Add(8 * time.Second)
 				acked := sent.Add(sendToAck)
 				clk.SetTime(acked)
-				if !oldLeader.Renew(hb("a@p", "r1", 1)).GetRenewed() {
+				if !renewNow(oldLeader, hb("a@p", "r1", 1)).GetRenewed() {
 					t.Fatal("heartbeat not acknowledged")
 				}
 				holderStops := sent.Add(ttl)
@@ -274,7 +274,7 @@ func TestStaleRemovalNeverDropsANewGrant(t *testing.T) {
 	l.LeaseRemoved("a@p", 1)
 	l.LeaseGranted(lease("a@p", "r2", 5, clk.Now()))
 	l.LeaseRemoved("a@p", 1)
-	if res := l.Renew(hb("a@p", "r2", 5)); !res.GetRenewed() {
+	if res := renewNow(l, hb("a@p", "r2", 5)); !res.GetRenewed() {
 		t.Fatalf("new grant lost: %v", res)
 	}
 	if refs := l.Expired(); len(refs) != 0 {
@@ -296,7 +296,7 @@ func TestCheckpointsAndAnnotate(t *testing.T) {
 	for _, m := range []string{"c@p", "a@p", "b@p"} {
 		req := hb(m, "r1", 1)
 		req.Stats = &adminv1.LeaseStats{EventsStored: 9}
-		l.Renew(req)
+		renewNow(l, req)
 	}
 	cps := l.Checkpoints(2)
 	if len(cps) != 2 || cps[0].GetMailboxId() != "a@p" || cps[1].GetMailboxId() != "b@p" ||
@@ -346,4 +346,18 @@ func TestStaleProxies(t *testing.T) {
 	if len(refs) != 1 || refs[0].GetProxyId() != "p1" || !refs[0].GetLastSeen().AsTime().Equal(t0) {
 		t.Fatalf("stale = %v, want p1 with its last_seen", refs)
 	}
+}
+
+// renewNow is a heartbeat that arrives now and is processed at once.
+func renewNow(l *Lessor, req *adminv1.MailboxHeartbeatRequest) *adminv1.MailboxHeartbeatResponse {
+	rc := l.ReceiveHeartbeat(req.GetMailboxId())
+	defer rc.Close()
+	return l.Renew(rc, req)
+}
+
+// keepAliveNow is a keepalive that arrives now and is processed at once.
+func keepAliveNow(l *Lessor, req *adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error) {
+	rc := l.ReceiveKeepAlive(req.GetSessionId())
+	defer rc.Close()
+	return l.KeepAlive(rc, req)
 }

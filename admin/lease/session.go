@@ -29,17 +29,19 @@ import (
 // after it sent its last acknowledged keepalive stops before any of the
 // session's mailboxes can be granted to anyone else.
 //
-// A keepalive that arrives in time is never refused for load: shedding
-// (RESOURCE_EXHAUSTED before a renewal is lost) is the next slice of issue
-// 20 and must keep that rule: shed acquires and opens first.
+// A keepalive that arrives in time is never refused for load, and counts
+// from its arrival however long it queued (arrival.go).
 
 type sessionEntry struct {
 	session       *adminv1.Session
 	expires       time.Time
 	lastKeepAlive time.Time
-	requested     time.Time
-	next          time.Time
-	idx           int
+	// counted is the arrival of the latest keepalive renewed on this node
+	// (see Renew).
+	counted   time.Time
+	requested time.Time
+	next      time.Time
+	idx       int
 }
 
 func (e *sessionEntry) deadline() time.Time { return e.expires.Add(e.session.GetGrace().AsDuration()) }
@@ -118,12 +120,13 @@ func keepAliveRefusal(reason adminv1.LeaseRefusalReason, msg string) *adminv1.Ke
 	return &adminv1.KeepAliveSessionResponse{Refusal: &adminv1.LeaseRefusal{Reason: reason, Message: msg}}
 }
 
-// KeepAlive renews a session, and so every lease it holds: expires = now +
-// ttl if it is open, belongs to the named proxy and is not past expires +
-// grace. A session of another proxy is an error wrapping
-// fsm.ErrSessionNotOwned (PermissionDenied); the rest are typed refusals.
-func (l *Lessor) KeepAlive(req *adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error) {
-	now := l.cfg.Clock.Now()
+// KeepAlive renews a session received as rc, and so every lease it holds:
+// expires = arrival + ttl if it is open, belongs to the named proxy and was
+// not past expires + grace when the keepalive arrived (arrival.go). A
+// session of another proxy is an error wrapping fsm.ErrSessionNotOwned
+// (PermissionDenied); the rest are typed refusals.
+func (l *Lessor) KeepAlive(rc *Receipt, req *adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error) {
+	at := rc.At()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.primary {
@@ -137,13 +140,16 @@ func (l *Lessor) KeepAlive(req *adminv1.KeepAliveSessionRequest) (*adminv1.KeepA
 	if e.session.GetProxyId() != req.GetProxyId() {
 		return nil, fmt.Errorf("keepalive: session %d is not proxy %s's: %w", req.GetSessionId(), req.GetProxyId(), fsm.ErrSessionNotOwned)
 	}
-	if now.After(e.deadline()) {
+	// An expiry already requested may commit whatever arrives now; a
+	// receipt that arrived in time held it off (arrival.go).
+	if at.After(l.deadlineWith(arrivalKey{session: req.GetSessionId()}, e.deadline(), at, e.session.GetTtl().AsDuration()+e.session.GetGrace().AsDuration())) || !e.requested.IsZero() {
 		return keepAliveRefusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED,
 			fmt.Sprintf("session %d expired at %s (+grace); stop serving its mailboxes and open a new one", req.GetSessionId(), e.expires.UTC().Format(time.RFC3339Nano))), nil
 	}
 	ttl := e.session.GetTtl().AsDuration()
-	e.expires = now.Add(ttl)
-	e.lastKeepAlive = now
+	if !at.Before(e.counted) {
+		e.expires, e.lastKeepAlive, e.counted = at.Add(ttl), at, at
+	}
 	e.requested = time.Time{}
 	e.next = e.deadline()
 	heap.Fix(&l.sessionQueue, e.idx)
@@ -151,7 +157,8 @@ func (l *Lessor) KeepAlive(req *adminv1.KeepAliveSessionRequest) (*adminv1.KeepA
 }
 
 // ExpiredSessions returns the sessions past expires + grace, oldest deadline
-// first, under the same rate limit as Expired. The caller commits them as
+// first, under the same rate limit as Expired and with the same exception
+// for keepalives that arrived in time and are still being processed. The caller commits them as
 // one ExpireSessionsCommand; each is offered again after ExpiryRetry unless
 // the FSM ends it before then.
 func (l *Lessor) ExpiredSessions() []uint64 {
@@ -164,7 +171,15 @@ func (l *Lessor) ExpiredSessions() []uint64 {
 	var out []uint64
 	for len(l.sessionQueue) > 0 {
 		e := l.sessionQueue[0]
-		if !now.After(e.next) || !l.limiter.AllowN(now, 1) {
+		if !now.After(e.next) {
+			break
+		}
+		if d := l.deadlineWith(arrivalKey{session: e.session.GetId()}, e.deadline(), time.Time{}, e.session.GetTtl().AsDuration()+e.session.GetGrace().AsDuration()); !now.After(d) {
+			e.next = d
+			heap.Fix(&l.sessionQueue, 0)
+			continue
+		}
+		if !l.limiter.AllowN(now, 1) {
 			break
 		}
 		out = append(out, e.session.GetId())

@@ -59,7 +59,7 @@ func TestSessionKeepAliveAndExpiry(t *testing.T) {
 			sid := n.openWith()
 			for i := range tc.rounds {
 				n.clk.Step(tc.interval)
-				res, err := n.l.KeepAlive(keepAlive(sid))
+				res, err := keepAliveNow(n.l, keepAlive(sid))
 				if err != nil || !res.GetRenewed() || !res.GetExpiresAt().AsTime().Equal(n.clk.Now().Add(sessionTTL)) {
 					t.Fatalf("round %d: keepalive %v, %v", i, res, err)
 				}
@@ -94,7 +94,7 @@ func TestSessionKeepAliveAndExpiry(t *testing.T) {
 			if n.l.Sessions() != 0 || n.l.Len() != 0 {
 				t.Fatalf("mirror keeps %d sessions, %d leases", n.l.Sessions(), n.l.Len())
 			}
-			if r, _ := n.l.KeepAlive(keepAlive(sid)); r.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION {
+			if r, _ := keepAliveNow(n.l, keepAlive(sid)); r.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION {
 				t.Fatalf("keepalive after expiry: %v", r)
 			}
 		})
@@ -108,19 +108,19 @@ func TestSessionKeepAliveRefusals(t *testing.T) {
 	n := newNode(t)
 	n.register("r1")
 	sid := n.openWith()
-	if r, _ := n.l.KeepAlive(keepAlive(sid)); r.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
+	if r, _ := keepAliveNow(n.l, keepAlive(sid)); r.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
 		t.Fatalf("follower renewed: %v", r)
 	}
 	n.l.Promote()
-	if _, err := n.l.KeepAlive(&adminv1.KeepAliveSessionRequest{ProxyId: "q", SessionId: sid}); !errors.Is(err, fsm.ErrSessionNotOwned) {
+	if _, err := keepAliveNow(n.l, &adminv1.KeepAliveSessionRequest{ProxyId: "q", SessionId: sid}); !errors.Is(err, fsm.ErrSessionNotOwned) {
 		t.Fatalf("another proxy's keepalive: %v", err)
 	}
 	l, _ := n.fsm.Lease("a@p")
-	if r := n.l.Renew(hb("a@p", "r1", l.GetEpoch())); r.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION {
+	if r := renewNow(n.l, hb("a@p", "r1", l.GetEpoch())); r.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION {
 		t.Fatalf("per-mailbox heartbeat of a session lease: %v", r)
 	}
 	n.clk.Step(sessionTTL + extend + fsm.DefaultLeaseGrace + time.Millisecond)
-	if r, _ := n.l.KeepAlive(keepAlive(sid)); r.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED {
+	if r, _ := keepAliveNow(n.l, keepAlive(sid)); r.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED {
 		t.Fatalf("late keepalive: %v", r)
 	}
 }

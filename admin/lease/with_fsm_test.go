@@ -93,7 +93,7 @@ func TestLeaseLifecycleThroughTheFSM(t *testing.T) {
 	// Heartbeats keep it alive well past the default ttl + grace.
 	for range 10 {
 		n.clk.Step(fsm.DefaultHeartbeatInterval)
-		if res := n.l.Renew(hb("a@p", "r1", epoch)); !res.GetRenewed() {
+		if res := renewNow(n.l, hb("a@p", "r1", epoch)); !res.GetRenewed() {
 			t.Fatalf("renew: %v", res)
 		}
 		if refs := n.l.Expired(); len(refs) != 0 {
@@ -118,7 +118,7 @@ func TestLeaseLifecycleThroughTheFSM(t *testing.T) {
 	if l, _ := n.fsm.Lease("a@p"); l != nil {
 		t.Fatalf("lease survived its expiry: %v", l)
 	}
-	if res := n.l.Renew(hb("a@p", "r1", epoch)); res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_LEASE {
+	if res := renewNow(n.l, hb("a@p", "r1", epoch)); res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_LEASE {
 		t.Fatalf("renew after expiry: %v", res)
 	}
 	if again := n.acquire("a@p", "r2"); !again.GetGranted() || again.GetLease().GetEpoch() <= epoch {
@@ -145,7 +145,7 @@ func TestExpireRacingAReacquireKeepsTheNewGrant(t *testing.T) {
 	if l, _ := n.fsm.Lease("a@p"); l.GetEpoch() != fresh || fresh <= old {
 		t.Fatalf("lease %v, want r2's epoch %d", l, fresh)
 	}
-	if res := n.l.Renew(hb("a@p", "r2", fresh)); !res.GetRenewed() {
+	if res := renewNow(n.l, hb("a@p", "r2", fresh)); !res.GetRenewed() {
 		t.Fatalf("new holder refused: %v", res)
 	}
 }
@@ -154,12 +154,12 @@ func TestFollowerMirrorsLeasesForPromotion(t *testing.T) {
 	t.Parallel()
 	n := newNode(t)
 	epoch := n.acquire("a@p", "r1").GetLease().GetEpoch()
-	if res := n.l.Renew(hb("a@p", "r1", epoch)); res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
+	if res := renewNow(n.l, hb("a@p", "r1", epoch)); res.GetRefusal().GetReason() != adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER {
 		t.Fatalf("follower renewed: %v", res)
 	}
 	n.clk.Step(time.Hour)
 	n.l.Promote()
-	if res := n.l.Renew(hb("a@p", "r1", epoch)); !res.GetRenewed() {
+	if res := renewNow(n.l, hb("a@p", "r1", epoch)); !res.GetRenewed() {
 		t.Fatalf("promoted lessor does not know the follower-era grant: %v", res)
 	}
 }
@@ -192,7 +192,7 @@ func TestRestoreOnPrimaryResetsLeases(t *testing.T) {
 		t.Fatalf("mirror has %d leases after restore", m.l.Len())
 	}
 	restored := m.clk.Now()
-	if res := m.l.Renew(hb("a@p", "r1", epoch)); !res.GetRenewed() {
+	if res := renewNow(m.l, hb("a@p", "r1", epoch)); !res.GetRenewed() {
 		t.Fatalf("restored lease not renewable: %v", res)
 	}
 	// a@p was renewed at restore (due after ttl + grace); b@p keeps the

@@ -167,7 +167,9 @@ func (s *Server) ReleaseLease(ctx context.Context, req *adminv1.ReleaseLeaseRequ
 // pause still believes it leads. The renewal is given only under a quorum
 // confirmation younger than LeaderLease, taken after the request arrived
 // (admin/leadership argues why no two holders can overlap), and only if
-// raft still reports this node leader once the lessor has answered.
+// raft still reports this node leader once the lessor has answered. It
+// counts from its arrival, the receipt taken first (admin/lease,
+// arrival.go), and is never refused for load.
 func (s *Server) MailboxHeartbeat(ctx context.Context, req *adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error) {
 	if err := lease.ValidateRenew(req); err != nil {
 		return nil, toStatus(err)
@@ -176,11 +178,12 @@ func (s *Server) MailboxHeartbeat(ctx context.Context, req *adminv1.MailboxHeart
 		if !s.node.IsRaftLeader() || !s.lessor.Primary() {
 			return nil, raftnode.ErrNotLeader
 		}
-		if err := s.leader.Lease(ctx); err != nil {
-			s.metrics.leaderUnconfirmed.Inc()
-			return nil, fmt.Errorf("%w: %v", raftnode.ErrNotLeader, err)
+		rc := s.lessor.ReceiveHeartbeat(req.GetMailboxId())
+		defer rc.Close()
+		if err := s.renewalWait(ctx, rc); err != nil {
+			return nil, err
 		}
-		r := s.lessor.Renew(req)
+		r := s.lessor.Renew(rc, req)
 		if r.GetRefusal().GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER || !s.node.IsRaftLeader() {
 			return nil, raftnode.ErrNotLeader
 		}

@@ -32,6 +32,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -167,6 +168,16 @@ type Server struct {
 	// streams so proxies reconnect to another node.
 	draining  chan struct{}
 	drainOnce sync.Once
+
+	hooks testHooks
+}
+
+// testHooks let tests hold a call at a point of its way; unset in
+// production.
+type testHooks struct {
+	// renewalReceived runs once a renewal's receipt is taken, before it
+	// waits for anything else.
+	renewalReceived atomic.Pointer[func(*lease.Receipt)]
 }
 
 // New builds a server; Run starts its leadership work.

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
@@ -78,9 +77,9 @@ func (x sessions) OpenSession(ctx context.Context, req *adminv1.OpenSessionReque
 // after the request arrived, and raft still reporting this node leader once
 // the lessor has answered, so a leader resumed from a pause does not renew.
 //
-// A keepalive that arrives in time is never refused for load. The shedding
-// of issue 20's next slice must keep it so (refuse opens and acquires with
-// RESOURCE_EXHAUSTED first): one lost keepalive can end a thousand leases.
+// A keepalive is never refused for load (admission.go sheds new work
+// instead: one lost keepalive can end a thousand leases), and it counts from
+// its arrival, the receipt taken first (admin/lease, arrival.go).
 func (x sessions) KeepAliveSession(ctx context.Context, req *adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error) {
 	s := x.s
 	if err := lease.ValidateKeepAlive(req); err != nil {
@@ -93,11 +92,12 @@ func (x sessions) KeepAliveSession(ctx context.Context, req *adminv1.KeepAliveSe
 		if !s.node.IsRaftLeader() || !s.lessor.Primary() {
 			return nil, raftnode.ErrNotLeader
 		}
-		if err := s.leader.Lease(ctx); err != nil {
-			s.metrics.leaderUnconfirmed.Inc()
-			return nil, fmt.Errorf("%w: %v", raftnode.ErrNotLeader, err)
+		rc := s.lessor.ReceiveKeepAlive(req.GetSessionId())
+		defer rc.Close()
+		if err := s.renewalWait(ctx, rc); err != nil {
+			return nil, err
 		}
-		r, err := s.lessor.KeepAlive(req)
+		r, err := s.lessor.KeepAlive(rc, req)
 		if err != nil {
 			return nil, err
 		}
