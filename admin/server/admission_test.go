@@ -1,14 +1,138 @@
 package server
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/prism-mesh/prism/admin/lease"
+	"github.com/prism-mesh/prism/admin/raftnode"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
+
+// startAdmitting is a single leading node on clk with admission a, with
+// proxy p (runner r1) holding a@p by AcquireLease and an open session.
+func startAdmitting(t *testing.T, clk clock.WithTicker, a Admission) (*Node, adminv1.ControlPlaneClient, adminv1.SessionsClient, uint64) {
+	t.Helper()
+	n, cc := startNodeConn(t, NodeConfig{Raft: raftnode.Config{ID: "solo", Bootstrap: true}, HTTPAddr: "127.0.0.1:0", Clock: clk, Admission: a})
+	awaitState(t, "solo to lead", func() bool { l, _ := n.Raft.Leadership(); return l.IsLeader && n.Lessor.Primary() })
+	cp, ss := adminv1.NewControlPlaneClient(cc), adminv1.NewSessionsClient(cc)
+	c := ctx(t)
+	placeOn(t, c, cp, "p", "r1", "a")
+	if acq, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "a@p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"}); err != nil || !acq.GetGranted() {
+		t.Fatalf("acquire: %v, %v", acq, err)
+	}
+	open, err := ss.OpenSession(c, &adminv1.OpenSessionRequest{ProxyId: "p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, cp, ss, open.GetSession().GetId()
+}
+
+// shed checks err is RESOURCE_EXHAUSTED with a positive retry hint.
+func shed(t *testing.T, what string, err error) {
+	t.Helper()
+	st := status.Convert(err)
+	if st.Code() != codes.ResourceExhausted {
+		t.Fatalf("%s: %v, want ResourceExhausted", what, err)
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay().AsDuration() > 0 {
+			return
+		}
+	}
+	t.Fatalf("%s: %v carries no RetryInfo with a delay", what, err)
+}
+
+// renewalsAndEssentials checks that heartbeats, keepalives, proxy
+// heartbeats and releases of nothing held are all served.
+func renewalsAndEssentials(t *testing.T, c context.Context, cp adminv1.ControlPlaneClient, ss adminv1.SessionsClient, sid uint64) {
+	t.Helper()
+	if hb, err := cp.MailboxHeartbeat(c, &adminv1.MailboxHeartbeatRequest{MailboxId: "a@p", RunnerId: "r1"}); err != nil || !hb.GetRenewed() {
+		t.Fatalf("heartbeat under load: %v, %v", hb, err)
+	}
+	if ka, err := ss.KeepAliveSession(c, &adminv1.KeepAliveSessionRequest{ProxyId: "p", SessionId: sid}); err != nil || !ka.GetRenewed() {
+		t.Fatalf("keepalive under load: %v, %v", ka, err)
+	}
+	if _, err := cp.ProxyHeartbeat(c, &adminv1.ProxyHeartbeatRequest{ProxyId: "p"}); err != nil {
+		t.Fatalf("proxy heartbeat under load: %v", err)
+	}
+}
+
+// Past the in-flight bound the leader refuses new work RESOURCE_EXHAUSTED
+// with a retry hint, while renewals and the writes that keep what exists
+// alive are served; once the write in flight is done, new work is taken
+// again.
+func TestOverloadShedsNewWorkNotRenewals(t *testing.T) {
+	t.Parallel()
+	n, cp, ss, sid := startAdmitting(t, clock.RealClock{}, Admission{MaxInFlightWrites: 1})
+	c := ctx(t)
+	admitted, release := make(chan struct{}), make(chan struct{})
+	hold := func(method string) {
+		if method == "CreateNamespace" {
+			close(admitted)
+			<-release
+		}
+	}
+	n.Server.hooks.writeAdmitted.Store(&hold)
+	created := make(chan error, 1)
+	go func() {
+		_, err := cp.CreateNamespace(c, &adminv1.CreateNamespaceRequest{Namespace: "b", Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}})
+		created <- err
+	}()
+	<-admitted
+	if v := scrapeValue(t, n, "prism_admin_writes_in_flight"); v != 1 {
+		t.Fatalf("writes in flight = %v, want 1", v)
+	}
+	_, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "c@p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"})
+	shed(t, "acquire", err)
+	_, err = ss.AcquireLeases(c, &adminv1.AcquireLeasesRequest{ProxyId: "p", SessionId: sid, MailboxIds: []string{"c@p"}})
+	shed(t, "acquire in a session", err)
+	_, err = ss.OpenSession(c, &adminv1.OpenSessionRequest{ProxyId: "p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"})
+	shed(t, "open", err)
+	renewalsAndEssentials(t, c, cp, ss, sid)
+	if v := scrapeValue(t, n, "prism_admin_shed_total"); v != 3 {
+		t.Fatalf("shed = %v, want 3", v)
+	}
+	close(release)
+	if err := <-created; err != nil {
+		t.Fatalf("the write in flight: %v", err)
+	}
+	n.Server.hooks.writeAdmitted.Store(nil)
+	if _, err := ss.AcquireLeases(c, &adminv1.AcquireLeasesRequest{ProxyId: "p", SessionId: sid, MailboxIds: []string{"a@p"}}); err != nil {
+		t.Fatalf("acquire once the load is gone: %v", err)
+	}
+}
+
+// A renewal that waited longer than ShedAfterRenewalWait between its
+// arrival and the lessor sheds new work for RetryAfter; the renewal itself,
+// and the ones after it, are served.
+func TestSlowRenewalShedsNewWork(t *testing.T) {
+	t.Parallel()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	a := Admission{ShedAfterRenewalWait: 500 * time.Millisecond, RetryAfter: 2 * time.Second}
+	n, cp, ss, sid := startAdmitting(t, clk, a)
+	c := ctx(t)
+	slow := func(*lease.Receipt) { clk.Step(a.ShedAfterRenewalWait + time.Millisecond) }
+	n.Server.hooks.renewalReceived.Store(&slow)
+	if hb, err := cp.MailboxHeartbeat(c, &adminv1.MailboxHeartbeatRequest{MailboxId: "a@p", RunnerId: "r1"}); err != nil || !hb.GetRenewed() {
+		t.Fatalf("slow heartbeat: %v, %v", hb, err)
+	}
+	n.Server.hooks.renewalReceived.Store(nil)
+	_, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "c@p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"})
+	shed(t, "acquire after a slow renewal", err)
+	renewalsAndEssentials(t, c, cp, ss, sid)
+	clk.Step(a.RetryAfter)
+	if _, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "c@p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"}); err != nil {
+		t.Fatalf("acquire after the retry hint: %v", err)
+	}
+}
 
 // A heartbeat held up between its arrival and the lessor (here by the
 // test's hook, in production by load) for longer than the lease has left

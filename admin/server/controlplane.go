@@ -18,7 +18,7 @@ import (
 )
 
 // write commits cmd on the leader (forwarding if needed) and returns the
-// FSM's typed response. With readYourWrite, a forwarded write is answered
+// FSM's typed response; the leader may shed it (admission.go). With readYourWrite, a forwarded write is answered
 // only once this node has applied it too (for operator writes that are read
 // back at once, like prismctl's; lease calls carry their result and skip the
 // wait).
@@ -39,6 +39,14 @@ func write[Resp proto.Message](s *Server, ctx context.Context, method string, cm
 		}
 	}
 	resp, err := leaderCall(s, ctx, method, func(ctx context.Context) (Resp, error) {
+		release, err := s.admit(method)
+		if err != nil {
+			return zero, err
+		}
+		defer release()
+		if h := s.hooks.writeAdmitted.Load(); h != nil {
+			(*h)(method)
+		}
 		res, err := s.propose(ctx, cmd)
 		if err != nil {
 			return zero, err

@@ -7,15 +7,16 @@ import (
 	"github.com/prism-mesh/prism/internal/diskfree"
 )
 
-// writesWhileShort are the writes a node short of disk space still proposes.
-// Refusing a proxy's heartbeat would have the leader mark a live proxy stale
-// and move its namespaces; refusing a release or a session's close would
-// hold a lease its runner gave back until it expires. Each is small and
-// bounded by what already exists, as are the leader's own commands (expiry,
+// essentialWrites are the writes a node short of disk space still proposes,
+// and that the leader never sheds for load (admission.go). Refusing a
+// proxy's heartbeat would have the leader mark a live proxy stale and move
+// its namespaces; refusing a release or a session's close would hold a
+// lease its runner gave back until it expires. Each is small and bounded by
+// what already exists, as are the leader's own commands (expiry,
 // checkpoints, stale marks, member addresses), which never pass through
 // write; the watermark's margin is there for them. Every write that adds
 // state, and the operators' writes, are refused.
-var writesWhileShort = map[string]bool{
+var essentialWrites = map[string]bool{
 	"ProxyHeartbeat": true,
 	"ReleaseLease":   true,
 	"ReleaseLeases":  true,
@@ -29,7 +30,7 @@ var writesWhileShort = map[string]bool{
 // forwards, and the leader its own when the call reaches it. Reads and lease
 // renewals (the lessor's memory, not Raft) never come here.
 func (s *Server) admitWrite(method string) error {
-	if writesWhileShort[method] {
+	if essentialWrites[method] {
 		return nil
 	}
 	if err := s.cfg.Disk.Err(); err != nil {

@@ -25,10 +25,14 @@ type Metrics struct {
 	// leaderUnconfirmed counts renewals refused because this node, though
 	// raft said it led, could not prove it to a quorum.
 	leaderUnconfirmed prometheus.Counter
-	forwards          *prometheus.CounterVec
-	forwardTime       prometheus.Histogram
-	rpcs              *prometheus.CounterVec
-	rpcTime           *prometheus.HistogramVec
+	// shed counts writes refused for load, by method; renewalWait is how
+	// long renewals waited between arrival and the lessor.
+	shed        *prometheus.CounterVec
+	renewalWait prometheus.Histogram
+	forwards    *prometheus.CounterVec
+	forwardTime prometheus.Histogram
+	rpcs        *prometheus.CounterVec
+	rpcTime     *prometheus.HistogramVec
 }
 
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
@@ -55,6 +59,14 @@ func NewMetrics() *Metrics {
 		expiryScans: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prism_admin_lease_expiry_scans_total",
 			Help: "Times the leader asked the lessor for leases past expires + grace.",
+		}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_admin_shed_total",
+			Help: "Writes the leader refused RESOURCE_EXHAUSTED for load (too many in flight, or renewals waiting too long), by method.",
+		}, []string{"method"}),
+		renewalWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "prism_admin_renewal_wait_seconds", Buckets: latencyBuckets,
+			Help: "Time a renewal (heartbeat or keepalive) waited on the leader between its arrival, from which it counts, and the lessor.",
 		}),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_admin_forwards_total",
@@ -88,7 +100,10 @@ func (m *Metrics) register(reg prometheus.Registerer, s *Server) error {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	cs := []prometheus.Collector{
-		m.commit, m.fsmApply, m.expirations, m.expiryScans, m.leaderUnconfirmed, m.forwards, m.forwardTime, m.rpcs, m.rpcTime,
+		m.commit, m.fsmApply, m.expirations, m.expiryScans, m.leaderUnconfirmed, m.shed, m.renewalWait, m.forwards, m.forwardTime, m.rpcs, m.rpcTime,
+		stat("prism_admin_writes_in_flight", "Raft writes this node, as leader, has proposed for clients and not yet seen applied.", func() float64 {
+			return float64(s.admission.inFlight.Load())
+		}),
 		stat("prism_admin_raft_term", "Current raft term.", func() float64 { return float64(s.node.Stats().Term) }),
 		stat("prism_admin_raft_commit_index", "Raft commit index.", func() float64 { return float64(s.node.Stats().CommitIndex) }),
 		stat("prism_admin_raft_applied_index", "Index the FSM applied.", func() float64 { return float64(s.node.Stats().AppliedIndex) }),

@@ -65,6 +65,7 @@ type NodeConfig struct {
 	MaxStreams  uint32
 	IdleTimeout time.Duration
 	Quotas      Quotas
+	Admission   Admission
 	// MinFree is the free-space watermark of Raft.DataDir (zero: none):
 	// below it the node refuses writes (Config.Disk).
 	MinFree diskfree.Watermark
@@ -184,7 +185,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	}
 	n.Server, err = New(Config{
 		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Clock: cfg.Clock,
-		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas, RunnerNetworks: cfg.RunnerNetworks,
+		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas, Admission: cfg.Admission, RunnerNetworks: cfg.RunnerNetworks,
 		Registry: reg, Metrics: m, Disk: disk,
 		// Half the promotion extension: the other half and the grace are
 		// the margin for clock drift (admin/leadership).

@@ -89,6 +89,10 @@ type Config struct {
 	// writes are refused (admitWrite). Nil: none.
 	Disk *diskfree.Guard
 
+	// Admission bounds the leader's work in flight (zero fields:
+	// defaults).
+	Admission Admission
+
 	// Quotas bound the tables (zero fields: DefaultQuotas').
 	Quotas Quotas
 	// RunnerNetworks are where the runner addresses of registrations and
@@ -134,6 +138,7 @@ func (c *Config) withDefaults() error {
 		c.LeaderLease = raftnode.DefaultTiming().ElectionTimeout / 2
 	}
 	c.Quotas = c.Quotas.withDefaults()
+	c.Admission = c.Admission.withDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -169,7 +174,8 @@ type Server struct {
 	draining  chan struct{}
 	drainOnce sync.Once
 
-	hooks testHooks
+	admission admission
+	hooks     testHooks
 }
 
 // testHooks let tests hold a call at a point of its way; unset in
@@ -178,6 +184,9 @@ type testHooks struct {
 	// renewalReceived runs once a renewal's receipt is taken, before it
 	// waits for anything else.
 	renewalReceived atomic.Pointer[func(*lease.Receipt)]
+	// writeAdmitted runs once the leader has admitted a write, before it
+	// proposes it.
+	writeAdmitted atomic.Pointer[func(method string)]
 }
 
 // New builds a server; Run starts its leadership work.
