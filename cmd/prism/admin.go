@@ -48,6 +48,7 @@ type adminFlags struct {
 	gatewayNoAuth bool
 	// runnerNetworks are where runner addresses may be.
 	runnerNetworks string
+	admission      server.Admission
 	tls            tlsFlags
 	disk           diskFlags
 }
@@ -105,6 +106,9 @@ plaintext with no authorization.`,
 	fs.BoolVar(&f.gatewayNoAuth, "gateway-no-query-auth", false, "the Envoy gateway answers queries without a token: anyone who reaches it reads every mailbox")
 	fs.StringVar(&f.runnerNetworks, "runner-networks", prefixes(server.DefaultRunnerNetworks),
 		"CIDR prefixes runner addresses (the targets of routes) may be in; a registration or lease naming another address, or a host name, is refused (0.0.0.0/0,::/0 allows any)")
+	fs.IntVar(&f.admission.MaxInFlightWrites, "max-writes-in-flight", 1000, "Raft writes the leader has proposed and not yet applied; past it new work (acquires, opens, registrations, namespaces) is refused RESOURCE_EXHAUSTED with a retry hint, renewals never are")
+	fs.DurationVar(&f.admission.ShedAfterRenewalWait, "shed-after-renewal-wait", time.Second, "a renewal that waited longer than this before the lessor answered makes the leader refuse new work for --shed-retry-after")
+	fs.DurationVar(&f.admission.RetryAfter, "shed-retry-after", time.Second, "the retry hint of refused new work (plus up to half again at random)")
 	fs.IntVar(&f.quotas.Proxies, "max-proxies", server.DefaultQuotas.Proxies, "proxies the cluster registers; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Namespaces, "max-namespaces", server.DefaultQuotas.Namespaces, "namespaces the cluster holds; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Leases, "max-leases", server.DefaultQuotas.Leases, "mailbox leases the cluster holds; one more is refused RESOURCE_EXHAUSTED")
@@ -235,7 +239,8 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
-		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks, MinFree: minFree,
+		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
+		Admission: f.admission, MinFree: minFree,
 	}, nil
 }
 
