@@ -35,6 +35,7 @@ type options struct {
 	sessionKeepAlive   time.Duration
 	sessionFor         time.Duration
 	sessionSetup       time.Duration
+	sessionXDS         bool
 	bulk               int
 	bulkReps           int
 }
@@ -62,6 +63,7 @@ func main() {
 	flag.DurationVar(&o.sessionKeepAlive, "session-keepalive", 5*time.Second, "time between a session's keepalives (the sidecar's default)")
 	flag.DurationVar(&o.sessionFor, "session-for", 20*time.Second, "length of the timed keepalive window of the sessions run")
 	flag.DurationVar(&o.sessionSetup, "session-setup", 5*time.Minute, "bound on the sessions run's setup: namespaces, registrations, grants")
+	flag.BoolVar(&o.sessionXDS, "session-xds", false, "serve xDS during the sessions run (its setup creates a namespace per lease, and with xDS on 36k of 101k took 5 minutes)")
 	flag.IntVar(&o.bulk, "bulk", 1000, "mailboxes of the one AcquireLeases the bulk grant times")
 	flag.IntVar(&o.bulkReps, "bulk-reps", 10, "repetitions of the bulk grant")
 	flag.Parse()

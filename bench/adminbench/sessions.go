@@ -29,9 +29,10 @@ import (
 // sessions than that share proxies, up to this many each.
 const sessionsPerProxyMax = 4
 
-// maxOwningProxies keeps owningProxies well inside the 256 partitions, where
-// it finds ids that each own one quickly.
-const maxOwningProxies = 200
+// maxOwningProxies keeps owningProxies inside the 256 partitions, where it
+// still finds ids that each own one quickly; 250 proxies with 4 sessions
+// each hold 1,000 sessions.
+const maxOwningProxies = 250
 
 // sizeName names a count in a figure: 1000 -> 1k, 1000000 -> 1m.
 func sizeName(n int) string {
@@ -68,7 +69,7 @@ func sessionsBench(ctx context.Context, o options, dir string, certs *certs) err
 	// The bulk proxy's mailboxes on top of the scale run's, and room for
 	// the quotas to refuse nothing the bench asks for.
 	limit := total + o.bulk + 1000
-	c, err := startPrism(o.prism, dir, 3, true, certs,
+	c, err := startPrism(o.prism, dir, 3, o.sessionXDS, certs,
 		"--max-namespaces", strconv.Itoa(limit), "--max-leases", strconv.Itoa(limit),
 		"--max-leases-per-proxy", strconv.Itoa(max(perProxy*o.sessionLeases, o.bulk)))
 	if err != nil {
