@@ -11,6 +11,10 @@
 # 3-node latency and the scale run again over mTLS (figures suffixed _mtls, ratios admin.acquire_p99_mtls_ratio and
 # admin.heartbeat_p99_10k_mtls_ratio), and security.handshake_ms, a fresh mTLS connection's first call, next to
 # security.handshake_ms_plaintext. Every other figure is plaintext (--insecure), as before.
+# Sessions (issue 20, adminbench -only sessions, over mTLS, one identity per proxy): one AcquireLeases of 1,000
+# mailboxes (admin.bulk_grant_ms_1k), S sessions x L leases keeping alive every 5 s (admin.session_renew_p99_ms_<size>,
+# admin.session_leader_cpu_pct_<size>, admin.heap_mb_<size>), a silent session's 1,000 leases gone after ttl + grace
+# (admin.session_expiry_routes_ms_1k), and etcd's one lease with 1,000 keys renewed by one KeepAliveOnce.
 #   ADMIN_BENCH_ARGS   extra flags for bench/adminbench (go run ./bench/adminbench -h)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -69,9 +69,9 @@ func sessionsBench(ctx context.Context, o options, dir string, certs *certs) err
 	// The bulk proxy's mailboxes on top of the scale run's, and room for
 	// the quotas to refuse nothing the bench asks for.
 	limit := total + o.bulk + 1000
-	c, err := startPrism(o.prism, dir, 3, o.sessionXDS, certs,
-		"--max-namespaces", strconv.Itoa(limit), "--max-leases", strconv.Itoa(limit),
-		"--max-leases-per-proxy", strconv.Itoa(max(perProxy*o.sessionLeases, o.bulk)))
+	args := append([]string{"--max-namespaces", strconv.Itoa(limit), "--max-leases", strconv.Itoa(limit),
+		"--max-leases-per-proxy", strconv.Itoa(max(perProxy*o.sessionLeases, o.bulk))}, o.sessionAdminArgs...)
+	c, err := startPrism(o.prism, dir, 3, o.sessionXDS, certs, args...)
 	if err != nil {
 		return err
 	}
