@@ -428,3 +428,35 @@ func FuzzRestore(f *testing.F) {
 		roundTrip(t, g.f)
 	})
 }
+
+// TestProxiesListMatchesEachProxy: the one-pass list of every proxy says
+// what asking for each proxy says (its partitions and namespaces, sorted),
+// and the records the stale-proxy loop reads are the same proxies.
+func TestProxiesListMatchesEachProxy(t *testing.T) {
+	t.Parallel()
+	h, _, _, _ := base(t)
+	h.must(c(4*time.Second, registerRunner("proxy-03", "runner-c")))
+	for i := range 12 {
+		h.must(c(5*time.Second, createNS(fmt.Sprintf("ns-%02d", i), "audit.events")))
+	}
+	infos, _ := h.f.Proxies()
+	records := h.f.ProxyRecords()
+	if len(infos) != 3 || len(records) != 3 {
+		t.Fatalf("%d proxies listed, %d records; want 3", len(infos), len(records))
+	}
+	placed := 0
+	for i, info := range infos {
+		id := info.GetProxy().GetRegistration().GetProxyId()
+		one, _ := h.f.Proxy(id)
+		if !proto.Equal(info, one) {
+			t.Errorf("%s listed as %v, alone as %v", id, info, one)
+		}
+		if !proto.Equal(records[i], info.GetProxy()) {
+			t.Errorf("record %d is %v, want %v", i, records[i], info.GetProxy())
+		}
+		placed += len(info.GetNamespaces())
+	}
+	if placed != 13 {
+		t.Errorf("%d namespaces across the proxies, want 13", placed)
+	}
+}

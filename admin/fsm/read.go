@@ -12,11 +12,31 @@ import (
 func (f *FSM) Proxies() ([]*adminv1.ProxyInfo, uint64) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	// One pass over the namespaces for every proxy, not one per proxy.
+	byProxy := map[string][]string{}
+	for _, name := range sortedKeys(f.st.namespaces) {
+		id := f.st.namespaces[name].GetAssignedProxyId()
+		byProxy[id] = append(byProxy[id], name)
+	}
 	out := make([]*adminv1.ProxyInfo, 0, len(f.st.proxies))
 	for _, p := range sortedValues(f.st.proxies) {
-		out = append(out, f.st.proxyInfo(p))
+		id := p.GetRegistration().GetProxyId()
+		out = append(out, &adminv1.ProxyInfo{Proxy: proto.CloneOf(p), PartitionRanges: f.st.table.Ranges(id), Namespaces: byProxy[id]})
 	}
 	return out, f.applied
+}
+
+// ProxyRecords returns every proxy's record alone (registration, last
+// heartbeat, staleness), without its partitions and namespaces: what the
+// leader's stale-proxy loop reads every tick, in O(proxies).
+func (f *FSM) ProxyRecords() []*adminv1.Proxy {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	out := make([]*adminv1.Proxy, 0, len(f.st.proxies))
+	for _, p := range sortedValues(f.st.proxies) {
+		out = append(out, proto.CloneOf(p))
+	}
+	return out
 }
 
 // Proxy returns one proxy, or nil.

@@ -469,12 +469,7 @@ func (s *Server) checkpoint(ctx context.Context) {
 
 // markStaleProxies moves namespaces off proxies that stopped heartbeating.
 func (s *Server) markStaleProxies(ctx context.Context) {
-	infos, _ := s.fsm.Proxies()
-	proxies := make([]*adminv1.Proxy, 0, len(infos))
-	for _, p := range infos {
-		proxies = append(proxies, p.GetProxy())
-	}
-	refs := s.lessor.StaleProxies(proxies, s.cfg.StaleProxyAfter)
+	refs := s.lessor.StaleProxies(s.fsm.ProxyRecords(), s.cfg.StaleProxyAfter)
 	if len(refs) == 0 {
 		return
 	}
