@@ -287,15 +287,8 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 		return leaseEnded
 	}
 	runnerOK := clk.Now()
-	w.a.m.acqLatency.Observe(clk.Since(w.assigned).Seconds())
-	w.a.m.held.Inc()
-	active := true
-	defer func() {
-		if active {
-			w.a.m.held.Dec()
-		}
-	}()
-	w.update(func(v *LeaseView) { v.State = StateActive })
+	unheld := w.serving()
+	defer unheld()
 	log.Info("runner serving under the lease")
 
 	bo := w.a.cfg.Backoff
@@ -304,8 +297,7 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 	for {
 		now := clk.Now()
 		if !now.Before(fenceAt) {
-			w.a.m.held.Dec()
-			active = false
+			unheld()
 			w.fence(epoch, "ttl_elapsed", "no heartbeat acknowledged for ttl since the last one was sent", fenceAt.Add(-ttl))
 			return leaseEnded
 		}
@@ -330,15 +322,13 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 			if r.runnerErr == nil {
 				runnerOK = r.probedAt
 			} else if down := r.probedAt.Sub(runnerOK); down >= deadAfter {
-				w.a.m.held.Dec()
-				active = false
+				unheld()
 				w.giveUp(epoch, runnerUntil, down, deadAfter, r.runnerErr)
 				return runnerGone
 			}
 			if reason, detail, lost := refused(r); lost {
 				w.a.m.heartbeats.WithLabelValues("refused").Inc()
-				w.a.m.held.Dec()
-				active = false
+				unheld()
 				w.fence(epoch, reason, detail, fenceAt.Add(-ttl))
 				return leaseEnded
 			}
@@ -480,6 +470,18 @@ func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration
 // retrying until then; it returns a bound on the deadline the runner took,
 // or false if the worker was stopped or fenceAt came first (then the lease
 // lapsed on this side and acquire starts over).
+// serving counts the mailbox as held from now (and how long it took from its
+// assignment) until the returned func is called; it drops the count once
+// however often it is called, so every way out of holding can call it (a
+// fence drops it before the runner is told, the deferred call on return).
+func (w *worker) serving() (unheld func()) {
+	w.a.m.acqLatency.Observe(w.a.cfg.Clock.Since(w.assigned).Seconds())
+	w.a.m.held.Inc()
+	w.update(func(v *LeaseView) { v.State = StateActive })
+	var once sync.Once
+	return func() { once.Do(w.a.m.held.Dec) }
+}
+
 func (w *worker) activate(epoch uint64, fenceAt time.Time) (time.Time, bool) {
 	bo := w.a.cfg.Backoff
 	for {

@@ -645,23 +645,15 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 	// before activatedAt cannot show the mailbox active.
 	runnerOK := clk.Now()
 	activatedAt := runnerOK
-	w.a.m.acqLatency.Observe(clk.Since(w.assigned).Seconds())
-	w.a.m.held.Inc()
-	active := true
-	defer func() {
-		if active {
-			w.a.m.held.Dec()
-		}
-	}()
-	w.update(func(v *LeaseView) { v.State = StateActive })
+	unheld := w.serving()
+	defer unheld()
 	log.Info("runner serving under the lease")
 
 	runnerLost := false
 	for {
 		now := clk.Now()
 		if !now.Before(fenceAt) {
-			w.a.m.held.Dec()
-			active = false
+			unheld()
 			w.fence(epoch, "ttl_elapsed", "no session keepalive acknowledged for ttl since the last one was sent", fenceAt.Add(-ttl))
 			return leaseEnded
 		}
@@ -674,8 +666,7 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 			continue
 		case <-lost:
 			t.Stop()
-			w.a.m.held.Dec()
-			active = false
+			unheld()
 			reason, detail := w.a.sess.lostWhy(st)
 			w.fence(epoch, reason, detail, lastAck)
 			return leaseEnded
@@ -701,8 +692,7 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 			if p.err == nil {
 				runnerOK = p.at
 			} else if down := p.at.Sub(runnerOK); down >= deadAfter {
-				w.a.m.held.Dec()
-				active = false
+				unheld()
 				w.giveUp(epoch, runnerUntil, down, deadAfter, p.err)
 				return runnerGone
 			}
