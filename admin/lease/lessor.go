@@ -136,13 +136,12 @@ type entry struct {
 	counted time.Time
 	// requested is when an expire was last requested; zero if never.
 	requested time.Time
-	// next is the queue key: expires + grace, or requested + retry.
-	next time.Time
-	idx  int
+	// slot's next is expires + grace, or requested + retry.
+	slot
 }
 
 func newEntry(ls *adminv1.Lease) *entry {
-	return &entry{lease: ls, expires: ls.GetExpiresAt().AsTime(), lastHeartbeat: ls.GetLastHeartbeatAt().AsTime(), stats: ls.GetStats(), idx: -1}
+	return &entry{lease: ls, expires: ls.GetExpiresAt().AsTime(), lastHeartbeat: ls.GetLastHeartbeatAt().AsTime(), stats: ls.GetStats(), slot: slot{idx: -1}}
 }
 
 func (e *entry) deadline() time.Time { return e.expires.Add(e.lease.GetGrace().AsDuration()) }
@@ -463,29 +462,50 @@ func (l *Lessor) StaleProxies(proxies []*adminv1.Proxy, staleAfter time.Duration
 
 // expiryQueue is a min-heap on next, ties by mailbox id so the order of
 // requests is deterministic.
-type expiryQueue []*entry
+type expiryQueue = deadlineQueue[*entry]
 
-func (q expiryQueue) Len() int { return len(q) }
-func (q expiryQueue) Less(i, j int) bool {
-	if !q[i].next.Equal(q[j].next) {
-		return q[i].next.Before(q[j].next)
+func (e *entry) tieBefore(o *entry) bool { return e.lease.GetMailboxId() < o.lease.GetMailboxId() }
+
+// slot is an entry's place in a deadlineQueue: its key and index.
+type slot struct {
+	// next is the queue key: the deadline, or when an expire request is
+	// retried.
+	next time.Time
+	idx  int
+}
+
+func (s *slot) queued() *slot { return s }
+
+// deadlineQueue is a container/heap min-heap of the lessor's entries (leases
+// and sessions alike) on next, ties broken by the entry's own order.
+type deadlineQueue[E interface {
+	queued() *slot
+	tieBefore(E) bool
+}] []E
+
+func (q deadlineQueue[E]) Len() int { return len(q) }
+func (q deadlineQueue[E]) Less(i, j int) bool {
+	a, b := q[i].queued(), q[j].queued()
+	if !a.next.Equal(b.next) {
+		return a.next.Before(b.next)
 	}
-	return q[i].lease.GetMailboxId() < q[j].lease.GetMailboxId()
+	return q[i].tieBefore(q[j])
 }
-func (q expiryQueue) Swap(i, j int) {
+func (q deadlineQueue[E]) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
-	q[i].idx, q[j].idx = i, j
+	q[i].queued().idx, q[j].queued().idx = i, j
 }
-func (q *expiryQueue) Push(x any) {
-	e := x.(*entry)
-	e.idx = len(*q)
+func (q *deadlineQueue[E]) Push(x any) {
+	e := x.(E)
+	e.queued().idx = len(*q)
 	*q = append(*q, e)
 }
-func (q *expiryQueue) Pop() any {
+func (q *deadlineQueue[E]) Pop() any {
 	old := *q
 	e := old[len(old)-1]
-	old[len(old)-1] = nil
-	e.idx = -1
+	var zero E
+	old[len(old)-1] = zero
+	e.queued().idx = -1
 	*q = old[:len(old)-1]
 	return e
 }

@@ -40,8 +40,7 @@ type sessionEntry struct {
 	// (see Renew).
 	counted   time.Time
 	requested time.Time
-	next      time.Time
-	idx       int
+	slot
 }
 
 func (e *sessionEntry) deadline() time.Time { return e.expires.Add(e.session.GetGrace().AsDuration()) }
@@ -54,7 +53,7 @@ func (l *Lessor) SessionOpened(s *adminv1.Session) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.dropSession(s.GetId())
-	e := &sessionEntry{session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(), idx: -1}
+	e := &sessionEntry{session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(), slot: slot{idx: -1}}
 	l.sessions[s.GetId()] = e
 	if l.primary {
 		l.trackSession(e)
@@ -76,7 +75,7 @@ func (l *Lessor) SessionsRestored(sessions []*adminv1.Session) {
 	defer l.mu.Unlock()
 	l.sessions = make(map[uint64]*sessionEntry, len(sessions))
 	for _, s := range sessions {
-		l.sessions[s.GetId()] = &sessionEntry{session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(), idx: -1}
+		l.sessions[s.GetId()] = &sessionEntry{session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(), slot: slot{idx: -1}}
 	}
 	if l.primary {
 		l.refreshSessions(l.cfg.Clock.Now())
@@ -191,32 +190,9 @@ func (l *Lessor) ExpiredSessions() []uint64 {
 }
 
 // sessionQueue is a min-heap on next, ties by session id.
-type sessionQueue []*sessionEntry
+type sessionQueue = deadlineQueue[*sessionEntry]
 
-func (q sessionQueue) Len() int { return len(q) }
-func (q sessionQueue) Less(i, j int) bool {
-	if !q[i].next.Equal(q[j].next) {
-		return q[i].next.Before(q[j].next)
-	}
-	return q[i].session.GetId() < q[j].session.GetId()
-}
-func (q sessionQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].idx, q[j].idx = i, j
-}
-func (q *sessionQueue) Push(x any) {
-	e := x.(*sessionEntry)
-	e.idx = len(*q)
-	*q = append(*q, e)
-}
-func (q *sessionQueue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	old[len(old)-1] = nil
-	e.idx = -1
-	*q = old[:len(old)-1]
-	return e
-}
+func (e *sessionEntry) tieBefore(o *sessionEntry) bool { return e.session.GetId() < o.session.GetId() }
 
 // ValidateKeepAlive checks a keepalive request before KeepAlive.
 func ValidateKeepAlive(req *adminv1.KeepAliveSessionRequest) error {
