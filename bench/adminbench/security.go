@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -27,12 +26,11 @@ const (
 const benchOperator = "adminbench"
 
 // certs is one throwaway CA and the files of every identity the run uses,
-// issued on first use, as `prism certs` would for a small install.
+// issued on first use, as `prism certs` would for a small install, and the
+// client credentials made of them.
 type certs struct {
+	*pki.Directory
 	mu    sync.Mutex
-	ca    *pki.CA
-	dir   string
-	files map[identity.Identity]pki.Files
 	creds map[identity.Identity]credentials.TransportCredentials
 }
 
@@ -40,35 +38,16 @@ func newCerts(dir string) (*certs, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	ca, err := pki.NewCA(identity.DefaultTrustDomain, 24*time.Hour)
+	d, err := pki.NewDirectory(dir, identity.DefaultTrustDomain, 24*time.Hour)
 	if err != nil {
 		return nil, err
 	}
-	return &certs{ca: ca, dir: dir, files: map[identity.Identity]pki.Files{},
-		creds: map[identity.Identity]credentials.TransportCredentials{}}, nil
-}
-
-func (c *certs) issue(role identity.Role, name string) (pki.Files, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.issueLocked(identity.Identity{TrustDomain: c.ca.TrustDomain, Role: role, Name: name})
-}
-
-func (c *certs) issueLocked(id identity.Identity) (pki.Files, error) {
-	if f, ok := c.files[id]; ok {
-		return f, nil
-	}
-	f, err := c.ca.IssueFiles(filepath.Join(c.dir, string(id.Role)+"-"+id.Name), pki.Request{Role: id.Role, Name: id.Name})
-	if err != nil {
-		return pki.Files{}, fmt.Errorf("issue %s: %w", id, err)
-	}
-	c.files[id] = f
-	return f, nil
+	return &certs{Directory: d, creds: map[identity.Identity]credentials.TransportCredentials{}}, nil
 }
 
 // serverArgs are the TLS flags of a prism process with role/name's identity.
 func (c *certs) serverArgs(role identity.Role, name string) ([]string, error) {
-	f, err := c.issue(role, name)
+	f, err := c.Files(role, name)
 	if err != nil {
 		return nil, err
 	}
@@ -81,11 +60,11 @@ func (c *certs) serverArgs(role identity.Role, name string) ([]string, error) {
 func (c *certs) client(role identity.Role, name string) (credentials.TransportCredentials, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	id := identity.Identity{TrustDomain: c.ca.TrustDomain, Role: role, Name: name}
+	id := identity.Identity{TrustDomain: c.CA().TrustDomain, Role: role, Name: name}
 	if cr, ok := c.creds[id]; ok {
 		return cr, nil
 	}
-	f, err := c.issueLocked(id)
+	f, err := c.Files(role, name)
 	if err != nil {
 		return nil, err
 	}

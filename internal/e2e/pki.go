@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"crypto/tls"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -26,20 +25,11 @@ const Operator = "e2e"
 // PKI is a CA and the certificates it issued, one per identity, issued on first use into its directory.
 // The processes of a test run over mutual TLS with certificates from Shared unless their options name
 // another PKI (a test that rotates certificates has its own, so the files it replaces are its alone).
-type PKI struct {
-	mu    sync.Mutex
-	ca    *pki.CA
-	dir   string
-	files map[identity.Identity]pki.Files
-}
+type PKI = pki.Directory
 
-// NewPKI makes a CA valid for a day in dir.
+// NewPKI makes a CA valid for a day in dir, issuing certificates for loopback and localhost.
 func NewPKI(dir string) (*PKI, error) {
-	ca, err := pki.NewCA(TrustDomain, 24*time.Hour)
-	if err != nil {
-		return nil, err
-	}
-	return &PKI{ca: ca, dir: dir, files: map[identity.Identity]pki.Files{}}, nil
+	return pki.NewDirectory(dir, TrustDomain, 24*time.Hour, "127.0.0.1", "::1", "localhost")
 }
 
 var shared struct {
@@ -96,29 +86,6 @@ func orShared(t testing.TB, p *PKI) *PKI {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// CA is the certificate authority.
-func (p *PKI) CA() *pki.CA { return p.ca }
-
-// Dir is where the certificates are: <dir>/<role>-<name>/{ca.pem,<role>-<name>.pem,<role>-<name>-key.pem}.
-func (p *PKI) Dir() string { return p.dir }
-
-// Files are role/name's files, issued on first use.
-func (p *PKI) Files(role identity.Role, name string) (pki.Files, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	id := identity.Identity{TrustDomain: TrustDomain, Role: role, Name: name}
-	if f, ok := p.files[id]; ok {
-		return f, nil
-	}
-	f, err := p.ca.IssueFiles(filepath.Join(p.dir, string(role)+"-"+name), pki.Request{
-		Role: role, Name: name, Hosts: []string{"127.0.0.1", "::1", "localhost"}})
-	if err != nil {
-		return pki.Files{}, fmt.Errorf("issue %s: %w", id, err)
-	}
-	p.files[id] = f
-	return f, nil
 }
 
 // Certs are role/name's files from p (the shared PKI when nil).

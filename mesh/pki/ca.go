@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -220,4 +221,49 @@ func serial() *big.Int {
 		panic(fmt.Sprintf("crypto/rand: %v", err))
 	}
 	return n
+}
+
+// Directory is a CA and the certificates it issued into one directory, one
+// per identity, issued on first use and then reused: the throwaway PKI of a
+// test process or a benchmark run.
+type Directory struct {
+	ca    *CA
+	dir   string
+	hosts []string
+
+	mu    sync.Mutex
+	files map[identity.Identity]Files
+}
+
+// NewDirectory makes a CA for trustDomain valid for validity, whose
+// certificates go under dir (<dir>/<role>-<name>/) with hosts as their
+// host-name SANs.
+func NewDirectory(dir, trustDomain string, validity time.Duration, hosts ...string) (*Directory, error) {
+	ca, err := NewCA(trustDomain, validity)
+	if err != nil {
+		return nil, err
+	}
+	return &Directory{ca: ca, dir: dir, hosts: hosts, files: map[identity.Identity]Files{}}, nil
+}
+
+// CA is the directory's certificate authority.
+func (d *Directory) CA() *CA { return d.ca }
+
+// Dir is where the certificates are.
+func (d *Directory) Dir() string { return d.dir }
+
+// Files are role/name's files, issued on first use.
+func (d *Directory) Files(role identity.Role, name string) (Files, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	id := identity.Identity{TrustDomain: d.ca.TrustDomain, Role: role, Name: name}
+	if f, ok := d.files[id]; ok {
+		return f, nil
+	}
+	f, err := d.ca.IssueFiles(filepath.Join(d.dir, string(role)+"-"+name), Request{Role: role, Name: name, Hosts: d.hosts})
+	if err != nil {
+		return Files{}, fmt.Errorf("issue %s: %w", id, err)
+	}
+	d.files[id] = f
+	return f, nil
 }

@@ -214,3 +214,31 @@ func TestCAFilesRoundTrip(t *testing.T) {
 		t.Fatalf("CA key mode %v, %v; want 0600", fi.Mode(), err)
 	}
 }
+
+// TestDirectoryIssuesOnce: a directory issues each identity's files once and
+// hands the same files out again, with its hosts as SANs.
+func TestDirectoryIssuesOnce(t *testing.T) {
+	t.Parallel()
+	d, err := pki.NewDirectory(t.TempDir(), pkitest.TrustDomain, time.Hour, "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := d.Files(identity.Proxy, "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.Files(identity.Proxy, "p1")
+	if err != nil || a != b {
+		t.Fatalf("second Files: %+v, %v; want the first %+v", b, err, a)
+	}
+	src, err := pki.Load(a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := src.Identity(); got != pkitest.ID(identity.Proxy, "p1") {
+		t.Fatalf("identity %v", got)
+	}
+	if c, err := d.Files(identity.Gateway, "g"); err != nil || c.Cert == a.Cert {
+		t.Fatalf("another identity: %+v, %v", c, err)
+	}
+}
