@@ -5,13 +5,11 @@ import (
 	"io"
 	"log/slog"
 	"testing"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	stream "github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -33,24 +31,7 @@ func TestSotWResponsesShareMarshaledResources(t *testing.T) {
 	}
 	get := func(node string) *discoveryv3.DiscoveryResponse {
 		t.Helper()
-		req := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: node}, TypeUrl: resource.RouteType, ResourceNames: []string{translator.RouteConfigName}}
-		ch := make(chan cachev3.Response, 1)
-		cancel, err := c.Watcher().CreateWatch(req, stream.NewSotwSubscription(req.GetResourceNames(), false), ch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cancel()
-		select {
-		case r := <-ch:
-			out, err := r.GetDiscoveryResponse()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return out
-		case <-time.After(10 * time.Second):
-			t.Fatal("no response")
-			return nil
-		}
+		return sotw(t, c, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: node}, TypeUrl: resource.RouteType, ResourceNames: []string{translator.RouteConfigName}})
 	}
 	a, b := get("gw-1"), get("gw-2")
 	if a == b {

@@ -5,15 +5,12 @@ import (
 	"io"
 	"log/slog"
 	"testing"
-	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	stream "github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
@@ -49,23 +46,7 @@ func TestClustersPerDataPlane(t *testing.T) {
 			}
 			clusterTLS := func(userAgent string) string {
 				t.Helper()
-				req := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "gw", UserAgentName: userAgent}, TypeUrl: resource.ClusterType}
-				ch := make(chan cachev3.Response, 1)
-				cancel, err := c.Watcher().CreateWatch(req, stream.NewSotwSubscription(nil, true), ch)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer cancel()
-				var r cachev3.Response
-				select {
-				case r = <-ch:
-				case <-time.After(10 * time.Second):
-					t.Fatal("no response")
-				}
-				out, err := r.GetDiscoveryResponse()
-				if err != nil {
-					t.Fatal(err)
-				}
+				out := sotw(t, c, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "gw", UserAgentName: userAgent}, TypeUrl: resource.ClusterType})
 				if out.GetVersionInfo() != "7" {
 					t.Fatalf("%s: version %q, want 7", userAgent, out.GetVersionInfo())
 				}
