@@ -6,7 +6,6 @@ package pkitest
 import (
 	"crypto/tls"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -73,15 +72,6 @@ func (p *PKI) Source(role identity.Role, name string) *pki.Source {
 // ID is role/name in this CA's trust domain.
 func ID(role identity.Role, name string) identity.Identity {
 	return identity.Identity{TrustDomain: TrustDomain, Role: role, Name: name}
-}
-
-// CAFile writes the CA certificate alone and returns its path.
-func (p *PKI) CAFile() string {
-	path := filepath.Join(p.Dir, "ca.pem")
-	if err := os.WriteFile(path, p.CA.CertPEM(), 0o644); err != nil {
-		p.t.Fatal(err)
-	}
-	return path
 }
 
 // Expired issues a certificate for role/name that expired an hour ago (pki.Load refuses it: present it

@@ -249,9 +249,6 @@ func NewDirectory(dir, trustDomain string, validity time.Duration, hosts ...stri
 // CA is the directory's certificate authority.
 func (d *Directory) CA() *CA { return d.ca }
 
-// Dir is where the certificates are.
-func (d *Directory) Dir() string { return d.dir }
-
 // Files are role/name's files, issued on first use.
 func (d *Directory) Files(role identity.Role, name string) (Files, error) {
 	d.mu.Lock()

@@ -2,6 +2,7 @@ package pki_test
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -74,7 +75,9 @@ func TestMutualTLSRefusals(t *testing.T) {
 		t.Fatal("pki.Load accepted an expired certificate")
 	}
 	expired := pkitest.Presented(t, ef)
-	noCert := &tls.Config{RootCAs: server.Roots(), ServerName: "localhost", MinVersion: tls.VersionTLS13}
+	roots := x509.NewCertPool()
+	roots.AddCert(p.CA.Cert)
+	noCert := &tls.Config{RootCAs: roots, ServerName: "localhost", MinVersion: tls.VersionTLS13}
 	tls12 := p.Source(identity.Proxy, "p1").ClientConfig(pki.RoleIs(identity.Admin))
 	tls12.MinVersion, tls12.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
 	cases := []struct {

@@ -88,19 +88,6 @@ func (s *Source) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bund
 	return s.bundle, nil
 }
 
-// Roots is the current bundle as a pool, for clients that verify a server
-// by name (a web client, Envoy's files).
-func (s *Source) Roots() *x509.CertPool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.refreshLocked()
-	pool := x509.NewCertPool()
-	for _, c := range s.bundle.X509Authorities() {
-		pool.AddCert(c)
-	}
-	return pool
-}
-
 // Files are the files this source reads.
 func (s *Source) Files() Files { return s.files }
 
