@@ -13,17 +13,20 @@ func (f *FSM) Proxies() ([]*adminv1.ProxyInfo, uint64) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	// One pass over the namespaces for every proxy, not one per proxy.
-	byProxy := map[string][]string{}
-	for _, name := range sortedKeys(f.st.namespaces) {
-		id := f.st.namespaces[name].GetAssignedProxyId()
-		byProxy[id] = append(byProxy[id], name)
-	}
+	byProxy := f.st.namespacesByProxy()
 	out := make([]*adminv1.ProxyInfo, 0, len(f.st.proxies))
 	for _, p := range sortedValues(f.st.proxies) {
-		id := p.GetRegistration().GetProxyId()
-		out = append(out, &adminv1.ProxyInfo{Proxy: proto.CloneOf(p), PartitionRanges: f.st.table.Ranges(id), Namespaces: byProxy[id]})
+		out = append(out, f.st.proxyInfo(p, byProxy[p.GetRegistration().GetProxyId()]))
 	}
 	return out, f.applied
+}
+
+// HasProxy reports whether proxy id is registered.
+func (f *FSM) HasProxy(id string) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	_, ok := f.st.proxies[id]
+	return ok
 }
 
 // ProxyRecords returns every proxy's record alone (registration, last
@@ -47,7 +50,7 @@ func (f *FSM) Proxy(id string) (*adminv1.ProxyInfo, uint64) {
 	if !ok {
 		return nil, f.applied
 	}
-	return f.st.proxyInfo(p), f.applied
+	return f.st.proxyInfo(p, f.st.namespacesOf(id)), f.applied
 }
 
 // Namespaces returns every namespace.

@@ -209,15 +209,31 @@ func (s *state) assignments(proxyID string) []*adminv1.NamespaceAssignment {
 	return out
 }
 
-func (s *state) proxyInfo(p *adminv1.Proxy) *adminv1.ProxyInfo {
-	id := p.GetRegistration().GetProxyId()
-	info := &adminv1.ProxyInfo{Proxy: proto.CloneOf(p), PartitionRanges: s.table.Ranges(id)}
+// proxyInfo is p with its partitions and namespaces, the sorted names of
+// those assigned to it.
+func (s *state) proxyInfo(p *adminv1.Proxy, namespaces []string) *adminv1.ProxyInfo {
+	return &adminv1.ProxyInfo{Proxy: proto.CloneOf(p), PartitionRanges: s.table.Ranges(p.GetRegistration().GetProxyId()), Namespaces: namespaces}
+}
+
+// namespacesOf lists the namespaces assigned to one proxy, sorted.
+func (s *state) namespacesOf(id string) []string {
+	var out []string
 	for _, name := range sortedKeys(s.namespaces) {
 		if s.namespaces[name].GetAssignedProxyId() == id {
-			info.Namespaces = append(info.Namespaces, name)
+			out = append(out, name)
 		}
 	}
-	return info
+	return out
+}
+
+// namespacesByProxy lists every proxy's namespaces, sorted, in one pass.
+func (s *state) namespacesByProxy() map[string][]string {
+	out := map[string][]string{}
+	for _, name := range sortedKeys(s.namespaces) {
+		id := s.namespaces[name].GetAssignedProxyId()
+		out[id] = append(out[id], name)
+	}
+	return out
 }
 
 func routeOf(l *adminv1.Lease) *adminv1.Route {

@@ -55,7 +55,7 @@ func overQuota(what string, have, limit int) error {
 
 // admitProxy refuses registering a new proxy past the quota.
 func (s *Server) admitProxy(id string) error {
-	if p, _ := s.fsm.Proxy(id); p != nil {
+	if s.fsm.HasProxy(id) {
 		return nil
 	}
 	return overQuota("proxies", s.fsm.Counts().Proxies, s.cfg.Quotas.Proxies)
