@@ -476,12 +476,23 @@ type slot struct {
 
 func (s *slot) queued() *slot { return s }
 
-// deadlineQueue is a container/heap min-heap of the lessor's entries (leases
-// and sessions alike) on next, ties broken by the entry's own order.
-type deadlineQueue[E interface {
+// queueable is what a deadlineQueue holds: an entry with a slot, and its
+// own order among entries of equal deadline.
+type queueable[E any] interface {
 	queued() *slot
 	tieBefore(E) bool
-}] []E
+}
+
+// Both entry kinds are queued; this also tells linters that read generic
+// constraints poorly that their methods are used.
+var (
+	_ queueable[*entry]        = (*entry)(nil)
+	_ queueable[*sessionEntry] = (*sessionEntry)(nil)
+)
+
+// deadlineQueue is a container/heap min-heap of the lessor's entries (leases
+// and sessions alike) on next, ties broken by the entry's own order.
+type deadlineQueue[E queueable[E]] []E
 
 func (q deadlineQueue[E]) Len() int { return len(q) }
 func (q deadlineQueue[E]) Less(i, j int) bool {
