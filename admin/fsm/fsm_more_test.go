@@ -316,6 +316,16 @@ func TestNamespaceRoutes(t *testing.T) {
 	if n == nil || route.GetMailboxId() != mailboxID(ns, other) {
 		t.Fatalf("Namespace() route = %v", route)
 	}
+	if r, ok := h.f.NamespaceRoute(ns); !ok || !proto.Equal(r, route) {
+		t.Fatalf("NamespaceRoute() = %v, %v; Namespace() says %v", r, ok, route)
+	}
+	h.must(c(time.Minute, &adminv1.ReleaseLeaseRequest{MailboxId: mailboxID(ns, other), RunnerId: "runner-b"}))
+	if r, ok := h.f.NamespaceRoute(ns); ok || r != nil {
+		t.Fatalf("NamespaceRoute() with no lease left = %v, %v", r, ok)
+	}
+	if r, ok := h.f.NamespaceRoute("no-such-namespace"); ok || r != nil {
+		t.Fatalf("NamespaceRoute() of an unknown namespace = %v, %v", r, ok)
+	}
 }
 
 func TestStaleProxyReturns(t *testing.T) {

@@ -217,6 +217,11 @@ func roundTrip(t *testing.T, f *FSM) *FSM {
 	same("routes", r1, r2)
 	same("namespace routes", a1, a2)
 	same("routes version", v1, v2)
+	same("proxy routes index", f.ProxyRoutesIndex(), g.ProxyRoutesIndex())
+	for _, a := range a1 {
+		r, _ := g.NamespaceRoute(a.GetNamespace())
+		same("route of namespace "+a.GetNamespace(), a, r)
+	}
 	s1, _ := f.Sessions()
 	s2, _ := g.Sessions()
 	same("sessions", s1, s2)

@@ -9,14 +9,43 @@ import (
 	"time"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/proto"
 )
 
-// The per-proxy lease count is kept incrementally by every command that
-// grants or removes a lease and rebuilt on restore; whatever the order of
-// acquires (new, re-grants, refused), releases (by the holder or not),
-// expiries (current or stale epoch), namespace moves and deletions and
-// snapshot restores, it equals a recount of the lease table after every
-// entry.
+// scanNamespaceRoutes is the alias rule read off every lease, in mailbox
+// order: per namespace the mailbox on its assigned proxy, else the newest
+// grant. NamespaceRoute must agree with it without the scan.
+func scanNamespaceRoutes(s *state) map[string]*adminv1.NamespaceRoute {
+	best := map[string]*adminv1.Lease{}
+	for _, mid := range sortedKeys(s.leases) {
+		l := s.leases[mid]
+		ns := l.GetNamespace()
+		assigned := s.namespaces[ns].GetAssignedProxyId()
+		cur, ok := best[ns]
+		switch {
+		case !ok:
+			best[ns] = l
+		case cur.GetProxyId() == assigned && assigned != "":
+		case l.GetProxyId() == assigned && assigned != "":
+			best[ns] = l
+		case l.GetEpoch() > cur.GetEpoch():
+			best[ns] = l
+		}
+	}
+	out := map[string]*adminv1.NamespaceRoute{}
+	for ns, l := range best {
+		out[ns] = &adminv1.NamespaceRoute{Namespace: ns, MailboxId: l.GetMailboxId(), Epoch: l.GetEpoch()}
+	}
+	return out
+}
+
+// The per-proxy lease count and the per-namespace mailboxes behind
+// NamespaceRoute are kept incrementally by every command that grants or
+// removes a lease and rebuilt on restore; whatever the order of acquires
+// (new, re-grants, refused), releases (by the holder or not), expiries
+// (current or stale epoch), namespace moves and deletions and snapshot
+// restores, they equal a recount of the lease table after every entry, and
+// NamespaceRoute answers what a scan of every lease picks.
 func TestProxyLeaseCountMatchesARecount(t *testing.T) {
 	t.Parallel()
 	proxies := []string{"p1", "p2", "p3"}
@@ -115,6 +144,15 @@ func TestProxyLeaseCountMatchesARecount(t *testing.T) {
 			for _, p := range proxies {
 				if h.f.ProxyLeases(p) != want[p] {
 					t.Fatalf("seed %d step %d (%s): ProxyLeases(%s) = %d, want %d", seed, step, op, p, h.f.ProxyLeases(p), want[p])
+				}
+			}
+			h.f.mu.RLock()
+			scanned := scanNamespaceRoutes(h.f.st)
+			h.f.mu.RUnlock()
+			for _, n := range namespaces {
+				got, ok := h.f.NamespaceRoute(n)
+				if want, wok := scanned[n]; ok != wok || !proto.Equal(got, want) {
+					t.Fatalf("seed %d step %d (%s): NamespaceRoute(%s) = %v, %v; a scan of every lease picks %v", seed, step, op, n, got, ok, want)
 				}
 			}
 		}

@@ -73,7 +73,18 @@ func (f *FSM) Namespace(name string) (*adminv1.Namespace, *adminv1.NamespaceRout
 	if !ok {
 		return nil, nil, f.applied
 	}
-	return proto.CloneOf(n), f.st.namespaceRoutes()[name], f.applied
+	route, _ := f.st.namespaceRoute(name)
+	return proto.CloneOf(n), route, f.applied
+}
+
+// NamespaceRoute is where namespace ns's alias routes: the mailbox on its
+// assigned proxy when that holds a lease, else its newest grant; false when
+// no mailbox of ns holds a lease. It reads ns's mailboxes only, so the
+// lookup the admin nodes serve costs the same at a million leases.
+func (f *FSM) NamespaceRoute(ns string) (*adminv1.NamespaceRoute, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.namespaceRoute(ns)
 }
 
 // Leases returns every lease as last written through Raft. On the leader,
@@ -119,6 +130,16 @@ func (f *FSM) RoutesIndex() uint64 {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.st.routesIndex
+}
+
+// ProxyRoutesIndex is the index of the last change to anything routing takes
+// from proxies: one registered, or registered again with another address or
+// runner_id, or its stale status flipped. Leases and heartbeats leave it, so
+// the per-proxy routes are rebuilt only when it moves. Every replica agrees.
+func (f *FSM) ProxyRoutesIndex() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.proxyRoutesIndex
 }
 
 // Route returns a mailbox's route, or nil.

@@ -55,6 +55,8 @@ func (s *snapshot) write(w io.Writer) error {
 		MemberCount:    uint64(len(s.st.members)),
 		SessionCount:   uint64(len(s.st.sessions)),
 		EpochHighWater: s.st.epochHighWater,
+
+		ProxyRoutesIndex: s.st.proxyRoutesIndex,
 	}
 	if _, err := opts.MarshalTo(bw, hdr); err != nil {
 		return err
@@ -123,6 +125,7 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 	st := newState()
 	st.routesIndex = hdr.GetRoutesIndex()
 	st.epochHighWater = hdr.GetEpochHighWater()
+	st.proxyRoutesIndex = hdr.GetProxyRoutesIndex()
 	for {
 		rec := &adminv1.SnapshotRecord{}
 		err := opts.UnmarshalFrom(r, rec)
@@ -157,5 +160,13 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 	st.table = placement.Compute(st.liveProxyIDs())
 	st.proxyLeases = countLeases(st.leases)
 	st.sessionLeases = countSessionLeases(st.leases)
+	st.namespaceLeases = countNamespaceLeases(st.leases)
+	if st.proxyRoutesIndex == 0 && len(st.proxies) > 0 {
+		// A snapshot from before the field: the last proxy change is at or
+		// before the snapshot, and claiming it is at the snapshot costs
+		// watchers one rebuild, where claiming nothing changed would hide
+		// the proxies.
+		st.proxyRoutesIndex = hdr.GetAppliedIndex()
+	}
 	return st, hdr.GetAppliedIndex(), nil
 }

@@ -24,6 +24,10 @@ type state struct {
 	// derived from leases like proxyLeases. Its inner sets are modified in
 	// place, so a snapshot's clone leaves it out (Persist does not need it).
 	sessionLeases map[uint64]map[string]struct{}
+	// namespaceLeases holds each namespace's mailboxes with a lease (absent:
+	// none), derived from leases like sessionLeases, so a namespace's route
+	// looks at its own few mailboxes instead of every lease.
+	namespaceLeases map[string]map[string]struct{}
 	// epochHighWater is the highest fencing token handed out (epoch.go).
 	epochHighWater uint64
 	// proxyLeases counts the leases of each proxy (absent: none) for the
@@ -36,6 +40,10 @@ type state struct {
 	// routesIndex is the index of the last change to anything routes are
 	// derived from; every replica agrees on it, so it is the xDS version.
 	routesIndex uint64
+	// proxyRoutesIndex is the index of the last change to what routing takes
+	// from proxies (a proxy added, its address or runner_id, its staleness):
+	// the per-proxy routes move only with it, not with any lease.
+	proxyRoutesIndex uint64
 }
 
 func newState() *state {
@@ -46,8 +54,9 @@ func newState() *state {
 		members:    map[string]*adminv1.MemberAddress{},
 		sessions:   map[uint64]*adminv1.Session{},
 
-		sessionLeases: map[uint64]map[string]struct{}{},
-		proxyLeases:   map[string]int{},
+		sessionLeases:   map[uint64]map[string]struct{}{},
+		namespaceLeases: map[string]map[string]struct{}{},
+		proxyLeases:     map[string]int{},
 	}
 }
 
@@ -60,9 +69,10 @@ func (s *state) clone() *state {
 		sessions:    maps.Clone(s.sessions),
 		proxyLeases: maps.Clone(s.proxyLeases),
 
-		epochHighWater: s.epochHighWater,
-		table:          s.table,
-		routesIndex:    s.routesIndex,
+		epochHighWater:   s.epochHighWater,
+		table:            s.table,
+		routesIndex:      s.routesIndex,
+		proxyRoutesIndex: s.proxyRoutesIndex,
 	}
 }
 
@@ -81,8 +91,19 @@ func (s *state) liveProxyIDs() []string {
 }
 
 func (tx *txn) putProxy(p *adminv1.Proxy) {
-	tx.st.proxies[p.GetRegistration().GetProxyId()] = p
+	id := p.GetRegistration().GetProxyId()
+	if prev, ok := tx.st.proxies[id]; !ok || routedDiffers(prev, p) {
+		tx.st.proxyRoutesIndex = tx.index
+	}
+	tx.st.proxies[id] = p
 	tx.changed = true
+}
+
+// routedDiffers reports whether two records of a proxy differ in what
+// routing takes from it; heartbeats and labels do not count.
+func routedDiffers(a, b *adminv1.Proxy) bool {
+	ra, rb := a.GetRegistration(), b.GetRegistration()
+	return ra.GetAddress() != rb.GetAddress() || ra.GetRunnerId() != rb.GetRunnerId() || a.GetStatus() != b.GetStatus()
 }
 
 func (tx *txn) putNamespace(n *adminv1.Namespace) {
@@ -102,6 +123,19 @@ func countLeases(leases map[string]*adminv1.Lease) map[string]int {
 	n := map[string]int{}
 	for _, l := range leases {
 		n[l.GetProxyId()]++
+	}
+	return n
+}
+
+// countNamespaceLeases is namespaceLeases recomputed from the table.
+func countNamespaceLeases(leases map[string]*adminv1.Lease) map[string]map[string]struct{} {
+	n := map[string]map[string]struct{}{}
+	for mid, l := range leases {
+		ns := l.GetNamespace()
+		if n[ns] == nil {
+			n[ns] = map[string]struct{}{}
+		}
+		n[ns][mid] = struct{}{}
 	}
 	return n
 }
@@ -139,6 +173,11 @@ func (tx *txn) grantLease(l *adminv1.Lease) {
 		tx.st.unlinkSession(cur)
 	} else {
 		tx.st.proxyLeases[l.GetProxyId()]++
+		ns := l.GetNamespace()
+		if tx.st.namespaceLeases[ns] == nil {
+			tx.st.namespaceLeases[ns] = map[string]struct{}{}
+		}
+		tx.st.namespaceLeases[ns][l.GetMailboxId()] = struct{}{}
 	}
 	if sid := l.GetSessionId(); sid != 0 {
 		if tx.st.sessionLeases[sid] == nil {
@@ -155,6 +194,11 @@ func (tx *txn) grantLease(l *adminv1.Lease) {
 func (tx *txn) removeLease(l *adminv1.Lease) {
 	delete(tx.st.leases, l.GetMailboxId())
 	tx.st.unlinkSession(l)
+	if ns := l.GetNamespace(); len(tx.st.namespaceLeases[ns]) > 1 {
+		delete(tx.st.namespaceLeases[ns], l.GetMailboxId())
+	} else {
+		delete(tx.st.namespaceLeases, ns)
+	}
 	if p := l.GetProxyId(); tx.st.proxyLeases[p] > 1 {
 		tx.st.proxyLeases[p]--
 	} else {
@@ -248,28 +292,34 @@ func routeOf(l *adminv1.Lease) *adminv1.Route {
 	}
 }
 
-// namespaceRoutes picks, per namespace with a live lease, the mailbox its
-// alias routes to: the one on the assigned proxy, else the newest grant.
-func (s *state) namespaceRoutes() map[string]*adminv1.NamespaceRoute {
-	best := map[string]*adminv1.Lease{}
-	for _, mid := range sortedKeys(s.leases) {
-		l := s.leases[mid]
-		ns := l.GetNamespace()
-		assigned := s.namespaces[ns].GetAssignedProxyId()
-		cur, ok := best[ns]
-		switch {
-		case !ok:
-			best[ns] = l
-		case cur.GetProxyId() == assigned && assigned != "":
-		case l.GetProxyId() == assigned && assigned != "":
-			best[ns] = l
-		case l.GetEpoch() > cur.GetEpoch():
-			best[ns] = l
+// namespaceRoute is the mailbox namespace ns's alias routes to, if any of
+// its mailboxes holds a lease: the one on the assigned proxy, else the newest
+// grant (the smaller id on equal epochs, which grants never share). It reads
+// only ns's own mailboxes.
+func (s *state) namespaceRoute(ns string) (*adminv1.NamespaceRoute, bool) {
+	var best *adminv1.Lease
+	if assigned := s.namespaces[ns].GetAssignedProxyId(); assigned != "" {
+		best = s.leases[mesh.MailboxID{Namespace: ns, Proxy: assigned}.String()]
+	}
+	if best == nil {
+		for mid := range s.namespaceLeases[ns] {
+			l := s.leases[mid]
+			if best == nil || l.GetEpoch() > best.GetEpoch() || l.GetEpoch() == best.GetEpoch() && mid < best.GetMailboxId() {
+				best = l
+			}
 		}
 	}
-	out := make(map[string]*adminv1.NamespaceRoute, len(best))
-	for ns, l := range best {
-		out[ns] = &adminv1.NamespaceRoute{Namespace: ns, MailboxId: l.GetMailboxId(), Epoch: l.GetEpoch()}
+	if best == nil {
+		return nil, false
+	}
+	return &adminv1.NamespaceRoute{Namespace: ns, MailboxId: best.GetMailboxId(), Epoch: best.GetEpoch()}, true
+}
+
+// namespaceRoutes is namespaceRoute of every namespace with a live lease.
+func (s *state) namespaceRoutes() map[string]*adminv1.NamespaceRoute {
+	out := make(map[string]*adminv1.NamespaceRoute, len(s.namespaceLeases))
+	for ns := range s.namespaceLeases {
+		out[ns], _ = s.namespaceRoute(ns)
 	}
 	return out
 }

@@ -42,8 +42,12 @@ type SnapshotHeader struct {
 	// far; the next grant's is above it (admin/fsm/epoch.go). Zero in
 	// snapshots from before sessions, which never needed it.
 	EpochHighWater uint64 `protobuf:"varint,9,opt,name=epoch_high_water,json=epochHighWater,proto3" json:"epoch_high_water,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Raft index of the last change to what routing takes from proxies
+	// (admin/fsm ProxyRoutesIndex). Zero in snapshots from before it: restore
+	// then takes applied_index.
+	ProxyRoutesIndex uint64 `protobuf:"varint,10,opt,name=proxy_routes_index,json=proxyRoutesIndex,proto3" json:"proxy_routes_index,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SnapshotHeader) Reset() {
@@ -135,6 +139,13 @@ func (x *SnapshotHeader) GetSessionCount() uint64 {
 func (x *SnapshotHeader) GetEpochHighWater() uint64 {
 	if x != nil {
 		return x.EpochHighWater
+	}
+	return 0
+}
+
+func (x *SnapshotHeader) GetProxyRoutesIndex() uint64 {
+	if x != nil {
+		return x.ProxyRoutesIndex
 	}
 	return 0
 }
@@ -273,7 +284,7 @@ var File_prism_admin_v1_snapshot_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_snapshot_proto_rawDesc = "" +
 	"\n" +
-	"\x1dprism/admin/v1/snapshot.proto\x12\x0eprism.admin.v1\x1a\x1aprism/admin/v1/types.proto\"\xcd\x02\n" +
+	"\x1dprism/admin/v1/snapshot.proto\x12\x0eprism.admin.v1\x1a\x1aprism/admin/v1/types.proto\"\xfb\x02\n" +
 	"\x0eSnapshotHeader\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12!\n" +
@@ -285,7 +296,9 @@ const file_prism_admin_v1_snapshot_proto_rawDesc = "" +
 	"leaseCount\x12!\n" +
 	"\fmember_count\x18\a \x01(\x04R\vmemberCount\x12#\n" +
 	"\rsession_count\x18\b \x01(\x04R\fsessionCount\x12(\n" +
-	"\x10epoch_high_water\x18\t \x01(\x04R\x0eepochHighWater\"\xa1\x02\n" +
+	"\x10epoch_high_water\x18\t \x01(\x04R\x0eepochHighWater\x12,\n" +
+	"\x12proxy_routes_index\x18\n" +
+	" \x01(\x04R\x10proxyRoutesIndex\"\xa1\x02\n" +
 	"\x0eSnapshotRecord\x12-\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyH\x00R\x05proxy\x129\n" +
 	"\tnamespace\x18\x02 \x01(\v2\x19.prism.admin.v1.NamespaceH\x00R\tnamespace\x12-\n" +
