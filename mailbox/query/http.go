@@ -13,20 +13,29 @@ import (
 )
 
 // NewHTTPHandler serves the HTTP/JSON query API of the mailboxes found through
-// mb. Mailbox ids hold '$' and '@' and may arrive percent-encoded: ServeMux
-// matches the escaped path segment by segment and PathValue unescapes it, so
-// "/v1/mailboxes/%24admin%40proxy-01/events" names "$admin@proxy-01" (and an
-// escaped '/' in a message id stays inside its segment).
+// mb: under /v1/mailboxes/{id}/ the mailbox the path names, under
+// /v1/namespaces/{namespace}/ the one mailbox of that namespace served here
+// (as gRPC's x-prism-namespace), with the same parameters and answers.
+// Mailbox ids and namespaces hold '$' and '@' and may arrive percent-encoded:
+// ServeMux matches the escaped path segment by segment and PathValue
+// unescapes it, so "/v1/mailboxes/%24admin%40proxy-01/events" names
+// "$admin@proxy-01" (and an escaped '/' in a message id stays inside its
+// segment).
 func NewHTTPHandler(mb Mailboxes, m *Metrics) http.Handler {
 	h := &httpServer{mailboxes: mb, metrics: m}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/mailboxes/{id}/events", h.events)
-	mux.HandleFunc("GET /v1/mailboxes/{id}/events/{message_id}", h.event)
-	mux.HandleFunc("GET /v1/mailboxes/{id}/stats", h.stats)
-	// The same paths without a method: any other method is refused 405,
-	// not 404 by the catch-all below.
-	for _, p := range []string{"/v1/mailboxes/{id}/events", "/v1/mailboxes/{id}/events/{message_id}", "/v1/mailboxes/{id}/stats"} {
-		mux.HandleFunc(p, httpapi.WriteMethodNotAllowed)
+	for _, p := range []struct {
+		base string
+		find finder
+	}{{"/v1/mailboxes/{id}", byID}, {"/v1/namespaces/{namespace}", byNamespace}} {
+		mux.HandleFunc("GET "+p.base+"/events", h.events(p.find))
+		mux.HandleFunc("GET "+p.base+"/events/{message_id}", h.event(p.find))
+		mux.HandleFunc("GET "+p.base+"/stats", h.stats(p.find))
+		// The same paths without a method: any other method is refused
+		// 405, not 404 by the catch-all below.
+		for _, path := range []string{p.base + "/events", p.base + "/events/{message_id}", p.base + "/stats"} {
+			mux.HandleFunc(path, httpapi.WriteMethodNotAllowed)
+		}
 	}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusNotFound, "no such endpoint: "+mesh.Echo(r.Method+" "+r.URL.Path))
@@ -34,90 +43,114 @@ func NewHTTPHandler(mb Mailboxes, m *Metrics) http.Handler {
 	return mux
 }
 
+// finder names the mailbox a request is for, or says with a gRPC status why
+// it names none served here.
+type finder func(mb Mailboxes, r *http.Request) (string, error)
+
+func byID(_ Mailboxes, r *http.Request) (string, error) { return r.PathValue("id"), nil }
+
+func byNamespace(mb Mailboxes, r *http.Request) (string, error) {
+	return namespaceMailbox(mb, r.PathValue("namespace"))
+}
+
 type httpServer struct {
 	mailboxes Mailboxes
 	metrics   *Metrics
 }
 
-// resolve finds the path's mailbox, sets the headers naming it, and answers
-// 404 itself when it is not served here.
-func (h *httpServer) resolve(w http.ResponseWriter, r *http.Request) (string, Source, uint64, bool) {
-	id := r.PathValue("id")
+// resolve finds the request's mailbox and sets the headers naming it, so
+// every answer from the mailbox, refusals included, says who answered under
+// which epoch. When the request names no mailbox served here it answers
+// itself (404 naming the mailbox or namespace, 400 for a namespace with
+// several) and returns the code it answered with.
+func (h *httpServer) resolve(w http.ResponseWriter, r *http.Request, find finder) (string, Source, uint64, codes.Code) {
+	id, err := find(h.mailboxes, r)
+	if err != nil {
+		st := status.Convert(err)
+		httpapi.WriteError(w, httpapi.HTTPStatus(st.Code()), st.Message())
+		return "", nil, 0, st.Code()
+	}
 	src, epoch, ok := h.mailboxes.Mailbox(id)
 	if !ok {
 		httpapi.WriteError(w, http.StatusNotFound, "mailbox "+strconv.Quote(mesh.Echo(id))+" is not served here")
-		return "", nil, 0, false
+		return "", nil, 0, codes.NotFound
 	}
 	w.Header().Set(mesh.HeaderMailbox, id)
 	if epoch != 0 {
 		w.Header().Set(mesh.HeaderEpoch, strconv.FormatUint(epoch, 10))
 	}
-	return id, src, epoch, true
+	return id, src, epoch, codes.OK
 }
 
-func (h *httpServer) events(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	id, src, _, ok := h.resolve(w, r)
-	if !ok {
-		h.metrics.observe("http", "QueryEvents", "", start, codes.NotFound)
-		return
-	}
-	f, err := httpapi.ParseFilter(r.URL.Query())
-	if err != nil {
-		httpapi.WriteError(w, http.StatusBadRequest, err.Error())
-		h.metrics.observe("http", "QueryEvents", id, start, codes.InvalidArgument)
-		return
-	}
-	resp, err := src.Query(r.Context(), f)
-	if err != nil {
-		h.metrics.observe("http", "QueryEvents", id, start, writeStoreError(w, err))
-		return
-	}
-	if err := bounded(resp); err != nil {
-		httpapi.WriteError(w, httpapi.HTTPStatus(codes.OutOfRange), status.Convert(err).Message())
-		h.metrics.observe("http", "QueryEvents", id, start, codes.OutOfRange)
-		return
-	}
-	httpapi.WriteEvents(w, id, resp)
-	h.metrics.observe("http", "QueryEvents", id, start, codes.OK)
-}
-
-func (h *httpServer) event(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	id, src, _, ok := h.resolve(w, r)
-	if !ok {
-		h.metrics.observe("http", "GetEvent", "", start, codes.NotFound)
-		return
-	}
-	msgID := r.PathValue("message_id")
-	it, err := src.Get(r.Context(), msgID)
-	if err != nil {
-		if code(err) == codes.NotFound {
-			httpapi.WriteError(w, http.StatusNotFound, "message_id "+strconv.Quote(mesh.Echo(msgID))+" not found in mailbox "+strconv.Quote(mesh.Echo(id)))
-			h.metrics.observe("http", "GetEvent", id, start, codes.NotFound)
+func (h *httpServer) events(find finder) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id, src, _, c := h.resolve(w, r, find)
+		if c != codes.OK {
+			h.metrics.observe("http", "QueryEvents", "", start, c)
 			return
 		}
-		h.metrics.observe("http", "GetEvent", id, start, writeStoreError(w, err))
-		return
+		f, err := httpapi.ParseFilter(r.URL.Query())
+		if err != nil {
+			httpapi.WriteError(w, http.StatusBadRequest, err.Error())
+			h.metrics.observe("http", "QueryEvents", id, start, codes.InvalidArgument)
+			return
+		}
+		resp, err := src.Query(r.Context(), f)
+		if err != nil {
+			h.metrics.observe("http", "QueryEvents", id, start, writeStoreError(w, err))
+			return
+		}
+		if err := bounded(resp); err != nil {
+			httpapi.WriteError(w, httpapi.HTTPStatus(codes.OutOfRange), status.Convert(err).Message())
+			h.metrics.observe("http", "QueryEvents", id, start, codes.OutOfRange)
+			return
+		}
+		httpapi.WriteEvents(w, id, resp)
+		h.metrics.observe("http", "QueryEvents", id, start, codes.OK)
 	}
-	httpapi.WriteEvent(w, id, it)
-	h.metrics.observe("http", "GetEvent", id, start, codes.OK)
 }
 
-func (h *httpServer) stats(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	id, src, epoch, ok := h.resolve(w, r)
-	if !ok {
-		h.metrics.observe("http", "GetStats", "", start, codes.NotFound)
-		return
+func (h *httpServer) event(find finder) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id, src, _, c := h.resolve(w, r, find)
+		if c != codes.OK {
+			h.metrics.observe("http", "GetEvent", "", start, c)
+			return
+		}
+		msgID := r.PathValue("message_id")
+		it, err := src.Get(r.Context(), msgID)
+		if err != nil {
+			if code(err) == codes.NotFound {
+				httpapi.WriteError(w, http.StatusNotFound, "message_id "+strconv.Quote(mesh.Echo(msgID))+" not found in mailbox "+strconv.Quote(mesh.Echo(id)))
+				h.metrics.observe("http", "GetEvent", id, start, codes.NotFound)
+				return
+			}
+			h.metrics.observe("http", "GetEvent", id, start, writeStoreError(w, err))
+			return
+		}
+		httpapi.WriteEvent(w, id, it)
+		h.metrics.observe("http", "GetEvent", id, start, codes.OK)
 	}
-	st, err := stats(r.Context(), id, epoch, src)
-	if err != nil {
-		h.metrics.observe("http", "GetStats", id, start, writeStoreError(w, err))
-		return
+}
+
+func (h *httpServer) stats(find finder) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id, src, epoch, c := h.resolve(w, r, find)
+		if c != codes.OK {
+			h.metrics.observe("http", "GetStats", "", start, c)
+			return
+		}
+		st, err := stats(r.Context(), id, epoch, src)
+		if err != nil {
+			h.metrics.observe("http", "GetStats", id, start, writeStoreError(w, err))
+			return
+		}
+		httpapi.WriteStats(w, st)
+		h.metrics.observe("http", "GetStats", id, start, codes.OK)
 	}
-	httpapi.WriteStats(w, st)
-	h.metrics.observe("http", "GetStats", id, start, codes.OK)
 }
 
 // writeStoreError answers a store error with the status matching its code.

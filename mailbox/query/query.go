@@ -1,8 +1,18 @@
 // Package query serves mailboxes over gRPC (prism.mailbox.v1.MailboxQuery,
 // mailbox named by x-mailbox-id metadata, or by its namespace in
-// x-prism-namespace) and HTTP/JSON (/v1/mailboxes/{id}/…).
-// It finds mailboxes through a Mailboxes lookup, so the set of hosted
-// mailboxes can change while the servers run.
+// x-prism-namespace) and HTTP/JSON (/v1/mailboxes/{id}/… and
+// /v1/namespaces/{namespace}/…).
+//
+// The runner is the authority on what it serves: the gateways route every
+// query for a mailbox id ending in @P to proxy P's runner, whatever the
+// lease says, so these servers ask Mailboxes on every request and answer
+// only for a mailbox it holds right now (a runner's lease-driven mailboxes
+// are there only while their lease is, see mailbox/control). Anything else
+// is NotFound (HTTP 404) naming the mailbox or namespace asked for. Every
+// answer from a mailbox, success or refusal, carries x-prism-mailbox and
+// x-prism-epoch (the lease epoch it is served under), as gRPC header
+// metadata or HTTP headers; a refusal for a mailbox not served here carries
+// neither, so a client cannot take it for a holder's word.
 package query
 
 import (

@@ -430,7 +430,8 @@ func TestHTTPWrongMethod(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	esc := url.PathEscape(mailboxID)
-	paths := []string{"/v1/mailboxes/" + esc + "/events", "/v1/mailboxes/" + esc + "/events/m-3", "/v1/mailboxes/" + esc + "/stats", "/v1/mailboxes/nope@proxy-01/stats"}
+	paths := []string{"/v1/mailboxes/" + esc + "/events", "/v1/mailboxes/" + esc + "/events/m-3", "/v1/mailboxes/" + esc + "/stats", "/v1/mailboxes/nope@proxy-01/stats",
+		"/v1/namespaces/%24admin/events", "/v1/namespaces/%24admin/events/m-3", "/v1/namespaces/%24admin/stats", "/v1/namespaces/nobody/stats"}
 	for _, path := range paths {
 		for _, method := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions} {
 			t.Run(method+" "+path, func(t *testing.T) {
@@ -448,8 +449,13 @@ func TestHTTPWrongMethod(t *testing.T) {
 	if code, _, _ := f.do(t, http.MethodHead, paths[2]); code != http.StatusOK {
 		t.Errorf("HEAD %s = %d, want 200 (Allow promises it)", paths[2], code)
 	}
-	if code, _, body := f.do(t, http.MethodPost, "/v1/mailboxes/"+esc+"/whatever"); code != http.StatusNotFound {
-		t.Errorf("POST to an unknown path = %d %v, want 404", code, body)
+	if code, _, _ := f.do(t, http.MethodHead, paths[6]); code != http.StatusOK {
+		t.Errorf("HEAD %s = %d, want 200 (Allow promises it)", paths[6], code)
+	}
+	for _, path := range []string{"/v1/mailboxes/" + esc + "/whatever", "/v1/namespaces/%24admin/whatever"} {
+		if code, _, body := f.do(t, http.MethodPost, path); code != http.StatusNotFound {
+			t.Errorf("POST to an unknown path %s = %d %v, want 404", path, code, body)
+		}
 	}
 }
 

@@ -91,7 +91,7 @@ func events() []*envelopev1.PrismEnvelope {
 }
 
 // startRunner is a real runner serving the test mailbox (lease epoch 7) and
-// an empty one, filled through Kafka; it returns the base URLs of its query
+// two empty ones of one namespace, filled through Kafka; it returns the base URLs of its query
 // port and of its plaintext HTTP port.
 func startRunner(t *testing.T) (query, plain string) {
 	t.Helper()
@@ -118,8 +118,12 @@ func startRunner(t *testing.T) (query, plain string) {
 	if err := r.Open(runner.MailboxConfig{ID: mailbox, Topics: []string{"a.events", "b.events"}, Epoch: 7}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Open(runner.MailboxConfig{ID: "empty@p1", Topics: []string{"c.events"}, Epoch: 3}); err != nil {
-		t.Fatal(err)
+	// Namespace "empty" has two mailboxes here, which its namespace paths
+	// refuse to choose between.
+	for i, id := range []string{"empty@p1", "empty@p2"} {
+		if err := r.Open(runner.MailboxConfig{ID: id, Topics: []string{"c.events"}, Epoch: uint64(3 + i)}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -146,6 +150,7 @@ func TestRunnerAnswersAsDocumented(t *testing.T) {
 	c := openapitest.New(t)
 	client := &http.Client{Timeout: 10 * time.Second}
 	esc := "/v1/mailboxes/" + url.PathEscape(mailbox)
+	ns := "/v1/namespaces/%24audit"
 	ms := func(s string) string {
 		tm, _ := time.Parse(time.RFC3339, s)
 		return fmt.Sprint(tm.UnixMilli())
@@ -195,6 +200,23 @@ func TestRunnerAnswersAsDocumented(t *testing.T) {
 		{"PUT one event", "PUT", esc + "/events/m-2", false, false, 405, nil, "PUT"},
 		{"DELETE stats", "DELETE", esc + "/stats", false, false, 405, nil, "DELETE"},
 		{"unknown endpoint", "GET", esc + "/whatever", false, false, 404, nil, "whatever"},
+		{"namespace: all newest first", "GET", ns + "/events", true, false, 200, []string{"m-4", "m-3", "m-2", "m-1", "m-0"}, ""},
+		{"namespace raw", "GET", "/v1/namespaces/$audit/events?limit=1", true, false, 200, []string{"m-4"}, ""},
+		{"namespace: every filter", "GET", ns + "/events?topic=b.events&principal=user-0&correlation_id=c-1&trace_id=trace-3&start=0&end=253402300799999&limit=10", true, false, 200, []string{"m-3"}, ""},
+		{"namespace: one event", "GET", ns + "/events/m-2", true, false, 200, nil, ""},
+		{"namespace: stats", "GET", ns + "/stats", true, false, 200, nil, ""},
+		{"namespace: unknown message id", "GET", ns + "/events/m-9", true, false, 404, nil, "m-9"},
+		{"namespace: limit not a number", "GET", ns + "/events?limit=ten", false, true, 400, nil, "limit"},
+		{"namespace: unknown parameter", "GET", ns + "/events?principals=a", false, false, 400, nil, "principals"},
+		{"unknown namespace events", "GET", "/v1/namespaces/nobody/events", true, false, 404, nil, `namespace "nobody"`},
+		{"unknown namespace event", "GET", "/v1/namespaces/nobody/events/m-1", true, false, 404, nil, `namespace "nobody"`},
+		{"unknown namespace stats", "GET", "/v1/namespaces/nobody/stats", true, false, 404, nil, `namespace "nobody"`},
+		{"namespace with two mailboxes", "GET", "/v1/namespaces/empty/events", true, false, 400, nil, "empty@p1, empty@p2"},
+		{"namespace with two mailboxes, stats", "GET", "/v1/namespaces/empty/stats", true, false, 400, nil, `namespace "empty"`},
+		{"namespace: POST events", "POST", ns + "/events", false, false, 405, nil, "POST"},
+		{"namespace: PUT one event", "PUT", ns + "/events/m-2", false, false, 405, nil, "PUT"},
+		{"namespace: DELETE stats", "DELETE", ns + "/stats", false, false, 405, nil, "DELETE"},
+		{"namespace: unknown endpoint", "GET", ns + "/whatever", false, false, 404, nil, "whatever"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, err := http.NewRequest(tc.method, base+tc.path, nil)
@@ -274,6 +296,11 @@ func TestRunnerAnswersAsDocumented(t *testing.T) {
 		"getEvent":    {200, 404},
 		"getStats":    {200, 404},
 		"getOpenAPI":  {200},
+		// The namespace paths answer what the mailbox paths do, and 400
+		// for a namespace with two mailboxes here.
+		"queryNamespaceEvents": {200, 400, 404},
+		"getNamespaceEvent":    {200, 404},
+		"getNamespaceStats":    {200, 400, 404},
 	} {
 		for _, s := range statuses {
 			if !c.Answered(op, s) {
