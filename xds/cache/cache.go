@@ -5,14 +5,24 @@
 // and grpc-go get one snapshot each (the node hash tells them apart by user
 // agent), the same resources but for the clusters under upstream TLS, where
 // each data plane takes its certificates its own way, and Envoy's gateway
-// listener and route table under query auth (translator.Resources.Envoy*). Each resource
-// type is versioned with the IR version (the Raft applied index) at which it
-// last changed, so admin nodes label the same state alike, a client that
-// reconnects to another node is rarely re-sent what it has, and a
-// state-of-the-world client is sent only the types that changed. go-control-plane's snapshot
-// cache serves state-of-the-world and delta clients from the same snapshot;
-// for delta it hashes each resource, so a lease change re-sends only the
-// resources whose bytes changed.
+// listener and route table under query auth (translator.Resources.Envoy*).
+// Each resource type is versioned with the IR version (the Raft applied
+// index) at which it last changed, so admin nodes label the same state
+// alike, and a state-of-the-world client is sent only the types that
+// changed.
+//
+// Listeners and clusters are served from go-control-plane's snapshot cache:
+// state of the world must send them whole, and a client that reconnects to
+// another node at the same version is not re-sent them. Routes and
+// endpoints are served resource by resource, one go-control-plane
+// LinearCache per type and snapshot key behind a MuxCache: a runner moving
+// sends its proxy's ClusterLoadAssignment alone, in state of the world (which
+// lets EDS and RDS responses carry only what changed; grpc-go asks for each
+// by name and keeps what a response leaves out) as in delta. A state-of-the-
+// world stream that reconnects is sent the routes and endpoints it asks for
+// again: only delta carries what a client already holds. Delta versions each
+// resource by a hash of its bytes, in either cache, so a delta client that
+// reconnects to another node is sent only what differs.
 package cache
 
 import (
@@ -55,11 +65,14 @@ func (sharedHash) ID(n *corev3.Node) string {
 // Cache is the snapshot every xDS client is served.
 type Cache struct {
 	snapshots cachev3.SnapshotCache
-	watcher   *sharedMarshal
+	// linear serves the per-resource types, by snapshot key and type URL.
+	linear  map[string]map[string]*perResource
+	watcher *sharedMarshal
 
 	mu      sync.Mutex
 	version string
-	// prev is the snapshot served under each key.
+	// prev is the snapshot served under each key: the per-resource types'
+	// resources too, which the snapshot cache holds but does not serve.
 	prev map[string]*cachev3.Snapshot
 	// lastIR and again label a changed state that arrives under the IR
 	// version already served ("N.1", "N.2", ...), so SotW clients, which
@@ -68,6 +81,10 @@ type Cache struct {
 	again  int
 }
 
+// keys are the snapshot keys, grpc-go's first: the admin's own readiness
+// waits on it.
+var keys = []string{NodeKey, EnvoyNodeKey}
+
 // New returns an empty cache. Clients that connect before the first Set wait
 // for it.
 func New(log *slog.Logger) *Cache {
@@ -75,16 +92,53 @@ func New(log *slog.Logger) *Cache {
 	// resource of a type, but grpc-go asks for the one listener it needs
 	// (mailbox-query) while Envoy asks for all; both must be served.
 	snapshots := cachev3.NewSnapshotCache(false, sharedHash{}, logger{log})
-	return &Cache{snapshots: snapshots, watcher: newSharedMarshal(snapshots, log)}
+	caches := map[string]cachev3.Cache{}
+	linear := map[string]map[string]*perResource{}
+	for _, key := range keys {
+		caches[key] = snapshots
+		linear[key] = map[string]*perResource{}
+		for _, typ := range perResourceTypes {
+			p := newPerResource(typ, linearLogger{logger{log}})
+			linear[key][typ] = p
+			caches[muxKey(key, typ)] = p
+		}
+	}
+	classify := func(node *corev3.Node, typeURL string) string {
+		key := sharedHash{}.ID(node)
+		if isPerResource(typeURL) {
+			return muxKey(key, typeURL)
+		}
+		return key
+	}
+	mux := &cachev3.MuxCache{
+		Classify:      func(r *cachev3.Request) string { return classify(r.GetNode(), r.GetTypeUrl()) },
+		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return classify(r.GetNode(), r.GetTypeUrl()) },
+		Caches:        caches,
+	}
+	return &Cache{snapshots: snapshots, linear: linear, watcher: newSharedMarshal(mux, linear, log)}
 }
+
+func muxKey(key, typeURL string) string { return key + " " + typeURL }
 
 // Watcher is what the xDS server serves from.
 func (c *Cache) Watcher() cachev3.Cache { return c.watcher }
 
+// servedTypes are the types every snapshot holds, even when empty, so a
+// client always has an answer for each.
+var servedTypes = []resource.Type{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
+
+// perResourceUpdate is what one Set changes in one per-resource cache.
+type perResourceUpdate struct {
+	cache   *perResource
+	changed map[string]types.Resource
+	removed []string
+}
+
 // Set replaces the served resources with res, labelled version. A resource
 // type whose resources are unchanged keeps the version it had, so
 // state-of-the-world clients are not re-sent every cluster when only the
-// route table changed (delta clients compare each resource anyway).
+// route table changed. Routes and endpoints go out resource by resource:
+// a client is sent the ones that changed, in either protocol.
 func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resources) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -94,26 +148,55 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 		label = v + "." + strconv.Itoa(c.again+1)
 	}
 	next := map[string]*cachev3.Snapshot{}
-	for key, byType := range map[string]map[resource.Type][]types.Resource{NodeKey: res.ByType(), EnvoyNodeKey: res.ForEnvoy()} {
+	var updates []perResourceUpdate
+	for _, key := range keys {
+		byType := res.ByType()
+		if key == EnvoyNodeKey {
+			byType = res.ForEnvoy()
+		}
 		prev := c.prev[key]
 		snap := &cachev3.Snapshot{}
-		for typ, items := range byType {
-			tv := label
-			if prev != nil && sameResources(prev.GetResources(typ), items) {
-				tv = prev.GetVersion(typ)
+		for _, typ := range servedTypes {
+			i := cachev3.GetResponseType(typ)
+			items := byType[typ]
+			var served cachev3.Resources
+			if prev != nil {
+				served = prev.Resources[i]
 			}
-			snap.Resources[cachev3.GetResponseType(typ)] = cachev3.NewResources(tv, items)
+			if p := c.linear[key][typ]; p != nil {
+				held := served.Items
+				if prev == nil {
+					// The first Set, or one after a failed one: compare
+					// with what the cache really holds.
+					held = p.held()
+				}
+				changed, removed, merged := diff(held, items)
+				if prev != nil && len(changed) == 0 && len(removed) == 0 {
+					snap.Resources[i] = served
+					continue
+				}
+				snap.Resources[i] = cachev3.NewResources(label, merged)
+				if len(changed) > 0 || len(removed) > 0 {
+					updates = append(updates, perResourceUpdate{cache: p, changed: changed, removed: removed})
+				}
+				continue
+			}
+			if prev != nil && sameResources(served.Items, items) {
+				snap.Resources[i] = served
+				continue
+			}
+			snap.Resources[i] = cachev3.NewResources(label, items)
 		}
 		if err := snap.Consistent(); err != nil {
 			return fmt.Errorf("snapshot %d for %s: %w", version, key, err)
 		}
 		next[key] = snap
 	}
-	// grpc-go's first: the admin's own readiness waits on it.
-	for _, key := range []string{NodeKey, EnvoyNodeKey} {
-		if err := c.snapshots.SetSnapshot(ctx, key, next[key]); err != nil {
-			return fmt.Errorf("set snapshot %d for %s: %w", version, key, err)
-		}
+	if err := c.apply(ctx, label, next, updates); err != nil {
+		// Partly applied: the next Set compares with what each cache
+		// holds, not with a snapshot that was not all served.
+		c.prev = nil
+		return fmt.Errorf("set %d: %w", version, err)
 	}
 	if label != v {
 		c.again++
@@ -121,16 +204,47 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 		c.again = 0
 	}
 	c.prev, c.version, c.lastIR = next, v, version
+	for _, key := range keys {
+		c.watcher.prune(key, next[key])
+	}
 	return nil
 }
 
-func sameResources(prev map[string]types.Resource, next []types.Resource) bool {
+// apply serves next. Routes and endpoints arrive before the listeners and
+// clusters that name them and leave after, so a client never waits on a
+// resource the control plane has not published yet.
+func (c *Cache) apply(ctx context.Context, label string, next map[string]*cachev3.Snapshot, updates []perResourceUpdate) error {
+	for _, u := range updates {
+		if len(u.changed) == 0 {
+			continue
+		}
+		if err := u.cache.update(label, u.changed, nil); err != nil {
+			return err
+		}
+	}
+	for _, key := range keys {
+		if err := c.snapshots.SetSnapshot(ctx, key, next[key]); err != nil {
+			return fmt.Errorf("set snapshot for %s: %w", key, err)
+		}
+	}
+	for _, u := range updates {
+		if len(u.removed) == 0 {
+			continue
+		}
+		if err := u.cache.update(label, nil, u.removed); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sameResources(prev map[string]types.ResourceWithTTL, next []types.Resource) bool {
 	if len(prev) != len(next) {
 		return false
 	}
 	for _, r := range next {
 		p, ok := prev[cachev3.GetResourceName(r)]
-		if !ok || !equal(p.ProtoReflect(), r.ProtoReflect()) {
+		if !ok || !equal(p.Resource.ProtoReflect(), r.ProtoReflect()) {
 			return false
 		}
 	}
@@ -159,3 +273,9 @@ func (l logger) Debugf(format string, args ...any) { l.l.Debug(fmt.Sprintf(forma
 func (l logger) Infof(format string, args ...any)  { l.l.Info(fmt.Sprintf(format, args...)) }
 func (l logger) Warnf(format string, args ...any)  { l.l.Warn(fmt.Sprintf(format, args...)) }
 func (l logger) Errorf(format string, args ...any) { l.l.Error(fmt.Sprintf(format, args...)) }
+
+// linearLogger demotes a LinearCache's info logs, one per watch opened, to
+// debug.
+type linearLogger struct{ logger }
+
+func (l linearLogger) Infof(format string, args ...any) { l.Debugf(format, args...) }
