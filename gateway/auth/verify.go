@@ -123,12 +123,22 @@ func (a *Authenticator) principal(payload []byte) (Principal, error) {
 	default:
 		return Principal{}, invalid("token claims: %v", err)
 	}
-	p := Principal{Subject: std.Subject, claim: a.cfg.NamespacesClaim}
+	return Claimed(std.Subject, a.cfg.NamespacesClaim, extra[a.cfg.NamespacesClaim])
+}
+
+// Claimed is the principal of a token whose signature and standard claims
+// were checked: its subject, and the namespaces claim (named claim) as raw
+// JSON, nil if absent. The admin's ext_authz takes the payload Envoy's
+// jwt_authn verified through it, so both gateways read the claim alike.
+// A malformed claim is an InvalidToken refusal.
+func Claimed(subject, claim string, namespaces json.RawMessage) (Principal, error) {
+	p := Principal{Subject: subject, claim: claim}
 	if p.Subject == "" {
 		p.Subject = "token without sub"
 	}
-	if p.namespaces, err = parseNamespaces(extra[a.cfg.NamespacesClaim]); err != nil {
-		return Principal{}, invalid("claim %s: %v", a.cfg.NamespacesClaim, err)
+	var err error
+	if p.namespaces, err = parseNamespaces(namespaces); err != nil {
+		return Principal{}, invalid("claim %s: %v", claim, err)
 	}
 	for _, ns := range p.namespaces {
 		if ns == AllNamespaces {
