@@ -1,7 +1,8 @@
 // Package envoy generates the Envoy gateway's bootstrap: everything dynamic
-// (listeners, routes, clusters, endpoints) comes over one ADS stream from the
-// admin cluster, so the bootstrap only says how to reach the admin nodes,
-// who this Envoy is, and where its admin interface (and so its stats) lives.
+// (listeners, routes, clusters, endpoints) comes over one delta ADS stream
+// from the admin cluster, so the bootstrap only says how to reach the admin
+// nodes, who this Envoy is, and where its admin interface (and so its
+// stats) lives.
 // helm/prism/files/envoy-bootstrap.yaml is the chart's templated twin;
 // helm's tests keep the two equivalent.
 package envoy
@@ -141,10 +142,14 @@ func Bootstrap(c Config) (*bootstrapv3.Bootstrap, error) {
 		Admin: &bootstrapv3.Admin{Address: adminAddr},
 		DynamicResources: &bootstrapv3.Bootstrap_DynamicResources{
 			AdsConfig: &corev3.ApiConfigSource{
-				// State of the world: the control plane versions each type
-				// separately, so a lease change re-sends the route table only,
-				// and the route table is one resource under delta too.
-				ApiType:                   corev3.ApiConfigSource_GRPC,
+				// Delta: a change sends the resources that changed (one
+				// ClusterLoadAssignment when a runner moves, one cluster when a
+				// proxy joins), where state of the world would resend every
+				// cluster; and a gateway that reconnects to another admin node
+				// tells it the versions it holds, so it is sent only what
+				// differs. The routes and endpoints the listeners and clusters
+				// name (ads: {}) come over this same delta stream.
+				ApiType:                   corev3.ApiConfigSource_DELTA_GRPC,
 				TransportApiVersion:       corev3.ApiVersion_V3,
 				SetNodeOnFirstMessageOnly: true,
 				GrpcServices: []*corev3.GrpcService{{

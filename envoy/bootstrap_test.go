@@ -67,8 +67,8 @@ func TestBootstrapGolden(t *testing.T) {
 			if ip, err := netip.ParseAddr(b.GetAdmin().GetAddress().GetSocketAddress().GetAddress()); err != nil || !ip.IsLoopback() {
 				t.Errorf("%s: admin interface not on loopback", out)
 			}
-			if b.GetDynamicResources().GetAdsConfig().GetApiType() != corev3.ApiConfigSource_GRPC {
-				t.Errorf("%s: not ADS over gRPC", out)
+			if b.GetDynamicResources().GetAdsConfig().GetApiType() != corev3.ApiConfigSource_DELTA_GRPC {
+				t.Errorf("%s: not delta ADS over gRPC", out)
 			}
 		})
 	}

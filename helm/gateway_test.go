@@ -44,14 +44,14 @@ func parseBootstrap(t *testing.T, name string, doc []byte) *bootstrapv3.Bootstra
 }
 
 // checkADSOnly asserts the shape every prism gateway bootstrap has: all
-// configuration from ADS over gRPC v3, no static listeners, one static
-// cluster (the xDS server) spoken to over HTTP/2. It returns that cluster's
-// first endpoint.
+// configuration from delta ADS over gRPC v3 (as envoy/ gives), no static
+// listeners, one static cluster (the xDS server) spoken to over HTTP/2. It
+// returns that cluster's first endpoint.
 func checkADSOnly(t *testing.T, name string, b *bootstrapv3.Bootstrap) *corev3.SocketAddress {
 	t.Helper()
 	ads := b.GetDynamicResources().GetAdsConfig()
-	if ads.GetApiType() != corev3.ApiConfigSource_GRPC || ads.GetTransportApiVersion() != corev3.ApiVersion_V3 || len(ads.GetGrpcServices()) != 1 {
-		t.Fatalf("%s: ads_config %v, want one gRPC v3 service", name, ads)
+	if ads.GetApiType() != corev3.ApiConfigSource_DELTA_GRPC || ads.GetTransportApiVersion() != corev3.ApiVersion_V3 || len(ads.GetGrpcServices()) != 1 {
+		t.Fatalf("%s: ads_config %v, want one delta gRPC v3 service", name, ads)
 	}
 	for what, src := range map[string]*corev3.ConfigSource{"lds": b.GetDynamicResources().GetLdsConfig(), "cds": b.GetDynamicResources().GetCdsConfig()} {
 		if src.GetAds() == nil || src.GetResourceApiVersion() != corev3.ApiVersion_V3 {
