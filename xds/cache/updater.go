@@ -41,13 +41,12 @@ type UpdaterConfig struct {
 // Updater feeds IR states into a Cache: it coalesces bursts, skips states
 // equal to the one served, translates, and sets the snapshot.
 type Updater struct {
-	cache      *Cache
-	translator *translator.Translator
-	debounce   time.Duration
-	maxDelay   time.Duration
-	clock      clock.Clock
-	log        *slog.Logger
-	wake       chan struct{}
+	cache    *Cache
+	debounce time.Duration
+	maxDelay time.Duration
+	clock    clock.Clock
+	log      *slog.Logger
+	wake     chan struct{}
 
 	mu           sync.Mutex
 	pending      *ir.IR
@@ -74,15 +73,14 @@ const stampsKept = 64
 // NewUpdater returns an updater for c; call Run to start it.
 func NewUpdater(c *Cache, cfg UpdaterConfig) *Updater {
 	u := &Updater{
-		cache:      c,
-		translator: translator.New(),
-		debounce:   cfg.Debounce,
-		maxDelay:   cfg.MaxDelay,
-		clock:      cfg.Clock,
-		log:        cfg.Log,
-		wake:       make(chan struct{}, 1),
-		doneCh:     make(chan struct{}),
-		stamps:     map[string]time.Time{},
+		cache:    c,
+		debounce: cfg.Debounce,
+		maxDelay: cfg.MaxDelay,
+		clock:    cfg.Clock,
+		log:      cfg.Log,
+		wake:     make(chan struct{}, 1),
+		doneCh:   make(chan struct{}),
+		stamps:   map[string]time.Time{},
 		version: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "prism_xds_snapshot_version", Help: "IR version (Raft applied index) of the snapshot being served.",
 		}),
@@ -209,7 +207,7 @@ func (u *Updater) flush(ctx context.Context) {
 		return
 	}
 	start := u.clock.Now()
-	res, err := u.translator.Translate(x)
+	res, err := translator.Translate(x)
 	result := "ok"
 	if err != nil {
 		result = "error"
@@ -235,7 +233,7 @@ func (u *Updater) flush(ctx context.Context) {
 	u.translations.WithLabelValues(result).Inc()
 	u.version.Set(float64(x.Version))
 	u.last = x
-	log.Debug("xds snapshot set", "mailboxes", len(x.Mailboxes), "runners", len(x.Runners))
+	log.Debug("xds snapshot set", "routes", len(res.Routes), "clusters", len(res.Clusters), "endpoints", len(res.Endpoints))
 }
 
 func (u *Updater) markDone(gen uint64) {
