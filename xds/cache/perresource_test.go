@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -88,13 +89,18 @@ func proxyState(t *testing.T, n int, moved map[int]uint32) *translator.Resources
 	return res
 }
 
-// received is what a client was sent, by type: resources and bytes.
-type received map[string]struct{ resources, bytes int }
+// received is what a client was sent, by type: resources, bytes, and the
+// version of the last response.
+type received map[string]struct {
+	resources, bytes int
+	version          string
+}
 
-func (r received) add(typeURL string, resources, bytes int) {
+func (r received) add(typeURL string, resources, bytes int, version string) {
 	e := r[typeURL]
 	e.resources += resources
 	e.bytes += bytes
+	e.version = version
 	r[typeURL] = e
 }
 
@@ -135,7 +141,7 @@ func sotwClient(ctx context.Context, t *testing.T, conn *grpc.ClientConn, names 
 				return
 			}
 			r := received{}
-			r.add(resp.GetTypeUrl(), len(resp.GetResources()), proto.Size(resp))
+			r.add(resp.GetTypeUrl(), len(resp.GetResources()), proto.Size(resp), resp.GetVersionInfo())
 			c.got <- r
 			ack := &discoveryv3.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(), ResourceNames: names[resp.GetTypeUrl()]}
 			if err := s.Send(ack); err != nil {
@@ -168,7 +174,7 @@ func deltaClient(ctx context.Context, t *testing.T, conn *grpc.ClientConn, names
 				return
 			}
 			r := received{}
-			r.add(resp.GetTypeUrl(), len(resp.GetResources())+len(resp.GetRemovedResources()), proto.Size(resp))
+			r.add(resp.GetTypeUrl(), len(resp.GetResources())+len(resp.GetRemovedResources()), proto.Size(resp), resp.GetSystemVersionInfo())
 			c.got <- r
 			if err := s.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}); err != nil {
 				return
@@ -202,7 +208,7 @@ func (c *adsClient) await(t *testing.T, want map[string]int) received {
 		select {
 		case r := <-c.got:
 			for typ, e := range r {
-				all.add(typ, e.resources, e.bytes)
+				all.add(typ, e.resources, e.bytes, e.version)
 			}
 		case <-deadline:
 			t.Fatalf("received %v, want %v", all.counts(), want)
@@ -212,7 +218,7 @@ func (c *adsClient) await(t *testing.T, want map[string]int) received {
 		select {
 		case r := <-c.got:
 			for typ, e := range r {
-				all.add(typ, e.resources, e.bytes)
+				all.add(typ, e.resources, e.bytes, e.version)
 			}
 		case <-time.After(quiet):
 			return all
@@ -309,10 +315,24 @@ func TestChangesSendOnlyWhatChanged(t *testing.T) {
 		if s.sotwBytes > 0 && got[resource.EndpointType].bytes > s.sotwBytes {
 			t.Errorf("%s: sotw client received %d bytes of endpoints, want at most %d", s.name, got[resource.EndpointType].bytes, s.sotwBytes)
 		}
+		sotwGot := got
 		got = envoy.await(t, s.delta)
 		t.Logf("%s: delta received %v", s.name, got)
 		if !equalCounts(got.counts(), s.delta) {
 			t.Errorf("%s: delta client received %v resources by type, want %v", s.name, got.counts(), s.delta)
+		}
+		// Both protocols label what they send with the IR version that
+		// changed it, never the LinearCache's own count.
+		want := strconv.FormatUint(s.version, 10)
+		for typ := range s.sotw {
+			if v := sotwGot[typ].version; v != want {
+				t.Errorf("%s: sotw %s version %q, want %q", s.name, typ, v, want)
+			}
+		}
+		for typ := range s.delta {
+			if v := got[typ].version; v != want {
+				t.Errorf("%s: delta %s system version %q, want %q", s.name, typ, v, want)
+			}
 		}
 	}
 }
