@@ -18,6 +18,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
+	// The RLS cluster specifier plugin routes x-prism-namespace calls
+	// (xds/lookup); without it grpc-go skips that route. Its control channel
+	// dials the admin nodes with the fallback TLS below, which admits their
+	// admin identities.
+	_ "google.golang.org/grpc/balancer/rls"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
