@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,6 +18,7 @@ import (
 	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/xds/lookup"
 )
 
 // callerKey carries the identity of the client a follower forwards for. The
@@ -86,6 +88,11 @@ func Policy() identity.Policy {
 		mailboxv1.MailboxQuery_QueryEvents_FullMethodName: gateway,
 		mailboxv1.MailboxQuery_GetEvent_FullMethodName:    gateway,
 		mailboxv1.MailboxQuery_GetStats_FullMethodName:    gateway,
+		// The namespace lookup: grpc-go's RLS and Envoy's ext_authz. Both
+		// tell where every namespace is served, and ext_authz also rules on
+		// query tokens, so only the gateways ask.
+		lookup.RouteLookupMethod:                  gateway,
+		authv3.Authorization_Check_FullMethodName: gateway,
 
 		healthpb.Health_Check_FullMethodName: anyone,
 		healthpb.Health_Watch_FullMethodName: anyone,

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -29,7 +30,9 @@ import (
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	lookupv1 "github.com/prism-mesh/prism/proto/prism/lookup/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/xds/lookup"
 )
 
 // records keeps the log records of a node, for the audit lines.
@@ -166,7 +169,7 @@ func TestNodeRefusesAnotherIdentity(t *testing.T) {
 func TestUnauthenticatedClientsAreRefused(t *testing.T) {
 	t.Parallel()
 	p := pkitest.New(t)
-	n := startTLSNode(t, p, NodeConfig{Raft: raftnode.Config{ID: "solo", Bootstrap: true}})
+	n := startTLSNode(t, p, NodeConfig{Raft: raftnode.Config{ID: "solo", Bootstrap: true}, XDS: true, GatewayAddr: "127.0.0.1:8080"})
 	expired := pkitest.Presented(t, p.Expired(identity.Operator, "old"))
 	other := pkitest.Presented(t, pkitest.New(t).Files(identity.Operator, "op"))
 	//nolint:gosec // these clients skip verifying the server: the test is about the server's check of them
@@ -204,6 +207,12 @@ func TestUnauthenticatedClientsAreRefused(t *testing.T) {
 			}
 			if _, err := healthpb.NewHealthClient(cc).Check(c, &healthpb.HealthCheckRequest{}); err == nil {
 				t.Fatal("health check succeeded")
+			}
+			if _, err := routeLookup(c, cc, "any"); err == nil {
+				t.Fatal("route lookup succeeded")
+			}
+			if _, err := checkAlias(c, cc, "any"); err == nil {
+				t.Fatal("ext_authz check succeeded")
 			}
 		})
 	}
@@ -351,6 +360,10 @@ func TestIdentitiesActOnlyWithinTheirRole(t *testing.T) {
 			return err
 		}},
 		{"operator subscribes to xDS", func() error { return subscribe(c, op) }},
+		{"proxy A looks nb up", func() error { _, err := routeLookup(c, proxyA, "nb"); return err }},
+		{"reader looks nb up", func() error { _, err := routeLookup(c, reader, "nb"); return err }},
+		{"operator asks ext_authz about nb", func() error { _, err := checkAlias(c, op, "nb"); return err }},
+		{"proxy A asks ext_authz about nb", func() error { _, err := checkAlias(c, proxyA, "nb"); return err }},
 	}
 	for _, d := range denied {
 		wantCode(t, d.name, d.call(), codes.PermissionDenied)
@@ -410,6 +423,20 @@ func TestIdentitiesActOnlyWithinTheirRole(t *testing.T) {
 			return err
 		}},
 		{"gateway subscribes to xDS", func() error { return subscribe(c, gateway) }},
+		{"gateway looks nb up", func() error {
+			r, err := routeLookup(c, gateway, "nb")
+			if err == nil && (!slices.Equal(r.GetTargets(), []string{"proxy/pb"}) || r.GetHeaderData() != "nb@pb") {
+				t.Errorf("lookup of nb: %v, want proxy/pb with nb@pb", r)
+			}
+			return err
+		}},
+		{"gateway asks ext_authz about nb", func() error {
+			r, err := checkAlias(c, gateway, "nb")
+			if h := r.GetOkResponse().GetHeaders(); err == nil && (len(h) != 1 || h[0].GetHeader().GetValue() != "nb@pb") {
+				t.Errorf("ext_authz for nb: %v, want x-mailbox-id nb@pb", r)
+			}
+			return err
+		}},
 		{"operator deletes nb", func() error {
 			_, err := adminv1.NewControlPlaneClient(op).DeleteNamespace(c, &adminv1.DeleteNamespaceRequest{Namespace: "nb"})
 			return err
@@ -439,6 +466,23 @@ func subscribe(ctx context.Context, cc *grpc.ClientConn) error {
 	}
 	_, err = s.Recv()
 	return err
+}
+
+// routeLookup asks the RLS service on cc for namespace ns.
+func routeLookup(ctx context.Context, cc *grpc.ClientConn, ns string) (*lookupv1.RouteLookupResponse, error) {
+	res := &lookupv1.RouteLookupResponse{}
+	err := cc.Invoke(ctx, lookup.RouteLookupMethod, &lookupv1.RouteLookupRequest{
+		TargetType: "grpc", KeyMap: map[string]string{lookup.NamespaceKey: ns},
+	}, res)
+	return res, err
+}
+
+// checkAlias asks ext_authz on cc about an HTTP request for namespace ns.
+func checkAlias(ctx context.Context, cc *grpc.ClientConn, ns string) (*authv3.CheckResponse, error) {
+	path := "/v1/namespaces/" + ns + "/events"
+	return authv3.NewAuthorizationClient(cc).Check(ctx, &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{Method: "GET", Path: path, Headers: map[string]string{":path": path}}},
+	}})
 }
 
 // snapshot is the state a refused call must not change: namespaces and

@@ -26,6 +26,7 @@ import (
 	"github.com/prism-mesh/prism/mesh/pki"
 	"github.com/prism-mesh/prism/xds"
 	"github.com/prism-mesh/prism/xds/ir"
+	"github.com/prism-mesh/prism/xds/lookup"
 )
 
 // NodeConfig is one complete admin node: Raft member, FSM, lessor, gRPC and
@@ -47,6 +48,10 @@ type NodeConfig struct {
 	// GatewayQueryAuth makes an Envoy gateway check query tokens
 	// (docs/security.md#query-tokens); the zero value checks none.
 	GatewayQueryAuth ir.QueryAuth
+	// LookupTarget is the gRPC target grpc-go gateways dial for namespace
+	// lookups (RLS, served with xDS by every admin node); empty is
+	// "dns:///" and this node's advertised gRPC address.
+	LookupTarget string
 	// RunnerNetworks: see Config.
 	RunnerNetworks []netip.Prefix
 	// Clock is the leader's clock, for the lessor and the server (default
@@ -203,6 +208,11 @@ func Start(cfg NodeConfig) (*Node, error) {
 	if cfg.XDS {
 		cp := xds.New(ctx, xds.Config{Registerer: reg, Log: cfg.Logger.With("node", cfg.Raft.ID)})
 		cp.Register(n.grpc)
+		look := lookup.Config{Routes: n.FSM, Logger: cfg.Logger.With("node", cfg.Raft.ID)}
+		if cfg.GatewayQueryAuth.Enabled() {
+			look.NamespacesClaim = cfg.GatewayQueryAuth.Claim()
+		}
+		lookup.New(look).Register(n.grpc)
 		// Every node, leader or follower, serves xDS from its own FSM.
 		feed := xds.FollowConfig{
 			Gateway: ir.Gateway{Address: cfg.GatewayAddr}, NotFound: notFoundAddrs(addrs),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -39,6 +40,7 @@ type adminFlags struct {
 	staleProxyAfter   time.Duration
 	xds               bool
 	gatewayAddr       string
+	lookupTarget      string
 	logLevel          string
 	logFormat         string
 	quotas            server.Quotas
@@ -95,6 +97,7 @@ plaintext with no authorization.`,
 	fs.DurationVar(&f.staleProxyAfter, "stale-proxy-after", 30*time.Second, "a proxy without heartbeats this long loses its namespaces")
 	fs.BoolVar(&f.xds, "xds", true, "serve the routes over xDS (ADS) on the gRPC address, from this node's state")
 	fs.StringVar(&f.gatewayAddr, "gateway-addr", "0.0.0.0:8080", "IP:port the Envoy gateway listens on for queries (its listener resource)")
+	fs.StringVar(&f.lookupTarget, "lookup-target", "", `gRPC target grpc-go gateways dial for namespace lookups (RLS, served by every admin node with xDS), e.g. dns:///prism-admin-headless.prism.svc:8981 (default: "dns:///" and this node's --peers gRPC address, else --grpc-addr)`)
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&f.gatewayAuth.JWKSFile, "gateway-jwks-file", "", "JWKS file, as the Envoy gateway's host sees it, verifying query bearer tokens")
@@ -179,6 +182,9 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if err != nil {
 		return cfg, err
 	}
+	if err := validLookupTarget(f.lookupTarget); err != nil {
+		return cfg, err
+	}
 	networks, err := server.ParseNetworks(f.runnerNetworks)
 	if err != nil {
 		return cfg, fmt.Errorf("--runner-networks: %w", err)
@@ -240,8 +246,22 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
-		Admission: f.admission, MinFree: minFree,
+		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget,
 	}, nil
+}
+
+// validLookupTarget refuses a --lookup-target grpc-go could not dial: it
+// refuses a route whose RLS lookup service names a scheme it has no resolver
+// for, which would turn the whole route table away, on every gateway.
+func validLookupTarget(t string) error {
+	if t == "" {
+		return nil
+	}
+	u, err := url.Parse(t)
+	if err != nil || (u.Scheme != "dns" && u.Scheme != "passthrough") || strings.TrimPrefix(u.Path, "/") == "" {
+		return fmt.Errorf("--lookup-target %q: want dns:///host:port or passthrough:///host:port", t)
+	}
+	return nil
 }
 
 func runAdmin(ctx context.Context, f adminFlags) error {

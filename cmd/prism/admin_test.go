@@ -59,6 +59,9 @@ func TestAdminFlagValidation(t *testing.T) {
 		{func(f *adminFlags) { f.quotas.Leases = -1 }, "must not be negative"},
 		{func(f *adminFlags) { f.runnerNetworks = "10.0.0.0/33" }, "--runner-networks"},
 		{func(f *adminFlags) { f.runnerNetworks = " , " }, "--runner-networks"},
+		{func(f *adminFlags) { f.lookupTarget = "xds:///admin" }, "--lookup-target"},
+		{func(f *adminFlags) { f.lookupTarget = "dns:///" }, "--lookup-target"},
+		{func(f *adminFlags) { f.lookupTarget = "admin:8981" }, "--lookup-target"},
 		{func(f *adminFlags) { f.xds = true }, "query authentication for the Envoy gateway is required"},
 		{func(f *adminFlags) { f.xds, f.gatewayNoAuth, f.gatewayAuth.JWKSFile = true, true, "/jwks.json" }, "exclude each other"},
 		{func(f *adminFlags) { f.xds, f.gatewayAuth.JWKSFile = true, "/jwks.json" }, "an issuer is required"},
@@ -82,6 +85,11 @@ func TestAdminFlagValidation(t *testing.T) {
 	f.gatewayAuth.JWKSFile, f.gatewayAuth.JWKSURL = "", "https://id.example/jwks"
 	if cfg, err := f.nodeConfig(log); err != nil || cfg.GatewayQueryAuth.JWKSCA != ir.DefaultJWKSCA {
 		t.Fatalf("a JWKS URL's CA: %+v, %v", cfg.GatewayQueryAuth, err)
+	}
+	f = base
+	f.lookupTarget = "dns:///prism-admin.prism.svc:8981"
+	if cfg, err := f.nodeConfig(log); err != nil || cfg.LookupTarget != f.lookupTarget {
+		t.Fatalf("--lookup-target: %q, %v", cfg.LookupTarget, err)
 	}
 	f = base
 	f.peers = "a=127.0.0.1:7=127.0.0.1:8,b=127.0.0.1:9=127.0.0.1:10"
