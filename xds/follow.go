@@ -2,7 +2,6 @@ package xds
 
 import (
 	"context"
-	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -18,91 +17,78 @@ type Source interface {
 	// Changed returns the applied index and a channel closed by the next
 	// state change.
 	Changed() (uint64, <-chan struct{})
-	// Routes returns the live leases' routes, the namespace alias routes and
-	// the index of their last change.
-	Routes() ([]*adminv1.Route, []*adminv1.NamespaceRoute, uint64)
+	// ProxyRoutesIndex is the Raft index of the last change to anything the
+	// IR takes from the proxies (a registration's address or runner id, a
+	// proxy added or removed, staleness). Leases and heartbeats leave it.
+	ProxyRoutesIndex() uint64
 	// Proxies returns the registered proxies.
 	Proxies() ([]*adminv1.ProxyInfo, uint64)
-}
-
-// routesIndexer is an optional cheap read of the routes index
-// (*admin/fsm.FSM has it): with it, Follow copies the routes only when they
-// changed, not on every heartbeat checkpoint the FSM applies.
-type routesIndexer interface {
-	RoutesIndex() uint64
 }
 
 // FollowConfig completes the IR Follow builds from a Source.
 type FollowConfig struct {
 	// Gateway is the mailbox gateway the IR routes to. An admin node running
 	// with TLS sets Gateway.UpstreamTLS to its trust domain, so the gateways
-	// reach runners and not-found endpoints over mutual TLS; a node given a
-	// JWKS sets Gateway.QueryAuth, so Envoy checks query tokens.
+	// reach runners and admin nodes over mutual TLS; a node given a JWKS
+	// sets Gateway.QueryAuth, so Envoy checks query tokens.
 	Gateway ir.Gateway
-	// NotFound lists the admin nodes' gRPC addresses. Envoy needs IPs, so
-	// host names (a StatefulSet's peer DNS names) are resolved every round
-	// (see notFoundIPs).
+	// NotFound lists the admin nodes' gRPC addresses, which serve the
+	// not-found MailboxQuery, the namespace lookup and ext_authz (the IR's
+	// Admins). Envoy needs IPs, so host names (a StatefulSet's peer DNS
+	// names) are resolved every round (see notFoundIPs).
 	NotFound []string
+	// Lookup is the gRPC target grpc-go's RLS asks for namespaces (the IR's
+	// Lookup), e.g. "dns:///admin.prism.svc:9000"; empty leaves grpc-go's
+	// namespace route out.
+	Lookup string
 	// Resolve looks a host name up; nil is net.DefaultResolver.LookupHost.
 	Resolve func(ctx context.Context, host string) ([]string, error)
 }
 
 // Follow keeps the control plane on src's routing state until ctx ends.
 // Every node, leader or follower, serves xDS from its own FSM. After every
-// FSM change it looks at which proxies are stale, resolves the not-found
-// targets and, only when the routes index moved, re-reads the routes; it
-// hands over a new state when any of them moved. The version is always the
-// routes index, the same on every replica for the same routes; a
-// stale-proxy or not-found change, which has no index of its own, is served
-// under a suffixed label of it (see cache.Cache.Set).
+// FSM change it resolves the admin addresses and, only when the proxy
+// routes index moved, reads the proxies; it hands over a new state when
+// either moved. Lease changes and heartbeats move neither, so they cost a
+// comparison of two numbers. The version is always the proxy routes index,
+// the same on every replica for the same proxies; an admin address change,
+// which has no index of its own, is served under a suffixed label of it
+// (see cache.Cache.Set).
 func (cp *ControlPlane) Follow(ctx context.Context, src Source, cfg FollowConfig) error {
 	resolve := cfg.Resolve
 	if resolve == nil {
 		resolve = net.DefaultResolver.LookupHost
 	}
-	ri, indexed := src.(routesIndexer)
 	var (
-		lastIndex uint64
-		lastStale map[string]bool
-		lastNF    []string
-		routes    []*adminv1.Route
-		aliases   []*adminv1.NamespaceRoute
-		sent      bool
+		lastIndex  uint64
+		lastAdmins []string
+		sent       bool
 	)
 	for {
 		_, changed := src.Changed()
 		start := time.Now()
-		// Proxy heartbeats and lease checkpoints change the FSM often and
-		// routing rarely. Copying the routes costs a sort of every lease
-		// under the FSM's read lock (about 12 ms at 10,000), so it happens
-		// only when the routes index moved (every round for a Source
-		// without RoutesIndex).
-		idx := lastIndex
-		if !sent || !indexed || ri.RoutesIndex() != lastIndex {
-			routes, aliases, idx = src.Routes()
-		}
-		stale := staleProxies(src)
-		nf := notFoundIPs(ctx, cfg.NotFound, resolve)
-		if !sent || idx != lastIndex || !maps.Equal(stale, lastStale) || !slices.Equal(nf, lastNF) {
+		idx := src.ProxyRoutesIndex()
+		admins := notFoundIPs(ctx, cfg.NotFound, resolve)
+		if !sent || idx != lastIndex || !slices.Equal(admins, lastAdmins) {
+			proxies, _ := src.Proxies()
 			gen := cp.Update(ir.FromAdmin(ir.AdminState{
-				// 1: an FSM that never had a route still serves listeners and
-				// the not-found routes (index 1 is Raft's bootstrap entry, never
-				// a routes change).
-				Routes: routes, NamespaceRoutes: aliases, RoutesIndex: max(idx, 1), StaleProxies: stale,
-				Gateway: cfg.Gateway, NotFound: nf,
+				// 1: an FSM that never had a proxy still serves listeners and
+				// the not-found routes (index 1 is Raft's bootstrap entry,
+				// never a proxy change).
+				Proxies: proxies, Index: max(idx, 1),
+				Gateway: cfg.Gateway, Admins: admins, Lookup: cfg.Lookup,
 			}))
-			lastIndex, lastStale, lastNF, sent = idx, stale, nf, true
+			lastIndex, lastAdmins, sent = idx, admins, true
 			// Bounded in case the control plane is not running.
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			_ = cp.Processed(wctx, gen)
 			cancel()
 		}
-		// Back-pressure: reading the routes (under the FSM's read lock) and
-		// translating them cost time proportional to the table, about
-		// 0.1-0.25 s at 10,000 mailboxes. Resting as long as the last round
-		// took keeps xDS under about half a core during a burst of lease
-		// changes, so Raft on the same machine is not starved, while a
-		// single change still goes out within one round.
+		// Back-pressure: reading the proxies and translating them cost time
+		// proportional to the proxies (milliseconds at 1,000). Resting as
+		// long as the last round took keeps xDS from starving Raft on the
+		// same machine during a burst of registrations, while a single
+		// change still goes out within one round.
 		rest := min(time.Since(start), time.Second)
 		select {
 		case <-ctx.Done():
@@ -115,17 +101,6 @@ func (cp *ControlPlane) Follow(ctx context.Context, src Source, cfg FollowConfig
 		case <-time.After(rest):
 		}
 	}
-}
-
-func staleProxies(src Source) map[string]bool {
-	infos, _ := src.Proxies()
-	stale := map[string]bool{}
-	for _, p := range infos {
-		if p.GetProxy().GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_STALE {
-			stale[p.GetProxy().GetRegistration().GetProxyId()] = true
-		}
-	}
-	return stale
 }
 
 // notFoundIPs turns the admin gRPC addresses into IP:port: IPs stay, host

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/prism-mesh/prism/xds/ir"
 )
@@ -33,10 +35,9 @@ func TestNotFoundIPs(t *testing.T) {
 type fakeSource struct {
 	mu                     sync.Mutex
 	index, routesIndex     uint64
-	routes                 []*adminv1.Route
 	proxies                []*adminv1.ProxyInfo
 	changed                chan struct{}
-	routeReads, proxyReads atomic.Int64
+	indexReads, proxyReads atomic.Int64
 }
 
 func newFakeSource() *fakeSource { return &fakeSource{changed: make(chan struct{})} }
@@ -47,41 +48,44 @@ func (s *fakeSource) Changed() (uint64, <-chan struct{}) {
 	return s.index, s.changed
 }
 
-func (s *fakeSource) RoutesIndex() uint64 {
+func (s *fakeSource) ProxyRoutesIndex() uint64 {
+	s.indexReads.Add(1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.routesIndex
-}
-
-func (s *fakeSource) Routes() ([]*adminv1.Route, []*adminv1.NamespaceRoute, uint64) {
-	s.routeReads.Add(1)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.routes), nil, s.routesIndex
 }
 
 func (s *fakeSource) Proxies() ([]*adminv1.ProxyInfo, uint64) {
 	s.proxyReads.Add(1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Clone(s.proxies), s.index
+	out := make([]*adminv1.ProxyInfo, len(s.proxies))
+	for i, p := range s.proxies {
+		out[i] = proto.Clone(p).(*adminv1.ProxyInfo)
+	}
+	return out, s.index
 }
 
-// apply changes the state as one FSM entry and wakes Follow.
-func (s *fakeSource) apply(change func()) {
+// apply changes the state as one FSM entry and wakes Follow; routes says
+// whether the entry changed what the IR takes from the proxies.
+func (s *fakeSource) apply(routes bool, change func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.index++
 	if change != nil {
 		change()
 	}
+	if routes {
+		s.routesIndex = s.index
+	}
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
 
-// Follow serves an empty FSM under version 1, copies the routes only when
-// the routes index moved, and serves stale proxies and re-resolved
-// not-found targets under the unchanged routes index.
+// Follow serves an empty FSM under version 1, reads the proxies only when
+// the proxy routes index moved or the admin addresses did, serves under
+// the proxy routes index, and serves re-resolved admin addresses under the
+// unchanged index.
 func TestFollowFakeSource(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -94,6 +98,7 @@ func TestFollowFakeSource(t *testing.T) {
 	cfg := FollowConfig{
 		Gateway:  ir.Gateway{Address: "127.0.0.1:8080"},
 		NotFound: []string{"admin-0.admin.svc:8981"},
+		Lookup:   "dns:///admin.svc:8981",
 		Resolve: func(context.Context, string) ([]string, error) {
 			return []string{adminIP.Load().(string)}, nil
 		},
@@ -126,44 +131,46 @@ func TestFollowFakeSource(t *testing.T) {
 	}
 	reads := func(want int64) {
 		t.Helper()
-		if got := src.routeReads.Load(); got != want {
-			t.Fatalf("%d route copies, want %d", got, want)
+		if got := src.proxyReads.Load(); got != want {
+			t.Fatalf("%d proxy reads, want %d", got, want)
 		}
+	}
+	// looked waits for Follow to take a round after an entry that changes
+	// nothing it serves.
+	looked := func(change func()) {
+		t.Helper()
+		rounds := src.indexReads.Load()
+		src.apply(false, change)
+		await("Follow to look at the entry", func() bool { return src.indexReads.Load() > rounds })
 	}
 
 	await("the empty FSM to be served", func() bool { return cp.Version() == "1" })
 	reads(1)
 
-	// A heartbeat: Follow looks again but copies no routes.
-	rounds := src.proxyReads.Load()
-	src.apply(nil)
-	await("Follow to look at the heartbeat", func() bool { return src.proxyReads.Load() > rounds })
+	// A heartbeat, a lease granted: Follow looks but reads nothing.
+	looked(nil)
+	looked(nil)
 	reads(1)
 
-	src.apply(func() {
+	src.apply(true, func() {
 		src.proxies = []*adminv1.ProxyInfo{{Proxy: &adminv1.Proxy{
 			Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:7000"},
+			Status:       adminv1.ProxyStatus_PROXY_STATUS_LIVE,
 		}}}
-		src.routes = []*adminv1.Route{{MailboxId: "audit@p1", Namespace: "audit", ProxyId: "p1", RunnerId: "runner-a", RunnerAddress: "127.0.0.1:9001", Epoch: 1}}
-		src.routesIndex = src.index
 	})
-	await("the grant to be served", func() bool { return cp.Version() == "2" })
+	await("the registration to be served", func() bool { return cp.Version() == "3" })
 	reads(2)
+
+	src.apply(true, func() { src.proxies[0].Proxy.Status = adminv1.ProxyStatus_PROXY_STATUS_STALE })
+	await("the stale proxy to be served", func() bool { return cp.Version() == "4" })
+	reads(3)
 
 	before := snapshot()
-	src.apply(func() { src.proxies[0].Proxy.Status = adminv1.ProxyStatus_PROXY_STATUS_STALE })
-	await("the stale proxy to be served", func() bool { return snapshot() != before })
-	reads(2)
-	if got := cp.Version(); got != "2" {
-		t.Fatalf("serving version %s after the proxy went stale, want the routes index 2", got)
-	}
-
-	before = snapshot()
 	adminIP.Store("10.0.0.2")
-	src.apply(nil)
-	await("the re-resolved not-found target to be served", func() bool { return snapshot() != before })
-	reads(2)
-	if got := cp.Version(); got != "2" {
-		t.Fatalf("serving version %s after the not-found target moved, want the routes index 2", got)
+	src.apply(false, nil)
+	await("the re-resolved admin address to be served", func() bool { return snapshot() != before })
+	reads(4)
+	if got := cp.Version(); got != "4" {
+		t.Fatalf("serving version %s after the admin address moved, want the proxy routes index 4", got)
 	}
 }

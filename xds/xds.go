@@ -7,8 +7,13 @@
 //	cp := xds.New(ctx, xds.Config{Registerer: reg, Log: log})
 //	cp.Register(grpcServer)  // ADS and the not-found MailboxQuery
 //	go cp.Run(ctx)
-//	// whenever fsm.Routes() reports a new routes index:
-//	cp.Update(ir.FromAdmin(ir.AdminState{Routes: r, NamespaceRoutes: nr, RoutesIndex: idx, ...}))
+//	go cp.Follow(ctx, fsm, xds.FollowConfig{...}) // or, by hand, whenever
+//	// fsm.ProxyRoutesIndex() moves:
+//	cp.Update(ir.FromAdmin(ir.AdminState{Proxies: p, Index: idx, ...}))
+//
+// Routes are per proxy (see xds/translator): lease changes put nothing on
+// the wire, and namespaces are looked up on the admin nodes (xds/lookup,
+// registered beside this by admin/server).
 package xds
 
 import (
@@ -61,7 +66,7 @@ func New(ctx context.Context, cfg Config) *ControlPlane {
 }
 
 // Register adds ADS and the not-found MailboxQuery service to g. The node's
-// address on g belongs in the IR's NotFound list.
+// address on g belongs in the IR's Admins list.
 func (cp *ControlPlane) Register(g *grpc.Server) {
 	cp.server.Register(g)
 	notfound.Register(g)

@@ -33,6 +33,8 @@ import (
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -187,7 +189,7 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 			}
 			snap.Resources[i] = cachev3.NewResources(label, items)
 		}
-		if err := snap.Consistent(); err != nil {
+		if err := consistent(snap); err != nil {
 			return fmt.Errorf("snapshot %d for %s: %w", version, key, err)
 		}
 		next[key] = snap
@@ -249,6 +251,37 @@ func sameResources(prev map[string]types.ResourceWithTTL, next []types.Resource)
 		}
 	}
 	return true
+}
+
+// consistent is snap.Consistent counting the route tables API listeners
+// name as referenced: go-control-plane counts socket listeners only, and
+// grpc-go's table is named by its API listener alone.
+func consistent(snap *cachev3.Snapshot) error {
+	api := map[string]bool{}
+	for _, r := range snap.Resources[types.Listener].Items {
+		a := r.Resource.(*listenerv3.Listener).GetApiListener().GetApiListener()
+		if a == nil {
+			continue
+		}
+		hcm := &hcmv3.HttpConnectionManager{}
+		if err := a.UnmarshalTo(hcm); err != nil {
+			return fmt.Errorf("API listener %s: %w", cachev3.GetResourceName(r.Resource), err)
+		}
+		api[hcm.GetRds().GetRouteConfigName()] = true
+	}
+	if len(api) == 0 {
+		return snap.Consistent()
+	}
+	socket := cachev3.GetAllResourceReferences(snap.Resources)[resource.RouteType]
+	routes := snap.Resources[types.Route]
+	c := *snap
+	c.Resources[types.Route] = cachev3.Resources{Version: routes.Version, Items: map[string]types.ResourceWithTTL{}}
+	for name, r := range routes.Items {
+		if !api[name] || socket[name] {
+			c.Resources[types.Route].Items[name] = r
+		}
+	}
+	return c.Consistent()
 }
 
 // Snapshot is the snapshot being served to grpc-go.

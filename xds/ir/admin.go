@@ -1,64 +1,42 @@
 package ir
 
 import (
+	"cmp"
+
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
-// AdminState is what an admin node feeds the xDS pipeline: its FSM's routes
-// (fsm.Routes()) and the node's own settings.
+// AdminState is what an admin node feeds the xDS pipeline: its FSM's
+// proxies (fsm.Proxies) and the node's own settings.
 type AdminState struct {
-	// Routes has one route per live lease.
-	Routes []*adminv1.Route
-	// NamespaceRoutes maps namespaces to their current mailbox.
-	NamespaceRoutes []*adminv1.NamespaceRoute
-	// RoutesIndex is the Raft index of the last change to either list; it
-	// becomes the IR version.
-	RoutesIndex uint64
-	// StaleProxies lists proxies the FSM marks stale; their runners'
-	// endpoints are sent unhealthy so queries fail fast until the leases
-	// expire.
-	StaleProxies map[string]bool
+	// Proxies are the registered proxies.
+	Proxies []*adminv1.ProxyInfo
+	// Index is the Raft index of the last change to what the IR takes from
+	// the proxies (fsm.ProxyRoutesIndex); it becomes the IR version.
+	Index uint64
 	// Gateway is the Envoy gateway's listener and, when the admin node runs
 	// with TLS, the trust domain of the mesh's mutual TLS.
 	Gateway Gateway
-	// NotFound lists the admin nodes' gRPC addresses serving xds/notfound.
-	NotFound []string
+	// Admins lists the admin nodes' gRPC addresses (IP:port).
+	Admins []string
+	// Lookup is the RLS target naming the admin nodes.
+	Lookup string
 }
 
-// FromAdmin builds the IR for s. A runner is known by its routes: its
-// address is the one of its highest-epoch lease, since a runner that
-// restarted on a new address re-acquires and so holds the newest epochs.
-// Invalid routes are kept here and dropped, with errors, by Valid.
+// FromAdmin builds the IR for s: one Proxy per registration, its runner id
+// defaulting to the proxy id as AcquireLease's does, unhealthy while the
+// FSM marks it stale. Invalid registrations are kept here and dropped, with
+// errors, by Valid.
 func FromAdmin(s AdminState) *IR {
-	x := &IR{Version: s.RoutesIndex, Gateway: s.Gateway, NotFound: append([]string(nil), s.NotFound...)}
-	type runner struct {
-		r     Runner
-		epoch uint64
-	}
-	runners := map[string]*runner{}
-	var order []string
-	for _, rt := range s.Routes {
-		x.Mailboxes = append(x.Mailboxes, Mailbox{
-			ID: rt.GetMailboxId(), Namespace: rt.GetNamespace(), RunnerID: rt.GetRunnerId(), Epoch: rt.GetEpoch(),
+	x := &IR{Version: s.Index, Gateway: s.Gateway, Admins: append([]string(nil), s.Admins...), Lookup: s.Lookup}
+	for _, info := range s.Proxies {
+		reg := info.GetProxy().GetRegistration()
+		x.Proxies = append(x.Proxies, Proxy{
+			ID:       reg.GetProxyId(),
+			RunnerID: cmp.Or(reg.GetRunnerId(), reg.GetProxyId()),
+			Address:  reg.GetAddress(),
+			Healthy:  info.GetProxy().GetStatus() != adminv1.ProxyStatus_PROXY_STATUS_STALE,
 		})
-		cur, ok := runners[rt.GetRunnerId()]
-		if !ok {
-			cur = &runner{}
-			runners[rt.GetRunnerId()] = cur
-			order = append(order, rt.GetRunnerId())
-		}
-		if !ok || rt.GetEpoch() > cur.epoch {
-			cur.epoch = rt.GetEpoch()
-			cur.r = Runner{
-				ID: rt.GetRunnerId(), Address: rt.GetRunnerAddress(), Healthy: !s.StaleProxies[rt.GetProxyId()], ProxyID: rt.GetProxyId(),
-			}
-		}
-	}
-	for _, id := range order {
-		x.Runners = append(x.Runners, runners[id].r)
-	}
-	for _, nr := range s.NamespaceRoutes {
-		x.Aliases = append(x.Aliases, Alias{Namespace: nr.GetNamespace(), MailboxID: nr.GetMailboxId()})
 	}
 	return x.Sorted()
 }

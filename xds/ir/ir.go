@@ -1,7 +1,14 @@
-// Package ir holds the routing state the xDS translator consumes: which
-// runners exist, which mailbox each live lease places on which runner, and
-// which mailbox answers for each namespace. It is built from the admin FSM and
-// knows nothing about Envoy.
+// Package ir holds the routing state the xDS translator consumes: the
+// registered proxies and where their runners answer, the admin nodes, and
+// the gateway's listener. It is built from the admin FSM and knows nothing
+// about Envoy.
+//
+// No mailbox, lease or namespace alias is in it: every mailbox id names its
+// proxy ("{namespace}@{proxy}"), so the data planes route on the proxy and
+// the runner, which serves a mailbox only while it holds its lease, is the
+// authority on the rest. A lease acquired, renewed, released or re-granted
+// changes nothing here; namespaces resolve through the admin nodes' lookup
+// (Lookup, Admins).
 package ir
 
 import (
@@ -13,6 +20,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
@@ -21,22 +29,43 @@ import (
 
 // IR is one consistent view of routing state.
 type IR struct {
-	// Version is the Raft applied index the IR was built from; it becomes the
-	// xDS snapshot version so every admin node labels the same state alike.
-	// Ideally it is the index of the last command that changed routing state.
+	// Version is the Raft index of the last change to the proxies' routing
+	// state (fsm.ProxyRoutesIndex); it becomes the xDS version so every
+	// admin node labels the same state alike.
 	Version uint64 `json:"version"`
 	// Gateway describes the Envoy gateway's socket listener.
 	Gateway Gateway `json:"gateway"`
-	// NotFound lists the addresses (IP:port) of the admin nodes serving
-	// xds/notfound's MailboxQuery, which answers NotFound for gRPC requests
-	// naming a mailbox no route knows.
-	NotFound []string `json:"notFound,omitempty"`
-	// Runners are the mailbox runners known to the admin cluster.
-	Runners []Runner `json:"runners,omitempty"`
-	// Mailboxes are the mailboxes with a live lease.
-	Mailboxes []Mailbox `json:"mailboxes,omitempty"`
-	// Aliases map a namespace to the mailbox currently serving it.
-	Aliases []Alias `json:"aliases,omitempty"`
+	// Admins lists the addresses (IP:port) of the admin nodes' gRPC
+	// servers: xds/notfound's MailboxQuery, which answers NotFound for a
+	// call no proxy route takes, the namespace lookup (RLS) and Envoy's
+	// ext_authz.
+	Admins []string `json:"admins,omitempty"`
+	// Lookup is the gRPC target grpc-go's RLS dials for namespace lookups,
+	// e.g. "dns:///admin.prism.svc:9090"; empty leaves grpc-go without the
+	// namespace header route (such calls then answer NotFound).
+	Lookup string `json:"lookup,omitempty"`
+	// Proxies are the registered proxies, each with the runner serving its
+	// mailboxes.
+	Proxies []Proxy `json:"proxies,omitempty"`
+}
+
+// Proxy is one registered proxy: the mailboxes "{namespace}@{ID}" are
+// served by its runner at Address, and by no other.
+type Proxy struct {
+	// ID is the proxy id; it becomes part of its cluster name and is the
+	// identity (proxy/<ID>) its runner presents under UpstreamTLS.
+	ID string `json:"id"`
+	// RunnerID is the runner registered to serve the proxy's mailboxes
+	// (empty in the registration means the proxy id). Routing does not
+	// depend on it, the runner's own lease check does; it is kept so the
+	// IR says which process the endpoint is.
+	RunnerID string `json:"runnerId,omitempty"`
+	// Address is the runner's MailboxQuery endpoint as IP:port (Envoy EDS
+	// does not resolve host names, so the sidecar registers the pod IP).
+	Address string `json:"address"`
+	// Healthy is false when the proxy is stale: its endpoint is then sent
+	// UNHEALTHY so queries fail fast until it is back or its leases move.
+	Healthy bool `json:"healthy"`
 }
 
 // Gateway is the Envoy gateway's listener and how the gateways (Envoy and
@@ -45,7 +74,7 @@ type Gateway struct {
 	// Address is the IP:port Envoy listens on for queries.
 	Address string `json:"address"`
 	// UpstreamTLS, when set, makes every cluster mutual TLS: runners must
-	// present their proxy identity and the not-found endpoints an admin
+	// present their proxy's identity and the admin endpoints an admin
 	// identity. Zero keeps a plaintext mesh's clusters.
 	UpstreamTLS UpstreamTLS `json:"upstreamTLS,omitzero"`
 	// QueryAuth, when set, makes the Envoy gateway take queries only with a
@@ -148,80 +177,30 @@ type UpstreamTLS struct {
 // Enabled reports whether clusters are mutual TLS.
 func (u UpstreamTLS) Enabled() bool { return u != UpstreamTLS{} }
 
-// Runner is one mailbox runner process.
-type Runner struct {
-	// ID names the runner; it is unique and becomes part of its cluster name.
-	ID string `json:"id"`
-	// Address is the runner's query endpoint as IP:port (Envoy EDS does not
-	// resolve host names, so the sidecar registers the pod IP).
-	Address string `json:"address"`
-	// Healthy is false when the runner should get no traffic (for example its
-	// proxy is stale); its endpoint is then sent as UNHEALTHY.
-	Healthy bool `json:"healthy"`
-	// ProxyID is the proxy the runner serves, whose identity
-	// (proxy/<ProxyID>) it presents under UpstreamTLS. Empty accepts any
-	// proxy identity of the trust domain.
-	ProxyID string `json:"proxyId,omitempty"`
-}
-
-// Mailbox is a mailbox with a live lease.
-type Mailbox struct {
-	// ID is "{namespace}@{proxy_id}", e.g. "$admin@proxy-01".
-	ID string `json:"id"`
-	// Namespace is the namespace part of ID.
-	Namespace string `json:"namespace"`
-	// RunnerID is the runner holding the lease.
-	RunnerID string `json:"runnerId"`
-	// Epoch is the lease's fencing token, sent to clients in x-prism-epoch.
-	Epoch uint64 `json:"epoch"`
-}
-
-// Alias routes /v1/namespaces/{Namespace}/ to a mailbox.
-type Alias struct {
-	// Namespace is the namespace the alias answers for.
-	Namespace string `json:"namespace"`
-	// MailboxID is the namespace's current mailbox.
-	MailboxID string `json:"mailboxId"`
-}
-
 // Named validation errors; every error Validate returns wraps one of them.
 var (
 	ErrVersion         = errors.New("version must be positive")
 	ErrAddress         = errors.New("address must be IP:port")
-	ErrRunnerID        = errors.New("runner id must match " + runnerIDPattern)
-	ErrMailboxID       = errors.New("mailbox id must be {namespace}@{proxy_id}")
-	ErrNamespace       = errors.New("namespace must match " + namespacePattern)
-	ErrEpoch           = errors.New("epoch must be positive")
+	ErrProxyID         = errors.New("proxy id must match " + idPattern)
+	ErrRunnerID        = errors.New("runner id must match " + idPattern)
 	ErrDuplicate       = errors.New("duplicate")
-	ErrUnknownRunner   = errors.New("unknown runner")
-	ErrUnknownMailbox  = errors.New("unknown mailbox")
-	ErrAliasNamespace  = errors.New("alias namespace differs from the mailbox's")
+	ErrLookup          = errors.New("lookup must be a gRPC target (scheme:///authority or host:port)")
 	ErrGatewayListener = errors.New("gateway listener")
 	ErrTrustDomain     = errors.New("upstream TLS trust domain")
-	ErrProxyID         = errors.New("proxy id must match " + runnerIDPattern)
 	ErrQueryAuth       = errors.New("gateway query auth")
 )
 
-const (
-	namespacePattern = `[A-Za-z0-9$][A-Za-z0-9._~$-]*`
-	runnerIDPattern  = `[A-Za-z0-9][A-Za-z0-9._~-]*`
-)
+// idPattern is what proxy and runner ids must match: no "@" (a mailbox id
+// ends in "@{proxy}"), nothing a URL path or a regex must escape but ".".
+const idPattern = `[A-Za-z0-9][A-Za-z0-9._~-]*`
 
-// namespaceName and runnerIDName match the patterns above; matching by hand is
-// an order of magnitude cheaper, and Valid runs on every state.
-type nameMatcher struct{ dollar bool }
-
-var (
-	namespaceName = nameMatcher{dollar: true}
-	runnerIDName  = nameMatcher{dollar: false}
-)
-
-func (n nameMatcher) MatchString(s string) bool {
+// validID matches idPattern; matching by hand is an order of magnitude
+// cheaper than the regexp, and Valid runs on every state.
+func validID(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case c == '$' && n.dollar:
 		case i > 0 && (c == '.' || c == '_' || c == '~' || c == '-'):
 		default:
 			return false
@@ -265,99 +244,67 @@ func (x *IR) Valid() (*IR, error) {
 		}
 	}
 	out := &IR{Version: c.Version, Gateway: c.Gateway}
-	for _, a := range c.NotFound {
+	for _, a := range c.Admins {
 		if err := checkAddress(a); err != nil {
-			errs = append(errs, fmt.Errorf("not-found endpoint: %w", err))
+			errs = append(errs, fmt.Errorf("admin endpoint: %w", err))
 			continue
 		}
-		if len(out.NotFound) > 0 && out.NotFound[len(out.NotFound)-1] == a {
+		if len(out.Admins) > 0 && out.Admins[len(out.Admins)-1] == a {
 			continue
 		}
-		out.NotFound = append(out.NotFound, a)
+		out.Admins = append(out.Admins, a)
 	}
-	runners := map[string]bool{}
-	for _, r := range c.Runners {
-		if err := r.Validate(); err != nil {
+	if c.Lookup != "" {
+		if err := checkTarget(c.Lookup); err != nil {
+			errs = append(errs, err)
+		} else {
+			out.Lookup = c.Lookup
+		}
+	}
+	for _, p := range c.Proxies {
+		if err := p.Validate(); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if runners[r.ID] {
-			errs = append(errs, fmt.Errorf("runner %q: %w", r.ID, ErrDuplicate))
+		// Sorted by id: a duplicate follows the one kept.
+		if n := len(out.Proxies); n > 0 && out.Proxies[n-1].ID == p.ID {
+			errs = append(errs, fmt.Errorf("proxy %q: %w", p.ID, ErrDuplicate))
 			continue
 		}
-		runners[r.ID] = true
-		out.Runners = append(out.Runners, r)
-	}
-	mailboxes := map[string]Mailbox{}
-	for _, m := range c.Mailboxes {
-		if err := m.Validate(); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if _, dup := mailboxes[m.ID]; dup {
-			errs = append(errs, fmt.Errorf("mailbox %q: %w", m.ID, ErrDuplicate))
-			continue
-		}
-		if !runners[m.RunnerID] {
-			errs = append(errs, fmt.Errorf("mailbox %q: runner %q: %w", m.ID, m.RunnerID, ErrUnknownRunner))
-			continue
-		}
-		mailboxes[m.ID] = m
-		out.Mailboxes = append(out.Mailboxes, m)
-	}
-	aliases := map[string]bool{}
-	for _, a := range c.Aliases {
-		m, ok := mailboxes[a.MailboxID]
-		switch {
-		case !namespaceName.MatchString(a.Namespace):
-			errs = append(errs, fmt.Errorf("alias %q: %w", a.Namespace, ErrNamespace))
-		case aliases[a.Namespace]:
-			errs = append(errs, fmt.Errorf("alias %q: %w", a.Namespace, ErrDuplicate))
-		case !ok:
-			errs = append(errs, fmt.Errorf("alias %q: mailbox %q: %w", a.Namespace, a.MailboxID, ErrUnknownMailbox))
-		case m.Namespace != a.Namespace:
-			errs = append(errs, fmt.Errorf("alias %q: mailbox %q: %w", a.Namespace, a.MailboxID, ErrAliasNamespace))
-		default:
-			aliases[a.Namespace] = true
-			out.Aliases = append(out.Aliases, a)
-		}
+		out.Proxies = append(out.Proxies, p)
 	}
 	return out, errors.Join(errs...)
 }
 
-// Validate checks r on its own.
-func (r Runner) Validate() error {
+// Validate checks p on its own.
+func (p Proxy) Validate() error {
 	var errs []error
-	if !runnerIDName.MatchString(r.ID) {
-		errs = append(errs, ErrRunnerID)
-	}
-	if err := checkAddress(r.Address); err != nil {
-		errs = append(errs, err)
-	}
-	if r.ProxyID != "" && !runnerIDName.MatchString(r.ProxyID) {
+	if !validID(p.ID) {
 		errs = append(errs, ErrProxyID)
 	}
+	if p.RunnerID != "" && !validID(p.RunnerID) {
+		errs = append(errs, ErrRunnerID)
+	}
+	if err := checkAddress(p.Address); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("runner %q: %w", r.ID, err)
+		return fmt.Errorf("proxy %q: %w", p.ID, err)
 	}
 	return nil
 }
 
-// Validate checks m on its own.
-func (m Mailbox) Validate() error {
-	var errs []error
-	if !namespaceName.MatchString(m.Namespace) {
-		errs = append(errs, ErrNamespace)
+// checkTarget accepts what grpc-go's RLS accepts as its lookup service: a
+// URL with a scheme, or a bare authority it prefixes with the default
+// scheme; nothing with white space, which no resolver takes.
+func checkTarget(t string) error {
+	if strings.ContainsFunc(t, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return fmt.Errorf("%q: %w", t, ErrLookup)
 	}
-	id, err := mesh.ParseMailboxID(m.ID)
-	if err != nil || id.Namespace != m.Namespace || !runnerIDName.MatchString(id.Proxy) {
-		errs = append(errs, ErrMailboxID)
-	}
-	if m.Epoch == 0 {
-		errs = append(errs, ErrEpoch)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("mailbox %q: %w", m.ID, err)
+	if _, err := url.Parse(t); err != nil {
+		if _, err := url.Parse("dns:///" + t); err != nil {
+			return fmt.Errorf("%q: %w", t, ErrLookup)
+		}
 	}
 	return nil
 }
@@ -380,30 +327,26 @@ func checkAddress(addr string) error {
 // state always translates to byte-identical resources.
 func (x *IR) Sorted() *IR {
 	c := &IR{
-		Version:   x.Version,
-		Gateway:   x.Gateway,
-		NotFound:  slices.Sorted(slices.Values(x.NotFound)),
-		Runners:   slices.Clone(x.Runners),
-		Mailboxes: slices.Clone(x.Mailboxes),
-		Aliases:   slices.Clone(x.Aliases),
+		Version: x.Version,
+		Gateway: x.Gateway,
+		Admins:  slices.Sorted(slices.Values(x.Admins)),
+		Lookup:  x.Lookup,
+		Proxies: slices.Clone(x.Proxies),
 	}
-	slices.SortStableFunc(c.Runners, func(a, b Runner) int { return cmp.Compare(a.ID, b.ID) })
-	slices.SortStableFunc(c.Mailboxes, func(a, b Mailbox) int { return cmp.Compare(a.ID, b.ID) })
-	slices.SortStableFunc(c.Aliases, func(a, b Alias) int { return cmp.Compare(a.Namespace, b.Namespace) })
+	slices.SortStableFunc(c.Proxies, func(a, b Proxy) int { return cmp.Compare(a.ID, b.ID) })
 	return c
 }
 
 // Equal reports whether x and y describe the same routing state. Version is
-// ignored: Raft commands that do not touch routing (heartbeats) advance the
-// applied index, and they must not cause a push.
+// ignored: a state rebuilt under a new index (an admin resolving to the same
+// addresses again, a proxy re-registering unchanged) must not cause a push.
 func (x *IR) Equal(y *IR) bool {
 	if x == nil || y == nil {
 		return x == y
 	}
 	a, b := x.Sorted(), y.Sorted()
 	return a.Gateway == b.Gateway &&
-		slices.Equal(a.NotFound, b.NotFound) &&
-		slices.Equal(a.Runners, b.Runners) &&
-		slices.Equal(a.Mailboxes, b.Mailboxes) &&
-		slices.Equal(a.Aliases, b.Aliases)
+		slices.Equal(a.Admins, b.Admins) &&
+		a.Lookup == b.Lookup &&
+		slices.Equal(a.Proxies, b.Proxies)
 }

@@ -9,18 +9,14 @@ import (
 
 func valid() *IR {
 	return &IR{
-		Version:  7,
-		Gateway:  Gateway{Address: "0.0.0.0:8080"},
-		NotFound: []string{"10.0.0.9:9000"},
-		Runners: []Runner{
-			{ID: "runner-b", Address: "10.0.0.2:8982", Healthy: true},
-			{ID: "runner-a", Address: "10.0.0.1:8982", Healthy: true},
+		Version: 7,
+		Gateway: Gateway{Address: "0.0.0.0:8080"},
+		Admins:  []string{"10.0.0.9:9000"},
+		Lookup:  "dns:///10.0.0.9:9000",
+		Proxies: []Proxy{
+			{ID: "proxy-b", RunnerID: "runner-b", Address: "10.0.0.2:8982", Healthy: true},
+			{ID: "proxy-a", Address: "10.0.0.1:8982", Healthy: true},
 		},
-		Mailboxes: []Mailbox{
-			{ID: "audit-logs@proxy-02", Namespace: "audit-logs", RunnerID: "runner-b", Epoch: 5},
-			{ID: "$admin@proxy-01", Namespace: "$admin", RunnerID: "runner-a", Epoch: 3},
-		},
-		Aliases: []Alias{{Namespace: "audit-logs", MailboxID: "audit-logs@proxy-02"}},
 	}
 }
 
@@ -34,20 +30,23 @@ func TestValidate(t *testing.T) {
 	}{
 		{name: "valid", mutate: func(*IR) {}},
 		{name: "zero version", mutate: func(x *IR) { x.Version = 0 }, want: []error{ErrVersion}},
-		{name: "runner host name", mutate: func(x *IR) { x.Runners[0].Address = "proxy-01.prism.local:8982" },
-			want: []error{ErrAddress, ErrUnknownRunner, ErrUnknownMailbox},
-			kept: func(x *IR) bool { return len(x.Runners) == 1 && len(x.Mailboxes) == 1 && len(x.Aliases) == 0 }},
-		{name: "bad runner id", mutate: func(x *IR) { x.Runners[1].ID = "a/b" }, want: []error{ErrRunnerID, ErrUnknownRunner}},
-		{name: "mailbox id without proxy", mutate: func(x *IR) { x.Mailboxes[1].ID = "$admin" }, want: []error{ErrMailboxID}},
-		{name: "mailbox namespace mismatch", mutate: func(x *IR) { x.Mailboxes[1].Namespace = "other" }, want: []error{ErrMailboxID}},
-		{name: "zero epoch", mutate: func(x *IR) { x.Mailboxes[1].Epoch = 0 }, want: []error{ErrEpoch}},
-		{name: "duplicate mailbox", mutate: func(x *IR) { x.Mailboxes = append(x.Mailboxes, x.Mailboxes[0]) }, want: []error{ErrDuplicate},
-			kept: func(x *IR) bool { return len(x.Mailboxes) == 2 }},
-		{name: "alias to unknown mailbox", mutate: func(x *IR) { x.Aliases[0].MailboxID = "audit-logs@proxy-09" }, want: []error{ErrUnknownMailbox}},
-		{name: "alias to other namespace", mutate: func(x *IR) { x.Aliases[0].Namespace = "$admin" }, want: []error{ErrAliasNamespace}},
+		{name: "proxy host name", mutate: func(x *IR) { x.Proxies[0].Address = "proxy-b.prism.local:8982" }, want: []error{ErrAddress},
+			kept: func(x *IR) bool { return len(x.Proxies) == 1 && x.Proxies[0].ID == "proxy-a" }},
+		{name: "proxy id with @", mutate: func(x *IR) { x.Proxies[1].ID = "a@b" }, want: []error{ErrProxyID},
+			kept: func(x *IR) bool { return len(x.Proxies) == 1 }},
+		{name: "bad runner id", mutate: func(x *IR) { x.Proxies[0].RunnerID = "a/b" }, want: []error{ErrRunnerID}},
+		{name: "duplicate proxy", mutate: func(x *IR) { x.Proxies = append(x.Proxies, x.Proxies[0]) }, want: []error{ErrDuplicate},
+			kept: func(x *IR) bool { return len(x.Proxies) == 2 }},
+		{name: "invalid duplicate is not the one kept", mutate: func(x *IR) {
+			x.Proxies = append([]Proxy{{ID: "proxy-a", Address: "nowhere"}}, x.Proxies...)
+		}, want: []error{ErrAddress},
+			kept: func(x *IR) bool { return len(x.Proxies) == 2 && x.Proxies[0].Address == "10.0.0.1:8982" }},
 		{name: "gateway without port", mutate: func(x *IR) { x.Gateway.Address = "0.0.0.0" }, want: []error{ErrGatewayListener}},
-		{name: "not-found endpoint", mutate: func(x *IR) { x.NotFound = append(x.NotFound, "admin-0:9000") }, want: []error{ErrAddress},
-			kept: func(x *IR) bool { return len(x.NotFound) == 1 }},
+		{name: "admin endpoint", mutate: func(x *IR) { x.Admins = append(x.Admins, "admin-0:9000") }, want: []error{ErrAddress},
+			kept: func(x *IR) bool { return len(x.Admins) == 1 }},
+		{name: "lookup host:port", mutate: func(x *IR) { x.Lookup = "10.0.0.9:9000" }, kept: func(x *IR) bool { return x.Lookup == "10.0.0.9:9000" }},
+		{name: "lookup with space", mutate: func(x *IR) { x.Lookup = "dns:///admin 0:9000" }, want: []error{ErrLookup},
+			kept: func(x *IR) bool { return x.Lookup == "" && len(x.Proxies) == 2 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,13 +73,21 @@ func TestEqualIgnoresVersionAndOrder(t *testing.T) {
 	t.Parallel()
 	a, b := valid(), valid()
 	b.Version = 99
-	b.Runners[0], b.Runners[1] = b.Runners[1], b.Runners[0]
+	b.Proxies[0], b.Proxies[1] = b.Proxies[1], b.Proxies[0]
 	if !a.Equal(b) {
 		t.Fatal("reordered IR with a new version is not Equal")
 	}
-	b.Mailboxes[0].Epoch++
-	if a.Equal(b) {
-		t.Fatal("IR with a new epoch is Equal")
+	for name, mutate := range map[string]func(*IR){
+		"unhealthy": func(x *IR) { x.Proxies[0].Healthy = false },
+		"moved":     func(x *IR) { x.Proxies[1].Address = "10.0.0.3:8982" },
+		"lookup":    func(x *IR) { x.Lookup = "" },
+		"admins":    func(x *IR) { x.Admins = nil },
+	} {
+		c := valid()
+		mutate(c)
+		if a.Equal(c) {
+			t.Errorf("IR %s is Equal", name)
+		}
 	}
 	if (*IR)(nil).Equal(a) || !(*IR)(nil).Equal(nil) {
 		t.Fatal("nil handling")
@@ -91,27 +98,23 @@ func TestSortedDoesNotAliasInput(t *testing.T) {
 	t.Parallel()
 	x := valid()
 	s := x.Sorted()
-	s.Runners[0].ID = "changed"
-	if x.Runners[0].ID == "changed" || x.Runners[1].ID == "changed" {
+	s.Proxies[0].ID = "changed"
+	if x.Proxies[0].ID == "changed" || x.Proxies[1].ID == "changed" {
 		t.Fatal("Sorted shares its slices with the input")
 	}
-	if s.Runners[1].ID != "runner-b" {
-		t.Fatalf("Sorted order = %+v", s.Runners)
+	if s.Proxies[1].ID != "proxy-b" {
+		t.Fatalf("Sorted order = %+v", s.Proxies)
 	}
 }
 
-// TestNameMatchersFollowPatterns checks the hand-written matchers against the
-// documented patterns.
-func TestNameMatchersFollowPatterns(t *testing.T) {
+// TestValidIDFollowsPattern checks the hand-written matcher against the
+// documented pattern.
+func TestValidIDFollowsPattern(t *testing.T) {
 	t.Parallel()
-	ns := regexp.MustCompile(`^` + namespacePattern + `$`)
-	id := regexp.MustCompile(`^` + runnerIDPattern + `$`)
+	id := regexp.MustCompile(`^` + idPattern + `$`)
 	for _, s := range []string{"", "a", "$admin", "a$b", "-a", ".a", "a-b.c_d~e", "a/b", "a@b", "é", "A9", "$", "a b", "_x", "x_"} {
-		if got, want := namespaceName.MatchString(s), ns.MatchString(s); got != want {
-			t.Errorf("namespace %q: %v, pattern says %v", s, got, want)
-		}
-		if got, want := runnerIDName.MatchString(s), id.MatchString(s); got != want {
-			t.Errorf("runner id %q: %v, pattern says %v", s, got, want)
+		if got, want := validID(s), id.MatchString(s); got != want {
+			t.Errorf("id %q: %v, pattern says %v", s, got, want)
 		}
 	}
 }

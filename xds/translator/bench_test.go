@@ -9,68 +9,75 @@ import (
 	"github.com/prism-mesh/prism/xds/ir"
 )
 
-func mesh10k() *ir.IR {
-	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}}
-	for i := range 20 {
-		x.Runners = append(x.Runners, ir.Runner{ID: fmt.Sprintf("runner-%02d", i), Address: fmt.Sprintf("10.0.0.%d:8982", i+1), Healthy: true})
+// mesh1k is 1,000 proxies with 32-character ids, the largest scale the
+// issue names (a million mailboxes on them change none of it).
+func mesh1k(tls, auth bool) *ir.IR {
+	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "0.0.0.0:8080"}, Lookup: "dns:///prism-admin.prism.svc.cluster.local:9000"}
+	for i := range 3 {
+		x.Admins = append(x.Admins, fmt.Sprintf("10.0.1.%d:9000", i+1))
 	}
-	for i := range 10000 {
-		ns := fmt.Sprintf("ns-%05d", i)
-		x.Mailboxes = append(x.Mailboxes, ir.Mailbox{ID: ns + "@proxy-07", Namespace: ns, RunnerID: fmt.Sprintf("runner-%02d", i%20), Epoch: 1})
+	if tls {
+		x.Gateway.UpstreamTLS = ir.UpstreamTLS{TrustDomain: "prism.example.com"}
+	}
+	if auth {
+		x.Gateway.QueryAuth = ir.QueryAuth{Issuer: "https://idp.example.com", Audience: "prism", JWKSURL: "https://idp.example.com/.well-known/jwks.json"}
+	}
+	for i := range 1000 {
+		id := fmt.Sprintf("prism-proxy-%04d-abcdefghijklmnop", i)
+		x.Proxies = append(x.Proxies, ir.Proxy{ID: id, RunnerID: id, Address: fmt.Sprintf("10.%d.%d.%d:8982", i/65536, i/256%256, i%256), Healthy: true})
 	}
 	return x
 }
 
-// TestRouteTableFitsGRPCLimit: grpc-go's xDS client refuses a message over
-// 4 MiB, and the admin makes an alias for every namespace with a live lease,
-// so 10,000 mailboxes come with 10,000 aliases. The shared route table must
-// stay under the limit there, or proxyless clients lose every route.
-func TestRouteTableFitsGRPCLimit(t *testing.T) {
+// TestResponsesFitAt1kProxies: with 1,000 proxies, upstream TLS and query
+// auth, every resource type a client is served, all its resources in one
+// state-of-the-world response, stays under 512 KB, far below grpc-go's
+// 4 MiB limit; the tables grow with proxies only.
+func TestResponsesFitAt1kProxies(t *testing.T) {
 	t.Parallel()
-	x := mesh10k()
-	for _, m := range x.Mailboxes {
-		x.Aliases = append(x.Aliases, ir.Alias{Namespace: m.Namespace, MailboxID: m.ID})
-	}
-	res, err := Translate(x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const grpcMaxMessage = 4 << 20
-	for _, rc := range res.Routes {
-		if n := proto.Size(rc); n >= grpcMaxMessage {
-			t.Fatalf("route configuration %s is %d bytes at 10,000 mailboxes and aliases, over grpc-go's %d", rc.GetName(), n, grpcMaxMessage)
-		} else {
-			t.Logf("route configuration %s: %d bytes (%d per mailbox with its alias)", rc.GetName(), n, n/len(x.Mailboxes))
+	const limit = 512 << 10
+	for _, c := range []struct {
+		name      string
+		tls, auth bool
+	}{{"plain", false, false}, {"upstream TLS and query auth", true, true}} {
+		res, err := Translate(mesh1k(c.tls, c.auth))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for variant, byType := range map[string]map[string][]proto.Message{
+			"grpc-go": {"listeners": msgs(res.Listeners), "routes": msgs(res.Routes), "clusters": msgs(res.Clusters), "endpoints": msgs(res.Endpoints)},
+			"envoy":   {"clusters": msgs(variant(res.EnvoyClusters, res.Clusters))},
+		} {
+			for typ, list := range byType {
+				n := 0
+				for _, m := range list {
+					n += proto.Size(m)
+				}
+				if n > limit {
+					t.Errorf("%s, %s %s: %d bytes at 1,000 proxies, over %d", c.name, variant, typ, n, limit)
+				} else {
+					t.Logf("%s, %s %s: %d bytes (%d per proxy)", c.name, variant, typ, n, n/1000)
+				}
+			}
 		}
 	}
 }
 
-// BenchmarkTranslate10k is a translation from scratch.
-func BenchmarkTranslate10k(b *testing.B) {
-	x := mesh10k()
+// variant is Envoy's list when it has its own.
+func variant[T any](envoy, shared []T) []T {
+	if envoy != nil {
+		return envoy
+	}
+	return shared
+}
+
+// BenchmarkTranslate1k is a translation of 1,000 proxies from scratch, what
+// every proxy registration or address change costs.
+func BenchmarkTranslate1k(b *testing.B) {
+	x := mesh1k(true, true)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := Translate(x); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// BenchmarkTranslateLeaseChange10k is the updater's case: the previous state
-// is remembered and one lease moved.
-func BenchmarkTranslateLeaseChange10k(b *testing.B) {
-	x := mesh10k()
-	tr := New()
-	if _, err := tr.Translate(x); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		x.Version++
-		x.Mailboxes[i%len(x.Mailboxes)].Epoch = x.Version
-		if _, err := tr.Translate(x); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -31,7 +31,7 @@ import (
 // TestEnvoyAcceptsResources runs `envoy --mode validate` on what every
 // golden input gives Envoy, made static (route tables inline, EDS clusters
 // with their endpoints), so Envoy itself, not only the protos' rules, checks
-// the query auth filters, per-route RBAC and local replies. It needs an
+// the query auth filters, ext_authz per route and local replies. It needs an
 // envoy binary on PATH and says so when it skips.
 func TestEnvoyAcceptsResources(t *testing.T) {
 	t.Parallel()
@@ -78,7 +78,7 @@ func TestEnvoyAcceptsResources(t *testing.T) {
 func staticBootstrap(t *testing.T, res *Resources, files pki.Files) *bootstrapv3.Bootstrap {
 	t.Helper()
 	routes := map[string]*routev3.RouteConfiguration{}
-	for _, rc := range variant(res.EnvoyRoutes, res.Routes) {
+	for _, rc := range res.Routes {
 		routes[rc.Name] = rc
 	}
 	endpoints := map[string]*endpointv3.ClusterLoadAssignment{}
@@ -86,7 +86,7 @@ func staticBootstrap(t *testing.T, res *Resources, files pki.Files) *bootstrapv3
 		endpoints[la.ClusterName] = la
 	}
 	static := &bootstrapv3.Bootstrap_StaticResources{}
-	for _, l := range variant(res.EnvoyListeners, res.Listeners) {
+	for _, l := range res.Listeners {
 		if l.GetApiListener() != nil {
 			continue // grpc-go's
 		}

@@ -1,216 +1,271 @@
 package translator
 
 import (
+	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extauthzv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
+	"google.golang.org/grpc/balancer"
+	_ "google.golang.org/grpc/balancer/rls" // registers grpc.lookup.v1's messages and the RLS policy
+	_ "google.golang.org/grpc/xds"          // registers cds_experimental, RLS's child policy under xDS
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 
-// route returns the first route matching path the way Envoy and grpc-go
-// match (prefix, or RE2 on the whole path without the query), or nil.
-func route(routes []*routev3.Route, path string) *routev3.Route {
-	for _, r := range routes {
-		m := r.GetMatch()
-		switch {
-		case m.GetSafeRegex() != nil:
-			if regexp.MustCompile("^(?:" + m.GetSafeRegex().GetRegex() + ")$").MatchString(path) {
-				return r
-			}
-		case strings.HasPrefix(path, m.GetPrefix()):
-			return r
-		}
-	}
-	return nil
+// request is what a route matcher looks at.
+type request struct {
+	path    string
+	headers map[string]string
 }
 
-// rewrite applies r's path rewrite as Envoy does.
-func rewrite(r *routev3.Route, path string) string {
-	a := r.GetRoute()
-	if a.GetPrefixRewrite() != "" {
-		return a.GetPrefixRewrite() + strings.TrimPrefix(path, r.GetMatch().GetPrefix())
-	}
-	if rw := a.GetRegexRewrite(); rw != nil {
-		return regexp.MustCompile(rw.GetPattern().GetRegex()).ReplaceAllLiteralString(path, rw.GetSubstitution())
-	}
-	return path
-}
-
-func TestPathRoutesMatchRawAndEncodedIDs(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name      string
-		mailbox   ir.Mailbox
-		wantRegex bool
-		match     []string
-		miss      []string
-	}{
-		{
-			name:    "one encodable character",
-			mailbox: ir.Mailbox{ID: "audit.v2@proxy-01", Namespace: "audit.v2", RunnerID: "r", Epoch: 1},
-			match:   []string{"/v1/mailboxes/audit.v2@proxy-01/events", "/v1/mailboxes/audit.v2%40proxy-01/stats", "/v1/mailboxes/audit.v2@proxy-01/"},
-			miss:    []string{"/v1/mailboxes/audit.v2@proxy-01", "/v1/mailboxes/auditXv2@proxy-01/events", "/v1/mailboxes/audit.v2@proxy-011/events"},
-		},
-		{
-			name:    "admin mailbox, every mix of encodings",
-			mailbox: ir.Mailbox{ID: "$admin@proxy-01", Namespace: "$admin", RunnerID: "r", Epoch: 1},
-			match: []string{"/v1/mailboxes/$admin@proxy-01/events", "/v1/mailboxes/%24admin%40proxy-01/events",
-				"/v1/mailboxes/$admin%40proxy-01/stats", "/v1/mailboxes/%24admin@proxy-01/events/m-1"},
-			miss: []string{"/v1/mailboxes/admin@proxy-01/events", "/v1/mailboxes/$admin@proxy-0/events"},
-		},
-		{
-			name:      "more encodable characters than prefixes allow",
-			mailbox:   ir.Mailbox{ID: "$a$b@p.1", Namespace: "$a$b", RunnerID: "r", Epoch: 1},
-			wantRegex: true,
-			match:     []string{"/v1/mailboxes/$a$b@p.1/events", "/v1/mailboxes/%24a$b%40p.1/events", "/v1/mailboxes/%24a%24b%40p.1/stats"},
-			miss:      []string{"/v1/mailboxes/$a$b@pX1/events", "/v1/mailboxes/$a$b@p.1"},
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			routes := mailboxPathRoutes(tt.mailbox)
-			if got := routes[0].GetMatch().GetSafeRegex() != nil; got != tt.wantRegex {
-				t.Fatalf("regex route = %v, want %v", got, tt.wantRegex)
-			}
-			for _, p := range tt.match {
-				if route(routes, p) == nil {
-					t.Errorf("%q does not route", p)
-				}
-			}
-			for _, p := range tt.miss {
-				if route(routes, p) != nil {
-					t.Errorf("%q routes, want no match", p)
-				}
-			}
-		})
-	}
-}
-
-func TestAliasRoutesRewriteToTheMailbox(t *testing.T) {
-	t.Parallel()
-	for _, ns := range []string{"$admin", "$a$b@"[:4]} {
-		m := ir.Mailbox{ID: ns + "@proxy-01", Namespace: ns, RunnerID: "r", Epoch: 1}
-		routes := namespaceAliasRoutes(ir.Alias{Namespace: ns, MailboxID: m.ID}, m)
-		for _, p := range []string{"/v1/namespaces/" + ns + "/events/m-1", "/v1/namespaces/" + strings.ReplaceAll(ns, "$", "%24") + "/events/m-1"} {
-			r := route(routes, p)
-			if r == nil {
-				t.Errorf("%q does not route", p)
+// match returns the first route r matches, as both data planes match: path
+// prefix or RE2 safe_regex on the path without its query (Envoy's full
+// match), and every header matcher (exact, suffix, present).
+func match(routes []*routev3.Route, r request) *routev3.Route {
+	path, _, _ := strings.Cut(r.path, "?")
+next:
+	for _, rt := range routes {
+		m := rt.GetMatch()
+		if re := m.GetSafeRegex(); re != nil {
+			if !regexp.MustCompile("^(?:" + re.GetRegex() + ")$").MatchString(path) {
 				continue
 			}
-			if got, want := rewrite(r, p), "/v1/mailboxes/"+m.ID+"/events/m-1"; got != want {
-				t.Errorf("%q rewritten to %q, want %q", p, got, want)
-			}
-		}
-		if route(routes, "/v1/namespaces/"+ns+"x/events") != nil {
-			t.Errorf("alias %q matches a longer namespace", ns)
-		}
-	}
-}
-
-// TestHeaderRoutesComeFirst pins the order grpc-go's performance and
-// correctness rely on: a gRPC call matches on its header before any path
-// route is looked at, a call naming a mailbox is routed by it even when it
-// names a namespace too, and every header route precedes the catch-alls.
-func TestHeaderRoutesComeFirst(t *testing.T) {
-	t.Parallel()
-	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"},
-		Runners: []ir.Runner{{ID: "r", Address: "127.0.0.1:1", Healthy: true}}}
-	for _, id := range []string{"a@p", "b@p", "c@p"} {
-		x.Mailboxes = append(x.Mailboxes, ir.Mailbox{ID: id, Namespace: id[:1], RunnerID: "r", Epoch: 1})
-	}
-	x.Aliases = []ir.Alias{{Namespace: "a", MailboxID: "a@p"}, {Namespace: "c", MailboxID: "c@p"}}
-	res, err := Translate(x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := ""
-	for _, r := range res.Routes[0].GetVirtualHosts()[0].GetRoutes() {
-		switch {
-		case len(r.GetMatch().GetHeaders()) > 0:
-			kinds += map[string]string{mesh.HeaderMailboxID: "m", mesh.HeaderNamespace: "s"}[r.GetMatch().GetHeaders()[0].GetName()]
-		case r.GetDirectResponse() != nil:
-			kinds += "4"
-		case r.GetRoute().GetCluster() == NotFoundCluster:
-			kinds += "n"
-		default:
-			kinds += "p"
-		}
-	}
-	if want := "mmm" + "ss" + "pppppp" + "pp" + "n4"; kinds != want {
-		t.Fatalf("route kinds in order = %q, want %q", kinds, want)
-	}
-}
-
-// TestNamespaceHeaderRoutes checks the route a gRPC call naming only its
-// namespace takes: the alias's mailbox's runner, answering with that
-// mailbox's id and epoch, and nothing for a namespace with no alias.
-func TestNamespaceHeaderRoutes(t *testing.T) {
-	t.Parallel()
-	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"},
-		Runners: []ir.Runner{{ID: "r1", Address: "127.0.0.1:1", Healthy: true}, {ID: "r2", Address: "127.0.0.1:2", Healthy: true}},
-		Mailboxes: []ir.Mailbox{
-			{ID: "$admin@p1", Namespace: "$admin", RunnerID: "r1", Epoch: 4},
-			{ID: "audit@p2", Namespace: "audit", RunnerID: "r2", Epoch: 9},
-			{ID: "plain@p1", Namespace: "plain", RunnerID: "r1", Epoch: 2},
-		},
-		Aliases: []ir.Alias{{Namespace: "$admin", MailboxID: "$admin@p1"}, {Namespace: "audit", MailboxID: "audit@p2"}},
-	}
-	res, err := Translate(x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	routes := res.Routes[0].GetVirtualHosts()[0].GetRoutes()
-	tests := []struct {
-		ns, cluster, mailbox, epoch string
-	}{
-		{"$admin", "runner/r1", "", ""},
-		{"audit", "runner/r2", "", ""},
-		{"plain", NotFoundCluster, "", ""}, // a mailbox but no alias
-		{"audi", NotFoundCluster, "", ""},
-		{"audit-logs", NotFoundCluster, "", ""},
-	}
-	for _, tt := range tests {
-		r := grpcRoute(routes, map[string]string{mesh.HeaderNamespace: tt.ns})
-		if r == nil {
-			t.Fatalf("namespace %q: no route", tt.ns)
-		}
-		if got := r.GetRoute().GetCluster(); got != tt.cluster {
-			t.Errorf("namespace %q: cluster %q, want %q", tt.ns, got, tt.cluster)
-		}
-		hdr := map[string]string{}
-		for _, h := range r.GetResponseHeadersToAdd() {
-			hdr[h.GetHeader().GetKey()] = h.GetHeader().GetValue()
-		}
-		if hdr[mesh.HeaderMailbox] != tt.mailbox || hdr[mesh.HeaderEpoch] != tt.epoch {
-			t.Errorf("namespace %q: response headers %v, want mailbox %q epoch %q", tt.ns, hdr, tt.mailbox, tt.epoch)
-		}
-	}
-	both := grpcRoute(routes, map[string]string{mesh.HeaderMailboxID: "plain@p1", mesh.HeaderNamespace: "audit"})
-	if got := both.GetRoute().GetCluster(); got != "runner/r1" {
-		t.Errorf("call naming mailbox plain@p1 and namespace audit routed to %q, want the mailbox's runner/r1", got)
-	}
-}
-
-// grpcRoute returns the first route a MailboxQuery call with the given
-// metadata matches, as grpc-go matches (path prefix and exact headers).
-func grpcRoute(routes []*routev3.Route, md map[string]string) *routev3.Route {
-	const path = MailboxQueryPrefix + "GetStats"
-next:
-	for _, r := range routes {
-		if r.GetMatch().GetSafeRegex() != nil || !strings.HasPrefix(path, r.GetMatch().GetPrefix()) {
+		} else if !strings.HasPrefix(path, m.GetPrefix()) {
 			continue
 		}
-		for _, h := range r.GetMatch().GetHeaders() {
-			if v, ok := md[h.GetName()]; !ok || v != h.GetStringMatch().GetExact() {
+		for _, h := range m.GetHeaders() {
+			v, ok := r.headers[h.GetName()]
+			switch {
+			case h.GetPresentMatch():
+				if !ok {
+					continue next
+				}
+			case h.GetStringMatch().GetSuffix() != "":
+				if !ok || !strings.HasSuffix(v, h.GetStringMatch().GetSuffix()) {
+					continue next
+				}
+			case !ok || v != h.GetStringMatch().GetExact():
 				continue next
 			}
 		}
-		return r
+		return rt
 	}
 	return nil
+}
+
+// target is where a matched route sends a request: a cluster, "rls", or
+// the direct response's status.
+func target(r *routev3.Route) string {
+	switch {
+	case r == nil:
+		return "no route"
+	case r.GetRoute().GetClusterSpecifierPlugin() != "":
+		return "rls"
+	case r.GetDirectResponse() != nil:
+		return "404"
+	}
+	return r.GetRoute().GetCluster()
+}
+
+// proxies are ids chosen to be confused: prefixes, suffixes and a regex
+// wildcard of one another.
+var proxies = []string{"P", "aP", "P.x", "PXx", "p", "P-1", "x~P"}
+
+func tables(t *testing.T, auth bool) (grpcGo, envoy []*routev3.Route) {
+	t.Helper()
+	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, Admins: []string{"127.0.0.1:9"}, Lookup: "dns:///127.0.0.1:9"}
+	if auth {
+		x.Gateway.QueryAuth = ir.QueryAuth{Issuer: "i", Audience: "a", JWKSFile: "/jwks.json"}
+	}
+	for i, p := range proxies {
+		x.Proxies = append(x.Proxies, ir.Proxy{ID: p, Address: "127.0.0.1:" + string(rune('1'+i)), Healthy: true})
+	}
+	res, err := Translate(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rc := range res.Routes {
+		switch rc.GetName() {
+		case RouteConfigName:
+			grpcGo = rc.GetVirtualHosts()[0].GetRoutes()
+		case GatewayRouteConfigName:
+			envoy = rc.GetVirtualHosts()[0].GetRoutes()
+		}
+	}
+	return grpcGo, envoy
+}
+
+// TestProxyRoutesPickExactlyTheProxy: a mailbox id's header picks its
+// proxy in both tables, and its path, raw or percent-encoded, in Envoy's;
+// ids of proxies named alike never cross.
+func TestProxyRoutesPickExactlyTheProxy(t *testing.T) {
+	t.Parallel()
+	grpcGo, envoy := tables(t, false)
+	for _, p := range proxies {
+		for _, ns := range []string{"a", "$admin", "a.b~c"} {
+			id := ns + "@" + p
+			enc := strings.NewReplacer("$", "%24", "@", "%40").Replace(id)
+			want := ClusterName(p)
+			for _, tt := range []struct {
+				name   string
+				routes []*routev3.Route
+				req    request
+			}{
+				{"grpc-go header", grpcGo, request{MailboxQueryPrefix + "GetStats", map[string]string{mesh.HeaderMailboxID: id}}},
+				{"envoy header", envoy, request{MailboxQueryPrefix + "Search", map[string]string{mesh.HeaderMailboxID: id}}},
+				{"envoy raw path", envoy, request{path: "/v1/mailboxes/" + id + "/events"}},
+				{"envoy encoded path", envoy, request{path: "/v1/mailboxes/" + enc + "/events/m-1"}},
+				{"envoy path with query", envoy, request{path: "/v1/mailboxes/" + id + "?limit=1"}},
+				{"envoy bare path", envoy, request{path: "/v1/mailboxes/" + enc}},
+			} {
+				if got := target(match(tt.routes, tt.req)); got != want {
+					t.Errorf("%s %q: routed to %s, want %s", tt.name, id, got, want)
+				}
+			}
+		}
+	}
+	// Nothing routes an id of an unknown proxy, or a path that only starts
+	// or ends like one, to a proxy.
+	for _, tt := range []struct {
+		name   string
+		routes []*routev3.Route
+		req    request
+		want   string
+	}{
+		{"grpc-go unknown proxy", grpcGo, request{MailboxQueryPrefix + "GetStats", map[string]string{mesh.HeaderMailboxID: "a@Q"}}, AdminCluster},
+		{"grpc-go id without proxy", grpcGo, request{MailboxQueryPrefix + "GetStats", map[string]string{mesh.HeaderMailboxID: "aP"}}, AdminCluster},
+		{"envoy unknown proxy", envoy, request{path: "/v1/mailboxes/a@Q/events"}, "404"},
+		{"envoy longer proxy", envoy, request{path: "/v1/mailboxes/a@P.xy/events"}, "404"},
+		{"envoy proxy in the namespace", envoy, request{path: "/v1/mailboxes/P/events"}, "404"},
+		{"envoy proxy after a slash", envoy, request{path: "/v1/mailboxes/a/@P/events"}, "404"},
+		{"envoy other prefix", envoy, request{path: "/v2/mailboxes/a@P/events"}, "404"},
+	} {
+		if got := target(match(tt.routes, tt.req)); got != tt.want {
+			t.Errorf("%s: routed to %s, want %s", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestNamespaceRoutes: a gRPC call naming only a namespace goes to RLS in
+// grpc-go's table (a mailbox header wins over it), and Envoy's namespace
+// paths end in the 404 unless ext_authz sets x-mailbox-id, after which the
+// re-match picks the proxy.
+func TestNamespaceRoutes(t *testing.T) {
+	t.Parallel()
+	grpcGo, envoy := tables(t, false)
+	for _, tt := range []struct {
+		name   string
+		routes []*routev3.Route
+		req    request
+		want   string
+	}{
+		{"grpc-go namespace", grpcGo, request{MailboxQueryPrefix + "GetStats", map[string]string{mesh.HeaderNamespace: "audit"}}, "rls"},
+		{"grpc-go mailbox and namespace", grpcGo, request{MailboxQueryPrefix + "GetStats", map[string]string{mesh.HeaderNamespace: "audit", mesh.HeaderMailboxID: "b@P"}}, ClusterName("P")},
+		{"grpc-go neither", grpcGo, request{MailboxQueryPrefix + "GetStats", nil}, AdminCluster},
+		{"envoy namespace path", envoy, request{path: "/v1/namespaces/audit/events"}, "404"},
+		{"envoy namespace path after ext_authz", envoy, request{"/v1/namespaces/audit/events", map[string]string{mesh.HeaderMailboxID: "audit@P-1"}}, ClusterName("P-1")},
+		{"envoy namespace gRPC", envoy, request{MailboxQueryPrefix + "GetStats", map[string]string{mesh.HeaderNamespace: "audit"}}, AdminCluster},
+	} {
+		if got := target(match(tt.routes, tt.req)); got != tt.want {
+			t.Errorf("%s: routed to %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	if r := match(envoy, request{path: "/v1/namespaces/audit/events"}); r.GetDirectResponse().GetBody().GetInlineString() != NamespaceNotFoundBody {
+		t.Errorf("namespace 404 body = %s", r.GetDirectResponse().GetBody().GetInlineString())
+	}
+}
+
+// TestExtAuthzPerRoute pins where Envoy asks the admin nodes: the
+// namespace routes always, the proxy routes under query auth, the
+// catch-all 404 never.
+func TestExtAuthzPerRoute(t *testing.T) {
+	t.Parallel()
+	for _, auth := range []bool{false, true} {
+		x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, Proxies: []ir.Proxy{{ID: "P", Address: "127.0.0.1:1", Healthy: true}}}
+		if auth {
+			x.Gateway.QueryAuth = ir.QueryAuth{Issuer: "i", Audience: "a", JWKSFile: "/jwks.json"}
+		}
+		res, err := Translate(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vh := res.Routes[0].GetVirtualHosts()[0]
+		if res.Routes[0].GetName() != GatewayRouteConfigName {
+			t.Fatalf("first table %s", res.Routes[0].GetName())
+		}
+		disabled := func(cfgs map[string]*anypb.Any) (set, off bool) {
+			a, ok := cfgs[extAuthzFilter]
+			if !ok {
+				return false, false
+			}
+			pr := &extauthzv3.ExtAuthzPerRoute{}
+			if err := a.UnmarshalTo(pr); err != nil {
+				t.Fatal(err)
+			}
+			return true, pr.GetDisabled()
+		}
+		_, vhOff := disabled(vh.GetTypedPerFilterConfig())
+		got := ""
+		for _, r := range vh.GetRoutes() {
+			set, off := disabled(r.GetTypedPerFilterConfig())
+			if !set {
+				off = vhOff
+			}
+			got += map[bool]string{true: "-", false: "A"}[off]
+		}
+		// header P, path P, namespaces, MailboxQuery, catch-all.
+		want := map[bool]string{false: "--AA-", true: "AAAA-"}[auth]
+		if got != want {
+			t.Errorf("query auth %v: ext_authz per route %q, want %q", auth, got, want)
+		}
+	}
+}
+
+// TestGRPCGoAcceptsRouteLookup: the RLS plugin's config is what grpc-go
+// parses it into (its rls cluster specifier: the config as JSON, cds as the
+// child policy), and the RLS policy accepts it.
+func TestGRPCGoAcceptsRouteLookup(t *testing.T) {
+	t.Parallel()
+	a, err := routeLookupSpecifier("dns:///admin.prism.svc:9000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Decoded as upstream's grpc.lookup.v1 message, registered by grpc-go.
+	m, err := a.UnmarshalNew()
+	if err != nil {
+		t.Fatalf("grpc-go's registry cannot read %s: %v", a.GetTypeUrl(), err)
+	}
+	rlc := m.ProtoReflect().Get(m.ProtoReflect().Descriptor().Fields().ByName("route_lookup_config")).Message().Interface()
+	cfgJSON, err := protojson.Marshal(rlc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := json.Marshal(map[string]any{
+		"routeLookupConfig":                json.RawMessage(cfgJSON),
+		"childPolicy":                      []map[string]any{{"cds_experimental": map[string]any{"isDynamic": true}}},
+		"childPolicyConfigTargetFieldName": "cluster",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bb := balancer.Get("rls_experimental")
+	if bb == nil {
+		t.Fatal("RLS policy not registered")
+	}
+	if _, err := bb.(balancer.ConfigParser).ParseConfig(lb); err != nil {
+		t.Fatalf("grpc-go's RLS policy refuses %s: %v", cfgJSON, err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(cfgJSON, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["defaultTarget"] != AdminCluster || got["lookupService"] != "dns:///admin.prism.svc:9000" {
+		t.Errorf("config %s", cfgJSON)
+	}
 }

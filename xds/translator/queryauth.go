@@ -9,20 +9,18 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extauthzv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
 	jwtv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
-	rbacfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 
@@ -34,38 +32,25 @@ import (
 //     Authorization: Bearer only, is not forwarded to the runners (they know
 //     the gateway by its certificate), and its payload lands in dynamic
 //     metadata;
-//   - envoy.filters.http.rbac allows each mailbox and namespace route only
-//     when the payload's namespaces claim names the route's namespace or
-//     "*" (RBACPerRoute on the route); the not-found routes need only the
-//     token;
-//   - local_reply_config answers Envoy's own 401 and 403 in gateway/auth's
-//     JSON shape, {"error", "code"}, with its WWW-Authenticate challenge.
+//   - envoy.filters.http.ext_authz, which runs on every route to a proxy or
+//     the admin nodes, is given that payload (metadata_context_namespaces)
+//     and the admin nodes check that its namespaces claim names every
+//     namespace the request does (path, x-mailbox-id, x-prism-namespace) or
+//     "*", answering 403 in gateway/auth's JSON shape otherwise. One check
+//     in Go, next to the namespace lookup, instead of a per-route RBAC
+//     policy naming each namespace;
+//   - local_reply_config answers jwt_authn's own 401 and 403 in
+//     gateway/auth's JSON shape, {"error", "code"}, with its
+//     WWW-Authenticate challenge.
 //
-// The per-route RBAC lives in its own route table, GatewayRouteConfigName,
-// named by the Envoy gateway's listener only: grpc-go's table stays exactly
-// as without query auth (prism gateway checks tokens itself, and every
-// byte of that table counts against grpc-go's 4 MiB limit). The tables
-// differ in name, not in variant, so both snapshots can hold both and the
-// cache's shared marshaling never mixes them. The gateway table's header
-// routes match MailboxQuery gRPC only: the runners' HTTP API serves the
-// mailbox its path names, so an HTTP request must be routed, and scoped, by
-// its path, never by an x-mailbox-id header naming a namespace the token may
-// read. For the same reason a namespace header route there requires that no
-// x-mailbox-id is sent (the runner would serve that mailbox first).
-//
-// The per-route RBAC costs about 330 bytes per route: 10,000 mailboxes with
-// their aliases make an 18 MB gateway table (grpc-go's is 4 MB). Envoy takes
-// xDS messages of any size, but every change resends it; per-proxy routes
-// (ROUTING.md) would shrink it with the rest.
+// grpc-go's resources never change with it: prism gateway checks tokens
+// itself.
 const (
-	// GatewayRouteConfigName is the Envoy gateway's route table under query
-	// auth.
-	GatewayRouteConfigName = "gateway-routes"
 	// JWKSCluster fetches a JWKS URL (Envoy only).
 	JWKSCluster = "prism/jwks"
 
 	jwtAuthnFilter = "envoy.filters.http.jwt_authn"
-	rbacFilter     = wellknown.HTTPRoleBasedAccessControl
+	extAuthzFilter = wellknown.HTTPExternalAuthorization
 	jwtProvider    = "prism"
 	// jwtPayloadKey and jwtFailureKey are where jwt_authn leaves the
 	// verified payload and the reason of a failure, under jwtAuthnFilter's
@@ -79,16 +64,60 @@ const (
 	// jwksFetchTimeout and jwksCacheFor are gateway/auth's defaults.
 	jwksFetchTimeout = 5 * time.Second
 	jwksCacheFor     = 5 * time.Minute
-	// allNamespaces is gateway/auth.AllNamespaces.
-	allNamespaces = "*"
+	// extAuthzTimeout bounds a check: an FSM read on an admin node, plus
+	// the network, as for grpc-go's lookups.
+	extAuthzTimeout = rlsLookupTimeout
 )
 
 // queryPrefixes are the paths that carry queries, the only ones needing a
 // token: every route to a runner or to the not-found service is under one.
 var queryPrefixes = []string{"/v1/", MailboxQueryPrefix}
 
-// authFilters are the listener's filters before the router.
-func authFilters(q ir.QueryAuth) ([]*hcmv3.HttpFilter, error) {
+// gatewayFilters are the listener's filters before the router: jwt_authn
+// under query auth, then ext_authz.
+func gatewayFilters(q ir.QueryAuth) ([]*hcmv3.HttpFilter, error) {
+	type filter struct {
+		name string
+		cfg  validator
+	}
+	var cfgs []filter
+	if q.Enabled() {
+		cfgs = append(cfgs, filter{jwtAuthnFilter, jwtAuthn(q)})
+	}
+	cfgs = append(cfgs, filter{extAuthzFilter, extAuthz()})
+	filters := make([]*hcmv3.HttpFilter, 0, len(cfgs))
+	for _, f := range cfgs {
+		if err := f.cfg.ValidateAll(); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.name, err)
+		}
+		a, err := toAny(f.cfg)
+		if err != nil {
+			return nil, err
+		}
+		filters = append(filters, &hcmv3.HttpFilter{Name: f.name, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: a}})
+	}
+	return filters, nil
+}
+
+// extAuthz asks the admin nodes (prism/admin) about every request on a
+// route that enables it. It fails closed (503), and clears the route cache
+// so the x-mailbox-id it may set picks the proxy route.
+func extAuthz() *extauthzv3.ExtAuthz {
+	return &extauthzv3.ExtAuthz{
+		Services: &extauthzv3.ExtAuthz_GrpcService{GrpcService: &corev3.GrpcService{
+			TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: AdminCluster}},
+			Timeout:         durationpb.New(extAuthzTimeout),
+		}},
+		TransportApiVersion:       corev3.ApiVersion_V3,
+		ClearRouteCache:           true,
+		FailureModeAllow:          false,
+		MetadataContextNamespaces: []string{jwtAuthnFilter},
+		StatusOnError:             &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
+	}
+}
+
+// jwtAuthn verifies the token on the query paths.
+func jwtAuthn(q ir.QueryAuth) *jwtv3.JwtAuthentication {
 	provider := &jwtv3.JwtProvider{
 		Issuer:                 q.Issuer,
 		Audiences:              []string{q.Audience},
@@ -123,118 +152,18 @@ func authFilters(q ir.QueryAuth) ([]*hcmv3.HttpFilter, error) {
 			}},
 		})
 	}
-	// No rules here: a route without its own RBACPerRoute (the not-found
-	// ones, the direct 404) is open to whoever jwt_authn let through.
-	rbac := &rbacfilterv3.RBAC{}
-	var filters []*hcmv3.HttpFilter
-	for _, f := range []struct {
-		name string
-		cfg  validator
-	}{{jwtAuthnFilter, cfg}, {rbacFilter, rbac}} {
-		if err := f.cfg.ValidateAll(); err != nil {
-			return nil, fmt.Errorf("%s: %w", f.name, err)
-		}
-		a, err := toAny(f.cfg)
-		if err != nil {
-			return nil, err
-		}
-		filters = append(filters, &hcmv3.HttpFilter{Name: f.name, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: a}})
-	}
-	return filters, nil
+	return cfg
 }
 
-// namespaceRBAC is the per-route RBAC of a route to namespace ns: the
-// verified payload's claim lists ns or "*", or is ns or "*" itself
-// (gateway/auth takes a list or one name).
-func namespaceRBAC(claim, ns string) (*anypb.Any, error) {
-	str := func(s string) *matcherv3.ValueMatcher {
-		return &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
-			MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s},
-		}}}
-	}
-	inList := func(s string) *matcherv3.ValueMatcher {
-		return &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_ListMatch{ListMatch: &matcherv3.ListMatcher{
-			MatchPattern: &matcherv3.ListMatcher_OneOf{OneOf: str(s)},
-		}}}
-	}
-	principal := &rbacv3.Principal{Identifier: &rbacv3.Principal_SourcedMetadata{SourcedMetadata: &rbacv3.SourcedMetadata{
-		MetadataMatcher: &matcherv3.MetadataMatcher{
-			Filter: jwtAuthnFilter,
-			Path: []*matcherv3.MetadataMatcher_PathSegment{
-				{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: jwtPayloadKey}},
-				{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: claim}},
-			},
-			Value: &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_OrMatch{OrMatch: &matcherv3.OrMatcher{
-				ValueMatchers: []*matcherv3.ValueMatcher{inList(ns), inList(allNamespaces), str(ns), str(allNamespaces)},
-			}}},
-		},
-	}}}
-	cfg := &rbacfilterv3.RBACPerRoute{Rbac: &rbacfilterv3.RBAC{Rules: &rbacv3.RBAC{
-		Action: rbacv3.RBAC_ALLOW,
-		Policies: map[string]*rbacv3.Policy{"namespace": {
-			Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_Any{Any: true}}},
-			Principals:  []*rbacv3.Principal{principal},
-		}},
-	}}}
-	if err := cfg.ValidateAll(); err != nil {
-		return nil, fmt.Errorf("namespace %q rbac: %w", ns, err)
-	}
-	return toAny(cfg)
-}
-
-// scope makes routes to namespace ns check the token's claim. The route is
-// named after the namespace so the 403 can name it (%ROUTE_NAME%).
-func scope(rbac *anypb.Any, ns string, routes ...*routev3.Route) {
-	for _, r := range routes {
-		r.Name = ns
-		r.TypedPerFilterConfig = map[string]*anypb.Any{rbacFilter: rbac}
-	}
-}
-
-// gRPCOnly narrows a header route to MailboxQuery calls.
-func gRPCOnly(r *routev3.Route) *routev3.Route {
-	r.Match.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: MailboxQueryPrefix}
-	return r
-}
-
-// authMailboxRoutes are m's routes in the gateway table.
-func authMailboxRoutes(claim string, m ir.Mailbox) (idRoutesPair, error) {
-	rbac, err := namespaceRBAC(claim, m.Namespace)
-	if err != nil {
-		return idRoutesPair{}, err
-	}
-	hr := gRPCOnly(headerRoute(mesh.HeaderMailboxID, m.ID, m))
-	hr.ResponseHeadersToAdd = whoAnswered(m)
-	p := idRoutesPair{header: hr, path: mailboxPathRoutes(m)}
-	scope(rbac, m.Namespace, append([]*routev3.Route{p.header}, p.path...)...)
-	return p, nil
-}
-
-// authAliasRoutes are a's routes in the gateway table.
-func authAliasRoutes(claim string, a ir.Alias, m ir.Mailbox) (idRoutesPair, error) {
-	rbac, err := namespaceRBAC(claim, a.Namespace)
-	if err != nil {
-		return idRoutesPair{}, err
-	}
-	hr := gRPCOnly(headerRoute(mesh.HeaderNamespace, a.Namespace, m))
-	hr.Match.Headers = append(hr.Match.Headers, &routev3.HeaderMatcher{
-		Name:                 mesh.HeaderMailboxID,
-		HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true},
-		InvertMatch:          true,
-	})
-	p := idRoutesPair{header: hr, path: namespaceAliasRoutes(a, m)}
-	scope(rbac, a.Namespace, append([]*routev3.Route{p.header}, p.path...)...)
-	return p, nil
-}
-
-// localReplies answer Envoy's own refusals like gateway/auth: 401 with
-// code missing_token (no Authorization: Bearer) or invalid_token, 403
-// insufficient_scope, each with its WWW-Authenticate challenge. jwt_authn
+// localReplies answer jwt_authn's refusals like gateway/auth: 401 with code
+// missing_token (no Authorization: Bearer) or invalid_token, each with its
+// WWW-Authenticate challenge. ext_authz's 403 (insufficient_scope) comes
+// from the admin nodes already in that shape, and no mapper touches it. jwt_authn
 // answers a token of another audience 403; gateway/auth says 401
 // invalid_token, so that one is rewritten. gRPC calls keep Envoy's
 // grpc-message text (a JSON body would land in it); only their status is
 // corrected. Other local replies (the direct 404, 503s) are left alone.
-func localReplies(claim string) *hcmv3.LocalReplyConfig {
+func localReplies() *hcmv3.LocalReplyConfig {
 	status := func(code uint32) *accesslogv3.AccessLogFilter {
 		return &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_StatusCodeFilter{StatusCodeFilter: &accesslogv3.StatusCodeFilter{
 			Comparison: &accesslogv3.ComparisonFilter{Op: accesslogv3.ComparisonFilter_EQ, Value: &corev3.RuntimeUInt32{
@@ -300,13 +229,6 @@ func localReplies(claim string) *hcmv3.LocalReplyConfig {
 			HeadersToAdd:       challenge("invalid_token"),
 		},
 		{Filter: and(status(403), jwtFailed, isGRPC), StatusCode: unauthorized},
-		{
-			Filter: and(status(403), notGRPC),
-			BodyFormatOverride: body(
-				"%LOCAL_REPLY_BODY%: the token's "+claim+" claim names neither namespace %ROUTE_NAME% nor "+allNamespaces,
-				"insufficient_scope"),
-			HeadersToAdd: challenge("insufficient_scope"),
-		},
 	}}
 }
 

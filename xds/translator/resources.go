@@ -9,12 +9,10 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/proto"
@@ -120,28 +118,17 @@ func lbEndpoint(addr string, healthy bool) *endpointv3.LbEndpoint {
 	}
 }
 
-func runnerCluster(r ir.Runner) (*clusterv3.Cluster, *endpointv3.ClusterLoadAssignment) {
-	name := ClusterName(r.ID)
-	return edsCluster(name), loadAssignment(name, []*endpointv3.LbEndpoint{lbEndpoint(r.Address, r.Healthy)})
+func proxyCluster(p ir.Proxy) (*clusterv3.Cluster, *endpointv3.ClusterLoadAssignment) {
+	name := ClusterName(p.ID)
+	return edsCluster(name), loadAssignment(name, []*endpointv3.LbEndpoint{lbEndpoint(p.Address, p.Healthy)})
 }
 
-func notFoundCluster(addrs []string) (*clusterv3.Cluster, *endpointv3.ClusterLoadAssignment) {
+func adminCluster(addrs []string) (*clusterv3.Cluster, *endpointv3.ClusterLoadAssignment) {
 	eps := make([]*endpointv3.LbEndpoint, 0, len(addrs))
 	for _, a := range addrs {
 		eps = append(eps, lbEndpoint(a, true))
 	}
-	return edsCluster(NotFoundCluster), loadAssignment(NotFoundCluster, eps)
-}
-
-func regex(re string) *matcherv3.RegexMatcher { return &matcherv3.RegexMatcher{Regex: re} }
-
-func exactHeader(name, value string) *routev3.HeaderMatcher {
-	return &routev3.HeaderMatcher{
-		Name: name,
-		HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
-			MatchPattern: &matcherv3.StringMatcher_Exact{Exact: value},
-		}},
-	}
+	return edsCluster(AdminCluster), loadAssignment(AdminCluster, eps)
 }
 
 func router() (*hcmv3.HttpFilter, error) {
@@ -172,10 +159,10 @@ var accessLogFormat = map[string]any{
 	"bytes_out": "%BYTES_SENT%",
 }
 
-// gatewayListener is the Envoy gateway's listener; under query auth it
-// checks tokens (see queryauth.go) and routes by the gateway's own table.
-// An invalid query auth setting is an error, so the listener is left out
-// rather than served open.
+// gatewayListener is the Envoy gateway's listener, routing by
+// GatewayRouteConfigName with ext_authz (see queryauth.go) and, under query
+// auth, jwt_authn before it. An invalid query auth setting is an error, so
+// the listener is left out rather than served open.
 func gatewayListener(addr string, q ir.QueryAuth) (*listenerv3.Listener, error) {
 	host, port, err := splitAddress(addr)
 	if err != nil {
@@ -195,32 +182,33 @@ func gatewayListener(addr string, q ir.QueryAuth) (*listenerv3.Listener, error) 
 	if err != nil {
 		return nil, err
 	}
+	if q.Enabled() {
+		if err := q.Validate(); err != nil {
+			return nil, fmt.Errorf("listener %s: %w", GatewayListenerName, err)
+		}
+	}
+	filters, err := gatewayFilters(q)
+	if err != nil {
+		return nil, fmt.Errorf("listener %s: %w", GatewayListenerName, err)
+	}
 	hcm := &hcmv3.HttpConnectionManager{
 		StatPrefix: GatewayListenerName,
 		// AUTO serves HTTP/1.1 for curl and h2c for gRPC clients on one port.
 		CodecType:      hcmv3.HttpConnectionManager_AUTO,
-		RouteSpecifier: rds(RouteConfigName),
-		HttpFilters:    []*hcmv3.HttpFilter{rf},
+		RouteSpecifier: rds(GatewayRouteConfigName),
+		HttpFilters:    append(filters, rf),
 		AccessLog: []*accesslogv3.AccessLog{{
 			Name:       "envoy.access_loggers.stdout",
 			ConfigType: &accesslogv3.AccessLog_TypedConfig{TypedConfig: stdout},
 		}},
 	}
 	if q.Enabled() {
-		if err := q.Validate(); err != nil {
-			return nil, fmt.Errorf("listener %s: %w", GatewayListenerName, err)
-		}
-		auth, err := authFilters(q)
-		if err != nil {
-			return nil, fmt.Errorf("listener %s: %w", GatewayListenerName, err)
-		}
-		hcm.HttpFilters = append(auth, rf)
-		hcm.RouteSpecifier = rds(GatewayRouteConfigName)
-		hcm.LocalReplyConfig = localReplies(q.Claim())
-		// Routes and jwt_authn's rules match the path as RBAC scopes it:
-		// no dot segments or doubled slashes can make a path match one
-		// mailbox's route and reach another's, and mailbox ids never hold
-		// a slash, so an escaped one is refused.
+		hcm.LocalReplyConfig = localReplies()
+		// Routes, jwt_authn's rules and ext_authz see the path as the
+		// runner will: no dot segments or doubled slashes can make a path
+		// match one proxy's route and name another namespace to the
+		// check, and mailbox ids never hold a slash, so an escaped one is
+		// refused.
 		hcm.NormalizePath = wrapperspb.Bool(true)
 		hcm.MergeSlashes = true
 		hcm.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_REJECT_REQUEST

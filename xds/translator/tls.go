@@ -46,14 +46,11 @@ func sanPrefix(u ir.UpstreamTLS, role identity.Role) *matcherv3.StringMatcher {
 	}}
 }
 
-// runnerSAN accepts exactly the runner's proxy identity, or any proxy
-// identity when the runner's proxy is unknown.
-func runnerSAN(u ir.UpstreamTLS, r ir.Runner) *matcherv3.StringMatcher {
-	if r.ProxyID == "" {
-		return sanPrefix(u, identity.Proxy)
-	}
+// proxySAN accepts exactly the proxy's identity: only its runner holds
+// the proxy's certificate.
+func proxySAN(u ir.UpstreamTLS, proxyID string) *matcherv3.StringMatcher {
 	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{
-		Exact: identity.Identity{TrustDomain: u.TrustDomain, Role: identity.Proxy, Name: r.ProxyID}.String(),
+		Exact: identity.Identity{TrustDomain: u.TrustDomain, Role: identity.Proxy, Name: proxyID}.String(),
 	}}
 }
 

@@ -14,6 +14,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	// The RLS policy: without it grpc-go refuses (NACKs) a route table
+	// naming the RLS cluster specifier plugin, as mailbox-routes does.
+	_ "google.golang.org/grpc/balancer/rls"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
