@@ -9,6 +9,7 @@ import (
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
 )
 
@@ -18,10 +19,10 @@ import (
 func TestSetVersionsEachTypeByItsLastChange(t *testing.T) {
 	t.Parallel()
 	c := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
-	set := func(version uint64, epoch uint64, healthy bool) map[string]string {
+	set := func(version uint64, change func(*ir.IR)) map[string]string {
 		t.Helper()
-		x := state(version, epoch)
-		x.Runners[0].Healthy = healthy
+		x := state(version, 1)
+		change(x)
 		res, err := translator.Translate(x)
 		if err != nil {
 			t.Fatal(err)
@@ -39,20 +40,21 @@ func TestSetVersionsEachTypeByItsLastChange(t *testing.T) {
 			"listeners": snap.GetVersion(resource.ListenerType),
 		}
 	}
+	moved := func(x *ir.IR) { x.Proxies[0].Address = "127.0.0.1:9005" }
 	steps := []struct {
 		name            string
-		version, epoch  uint64
-		healthy         bool
+		version         uint64
+		change          func(*ir.IR)
 		routes, eps, ls string
 	}{
-		{"first", 3, 1, true, "3", "3", "3"},
-		{"lease change", 5, 5, true, "5", "3", "3"},
-		{"runner unhealthy, same IR version", 5, 5, false, "5", "5.1", "3"},
-		{"healthy again, same IR version", 5, 5, true, "5", "5.2", "3"},
-		{"next version", 8, 8, true, "8", "5.2", "3"},
+		{"first", 3, func(*ir.IR) {}, "3", "3", "3"},
+		{"runner moves", 5, moved, "3", "5", "3"},
+		{"proxy unhealthy, same IR version", 5, func(x *ir.IR) { moved(x); x.Proxies[0].Healthy = false }, "3", "5.1", "3"},
+		{"healthy again, same IR version", 5, moved, "3", "5.2", "3"},
+		{"lookup target set", 8, func(x *ir.IR) { moved(x); x.Lookup = "dns:///127.0.0.1:9090" }, "8", "5.2", "3"},
 	}
 	for _, s := range steps {
-		got := set(s.version, s.epoch, s.healthy)
+		got := set(s.version, s.change)
 		if got["routes"] != s.routes || got["endpoints"] != s.eps || got["listeners"] != s.ls {
 			t.Fatalf("%s: versions %v, want routes %s, endpoints %s, listeners %s", s.name, got, s.routes, s.eps, s.ls)
 		}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"testing"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -16,27 +17,27 @@ import (
 	"github.com/prism-mesh/prism/xds/translator"
 )
 
-// TestGatewayListenerPerDataPlane: under query auth Envoy's gateway
-// listener checks tokens and routes by the gateway table while grpc-go's
-// snapshot keeps the open listener on mailbox-routes, at the same version
-// and under the same name, each from its own marshaled bytes; without query
-// auth both get the same listener.
-func TestGatewayListenerPerDataPlane(t *testing.T) {
+// TestGatewayPerDataPlane: both data planes are served the same gateway
+// listener, which checks tokens under query auth and always asks the
+// admin's ext_authz, each client from its own snapshot's marshaled bytes;
+// only Envoy, which fetches the signing keys, is served the JWKS cluster.
+func TestGatewayPerDataPlane(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		auth      bool
-		wantEnvoy string // the gateway listener's filters and route table
+		want      string // the gateway listener's filters and route table
+		envoyJWKS bool
 	}{
-		{name: "open", wantEnvoy: "envoy.filters.http.router " + translator.RouteConfigName},
-		{name: "query auth", auth: true, wantEnvoy: "envoy.filters.http.jwt_authn envoy.filters.http.rbac envoy.filters.http.router " + translator.GatewayRouteConfigName},
+		{name: "open", want: "envoy.filters.http.ext_authz envoy.filters.http.router " + translator.GatewayRouteConfigName},
+		{name: "query auth", auth: true, envoyJWKS: true, want: "envoy.filters.http.jwt_authn envoy.filters.http.ext_authz envoy.filters.http.router " + translator.GatewayRouteConfigName},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
 			x := state(7, 1)
 			if tc.auth {
-				x.Gateway.QueryAuth = ir.QueryAuth{Issuer: "https://idp.example", Audience: "prism", JWKSFile: "/jwks.json"}
+				x.Gateway.QueryAuth = ir.QueryAuth{Issuer: "https://idp.example", Audience: "prism", JWKSURL: "https://idp.example/jwks.json"}
 			}
 			res, err := translator.Translate(x)
 			if err != nil {
@@ -69,12 +70,30 @@ func TestGatewayListenerPerDataPlane(t *testing.T) {
 				t.Fatal("no gateway listener")
 				return ""
 			}
-			// Envoy first, so a shared memo would hand grpc-go Envoy's bytes.
-			if got := gateway("envoy"); got != tc.wantEnvoy {
-				t.Errorf("Envoy's gateway listener = %q, want %q", got, tc.wantEnvoy)
+			hasJWKS := func(userAgent string) bool {
+				t.Helper()
+				out := sotw(t, c, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "gw", UserAgentName: userAgent}, TypeUrl: resource.ClusterType})
+				for _, a := range out.GetResources() {
+					cl := &clusterv3.Cluster{}
+					if err := a.UnmarshalTo(cl); err != nil {
+						t.Fatal(err)
+					}
+					if cl.GetName() == translator.JWKSCluster {
+						return true
+					}
+				}
+				return false
 			}
-			if got, want := gateway("gRPC Go"), "envoy.filters.http.router "+translator.RouteConfigName; got != want {
-				t.Errorf("grpc-go's gateway listener = %q, want %q", got, want)
+			for _, ua := range []string{"envoy", "gRPC Go"} {
+				if got := gateway(ua); got != tc.want {
+					t.Errorf("%s's gateway listener = %q, want %q", ua, got, tc.want)
+				}
+			}
+			if got := hasJWKS("envoy"); got != tc.envoyJWKS {
+				t.Errorf("Envoy served %s: %v, want %v", translator.JWKSCluster, got, tc.envoyJWKS)
+			}
+			if hasJWKS("gRPC Go") {
+				t.Errorf("grpc-go served %s", translator.JWKSCluster)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
@@ -40,7 +41,13 @@ func TestSotWResponsesShareMarshaledResources(t *testing.T) {
 	if len(a.GetResources()) != 1 || a.GetResources()[0] != b.GetResources()[0] {
 		t.Fatal("the route table was marshaled once per client")
 	}
-	want, err := cachev3.MarshalResource(res.Routes[0])
+	var table types.Resource
+	for _, rc := range res.Routes {
+		if rc.GetName() == translator.RouteConfigName {
+			table = rc
+		}
+	}
+	want, err := cachev3.MarshalResource(table)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -17,12 +18,13 @@ import (
 	"github.com/prism-mesh/prism/xds/translator"
 )
 
-func state(version uint64, epoch uint64) *ir.IR {
+// state is one proxy whose runner listens on port 9000+n: states of
+// different n differ in the proxy's endpoint alone.
+func state(version uint64, n uint64) *ir.IR {
 	return &ir.IR{
-		Version:   version,
-		Gateway:   ir.Gateway{Address: "127.0.0.1:8080"},
-		Runners:   []ir.Runner{{ID: "runner-01", Address: "127.0.0.1:9001", Healthy: true}},
-		Mailboxes: []ir.Mailbox{{ID: "audit@proxy-01", Namespace: "audit", RunnerID: "runner-01", Epoch: epoch}},
+		Version: version,
+		Gateway: ir.Gateway{Address: "127.0.0.1:8080"},
+		Proxies: []ir.Proxy{{ID: "proxy-01", RunnerID: "runner-01", Address: fmt.Sprintf("127.0.0.1:%d", 9000+n), Healthy: true}},
 	}
 }
 
@@ -132,7 +134,7 @@ func TestUpdaterServesGoodPartOfInvalidState(t *testing.T) {
 	t.Parallel()
 	h := start(t)
 	x := state(7, 7)
-	x.Mailboxes = append(x.Mailboxes, ir.Mailbox{ID: "orphan@proxy-09", Namespace: "orphan", RunnerID: "gone", Epoch: 1})
+	x.Proxies = append(x.Proxies, ir.Proxy{ID: "bad@id", Address: "127.0.0.1:9100", Healthy: true})
 	h.update(x)
 	h.clock.Step(10 * time.Millisecond)
 	h.eventually(func() bool { return h.cache.Version() == "7" && h.translations("error") == 1 }, "version 7 served")
@@ -144,10 +146,10 @@ func TestUpdaterServesGoodPartOfInvalidState(t *testing.T) {
 	if !ok {
 		t.Fatal("no route configuration served")
 	}
-	// The good mailbox keeps its header route and its two path prefixes (raw
-	// and %40) next to the two not-found routes.
-	if n := len(rc.GetVirtualHosts()[0].GetRoutes()); n != 5 {
-		t.Fatalf("routes = %d, want 5", n)
+	// The good proxy keeps its header route next to the not-found route.
+	routes := rc.GetVirtualHosts()[0].GetRoutes()
+	if n := len(routes); n != 2 || routes[0].GetRoute().GetCluster() != translator.ClusterName("proxy-01") {
+		t.Fatalf("routes = %d, first to %q, want 2, the first to the good proxy", n, routes[0].GetRoute().GetCluster())
 	}
 }
 

@@ -55,7 +55,7 @@ func TestClustersPerDataPlane(t *testing.T) {
 					if err := a.UnmarshalTo(cl); err != nil {
 						t.Fatal(err)
 					}
-					if cl.GetName() != translator.ClusterName("runner-01") {
+					if cl.GetName() != translator.ClusterName("proxy-01") {
 						continue
 					}
 					if cl.GetTransportSocket() == nil {
