@@ -18,11 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
-	// The RLS cluster specifier plugin routes x-prism-namespace calls
-	// (xds/lookup); without it grpc-go skips that route. Its control channel
-	// dials the admin nodes with the fallback TLS below, which admits their
-	// admin identities.
-	_ "google.golang.org/grpc/balancer/rls"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -39,6 +34,12 @@ import (
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+
+	// The RLS cluster specifier plugin routes x-prism-namespace calls
+	// (xds/lookup); without it grpc-go skips that route. Its control channel
+	// dials the admin nodes with the fallback TLS below, which admits their
+	// admin identities.
+	_ "google.golang.org/grpc/balancer/rls"
 )
 
 // ProbeMailbox is the mailbox id the readiness probe asks for. It is not a

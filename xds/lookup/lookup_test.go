@@ -3,6 +3,7 @@ package lookup
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -241,7 +242,7 @@ func TestCheckQueryAuth(t *testing.T) {
 				want = &auth.Error{Kind: auth.MissingToken, Msg: "no verified bearer token: send Authorization: Bearer <JWT>"}
 			case "invalid_token":
 				_, err := auth.Claimed("alice", auth.DefaultNamespacesClaim, json.RawMessage(`42`))
-				want = err.(*auth.Error)
+				want = authError(t, err)
 			default:
 				raw, _ := json.Marshal(tc.claim)
 				if tc.claim == nil {
@@ -252,9 +253,9 @@ func TestCheckQueryAuth(t *testing.T) {
 					t.Fatal(err)
 				}
 				if tc.refusedID != "" {
-					want = p.MayReadMailbox(tc.refusedID).(*auth.Error)
+					want = authError(t, p.MayReadMailbox(tc.refusedID))
 				} else {
-					want = p.MayReadNamespace(tc.refusedNS).(*auth.Error)
+					want = authError(t, p.MayReadNamespace(tc.refusedNS))
 				}
 			}
 			d := res.GetDeniedResponse()
@@ -287,4 +288,14 @@ func TestCheckQueryAuth(t *testing.T) {
 			}
 		})
 	}
+}
+
+// authError is err as gateway/auth's refusal.
+func authError(t *testing.T, err error) *auth.Error {
+	t.Helper()
+	var ae *auth.Error
+	if !errors.As(err, &ae) {
+		t.Fatalf("%v is not a gateway/auth refusal", err)
+	}
+	return ae
 }
