@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -216,6 +217,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 		// Every node, leader or follower, serves xDS from its own FSM.
 		feed := xds.FollowConfig{
 			Gateway: ir.Gateway{Address: cfg.GatewayAddr}, NotFound: notFoundAddrs(addrs),
+			Lookup:  cmp.Or(cfg.LookupTarget, "dns:///"+addrs[cfg.Raft.ID]),
 			Resolve: net.DefaultResolver.LookupHost,
 		}
 		if cfg.TLS != nil {
