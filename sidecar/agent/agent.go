@@ -68,11 +68,22 @@
 //
 // On stop the workers halt (no new acquires or heartbeats), the runner
 // drains (stop fetching, flush, commit offsets; queries still answered),
-// then every lease is released (in session mode: one CloseSession ends
-// them all) and its mailbox closed, in parallel, within StopTimeout, so
-// that all of it ends within 5 s of SIGTERM
-// (docs/architecture.md#release). An unassigned mailbox goes the same way,
-// its lease released on its own.
+// then closes every mailbox (queries in flight answered first), and only
+// then is each lease released (in session mode: one CloseSession ends them
+// all), in parallel, within StopTimeout, so that all of it ends within 5 s
+// of SIGTERM (docs/architecture.md#release). An unassigned mailbox goes the
+// same way, its lease released on its own.
+//
+// The rule is that of the dead runner: routes are per proxy, so the
+// runner alone decides what it serves, and a lease is released only once
+// its runner cannot serve under it, lest it answer beside the next holder
+// (a standby runner of the same proxy, say). The runner confirms the close
+// (or, when the close fails, a fence), or else the deadline it was last
+// handed (valid_for) must have passed. A stop that ends first releases
+// nothing the runner may still serve: that lease, and in session mode the
+// whole unclosed session, expire on the admin after ttl + grace instead,
+// counted with result "expiring"; so does the lease of an unassigned
+// mailbox still waiting out its runner when the sidecar stops.
 package agent
 
 import (
@@ -233,6 +244,10 @@ type Agent struct {
 	registered atomic.Bool
 	synced     atomic.Bool
 	stopping   atomic.Bool
+	// halt ends when Shutdown begins: an unassigned mailbox waiting out
+	// its runner's deadline stops waiting and leaves its lease to expire.
+	halt   context.Context
+	halted context.CancelFunc
 
 	mu        sync.Mutex
 	workers   map[string]*worker // assigned now, by mailbox id
@@ -254,6 +269,7 @@ func New(cfg Config) (*Agent, error) {
 		workers: map[string]*worker{},
 		closing: map[string]*worker{},
 	}
+	a.halt, a.halted = context.WithCancel(context.Background())
 	if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
 		a.reg = g
 	}
@@ -431,7 +447,10 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 	a.synced.Store(true)
 }
 
-// closed forgets a worker that finished closing.
+// closed forgets a worker that finished closing: its runner no longer
+// serves the mailbox, or the deadline it was handed has passed. A worker
+// stopped before that stays in closing, and Shutdown then leaves the
+// session, which holds its lease, to expire.
 func (a *Agent) closed(w *worker) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -440,11 +459,13 @@ func (a *Agent) closed(w *worker) {
 	}
 }
 
-// Shutdown halts every worker, drains the runner and releases every lease
-// the workers held; Run calls it when its context ends.
+// Shutdown halts every worker, drains the runner, has it stop serving each
+// mailbox and then releases every lease the workers held; Run calls it when
+// its context ends.
 func (a *Agent) Shutdown(ctx context.Context) error {
 	start := a.cfg.Clock.Now()
 	a.stopping.Store(true)
+	a.halted()
 	a.mu.Lock()
 	for _, w := range a.workers {
 		w.stop(stopShutdown)
@@ -463,34 +484,69 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 
 	var errs []error
 	// The runner stops consuming and commits before any lease goes, and
-	// keeps answering until the routes are withdrawn; then it closes.
+	// keeps answering queries until each mailbox is closed.
 	dctx, cancel := context.WithTimeout(ctx, remaining(ctx)*2/3)
 	resp, err := a.cfg.Runner.Drain(dctx, &runnerv1.DrainRequest{})
 	cancel()
 	if err != nil {
-		a.log.Warn("runner drain failed; releasing anyway (a runner that cannot be reached is not serving through us)", "err", err)
+		a.log.Warn("runner drain failed; closing and releasing anyway", "err", err)
 		errs = append(errs, fmt.Errorf("drain runner: %w", err))
 	} else {
 		a.log.Info("runner drained", "mailboxes", resp.GetDrained())
 	}
-	// In session mode one CloseSession ends every lease of the session;
-	// a lease still held otherwise (on its own, or in a session that was
-	// not closed) is released by itself.
-	closedID, err := a.closeSession(ctx)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	var wg sync.WaitGroup
+	// The runner alone decides what it serves, so a lease goes only once
+	// the runner stopped serving its mailbox: it closed (or fenced) it, or
+	// the deadline it was handed has passed. A lease on its own (or of a
+	// session already lost) is released right after its mailbox; the
+	// leases of the current session wait for every mailbox of it, then one
+	// CloseSession ends them all.
+	cur := a.sess.current()
+	inSession := func(v LeaseView) bool { return cur != nil && v.SessionID == cur.id }
+	settled := make([]bool, len(stopped))
 	relErrs := make([]error, len(stopped))
+	var wg sync.WaitGroup
 	for i, w := range stopped {
 		wg.Go(func() {
-			if v := w.view(); v.Epoch != 0 && (v.SessionID == 0 || v.SessionID != closedID) {
-				relErrs[i] = w.release(ctx, "shutdown", v.Epoch)
-			} else if v.Epoch != 0 {
-				w.update(func(v *LeaseView) { v.State = StateFenced })
+			closed := w.closeInRunner(ctx, "shutdown")
+			v := w.view()
+			if v.Epoch == 0 {
+				return
 			}
-			w.closeInRunner(ctx)
+			if settled[i] = closed || w.outwait(ctx, "shutdown", v.Epoch); settled[i] && !inSession(v) {
+				relErrs[i] = w.release(ctx, "shutdown", v.Epoch)
+			}
 		})
+	}
+	wg.Wait()
+	var unsettled []string
+	for i, w := range stopped {
+		if v := w.view(); inSession(v) && !settled[i] {
+			unsettled = append(unsettled, w.id)
+		}
+	}
+	a.mu.Lock()
+	for _, w := range a.closing {
+		if inSession(w.view()) {
+			unsettled = append(unsettled, w.id)
+		}
+	}
+	a.mu.Unlock()
+	if len(unsettled) == 0 {
+		if err := a.closeSession(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	} else if cur != nil {
+		a.log.Error("session not closed: the runner may still serve some of its mailboxes; the other leases are released, the session expires after ttl + grace",
+			"session_id", cur.id, "mailboxes", unsettled)
+	}
+	for i, w := range stopped {
+		if v := w.view(); inSession(v) && settled[i] {
+			if len(unsettled) == 0 {
+				w.update(func(v *LeaseView) { v.State = StateFenced })
+			} else {
+				wg.Go(func() { relErrs[i] = w.release(ctx, "shutdown", v.Epoch) })
+			}
+		}
 	}
 	wg.Wait()
 	errs = append(errs, relErrs...)
@@ -498,10 +554,9 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// closeSession closes the current session, if any, and returns its id:
-// its leases ended with it, or expire after ttl + grace if the close
-// failed.
-func (a *Agent) closeSession(ctx context.Context) (uint64, error) {
+// closeSession closes the current session, if any: its leases end with
+// it, or expire after ttl + grace if the close failed.
+func (a *Agent) closeSession(ctx context.Context) error {
 	id, n, err := a.sess.close(ctx)
 	switch {
 	case id == 0:
@@ -511,7 +566,7 @@ func (a *Agent) closeSession(ctx context.Context) (uint64, error) {
 	default:
 		a.m.releases.WithLabelValues("shutdown", "released").Add(float64(n))
 	}
-	return id, err
+	return err
 }
 
 // sessionLeases counts the leases active in the current session.

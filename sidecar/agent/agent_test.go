@@ -221,8 +221,8 @@ func TestNotLeaderIsRetriedNotALoss(t *testing.T) {
 }
 
 // Unassigned: the runner drains (stops fetching, commits) the mailbox, then
-// the lease is released with its epoch, then the runner closes it; the
-// other mailbox is untouched.
+// closes it, then the lease is released with its epoch; the other mailbox
+// is untouched.
 func TestUnassignClosesThenReleases(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -233,11 +233,11 @@ func TestUnassignClosesThenReleases(t *testing.T) {
 	epoch := h.lease("audit@p1").Epoch
 	h.assign(2, "billing")
 	iDrain, _ := h.waitEvent(0, "runner drain audit@p1")
-	iRel, rel := h.waitEvent(iDrain, "admin release audit@p1")
+	iClose, _ := h.waitEvent(iDrain, "runner close audit@p1")
+	_, rel := h.waitEvent(iClose, "admin release audit@p1")
 	if want := "admin release audit@p1 " + strconv.FormatUint(epoch, 10); rel.what != want {
 		t.Fatalf("release %q, want %q", rel.what, want)
 	}
-	h.waitEvent(iRel, "runner close audit@p1")
 	if h.ev.count("runner drain billing@p1")+h.ev.count("runner close billing@p1")+h.ev.count("admin release billing@p1") != 0 {
 		t.Fatalf("billing touched:\n%s", h.ev)
 	}
@@ -258,8 +258,8 @@ func TestUnassignClosesThenReleases(t *testing.T) {
 }
 
 // SIGTERM: no heartbeat or acquire after the stop begins, the runner drains
-// before any lease is released, every lease is released, and each mailbox
-// is closed only after its release.
+// before any lease is released, every lease is released, and each only
+// after the runner closed its mailbox.
 func TestShutdownDrainsThenReleases(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -276,8 +276,8 @@ func TestShutdownDrainsThenReleases(t *testing.T) {
 		if !ok || iRel < iDrain {
 			t.Fatalf("%s released before the drain (or never):\n%s", id, h.ev)
 		}
-		if iClose, _, ok := h.ev.find(0, "runner close "+id); !ok || iClose < iRel {
-			t.Fatalf("%s closed before its release (or never):\n%s", id, h.ev)
+		if iClose, _, ok := h.ev.find(0, "runner close "+id); !ok || iClose > iRel {
+			t.Fatalf("%s released before the runner closed it (or never closed):\n%s", id, h.ev)
 		}
 	}
 	for _, e := range h.ev.all()[iDrain:] {

@@ -294,6 +294,9 @@ func (r *fakeRunner) CloseMailbox(_ context.Context, in *runnerv1.CloseMailboxRe
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.unreachable("close"); err != nil {
+		return nil, err
+	}
 	r.ev.add("runner close %s", in.GetMailboxId())
 	_, ok := r.mb[in.GetMailboxId()]
 	delete(r.mb, in.GetMailboxId())
@@ -303,6 +306,9 @@ func (r *fakeRunner) CloseMailbox(_ context.Context, in *runnerv1.CloseMailboxRe
 func (r *fakeRunner) Drain(_ context.Context, in *runnerv1.DrainRequest, _ ...grpc.CallOption) (*runnerv1.DrainResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.unreachable("drain"); err != nil {
+		return nil, err
+	}
 	r.ev.add("runner drain %s", strings.Join(in.GetMailboxIds(), ","))
 	ids := in.GetMailboxIds()
 	if len(ids) == 0 {

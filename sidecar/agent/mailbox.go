@@ -52,7 +52,8 @@ type stopMode int
 const (
 	// The zero stopMode is running.
 	_ stopMode = iota
-	// stopUnassign: the runner closes the mailbox, then the lease goes.
+	// stopUnassign: the runner drains and closes the mailbox, then the
+	// lease goes.
 	stopUnassign
 	// stopShutdown: halt only; Agent.Shutdown drains and releases.
 	stopShutdown
@@ -73,6 +74,9 @@ type worker struct {
 	mu   sync.Mutex
 	mode stopMode
 	v    LeaseView
+	// runnerUntil bounds the latest deadline (valid_for) the runner
+	// confirmed taking, counted from its answer; zero if none.
+	runnerUntil time.Time
 }
 
 func newWorker(a *Agent, id string, as *adminv1.NamespaceAssignment) *worker {
@@ -95,6 +99,21 @@ func (w *worker) update(f func(*LeaseView)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	f(&w.v)
+}
+
+// handed records that the runner took a deadline no later than until.
+func (w *worker) handed(until time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if until.After(w.runnerUntil) {
+		w.runnerUntil = until
+	}
+}
+
+func (w *worker) runnerDeadline() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.runnerUntil
 }
 
 func (w *worker) stop(m stopMode) {
@@ -144,8 +163,7 @@ func (w *worker) run() {
 			}
 		}
 	}
-	if w.stopMode() == stopUnassign {
-		w.unassign()
+	if w.stopMode() == stopUnassign && w.unassign() {
 		w.a.closed(w)
 	}
 }
@@ -279,13 +297,10 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 	deadAfter := w.runnerDeadAfter(interval, ttl)
 	log.Info("lease acquired", "ttl", ttl, "heartbeat_interval", interval, "runner_dead_after", deadAfter, "runner_address", l.GetRunnerAddress())
 
-	// runnerUntil bounds the deadline the runner holds (the latest
-	// valid_for it took, counted from its answer); runnerOK is when it
-	// last answered a probe.
-	runnerUntil, ok := w.activate(epoch, fenceAt)
-	if !ok {
+	if !w.activate(epoch, fenceAt) {
 		return leaseEnded
 	}
+	// runnerOK is when the runner last answered a probe.
 	runnerOK := clk.Now()
 	unheld := w.serving()
 	defer unheld()
@@ -323,7 +338,7 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 				runnerOK = r.probedAt
 			} else if down := r.probedAt.Sub(runnerOK); down >= deadAfter {
 				unheld()
-				w.giveUp(epoch, runnerUntil, down, deadAfter, r.runnerErr)
+				w.giveUp(epoch, down, deadAfter, r.runnerErr)
 				return runnerGone
 			}
 			if reason, detail, lost := refused(r); lost {
@@ -352,14 +367,12 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 			w.update(func(v *LeaseView) { v.LastAckSent, v.FenceAt, v.TTL = r.sentAt, fenceAt, ttl })
 			if r.runnerLost {
 				log.Warn("runner no longer serves the mailbox; activating it again")
-				if runnerUntil, ok = w.activate(epoch, fenceAt); !ok {
+				if !w.activate(epoch, fenceAt) {
 					return leaseEnded
 				}
 				continue
 			}
-			if until, ok := w.extend(epoch, fenceAt); ok {
-				runnerUntil = until
-			}
+			w.extend(epoch, fenceAt)
 		}
 	}
 }
@@ -368,10 +381,10 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 // deadAfter): no more renewals, so it cannot hold the mailbox for a runner
 // that is gone. The lease is released once the runner cannot serve under
 // it: at once if it confirms the fence, else when the deadline it was last
-// handed (runnerUntil) has passed, since a paused runner that resumes
+// handed (runnerDeadline) has passed, since a paused runner that resumes
 // fences itself by that deadline. A stop meanwhile leaves the release to
 // Shutdown or unassign.
-func (w *worker) giveUp(epoch uint64, runnerUntil time.Time, down, deadAfter time.Duration, cause error) {
+func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error) {
 	clk := w.a.cfg.Clock
 	log := w.log.With("epoch", epoch)
 	w.a.m.losses.WithLabelValues("runner_unreachable").Inc()
@@ -383,7 +396,7 @@ func (w *worker) giveUp(epoch uint64, runnerUntil time.Time, down, deadAfter tim
 	cancel()
 	if err == nil || status.Code(err) == codes.NotFound {
 		log.Info("runner fenced", "reason", "runner_unreachable")
-	} else if wait := runnerUntil.Sub(clk.Now()); wait > 0 {
+	} else if wait := w.runnerDeadline().Sub(clk.Now()); wait > 0 {
 		log.Warn("runner did not confirm the fence; releasing once its own deadline has passed", "wait", wait, "err", err)
 		if !sleep(w.ctx, clk, wait) {
 			return
@@ -466,10 +479,6 @@ func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration
 	return stats, lost, runnerErr
 }
 
-// activate lets the runner consume and serve under epoch until fenceAt,
-// retrying until then; it returns a bound on the deadline the runner took,
-// or false if the worker was stopped or fenceAt came first (then the lease
-// lapsed on this side and acquire starts over).
 // serving counts the mailbox as held from now (and how long it took from its
 // assignment) until the returned func is called; it drops the count once
 // however often it is called, so every way out of holding can call it (a
@@ -482,13 +491,17 @@ func (w *worker) serving() (unheld func()) {
 	return func() { once.Do(w.a.m.held.Dec) }
 }
 
-func (w *worker) activate(epoch uint64, fenceAt time.Time) (time.Time, bool) {
+// activate lets the runner consume and serve under epoch until fenceAt,
+// retrying until then, and records a bound on the deadline the runner took;
+// false if the worker was stopped or fenceAt came first (then the lease
+// lapsed on this side and acquire starts over).
+func (w *worker) activate(epoch uint64, fenceAt time.Time) bool {
 	bo := w.a.cfg.Backoff
 	for {
 		now := w.a.cfg.Clock.Now()
 		if !now.Before(fenceAt) {
 			w.fence(epoch, "ttl_elapsed", "the runner could not be activated before ttl ran out", fenceAt)
-			return time.Time{}, false
+			return false
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		vf := durationpb.New(fenceAt.Sub(now))
@@ -502,34 +515,35 @@ func (w *worker) activate(epoch uint64, fenceAt time.Time) (time.Time, bool) {
 		if err == nil {
 			// The runner counts valid_for from when it got the call,
 			// before it answered.
-			return w.a.cfg.Clock.Now().Add(vf.AsDuration()), true
+			w.handed(w.a.cfg.Clock.Now().Add(vf.AsDuration()))
+			return true
 		}
 		if w.ctx.Err() != nil {
-			return time.Time{}, false
+			return false
 		}
 		w.log.Warn("runner activation failed; retrying", "epoch", epoch, "err", err)
 		if !sleep(w.ctx, w.a.cfg.Clock, min(bo.Step(), fenceAt.Sub(now))) {
-			return time.Time{}, false
+			return false
 		}
 	}
 }
 
 // extend hands the runner the new time left after an acknowledged heartbeat
-// and returns a bound on its new deadline, as activate does. A failure is
+// and records a bound on its new deadline, as activate does. A failure is
 // only logged: the runner fences itself at the old deadline, and the next
 // heartbeat's stats reveal it.
-func (w *worker) extend(epoch uint64, fenceAt time.Time) (time.Time, bool) {
+func (w *worker) extend(epoch uint64, fenceAt time.Time) {
 	ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 	defer cancel()
 	vf := fenceAt.Sub(w.a.cfg.Clock.Now())
 	if vf <= 0 {
-		return time.Time{}, false
+		return
 	}
 	if _, err := w.a.cfg.Runner.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationpb.New(vf)}); err != nil {
 		w.log.Warn("runner did not take the extension", "epoch", epoch, "err", err)
-		return time.Time{}, false
+		return
 	}
-	return w.a.cfg.Clock.Now().Add(vf), true
+	w.handed(w.a.cfg.Clock.Now().Add(vf))
 }
 
 // fence stops the runner on the mailbox at once and records the loss; it
@@ -556,27 +570,73 @@ func (w *worker) fence(epoch uint64, reason, detail string, lastAckSent time.Tim
 }
 
 // unassign drains the mailbox in the runner (stop fetching, flush, commit),
-// releases the lease, then closes the mailbox: the route goes only after
-// the offsets are committed, and queries are answered until it has gone.
-func (w *worker) unassign() {
+// has the runner stop serving it, and only then releases the lease: the
+// offsets are committed before the lease goes, queries in flight are
+// answered, and the runner never serves a mailbox whose lease it no longer
+// holds (routes are per proxy, so nothing else stops queries reaching it).
+// A runner that does not confirm is waited out: the lease goes once the
+// deadline it was handed has passed. It returns false if the stop came
+// first: the lease was left to expire, the runner perhaps still serving.
+func (w *worker) unassign() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), w.a.cfg.StopTimeout)
 	defer cancel()
 	if _, err := w.a.cfg.Runner.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{w.id}}); err != nil {
 		w.log.Warn("runner drain failed", "err", err)
 	}
-	if v := w.view(); v.Epoch != 0 {
-		// release logs and counts every outcome; an unassignment has no
-		// caller to hand its error to.
-		_ = w.release(ctx, "unassigned", v.Epoch)
+	closed := w.closeInRunner(ctx, "unassigned")
+	v := w.view()
+	if v.Epoch == 0 {
+		return true
 	}
-	w.closeInRunner(ctx)
+	if !closed && !w.outwait(w.a.halt, "unassigned", v.Epoch) {
+		return false
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), w.a.cfg.RPCTimeout)
+	defer rcancel()
+	// release logs and counts every outcome; an unassignment has no
+	// caller to hand its error to.
+	_ = w.release(rctx, "unassigned", v.Epoch)
+	return true
 }
 
-// closeInRunner has the runner stop serving and forget the mailbox.
-func (w *worker) closeInRunner(ctx context.Context) {
-	if _, err := w.a.cfg.Runner.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id}); err != nil {
-		w.log.Warn("runner close failed", "err", err)
+// closeInRunner has the runner stop serving the mailbox and forget it
+// (queries in flight are answered first); true once the runner confirmed
+// it no longer serves it. A failed close is followed by a fence, which a
+// runner that closed with errors answers NotFound.
+func (w *worker) closeInRunner(ctx context.Context, cause string) bool {
+	_, err := w.a.cfg.Runner.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id})
+	if err == nil {
+		return true
 	}
+	w.log.Warn("runner close failed; fencing the mailbox instead", "err", err)
+	_, err = w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: cause})
+	if err == nil || status.Code(err) == codes.NotFound {
+		w.log.Info("runner fenced", "reason", cause)
+		return true
+	}
+	w.log.Warn("runner did not confirm it stopped serving the mailbox", "err", err)
+	return false
+}
+
+// outwait waits until the deadline the runner was last handed has passed,
+// for a runner that did not confirm it stopped serving: by then it fences
+// itself, so the lease may go. False if ctx ended first; the lease is then
+// not released and expires on the admin (after ttl + grace, past that
+// deadline) once nothing renews it.
+func (w *worker) outwait(ctx context.Context, cause string, epoch uint64) bool {
+	clk := w.a.cfg.Clock
+	wait := w.runnerDeadline().Sub(clk.Now())
+	if wait <= 0 {
+		return true
+	}
+	log := w.log.With("epoch", epoch, "cause", cause)
+	log.Warn("releasing the lease once the deadline the runner was handed has passed", "wait", wait)
+	if sleep(ctx, clk, wait) {
+		return true
+	}
+	w.a.m.releases.WithLabelValues(cause, "expiring").Inc()
+	log.Error("lease not released: the runner may serve under it until its deadline; it expires after ttl + grace", "runner_deadline", w.runnerDeadline())
+	return false
 }
 
 // release gives the lease back; every outcome is logged and counted.

@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"result"}),
 		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_sidecar_lease_releases_total",
-			Help: "Lease releases by cause (unassigned, shutdown, runner_unreachable) and result (released, absent, refused, error).",
+			Help: "Lease releases by cause (unassigned, shutdown, runner_unreachable) and result (released, absent, refused, error, or expiring: not released since the runner may still serve under it).",
 		}, []string{"cause", "result"}),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "prism_sidecar_leases_held",

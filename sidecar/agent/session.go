@@ -637,8 +637,7 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 	log.Info("lease acquired", "ttl", ttl, "probe_interval", interval, "runner_dead_after", deadAfter, "runner_address", r.lease.GetRunnerAddress())
 
 	_, probed := w.a.sess.lastProbe()
-	runnerUntil, ok := w.activate(epoch, fenceAt)
-	if !ok {
+	if !w.activate(epoch, fenceAt) {
 		return leaseEnded
 	}
 	// runnerOK is when the runner last answered a probe; a probe sent
@@ -676,15 +675,13 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 			w.update(func(v *LeaseView) { v.LastAckSent, v.FenceAt = lastAck, fenceAt })
 			if runnerLost {
 				log.Warn("runner no longer serves the mailbox; activating it again")
-				if runnerUntil, ok = w.activate(epoch, fenceAt); !ok {
+				if !w.activate(epoch, fenceAt) {
 					return leaseEnded
 				}
 				activatedAt, runnerLost = clk.Now(), false
 				continue
 			}
-			if until, ok := w.extend(epoch, fenceAt); ok {
-				runnerUntil = until
-			}
+			w.extend(epoch, fenceAt)
 		case <-probed:
 			t.Stop()
 			var p probeResult
@@ -693,7 +690,7 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 				runnerOK = p.at
 			} else if down := p.at.Sub(runnerOK); down >= deadAfter {
 				unheld()
-				w.giveUp(epoch, runnerUntil, down, deadAfter, p.err)
+				w.giveUp(epoch, down, deadAfter, p.err)
 				return runnerGone
 			}
 			if p.err == nil && !p.sentAt.Before(activatedAt) {

@@ -215,8 +215,8 @@ func TestSessionFallsBackToMailboxMode(t *testing.T) {
 	}
 }
 
-// On stop the runner drains first, then one CloseSession ends every lease,
-// then the runner closes the mailboxes: no lease is released on its own.
+// On stop the runner drains first, then closes every mailbox, then one
+// CloseSession ends every lease: no lease is released on its own.
 func TestSessionShutdownClosesSession(t *testing.T) {
 	t.Parallel()
 	const n = 3
@@ -229,8 +229,8 @@ func TestSessionShutdownClosesSession(t *testing.T) {
 	iDrain, _ := h.waitEvent(0, "runner drain")
 	iClose, _ := h.waitEvent(iDrain, "admin close-session 1")
 	for _, ns := range namespaces(n) {
-		if i, _, ok := h.ev.find(0, "runner close "+ns+"@p1"); !ok || i < iClose {
-			t.Fatalf("%s closed in the runner before the session was closed:\n%s", ns, h.ev)
+		if i, _, ok := h.ev.find(iDrain, "runner close "+ns+"@p1"); !ok || i > iClose {
+			t.Fatalf("session closed before the runner closed %s (or never closed it):\n%s", ns, h.ev)
 		}
 	}
 	if got := h.ev.count("admin release"); got != 0 {
@@ -238,8 +238,8 @@ func TestSessionShutdownClosesSession(t *testing.T) {
 	}
 }
 
-// Unassigning one mailbox releases its lease alone, in its session; the
-// others stay held.
+// Unassigning one mailbox releases its lease alone, in its session, once
+// the runner closed it; the others stay held.
 func TestSessionUnassignReleasesInSession(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, sessionMode)
@@ -247,8 +247,8 @@ func TestSessionUnassignReleasesInSession(t *testing.T) {
 	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 2 })
 	h.assign(2, "a")
 	iDrain, _ := h.waitEvent(0, "runner drain b@p1")
-	iRel, _ := h.waitEvent(iDrain, "admin release-leases 1 b@p1")
-	h.waitEvent(iRel, "runner close b@p1")
+	iClose, _ := h.waitEvent(iDrain, "runner close b@p1")
+	h.waitEvent(iClose, "admin release-leases 1 b@p1")
 	if v := h.lease("a@p1"); v.State != StateActive {
 		t.Fatalf("a@p1 %+v, want still active", v)
 	}
