@@ -24,13 +24,23 @@ type sent struct {
 	removed []string
 }
 
-func (s sent) String() string {
-	return s.typ + "[" + strings.Join(s.names, ",") + "] removed[" + strings.Join(s.removed, ",") + "]"
+// each is one line per resource sent ("Type[name]") or removed ("Type
+// removed[name]"): how a change's resources are split into responses is
+// the cache's business.
+func (s sent) each() []string {
+	var out []string
+	for _, n := range s.names {
+		out = append(out, s.typ+"["+n+"]")
+	}
+	for _, n := range s.removed {
+		out = append(out, s.typ+" removed["+n+"]")
+	}
+	return out
 }
 
 func short(url string) string { return url[strings.LastIndexByte(url, '.')+1:] }
 
-// collectDelta reads responses until the route configuration at version and
+// collectDelta reads responses until the marker's endpoints at version and
 // every response in want have arrived, and returns everything read. A stray
 // response arriving later shows up in the next collection.
 func collectDelta(t *testing.T, c *xdstest.DeltaClient, version string, want []string) []string {
@@ -46,8 +56,8 @@ func collectDelta(t *testing.T, c *xdstest.DeltaClient, version string, want []s
 		for _, r := range resp.GetResources() {
 			s.names = append(s.names, r.GetName())
 		}
-		out = append(out, s.String())
-		if resp.GetTypeUrl() == resource.RouteType && resp.GetSystemVersionInfo() == version {
+		out = append(out, s.each()...)
+		if resp.GetTypeUrl() == resource.EndpointType && resp.GetSystemVersionInfo() == version {
 			markerSeen = true
 		}
 	}
@@ -73,8 +83,8 @@ func TestDeltaSendsOnlyWhatChanged(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	const runners, mailboxes = 10, 1000
-	x := xdstest.Mesh(1, runners, mailboxes, cp.Addr)
+	const proxies = 10
+	x := xdstest.Mesh(1, proxies, cp.Addr)
 	cp.Update(x)
 	dc, err := xdstest.DialDelta(ctx, cp.Addr, "delta-client")
 	if err != nil {
@@ -82,91 +92,83 @@ func TestDeltaSendsOnlyWhatChanged(t *testing.T) {
 	}
 	defer dc.Close()
 	counts := map[string]int{}
-	for len(counts) < len(xdstest.Types) {
+	for counts["Cluster"] < proxies+1 || counts["ClusterLoadAssignment"] < proxies+1 || counts["Listener"] < 2 || counts["RouteConfiguration"] < 2 {
 		resp, err := dc.Next()
 		if err != nil {
 			t.Fatal(err)
 		}
 		counts[short(resp.GetTypeUrl())] += len(resp.GetResources())
 	}
-	if counts["Cluster"] != runners+1 || counts["ClusterLoadAssignment"] != runners+1 || counts["RouteConfiguration"] != 1 || counts["Listener"] != 2 {
+	if counts["Cluster"] != proxies+1 || counts["ClusterLoadAssignment"] != proxies+1 || counts["RouteConfiguration"] != 2 || counts["Listener"] != 2 {
 		t.Fatalf("initial delta responses carried %v, want every resource once", counts)
 	}
 
-	// Each step changes one lease and then, as a marker, one more lease
-	// between existing runners; everything read up to the marker's route
-	// configuration is what the step sent.
-	routeOnly := []string{"RouteConfiguration[mailbox-routes] removed[]"}
-	newRunner := ir.Runner{ID: "runner-new", Address: "127.0.0.1:29999", Healthy: true}
+	// Each step changes the state and then, as a marker, moves proxy-09's
+	// runner; everything read up to the marker's endpoints is what the
+	// step sent. Lease changes are not among them: they are not in the
+	// routing state at all.
+	eds := func(p string) string { return "ClusterLoadAssignment[" + translator.ClusterName(p) + "]" }
+	marker := []string{eds(xdstest.ProxyID(9))}
+	newProxy := ir.Proxy{ID: "proxy-new", Address: "127.0.0.1:29999", Healthy: true}
+	tables := []string{"RouteConfiguration[" + translator.GatewayRouteConfigName + "]", "RouteConfiguration[" + translator.RouteConfigName + "]"}
 	steps := []struct {
 		name   string
 		change func(*ir.IR, uint64) *ir.IR
 		want   []string
 	}{
 		{
-			name:   "lease moves between existing runners",
-			change: func(x *ir.IR, v uint64) *ir.IR { return xdstest.MoveLease(x, v, 500, xdstest.RunnerID(3)) },
-			want:   routeOnly,
+			name:   "a runner restarts on a new address",
+			change: func(x *ir.IR, v uint64) *ir.IR { return xdstest.MoveRunner(x, v, 3, "127.0.0.1:29003") },
+			want:   []string{eds(xdstest.ProxyID(3))},
 		},
 		{
-			name: "lease moves to a newly registered runner",
+			name: "a proxy registers",
 			change: func(x *ir.IR, v uint64) *ir.IR {
-				y := xdstest.MoveLease(x, v, 502, newRunner.ID)
-				y.Runners = append(y.Runners, newRunner)
+				y := xdstest.MoveRunner(x, v, 0, x.Proxies[0].Address)
+				y.Proxies = append(y.Proxies, newProxy)
 				return y
 			},
-			want: []string{
-				"Cluster[" + translator.ClusterName(newRunner.ID) + "] removed[]",
-				"ClusterLoadAssignment[" + translator.ClusterName(newRunner.ID) + "] removed[]",
-				"RouteConfiguration[mailbox-routes] removed[]",
-			},
+			want: append([]string{"Cluster[" + translator.ClusterName(newProxy.ID) + "]", eds(newProxy.ID)}, tables...),
 		},
 		{
-			name: "runner goes unhealthy",
+			name: "the proxy goes stale",
 			change: func(x *ir.IR, v uint64) *ir.IR {
-				y := xdstest.MoveLease(x, v, 0, x.Mailboxes[0].RunnerID)
-				y.Mailboxes[0].Epoch = x.Mailboxes[0].Epoch
-				i := slices.IndexFunc(y.Runners, func(r ir.Runner) bool { return r.ID == newRunner.ID })
-				y.Runners[i].Healthy = false
+				y := xdstest.MoveRunner(x, v, 0, x.Proxies[0].Address)
+				y.Proxies[len(y.Proxies)-1].Healthy = false
 				return y
 			},
-			want: []string{"ClusterLoadAssignment[" + translator.ClusterName(newRunner.ID) + "] removed[]"},
+			want: []string{eds(newProxy.ID)},
 		},
 		{
-			name: "lease released and runner deregistered",
+			name: "the proxy is removed",
 			change: func(x *ir.IR, v uint64) *ir.IR {
-				y := xdstest.MoveLease(x, v, 0, x.Mailboxes[0].RunnerID)
-				y.Mailboxes[0].Epoch = x.Mailboxes[0].Epoch
-				y.Mailboxes = slices.Delete(y.Mailboxes, 502, 503)
-				y.Runners = slices.DeleteFunc(y.Runners, func(r ir.Runner) bool { return r.ID == newRunner.ID })
+				y := xdstest.MoveRunner(x, v, 0, x.Proxies[0].Address)
+				y.Proxies = y.Proxies[:len(y.Proxies)-1]
 				return y
 			},
-			want: []string{
-				"Cluster[] removed[" + translator.ClusterName(newRunner.ID) + "]",
-				"ClusterLoadAssignment[] removed[" + translator.ClusterName(newRunner.ID) + "]",
-				"RouteConfiguration[mailbox-routes] removed[]",
-			},
+			want: append([]string{
+				"Cluster removed[" + translator.ClusterName(newProxy.ID) + "]",
+				"ClusterLoadAssignment removed[" + translator.ClusterName(newProxy.ID) + "]",
+			}, tables...),
 		},
 		{
 			// Catches any stray response to the step before.
-			name:   "another lease move",
-			change: func(x *ir.IR, v uint64) *ir.IR { return xdstest.MoveLease(x, v, 900, xdstest.RunnerID(1)) },
-			want:   routeOnly,
+			name:   "another runner move",
+			change: func(x *ir.IR, v uint64) *ir.IR { return xdstest.MoveRunner(x, v, 1, "127.0.0.1:29001") },
+			want:   []string{eds(xdstest.ProxyID(1))},
 		},
 	}
 	version := uint64(1)
-	marker := 700
 	for _, step := range steps {
 		version++
 		x = step.change(x, version)
 		cp.Update(x)
 		version++
-		marker++
-		x = xdstest.MoveLease(x, version, marker, xdstest.RunnerID(9))
+		x = xdstest.MoveRunner(x, version, 9, "127.0.0.1:"+itoa(30000+version))
 		cp.Update(x)
 		// The change and the marker may or may not be coalesced into one
 		// snapshot; either way only the changed resources may appear.
-		want := append(slices.Clone(step.want), routeOnly...)
+		want := append(slices.Clone(step.want), marker...)
 		got := collectDelta(t, dc, itoa(version), want)
 		if !sameSet(got, want) {
 			t.Fatalf("%s: delta responses = %v, want only %v", step.name, got, want)
@@ -176,17 +178,16 @@ func TestDeltaSendsOnlyWhatChanged(t *testing.T) {
 	if n := metric(t, cp.Registry, "prism_xds_connected_clients", map[string]string{"protocol": "delta"}); n != 1 {
 		t.Errorf("connected delta clients = %v, want 1", n)
 	}
-	if n := metric(t, cp.Registry, "prism_xds_pushes_total", map[string]string{"protocol": "delta", "type": "RouteConfiguration"}); n < 5 {
-		t.Errorf("delta route pushes = %v, want at least 5", n)
+	if n := metric(t, cp.Registry, "prism_xds_pushes_total", map[string]string{"protocol": "delta", "type": "ClusterLoadAssignment"}); n < 5 {
+		t.Errorf("delta endpoint pushes = %v, want at least 5", n)
 	}
 	if n := metric(t, cp.Registry, "prism_xds_push_bytes_total", map[string]string{"protocol": "delta", "type": "Cluster"}); n <= 0 {
 		t.Errorf("delta cluster push bytes = %v, want > 0", n)
 	}
 }
 
-// TestSotWSendsOnlyChangedTypes pins the per-type versions: a lease move
-// re-sends the route table to a state-of-the-world client, not every cluster
-// and endpoint.
+// TestSotWSendsOnlyChangedTypes pins the per-type versions: a runner moving
+// sends a state-of-the-world client endpoints, not clusters or route tables.
 func TestSotWSendsOnlyChangedTypes(t *testing.T) {
 	t.Parallel()
 	cp, err := xdstest.StartControlPlane(quiet(), time.Millisecond)
@@ -196,35 +197,37 @@ func TestSotWSendsOnlyChangedTypes(t *testing.T) {
 	defer cp.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	x := xdstest.Mesh(1, 10, 1000, cp.Addr)
+	x := xdstest.Mesh(1, 10, cp.Addr)
 	cp.Update(x)
 	sc, err := xdstest.DialSotW(ctx, cp.Addr, "sotw-client")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	seen := map[string]bool{}
-	for len(seen) < 4 {
+	// Every resource once: routes and endpoints may come one per response.
+	seen := map[string]int{}
+	for seen["Cluster"] < 11 || seen["ClusterLoadAssignment"] < 11 || seen["Listener"] < 2 || seen["RouteConfiguration"] < 2 {
 		resp, err := sc.Next()
 		if err != nil {
 			t.Fatal(err)
 		}
-		seen[short(resp.GetTypeUrl())] = true
+		seen[short(resp.GetTypeUrl())] += len(resp.GetResources())
 	}
-	cp.Update(xdstest.MoveLease(x, 2, 500, xdstest.RunnerID(3)))
+	pushes := func(typ string) float64 {
+		return metric(t, cp.Registry, "prism_xds_pushes_total", map[string]string{"protocol": "sotw", "type": typ})
+	}
+	clusters, routes := pushes("Cluster"), pushes("RouteConfiguration")
+	cp.Update(xdstest.MoveRunner(x, 2, 3, "127.0.0.1:29003"))
 	resp, err := sc.Next()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if short(resp.GetTypeUrl()) != "RouteConfiguration" || resp.GetVersionInfo() != "2" {
-		t.Fatalf("first response after a lease move: %s version %s, want RouteConfiguration version 2",
+	if short(resp.GetTypeUrl()) != "ClusterLoadAssignment" || resp.GetVersionInfo() != "2" {
+		t.Fatalf("first response after a runner move: %s version %s, want ClusterLoadAssignment version 2",
 			short(resp.GetTypeUrl()), resp.GetVersionInfo())
 	}
-	if n := metric(t, cp.Registry, "prism_xds_pushes_total", map[string]string{"protocol": "sotw", "type": "Cluster"}); n != 1 {
-		t.Errorf("sotw cluster pushes = %v, want 1 (the initial one)", n)
-	}
-	if n := metric(t, cp.Registry, "prism_xds_push_latency_seconds", map[string]string{"protocol": "sotw", "type": "RouteConfiguration"}); n != 1 {
-		t.Errorf("sotw route push latency samples = %v, want 1 (the change, not the initial response)", n)
+	if c, r := pushes("Cluster"), pushes("RouteConfiguration"); c != clusters || r != routes {
+		t.Errorf("a runner move pushed %v clusters and %v route tables, want none", c-clusters, r-routes)
 	}
 }
 

@@ -17,7 +17,7 @@ import (
 // same states, as three admin nodes applying the same Raft log. The grpc-go
 // client reaches them through one name resolving to all three (as a headless
 // Service does); the node it is connected to dies: routes stay served, and a
-// later lease change arrives through another node.
+// later runner move arrives through another node.
 func TestClientSurvivesLosingItsAdminNode(t *testing.T) {
 	t.Parallel()
 	var nodes []*xdstest.ControlPlane
@@ -38,17 +38,17 @@ func TestClientSurvivesLosingItsAdminNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(r.Close)
+		r.Hold("audit@proxy-a")
 		runners[id] = r
 	}
+	// owner is the runner serving proxy-a: a change of owner is proxy-a's
+	// runner restarting on another address.
 	publish := func(version uint64, owner string, alive []*xdstest.ControlPlane) {
 		x := &ir.IR{Version: version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}}
 		for _, n := range alive {
-			x.NotFound = append(x.NotFound, n.Addr)
+			x.Admins = append(x.Admins, n.Addr)
 		}
-		for id, r := range runners {
-			x.Runners = append(x.Runners, ir.Runner{ID: id, Address: r.Addr, Healthy: true})
-		}
-		x.Mailboxes = []ir.Mailbox{{ID: "audit@proxy-a", Namespace: "audit", RunnerID: owner, Epoch: version}}
+		x.Proxies = []ir.Proxy{{ID: "proxy-a", RunnerID: owner, Address: runners[owner].Addr, Healthy: true}}
 		for _, n := range alive {
 			n.Update(x)
 		}
@@ -124,15 +124,14 @@ func TestLaggingAdminNodeDoesNotRollClientsBack(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(r.Close)
+		r.Hold("audit@proxy-a")
 		runners[id] = r
 	}
+	// owner is the runner serving proxy-a, "" when proxy-a is gone.
 	state := func(version uint64, owner string) *ir.IR {
-		x := &ir.IR{Version: version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{current.Addr, lagging.Addr}}
-		for id, r := range runners {
-			x.Runners = append(x.Runners, ir.Runner{ID: id, Address: r.Addr, Healthy: true})
-		}
+		x := &ir.IR{Version: version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, Admins: []string{current.Addr, lagging.Addr}}
 		if owner != "" {
-			x.Mailboxes = []ir.Mailbox{{ID: "audit@proxy-a", Namespace: "audit", RunnerID: owner, Epoch: version}}
+			x.Proxies = []ir.Proxy{{ID: "proxy-a", RunnerID: owner, Address: runners[owner].Addr, Healthy: true}}
 		}
 		return x
 	}

@@ -1,6 +1,7 @@
 // Package xdsgrpc proves the routes with grpc-go's own xDS client: queries
-// for a mailbox land on the runner holding its lease, follow the lease when
-// it moves, and get NotFound once it is released.
+// for a mailbox land on its proxy's runner, follow the runner when it
+// restarts elsewhere, and get NotFound once the lease is released (from the
+// runner, the authority; routes are per proxy).
 package xdsgrpc
 
 import (
@@ -48,29 +49,16 @@ func newWorld(t *testing.T, runnerIDs ...string) *world {
 	return w
 }
 
-// publish hands the control plane a new state with the given leases
-// (mailbox id → runner id) and returns its version.
-func (w *world) publish(leases map[string]string) uint64 {
+// publish hands the control plane a new state with the given proxies
+// (proxy id → the runner serving it) and returns its version.
+func (w *world) publish(proxies map[string]string) uint64 {
 	w.version++
-	x := &ir.IR{Version: w.version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{w.cp.Addr}}
-	for id, r := range w.runners {
-		x.Runners = append(x.Runners, ir.Runner{ID: id, Address: r.Addr, Healthy: true})
-	}
-	for mailbox, runner := range leases {
-		ns, _, _ := cut(mailbox)
-		x.Mailboxes = append(x.Mailboxes, ir.Mailbox{ID: mailbox, Namespace: ns, RunnerID: runner, Epoch: w.version})
+	x := &ir.IR{Version: w.version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, Admins: []string{w.cp.Addr}, Lookup: "dns:///" + w.cp.Addr}
+	for proxy, runner := range proxies {
+		x.Proxies = append(x.Proxies, ir.Proxy{ID: proxy, RunnerID: runner, Address: w.runners[runner].Addr, Healthy: true})
 	}
 	w.cp.Update(x)
 	return w.version
-}
-
-func cut(id string) (string, string, bool) {
-	for i := range id {
-		if id[i] == '@' {
-			return id[:i], id[i+1:], true
-		}
-	}
-	return id, "", false
 }
 
 // await polls until ask returns want (a runner id, or a status code as
@@ -100,7 +88,7 @@ func outcome(runner string, err error) string {
 
 func TestQueriesFollowLeases(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, "runner-a", "runner-b")
+	w := newWorld(t, "runner-a", "runner-a2", "runner-b")
 	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(w.cp.Addr, "test-"+t.Name()))
 	if err != nil {
 		t.Fatal(err)
@@ -110,21 +98,30 @@ func TestQueriesFollowLeases(t *testing.T) {
 		return func(ctx context.Context) string { return outcome(xdstest.WhoAnswers(ctx, conn, mailbox)) }
 	}
 
-	w.publish(map[string]string{"audit@proxy-a": "runner-a", "$admin@proxy-b": "runner-b"})
+	w.runners["runner-a"].Hold("audit@proxy-a")
+	w.runners["runner-b"].Hold("$admin@proxy-b")
+	w.publish(map[string]string{"proxy-a": "runner-a", "proxy-b": "runner-b"})
 	await(t, "audit on its owner", ask("audit@proxy-a"), "runner-a")
 	await(t, "$admin on its owner", ask("$admin@proxy-b"), "runner-b")
-	await(t, "unknown mailbox", ask("nobody@proxy-z"), "code:NotFound")
+	await(t, "unknown proxy", ask("nobody@proxy-z"), "code:NotFound")
+	await(t, "mailbox its proxy's runner does not hold", ask("nobody@proxy-a"), "code:NotFound")
 
-	// The lease moves: a new version routes audit to runner-b.
-	w.publish(map[string]string{"audit@proxy-a": "runner-b", "$admin@proxy-b": "runner-b"})
-	await(t, "audit after the move", ask("audit@proxy-a"), "runner-b")
+	// proxy-a's runner restarts on a new address and re-acquires: one
+	// endpoint moves, and audit follows.
+	w.runners["runner-a"].Release("audit@proxy-a")
+	w.runners["runner-a2"].Hold("audit@proxy-a")
+	w.publish(map[string]string{"proxy-a": "runner-a2", "proxy-b": "runner-b"})
+	await(t, "audit after the restart", ask("audit@proxy-a"), "runner-a2")
 
-	// The lease is released: the route is withdrawn and the mailbox is gone.
-	w.publish(map[string]string{"audit@proxy-a": "runner-b"})
+	// The lease is released: nothing is published, the runner answers
+	// NotFound; a re-grant is served again.
+	w.runners["runner-b"].Release("$admin@proxy-b")
 	await(t, "$admin after release", ask("$admin@proxy-b"), "code:NotFound")
-	if got := outcome(xdstest.WhoAnswers(context.Background(), conn, "audit@proxy-a")); got != "runner-b" {
+	if got := outcome(xdstest.WhoAnswers(context.Background(), conn, "audit@proxy-a")); got != "runner-a2" {
 		t.Fatalf("audit after releasing $admin: %s", got)
 	}
+	w.runners["runner-b"].Hold("$admin@proxy-b")
+	await(t, "$admin re-granted", ask("$admin@proxy-b"), "runner-b")
 }
 
 func TestNotFoundNamesTheMailbox(t *testing.T) {
@@ -135,14 +132,19 @@ func TestNotFoundNamesTheMailbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	w.publish(map[string]string{"audit@proxy-a": "runner-a"})
+	w.runners["runner-a"].Hold("audit@proxy-a")
+	w.publish(map[string]string{"proxy-a": "runner-a"})
 	await(t, "audit routed", func(ctx context.Context) string { return outcome(xdstest.WhoAnswers(ctx, conn, "audit@proxy-a")) }, "runner-a")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err = xdstest.WhoAnswers(ctx, conn, "ghost@proxy-q")
 	if st := status.Convert(err); st.Code() != codes.NotFound || !contains(st.Message(), "ghost@proxy-q") {
-		t.Fatalf("unknown mailbox: %v, want NotFound naming it", err)
+		t.Fatalf("mailbox of an unknown proxy: %v, want NotFound naming it", err)
+	}
+	_, err = xdstest.WhoAnswers(ctx, conn, "ghost@proxy-a")
+	if st := status.Convert(err); st.Code() != codes.NotFound || !contains(st.Message(), "ghost@proxy-a") {
+		t.Fatalf("mailbox its proxy's runner does not hold: %v, want NotFound naming it", err)
 	}
 	_, err = xdstest.WhoAnswers(ctx, conn, "")
 	if status.Code(err) != codes.InvalidArgument {

@@ -1,7 +1,8 @@
 // Package xdstest runs the xDS pipeline in-process for tests and benchmarks:
-// a control plane on 127.0.0.1:0 (ADS plus the not-found service, as an admin
-// node serves them), MailboxQuery servers that say which runner answered, and
-// grpc-go xDS clients with their own bootstrap.
+// a control plane on 127.0.0.1:0 (ADS, the not-found service and the
+// namespace lookup, as an admin node serves them), MailboxQuery servers that
+// serve the mailboxes they hold and say which runner answered, and grpc-go
+// xDS clients with their own bootstrap.
 package xdstest
 
 import (
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,22 +19,29 @@ import (
 	// The RLS policy: without it grpc-go refuses (NACKs) a route table
 	// naming the RLS cluster specifier plugin, as mailbox-routes does.
 	_ "google.golang.org/grpc/balancer/rls"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	grpcxds "google.golang.org/grpc/xds"
 
 	"github.com/prism-mesh/prism/mesh"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"github.com/prism-mesh/prism/xds"
+	"github.com/prism-mesh/prism/xds/lookup"
 )
 
 // ControlPlane is one admin node's xDS side.
 type ControlPlane struct {
-	// Addr is the gRPC address serving ADS and the not-found service.
+	// Addr is the gRPC address serving ADS, the not-found service and the
+	// namespace lookup.
 	Addr     string
 	Registry *prometheus.Registry
+	// Namespaces is what the lookup answers, as an FSM's namespace routes.
+	Namespaces *Namespaces
 	*xds.ControlPlane
 
 	grpc   *grpc.Server
@@ -53,8 +62,10 @@ func StartControlPlane(log *slog.Logger, debounce time.Duration, opts ...grpc.Se
 	x := xds.New(ctx, xds.Config{Registerer: reg, Log: log, Debounce: debounce})
 	g := grpc.NewServer(opts...)
 	x.Register(g)
+	ns := &Namespaces{routes: map[string]*adminv1.NamespaceRoute{}}
+	lookup.New(lookup.Config{Routes: ns, Logger: log}).Register(g)
 	healthpb.RegisterHealthServer(g, health.NewServer())
-	cp := &ControlPlane{Addr: lis.Addr().String(), Registry: reg, ControlPlane: x, grpc: g, cancel: cancel, done: make(chan struct{})}
+	cp := &ControlPlane{Addr: lis.Addr().String(), Registry: reg, Namespaces: ns, ControlPlane: x, grpc: g, cancel: cancel, done: make(chan struct{})}
 	go func() { _ = g.Serve(lis) }()
 	go func() { defer close(cp.done); _ = x.Run(ctx) }()
 	return cp, nil
@@ -65,6 +76,33 @@ func (cp *ControlPlane) Close() {
 	cp.cancel()
 	<-cp.done
 	cp.grpc.Stop()
+}
+
+// Namespaces is a namespace → mailbox table the lookup reads, standing in
+// for the FSM's namespace routes.
+type Namespaces struct {
+	mu     sync.Mutex
+	routes map[string]*adminv1.NamespaceRoute
+}
+
+// Set routes namespace ns to mailbox id ("ns@proxy") under epoch; an empty
+// id removes the route.
+func (n *Namespaces) Set(ns, id string, epoch uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if id == "" {
+		delete(n.routes, ns)
+		return
+	}
+	n.routes[ns] = &adminv1.NamespaceRoute{Namespace: ns, MailboxId: id, Epoch: epoch}
+}
+
+// NamespaceRoute implements lookup.Routes.
+func (n *Namespaces) NamespaceRoute(ns string) (*adminv1.NamespaceRoute, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	r, ok := n.routes[ns]
+	return r, ok
 }
 
 // Bootstrap is a grpc-go xDS bootstrap pointing at the ADS server addr.
@@ -95,26 +133,50 @@ func DialMailboxQuery(bootstrap []byte) (*grpc.ClientConn, error) {
 // RunnerHeader is the response header a test runner names itself in.
 const RunnerHeader = "x-test-runner"
 
-// Runner is a MailboxQuery server that answers GetStats for any mailbox with
-// its own id in RunnerHeader and the mailbox id it was asked for.
+// Runner is a MailboxQuery server standing in for a mailbox runner: it
+// answers GetStats for the mailboxes it holds (Hold), by id or by
+// namespace, with its own id in RunnerHeader and the mailbox id it served,
+// and NotFound naming the mailbox or namespace otherwise, as a runner
+// answers for a mailbox it holds no lease on.
 type Runner struct {
 	ID   string
 	Addr string
 	grpc *grpc.Server
+	svc  *runnerService
 }
 
-// StartRunner serves on 127.0.0.1:0 until Close; opts configure the gRPC
-// server.
+// StartRunner serves on 127.0.0.1:0 until Close, holding nothing; opts
+// configure the gRPC server.
 func StartRunner(id string, opts ...grpc.ServerOption) (*Runner, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("runner %s listen: %w", id, err)
 	}
-	r := &Runner{ID: id, Addr: lis.Addr().String(), grpc: grpc.NewServer(opts...)}
-	mailboxv1.RegisterMailboxQueryServer(r.grpc, &runnerService{id: id})
+	svc := &runnerService{id: id, held: map[string]bool{}}
+	r := &Runner{ID: id, Addr: lis.Addr().String(), grpc: grpc.NewServer(opts...), svc: svc}
+	mailboxv1.RegisterMailboxQueryServer(r.grpc, svc)
 	healthpb.RegisterHealthServer(r.grpc, health.NewServer())
 	go func() { _ = r.grpc.Serve(lis) }()
 	return r, nil
+}
+
+// Hold makes the runner serve the mailboxes, as when it is granted their
+// leases.
+func (r *Runner) Hold(ids ...string) {
+	r.svc.mu.Lock()
+	defer r.svc.mu.Unlock()
+	for _, id := range ids {
+		r.svc.held[id] = true
+	}
+}
+
+// Release makes the runner stop serving the mailboxes.
+func (r *Runner) Release(ids ...string) {
+	r.svc.mu.Lock()
+	defer r.svc.mu.Unlock()
+	for _, id := range ids {
+		delete(r.svc.held, id)
+	}
 }
 
 // Close stops the runner.
@@ -122,13 +184,31 @@ func (r *Runner) Close() { r.grpc.Stop() }
 
 type runnerService struct {
 	mailboxv1.UnimplementedMailboxQueryServer
-	id string
+	id   string
+	mu   sync.Mutex
+	held map[string]bool
 }
 
 func (s *runnerService) GetStats(ctx context.Context, _ *mailboxv1.GetStatsRequest) (*mailboxv1.GetStatsResponse, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(RunnerHeader, s.id))
-	return &mailboxv1.GetStatsResponse{Stats: &mailboxv1.MailboxStats{MailboxId: first(md.Get(mesh.HeaderMailboxID))}}, nil
+	id, ns := first(md.Get(mesh.HeaderMailboxID)), first(md.Get(mesh.HeaderNamespace))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id == "" && ns != "" {
+		for held := range s.held {
+			if m, err := mesh.ParseMailboxID(held); err == nil && m.Namespace == ns {
+				id = held
+			}
+		}
+		if id == "" {
+			return nil, status.Errorf(codes.NotFound, "namespace %q is not served here", ns)
+		}
+	}
+	if !s.held[id] {
+		return nil, status.Errorf(codes.NotFound, "mailbox %q is not served here", id)
+	}
+	return &mailboxv1.GetStatsResponse{Stats: &mailboxv1.MailboxStats{MailboxId: id}}, nil
 }
 
 func first(v []string) string {
