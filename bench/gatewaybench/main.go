@@ -279,9 +279,8 @@ func startMesh(dir string, brokers []string, topic string, ca *pki.CA, mtls bool
 		return m, err
 	}
 	m.closers = append(m.closers, cp.Close)
-	state.NotFound = []string{cp.Addr}
-	state.Runners = []ir.Runner{{ID: "r1", Address: ql.Addr().String(), Healthy: true, ProxyID: proxyID}}
-	state.Mailboxes = []ir.Mailbox{{ID: mailbox, Namespace: "audit", RunnerID: "r1", Epoch: 1}}
+	state.Admins = []string{cp.Addr}
+	state.Proxies = []ir.Proxy{{ID: proxyID, RunnerID: "r1", Address: ql.Addr().String(), Healthy: true}}
 	cp.Update(state)
 
 	gwTLS, gwFiles, err := source(identity.Gateway, "gw")
