@@ -1,14 +1,16 @@
 // Command xdsbench measures the xDS pipeline (issue 4) and prints
 // BENCH <name> <value> <unit> lines:
 //
-//   - convergence: ControlPlane.Update with a moved lease (what Follow does
-//     when the lease commit is applied) until a grpc-go xDS client's query
-//     for the mailbox is answered by the new owner, p50/p99, at 10, 1,000 and
-//     10,000 mailboxes (two real runners);
-//   - push cost per lease change at 10,000 mailboxes: translation time (from
-//     scratch and per change), bytes sent to one state-of-the-world and one
-//     delta ADS client, process CPU per change;
-//   - admin heap holding 10,000 mailboxes with 5 connected clients.
+//   - convergence: ControlPlane.Update with a proxy's runner at a new
+//     address (what Follow does when the registration is applied) until a
+//     grpc-go xDS client's query for a mailbox of that proxy is answered by
+//     the new runner, p50/p99, at 10 and 1,000 proxies (two real runners).
+//     Lease changes are not measured here: since issue 13 they are not in
+//     the routing state and put nothing on the wire;
+//   - push cost per runner move at 1,000 proxies: translation time (from
+//     scratch, which every change costs), bytes sent to one
+//     state-of-the-world and one delta ADS client, process CPU per change;
+//   - admin heap holding 1,000 proxies with 5 connected clients.
 //
 // Everything runs in-process on 127.0.0.1; every loop is bounded in count
 // and time.
@@ -31,17 +33,15 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/xds/translator"
 	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 func main() {
-	changes := flag.Int("changes", 100, "lease changes measured per size below 10,000")
-	changes10k := flag.Int("changes-10k", 30, "lease changes measured at 10,000 mailboxes")
+	changes := flag.Int("changes", 100, "runner moves measured per size")
 	flag.Parse()
-	if err := run(*changes, *changes10k); err != nil {
+	if err := run(*changes); err != nil {
 		fmt.Fprintln(os.Stderr, "xdsbench:", err)
 		os.Exit(1)
 	}
@@ -53,13 +53,13 @@ func bench(name string, value float64, unit string) {
 
 func note(format string, args ...any) { fmt.Fprintf(os.Stderr, "# "+format+"\n", args...) }
 
-func run(changes, changes10k int) error {
+func run(changes int) error {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, size := range []struct {
 		n      int
 		label  string
 		rounds int
-	}{{10, "10", changes}, {1000, "1k", changes}, {10000, "10k", changes10k}} {
+	}{{10, "10_proxies", changes}, {1000, "1k_proxies", changes}} {
 		p50, p99, err := convergence(log, size.n, size.rounds)
 		if err != nil {
 			return fmt.Errorf("convergence at %d: %w", size.n, err)
@@ -70,51 +70,47 @@ func run(changes, changes10k int) error {
 	return pushCost(log)
 }
 
-// convergence moves one lease per round between two real runners and times
-// the route becoming usable by grpc-go's xDS client.
+// convergence moves proxy 0's runner between two real runners, both
+// holding its mailbox, and times the new endpoint becoming used by
+// grpc-go's xDS client.
 func convergence(log *slog.Logger, n, rounds int) (p50, p99 float64, err error) {
 	cp, err := xdstest.StartControlPlane(log, 0)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer cp.Close()
+	mailbox := xdstest.MailboxID(0, n)
 	runners := make([]*xdstest.Runner, 2)
 	for i := range runners {
-		if runners[i], err = xdstest.StartRunner(xdstest.RunnerID(i)); err != nil {
+		if runners[i], err = xdstest.StartRunner(fmt.Sprintf("runner-%d", i)); err != nil {
 			return 0, 0, err
 		}
 		defer runners[i].Close()
+		runners[i].Hold(mailbox)
 	}
-	x := xdstest.Mesh(1, 2, n, cp.Addr)
-	for i, r := range runners {
-		x.Runners[i].Address = r.Addr
-	}
+	x := xdstest.MoveRunner(xdstest.Mesh(1, n, cp.Addr), 1, 0, runners[0].Addr)
 	cp.Update(x)
 	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(cp.Addr, fmt.Sprintf("bench-%d", n)))
 	if err != nil {
 		return 0, 0, err
 	}
 	defer conn.Close()
-	if _, err := await(conn, x.Mailboxes[0].ID, x.Mailboxes[0].RunnerID, 60*time.Second); err != nil {
+	if _, err := await(conn, mailbox, runners[0].ID, 60*time.Second); err != nil {
 		return 0, 0, fmt.Errorf("initial routes: %w", err)
 	}
 	var samples []float64
 	for round := range rounds {
-		i := (round * 7919) % n
-		to := xdstest.RunnerID(1)
-		if x.Mailboxes[i].RunnerID == to {
-			to = xdstest.RunnerID(0)
-		}
-		x = xdstest.MoveLease(x, x.Version+1, i, to)
+		to := runners[(round+1)%2]
+		x = xdstest.MoveRunner(x, x.Version+1, 0, to.Addr)
 		start := time.Now()
 		cp.Update(x)
-		if _, err := await(conn, x.Mailboxes[i].ID, to, 30*time.Second); err != nil {
+		if _, err := await(conn, mailbox, to.ID, 30*time.Second); err != nil {
 			return 0, 0, fmt.Errorf("round %d: %w", round, err)
 		}
 		samples = append(samples, float64(time.Since(start).Microseconds())/1000)
 	}
 	slices.Sort(samples)
-	note("convergence at %d mailboxes: %d lease moves, min %.2f ms, max %.2f ms", n, len(samples), samples[0], samples[len(samples)-1])
+	note("convergence at %d proxies: %d runner moves, min %.2f ms, max %.2f ms", n, len(samples), samples[0], samples[len(samples)-1])
 	return percentile(samples, 0.50), percentile(samples, 0.99), nil
 }
 
@@ -140,35 +136,24 @@ func percentile(sorted []float64, p float64) float64 {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// pushCost measures one lease change at 10,000 mailboxes.
+// pushCost measures one runner move at 1,000 proxies.
 func pushCost(log *slog.Logger) error {
-	const n, runners, rounds = 10000, 20, 10
+	const n, rounds = 1000, 10
 	cp, err := xdstest.StartControlPlane(log, 0)
 	if err != nil {
 		return err
 	}
 	defer cp.Close()
-	x := xdstest.Mesh(1, runners, n, cp.Addr)
+	x := xdstest.Mesh(1, n, cp.Addr)
 
-	// From scratch (a new admin node), then per lease change as the updater
-	// translates: unchanged routes are remembered.
-	tr := translator.New()
+	// Every change translates the whole state: it is O(proxies).
 	start := time.Now()
-	if _, err := tr.Translate(x); err != nil {
-		return err
-	}
-	bench("xds.translate_full_ms_10k", float64(time.Since(start).Microseconds())/1000, "ms")
-	var translate time.Duration
-	y := x
-	for round := range rounds {
-		y = xdstest.MoveLease(y, y.Version+1, (round*7919)%n, xdstest.RunnerID((round+3)%runners))
-		start := time.Now()
-		if _, err := tr.Translate(y); err != nil {
+	for range rounds {
+		if _, err := translator.Translate(x); err != nil {
 			return err
 		}
-		translate += time.Since(start)
 	}
-	bench("xds.translate_ms_per_change_10k", float64(translate.Microseconds())/1000/rounds, "ms")
+	bench("xds.translate_ms_1k_proxies", float64(time.Since(start).Microseconds())/1000/rounds, "ms")
 
 	cp.Update(x)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -192,15 +177,15 @@ func pushCost(log *slog.Logger) error {
 		defer c.Close()
 		go drain(c)
 	}
-	sotwRoutes, deltaRoutes := make(chan string, 64), make(chan string, 64)
+	sotwEDS, deltaEDS := make(chan string, 64), make(chan string, 64)
 	go func() {
 		for {
 			r, err := sotw.Next()
 			if err != nil {
 				return
 			}
-			if r.GetTypeUrl() == resource.RouteType {
-				sotwRoutes <- r.GetVersionInfo()
+			if r.GetTypeUrl() == resource.EndpointType {
+				sotwEDS <- r.GetVersionInfo()
 			}
 		}
 	}()
@@ -210,44 +195,38 @@ func pushCost(log *slog.Logger) error {
 			if err != nil {
 				return
 			}
-			if r.GetTypeUrl() == resource.RouteType {
-				deltaRoutes <- r.GetSystemVersionInfo()
+			if r.GetTypeUrl() == resource.EndpointType {
+				deltaEDS <- r.GetSystemVersionInfo()
 			}
 		}
 	}()
-	if err := both(sotwRoutes, deltaRoutes, "1"); err != nil {
+	if err := both(sotwEDS, deltaEDS, "1"); err != nil {
 		return err
 	}
 
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	bench("xds.admin_heap_mb_10k_5clients", float64(ms.HeapInuse)/(1<<20), "MB")
+	bench("xds.admin_heap_mb_1k_proxies_5clients", float64(ms.HeapInuse)/(1<<20), "MB")
 
 	before := map[string]float64{"sotw": bytesSent(cp.Registry, "sotw"), "delta": bytesSent(cp.Registry, "delta")}
 	cpuBefore := cpuTime()
 	for round := range rounds {
-		i := (round * 7919) % n
-		x = xdstest.MoveLease(x, x.Version+1, i, xdstest.RunnerID((round+1)%runners))
+		x = xdstest.MoveRunner(x, x.Version+1, (round*7919)%n, fmt.Sprintf("127.0.1.%d:8982", round+1))
 		cp.Update(x)
-		if err := both(sotwRoutes, deltaRoutes, strconv.FormatUint(x.Version, 10)); err != nil {
+		if err := both(sotwEDS, deltaEDS, strconv.FormatUint(x.Version, 10)); err != nil {
 			return err
 		}
 	}
 	// Process CPU: the control plane's work, plus five raw clients that only
 	// read the responses' bytes (they do not decode the resources).
-	bench("xds.admin_cpu_ms_per_change_10k_5clients", float64((cpuTime()-cpuBefore).Microseconds())/1000/rounds, "ms")
+	bench("xds.admin_cpu_ms_per_runner_move_1k_proxies_5clients", float64((cpuTime()-cpuBefore).Microseconds())/1000/rounds, "ms")
 	// Metrics count every client; only the first SotW and the delta client
 	// are the per-client figures, so the extra SotW clients are subtracted.
 	sotwBytes := (bytesSent(cp.Registry, "sotw") - before["sotw"]) / 4 / rounds
 	deltaBytes := (bytesSent(cp.Registry, "delta") - before["delta"]) / rounds
-	bench("xds.sotw_bytes_per_change_10k", sotwBytes, "bytes")
-	bench("xds.delta_bytes_per_change_10k", deltaBytes, "bytes")
-	res, err := translator.Translate(x)
-	if err != nil {
-		return err
-	}
-	note("route table at %d mailboxes: %d bytes, one resource; it dominates both figures", n, sizeOf(res))
+	bench("xds.eds_bytes_per_runner_move_sotw", sotwBytes, "bytes")
+	bench("xds.eds_bytes_per_runner_move", deltaBytes, "bytes")
 	return nil
 }
 
@@ -267,7 +246,7 @@ func drain(c *xdstest.SotWClient) {
 	}
 }
 
-// both waits until both clients have the route table at version.
+// both waits until both clients have endpoints at version.
 func both(a, b chan string, version string) error {
 	timeout := time.After(60 * time.Second)
 	for _, ch := range []chan string{a, b} {
@@ -276,7 +255,7 @@ func both(a, b chan string, version string) error {
 			case v := <-ch:
 				done = v == version
 			case <-timeout:
-				return fmt.Errorf("route table version %s not received", version)
+				return fmt.Errorf("endpoints version %s not received", version)
 			}
 		}
 	}
@@ -300,5 +279,3 @@ func bytesSent(reg *prometheus.Registry, protocol string) float64 {
 	}
 	return total
 }
-
-func sizeOf(res *translator.Resources) int { return proto.Size(res.Routes[0]) }
