@@ -512,7 +512,10 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 			if v.Epoch == 0 {
 				return
 			}
-			if settled[i] = closed || w.outwait(ctx, "shutdown", v.Epoch); settled[i] && !inSession(v) {
+			switch settled[i] = closed || w.outwait(ctx, "shutdown", v.Epoch); {
+			case !settled[i]:
+				relErrs[i] = fmt.Errorf("lease of %s not released: the runner did not confirm it stopped serving, and its deadline is past the stop: %w", w.id, ctx.Err())
+			case !inSession(v):
 				relErrs[i] = w.release(ctx, "shutdown", v.Epoch)
 			}
 		})

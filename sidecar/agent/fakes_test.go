@@ -199,6 +199,9 @@ type fakeRunner struct {
 	// slow runner.
 	openGate  chan struct{}
 	openGated string
+	// stuck names a mailbox whose close and fence fail Unavailable, as
+	// when the call times out.
+	stuck string
 }
 
 // setDown kills (true) or restarts (false) the runner's control API; its
@@ -278,6 +281,10 @@ func (r *fakeRunner) FenceMailbox(_ context.Context, in *runnerv1.FenceMailboxRe
 	if err := r.unreachable("fence"); err != nil {
 		return nil, err
 	}
+	if in.GetMailboxId() == r.stuck {
+		r.ev.add("runner stuck fence %s", in.GetMailboxId())
+		return nil, status.Error(codes.Unavailable, "timed out")
+	}
 	r.ev.add("runner fence %s %s", in.GetMailboxId(), in.GetReason())
 	if st, ok := r.mb[in.GetMailboxId()]; ok {
 		st.State = runnerv1.MailboxState_MAILBOX_STATE_FENCED
@@ -296,6 +303,10 @@ func (r *fakeRunner) CloseMailbox(_ context.Context, in *runnerv1.CloseMailboxRe
 	defer r.mu.Unlock()
 	if err := r.unreachable("close"); err != nil {
 		return nil, err
+	}
+	if in.GetMailboxId() == r.stuck {
+		r.ev.add("runner stuck close %s", in.GetMailboxId())
+		return nil, status.Error(codes.Unavailable, "timed out")
 	}
 	r.ev.add("runner close %s", in.GetMailboxId())
 	_, ok := r.mb[in.GetMailboxId()]

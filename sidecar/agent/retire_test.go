@@ -167,8 +167,8 @@ func TestShutdownLeavesLeaseOfUnreachableRunner(t *testing.T) {
 			h.assign(1, "audit")
 			h.waitFor("ready", func() bool { return h.agent.Ready() == nil })
 			h.runner.setDown(true)
-			if err := h.stop(); err == nil {
-				t.Fatal("stop succeeded with the runner unreachable")
+			if err := h.stop(); err == nil || !strings.Contains(err.Error(), "lease of audit@p1 not released") {
+				t.Fatalf("stop: %v, want audit@p1's lease named as not released", err)
 			}
 			h.waitEvent(0, "runner down fence")
 			if n := h.ev.count("admin release") + h.ev.count("admin close-session"); n != 0 {
@@ -215,5 +215,34 @@ func TestShutdownDuringUnassignWaitKeepsLease(t *testing.T) {
 				t.Fatalf("a lease went while the runner may still serve it:\n%s", h.ev)
 			}
 		})
+	}
+}
+
+// In session mode, one mailbox the runner does not confirm closing keeps
+// the session open at shutdown, since closing it would end that lease too:
+// the other leases are released one by one once closed, and the session
+// expires after ttl + grace.
+func TestSessionShutdownKeepsSessionOfUnconfirmedMailbox(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sessionMode, func(c *Config) { c.StopTimeout = 300 * time.Millisecond })
+	h.assign(1, "audit", "billing")
+	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 2 })
+	h.runner.mu.Lock()
+	h.runner.stuck = "audit@p1"
+	h.runner.mu.Unlock()
+	if err := h.stop(); err == nil || !strings.Contains(err.Error(), "lease of audit@p1 not released") {
+		t.Fatalf("stop: %v, want audit@p1's lease named as not released", err)
+	}
+	iClose, _ := h.waitEvent(0, "runner close billing@p1")
+	h.waitEvent(iClose, "admin release-leases 1 billing@p1")
+	h.waitEvent(0, "runner stuck fence audit@p1")
+	if n := h.ev.count("admin close-session") + h.ev.count("admin release-leases 1 audit@p1"); n != 0 {
+		t.Fatalf("audit@p1's lease ended while the runner may still serve it:\n%s", h.ev)
+	}
+	if got := testutil.ToFloat64(h.agent.m.releases.WithLabelValues("shutdown", "expiring")); got != 1 {
+		t.Fatalf("leases left to expire counted %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(h.agent.m.releases.WithLabelValues("shutdown", "released")); got != 1 {
+		t.Fatalf("leases released counted %v, want 1 (billing@p1)", got)
 	}
 }
