@@ -338,3 +338,23 @@ func TestGatewayNodeIDMatchesIdentity(t *testing.T) {
 		}
 	}
 }
+
+// grpc-go gateways look namespaces up (RLS) at the target the admins send
+// over xDS: it must be the admin Service's gRPC port, which reaches any
+// ready admin node, not one pod's own address.
+func TestLookupTargetIsTheAdminService(t *testing.T) {
+	t.Parallel()
+	r := render(t, valueSets["defaults"])
+	admin := container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")
+	svc := mustGet(t, r.services, adminName)
+	var grpcPort int32
+	for _, p := range svc.Spec.Ports {
+		if p.Name == "grpc" {
+			grpcPort = p.Port
+		}
+	}
+	want := fmt.Sprintf("dns:///%s.%s.svc:%d", svc.Name, svc.Namespace, grpcPort)
+	if got := args(admin)["--lookup-target"]; grpcPort == 0 || got != want {
+		t.Fatalf("--lookup-target=%q, want the admin Service's gRPC port %q", got, want)
+	}
+}
