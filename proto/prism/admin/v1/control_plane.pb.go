@@ -34,10 +34,14 @@ const (
 )
 
 type RegisterProxyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Registration  *ProxyRegistration     `protobuf:"bytes,1,opt,name=registration,proto3" json:"registration,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Registration *ProxyRegistration     `protobuf:"bytes,1,opt,name=registration,proto3" json:"registration,omitempty"`
+	// The proxy's runner has failed the sidecar's probe for the sidecar's
+	// runner-dead bound (Proxy.runner_not_ready). False, the default, is
+	// ready.
+	RunnerNotReady bool `protobuf:"varint,2,opt,name=runner_not_ready,json=runnerNotReady,proto3" json:"runner_not_ready,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegisterProxyRequest) Reset() {
@@ -75,6 +79,13 @@ func (x *RegisterProxyRequest) GetRegistration() *ProxyRegistration {
 		return x.Registration
 	}
 	return nil
+}
+
+func (x *RegisterProxyRequest) GetRunnerNotReady() bool {
+	if x != nil {
+		return x.RunnerNotReady
+	}
+	return false
 }
 
 type RegisterProxyResponse struct {
@@ -152,8 +163,12 @@ type ProxyHeartbeatRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProxyId         string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
 	NamespaceHealth []*NamespaceHealth     `protobuf:"bytes,2,rep,name=namespace_health,json=namespaceHealth,proto3" json:"namespace_health,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// As in RegisterProxyRequest. ProxyHeartbeat is what keeps a proxy LIVE in
+	// either lease mode (a session keepalive renews leases only), so this is
+	// where the runner's readiness flows.
+	RunnerNotReady bool `protobuf:"varint,3,opt,name=runner_not_ready,json=runnerNotReady,proto3" json:"runner_not_ready,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ProxyHeartbeatRequest) Reset() {
@@ -198,6 +213,13 @@ func (x *ProxyHeartbeatRequest) GetNamespaceHealth() []*NamespaceHealth {
 		return x.NamespaceHealth
 	}
 	return nil
+}
+
+func (x *ProxyHeartbeatRequest) GetRunnerNotReady() bool {
+	if x != nil {
+		return x.RunnerNotReady
+	}
+	return false
 }
 
 type ProxyHeartbeatResponse struct {
@@ -1703,17 +1725,19 @@ var File_prism_admin_v1_control_plane_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_control_plane_proto_rawDesc = "" +
 	"\n" +
-	"\"prism/admin/v1/control_plane.proto\x12\x0eprism.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aprism/admin/v1/types.proto\"]\n" +
+	"\"prism/admin/v1/control_plane.proto\x12\x0eprism.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aprism/admin/v1/types.proto\"\x87\x01\n" +
 	"\x14RegisterProxyRequest\x12E\n" +
-	"\fregistration\x18\x01 \x01(\v2!.prism.admin.v1.ProxyRegistrationR\fregistration\"\xec\x01\n" +
+	"\fregistration\x18\x01 \x01(\v2!.prism.admin.v1.ProxyRegistrationR\fregistration\x12(\n" +
+	"\x10runner_not_ready\x18\x02 \x01(\bR\x0erunnerNotReady\"\xec\x01\n" +
 	"\x15RegisterProxyResponse\x12+\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyR\x05proxy\x12E\n" +
 	"\vassignments\x18\x02 \x03(\v2#.prism.admin.v1.NamespaceAssignmentR\vassignments\x12I\n" +
 	"\x10partition_ranges\x18\x03 \x03(\v2\x1e.prism.admin.v1.PartitionRangeR\x0fpartitionRanges\x12\x14\n" +
-	"\x05index\x18\x04 \x01(\x04R\x05index\"~\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index\"\xa8\x01\n" +
 	"\x15ProxyHeartbeatRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12J\n" +
-	"\x10namespace_health\x18\x02 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\"[\n" +
+	"\x10namespace_health\x18\x02 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\x12(\n" +
+	"\x10runner_not_ready\x18\x03 \x01(\bR\x0erunnerNotReady\"[\n" +
 	"\x16ProxyHeartbeatResponse\x12+\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyR\x05proxy\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"\xb8\x01\n" +

@@ -29,8 +29,9 @@ const (
 )
 
 // ProxyStatus is whether a proxy takes part in placement. Only LIVE proxies
-// own partitions; a STALE proxy keeps its record (so it can come back with a
-// heartbeat) but its namespaces are placed elsewhere.
+// own partitions, and only while their runner is ready
+// (Proxy.runner_not_ready); a STALE proxy keeps its record (so it can come
+// back with a heartbeat) but its namespaces are placed elsewhere.
 type ProxyStatus int32
 
 const (
@@ -581,8 +582,16 @@ type Proxy struct {
 	LastSeen *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
 	// Health per namespace from the last heartbeat, sorted by namespace.
 	NamespaceHealth []*NamespaceHealth `protobuf:"bytes,5,rep,name=namespace_health,json=namespaceHealth,proto3" json:"namespace_health,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The sidecar's judgment of its runner, from the last RegisterProxy or
+	// ProxyHeartbeat: true once the runner has failed the sidecar's probe for
+	// the sidecar's runner-dead bound, false again as soon as it answers. A
+	// LIVE proxy whose runner is not ready is left out of placement like a
+	// STALE one (its namespaces move to other proxies and come back when it
+	// is ready again), and its endpoint is served UNHEALTHY. False (ready) in
+	// records from before the field and from sidecars that never send it.
+	RunnerNotReady bool `protobuf:"varint,6,opt,name=runner_not_ready,json=runnerNotReady,proto3" json:"runner_not_ready,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Proxy) Reset() {
@@ -648,6 +657,13 @@ func (x *Proxy) GetNamespaceHealth() []*NamespaceHealth {
 		return x.NamespaceHealth
 	}
 	return nil
+}
+
+func (x *Proxy) GetRunnerNotReady() bool {
+	if x != nil {
+		return x.RunnerNotReady
+	}
+	return false
 }
 
 // NamespaceHealth is a proxy's report on one namespace it hosts.
@@ -1775,13 +1791,14 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\trunner_id\x18\t \x01(\tR\brunnerId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc9\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf3\x02\n" +
 	"\x05Proxy\x12E\n" +
 	"\fregistration\x18\x01 \x01(\v2!.prism.admin.v1.ProxyRegistrationR\fregistration\x123\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ProxyStatusR\x06status\x12?\n" +
 	"\rregistered_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12J\n" +
-	"\x10namespace_health\x18\x05 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\"\xbe\x01\n" +
+	"\x10namespace_health\x18\x05 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\x12(\n" +
+	"\x10runner_not_ready\x18\x06 \x01(\bR\x0erunnerNotReady\"\xbe\x01\n" +
 	"\x0fNamespaceHealth\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x124\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1c.prism.admin.v1.HealthStatusR\x06status\x12'\n" +
