@@ -70,6 +70,13 @@ func (r *countingRunner) QueryEvents(ctx context.Context, _ *mailboxv1.QueryEven
 	return &mailboxv1.QueryEventsResponse{}, nil
 }
 
+// oneProxy is the routing state of a mesh whose one proxy, p1, has its
+// runner r1 at addr.
+func oneProxy(cp *xdstest.ControlPlane, addr string) *ir.IR {
+	return &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, Admins: []string{cp.Addr}, Lookup: "dns:///" + cp.Addr,
+		Proxies: []ir.Proxy{{ID: "p1", RunnerID: "r1", Address: addr, Healthy: true}}}
+}
+
 // authMesh is a gateway with query auth on, its HTTP and gRPC doors served
 // over TLS that takes a client certificate when one is offered, routing
 // demo@p1 and other@p1 (and their namespaces) to one counting runner.
@@ -101,15 +108,11 @@ func startAuthMesh(t *testing.T) *authMesh {
 		t.Fatal(err)
 	}
 	t.Cleanup(cp.Close)
-	cp.Update(&ir.IR{
-		Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{cp.Addr},
-		Runners: []ir.Runner{{ID: "r1", Address: rl.Addr().String(), Healthy: true}},
-		Mailboxes: []ir.Mailbox{
-			{ID: "demo@p1", Namespace: "demo", RunnerID: "r1", Epoch: 1},
-			{ID: "other@p1", Namespace: "other", RunnerID: "r1", Epoch: 1},
-		},
-		Aliases: []ir.Alias{{Namespace: "demo", MailboxID: "demo@p1"}, {Namespace: "other", MailboxID: "other@p1"}},
-	})
+	// Proxy p1's runner serves demo@p1 and other@p1; the lookup routes
+	// their namespaces.
+	cp.Namespaces.Set("demo", "demo@p1", 1)
+	cp.Namespaces.Set("other", "other@p1", 1)
+	cp.Update(oneProxy(cp, rl.Addr().String()))
 
 	m.jwksPath = filepath.Join(t.TempDir(), "jwks.json")
 	authtest.WriteJWKS(t, m.jwksPath, m.key)
@@ -417,9 +420,7 @@ func TestGatewayWithoutAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cp.Close)
-	cp.Update(&ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{cp.Addr},
-		Runners:   []ir.Runner{{ID: "r1", Address: rl.Addr().String(), Healthy: true}},
-		Mailboxes: []ir.Mailbox{{ID: "demo@p1", Namespace: "demo", RunnerID: "r1", Epoch: 1}}})
+	cp.Update(oneProxy(cp, rl.Addr().String()))
 	boot, err := gateway.Bootstrap([]string{cp.Addr}, "gateway-"+t.Name(), nil)
 	if err != nil {
 		t.Fatal(err)

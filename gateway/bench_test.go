@@ -24,7 +24,7 @@ const benchRequests = 2000
 // HTTP API and through its gRPC front door, sequentially on loopback.
 func BenchmarkGateway(b *testing.B) {
 	m := startMesh(b)
-	m.publish(1, leases...)
+	m.publish(1)
 	m.run(b)
 	cc, err := grpc.NewClient(m.gwGRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

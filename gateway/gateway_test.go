@@ -54,13 +54,14 @@ func waitFor(t testing.TB, what string, cond func() (bool, string)) {
 	t.Fatalf("timed out waiting for %s; last: %s", what, last)
 }
 
-// testRunner is a real mailbox runner hosting one mailbox on loopback.
+// testRunner is a real mailbox runner hosting one mailbox of its proxy on
+// loopback.
 type testRunner struct {
 	*runner.Runner
-	id, mailbox, queryAddr, httpAddr string
+	id, proxy, mailbox, queryAddr, httpAddr string
 }
 
-func startRunner(t testing.TB, brokers []string, id, mailbox, topic string, epoch uint64) *testRunner {
+func startRunner(t testing.TB, brokers []string, id, proxy, mailbox, topic string, epoch uint64) *testRunner {
 	t.Helper()
 	r, err := runner.New(runner.Config{DataDir: t.TempDir(), Brokers: brokers, BatchWait: 10 * time.Millisecond, Logger: quiet()})
 	if err != nil {
@@ -73,7 +74,7 @@ func startRunner(t testing.TB, brokers []string, id, mailbox, topic string, epoc
 	if err := r.Open(runner.MailboxConfig{ID: mailbox, Topics: []string{topic}, Epoch: epoch}); err != nil {
 		t.Fatal(err)
 	}
-	return &testRunner{Runner: r, id: id, mailbox: mailbox, queryAddr: ql.Addr().String(), httpAddr: hl.Addr().String()}
+	return &testRunner{Runner: r, id: id, proxy: proxy, mailbox: mailbox, queryAddr: ql.Addr().String(), httpAddr: hl.Addr().String()}
 }
 
 func produce(t testing.TB, brokers []string, topic string, n int) {
@@ -124,24 +125,26 @@ func do(t testing.TB, method, url string) response {
 	return response{resp.StatusCode, resp.Header, string(b)}
 }
 
-// testMesh is an in-process xDS control plane routing to two real runners, and
-// a gateway fed by it.
+// testMesh is an in-process xDS control plane routing to two real runners,
+// each serving its proxy's mailboxes, and a gateway fed by it.
 type testMesh struct {
 	cp     *xdstest.ControlPlane
 	a, b   *testRunner
-	extra  []ir.Runner // runners that are not real
+	extra  []ir.Proxy // proxies whose runners are not real
 	gw     *gateway.Gateway
 	url    string
 	gwGRPC string
 }
 
-func (m *testMesh) publish(version uint64, mailboxes ...ir.Mailbox) {
-	x := &ir.IR{Version: version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{m.cp.Addr}}
+// publish sends the routing state at version: the proxies of the two real
+// runners and the extra ones. Mailboxes are not in it; a runner serves the
+// ones it holds.
+func (m *testMesh) publish(version uint64) {
+	x := &ir.IR{Version: version, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, Admins: []string{m.cp.Addr}, Lookup: "dns:///" + m.cp.Addr}
 	for _, r := range []*testRunner{m.a, m.b} {
-		x.Runners = append(x.Runners, ir.Runner{ID: r.id, Address: r.queryAddr, Healthy: true})
+		x.Proxies = append(x.Proxies, ir.Proxy{ID: r.proxy, RunnerID: r.id, Address: r.queryAddr, Healthy: true})
 	}
-	x.Runners = append(x.Runners, m.extra...)
-	x.Mailboxes = mailboxes
+	x.Proxies = append(x.Proxies, m.extra...)
 	m.cp.Update(x)
 }
 
@@ -152,8 +155,8 @@ func startMesh(t testing.TB) *testMesh {
 	produce(t, brokers, "a.events", 3)
 	produce(t, brokers, "b.events", 5)
 	m := &testMesh{
-		a: startRunner(t, brokers, "runner-a", "audit@proxy-a", "a.events", 5),
-		b: startRunner(t, brokers, "runner-b", "$admin@proxy-b", "b.events", 6),
+		a: startRunner(t, brokers, "runner-a", "proxy-a", "audit@proxy-a", "a.events", 5),
+		b: startRunner(t, brokers, "runner-b", "proxy-b", "$admin@proxy-b", "b.events", 6),
 	}
 	for _, r := range []*testRunner{m.a, m.b} {
 		waitFor(t, r.mailbox+" filled", func() (bool, string) {
@@ -224,11 +227,6 @@ func hang(t testing.TB) string {
 	return l.Addr().String()
 }
 
-var leases = []ir.Mailbox{
-	{ID: "audit@proxy-a", Namespace: "audit", RunnerID: "runner-a", Epoch: 5},
-	{ID: "$admin@proxy-b", Namespace: "$admin", RunnerID: "runner-b", Epoch: 6},
-}
-
 // TestGatewayHTTP: queries land on the runner holding the mailbox and are
 // answered exactly as that runner answers them itself; unknown mailboxes
 // are a JSON 404, bad parameters the runner's own 400, a dead runner 503.
@@ -238,7 +236,7 @@ func TestGatewayHTTP(t *testing.T) {
 	if r := get(t, m.url+"/readyz"); r.code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz before any routes = %d, want 503", r.code)
 	}
-	m.publish(1, leases...)
+	m.publish(1)
 	m.run(t)
 	if r := get(t, m.url+"/readyz"); r.code != http.StatusOK {
 		t.Fatalf("/readyz with routes = %d %q", r.code, r.body)
@@ -324,16 +322,25 @@ func TestGatewayHTTP(t *testing.T) {
 		}
 	}
 
-	// The lease moves away from runner-b's mailbox: NotFound from then on.
-	m.publish(2, leases[0])
-	waitFor(t, "released mailbox 404", func() (bool, string) {
-		r := get(t, m.url+"/v1/mailboxes/$admin@proxy-b/stats")
-		return r.code == http.StatusNotFound, fmt.Sprint(r.code, r.body)
-	})
+	// runner-b closes its mailbox, as its sidecar has it do before the
+	// lease goes. Routes are per proxy, so nothing is published: the route
+	// to proxy-b stays and runner-b itself answers a JSON 404 naming the
+	// mailbox, never as the mailbox.
+	if err := m.b.CloseMailbox(m.b.mailbox); err != nil {
+		t.Fatal(err)
+	}
+	r := get(t, m.url+"/v1/mailboxes/$admin@proxy-b/stats")
+	var body map[string]string
+	if r.code != http.StatusNotFound || json.Unmarshal([]byte(r.body), &body) != nil || !strings.Contains(body["error"], `mailbox "$admin@proxy-b"`) {
+		t.Fatalf("stats of a released mailbox = %d %q, want a JSON 404 naming it", r.code, r.body)
+	}
+	if h := r.header.Get(mesh.HeaderMailbox) + r.header.Get(mesh.HeaderEpoch); h != "" {
+		t.Errorf("released mailbox answered with x-prism headers %q %q", r.header.Get(mesh.HeaderMailbox), r.header.Get(mesh.HeaderEpoch))
+	}
 
 	// A runner that never answers: 504 once the gateway's timeout is up.
-	m.extra = []ir.Runner{{ID: "runner-h", Address: hang(t), Healthy: true}}
-	m.publish(3, leases[0], ir.Mailbox{ID: "stuck@proxy-h", Namespace: "stuck", RunnerID: "runner-h", Epoch: 9})
+	m.extra = []ir.Proxy{{ID: "proxy-h", RunnerID: "runner-h", Address: hang(t), Healthy: true}}
+	m.publish(2)
 	var took time.Duration
 	waitFor(t, "stuck mailbox 504", func() (bool, string) {
 		start := time.Now()
@@ -348,8 +355,7 @@ func TestGatewayHTTP(t *testing.T) {
 	// runner-a dies while it still holds its lease: 503, never a hang.
 	m.a.Close()
 	start := time.Now()
-	r := get(t, m.url+"/v1/mailboxes/audit@proxy-a/stats")
-	var body map[string]string
+	r = get(t, m.url+"/v1/mailboxes/audit@proxy-a/stats")
 	if r.code != http.StatusServiceUnavailable || json.Unmarshal([]byte(r.body), &body) != nil || !strings.Contains(body["error"], "no runner available") {
 		t.Fatalf("stats of a mailbox whose runner is down = %d %q, want a JSON 503", r.code, r.body)
 	}
@@ -386,7 +392,7 @@ func TestGatewayGRPC(t *testing.T) {
 	if resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || resp.Status != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("health before routes = %v, %v; want NOT_SERVING", resp, err)
 	}
-	m.publish(1, leases...)
+	m.publish(1)
 	m.run(t)
 	if resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health with routes = %v, %v; want SERVING", resp, err)
@@ -433,22 +439,16 @@ func TestGatewayGRPC(t *testing.T) {
 }
 
 // TestGatewayNamespaces: /v1/namespaces/{ns}/... answers byte for byte as
-// /v1/mailboxes/{id}/... for the namespace's current mailbox (grpc-go routes
-// the call by its x-prism-namespace metadata, the runner finds the mailbox),
-// over HTTP and gRPC; a namespace with no alias is a JSON 404 naming it.
+// /v1/mailboxes/{id}/... for the namespace's current mailbox (grpc-go's RLS
+// asks the admin's lookup where the call's x-prism-namespace goes, the
+// runner finds the mailbox), over HTTP and gRPC; a namespace the lookup does
+// not route is a JSON 404 naming it.
 func TestGatewayNamespaces(t *testing.T) {
 	t.Parallel()
 	m := startMesh(t)
-	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{m.cp.Addr},
-		Runners: []ir.Runner{
-			{ID: m.a.id, Address: m.a.queryAddr, Healthy: true},
-			{ID: m.b.id, Address: m.b.queryAddr, Healthy: true},
-		},
-		Mailboxes: leases,
-		// audit@proxy-a has a lease but no alias: its namespace is not routed.
-		Aliases: []ir.Alias{{Namespace: "$admin", MailboxID: "$admin@proxy-b"}},
-	}
-	m.cp.Update(x)
+	// audit@proxy-a is served but its namespace has no route in the lookup.
+	m.cp.Namespaces.Set("$admin", "$admin@proxy-b", 6)
+	m.publish(1)
 	m.run(t)
 
 	for _, tc := range []struct{ namespace, mailbox string }{

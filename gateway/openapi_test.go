@@ -20,17 +20,10 @@ import (
 func TestGatewayAnswersAsDocumented(t *testing.T) {
 	t.Parallel()
 	m := startMesh(t)
-	m.extra = []ir.Runner{{ID: "runner-h", Address: hang(t), Healthy: true}}
-	x := &ir.IR{Version: 1, Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{m.cp.Addr},
-		Runners: []ir.Runner{
-			{ID: m.a.id, Address: m.a.queryAddr, Healthy: true},
-			{ID: m.b.id, Address: m.b.queryAddr, Healthy: true},
-			m.extra[0],
-		},
-		Mailboxes: append(append([]ir.Mailbox{}, leases...), ir.Mailbox{ID: "stuck@proxy-h", Namespace: "stuck", RunnerID: "runner-h", Epoch: 9}),
-		Aliases:   []ir.Alias{{Namespace: "$admin", MailboxID: "$admin@proxy-b"}, {Namespace: "audit", MailboxID: "audit@proxy-a"}},
-	}
-	m.cp.Update(x)
+	m.extra = []ir.Proxy{{ID: "proxy-h", RunnerID: "runner-h", Address: hang(t), Healthy: true}}
+	m.cp.Namespaces.Set("$admin", "$admin@proxy-b", 6)
+	m.cp.Namespaces.Set("audit", "audit@proxy-a", 5)
+	m.publish(1)
 	m.run(t)
 	c := openapitest.New(t)
 	client := &http.Client{Timeout: 2 * upstreamTimeout}

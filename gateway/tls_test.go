@@ -53,15 +53,14 @@ func tlsMesh(t *testing.T, p *pkitest.PKI) *xdstest.ControlPlane {
 	return cp
 }
 
+// tlsState is proxy proxyID's runner r1 at runnerAddr under upstream TLS.
 func tlsState(cp *xdstest.ControlPlane, runnerAddr, proxyID string) *ir.IR {
 	return &ir.IR{
-		Version:  1,
-		Gateway:  ir.Gateway{Address: "127.0.0.1:8080", UpstreamTLS: ir.UpstreamTLS{TrustDomain: pkitest.TrustDomain}},
-		NotFound: []string{cp.Addr},
-		Runners:  []ir.Runner{{ID: "r1", Address: runnerAddr, Healthy: true, ProxyID: proxyID}},
-		Mailboxes: []ir.Mailbox{{
-			ID: "audit@" + proxyID, Namespace: "audit", RunnerID: "r1", Epoch: 1,
-		}},
+		Version: 1,
+		Gateway: ir.Gateway{Address: "127.0.0.1:8080", UpstreamTLS: ir.UpstreamTLS{TrustDomain: pkitest.TrustDomain}},
+		Admins:  []string{cp.Addr},
+		Lookup:  "dns:///" + cp.Addr,
+		Proxies: []ir.Proxy{{ID: proxyID, RunnerID: "r1", Address: runnerAddr, Healthy: true}},
 	}
 }
 
@@ -141,6 +140,7 @@ func TestGatewayUpstreamMTLS(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(r.Close)
+			r.Hold("audit@p1")
 			cp.Update(tlsState(cp, r.Addr, "p1"))
 			gwFiles := p.Files(identity.Gateway, "gw")
 			gw, addr := startTLSGateway(t, cp, &gwFiles)
