@@ -73,24 +73,27 @@ func validateRegisterProxy(cmd *adminv1.Command) error {
 	return validateLabels("registration.labels", r.GetLabels())
 }
 
-// applyRegisterProxy upserts the proxy as live. A new or returning proxy
-// changes the live set, so placement is recomputed.
+// applyRegisterProxy upserts the proxy as live, its runner as the sidecar
+// judges it. A new or returning proxy, or one whose runner's readiness
+// flipped, changes the placeable set, so placement is recomputed.
 func applyRegisterProxy(tx *txn, cmd *adminv1.Command) (any, error) {
-	reg := cmd.GetRegisterProxy().GetRegistration()
+	req := cmd.GetRegisterProxy()
+	reg := req.GetRegistration()
 	id := reg.GetProxyId()
 	prev := tx.st.proxies[id]
 	p := &adminv1.Proxy{
-		Registration: proto.CloneOf(reg),
-		Status:       adminv1.ProxyStatus_PROXY_STATUS_LIVE,
-		RegisteredAt: cmd.GetNow(),
-		LastSeen:     cmd.GetNow(),
+		Registration:   proto.CloneOf(reg),
+		Status:         adminv1.ProxyStatus_PROXY_STATUS_LIVE,
+		RegisteredAt:   cmd.GetNow(),
+		LastSeen:       cmd.GetNow(),
+		RunnerNotReady: req.GetRunnerNotReady(),
 	}
 	if prev != nil {
 		p.RegisteredAt = prev.GetRegisteredAt()
 		p.NamespaceHealth = prev.GetNamespaceHealth()
 	}
 	tx.putProxy(p)
-	if prev.GetStatus() != adminv1.ProxyStatus_PROXY_STATUS_LIVE {
+	if placeable(prev) != placeable(p) {
 		tx.replace()
 	}
 	return &adminv1.RegisterProxyResponse{
@@ -122,8 +125,11 @@ func validateProxyHeartbeat(cmd *adminv1.Command) error {
 	return nil
 }
 
-// applyProxyHeartbeat refreshes last_seen; a stale proxy that heartbeats is
-// live again and takes its partitions back.
+// applyProxyHeartbeat refreshes last_seen and the runner's readiness; a
+// stale proxy that heartbeats is live again and takes its partitions back,
+// unless its runner is not ready: a proxy whose runner's readiness flipped
+// gives its partitions up or takes them back the same way. A heartbeat
+// without the field (an older sidecar) says ready.
 func applyProxyHeartbeat(tx *txn, cmd *adminv1.Command) (any, error) {
 	hb := cmd.GetProxyHeartbeat()
 	prev, ok := tx.st.proxies[hb.GetProxyId()]
@@ -133,13 +139,14 @@ func applyProxyHeartbeat(tx *txn, cmd *adminv1.Command) (any, error) {
 	p := proto.CloneOf(prev)
 	p.Status = adminv1.ProxyStatus_PROXY_STATUS_LIVE
 	p.LastSeen = cmd.GetNow()
+	p.RunnerNotReady = hb.GetRunnerNotReady()
 	p.NamespaceHealth = make([]*adminv1.NamespaceHealth, len(hb.GetNamespaceHealth()))
 	for i, h := range hb.GetNamespaceHealth() {
 		p.NamespaceHealth[i] = proto.CloneOf(h)
 	}
 	sortBy(p.NamespaceHealth, (*adminv1.NamespaceHealth).GetNamespace)
 	tx.putProxy(p)
-	if prev.GetStatus() != adminv1.ProxyStatus_PROXY_STATUS_LIVE {
+	if placeable(prev) != placeable(p) {
 		tx.replace()
 	}
 	return &adminv1.ProxyHeartbeatResponse{Proxy: proto.CloneOf(p), Index: tx.index}, nil

@@ -134,8 +134,9 @@ func (f *FSM) RoutesIndex() uint64 {
 
 // ProxyRoutesIndex is the index of the last change to anything routing takes
 // from proxies: one registered, or registered again with another address or
-// runner_id, or its stale status flipped. Leases and heartbeats leave it, so
-// the per-proxy routes are rebuilt only when it moves. Every replica agrees.
+// runner_id, or its stale status or its runner's readiness flipped. Leases,
+// and heartbeats that change neither, leave it, so the per-proxy routes are
+// rebuilt only when it moves. Every replica agrees.
 func (f *FSM) ProxyRoutesIndex() uint64 {
 	f.mu.RLock()
 	defer f.mu.RUnlock()

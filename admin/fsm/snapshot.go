@@ -157,7 +157,7 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 			hdr.GetProxyCount(), hdr.GetNamespaceCount(), hdr.GetLeaseCount(), hdr.GetMemberCount(), hdr.GetSessionCount(),
 			len(st.proxies), len(st.namespaces), len(st.leases), len(st.members), len(st.sessions))
 	}
-	st.table = placement.Compute(st.liveProxyIDs())
+	st.table = placement.Compute(st.placeableProxyIDs())
 	st.proxyLeases = countLeases(st.leases)
 	st.sessionLeases = countSessionLeases(st.leases)
 	st.namespaceLeases = countNamespaceLeases(st.leases)

@@ -35,13 +35,15 @@ type state struct {
 	// same counts; kept by grantLease and removeLease, recounted on restore,
 	// never persisted.
 	proxyLeases map[string]int
-	// table is derived from the live proxies; recomputed, never persisted.
+	// table is derived from the placeable proxies; recomputed, never
+	// persisted.
 	table placement.Table
 	// routesIndex is the index of the last change to anything routes are
 	// derived from; every replica agrees on it, so it is the xDS version.
 	routesIndex uint64
 	// proxyRoutesIndex is the index of the last change to what routing takes
-	// from proxies (a proxy added, its address or runner_id, its staleness):
+	// from proxies (a proxy added, its address or runner_id, its staleness,
+	// its runner's readiness):
 	// the per-proxy routes move only with it, not with any lease.
 	proxyRoutesIndex uint64
 }
@@ -90,6 +92,26 @@ func (s *state) liveProxyIDs() []string {
 	return ids
 }
 
+// placeable reports whether p may own partitions: live, and its runner not
+// given up on by its sidecar. A proxy whose runner died while its sidecar
+// heartbeats is left out like a stale one, so its namespaces move to
+// proxies that can serve them, and come back by the same rendezvous rule
+// once its sidecar reports the runner ready.
+func placeable(p *adminv1.Proxy) bool {
+	return p.GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_LIVE && !p.GetRunnerNotReady()
+}
+
+// placeableProxyIDs lists the proxies placement uses, sorted.
+func (s *state) placeableProxyIDs() []string {
+	var ids []string
+	for _, id := range sortedKeys(s.proxies) {
+		if placeable(s.proxies[id]) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 func (tx *txn) putProxy(p *adminv1.Proxy) {
 	id := p.GetRegistration().GetProxyId()
 	if prev, ok := tx.st.proxies[id]; !ok || routedDiffers(prev, p) {
@@ -100,10 +122,12 @@ func (tx *txn) putProxy(p *adminv1.Proxy) {
 }
 
 // routedDiffers reports whether two records of a proxy differ in what
-// routing takes from it; heartbeats and labels do not count.
+// routing takes from it (its endpoint's health follows both staleness and
+// the runner's readiness); heartbeats and labels do not count.
 func routedDiffers(a, b *adminv1.Proxy) bool {
 	ra, rb := a.GetRegistration(), b.GetRegistration()
-	return ra.GetAddress() != rb.GetAddress() || ra.GetRunnerId() != rb.GetRunnerId() || a.GetStatus() != b.GetStatus()
+	return ra.GetAddress() != rb.GetAddress() || ra.GetRunnerId() != rb.GetRunnerId() || a.GetStatus() != b.GetStatus() ||
+		a.GetRunnerNotReady() != b.GetRunnerNotReady()
 }
 
 func (tx *txn) putNamespace(n *adminv1.Namespace) {
@@ -215,13 +239,13 @@ func (tx *txn) checkpointLease(l *adminv1.Lease) {
 	tx.changed = true
 }
 
-// replace recomputes the placement table from the live proxies and moves
+// replace recomputes the placement table from the placeable proxies and moves
 // exactly the namespaces whose partition changed owner. Rendezvous hashing
 // makes that the minimal set; iteration is sorted so the order of updates is
 // the same everywhere (the resulting state would be too, but logs and
 // debugging are easier when it is).
 func (tx *txn) replace() {
-	tx.st.table = placement.Compute(tx.st.liveProxyIDs())
+	tx.st.table = placement.Compute(tx.st.placeableProxyIDs())
 	for _, name := range sortedKeys(tx.st.namespaces) {
 		n := tx.st.namespaces[name]
 		owner := tx.st.table.Owner(n.GetPartition())

@@ -2,7 +2,8 @@
 // (docs/architecture.md#placement).
 //
 // A namespace hashes to one of 256 partitions, and each partition belongs to
-// one live proxy. Ownership is computed from the live proxy set every time,
+// one live proxy (live to the FSM: heartbeating, and its sidecar not reporting
+// its runner dead). Ownership is computed from the live proxy set every time,
 // never stored, so every admin node that applied the same log derives the same
 // table and nothing can drift out of sync.
 //

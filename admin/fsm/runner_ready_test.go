@@ -1,0 +1,108 @@
+package fsm
+
+import (
+	"testing"
+	"time"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+)
+
+// A proxy whose sidecar reports its runner not ready stays LIVE but leaves
+// placement like a stale proxy: its namespaces move to the other proxy, and
+// come back when a heartbeat or registration says ready again, or says
+// nothing (an older sidecar). Each flip moves ProxyRoutesIndex, since the
+// proxy's endpoint health follows it; a repeated report moves nothing.
+func TestRunnerNotReadyLeavesPlacement(t *testing.T) {
+	t.Parallel()
+	h, owner, other, _ := base(t)
+	hb := func(ready bool) *adminv1.ProxyHeartbeatRequest {
+		return &adminv1.ProxyHeartbeatRequest{ProxyId: owner, RunnerNotReady: !ready}
+	}
+	reg := func(ready bool) *adminv1.RegisterProxyRequest {
+		r := registerRunner(owner, "runner-a")
+		r.RunnerNotReady = !ready
+		return r
+	}
+	stale := func() *adminv1.MarkProxiesStaleCommand {
+		p, _ := h.f.Proxy(owner)
+		return &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: owner, LastSeen: p.GetProxy().GetLastSeen()}}}
+	}
+	for i, step := range []struct {
+		name     string
+		body     func() any
+		notReady bool
+		status   adminv1.ProxyStatus
+		placedOn string
+		// moves: ProxyRoutesIndex is this entry's; placed: the namespace's
+		// assignment is.
+		moves, placed bool
+	}{
+		{"heartbeat without the field", func() any { return &adminv1.ProxyHeartbeatRequest{ProxyId: owner} }, false, liveStatus, owner, false, false},
+		{"runner not ready", func() any { return hb(false) }, true, liveStatus, other, true, true},
+		{"not ready again", func() any { return hb(false) }, true, liveStatus, other, false, false},
+		{"ready again", func() any { return hb(true) }, false, liveStatus, owner, true, true},
+		{"registers not ready", func() any { return reg(false) }, true, liveStatus, other, true, true},
+		{"older sidecar heartbeats without the field", func() any { return &adminv1.ProxyHeartbeatRequest{ProxyId: owner} }, false, liveStatus, owner, true, true},
+		{"not ready", func() any { return hb(false) }, true, liveStatus, other, true, true},
+		{"marked stale while not ready", func() any { return stale() }, true, adminv1.ProxyStatus_PROXY_STATUS_STALE, other, true, false},
+		{"stale proxy heartbeats still not ready", func() any { return hb(false) }, true, liveStatus, other, true, false},
+		{"registers ready", func() any { return reg(true) }, false, liveStatus, owner, true, true},
+	} {
+		beforeRoutes := h.f.ProxyRoutesIndex()
+		n, _, _ := h.f.Namespace(ns)
+		beforePlaced := n.GetAssignmentIndex()
+		h.must(c(time.Duration(10+i)*time.Second, step.body()))
+		p, _ := h.f.Proxy(owner)
+		if got := p.GetProxy(); got.GetRunnerNotReady() != step.notReady || got.GetStatus() != step.status {
+			t.Fatalf("%s: proxy runner_not_ready %v status %v, want %v %v", step.name, got.GetRunnerNotReady(), got.GetStatus(), step.notReady, step.status)
+		}
+		n, _, _ = h.f.Namespace(ns)
+		if n.GetAssignedProxyId() != step.placedOn {
+			t.Fatalf("%s: namespace on %q, want %q", step.name, n.GetAssignedProxyId(), step.placedOn)
+		}
+		if got, want := n.GetAssignmentIndex(), map[bool]uint64{true: h.index, false: beforePlaced}[step.placed]; got != want {
+			t.Fatalf("%s at %d: assignment index %d, want %d", step.name, h.index, got, want)
+		}
+		if got, want := h.f.ProxyRoutesIndex(), map[bool]uint64{true: h.index, false: beforeRoutes}[step.moves]; got != want {
+			t.Fatalf("%s at %d: ProxyRoutesIndex %d, want %d", step.name, h.index, got, want)
+		}
+		if w, _ := h.f.Assignments(owner); (len(w.GetAssignments()) == 1) != (step.placedOn == owner) {
+			t.Fatalf("%s: %s is watching %v", step.name, owner, w.GetAssignments())
+		}
+	}
+}
+
+// While the owner's runner is not ready, its namespace's mailbox on the
+// other proxy may be acquired (the old proxy's lease is the sidecar's to
+// give back), the count of live proxies still holds the owner, and a
+// snapshot keeps the flag and the placement it leads to.
+func TestRunnerNotReadySurvivesSnapshot(t *testing.T) {
+	t.Parallel()
+	h, owner, other, mailbox := base(t)
+	h.must(c(10*time.Second, &adminv1.ProxyHeartbeatRequest{ProxyId: owner, RunnerNotReady: true}))
+	if got := h.must(c(11*time.Second, acquire(mailboxID(ns, other), "runner-b"))).(*adminv1.AcquireLeaseResponse); !got.GetGranted() {
+		t.Fatalf("acquire on the proxy the namespace moved to: %v", got)
+	}
+	if l, _ := h.f.Lease(mailbox); l == nil {
+		t.Fatal("the old proxy's lease went with the move; releasing it is its sidecar's")
+	}
+	if got := h.f.Counts().LiveProxies; got != 2 {
+		t.Fatalf("live proxies %d, want 2: a proxy whose runner is not ready still heartbeats", got)
+	}
+	g := roundTrip(t, h.f)
+	if p, _ := g.Proxy(owner); !p.GetProxy().GetRunnerNotReady() {
+		t.Fatalf("restored proxy %v lost runner_not_ready", p)
+	}
+	if n, _, _ := g.Namespace(ns); n.GetAssignedProxyId() != other {
+		t.Fatalf("restored namespace on %q, want %q", n.GetAssignedProxyId(), other)
+	}
+	// The restored table must leave the owner out too: a ready heartbeat
+	// applied on the restored FSM moves the namespace back at its index.
+	gh := &harness{t: t, f: g, index: h.index}
+	gh.must(c(12*time.Second, &adminv1.ProxyHeartbeatRequest{ProxyId: owner}))
+	if n, _, _ := g.Namespace(ns); n.GetAssignedProxyId() != owner || n.GetAssignmentIndex() != gh.index {
+		t.Fatalf("after a ready heartbeat on the restored FSM: %v, want on %s at %d", n, owner, gh.index)
+	}
+}
+
+const liveStatus = adminv1.ProxyStatus_PROXY_STATUS_LIVE
