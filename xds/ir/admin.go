@@ -25,8 +25,9 @@ type AdminState struct {
 
 // FromAdmin builds the IR for s: one Proxy per registration, its runner id
 // defaulting to the proxy id as AcquireLease's does, unhealthy while the
-// FSM marks it stale. Invalid registrations are kept here and dropped, with
-// errors, by Valid.
+// FSM marks it stale or its sidecar reports its runner not ready (a runner
+// dead while its sidecar heartbeats). Invalid registrations are kept here
+// and dropped, with errors, by Valid.
 func FromAdmin(s AdminState) *IR {
 	x := &IR{Version: s.Index, Gateway: s.Gateway, Admins: append([]string(nil), s.Admins...), Lookup: s.Lookup}
 	for _, info := range s.Proxies {
@@ -35,7 +36,7 @@ func FromAdmin(s AdminState) *IR {
 			ID:       reg.GetProxyId(),
 			RunnerID: cmp.Or(reg.GetRunnerId(), reg.GetProxyId()),
 			Address:  reg.GetAddress(),
-			Healthy:  info.GetProxy().GetStatus() != adminv1.ProxyStatus_PROXY_STATUS_STALE,
+			Healthy:  info.GetProxy().GetStatus() != adminv1.ProxyStatus_PROXY_STATUS_STALE && !info.GetProxy().GetRunnerNotReady(),
 		})
 	}
 	return x.Sorted()
