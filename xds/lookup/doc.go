@@ -9,10 +9,12 @@
 //
 //   - RLS, grpc.lookup.v1.RouteLookupService/RouteLookup, for grpc-go, whose
 //     only cluster specifier plugin is RLS (gRFC A28). The key namespace
-//     (from x-prism-namespace) answers the target "proxy/{Q}", the cluster
-//     of the proxy serving the namespace's mailbox "{ns}@{Q}", with that id
-//     as header data. An unknown namespace answers the admin cluster
-//     "prism/admin", whose MailboxQuery says NotFound, and is cached like a
+//     (from x-prism-namespace) answers the target "lookup/proxy/{Q}", an
+//     aggregate over the cluster of the proxy serving the namespace's
+//     mailbox "{ns}@{Q}" (ir.LookupCluster says why not that cluster
+//     itself), with that id as header data. An unknown namespace answers
+//     "lookup/prism/admin", over the admin nodes' cluster, whose
+//     MailboxQuery says NotFound, and is cached like a
 //     hit: an RLS error would put grpc-go's entry into backoff, and the next
 //     lookup after max_age picks a new route up either way.
 //   - ext_authz, envoy.service.auth.v3.Authorization/Check, for Envoy. It

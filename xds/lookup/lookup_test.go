@@ -60,12 +60,12 @@ func TestRouteLookup(t *testing.T) {
 		targets []string
 		data    string
 	}{
-		{"routed namespace", map[string]string{NamespaceKey: "audit-logs"}, []string{"proxy/proxy-02"}, "audit-logs@proxy-02"},
-		{"another", map[string]string{NamespaceKey: "billing", "other": "x"}, []string{"proxy/proxy-01"}, "billing@proxy-01"},
-		{"unknown namespace", map[string]string{NamespaceKey: "nope"}, []string{AdminTarget}, ""},
-		{"no namespace key", map[string]string{"other": "audit-logs"}, []string{AdminTarget}, ""},
-		{"empty key map", nil, []string{AdminTarget}, ""},
-		{"route naming an invalid id", map[string]string{NamespaceKey: "corrupt"}, []string{AdminTarget}, ""},
+		{"routed namespace", map[string]string{NamespaceKey: "audit-logs"}, []string{"lookup/proxy/proxy-02"}, "audit-logs@proxy-02"},
+		{"another", map[string]string{NamespaceKey: "billing", "other": "x"}, []string{"lookup/proxy/proxy-01"}, "billing@proxy-01"},
+		{"unknown namespace", map[string]string{NamespaceKey: "nope"}, []string{"lookup/prism/admin"}, ""},
+		{"no namespace key", map[string]string{"other": "audit-logs"}, []string{"lookup/prism/admin"}, ""},
+		{"empty key map", nil, []string{"lookup/prism/admin"}, ""},
+		{"route naming an invalid id", map[string]string{NamespaceKey: "corrupt"}, []string{"lookup/prism/admin"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -8,6 +8,7 @@ import (
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	lookupv1 "github.com/prism-mesh/prism/proto/prism/lookup/v1"
+	"github.com/prism-mesh/prism/xds/ir"
 )
 
 // Routes answers where a namespace's alias routes; *fsm.FSM implements it.
@@ -23,15 +24,16 @@ const (
 	// NamespaceKey is the key_map key the route's key builder fills from
 	// the x-prism-namespace header.
 	NamespaceKey = "namespace"
-	// AdminTarget is the cluster of the admin nodes, which answer a call
-	// for an unrouted namespace NotFound (xds/notfound).
-	AdminTarget = "prism/admin"
-	// proxyTargetPrefix + P is the cluster of proxy P's runner.
-	proxyTargetPrefix = "proxy/"
+	// AdminTarget is the admin nodes' cluster as RLS reaches it, the
+	// answer for an unrouted namespace: they answer the call NotFound
+	// (xds/notfound).
+	AdminTarget = ir.AdminLookupCluster
 )
 
-// ProxyTarget is the cluster of proxy P's runner, as the translator names it.
-func ProxyTarget(proxy string) string { return proxyTargetPrefix + proxy }
+// ProxyTarget is proxy P's runner's cluster as RLS reaches it: not
+// proxy/P, which a route names, but the aggregate over it that only RLS
+// names (ir.LookupCluster says why).
+func ProxyTarget(proxy string) string { return ir.LookupCluster(ir.ProxyCluster(proxy)) }
 
 // RouteLookupServer is the RLS service.
 type RouteLookupServer interface {

@@ -150,7 +150,7 @@ func TestGRPCRLSClient(t *testing.T) {
 		return first(hdr, "x-served-by"), first(hdr, "x-rls-data")
 	}
 	for _, tc := range []struct{ ns, servedBy, data string }{
-		{"audit-logs", "proxy/proxy-02", "audit-logs@proxy-02"},
+		{"audit-logs", ProxyTarget("proxy-02"), "audit-logs@proxy-02"},
 		{"billing-unserved", AdminTarget, ""},
 	} {
 		if by, data := call(tc.ns); by != tc.servedBy || data != tc.data {
@@ -161,10 +161,10 @@ func TestGRPCRLSClient(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		by, data := call("audit-logs")
-		if by == "proxy/proxy-03" && data == "audit-logs@proxy-03" {
+		if by == ProxyTarget("proxy-03") && data == "audit-logs@proxy-03" {
 			break
 		}
-		if by != "proxy/proxy-02" || time.Now().After(deadline) {
+		if by != ProxyTarget("proxy-02") || time.Now().After(deadline) {
 			t.Fatalf("after the move: served by %s with %q", by, data)
 		}
 		time.Sleep(50 * time.Millisecond) // polling the client's cache age out

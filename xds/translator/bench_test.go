@@ -32,7 +32,8 @@ func mesh1k(tls, auth bool) *ir.IR {
 // TestResponsesFitAt1kProxies: with 1,000 proxies, upstream TLS and query
 // auth, every resource type a client is served, all its resources in one
 // state-of-the-world response, stays under 512 KB, far below grpc-go's
-// 4 MiB limit; the tables grow with proxies only.
+// 4 MiB limit; the tables grow with proxies only. grpc-go's clusters count
+// the lookup aggregates, two clusters per proxy.
 func TestResponsesFitAt1kProxies(t *testing.T) {
 	t.Parallel()
 	const limit = 512 << 10
@@ -43,6 +44,9 @@ func TestResponsesFitAt1kProxies(t *testing.T) {
 		res, err := Translate(mesh1k(c.tls, c.auth))
 		if err != nil {
 			t.Fatal(err)
+		}
+		if n := len(res.Clusters); n != 2*1000+2 {
+			t.Fatalf("%s: grpc-go is served %d clusters, want a proxy cluster and its lookup aggregate per proxy, and prism/admin and its", c.name, n)
 		}
 		for variant, byType := range map[string]map[string][]proto.Message{
 			"grpc-go": {"listeners": msgs(res.Listeners), "routes": msgs(res.Routes), "clusters": msgs(res.Clusters), "endpoints": msgs(res.Endpoints)},

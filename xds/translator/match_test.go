@@ -3,10 +3,13 @@ package translator
 import (
 	"encoding/json"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	aggregatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/clusters/aggregate/v3"
 	extauthzv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
 	"google.golang.org/grpc/balancer"
 	_ "google.golang.org/grpc/balancer/rls" // registers grpc.lookup.v1's messages and the RLS policy
@@ -265,7 +268,71 @@ func TestGRPCGoAcceptsRouteLookup(t *testing.T) {
 	if err := json.Unmarshal(cfgJSON, &got); err != nil {
 		t.Fatal(err)
 	}
-	if got["defaultTarget"] != AdminCluster || got["lookupService"] != "dns:///admin.prism.svc:9000" {
+	if got["defaultTarget"] != ir.AdminLookupCluster || got["lookupService"] != "dns:///admin.prism.svc:9000" {
 		t.Errorf("config %s", cfgJSON)
+	}
+}
+
+// TestLookupClustersAreRLSTargetsAlone: grpc-go's RLS answers name the
+// lookup aggregates, so no route may name one (ir.LookupCluster says why),
+// each is an aggregate over exactly the cluster it is named for, served to
+// grpc-go with that cluster, there is one per proxy and one for the admin
+// nodes, and Envoy, which has no RLS, is served none.
+func TestLookupClustersAreRLSTargetsAlone(t *testing.T) {
+	t.Parallel()
+	x := readIR(t, "testdata/tls.in.yaml")
+	res, err := Translate(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]*clusterv3.Cluster{}
+	for _, c := range res.Clusters {
+		served[c.GetName()] = c
+	}
+	want := []string{ir.AdminCluster}
+	for _, p := range x.Proxies {
+		want = append(want, ClusterName(p.ID))
+	}
+	for _, leaf := range want {
+		c := served[ir.LookupCluster(leaf)]
+		if c == nil {
+			t.Errorf("no %s", ir.LookupCluster(leaf))
+			continue
+		}
+		cfg := &aggregatev3.ClusterConfig{}
+		if c.GetClusterType().GetName() != aggregateClusterType || c.GetClusterType().GetTypedConfig().UnmarshalTo(cfg) != nil {
+			t.Errorf("%s is not an aggregate cluster: %v", c.GetName(), c)
+			continue
+		}
+		if !slices.Equal(cfg.GetClusters(), []string{leaf}) || served[leaf].GetType() != clusterv3.Cluster_EDS {
+			t.Errorf("%s aggregates %v, want the served EDS cluster %s", c.GetName(), cfg.GetClusters(), leaf)
+		}
+		if c.GetTransportSocket() != nil || c.GetLbPolicy() != clusterv3.Cluster_ROUND_ROBIN {
+			t.Errorf("%s carries TLS or an lb_policy grpc-go refuses: %v", c.GetName(), c)
+		}
+	}
+	if len(res.Clusters) != 2*len(want) {
+		t.Errorf("grpc-go is served %d clusters, want %d", len(res.Clusters), 2*len(want))
+	}
+	for _, rc := range res.Routes {
+		for _, r := range rc.GetVirtualHosts()[0].GetRoutes() {
+			if name := r.GetRoute().GetCluster(); strings.HasPrefix(name, ir.LookupCluster("")) {
+				t.Errorf("table %s routes to %s", rc.GetName(), name)
+			}
+		}
+	}
+	for _, c := range res.EnvoyClusters {
+		if c.GetClusterType() != nil {
+			t.Errorf("Envoy is served %s", c.GetName())
+		}
+	}
+
+	x.Lookup = ""
+	without, err := Translate(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(without.Clusters) != len(want) {
+		t.Errorf("without a lookup target grpc-go is served %d clusters, want %d (no aggregates)", len(without.Clusters), len(want))
 	}
 }

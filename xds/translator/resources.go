@@ -10,6 +10,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	aggregatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/clusters/aggregate/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
@@ -43,10 +44,30 @@ func ads() *corev3.ConfigSource {
 	}
 }
 
-// edsCluster is the shape every cluster shares: EDS over ADS, HTTP/2 to the
-// upstream (both MailboxQuery gRPC and the runners' h2c HTTP API), gRPC health
-// checks and outlier detection for Envoy (grpc-go ignores the former).
-func edsCluster(name string) *clusterv3.Cluster {
+// grpcCluster is grpc-go's form of an EDS cluster: only what grpc-go v1.85
+// reads of a Cluster (xdsresource/unmarshal_cds.go), which is most of the
+// clusters response at a thousand proxies. It always speaks HTTP/2 and
+// never reads typed_extension_protocol_options, connect_timeout,
+// health_checks or common_lb_config (it routes nothing to an endpoint the
+// control plane marks unhealthy, with or without a panic threshold).
+// lb_policy is left at ROUND_ROBIN. Of outlier detection grpc-go reads the
+// ejection time and percentage, not the consecutive gateway failure
+// fields, which are Envoy's.
+func grpcCluster(name string) *clusterv3.Cluster {
+	od := outlierDetection()
+	od.ConsecutiveGatewayFailure, od.EnforcingConsecutiveGatewayFailure = nil, nil
+	return &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: ads()},
+		OutlierDetection:     od,
+	}
+}
+
+// envoyCluster is Envoy's form of an EDS cluster: HTTP/2 to the upstream
+// (both MailboxQuery gRPC and the runners' h2c HTTP API), a connect
+// timeout, gRPC health checks, no panic routing and outlier detection.
+func envoyCluster(name string) *clusterv3.Cluster {
 	h2, _ := toAny(&upstreamhttpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{
 			ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
@@ -77,14 +98,42 @@ func edsCluster(name string) *clusterv3.Cluster {
 		// fail at once (503) instead of each waiting out a connect timeout,
 		// as grpc-go does with unhealthy endpoints. Each cluster has one host,
 		// so Envoy's default 50% threshold would route to it regardless.
-		CommonLbConfig: &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
-		OutlierDetection: &clusterv3.OutlierDetection{
-			ConsecutiveGatewayFailure:          wrapperspb.UInt32(3),
-			EnforcingConsecutiveGatewayFailure: wrapperspb.UInt32(100),
-			BaseEjectionTime:                   durationpb.New(5 * time.Second),
-			MaxEjectionPercent:                 wrapperspb.UInt32(100),
-		},
+		CommonLbConfig:   &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}},
+		OutlierDetection: outlierDetection(),
 	}
+}
+
+func outlierDetection() *clusterv3.OutlierDetection {
+	return &clusterv3.OutlierDetection{
+		ConsecutiveGatewayFailure:          wrapperspb.UInt32(3),
+		EnforcingConsecutiveGatewayFailure: wrapperspb.UInt32(100),
+		BaseEjectionTime:                   durationpb.New(5 * time.Second),
+		MaxEjectionPercent:                 wrapperspb.UInt32(100),
+	}
+}
+
+// aggregateClusterType is the extension grpc-go (without an environment
+// gate in v1.85) and Envoy know aggregate clusters by.
+const aggregateClusterType = "envoy.clusters.aggregate"
+
+// lookupCluster is grpc-go's aggregate over cluster alone, named
+// ir.LookupCluster(cluster), which only RLS answers name. It carries no TLS
+// and no endpoints: grpc-go connects through the leaf with the leaf's own
+// settings. lb_policy stays ROUND_ROBIN, the root policy grpc-go applies
+// to the leaf (it refuses CLUSTER_PROVIDED, which Envoy would want, but
+// Envoy is never served these).
+func lookupCluster(cluster string) (*clusterv3.Cluster, error) {
+	cfg, err := toAny(&aggregatev3.ClusterConfig{Clusters: []string{cluster}})
+	if err != nil {
+		return nil, err
+	}
+	return &clusterv3.Cluster{
+		Name: ir.LookupCluster(cluster),
+		ClusterDiscoveryType: &clusterv3.Cluster_ClusterType{ClusterType: &clusterv3.Cluster_CustomClusterType{
+			Name:        aggregateClusterType,
+			TypedConfig: cfg,
+		}},
+	}, nil
 }
 
 func loadAssignment(cluster string, eps []*endpointv3.LbEndpoint) *endpointv3.ClusterLoadAssignment {
@@ -118,17 +167,16 @@ func lbEndpoint(addr string, healthy bool) *endpointv3.LbEndpoint {
 	}
 }
 
-func proxyCluster(p ir.Proxy) (*clusterv3.Cluster, *endpointv3.ClusterLoadAssignment) {
-	name := ClusterName(p.ID)
-	return edsCluster(name), loadAssignment(name, []*endpointv3.LbEndpoint{lbEndpoint(p.Address, p.Healthy)})
+func proxyEndpoints(p ir.Proxy) *endpointv3.ClusterLoadAssignment {
+	return loadAssignment(ClusterName(p.ID), []*endpointv3.LbEndpoint{lbEndpoint(p.Address, p.Healthy)})
 }
 
-func adminCluster(addrs []string) (*clusterv3.Cluster, *endpointv3.ClusterLoadAssignment) {
+func adminEndpoints(addrs []string) *endpointv3.ClusterLoadAssignment {
 	eps := make([]*endpointv3.LbEndpoint, 0, len(addrs))
 	for _, a := range addrs {
 		eps = append(eps, lbEndpoint(a, true))
 	}
-	return edsCluster(AdminCluster), loadAssignment(AdminCluster, eps)
+	return loadAssignment(AdminCluster, eps)
 }
 
 func router() (*hcmv3.HttpFilter, error) {

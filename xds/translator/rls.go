@@ -10,6 +10,7 @@ import (
 
 	"github.com/prism-mesh/prism/mesh"
 	lookupv1 "github.com/prism-mesh/prism/proto/prism/lookup/v1"
+	"github.com/prism-mesh/prism/xds/ir"
 )
 
 // RouteLookupTypeURL is the type grpc-go's RLS cluster specifier plugin is
@@ -21,8 +22,8 @@ const RouteLookupTypeURL = "type.googleapis.com/grpc.lookup.v1.RouteLookupCluste
 // The RLS cache settings. A namespace that moves is picked up within
 // rlsMaxAge; an answer older than rlsStaleAge is refreshed in the
 // background while still used (RLS requires stale ≤ max). Unknown
-// namespaces are answered with prism/admin and cached alike, so a client
-// asking for one does not ask the admin nodes on every call.
+// namespaces are answered with lookup/prism/admin and cached alike, so a
+// client asking for one does not ask the admin nodes on every call.
 const (
 	rlsMaxAge        = 10 * time.Second
 	rlsStaleAge      = 5 * time.Second
@@ -37,7 +38,9 @@ const (
 
 // routeLookupSpecifier is grpc-go's RLS configuration: a MailboxQuery call's
 // x-prism-namespace becomes the lookup's "namespace" key, asked of lookup
-// (the admin nodes), whose answer names a cluster of this control plane.
+// (the admin nodes), whose answer names a cluster of this control plane:
+// one of grpc-go's lookup aggregates (ir.LookupCluster), as does the
+// default target used while the lookup cannot be reached.
 func routeLookupSpecifier(lookup string) (*anypb.Any, error) {
 	spec := &lookupv1.RouteLookupClusterSpecifier{RouteLookupConfig: &lookupv1.RouteLookupConfig{
 		GrpcKeybuilders: []*lookupv1.GrpcKeyBuilder{{
@@ -49,7 +52,7 @@ func routeLookupSpecifier(lookup string) (*anypb.Any, error) {
 		MaxAge:               durationpb.New(rlsMaxAge),
 		StaleAge:             durationpb.New(rlsStaleAge),
 		CacheSizeBytes:       rlsCacheBytes,
-		DefaultTarget:        AdminCluster,
+		DefaultTarget:        ir.AdminLookupCluster,
 	}}
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(spec)
 	if err != nil {

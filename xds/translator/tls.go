@@ -6,7 +6,6 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
@@ -54,10 +53,10 @@ func proxySAN(u ir.UpstreamTLS, proxyID string) *matcherv3.StringMatcher {
 	}}
 }
 
-// withTLS returns c for grpc-go and a copy for Envoy, each with an
+// withTLS gives grpc-go's cluster g and Envoy's e each an
 // UpstreamTlsContext that presents the gateway's certificate and accepts a
 // peer of the trust bundle whose URI SAN matches san.
-func withTLS(c *clusterv3.Cluster, san *matcherv3.StringMatcher) (grpcGo, envoy *clusterv3.Cluster, err error) {
+func withTLS(g, e *clusterv3.Cluster, san *matcherv3.StringMatcher) error {
 	grpcTS, err := tlsSocket(&tlsv3.CommonTlsContext{
 		TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{InstanceName: CertProviderInstance},
 		ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
@@ -68,7 +67,7 @@ func withTLS(c *clusterv3.Cluster, san *matcherv3.StringMatcher) (grpcGo, envoy 
 		}},
 	})
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	envoyTS, err := tlsSocket(&tlsv3.CommonTlsContext{
 		TlsParams: &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_3},
@@ -84,11 +83,10 @@ func withTLS(c *clusterv3.Cluster, san *matcherv3.StringMatcher) (grpcGo, envoy 
 		}},
 	})
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	envoy = proto.Clone(c).(*clusterv3.Cluster)
-	c.TransportSocket, envoy.TransportSocket = grpcTS, envoyTS
-	return c, envoy, nil
+	g.TransportSocket, e.TransportSocket = grpcTS, envoyTS
+	return nil
 }
 
 func tlsSocket(common *tlsv3.CommonTlsContext) (*corev3.TransportSocket, error) {

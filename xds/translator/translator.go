@@ -16,22 +16,29 @@
 //   - "prism/admin", EDS over the admin nodes: xds/notfound's MailboxQuery,
 //     the namespace lookup (grpc-go's RLS) and Envoy's ext_authz;
 //   - "prism/jwks" under query auth with a JWKS URL (Envoy's alone);
+//   - grpc-go's alone, when the IR names a Lookup target: per proxy the
+//     aggregate cluster "lookup/proxy/P" over proxy/P, and
+//     "lookup/prism/admin" over prism/admin, the clusters RLS answers name
+//     (ir.LookupCluster says why no route's cluster can be an RLS target);
 //   - grpc-go's table "mailbox-routes", named by the API listener
 //     "mailbox-query" (target xds:///mailbox-query);
 //   - Envoy's table "gateway-routes", named by the socket listener
 //     "gateway", with ext_authz and, under query auth, jwt_authn before it.
 //
 // Both data planes are served the same listeners, tables and endpoints (each
-// asks only for what it uses); clusters differ under ir.UpstreamTLS (see
-// CertProviderInstance) and by prism/jwks, hence Resources.EnvoyClusters.
+// asks only for what it uses). Clusters differ, hence
+// Resources.EnvoyClusters: grpc-go's carry only what grpc-go reads (see
+// grpcCluster) and the lookup aggregates, Envoy's its connection settings,
+// health checks and prism/jwks, and under ir.UpstreamTLS each its own form
+// of TLS (see CertProviderInstance).
 //
 // grpc-go's table, first match wins:
 //  1. per proxy P, header x-mailbox-id with suffix "@P" → proxy/P;
 //  2. header x-prism-namespace present → grpc-go's RLS cluster specifier
 //     plugin (only when the IR names a Lookup target): the admin nodes
-//     answer with the cluster proxy/Q of the namespace's current mailbox
-//     ns@Q, or prism/admin when none; grpc-go caches the answer (see
-//     rls.go). Every grpc-go program reading this table must import
+//     answer with the cluster lookup/proxy/Q of the namespace's current
+//     mailbox ns@Q, or lookup/prism/admin when none; grpc-go caches the
+//     answer (see rls.go). Every grpc-go program reading this table must import
 //     google.golang.org/grpc/balancer/rls: the plugin itself is always
 //     registered by grpc-go's xDS package, and without the RLS policy it
 //     refuses (NACKs) the whole table;
@@ -96,7 +103,7 @@ const (
 	GatewayListenerName = "gateway"
 	// AdminCluster is served by the admin nodes: xds/notfound's
 	// MailboxQuery, the RLS lookup and ext_authz.
-	AdminCluster = "prism/admin"
+	AdminCluster = ir.AdminCluster
 	// MailboxQueryPrefix is the gRPC path prefix of prism.mailbox.v1.MailboxQuery.
 	MailboxQueryPrefix = "/prism.mailbox.v1.MailboxQuery/"
 	// NamespacesPrefix is the HTTP API's namespace paths.
@@ -110,7 +117,7 @@ const (
 )
 
 // ClusterName is the cluster of the proxy with the given id.
-func ClusterName(proxyID string) string { return "proxy/" + proxyID }
+func ClusterName(proxyID string) string { return ir.ProxyCluster(proxyID) }
 
 // Resources is the translator's output, each list sorted by name.
 type Resources struct {
@@ -118,10 +125,9 @@ type Resources struct {
 	Routes    []*routev3.RouteConfiguration
 	Clusters  []*clusterv3.Cluster
 	Endpoints []*endpointv3.ClusterLoadAssignment
-	// EnvoyClusters, when not nil, are what Envoy is served instead of
-	// Clusters: the same clusters with Envoy's form of upstream TLS (see
-	// CertProviderInstance), and prism/jwks. Nil when both data planes take
-	// the same clusters.
+	// EnvoyClusters are what Envoy is served instead of Clusters (see
+	// envoyCluster): Translate always sets them. Nil, as in a Resources
+	// built by hand, means Envoy takes Clusters.
 	EnvoyClusters []*clusterv3.Cluster
 }
 
@@ -185,18 +191,18 @@ func Translate(x *ir.IR) (*Resources, error) {
 	}
 
 	upTLS := v.Gateway.UpstreamTLS
-	if upTLS.Enabled() {
-		out.EnvoyClusters = []*clusterv3.Cluster{}
-	}
-	addCluster := func(what string, c *clusterv3.Cluster, san *matcherv3.StringMatcher) bool {
-		if !upTLS.Enabled() {
-			return add(what, c, func() { out.Clusters = append(out.Clusters, c) })
+	out.EnvoyClusters = []*clusterv3.Cluster{}
+	// addCluster adds the EDS cluster name in both variants, each with its
+	// form of TLS accepting a peer whose URI SAN matches san.
+	addCluster := func(what, name string, san *matcherv3.StringMatcher) bool {
+		g, e := grpcCluster(name), envoyCluster(name)
+		if upTLS.Enabled() {
+			if err := withTLS(g, e, san); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", what, err))
+				return false
+			}
 		}
-		g, e, err := withTLS(c, san)
-		if err == nil {
-			err = e.ValidateAll()
-		}
-		if err != nil {
+		if err := e.ValidateAll(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", what, err))
 			return false
 		}
@@ -205,25 +211,40 @@ func Translate(x *ir.IR) (*Resources, error) {
 			out.EnvoyClusters = append(out.EnvoyClusters, e)
 		})
 	}
+	// addLookup adds grpc-go's aggregate over cluster, which RLS answers
+	// name; only the RLS route needs them.
+	addLookup := func(cluster string) {
+		if v.Lookup == "" {
+			return
+		}
+		c, err := lookupCluster(cluster)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cluster %s: %w", ir.LookupCluster(cluster), err))
+			return
+		}
+		add("cluster "+c.GetName(), c, func() { out.Clusters = append(out.Clusters, c) })
+	}
 
 	qa := v.Gateway.QueryAuth
 	// An invalid setting has been reported by Valid; the gateway listener
 	// is then left out below, so Envoy refuses every query.
 	authOK := !qa.Enabled() || qa.Validate() == nil
 
-	adm, admLA := adminCluster(v.Admins)
-	if addCluster("cluster "+AdminCluster, adm, sanPrefix(upTLS, identity.Admin)) {
+	admLA := adminEndpoints(v.Admins)
+	if addCluster("cluster "+AdminCluster, AdminCluster, sanPrefix(upTLS, identity.Admin)) {
 		add("endpoints "+AdminCluster, admLA, func() { out.Endpoints = append(out.Endpoints, admLA) })
+		addLookup(AdminCluster)
 	}
 	var proxies []ir.Proxy
 	for _, p := range v.Proxies {
-		c, la := proxyCluster(p)
+		la := proxyEndpoints(p)
 		if err := la.ValidateAll(); err != nil {
 			errs = append(errs, fmt.Errorf("proxy %q endpoints: %w", p.ID, err))
 			continue
 		}
-		if addCluster("proxy "+strconv.Quote(p.ID)+" cluster", c, proxySAN(upTLS, p.ID)) {
+		if addCluster("proxy "+strconv.Quote(p.ID)+" cluster", ClusterName(p.ID), proxySAN(upTLS, p.ID)) {
 			out.Endpoints = append(out.Endpoints, la)
+			addLookup(ClusterName(p.ID))
 			proxies = append(proxies, p)
 		}
 	}
@@ -236,14 +257,14 @@ func Translate(x *ir.IR) (*Resources, error) {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", JWKSCluster, err))
 		} else {
 			// Envoy's alone: grpc-go never fetches keys.
-			if out.EnvoyClusters == nil {
-				out.EnvoyClusters = slices.Clone(out.Clusters)
-			}
 			out.EnvoyClusters = append(out.EnvoyClusters, c)
 		}
 	}
-	// Clusters sort by name: "prism/admin" < "prism/jwks" < "proxy/...".
-	slices.SortFunc(out.EnvoyClusters, func(a, b *clusterv3.Cluster) int { return cmp.Compare(a.GetName(), b.GetName()) })
+	// Clusters sort by name: "lookup/..." < "prism/admin" < "prism/jwks" <
+	// "proxy/...".
+	byName := func(a, b *clusterv3.Cluster) int { return cmp.Compare(a.GetName(), b.GetName()) }
+	slices.SortFunc(out.Clusters, byName)
+	slices.SortFunc(out.EnvoyClusters, byName)
 
 	if authOK {
 		gw, err := gatewayListener(v.Gateway.Address, qa)
