@@ -109,6 +109,11 @@ func validateProxyHeartbeat(cmd *adminv1.Command) error {
 	if err := mesh.ValidateProxyID(hb.GetProxyId()); err != nil {
 		return err
 	}
+	if r := hb.GetRunnerId(); r != "" {
+		if err := mesh.ValidateID("runner_id", r); err != nil {
+			return err
+		}
+	}
 	if len(hb.GetNamespaceHealth()) > placement.Partitions*4 {
 		return invalid("namespace_health", "%d entries is too many", len(hb.GetNamespaceHealth()))
 	}
@@ -129,7 +134,8 @@ func validateProxyHeartbeat(cmd *adminv1.Command) error {
 // stale proxy that heartbeats is live again and takes its partitions back,
 // unless its runner is not ready: a proxy whose runner's readiness flipped
 // gives its partitions up or takes them back the same way. A heartbeat
-// without the field (an older sidecar) says ready.
+// without the field (an older sidecar) says ready; one from the sidecar of
+// a runner other than the registered one (a standby) leaves it as it was.
 func applyProxyHeartbeat(tx *txn, cmd *adminv1.Command) (any, error) {
 	hb := cmd.GetProxyHeartbeat()
 	prev, ok := tx.st.proxies[hb.GetProxyId()]
@@ -139,7 +145,9 @@ func applyProxyHeartbeat(tx *txn, cmd *adminv1.Command) (any, error) {
 	p := proto.CloneOf(prev)
 	p.Status = adminv1.ProxyStatus_PROXY_STATUS_LIVE
 	p.LastSeen = cmd.GetNow()
-	p.RunnerNotReady = hb.GetRunnerNotReady()
+	if r := hb.GetRunnerId(); r == "" || r == registeredRunner(prev.GetRegistration()) {
+		p.RunnerNotReady = hb.GetRunnerNotReady()
+	}
 	p.NamespaceHealth = make([]*adminv1.NamespaceHealth, len(hb.GetNamespaceHealth()))
 	for i, h := range hb.GetNamespaceHealth() {
 		p.NamespaceHealth[i] = proto.CloneOf(h)

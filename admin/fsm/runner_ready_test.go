@@ -16,7 +16,12 @@ func TestRunnerNotReadyLeavesPlacement(t *testing.T) {
 	t.Parallel()
 	h, owner, other, _ := base(t)
 	hb := func(ready bool) *adminv1.ProxyHeartbeatRequest {
-		return &adminv1.ProxyHeartbeatRequest{ProxyId: owner, RunnerNotReady: !ready}
+		return &adminv1.ProxyHeartbeatRequest{ProxyId: owner, RunnerId: "runner-a", RunnerNotReady: !ready}
+	}
+	// A standby sidecar of the same proxy, beside a runner that is not the
+	// registered one, does not speak for the proxy's runner.
+	standby := func(ready bool) *adminv1.ProxyHeartbeatRequest {
+		return &adminv1.ProxyHeartbeatRequest{ProxyId: owner, RunnerId: "runner-standby", RunnerNotReady: !ready}
 	}
 	reg := func(ready bool) *adminv1.RegisterProxyRequest {
 		r := registerRunner(owner, "runner-a")
@@ -38,8 +43,10 @@ func TestRunnerNotReadyLeavesPlacement(t *testing.T) {
 		moves, placed bool
 	}{
 		{"heartbeat without the field", func() any { return &adminv1.ProxyHeartbeatRequest{ProxyId: owner} }, false, liveStatus, owner, false, false},
+		{"standby's runner not ready", func() any { return standby(false) }, false, liveStatus, owner, false, false},
 		{"runner not ready", func() any { return hb(false) }, true, liveStatus, other, true, true},
 		{"not ready again", func() any { return hb(false) }, true, liveStatus, other, false, false},
+		{"standby's runner ready", func() any { return standby(true) }, true, liveStatus, other, false, false},
 		{"ready again", func() any { return hb(true) }, false, liveStatus, owner, true, true},
 		{"registers not ready", func() any { return reg(false) }, true, liveStatus, other, true, true},
 		{"older sidecar heartbeats without the field", func() any { return &adminv1.ProxyHeartbeatRequest{ProxyId: owner} }, false, liveStatus, owner, true, true},

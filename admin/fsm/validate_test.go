@@ -90,6 +90,7 @@ func TestValidateCommands(t *testing.T) {
 		{"bad label", reg(func(r *adminv1.ProxyRegistration) { r.Labels = map[string]string{"a b": "c"} }), "registration.labels"},
 		{"health listed twice", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a"}, {Namespace: "a"}}}), "namespace_health"},
 		{"health for a bad namespace", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a@b"}}}), "namespace"},
+		{"heartbeat naming a bad runner", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", RunnerId: "runner a"}), "runner_id"},
 		{"stale mark without last_seen", c(0, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: "p"}}}), "proxies[0].last_seen"},
 		{"stale mark bad id", c(0, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: "", LastSeen: at(0)}}}), "proxy_id"},
 		{"create with bad requesting proxy", c(0, &adminv1.CreateNamespaceRequest{Namespace: "n", Config: createNS("n", "t").GetConfig(), RequestingProxy: "a@b"}), "requesting_proxy"},

@@ -167,8 +167,13 @@ type ProxyHeartbeatRequest struct {
 	// either lease mode (a session keepalive renews leases only), so this is
 	// where the runner's readiness flows.
 	RunnerNotReady bool `protobuf:"varint,3,opt,name=runner_not_ready,json=runnerNotReady,proto3" json:"runner_not_ready,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The runner the sidecar judges. runner_not_ready is taken only from the
+	// sidecar of the proxy's registered runner (ProxyRegistration.runner_id,
+	// else the proxy id), or from one that names none (older sidecars): a
+	// standby sidecar of the same proxy, beside another runner, cannot flip it.
+	RunnerId      string `protobuf:"bytes,4,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProxyHeartbeatRequest) Reset() {
@@ -220,6 +225,13 @@ func (x *ProxyHeartbeatRequest) GetRunnerNotReady() bool {
 		return x.RunnerNotReady
 	}
 	return false
+}
+
+func (x *ProxyHeartbeatRequest) GetRunnerId() string {
+	if x != nil {
+		return x.RunnerId
+	}
+	return ""
 }
 
 type ProxyHeartbeatResponse struct {
@@ -1733,11 +1745,12 @@ const file_prism_admin_v1_control_plane_proto_rawDesc = "" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyR\x05proxy\x12E\n" +
 	"\vassignments\x18\x02 \x03(\v2#.prism.admin.v1.NamespaceAssignmentR\vassignments\x12I\n" +
 	"\x10partition_ranges\x18\x03 \x03(\v2\x1e.prism.admin.v1.PartitionRangeR\x0fpartitionRanges\x12\x14\n" +
-	"\x05index\x18\x04 \x01(\x04R\x05index\"\xa8\x01\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index\"\xc5\x01\n" +
 	"\x15ProxyHeartbeatRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12J\n" +
 	"\x10namespace_health\x18\x02 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\x12(\n" +
-	"\x10runner_not_ready\x18\x03 \x01(\bR\x0erunnerNotReady\"[\n" +
+	"\x10runner_not_ready\x18\x03 \x01(\bR\x0erunnerNotReady\x12\x1b\n" +
+	"\trunner_id\x18\x04 \x01(\tR\brunnerId\"[\n" +
 	"\x16ProxyHeartbeatResponse\x12+\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyR\x05proxy\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"\xb8\x01\n" +
