@@ -59,7 +59,10 @@ type Updater struct {
 	stamps                map[string]time.Time
 	stampOrder            []string
 
-	last *ir.IR // only touched by Run
+	// last is the state served, lastRes its resources when it translated
+	// without error (what patch builds on); only touched by Run.
+	last    *ir.IR
+	lastRes *translator.Resources
 
 	version      prometheus.Gauge
 	translations *prometheus.CounterVec
@@ -207,7 +210,11 @@ func (u *Updater) flush(ctx context.Context) {
 		return
 	}
 	start := u.clock.Now()
-	res, err := translator.Translate(x)
+	res, patched := patch(u.last, u.lastRes, x)
+	var err error
+	if !patched {
+		res, err = translator.Translate(x)
+	}
 	result := "ok"
 	if err != nil {
 		result = "error"
@@ -232,8 +239,11 @@ func (u *Updater) flush(ctx context.Context) {
 	u.translateDur.Observe(u.clock.Now().Sub(start).Seconds())
 	u.translations.WithLabelValues(result).Inc()
 	u.version.Set(float64(x.Version))
-	u.last = x
-	log.Debug("xds snapshot set", "routes", len(res.Routes), "clusters", len(res.Clusters), "endpoints", len(res.Endpoints))
+	u.last, u.lastRes = x, res
+	if err != nil {
+		u.lastRes = nil
+	}
+	log.Debug("xds snapshot set", "routes", len(res.Routes), "clusters", len(res.Clusters), "endpoints", len(res.Endpoints), "patched", patched)
 }
 
 func (u *Updater) markDone(gen uint64) {

@@ -208,3 +208,37 @@ func TestProcessedHonoursContext(t *testing.T) {
 		t.Fatal("Processed returned nil for an update never flushed and a cancelled context")
 	}
 }
+
+// TestUpdaterPatchesRunnerMoves: a runner moving is served from the last
+// state's resources with the proxy's endpoints replaced (see patch), not
+// translated again; a state the patch does not take (here a proxy joining)
+// is translated whole.
+func TestUpdaterPatchesRunnerMoves(t *testing.T) {
+	t.Parallel()
+	h := start(t)
+	serve := func(x *ir.IR) *translator.Resources {
+		t.Helper()
+		before := h.clock.Waiters()
+		gen := h.u.Update(x)
+		h.eventually(func() bool { return h.clock.Waiters() > before }, "timer armed")
+		h.clock.Step(10 * time.Millisecond)
+		if err := h.u.Processed(context.Background(), gen); err != nil {
+			t.Fatal(err)
+		}
+		// Processed orders this read after Run's write.
+		return h.u.lastRes
+	}
+	first := serve(state(1, 1))
+	moved := serve(state(2, 2))
+	if moved.Routes[0] != first.Routes[0] || moved.Clusters[1] != first.Clusters[1] || moved.Listeners[0] != first.Listeners[0] {
+		t.Fatal("a runner move translated resources it does not change")
+	}
+	if moved.Endpoints[1] == first.Endpoints[1] || h.cache.Version() != "2" {
+		t.Fatalf("a runner move was not served (version %s)", h.cache.Version())
+	}
+	joined := state(3, 2)
+	joined.Proxies = append(joined.Proxies, ir.Proxy{ID: "proxy-02", Address: "127.0.0.1:9100", Healthy: true})
+	if got := serve(joined); got.Routes[0] == moved.Routes[0] || len(got.Clusters) != 3 {
+		t.Fatalf("a proxy joining was not translated whole: %d clusters", len(got.Clusters))
+	}
+}
