@@ -15,25 +15,27 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// countingSource counts Follow's reads of a real FSM.
+// countingSource counts Follow's reads of a real FSM: a look at the proxy
+// routes index every round, a copy of the proxies when it moved.
 type countingSource struct {
 	*fsm.FSM
-	routes, proxies atomic.Int64
+	looks, copies atomic.Int64
 }
 
-func (c *countingSource) Routes() ([]*adminv1.Route, []*adminv1.NamespaceRoute, uint64) {
-	c.routes.Add(1)
-	return c.FSM.Routes()
+func (c *countingSource) ProxyRoutesIndex() uint64 {
+	c.looks.Add(1)
+	return c.FSM.ProxyRoutesIndex()
 }
 
 func (c *countingSource) Proxies() ([]*adminv1.ProxyInfo, uint64) {
-	c.proxies.Add(1)
+	c.copies.Add(1)
 	return c.FSM.Proxies()
 }
 
-// A lease checkpoint (applied every second while runners heartbeat) makes
-// Follow look at the FSM again but not copy the routes; a grant does.
-func TestFollowCopiesRoutesOnlyWhenTheyChange(t *testing.T) {
+// Lease changes (a checkpoint, applied every second while runners
+// heartbeat; a grant; a release) make Follow look at the FSM again but not
+// copy the proxies nor serve a new version; a proxy's runner moving does.
+func TestFollowCopiesProxiesOnlyWhenTheyChange(t *testing.T) {
 	t.Parallel()
 	f := fsm.New()
 	var index uint64
@@ -50,14 +52,18 @@ func TestFollowCopiesRoutesOnlyWhenTheyChange(t *testing.T) {
 			t.Fatalf("apply %s: %v", fsm.CommandType(cmd), err)
 		}
 	}
-	apply(&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: &adminv1.RegisterProxyRequest{
-		Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:8980", RunnerId: "runner-a"}}}})
+	registerAt := func(addr string) {
+		apply(&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: &adminv1.RegisterProxyRequest{
+			Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: addr, RunnerId: "runner-a"}}}})
+	}
+	registerAt("127.0.0.1:8980")
+	registered := index
 	for _, ns := range []string{"audit", "billing"} {
 		apply(&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: &adminv1.CreateNamespaceRequest{
 			Namespace: ns, Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}}}})
 	}
 	apply(&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: &adminv1.AcquireLeaseRequest{
-		MailboxId: "audit@p1", RunnerId: "runner-a", RunnerAddress: "127.0.0.1:9001"}}})
+		MailboxId: "audit@p1", RunnerId: "runner-a", RunnerAddress: "127.0.0.1:8980"}}})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -82,31 +88,45 @@ func TestFollowCopiesRoutesOnlyWhenTheyChange(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}
-	await("the first routes to be served", func() bool { return cp.Version() == strconv.FormatUint(index, 10) })
-	if got := src.routes.Load(); got != 1 {
-		t.Fatalf("%d route copies for the first state, want 1", got)
+	served := func(want uint64) func() bool {
+		return func() bool { return cp.Version() == strconv.FormatUint(want, 10) }
+	}
+	await("the first state to be served", served(registered))
+	if got := src.copies.Load(); got != 1 {
+		t.Fatalf("%d proxy copies for the first state, want 1", got)
 	}
 
+	// leaseChange applies cmd and waits for Follow to have looked at it.
+	leaseChange := func(what string, cmd *adminv1.Command) {
+		t.Helper()
+		looks := src.looks.Load()
+		now = now.Add(time.Second)
+		apply(cmd)
+		await("Follow to look at "+what, func() bool { return src.looks.Load() > looks })
+		if got := src.copies.Load(); got != 1 {
+			t.Fatalf("%s: %d proxy copies, want still 1", what, got)
+		}
+		if !served(registered)() {
+			t.Fatalf("%s: serving version %s, want still %d", what, cp.Version(), registered)
+		}
+	}
 	l, _ := f.Lease("audit@p1")
 	for i := range 3 {
-		rounds := src.proxies.Load()
-		now = now.Add(time.Second)
-		apply(&adminv1.Command{Body: &adminv1.Command_CheckpointLeases{CheckpointLeases: &adminv1.CheckpointLeasesCommand{
+		leaseChange("checkpoint "+strconv.Itoa(i), &adminv1.Command{Body: &adminv1.Command_CheckpointLeases{CheckpointLeases: &adminv1.CheckpointLeasesCommand{
 			Checkpoints: []*adminv1.LeaseCheckpoint{{
 				MailboxId: "audit@p1", Epoch: l.GetEpoch(),
 				ExpiresAt: timestamppb.New(now.Add(time.Minute)), LastHeartbeatAt: timestamppb.New(now),
 			}},
 		}}})
-		await("Follow to look at checkpoint "+strconv.Itoa(i), func() bool { return src.proxies.Load() > rounds })
-		if got := src.routes.Load(); got != 1 {
-			t.Fatalf("checkpoint %d: %d route copies, want still 1", i, got)
-		}
 	}
+	leaseChange("a grant", &adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: &adminv1.AcquireLeaseRequest{
+		MailboxId: "billing@p1", RunnerId: "runner-a", RunnerAddress: "127.0.0.1:8980"}}})
+	leaseChange("a release", &adminv1.Command{Body: &adminv1.Command_ReleaseLease{ReleaseLease: &adminv1.ReleaseLeaseRequest{
+		MailboxId: "audit@p1", RunnerId: "runner-a"}}})
 
-	apply(&adminv1.Command{Body: &adminv1.Command_AcquireLease{AcquireLease: &adminv1.AcquireLeaseRequest{
-		MailboxId: "billing@p1", RunnerId: "runner-a", RunnerAddress: "127.0.0.1:9001"}}})
-	await("the new grant to be served", func() bool { return cp.Version() == strconv.FormatUint(index, 10) })
-	if got := src.routes.Load(); got != 2 {
-		t.Fatalf("%d route copies after a grant, want 2", got)
+	registerAt("127.0.0.1:8981")
+	await("the runner's new address to be served", served(index))
+	if got := src.copies.Load(); got != 2 {
+		t.Fatalf("%d proxy copies after the runner moved, want 2", got)
 	}
 }

@@ -1,7 +1,8 @@
 // Package xdsadmin drives the xDS control plane from the real admin FSM, as
-// an admin node does (log entries applied directly, without Raft): leases
-// granted and released through FSM commands route and unroute grpc-go's
-// queries.
+// an admin node does (log entries applied directly, without Raft): proxies
+// registered, moved and gone stale through FSM commands route grpc-go's
+// queries to their runners, while lease changes send nothing and the
+// runners answer only for what they hold.
 package xdsadmin
 
 import (
@@ -10,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,11 +48,11 @@ func (l *log) apply(cmd *adminv1.Command) {
 	}
 }
 
-// register (re-)registers proxy with runner as the runner its mailboxes may
-// be granted to.
-func register(proxy, runner string) *adminv1.Command {
+// register (re-)registers proxy with runner, whose query port is addr, as
+// the runner its mailboxes may be granted to.
+func register(proxy, runner, addr string) *adminv1.Command {
 	return &adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: &adminv1.RegisterProxyRequest{
-		Registration: &adminv1.ProxyRegistration{ProxyId: proxy, Address: "127.0.0.1:7000", RunnerId: runner},
+		Registration: &adminv1.ProxyRegistration{ProxyId: proxy, Address: addr, RunnerId: runner},
 	}}}
 }
 
@@ -66,29 +68,19 @@ func acquire(mailbox, runner, addr string) *adminv1.Command {
 	}}}
 }
 
-// indexed gives the FSM the optional RoutesIndex read Follow uses to skip
-// unchanged routes.
-type indexed struct{ *fsm.FSM }
-
-func (i indexed) RoutesIndex() uint64 { _, _, idx := i.Routes(); return idx }
-
-func TestFollowRoutesLeasesFromTheFSM(t *testing.T) {
-	t.Parallel()
-	for _, tt := range []struct {
-		name   string
-		source func(*fsm.FSM) xds.Source
-	}{
-		{"fsm", func(f *fsm.FSM) xds.Source { return f }},
-		{"fsm with routes index", func(f *fsm.FSM) xds.Source { return indexed{f} }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			follow(t, tt.source)
-		})
-	}
+func release(mailbox, runner string) *adminv1.Command {
+	return &adminv1.Command{Body: &adminv1.Command_ReleaseLease{ReleaseLease: &adminv1.ReleaseLeaseRequest{
+		MailboxId: mailbox, RunnerId: runner,
+	}}}
 }
 
-func follow(t *testing.T, source func(*fsm.FSM) xds.Source) {
+// TestFollowRoutesProxiesFromTheFSM: grpc-go reaches a mailbox on the runner
+// its proxy's registration names; a lease granted, released or re-granted
+// changes no version (the runner, told by its sidecar, starts or stops
+// answering); a runner restarting at another address, or the proxy going
+// stale, is a new version at the FSM's proxy routes index.
+func TestFollowRoutesProxiesFromTheFSM(t *testing.T) {
+	t.Parallel()
 	cp, err := xdstest.StartControlPlane(slog.New(slog.NewTextHandler(io.Discard, nil)), time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +101,7 @@ func follow(t *testing.T, source func(*fsm.FSM) xds.Source) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- cp.Follow(ctx, source(l.f), xds.FollowConfig{Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{cp.Addr}})
+		done <- cp.Follow(ctx, l.f, xds.FollowConfig{Gateway: ir.Gateway{Address: "127.0.0.1:8080"}, NotFound: []string{cp.Addr}, Lookup: "dns:///" + cp.Addr})
 	}()
 	defer func() {
 		cancel()
@@ -128,59 +120,84 @@ func follow(t *testing.T, source func(*fsm.FSM) xds.Source) {
 		defer cancel()
 		who, err := xdstest.WhoAnswers(ctx, conn, mailbox)
 		if err != nil {
-			return "code:" + status.Code(err).String()
+			return "code:" + status.Code(err).String() + " " + status.Convert(err).Message()
 		}
 		return who
 	}
+	// await waits for mailbox's answer to be want, or to start with it
+	// when want ends in a space (a code whatever its message).
 	await := func(what, mailbox, want string) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		got := ""
 		for time.Now().Before(deadline) {
-			if got = ask(mailbox); got == want {
+			if got = ask(mailbox); got == want || strings.HasSuffix(want, " ") && strings.HasPrefix(got, want) {
 				return
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 		t.Fatalf("%s: %s answers %q, want %q", what, mailbox, got, want)
 	}
+	version := func(what string, want uint64) {
+		t.Helper()
+		if got := cp.Version(); got != strconv.FormatUint(want, 10) {
+			t.Fatalf("%s: serving version %s, want the proxy routes index %d", what, got, want)
+		}
+	}
+	notServed := func(id string) string { return `code:NotFound mailbox "` + id + `" is not served here` }
 
-	// proxy-01 is the only proxy, so both namespaces are placed on it. Its
-	// runner is replaced between the two grants (runner-a keeps audit).
-	l.apply(register("proxy-01", "runner-a"))
+	// proxy-01's runner is runner-a. Its two mailboxes are granted and
+	// opened (Hold stands in for the sidecar opening them).
+	l.apply(register("proxy-01", "runner-a", a.Addr))
+	registered := l.index
 	l.apply(createNamespace("audit"))
 	l.apply(createNamespace("$admin"))
 	l.apply(acquire("audit@proxy-01", "runner-a", a.Addr))
-	l.apply(register("proxy-01", "runner-b"))
-	registeredAt := l.now
-	l.apply(acquire("$admin@proxy-01", "runner-b", b.Addr))
+	l.apply(acquire("$admin@proxy-01", "runner-a", a.Addr))
+	a.Hold("audit@proxy-01", "$admin@proxy-01")
 	await("granted lease", "audit@proxy-01", "runner-a")
-	await("granted lease", "$admin@proxy-01", "runner-b")
-	if got := ask("ghost@proxy-01"); got != "code:"+codes.NotFound.String() {
-		t.Fatalf("unknown mailbox answers %q, want NotFound", got)
+	await("granted lease", "$admin@proxy-01", "runner-a")
+	version("after two grants", registered)
+	if got := l.f.ProxyRoutesIndex(); got != registered {
+		t.Fatalf("proxy routes index %d after two grants, want the registration's %d", got, registered)
+	}
+	// A mailbox of the proxy nobody holds: its runner says so. A mailbox of
+	// no registered proxy: the admin node's not-found service says so.
+	if got := ask("ghost@proxy-01"); got != notServed("ghost@proxy-01") {
+		t.Fatalf("unheld mailbox of proxy-01 answers %q, want the runner's NotFound naming it", got)
+	}
+	if got, want := ask("ghost@proxy-09"), `code:NotFound mailbox "ghost@proxy-09" not found: no live lease routes it`; got != want {
+		t.Fatalf("mailbox of no proxy answers %q, want %q", got, want)
 	}
 
-	_, _, before := l.f.Routes()
-	l.apply(&adminv1.Command{Body: &adminv1.Command_ReleaseLease{ReleaseLease: &adminv1.ReleaseLeaseRequest{
-		MailboxId: "audit@proxy-01", RunnerId: "runner-a",
-	}}})
-	await("released lease", "audit@proxy-01", "code:"+codes.NotFound.String())
+	// Released (the runner closes the mailbox first, then the lease goes):
+	// nothing is sent, the runner answers NotFound naming it.
+	a.Release("audit@proxy-01")
+	l.apply(release("audit@proxy-01", "runner-a"))
+	await("released lease", "audit@proxy-01", notServed("audit@proxy-01"))
+	version("after a release", registered)
+
+	// The runner restarts as runner-b at another address and re-registers
+	// the proxy: one new version, and the re-granted mailbox is served
+	// there.
+	a.Release("$admin@proxy-01")
+	l.apply(register("proxy-01", "runner-b", b.Addr))
+	moved, movedAt := l.index, l.now
 	l.apply(acquire("audit@proxy-01", "runner-b", b.Addr))
-	await("lease re-granted to another runner", "audit@proxy-01", "runner-b")
-	_, _, after := l.f.Routes()
-	if cp.Version() != strconv.FormatUint(after, 10) || after <= before {
-		t.Fatalf("serving version %s, want the FSM's routes index %d (was %d)", cp.Version(), after, before)
-	}
+	b.Hold("audit@proxy-01")
+	await("lease re-granted to the proxy's new runner", "audit@proxy-01", "runner-b")
+	await("mailbox not re-opened", "$admin@proxy-01", notServed("$admin@proxy-01"))
+	version("after the runner moved", moved)
 
-	// The proxy goes stale: its runners' endpoints are sent unhealthy, so
-	// queries fail fast instead of waiting out the leases. Its namespaces
-	// lose their placement (no proxy is live), which moves the routes index;
-	// the mailbox routes stay.
+	// The proxy goes stale: its runner's endpoint is sent unhealthy, so
+	// queries fail fast instead of waiting out the leases; the stale flip
+	// moves the proxy routes index.
 	l.apply(&adminv1.Command{Body: &adminv1.Command_MarkProxiesStale{MarkProxiesStale: &adminv1.MarkProxiesStaleCommand{
-		Proxies: []*adminv1.ProxyRef{{ProxyId: "proxy-01", LastSeen: timestamppb.New(registeredAt)}},
+		Proxies: []*adminv1.ProxyRef{{ProxyId: "proxy-01", LastSeen: timestamppb.New(movedAt)}},
 	}}})
-	await("stale proxy", "audit@proxy-01", "code:"+codes.Unavailable.String())
-	if _, _, stale := l.f.Routes(); cp.Version() != strconv.FormatUint(stale, 10) || stale != l.index {
-		t.Fatalf("serving version %s after the proxy went stale, want the routes index %d of the move at %d", cp.Version(), stale, l.index)
+	await("stale proxy", "audit@proxy-01", "code:"+codes.Unavailable.String()+" ")
+	if stale := l.f.ProxyRoutesIndex(); stale != l.index {
+		t.Fatalf("proxy routes index %d after the proxy went stale at %d", stale, l.index)
 	}
+	version("after the proxy went stale", l.index)
 }
