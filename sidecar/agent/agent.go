@@ -64,6 +64,15 @@
 // RunnerDeadAfter plus one interval and one probe timeout of its last
 // answer, and the lease is released at the latest ttl after that answer.
 //
+// The proxy heartbeat judges the runner the same way for the proxy as a
+// whole (runner.go): it probes the runner's control API before each proxy
+// heartbeat and, once the runner has failed for the bound, reports it not
+// ready (ProxyHeartbeatRequest.runner_not_ready, also on RegisterProxy). The
+// admin then leaves the proxy out of placement, as it does a stale one, so
+// its namespaces move to other proxies, and serves its endpoint unhealthy;
+// the first answer after that reports it ready and the namespaces come
+// back. A runner slow for less than the bound is reported ready throughout.
+//
 // # Graceful stop
 //
 // On stop the workers halt (no new acquires or heartbeats), the runner
@@ -242,8 +251,11 @@ type Agent struct {
 	sess *sessions
 
 	registered atomic.Bool
-	synced     atomic.Bool
-	stopping   atomic.Bool
+	// runnerNotReady is the proxy's judgment of its runner (runner.go),
+	// reported with every registration and proxy heartbeat.
+	runnerNotReady atomic.Bool
+	synced         atomic.Bool
+	stopping       atomic.Bool
 	// halt ends when Shutdown begins: an unassigned mailbox waiting out
 	// its runner's deadline stops waiting and leaves its lease to expire.
 	halt   context.Context
@@ -323,7 +335,7 @@ func (a *Agent) register(ctx context.Context) bool {
 	bo := a.cfg.Backoff
 	for {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
-		resp, err := a.cfg.Admin.RegisterProxy(cctx, &adminv1.RegisterProxyRequest{Registration: a.registration()})
+		resp, err := a.cfg.Admin.RegisterProxy(cctx, &adminv1.RegisterProxyRequest{Registration: a.registration(), RunnerNotReady: a.runnerNotReady.Load()})
 		cancel()
 		if err == nil {
 			if !a.registered.Swap(true) {
@@ -339,11 +351,21 @@ func (a *Agent) register(ctx context.Context) bool {
 }
 
 // proxyHeartbeats keeps the proxy live for placement, re-registering when
-// the admin has forgotten it.
+// the admin has forgotten it. Each heartbeat first probes the runner and
+// carries the verdict (runner.go), in either lease mode: the proxy
+// heartbeat, not the session keepalive, is what keeps a proxy in placement.
 func (a *Agent) proxyHeartbeats(ctx context.Context) {
+	lastOK := a.cfg.Clock.Now()
 	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(a.cfg.HeartbeatInterval)) {
+		lastOK = a.judgeRunner(ctx, lastOK)
+		if ctx.Err() != nil {
+			return
+		}
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
-		_, err := a.cfg.Admin.ProxyHeartbeat(cctx, &adminv1.ProxyHeartbeatRequest{ProxyId: a.cfg.ProxyID, NamespaceHealth: a.namespaceHealth()})
+		_, err := a.cfg.Admin.ProxyHeartbeat(cctx, &adminv1.ProxyHeartbeatRequest{
+			ProxyId: a.cfg.ProxyID, NamespaceHealth: a.namespaceHealth(),
+			RunnerId: a.cfg.RunnerID, RunnerNotReady: a.runnerNotReady.Load(),
+		})
 		cancel()
 		switch {
 		case err == nil:

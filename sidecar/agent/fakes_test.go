@@ -94,6 +94,12 @@ type fakeAdmin struct {
 	// blackholed admin.
 	releaseHangs bool
 	s            fakeSessions
+	// proxyHBs and registers are every ProxyHeartbeat and RegisterProxy
+	// request, in order; forgetProxy answers the next proxy heartbeat
+	// NotFound, as an admin that lost the registration.
+	proxyHBs    []*adminv1.ProxyHeartbeatRequest
+	registers   []*adminv1.RegisterProxyRequest
+	forgetProxy bool
 }
 
 func newFakeAdmin(ev *events) *fakeAdmin {
@@ -102,11 +108,28 @@ func newFakeAdmin(ev *events) *fakeAdmin {
 
 func (f *fakeAdmin) RegisterProxy(_ context.Context, in *adminv1.RegisterProxyRequest, _ ...grpc.CallOption) (*adminv1.RegisterProxyResponse, error) {
 	f.ev.add("admin register %s %s", in.GetRegistration().GetProxyId(), in.GetRegistration().GetAddress())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.registers = append(f.registers, proto.CloneOf(in))
 	return &adminv1.RegisterProxyResponse{}, nil
 }
 
-func (f *fakeAdmin) ProxyHeartbeat(context.Context, *adminv1.ProxyHeartbeatRequest, ...grpc.CallOption) (*adminv1.ProxyHeartbeatResponse, error) {
+func (f *fakeAdmin) ProxyHeartbeat(_ context.Context, in *adminv1.ProxyHeartbeatRequest, _ ...grpc.CallOption) (*adminv1.ProxyHeartbeatResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.proxyHBs = append(f.proxyHBs, proto.CloneOf(in))
+	if f.forgetProxy {
+		f.forgetProxy = false
+		return nil, status.Error(codes.NotFound, "proxy not registered")
+	}
 	return &adminv1.ProxyHeartbeatResponse{}, nil
+}
+
+// proxyReports are the proxy heartbeats and registrations seen so far.
+func (f *fakeAdmin) proxyReports() ([]*adminv1.ProxyHeartbeatRequest, []*adminv1.RegisterProxyRequest) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.proxyHBs), slices.Clone(f.registers)
 }
 
 func (f *fakeAdmin) grant(req *adminv1.AcquireLeaseRequest) *adminv1.AcquireLeaseResponse {

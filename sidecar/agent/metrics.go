@@ -18,6 +18,7 @@ type metrics struct {
 	keepalives     *prometheus.CounterVec
 	kaLatency      prometheus.Histogram
 	batches        prometheus.Counter
+	runnerReady    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -73,10 +74,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "prism_sidecar_acquire_batches_total",
 			Help: "AcquireLeases calls made (each asks for every mailbox then waiting, up to 10,000).",
 		}),
+		runnerReady: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "prism_sidecar_runner_ready",
+			Help: "1 while the proxy reports its runner ready, 0 once the runner has failed the probe for the runner-dead bound (the admin then places the proxy's namespaces elsewhere).",
+		}),
 	}
+	m.runnerReady.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.losses, m.acquires, m.heartbeats, m.releases, m.held, m.hbLatency, m.acqLatency, m.watchConns,
-			m.sessionsOpened, m.keepalives, m.kaLatency, m.batches)
+			m.sessionsOpened, m.keepalives, m.kaLatency, m.batches, m.runnerReady)
 	}
 	return m
 }
