@@ -91,15 +91,18 @@ func TestDeltaSendsOnlyWhatChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dc.Close()
+	// A grpc-go client's clusters: per proxy and for the admin nodes an
+	// EDS cluster and the aggregate over it that RLS answers name.
+	const clusters = 2 * (proxies + 1)
 	counts := map[string]int{}
-	for counts["Cluster"] < proxies+1 || counts["ClusterLoadAssignment"] < proxies+1 || counts["Listener"] < 2 || counts["RouteConfiguration"] < 2 {
+	for counts["Cluster"] < clusters || counts["ClusterLoadAssignment"] < proxies+1 || counts["Listener"] < 2 || counts["RouteConfiguration"] < 2 {
 		resp, err := dc.Next()
 		if err != nil {
 			t.Fatal(err)
 		}
 		counts[short(resp.GetTypeUrl())] += len(resp.GetResources())
 	}
-	if counts["Cluster"] != proxies+1 || counts["ClusterLoadAssignment"] != proxies+1 || counts["RouteConfiguration"] != 2 || counts["Listener"] != 2 {
+	if counts["Cluster"] != clusters || counts["ClusterLoadAssignment"] != proxies+1 || counts["RouteConfiguration"] != 2 || counts["Listener"] != 2 {
 		t.Fatalf("initial delta responses carried %v, want every resource once", counts)
 	}
 
@@ -128,7 +131,11 @@ func TestDeltaSendsOnlyWhatChanged(t *testing.T) {
 				y.Proxies = append(y.Proxies, newProxy)
 				return y
 			},
-			want: append([]string{"Cluster[" + translator.ClusterName(newProxy.ID) + "]", eds(newProxy.ID)}, tables...),
+			want: append([]string{
+				"Cluster[" + translator.ClusterName(newProxy.ID) + "]",
+				"Cluster[" + ir.LookupCluster(translator.ClusterName(newProxy.ID)) + "]",
+				eds(newProxy.ID),
+			}, tables...),
 		},
 		{
 			name: "the proxy goes stale",
@@ -148,6 +155,7 @@ func TestDeltaSendsOnlyWhatChanged(t *testing.T) {
 			},
 			want: append([]string{
 				"Cluster removed[" + translator.ClusterName(newProxy.ID) + "]",
+				"Cluster removed[" + ir.LookupCluster(translator.ClusterName(newProxy.ID)) + "]",
 				"ClusterLoadAssignment removed[" + translator.ClusterName(newProxy.ID) + "]",
 			}, tables...),
 		},

@@ -2,11 +2,13 @@ package xdsgrpc
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	_ "google.golang.org/grpc/balancer/rls" // the x-prism-namespace route's cluster specifier
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -23,13 +25,6 @@ import (
 // once it is gone; a call naming a mailbox too is routed by the mailbox.
 func TestNamespaceCallsFollowTheAlias(t *testing.T) {
 	t.Parallel()
-	// grpc-go v1.85's cds balancer, created by RLS for a target that the
-	// route table already names (proxy/P, prism/admin), subscribes to it
-	// and then waits for the next xDS config update instead of using the
-	// cluster it already has (cdsbalancer.handleXDSConfigUpdate returns
-	// after SubscribeToCluster; xdsdepmgr sends no update for a cluster it
-	// already tracks), so the call waits until some resource changes.
-	t.Skip("grpc-go v1.85: an RLS target already named by a route stays CONNECTING until the next xDS update (see the comment)")
 	w := newWorld(t, "runner-a", "runner-b")
 	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(w.cp.Addr, "test-"+t.Name()))
 	if err != nil {
@@ -74,6 +69,49 @@ func TestNamespaceCallsFollowTheAlias(t *testing.T) {
 	defer cancel()
 	if got := ask(mesh.HeaderMailboxID, "audit@proxy-b")(ctx); got != "runner-b" {
 		t.Fatalf("audit@proxy-b by mailbox after its namespace route went: %s", got)
+	}
+}
+
+// TestNamespaceCallsTakeClustersInUse: a namespace call is answered in one
+// call, without waiting for any later xDS update, when the cluster behind
+// the lookup's answer is already in use: its proxy's by an x-mailbox-id
+// call, the admin nodes' by a call no proxy takes. grpc-go v1.85's RLS
+// child for a target a route already names waits for an update that never
+// comes (ir.LookupCluster), so without the lookup aggregates both calls
+// below run out their deadline; an unknown namespace is NotFound naming it.
+func TestNamespaceCallsTakeClustersInUse(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "runner-a")
+	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(w.cp.Addr, "test-"+t.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	w.runners["runner-a"].Hold("audit@proxy-a")
+	w.cp.Namespaces.Set("audit", "audit@proxy-a", 3)
+	w.publish(map[string]string{"proxy-a": "runner-a"})
+	await(t, "audit by mailbox", func(ctx context.Context) string {
+		return outcome(xdstest.WhoAnswers(ctx, conn, "audit@proxy-a"))
+	}, "runner-a")
+	await(t, "a mailbox of no proxy", func(ctx context.Context) string {
+		return outcome(xdstest.WhoAnswers(ctx, conn, "ghost@proxy-z"))
+	}, "code:NotFound")
+
+	// Nothing is published from here on.
+	call := func(ns string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var hdr metadata.MD
+		_, err := mailboxv1.NewMailboxQueryClient(conn).GetStats(metadata.AppendToOutgoingContext(ctx, mesh.HeaderNamespace, ns),
+			&mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
+		return first(hdr.Get(xdstest.RunnerHeader)), err
+	}
+	if runner, err := call("audit"); err != nil || runner != "runner-a" {
+		t.Fatalf("audit by namespace, its proxy's cluster in use: runner %q, %v; want runner-a", runner, err)
+	}
+	_, err = call("nobody")
+	if st := status.Convert(err); st.Code() != codes.NotFound || !strings.Contains(st.Message(), `"nobody"`) {
+		t.Fatalf("unknown namespace, the admin cluster in use: %v, want NotFound naming it", err)
 	}
 }
 
