@@ -56,7 +56,11 @@ func envelopes(prefix string, n int) []*envelopev1.PrismEnvelope {
 }
 
 // leaseOf returns the mailbox's lease as n sees it (linearizable), or nil.
-func leaseOf(n *e2e.AdminNode) (*adminv1.Lease, error) {
+func leaseOf(n *e2e.AdminNode) (*adminv1.Lease, error) { return leaseOfMailbox(n, mailboxID) }
+
+// leaseOfMailbox returns mailbox id's lease as n sees it (linearizable), or
+// nil.
+func leaseOfMailbox(n *e2e.AdminNode, id string) (*adminv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	resp, err := n.Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
@@ -64,7 +68,7 @@ func leaseOf(n *e2e.AdminNode) (*adminv1.Lease, error) {
 		return nil, err
 	}
 	for _, l := range resp.GetLeases() {
-		if l.GetMailboxId() == mailboxID {
+		if l.GetMailboxId() == id {
 			return l, nil
 		}
 	}
@@ -115,8 +119,11 @@ func startSidecar(t testing.TB, name, runnerID string, r *e2e.Runner, admins ...
 
 // mailboxStats is the runner's HTTP stats for the mailbox: status code, the
 // epoch it serves under and the events it stored.
-func mailboxStats(r *e2e.Runner) (int, uint64, int64, error) {
-	code, body, _, err := web.Get(r.QueryURL() + "/v1/mailboxes/" + mailboxID + "/stats")
+func mailboxStats(r *e2e.Runner) (int, uint64, int64, error) { return mailboxStatsOf(r, mailboxID) }
+
+// mailboxStatsOf is mailboxStats of mailbox id.
+func mailboxStatsOf(r *e2e.Runner, id string) (int, uint64, int64, error) {
+	code, body, _, err := web.Get(r.QueryURL() + "/v1/mailboxes/" + id + "/stats")
 	if err != nil || code != 200 {
 		return code, 0, 0, err
 	}
