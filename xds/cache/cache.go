@@ -74,7 +74,7 @@ type Cache struct {
 	mu      sync.Mutex
 	version string
 	// prev is the snapshot served under each key: the per-resource types'
-	// resources too, which the snapshot cache holds but does not serve.
+	// resources too, which the snapshot cache is not handed (see apply).
 	prev map[string]*cachev3.Snapshot
 	// lastIR and again label a changed state that arrives under the IR
 	// version already served ("N.1", "N.2", ...), so SotW clients, which
@@ -151,6 +151,9 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 	}
 	next := map[string]*cachev3.Snapshot{}
 	var updates []perResourceUpdate
+	// snapshotChanged: listeners or clusters changed for some key, which
+	// the snapshot cache must be told.
+	snapshotChanged := c.prev == nil
 	for _, key := range keys {
 		byType := res.ByType()
 		if key == EnvoyNodeKey {
@@ -188,13 +191,14 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 				continue
 			}
 			snap.Resources[i] = cachev3.NewResources(label, items)
+			snapshotChanged = true
 		}
 		if err := consistent(snap); err != nil {
 			return fmt.Errorf("snapshot %d for %s: %w", version, key, err)
 		}
 		next[key] = snap
 	}
-	if err := c.apply(ctx, label, next, updates); err != nil {
+	if err := c.apply(ctx, next, updates, snapshotChanged, label); err != nil {
 		// Partly applied: the next Set compares with what each cache
 		// holds, not with a snapshot that was not all served.
 		c.prev = nil
@@ -215,7 +219,13 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 // apply serves next. Routes and endpoints arrive before the listeners and
 // clusters that name them and leave after, so a client never waits on a
 // resource the control plane has not published yet.
-func (c *Cache) apply(ctx context.Context, label string, next map[string]*cachev3.Snapshot, updates []perResourceUpdate) error {
+//
+// The snapshot cache serves listeners and clusters alone, so it is handed
+// those alone, and only when they changed: each SetSnapshot with a delta
+// client connected hashes every resource of the new snapshot (go-control-
+// plane's version map), which at 1,000 proxies was most of a runner move's
+// remaining admin CPU although a runner move changes neither.
+func (c *Cache) apply(ctx context.Context, next map[string]*cachev3.Snapshot, updates []perResourceUpdate, snapshotChanged bool, label string) error {
 	for _, u := range updates {
 		if len(u.changed) == 0 {
 			continue
@@ -225,7 +235,14 @@ func (c *Cache) apply(ctx context.Context, label string, next map[string]*cachev
 		}
 	}
 	for _, key := range keys {
-		if err := c.snapshots.SetSnapshot(ctx, key, next[key]); err != nil {
+		if !snapshotChanged {
+			break
+		}
+		served := *next[key]
+		for _, typ := range perResourceTypes {
+			served.Resources[cachev3.GetResponseType(typ)] = cachev3.Resources{}
+		}
+		if err := c.snapshots.SetSnapshot(ctx, key, &served); err != nil {
 			return fmt.Errorf("set snapshot for %s: %w", key, err)
 		}
 	}
@@ -284,12 +301,19 @@ func consistent(snap *cachev3.Snapshot) error {
 	return c.Consistent()
 }
 
-// Snapshot is the snapshot being served to grpc-go.
-func (c *Cache) Snapshot() (cachev3.ResourceSnapshot, error) { return c.snapshots.GetSnapshot(NodeKey) }
+// Snapshot is every resource being served to grpc-go.
+func (c *Cache) Snapshot() (cachev3.ResourceSnapshot, error) { return c.snapshot(NodeKey) }
 
-// EnvoySnapshot is the snapshot being served to Envoy.
-func (c *Cache) EnvoySnapshot() (cachev3.ResourceSnapshot, error) {
-	return c.snapshots.GetSnapshot(EnvoyNodeKey)
+// EnvoySnapshot is every resource being served to Envoy.
+func (c *Cache) EnvoySnapshot() (cachev3.ResourceSnapshot, error) { return c.snapshot(EnvoyNodeKey) }
+
+func (c *Cache) snapshot(key string) (cachev3.ResourceSnapshot, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.prev[key]; s != nil {
+		return s, nil
+	}
+	return nil, fmt.Errorf("no snapshot served for %s", key)
 }
 
 // Version is the IR version being served, or "" before the first Set.

@@ -89,3 +89,48 @@ func TestLoggerFormatsOnlyWhatTheHandlerKeeps(t *testing.T) {
 		t.Fatalf("warning formatted %d times, wrote %q", n, out.String())
 	}
 }
+
+// TestRunnerMoveLeavesSnapshotCache: the snapshot cache serves listeners and
+// clusters alone, so it holds nothing else and a runner move, which changes
+// neither, does not set it again (each SetSnapshot hashes every resource it
+// holds for delta clients); Snapshot still shows the moved endpoints.
+func TestRunnerMoveLeavesSnapshotCache(t *testing.T) {
+	t.Parallel()
+	c := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	set := func(version, port uint64) {
+		t.Helper()
+		res, err := translator.Translate(state(version, port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Set(context.Background(), version, res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(1, 1)
+	before, err := c.snapshots.GetSnapshot(NodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(before.GetResources(resource.EndpointType)) + len(before.GetResources(resource.RouteType)); n != 0 {
+		t.Fatalf("snapshot cache holds %d routes and endpoints it does not serve", n)
+	}
+	set(2, 2)
+	after, err := c.snapshots.GetSnapshot(NodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Fatal("a runner move set the snapshot cache again")
+	}
+	snap, err := c.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := snap.GetVersion(resource.EndpointType); v != "2" {
+		t.Fatalf("endpoints at %q after the move, want 2", v)
+	}
+	if v := snap.GetVersion(resource.ClusterType); v != "1" {
+		t.Fatalf("clusters at %q after the move, want 1", v)
+	}
+}
