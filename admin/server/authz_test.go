@@ -32,6 +32,7 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	lookupv1 "github.com/prism-mesh/prism/proto/prism/lookup/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/lookup"
 )
 
@@ -425,8 +426,9 @@ func TestIdentitiesActOnlyWithinTheirRole(t *testing.T) {
 		{"gateway subscribes to xDS", func() error { return subscribe(c, gateway) }},
 		{"gateway looks nb up", func() error {
 			r, err := routeLookup(c, gateway, "nb")
-			if err == nil && (!slices.Equal(r.GetTargets(), []string{"proxy/pb"}) || r.GetHeaderData() != "nb@pb") {
-				t.Errorf("lookup of nb: %v, want proxy/pb with nb@pb", r)
+			want := ir.LookupCluster(ir.ProxyCluster("pb"))
+			if err == nil && (!slices.Equal(r.GetTargets(), []string{want}) || r.GetHeaderData() != "nb@pb") {
+				t.Errorf("lookup of nb: %v, want %s with nb@pb", r, want)
 			}
 			return err
 		}},
