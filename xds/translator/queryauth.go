@@ -157,8 +157,9 @@ func jwtAuthn(q ir.QueryAuth) *jwtv3.JwtAuthentication {
 
 // localReplies answer jwt_authn's refusals like gateway/auth: 401 with code
 // missing_token (no Authorization: Bearer) or invalid_token, each with its
-// WWW-Authenticate challenge. ext_authz's 403 (insufficient_scope) comes
-// from the admin nodes already in that shape, and no mapper touches it. jwt_authn
+// WWW-Authenticate challenge. Every mapper requires jwt_authn's failure in
+// the metadata: ext_authz's refusals (401, 403 insufficient_scope) come from
+// the admin nodes already in that shape, and no mapper may touch them. jwt_authn
 // answers a token of another audience 403; gateway/auth says 401
 // invalid_token, so that one is rewritten. gRPC calls keep Envoy's
 // grpc-message text (a JSON body would land in it); only their status is
@@ -191,6 +192,9 @@ func localReplies() *hcmv3.LocalReplyConfig {
 			Path:   []*matcherv3.MetadataMatcher_PathSegment{{Segment: &matcherv3.MetadataMatcher_PathSegment_Key{Key: jwtFailureKey}}},
 			Value:  &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_PresentMatch{PresentMatch: true}},
 		},
+		// Unset means true: a reply without jwt_authn's failure (ext_authz's
+		// own 401 and 403, already in gateway/auth's shape) would match.
+		MatchIfKeyNotFound: wrapperspb.Bool(false),
 	}}}
 	and := func(fs ...*accesslogv3.AccessLogFilter) *accesslogv3.AccessLogFilter {
 		return &accesslogv3.AccessLogFilter{FilterSpecifier: &accesslogv3.AccessLogFilter_AndFilter{AndFilter: &accesslogv3.AndFilter{Filters: fs}}}
@@ -213,12 +217,12 @@ func localReplies() *hcmv3.LocalReplyConfig {
 	unauthorized := wrapperspb.UInt32(401)
 	return &hcmv3.LocalReplyConfig{Mappers: []*hcmv3.ResponseMapper{
 		{
-			Filter:             and(status(401), bearer, notGRPC),
+			Filter:             and(status(401), jwtFailed, bearer, notGRPC),
 			BodyFormatOverride: body("%LOCAL_REPLY_BODY%", "invalid_token"),
 			HeadersToAdd:       challenge("invalid_token"),
 		},
 		{
-			Filter:             and(status(401), notGRPC),
+			Filter:             and(status(401), jwtFailed, notGRPC),
 			BodyFormatOverride: body("%LOCAL_REPLY_BODY%: send Authorization: Bearer <JWT>", "missing_token"),
 			HeadersToAdd:       challenge("missing_token"),
 		},

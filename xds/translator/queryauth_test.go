@@ -51,3 +51,23 @@ func TestQueryAuthLeavesGRPCGoAlone(t *testing.T) {
 		})
 	}
 }
+
+// Every local-reply mapper rewrites only jwt_authn's refusals: ext_authz's
+// own 401 and 403 already carry gateway/auth's body and challenge, and a
+// mapper matching them would wrap that JSON again (or turn a 403
+// insufficient_scope into 401). A metadata filter left at its default
+// matches when the key is absent, so each must say false.
+func TestLocalRepliesTouchOnlyJWTFailures(t *testing.T) {
+	t.Parallel()
+	for i, m := range localReplies().GetMappers() {
+		var ok bool
+		for _, f := range m.GetFilter().GetAndFilter().GetFilters() {
+			if mf := f.GetMetadataFilter(); mf != nil && mf.GetMatcher().GetFilter() == jwtAuthnFilter {
+				ok = mf.GetMatchIfKeyNotFound() != nil && !mf.GetMatchIfKeyNotFound().GetValue()
+			}
+		}
+		if !ok {
+			t.Errorf("local reply mapper %d does not require jwt_authn's failure (with matchIfKeyNotFound false): %v", i, m.GetFilter())
+		}
+	}
+}
