@@ -12,6 +12,7 @@ package adminv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -1666,11 +1667,263 @@ func (x *RemoveServerResponse) GetIndex() uint64 {
 	return 0
 }
 
+type SaveSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaveSnapshotRequest) Reset() {
+	*x = SaveSnapshotRequest{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaveSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaveSnapshotRequest) ProtoMessage() {}
+
+func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaveSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SaveSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+// SnapshotInfo describes a saved FSM snapshot: the stream's first message
+// and the header of a snapshot file (admin/backup).
+type SnapshotInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// SnapshotHeader.format of the FSM snapshot that follows.
+	FsmFormat uint32 `protobuf:"varint,1,opt,name=fsm_format,json=fsmFormat,proto3" json:"fsm_format,omitempty"`
+	// Raft index of the last entry applied into the snapshot.
+	Index uint64 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// The raft term of the node that took it, as of the capture: every lease
+	// epoch and session id in the snapshot was granted at or below it
+	// (epochs are term << 40 | index), so a cluster restored from it grants
+	// at a higher term.
+	Term uint64 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	// The node that took it.
+	NodeId  string                 `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	SavedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=saved_at,json=savedAt,proto3" json:"saved_at,omitempty"`
+	// Length and SHA-256 of the FSM snapshot bytes.
+	Size           uint64 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	Sha256         []byte `protobuf:"bytes,7,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	NamespaceCount uint64 `protobuf:"varint,8,opt,name=namespace_count,json=namespaceCount,proto3" json:"namespace_count,omitempty"`
+	ProxyCount     uint64 `protobuf:"varint,9,opt,name=proxy_count,json=proxyCount,proto3" json:"proxy_count,omitempty"`
+	LeaseCount     uint64 `protobuf:"varint,10,opt,name=lease_count,json=leaseCount,proto3" json:"lease_count,omitempty"`
+	SessionCount   uint64 `protobuf:"varint,11,opt,name=session_count,json=sessionCount,proto3" json:"session_count,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SnapshotInfo) Reset() {
+	*x = SnapshotInfo{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotInfo) ProtoMessage() {}
+
+func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
+func (*SnapshotInfo) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SnapshotInfo) GetFsmFormat() uint32 {
+	if x != nil {
+		return x.FsmFormat
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *SnapshotInfo) GetSavedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SavedAt
+	}
+	return nil
+}
+
+func (x *SnapshotInfo) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
+func (x *SnapshotInfo) GetNamespaceCount() uint64 {
+	if x != nil {
+		return x.NamespaceCount
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetProxyCount() uint64 {
+	if x != nil {
+		return x.ProxyCount
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetLeaseCount() uint64 {
+	if x != nil {
+		return x.LeaseCount
+	}
+	return 0
+}
+
+func (x *SnapshotInfo) GetSessionCount() uint64 {
+	if x != nil {
+		return x.SessionCount
+	}
+	return 0
+}
+
+type SaveSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*SaveSnapshotResponse_Info
+	//	*SaveSnapshotResponse_Chunk
+	Part          isSaveSnapshotResponse_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaveSnapshotResponse) Reset() {
+	*x = SaveSnapshotResponse{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaveSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaveSnapshotResponse) ProtoMessage() {}
+
+func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaveSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*SaveSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SaveSnapshotResponse) GetPart() isSaveSnapshotResponse_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *SaveSnapshotResponse) GetInfo() *SnapshotInfo {
+	if x != nil {
+		if x, ok := x.Part.(*SaveSnapshotResponse_Info); ok {
+			return x.Info
+		}
+	}
+	return nil
+}
+
+func (x *SaveSnapshotResponse) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*SaveSnapshotResponse_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isSaveSnapshotResponse_Part interface {
+	isSaveSnapshotResponse_Part()
+}
+
+type SaveSnapshotResponse_Info struct {
+	Info *SnapshotInfo `protobuf:"bytes,1,opt,name=info,proto3,oneof"`
+}
+
+type SaveSnapshotResponse_Chunk struct {
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*SaveSnapshotResponse_Info) isSaveSnapshotResponse_Part() {}
+
+func (*SaveSnapshotResponse_Chunk) isSaveSnapshotResponse_Part() {}
+
 var File_prism_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x1aprism/admin/v1/admin.proto\x12\x0eprism.admin.v1\x1a\x1aprism/admin/v1/types.proto\"\x19\n" +
+	"\x1aprism/admin/v1/admin.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aprism/admin/v1/types.proto\"\x19\n" +
 	"\x17GetClusterStatusRequest\"\xb2\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
@@ -1777,11 +2030,32 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\",\n" +
 	"\x14RemoveServerResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index*j\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"\x15\n" +
+	"\x13SaveSnapshotRequest\"\xe3\x02\n" +
+	"\fSnapshotInfo\x12\x1d\n" +
+	"\n" +
+	"fsm_format\x18\x01 \x01(\rR\tfsmFormat\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04term\x18\x03 \x01(\x04R\x04term\x12\x17\n" +
+	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x125\n" +
+	"\bsaved_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\asavedAt\x12\x12\n" +
+	"\x04size\x18\x06 \x01(\x04R\x04size\x12\x16\n" +
+	"\x06sha256\x18\a \x01(\fR\x06sha256\x12'\n" +
+	"\x0fnamespace_count\x18\b \x01(\x04R\x0enamespaceCount\x12\x1f\n" +
+	"\vproxy_count\x18\t \x01(\x04R\n" +
+	"proxyCount\x12\x1f\n" +
+	"\vlease_count\x18\n" +
+	" \x01(\x04R\n" +
+	"leaseCount\x12#\n" +
+	"\rsession_count\x18\v \x01(\x04R\fsessionCount\"j\n" +
+	"\x14SaveSnapshotResponse\x122\n" +
+	"\x04info\x18\x01 \x01(\v2\x1c.prism.admin.v1.SnapshotInfoH\x00R\x04info\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x04part*j\n" +
 	"\x0eMemberSuffrage\x12\x1f\n" +
 	"\x1bMEMBER_SUFFRAGE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15MEMBER_SUFFRAGE_VOTER\x10\x01\x12\x1c\n" +
-	"\x18MEMBER_SUFFRAGE_NONVOTER\x10\x022\xf3\b\n" +
+	"\x18MEMBER_SUFFRAGE_NONVOTER\x10\x022\xd0\t\n" +
 	"\x05Admin\x12e\n" +
 	"\x10GetClusterStatus\x12'.prism.admin.v1.GetClusterStatusRequest\x1a(.prism.admin.v1.GetClusterStatusResponse\x12_\n" +
 	"\x0eListNamespaces\x12%.prism.admin.v1.ListNamespacesRequest\x1a&.prism.admin.v1.ListNamespacesResponse\x12Y\n" +
@@ -1798,7 +2072,8 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"GetSession\x12!.prism.admin.v1.GetSessionRequest\x1a\".prism.admin.v1.GetSessionResponse\x12M\n" +
 	"\bAddVoter\x12\x1f.prism.admin.v1.AddVoterRequest\x1a .prism.admin.v1.AddVoterResponse\x12Y\n" +
-	"\fRemoveServer\x12#.prism.admin.v1.RemoveServerRequest\x1a$.prism.admin.v1.RemoveServerResponseB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
+	"\fRemoveServer\x12#.prism.admin.v1.RemoveServerRequest\x1a$.prism.admin.v1.RemoveServerResponse\x12[\n" +
+	"\fSaveSnapshot\x12#.prism.admin.v1.SaveSnapshotRequest\x1a$.prism.admin.v1.SaveSnapshotResponse0\x01B:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_prism_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -1813,7 +2088,7 @@ func file_prism_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_prism_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_prism_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_prism_admin_v1_admin_proto_goTypes = []any{
 	(MemberSuffrage)(0),              // 0: prism.admin.v1.MemberSuffrage
 	(*GetClusterStatusRequest)(nil),  // 1: prism.admin.v1.GetClusterStatusRequest
@@ -1844,74 +2119,82 @@ var file_prism_admin_v1_admin_proto_goTypes = []any{
 	(*AddVoterResponse)(nil),         // 26: prism.admin.v1.AddVoterResponse
 	(*RemoveServerRequest)(nil),      // 27: prism.admin.v1.RemoveServerRequest
 	(*RemoveServerResponse)(nil),     // 28: prism.admin.v1.RemoveServerResponse
-	(Consistency)(0),                 // 29: prism.admin.v1.Consistency
-	(*Namespace)(nil),                // 30: prism.admin.v1.Namespace
-	(*NamespaceRoute)(nil),           // 31: prism.admin.v1.NamespaceRoute
-	(*Proxy)(nil),                    // 32: prism.admin.v1.Proxy
-	(*PartitionRange)(nil),           // 33: prism.admin.v1.PartitionRange
-	(*Lease)(nil),                    // 34: prism.admin.v1.Lease
-	(*Session)(nil),                  // 35: prism.admin.v1.Session
-	(*Route)(nil),                    // 36: prism.admin.v1.Route
+	(*SaveSnapshotRequest)(nil),      // 29: prism.admin.v1.SaveSnapshotRequest
+	(*SnapshotInfo)(nil),             // 30: prism.admin.v1.SnapshotInfo
+	(*SaveSnapshotResponse)(nil),     // 31: prism.admin.v1.SaveSnapshotResponse
+	(Consistency)(0),                 // 32: prism.admin.v1.Consistency
+	(*Namespace)(nil),                // 33: prism.admin.v1.Namespace
+	(*NamespaceRoute)(nil),           // 34: prism.admin.v1.NamespaceRoute
+	(*Proxy)(nil),                    // 35: prism.admin.v1.Proxy
+	(*PartitionRange)(nil),           // 36: prism.admin.v1.PartitionRange
+	(*Lease)(nil),                    // 37: prism.admin.v1.Lease
+	(*Session)(nil),                  // 38: prism.admin.v1.Session
+	(*Route)(nil),                    // 39: prism.admin.v1.Route
+	(*timestamppb.Timestamp)(nil),    // 40: google.protobuf.Timestamp
 }
 var file_prism_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: prism.admin.v1.Member.suffrage:type_name -> prism.admin.v1.MemberSuffrage
 	2,  // 1: prism.admin.v1.GetClusterStatusResponse.members:type_name -> prism.admin.v1.Member
-	29, // 2: prism.admin.v1.ListNamespacesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	30, // 3: prism.admin.v1.ListNamespacesResponse.namespaces:type_name -> prism.admin.v1.Namespace
-	29, // 4: prism.admin.v1.GetNamespaceRequest.consistency:type_name -> prism.admin.v1.Consistency
-	30, // 5: prism.admin.v1.GetNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
-	31, // 6: prism.admin.v1.GetNamespaceResponse.route:type_name -> prism.admin.v1.NamespaceRoute
-	32, // 7: prism.admin.v1.ProxyInfo.proxy:type_name -> prism.admin.v1.Proxy
-	33, // 8: prism.admin.v1.ProxyInfo.partition_ranges:type_name -> prism.admin.v1.PartitionRange
-	29, // 9: prism.admin.v1.ListProxiesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	32, // 2: prism.admin.v1.ListNamespacesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	33, // 3: prism.admin.v1.ListNamespacesResponse.namespaces:type_name -> prism.admin.v1.Namespace
+	32, // 4: prism.admin.v1.GetNamespaceRequest.consistency:type_name -> prism.admin.v1.Consistency
+	33, // 5: prism.admin.v1.GetNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
+	34, // 6: prism.admin.v1.GetNamespaceResponse.route:type_name -> prism.admin.v1.NamespaceRoute
+	35, // 7: prism.admin.v1.ProxyInfo.proxy:type_name -> prism.admin.v1.Proxy
+	36, // 8: prism.admin.v1.ProxyInfo.partition_ranges:type_name -> prism.admin.v1.PartitionRange
+	32, // 9: prism.admin.v1.ListProxiesRequest.consistency:type_name -> prism.admin.v1.Consistency
 	8,  // 10: prism.admin.v1.ListProxiesResponse.proxies:type_name -> prism.admin.v1.ProxyInfo
-	29, // 11: prism.admin.v1.GetProxyRequest.consistency:type_name -> prism.admin.v1.Consistency
+	32, // 11: prism.admin.v1.GetProxyRequest.consistency:type_name -> prism.admin.v1.Consistency
 	8,  // 12: prism.admin.v1.GetProxyResponse.proxy:type_name -> prism.admin.v1.ProxyInfo
-	29, // 13: prism.admin.v1.ListLeasesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	34, // 14: prism.admin.v1.ListLeasesResponse.leases:type_name -> prism.admin.v1.Lease
-	29, // 15: prism.admin.v1.GetLeaseRequest.consistency:type_name -> prism.admin.v1.Consistency
-	34, // 16: prism.admin.v1.GetLeaseResponse.lease:type_name -> prism.admin.v1.Lease
-	29, // 17: prism.admin.v1.ListSessionsRequest.consistency:type_name -> prism.admin.v1.Consistency
-	35, // 18: prism.admin.v1.ListSessionsResponse.sessions:type_name -> prism.admin.v1.Session
-	29, // 19: prism.admin.v1.GetSessionRequest.consistency:type_name -> prism.admin.v1.Consistency
-	35, // 20: prism.admin.v1.GetSessionResponse.session:type_name -> prism.admin.v1.Session
-	34, // 21: prism.admin.v1.GetSessionResponse.leases:type_name -> prism.admin.v1.Lease
-	29, // 22: prism.admin.v1.ListRoutesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	36, // 23: prism.admin.v1.ListRoutesResponse.routes:type_name -> prism.admin.v1.Route
-	31, // 24: prism.admin.v1.ListRoutesResponse.namespace_routes:type_name -> prism.admin.v1.NamespaceRoute
-	29, // 25: prism.admin.v1.GetRouteRequest.consistency:type_name -> prism.admin.v1.Consistency
-	36, // 26: prism.admin.v1.GetRouteResponse.route:type_name -> prism.admin.v1.Route
-	1,  // 27: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
-	4,  // 28: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
-	6,  // 29: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
-	9,  // 30: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
-	11, // 31: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
-	13, // 32: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
-	15, // 33: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
-	21, // 34: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
-	23, // 35: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
-	17, // 36: prism.admin.v1.Admin.ListSessions:input_type -> prism.admin.v1.ListSessionsRequest
-	19, // 37: prism.admin.v1.Admin.GetSession:input_type -> prism.admin.v1.GetSessionRequest
-	25, // 38: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
-	27, // 39: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
-	3,  // 40: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
-	5,  // 41: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
-	7,  // 42: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
-	10, // 43: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
-	12, // 44: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
-	14, // 45: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
-	16, // 46: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
-	22, // 47: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
-	24, // 48: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
-	18, // 49: prism.admin.v1.Admin.ListSessions:output_type -> prism.admin.v1.ListSessionsResponse
-	20, // 50: prism.admin.v1.Admin.GetSession:output_type -> prism.admin.v1.GetSessionResponse
-	26, // 51: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
-	28, // 52: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
-	40, // [40:53] is the sub-list for method output_type
-	27, // [27:40] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	32, // 13: prism.admin.v1.ListLeasesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	37, // 14: prism.admin.v1.ListLeasesResponse.leases:type_name -> prism.admin.v1.Lease
+	32, // 15: prism.admin.v1.GetLeaseRequest.consistency:type_name -> prism.admin.v1.Consistency
+	37, // 16: prism.admin.v1.GetLeaseResponse.lease:type_name -> prism.admin.v1.Lease
+	32, // 17: prism.admin.v1.ListSessionsRequest.consistency:type_name -> prism.admin.v1.Consistency
+	38, // 18: prism.admin.v1.ListSessionsResponse.sessions:type_name -> prism.admin.v1.Session
+	32, // 19: prism.admin.v1.GetSessionRequest.consistency:type_name -> prism.admin.v1.Consistency
+	38, // 20: prism.admin.v1.GetSessionResponse.session:type_name -> prism.admin.v1.Session
+	37, // 21: prism.admin.v1.GetSessionResponse.leases:type_name -> prism.admin.v1.Lease
+	32, // 22: prism.admin.v1.ListRoutesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	39, // 23: prism.admin.v1.ListRoutesResponse.routes:type_name -> prism.admin.v1.Route
+	34, // 24: prism.admin.v1.ListRoutesResponse.namespace_routes:type_name -> prism.admin.v1.NamespaceRoute
+	32, // 25: prism.admin.v1.GetRouteRequest.consistency:type_name -> prism.admin.v1.Consistency
+	39, // 26: prism.admin.v1.GetRouteResponse.route:type_name -> prism.admin.v1.Route
+	40, // 27: prism.admin.v1.SnapshotInfo.saved_at:type_name -> google.protobuf.Timestamp
+	30, // 28: prism.admin.v1.SaveSnapshotResponse.info:type_name -> prism.admin.v1.SnapshotInfo
+	1,  // 29: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
+	4,  // 30: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
+	6,  // 31: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
+	9,  // 32: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
+	11, // 33: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
+	13, // 34: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
+	15, // 35: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
+	21, // 36: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
+	23, // 37: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
+	17, // 38: prism.admin.v1.Admin.ListSessions:input_type -> prism.admin.v1.ListSessionsRequest
+	19, // 39: prism.admin.v1.Admin.GetSession:input_type -> prism.admin.v1.GetSessionRequest
+	25, // 40: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
+	27, // 41: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
+	29, // 42: prism.admin.v1.Admin.SaveSnapshot:input_type -> prism.admin.v1.SaveSnapshotRequest
+	3,  // 43: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
+	5,  // 44: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
+	7,  // 45: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
+	10, // 46: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
+	12, // 47: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
+	14, // 48: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
+	16, // 49: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
+	22, // 50: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
+	24, // 51: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
+	18, // 52: prism.admin.v1.Admin.ListSessions:output_type -> prism.admin.v1.ListSessionsResponse
+	20, // 53: prism.admin.v1.Admin.GetSession:output_type -> prism.admin.v1.GetSessionResponse
+	26, // 54: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
+	28, // 55: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
+	31, // 56: prism.admin.v1.Admin.SaveSnapshot:output_type -> prism.admin.v1.SaveSnapshotResponse
+	43, // [43:57] is the sub-list for method output_type
+	29, // [29:43] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_admin_proto_init() }
@@ -1920,13 +2203,17 @@ func file_prism_admin_v1_admin_proto_init() {
 		return
 	}
 	file_prism_admin_v1_types_proto_init()
+	file_prism_admin_v1_admin_proto_msgTypes[30].OneofWrappers = []any{
+		(*SaveSnapshotResponse_Info)(nil),
+		(*SaveSnapshotResponse_Chunk)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_admin_proto_rawDesc), len(file_prism_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,7 @@ const (
 	Admin_GetSession_FullMethodName       = "/prism.admin.v1.Admin/GetSession"
 	Admin_AddVoter_FullMethodName         = "/prism.admin.v1.Admin/AddVoter"
 	Admin_RemoveServer_FullMethodName     = "/prism.admin.v1.Admin/RemoveServer"
+	Admin_SaveSnapshot_FullMethodName     = "/prism.admin.v1.Admin/SaveSnapshot"
 )
 
 // AdminClient is the client API for Admin service.
@@ -63,6 +64,13 @@ type AdminClient interface {
 	// Unless forced, removing a voter is refused FAILED_PRECONDITION when the
 	// remaining voters would have no quorum of healthy ones.
 	RemoveServer(ctx context.Context, in *RemoveServerRequest, opts ...grpc.CallOption) (*RemoveServerResponse, error)
+	// SaveSnapshot streams a consistent copy of the leader's FSM (taken after
+	// the ReadIndex barrier, so it holds every write acknowledged before the
+	// call): first a SnapshotInfo, then the FSM snapshot's bytes in chunks
+	// (admin/fsm's snapshot encoding, exactly as raft persists it). A follower
+	// relays the leader's stream. prismctl snapshot save writes it to a file
+	// (admin/backup) that prism admin restore reads.
+	SaveSnapshot(ctx context.Context, in *SaveSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SaveSnapshotResponse], error)
 }
 
 type adminClient struct {
@@ -203,6 +211,25 @@ func (c *adminClient) RemoveServer(ctx context.Context, in *RemoveServerRequest,
 	return out, nil
 }
 
+func (c *adminClient) SaveSnapshot(ctx context.Context, in *SaveSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SaveSnapshotResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Admin_ServiceDesc.Streams[0], Admin_SaveSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SaveSnapshotRequest, SaveSnapshotResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Admin_SaveSnapshotClient = grpc.ServerStreamingClient[SaveSnapshotResponse]
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -229,6 +256,13 @@ type AdminServer interface {
 	// Unless forced, removing a voter is refused FAILED_PRECONDITION when the
 	// remaining voters would have no quorum of healthy ones.
 	RemoveServer(context.Context, *RemoveServerRequest) (*RemoveServerResponse, error)
+	// SaveSnapshot streams a consistent copy of the leader's FSM (taken after
+	// the ReadIndex barrier, so it holds every write acknowledged before the
+	// call): first a SnapshotInfo, then the FSM snapshot's bytes in chunks
+	// (admin/fsm's snapshot encoding, exactly as raft persists it). A follower
+	// relays the leader's stream. prismctl snapshot save writes it to a file
+	// (admin/backup) that prism admin restore reads.
+	SaveSnapshot(*SaveSnapshotRequest, grpc.ServerStreamingServer[SaveSnapshotResponse]) error
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -277,6 +311,9 @@ func (UnimplementedAdminServer) AddVoter(context.Context, *AddVoterRequest) (*Ad
 }
 func (UnimplementedAdminServer) RemoveServer(context.Context, *RemoveServerRequest) (*RemoveServerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveServer not implemented")
+}
+func (UnimplementedAdminServer) SaveSnapshot(*SaveSnapshotRequest, grpc.ServerStreamingServer[SaveSnapshotResponse]) error {
+	return status.Error(codes.Unimplemented, "method SaveSnapshot not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -533,6 +570,17 @@ func _Admin_RemoveServer_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_SaveSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SaveSnapshotRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AdminServer).SaveSnapshot(m, &grpc.GenericServerStream[SaveSnapshotRequest, SaveSnapshotResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Admin_SaveSnapshotServer = grpc.ServerStreamingServer[SaveSnapshotResponse]
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -593,6 +641,12 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Admin_RemoveServer_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "SaveSnapshot",
+			Handler:       _Admin_SaveSnapshot_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "prism/admin/v1/admin.proto",
 }
