@@ -79,6 +79,9 @@ func Policy() identity.Policy {
 		adminv1.Admin_GetSession_FullMethodName:       readers,
 		adminv1.Admin_AddVoter_FullMethodName:         ops,
 		adminv1.Admin_RemoveServer_FullMethodName:     ops,
+		// A copy of every table: as much as all reads together, and the
+		// means to rebuild the cluster, so operators only.
+		adminv1.Admin_SaveSnapshot_FullMethodName: ops,
 
 		adminv1.Peer_Term_FullMethodName: admins,
 
