@@ -169,13 +169,23 @@ func ExtractMailboxItem(env *envelopev1.PrismEnvelope, raw []byte) (*mailboxv1.M
 
 // Process decodes, validates and extracts in one step, which is what ingest
 // does per Kafka record. A *RejectError means the record belongs in the DLQ.
+// It answers as Decode, Validate and ExtractMailboxItem do, reading only the
+// indexed fields when the envelope is one decodeIndexed takes.
 func Process(raw []byte, mode Mode, log *slog.Logger) (*mailboxv1.MailboxItem, error) {
-	env, err := Decode(raw)
-	if err != nil {
-		return nil, err
+	env, item, ok := decodeIndexed(raw)
+	if !ok {
+		env, err := Decode(raw)
+		if err != nil {
+			return nil, err
+		}
+		if err := Validate(env, mode, log); err != nil {
+			return nil, err
+		}
+		return ExtractMailboxItem(env, raw)
 	}
 	if err := Validate(env, mode, log); err != nil {
 		return nil, err
 	}
-	return ExtractMailboxItem(env, raw)
+	item.EnvelopeBlob = raw
+	return item, nil
 }
