@@ -70,6 +70,7 @@ func rootCommand() *cobra.Command {
 		sessionCommand(g),
 		routeCommand(g),
 		memberCommand(g),
+		snapshotCommand(g),
 	)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{c, err} })
 	markUsageErrors(root)
