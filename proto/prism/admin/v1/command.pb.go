@@ -52,6 +52,12 @@ type Command struct {
 	//	*Command_AcquireLeases
 	//	*Command_ReleaseLeases
 	//	*Command_ExpireSessions
+	//	*Command_StartMove
+	//	*Command_SwitchMove
+	//	*Command_EndHandoff
+	//	*Command_AbandonMove
+	//	*Command_Rebalance
+	//	*Command_CordonProxy
 	Body          isCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -245,6 +251,60 @@ func (x *Command) GetExpireSessions() *ExpireSessionsCommand {
 	return nil
 }
 
+func (x *Command) GetStartMove() *StartMoveCommand {
+	if x != nil {
+		if x, ok := x.Body.(*Command_StartMove); ok {
+			return x.StartMove
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetSwitchMove() *SwitchMoveCommand {
+	if x != nil {
+		if x, ok := x.Body.(*Command_SwitchMove); ok {
+			return x.SwitchMove
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetEndHandoff() *EndHandoffCommand {
+	if x != nil {
+		if x, ok := x.Body.(*Command_EndHandoff); ok {
+			return x.EndHandoff
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetAbandonMove() *AbandonMoveCommand {
+	if x != nil {
+		if x, ok := x.Body.(*Command_AbandonMove); ok {
+			return x.AbandonMove
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRebalance() *RebalanceCommand {
+	if x != nil {
+		if x, ok := x.Body.(*Command_Rebalance); ok {
+			return x.Rebalance
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetCordonProxy() *CordonProxyCommand {
+	if x != nil {
+		if x, ok := x.Body.(*Command_CordonProxy); ok {
+			return x.CordonProxy
+		}
+	}
+	return nil
+}
+
 type isCommand_Body interface {
 	isCommand_Body()
 }
@@ -314,6 +374,30 @@ type Command_ExpireSessions struct {
 	ExpireSessions *ExpireSessionsCommand `protobuf:"bytes,25,opt,name=expire_sessions,json=expireSessions,proto3,oneof"`
 }
 
+type Command_StartMove struct {
+	StartMove *StartMoveCommand `protobuf:"bytes,26,opt,name=start_move,json=startMove,proto3,oneof"`
+}
+
+type Command_SwitchMove struct {
+	SwitchMove *SwitchMoveCommand `protobuf:"bytes,27,opt,name=switch_move,json=switchMove,proto3,oneof"`
+}
+
+type Command_EndHandoff struct {
+	EndHandoff *EndHandoffCommand `protobuf:"bytes,28,opt,name=end_handoff,json=endHandoff,proto3,oneof"`
+}
+
+type Command_AbandonMove struct {
+	AbandonMove *AbandonMoveCommand `protobuf:"bytes,29,opt,name=abandon_move,json=abandonMove,proto3,oneof"`
+}
+
+type Command_Rebalance struct {
+	Rebalance *RebalanceCommand `protobuf:"bytes,30,opt,name=rebalance,proto3,oneof"`
+}
+
+type Command_CordonProxy struct {
+	CordonProxy *CordonProxyCommand `protobuf:"bytes,31,opt,name=cordon_proxy,json=cordonProxy,proto3,oneof"`
+}
+
 func (*Command_RegisterProxy) isCommand_Body() {}
 
 func (*Command_ProxyHeartbeat) isCommand_Body() {}
@@ -345,6 +429,18 @@ func (*Command_AcquireLeases) isCommand_Body() {}
 func (*Command_ReleaseLeases) isCommand_Body() {}
 
 func (*Command_ExpireSessions) isCommand_Body() {}
+
+func (*Command_StartMove) isCommand_Body() {}
+
+func (*Command_SwitchMove) isCommand_Body() {}
+
+func (*Command_EndHandoff) isCommand_Body() {}
+
+func (*Command_AbandonMove) isCommand_Body() {}
+
+func (*Command_Rebalance) isCommand_Body() {}
+
+func (*Command_CordonProxy) isCommand_Body() {}
 
 // LeaseRef names one grant of a mailbox's lease.
 type LeaseRef struct {
@@ -820,12 +916,376 @@ func (x *ExpireSessionsCommand) GetSessionIds() []uint64 {
 	return nil
 }
 
+// StartMoveCommand begins moving a namespace by handoff to to_proxy_id
+// (an operator's move). It is refused without change unless the namespace
+// exists, is assigned, has no move or handoff tail in progress, and
+// to_proxy_id is live, runner-ready, not cordoned and not the assigned proxy.
+type StartMoveCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	ToProxyId     string                 `protobuf:"bytes,2,opt,name=to_proxy_id,json=toProxyId,proto3" json:"to_proxy_id,omitempty"`
+	Reason        MoveReason             `protobuf:"varint,3,opt,name=reason,proto3,enum=prism.admin.v1.MoveReason" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartMoveCommand) Reset() {
+	*x = StartMoveCommand{}
+	mi := &file_prism_admin_v1_command_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartMoveCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartMoveCommand) ProtoMessage() {}
+
+func (x *StartMoveCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_command_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartMoveCommand.ProtoReflect.Descriptor instead.
+func (*StartMoveCommand) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_command_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *StartMoveCommand) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *StartMoveCommand) GetToProxyId() string {
+	if x != nil {
+		return x.ToProxyId
+	}
+	return ""
+}
+
+func (x *StartMoveCommand) GetReason() MoveReason {
+	if x != nil {
+		return x.Reason
+	}
+	return MoveReason_MOVE_REASON_UNSPECIFIED
+}
+
+// SwitchMoveCommand makes the incoming proxy the assigned one, proposed by
+// the leader's mover once the destination caught up. It is refused without
+// change if the move it names (to_proxy_id, move_index) is no longer the one
+// in progress or the destination holds no lease on its mailbox.
+type SwitchMoveCommand struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	ToProxyId string                 `protobuf:"bytes,2,opt,name=to_proxy_id,json=toProxyId,proto3" json:"to_proxy_id,omitempty"`
+	MoveIndex uint64                 `protobuf:"varint,3,opt,name=move_index,json=moveIndex,proto3" json:"move_index,omitempty"`
+	// Leader time until which the previous proxy keeps serving.
+	HandoffUntil  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=handoff_until,json=handoffUntil,proto3" json:"handoff_until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SwitchMoveCommand) Reset() {
+	*x = SwitchMoveCommand{}
+	mi := &file_prism_admin_v1_command_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SwitchMoveCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SwitchMoveCommand) ProtoMessage() {}
+
+func (x *SwitchMoveCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_command_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SwitchMoveCommand.ProtoReflect.Descriptor instead.
+func (*SwitchMoveCommand) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_command_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SwitchMoveCommand) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *SwitchMoveCommand) GetToProxyId() string {
+	if x != nil {
+		return x.ToProxyId
+	}
+	return ""
+}
+
+func (x *SwitchMoveCommand) GetMoveIndex() uint64 {
+	if x != nil {
+		return x.MoveIndex
+	}
+	return 0
+}
+
+func (x *SwitchMoveCommand) GetHandoffUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HandoffUntil
+	}
+	return nil
+}
+
+// EndHandoffCommand ends a handoff tail once its time has passed (by the
+// command's own leader time); refused if the tail it names is not the
+// current one.
+type EndHandoffCommand struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Namespace      string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	HandoffProxyId string                 `protobuf:"bytes,2,opt,name=handoff_proxy_id,json=handoffProxyId,proto3" json:"handoff_proxy_id,omitempty"`
+	HandoffUntil   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=handoff_until,json=handoffUntil,proto3" json:"handoff_until,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EndHandoffCommand) Reset() {
+	*x = EndHandoffCommand{}
+	mi := &file_prism_admin_v1_command_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndHandoffCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndHandoffCommand) ProtoMessage() {}
+
+func (x *EndHandoffCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_command_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndHandoffCommand.ProtoReflect.Descriptor instead.
+func (*EndHandoffCommand) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_command_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *EndHandoffCommand) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *EndHandoffCommand) GetHandoffProxyId() string {
+	if x != nil {
+		return x.HandoffProxyId
+	}
+	return ""
+}
+
+func (x *EndHandoffCommand) GetHandoffUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HandoffUntil
+	}
+	return nil
+}
+
+// AbandonMoveCommand ends a move without switching; the source never
+// stopped serving. move_index zero matches any move in progress (an
+// operator's cancel); otherwise only the named one.
+type AbandonMoveCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Reason        MoveAbandonReason      `protobuf:"varint,2,opt,name=reason,proto3,enum=prism.admin.v1.MoveAbandonReason" json:"reason,omitempty"`
+	MoveIndex     uint64                 `protobuf:"varint,3,opt,name=move_index,json=moveIndex,proto3" json:"move_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbandonMoveCommand) Reset() {
+	*x = AbandonMoveCommand{}
+	mi := &file_prism_admin_v1_command_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbandonMoveCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbandonMoveCommand) ProtoMessage() {}
+
+func (x *AbandonMoveCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_command_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbandonMoveCommand.ProtoReflect.Descriptor instead.
+func (*AbandonMoveCommand) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_command_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AbandonMoveCommand) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *AbandonMoveCommand) GetReason() MoveAbandonReason {
+	if x != nil {
+		return x.Reason
+	}
+	return MoveAbandonReason_MOVE_ABANDON_REASON_UNSPECIFIED
+}
+
+func (x *AbandonMoveCommand) GetMoveIndex() uint64 {
+	if x != nil {
+		return x.MoveIndex
+	}
+	return 0
+}
+
+// RebalanceCommand starts the moves placement wants and has not started
+// (a namespace whose hash owner is not its assigned proxy, while that proxy
+// is live and ready), in namespace order, until max_concurrent_moves moves
+// are in progress cluster-wide. The limit travels in the command so every
+// replica applies the leader's setting.
+type RebalanceCommand struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	MaxConcurrentMoves uint32                 `protobuf:"varint,1,opt,name=max_concurrent_moves,json=maxConcurrentMoves,proto3" json:"max_concurrent_moves,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *RebalanceCommand) Reset() {
+	*x = RebalanceCommand{}
+	mi := &file_prism_admin_v1_command_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceCommand) ProtoMessage() {}
+
+func (x *RebalanceCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_command_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceCommand.ProtoReflect.Descriptor instead.
+func (*RebalanceCommand) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_command_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RebalanceCommand) GetMaxConcurrentMoves() uint32 {
+	if x != nil {
+		return x.MaxConcurrentMoves
+	}
+	return 0
+}
+
+// CordonProxyCommand sets or clears a proxy's cordon.
+type CordonProxyCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProxyId       string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	Cordoned      bool                   `protobuf:"varint,2,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CordonProxyCommand) Reset() {
+	*x = CordonProxyCommand{}
+	mi := &file_prism_admin_v1_command_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CordonProxyCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CordonProxyCommand) ProtoMessage() {}
+
+func (x *CordonProxyCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_command_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CordonProxyCommand.ProtoReflect.Descriptor instead.
+func (*CordonProxyCommand) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_command_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CordonProxyCommand) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *CordonProxyCommand) GetCordoned() bool {
+	if x != nil {
+		return x.Cordoned
+	}
+	return false
+}
+
 var File_prism_admin_v1_command_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\n" +
-	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\xb6\n" +
-	"\n" +
+	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\xd9\r\n" +
 	"\aCommand\x12,\n" +
 	"\x03now\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12M\n" +
 	"\x0eregister_proxy\x18\n" +
@@ -845,7 +1305,16 @@ const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\rclose_session\x18\x16 \x01(\v2#.prism.admin.v1.CloseSessionRequestH\x00R\fcloseSession\x12M\n" +
 	"\x0eacquire_leases\x18\x17 \x01(\v2$.prism.admin.v1.AcquireLeasesRequestH\x00R\racquireLeases\x12M\n" +
 	"\x0erelease_leases\x18\x18 \x01(\v2$.prism.admin.v1.ReleaseLeasesRequestH\x00R\rreleaseLeases\x12P\n" +
-	"\x0fexpire_sessions\x18\x19 \x01(\v2%.prism.admin.v1.ExpireSessionsCommandH\x00R\x0eexpireSessionsB\x06\n" +
+	"\x0fexpire_sessions\x18\x19 \x01(\v2%.prism.admin.v1.ExpireSessionsCommandH\x00R\x0eexpireSessions\x12A\n" +
+	"\n" +
+	"start_move\x18\x1a \x01(\v2 .prism.admin.v1.StartMoveCommandH\x00R\tstartMove\x12D\n" +
+	"\vswitch_move\x18\x1b \x01(\v2!.prism.admin.v1.SwitchMoveCommandH\x00R\n" +
+	"switchMove\x12D\n" +
+	"\vend_handoff\x18\x1c \x01(\v2!.prism.admin.v1.EndHandoffCommandH\x00R\n" +
+	"endHandoff\x12G\n" +
+	"\fabandon_move\x18\x1d \x01(\v2\".prism.admin.v1.AbandonMoveCommandH\x00R\vabandonMove\x12@\n" +
+	"\trebalance\x18\x1e \x01(\v2 .prism.admin.v1.RebalanceCommandH\x00R\trebalance\x12G\n" +
+	"\fcordon_proxy\x18\x1f \x01(\v2\".prism.admin.v1.CordonProxyCommandH\x00R\vcordonProxyB\x06\n" +
 	"\x04body\"?\n" +
 	"\bLeaseRef\x12\x1d\n" +
 	"\n" +
@@ -876,7 +1345,31 @@ const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"8\n" +
 	"\x15ExpireSessionsCommand\x12\x1f\n" +
 	"\vsession_ids\x18\x01 \x03(\x04R\n" +
-	"sessionIdsB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
+	"sessionIds\"\x84\x01\n" +
+	"\x10StartMoveCommand\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1e\n" +
+	"\vto_proxy_id\x18\x02 \x01(\tR\ttoProxyId\x122\n" +
+	"\x06reason\x18\x03 \x01(\x0e2\x1a.prism.admin.v1.MoveReasonR\x06reason\"\xb1\x01\n" +
+	"\x11SwitchMoveCommand\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1e\n" +
+	"\vto_proxy_id\x18\x02 \x01(\tR\ttoProxyId\x12\x1d\n" +
+	"\n" +
+	"move_index\x18\x03 \x01(\x04R\tmoveIndex\x12?\n" +
+	"\rhandoff_until\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\fhandoffUntil\"\x9c\x01\n" +
+	"\x11EndHandoffCommand\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12(\n" +
+	"\x10handoff_proxy_id\x18\x02 \x01(\tR\x0ehandoffProxyId\x12?\n" +
+	"\rhandoff_until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fhandoffUntil\"\x8c\x01\n" +
+	"\x12AbandonMoveCommand\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x129\n" +
+	"\x06reason\x18\x02 \x01(\x0e2!.prism.admin.v1.MoveAbandonReasonR\x06reason\x12\x1d\n" +
+	"\n" +
+	"move_index\x18\x03 \x01(\x04R\tmoveIndex\"D\n" +
+	"\x10RebalanceCommand\x120\n" +
+	"\x14max_concurrent_moves\x18\x01 \x01(\rR\x12maxConcurrentMoves\"K\n" +
+	"\x12CordonProxyCommand\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1a\n" +
+	"\bcordoned\x18\x02 \x01(\bR\bcordonedB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_prism_admin_v1_command_proto_rawDescOnce sync.Once
@@ -890,7 +1383,7 @@ func file_prism_admin_v1_command_proto_rawDescGZIP() []byte {
 	return file_prism_admin_v1_command_proto_rawDescData
 }
 
-var file_prism_admin_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_prism_admin_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_prism_admin_v1_command_proto_goTypes = []any{
 	(*Command)(nil),                 // 0: prism.admin.v1.Command
 	(*LeaseRef)(nil),                // 1: prism.admin.v1.LeaseRef
@@ -902,51 +1395,69 @@ var file_prism_admin_v1_command_proto_goTypes = []any{
 	(*PutMembersCommand)(nil),       // 7: prism.admin.v1.PutMembersCommand
 	(*RemoveMemberCommand)(nil),     // 8: prism.admin.v1.RemoveMemberCommand
 	(*ExpireSessionsCommand)(nil),   // 9: prism.admin.v1.ExpireSessionsCommand
-	(*timestamppb.Timestamp)(nil),   // 10: google.protobuf.Timestamp
-	(*RegisterProxyRequest)(nil),    // 11: prism.admin.v1.RegisterProxyRequest
-	(*ProxyHeartbeatRequest)(nil),   // 12: prism.admin.v1.ProxyHeartbeatRequest
-	(*CreateNamespaceRequest)(nil),  // 13: prism.admin.v1.CreateNamespaceRequest
-	(*DeleteNamespaceRequest)(nil),  // 14: prism.admin.v1.DeleteNamespaceRequest
-	(*AcquireLeaseRequest)(nil),     // 15: prism.admin.v1.AcquireLeaseRequest
-	(*ReleaseLeaseRequest)(nil),     // 16: prism.admin.v1.ReleaseLeaseRequest
-	(*OpenSessionRequest)(nil),      // 17: prism.admin.v1.OpenSessionRequest
-	(*CloseSessionRequest)(nil),     // 18: prism.admin.v1.CloseSessionRequest
-	(*AcquireLeasesRequest)(nil),    // 19: prism.admin.v1.AcquireLeasesRequest
-	(*ReleaseLeasesRequest)(nil),    // 20: prism.admin.v1.ReleaseLeasesRequest
-	(*LeaseStats)(nil),              // 21: prism.admin.v1.LeaseStats
-	(*MemberAddress)(nil),           // 22: prism.admin.v1.MemberAddress
+	(*StartMoveCommand)(nil),        // 10: prism.admin.v1.StartMoveCommand
+	(*SwitchMoveCommand)(nil),       // 11: prism.admin.v1.SwitchMoveCommand
+	(*EndHandoffCommand)(nil),       // 12: prism.admin.v1.EndHandoffCommand
+	(*AbandonMoveCommand)(nil),      // 13: prism.admin.v1.AbandonMoveCommand
+	(*RebalanceCommand)(nil),        // 14: prism.admin.v1.RebalanceCommand
+	(*CordonProxyCommand)(nil),      // 15: prism.admin.v1.CordonProxyCommand
+	(*timestamppb.Timestamp)(nil),   // 16: google.protobuf.Timestamp
+	(*RegisterProxyRequest)(nil),    // 17: prism.admin.v1.RegisterProxyRequest
+	(*ProxyHeartbeatRequest)(nil),   // 18: prism.admin.v1.ProxyHeartbeatRequest
+	(*CreateNamespaceRequest)(nil),  // 19: prism.admin.v1.CreateNamespaceRequest
+	(*DeleteNamespaceRequest)(nil),  // 20: prism.admin.v1.DeleteNamespaceRequest
+	(*AcquireLeaseRequest)(nil),     // 21: prism.admin.v1.AcquireLeaseRequest
+	(*ReleaseLeaseRequest)(nil),     // 22: prism.admin.v1.ReleaseLeaseRequest
+	(*OpenSessionRequest)(nil),      // 23: prism.admin.v1.OpenSessionRequest
+	(*CloseSessionRequest)(nil),     // 24: prism.admin.v1.CloseSessionRequest
+	(*AcquireLeasesRequest)(nil),    // 25: prism.admin.v1.AcquireLeasesRequest
+	(*ReleaseLeasesRequest)(nil),    // 26: prism.admin.v1.ReleaseLeasesRequest
+	(*LeaseStats)(nil),              // 27: prism.admin.v1.LeaseStats
+	(*MemberAddress)(nil),           // 28: prism.admin.v1.MemberAddress
+	(MoveReason)(0),                 // 29: prism.admin.v1.MoveReason
+	(MoveAbandonReason)(0),          // 30: prism.admin.v1.MoveAbandonReason
 }
 var file_prism_admin_v1_command_proto_depIdxs = []int32{
-	10, // 0: prism.admin.v1.Command.now:type_name -> google.protobuf.Timestamp
-	11, // 1: prism.admin.v1.Command.register_proxy:type_name -> prism.admin.v1.RegisterProxyRequest
-	12, // 2: prism.admin.v1.Command.proxy_heartbeat:type_name -> prism.admin.v1.ProxyHeartbeatRequest
+	16, // 0: prism.admin.v1.Command.now:type_name -> google.protobuf.Timestamp
+	17, // 1: prism.admin.v1.Command.register_proxy:type_name -> prism.admin.v1.RegisterProxyRequest
+	18, // 2: prism.admin.v1.Command.proxy_heartbeat:type_name -> prism.admin.v1.ProxyHeartbeatRequest
 	6,  // 3: prism.admin.v1.Command.mark_proxies_stale:type_name -> prism.admin.v1.MarkProxiesStaleCommand
-	13, // 4: prism.admin.v1.Command.create_namespace:type_name -> prism.admin.v1.CreateNamespaceRequest
-	14, // 5: prism.admin.v1.Command.delete_namespace:type_name -> prism.admin.v1.DeleteNamespaceRequest
-	15, // 6: prism.admin.v1.Command.acquire_lease:type_name -> prism.admin.v1.AcquireLeaseRequest
-	16, // 7: prism.admin.v1.Command.release_lease:type_name -> prism.admin.v1.ReleaseLeaseRequest
+	19, // 4: prism.admin.v1.Command.create_namespace:type_name -> prism.admin.v1.CreateNamespaceRequest
+	20, // 5: prism.admin.v1.Command.delete_namespace:type_name -> prism.admin.v1.DeleteNamespaceRequest
+	21, // 6: prism.admin.v1.Command.acquire_lease:type_name -> prism.admin.v1.AcquireLeaseRequest
+	22, // 7: prism.admin.v1.Command.release_lease:type_name -> prism.admin.v1.ReleaseLeaseRequest
 	2,  // 8: prism.admin.v1.Command.expire_leases:type_name -> prism.admin.v1.ExpireLeasesCommand
 	4,  // 9: prism.admin.v1.Command.checkpoint_leases:type_name -> prism.admin.v1.CheckpointLeasesCommand
 	7,  // 10: prism.admin.v1.Command.put_members:type_name -> prism.admin.v1.PutMembersCommand
 	8,  // 11: prism.admin.v1.Command.remove_member:type_name -> prism.admin.v1.RemoveMemberCommand
-	17, // 12: prism.admin.v1.Command.open_session:type_name -> prism.admin.v1.OpenSessionRequest
-	18, // 13: prism.admin.v1.Command.close_session:type_name -> prism.admin.v1.CloseSessionRequest
-	19, // 14: prism.admin.v1.Command.acquire_leases:type_name -> prism.admin.v1.AcquireLeasesRequest
-	20, // 15: prism.admin.v1.Command.release_leases:type_name -> prism.admin.v1.ReleaseLeasesRequest
+	23, // 12: prism.admin.v1.Command.open_session:type_name -> prism.admin.v1.OpenSessionRequest
+	24, // 13: prism.admin.v1.Command.close_session:type_name -> prism.admin.v1.CloseSessionRequest
+	25, // 14: prism.admin.v1.Command.acquire_leases:type_name -> prism.admin.v1.AcquireLeasesRequest
+	26, // 15: prism.admin.v1.Command.release_leases:type_name -> prism.admin.v1.ReleaseLeasesRequest
 	9,  // 16: prism.admin.v1.Command.expire_sessions:type_name -> prism.admin.v1.ExpireSessionsCommand
-	1,  // 17: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
-	10, // 18: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 19: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	21, // 20: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
-	3,  // 21: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
-	10, // 22: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
-	5,  // 23: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
-	22, // 24: prism.admin.v1.PutMembersCommand.members:type_name -> prism.admin.v1.MemberAddress
-	25, // [25:25] is the sub-list for method output_type
-	25, // [25:25] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	10, // 17: prism.admin.v1.Command.start_move:type_name -> prism.admin.v1.StartMoveCommand
+	11, // 18: prism.admin.v1.Command.switch_move:type_name -> prism.admin.v1.SwitchMoveCommand
+	12, // 19: prism.admin.v1.Command.end_handoff:type_name -> prism.admin.v1.EndHandoffCommand
+	13, // 20: prism.admin.v1.Command.abandon_move:type_name -> prism.admin.v1.AbandonMoveCommand
+	14, // 21: prism.admin.v1.Command.rebalance:type_name -> prism.admin.v1.RebalanceCommand
+	15, // 22: prism.admin.v1.Command.cordon_proxy:type_name -> prism.admin.v1.CordonProxyCommand
+	1,  // 23: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
+	16, // 24: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
+	16, // 25: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	27, // 26: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
+	3,  // 27: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
+	16, // 28: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
+	5,  // 29: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
+	28, // 30: prism.admin.v1.PutMembersCommand.members:type_name -> prism.admin.v1.MemberAddress
+	29, // 31: prism.admin.v1.StartMoveCommand.reason:type_name -> prism.admin.v1.MoveReason
+	16, // 32: prism.admin.v1.SwitchMoveCommand.handoff_until:type_name -> google.protobuf.Timestamp
+	16, // 33: prism.admin.v1.EndHandoffCommand.handoff_until:type_name -> google.protobuf.Timestamp
+	30, // 34: prism.admin.v1.AbandonMoveCommand.reason:type_name -> prism.admin.v1.MoveAbandonReason
+	35, // [35:35] is the sub-list for method output_type
+	35, // [35:35] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_command_proto_init() }
@@ -973,6 +1484,12 @@ func file_prism_admin_v1_command_proto_init() {
 		(*Command_AcquireLeases)(nil),
 		(*Command_ReleaseLeases)(nil),
 		(*Command_ExpireSessions)(nil),
+		(*Command_StartMove)(nil),
+		(*Command_SwitchMove)(nil),
+		(*Command_EndHandoff)(nil),
+		(*Command_AbandonMove)(nil),
+		(*Command_Rebalance)(nil),
+		(*Command_CordonProxy)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -980,7 +1497,7 @@ func file_prism_admin_v1_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_command_proto_rawDesc), len(file_prism_admin_v1_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

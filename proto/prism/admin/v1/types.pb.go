@@ -195,6 +195,140 @@ func (ValidationMode) EnumDescriptor() ([]byte, []int) {
 	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
+// MoveReason is why a namespace's move began.
+type MoveReason int32
+
+const (
+	MoveReason_MOVE_REASON_UNSPECIFIED MoveReason = 0
+	// prismctl namespace move.
+	MoveReason_MOVE_REASON_OPERATOR MoveReason = 1
+	// Rebalancing: hashing now places the namespace on another proxy (a join,
+	// a proxy back in placement).
+	MoveReason_MOVE_REASON_REBALANCE MoveReason = 2
+	// The assigned proxy is cordoned (a drain).
+	MoveReason_MOVE_REASON_DRAIN MoveReason = 3
+)
+
+// Enum value maps for MoveReason.
+var (
+	MoveReason_name = map[int32]string{
+		0: "MOVE_REASON_UNSPECIFIED",
+		1: "MOVE_REASON_OPERATOR",
+		2: "MOVE_REASON_REBALANCE",
+		3: "MOVE_REASON_DRAIN",
+	}
+	MoveReason_value = map[string]int32{
+		"MOVE_REASON_UNSPECIFIED": 0,
+		"MOVE_REASON_OPERATOR":    1,
+		"MOVE_REASON_REBALANCE":   2,
+		"MOVE_REASON_DRAIN":       3,
+	}
+)
+
+func (x MoveReason) Enum() *MoveReason {
+	p := new(MoveReason)
+	*p = x
+	return p
+}
+
+func (x MoveReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MoveReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_prism_admin_v1_types_proto_enumTypes[3].Descriptor()
+}
+
+func (MoveReason) Type() protoreflect.EnumType {
+	return &file_prism_admin_v1_types_proto_enumTypes[3]
+}
+
+func (x MoveReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MoveReason.Descriptor instead.
+func (MoveReason) EnumDescriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{3}
+}
+
+// MoveAbandonReason is why a move ended without switching.
+type MoveAbandonReason int32
+
+const (
+	MoveAbandonReason_MOVE_ABANDON_REASON_UNSPECIFIED MoveAbandonReason = 0
+	// The destination went stale.
+	MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_STALE MoveAbandonReason = 1
+	// The destination's sidecar reports its runner not ready.
+	MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_NOT_READY MoveAbandonReason = 2
+	// The destination was cordoned.
+	MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_CORDONED MoveAbandonReason = 3
+	// The destination's lease on its mailbox ended after it was acquired.
+	MoveAbandonReason_MOVE_ABANDON_REASON_LEASE_LOST MoveAbandonReason = 4
+	// The move did not switch within the leader's --move-timeout.
+	MoveAbandonReason_MOVE_ABANDON_REASON_TIMEOUT MoveAbandonReason = 5
+	// An operator cancelled it.
+	MoveAbandonReason_MOVE_ABANDON_REASON_CANCELLED MoveAbandonReason = 6
+	// Placement now wants the namespace on another proxy (a new move follows).
+	MoveAbandonReason_MOVE_ABANDON_REASON_REPLACED MoveAbandonReason = 7
+	// The source stopped being live or ready: the namespace was reassigned at
+	// once (break-before-make), as for any unplanned loss.
+	MoveAbandonReason_MOVE_ABANDON_REASON_SOURCE_LOST MoveAbandonReason = 8
+)
+
+// Enum value maps for MoveAbandonReason.
+var (
+	MoveAbandonReason_name = map[int32]string{
+		0: "MOVE_ABANDON_REASON_UNSPECIFIED",
+		1: "MOVE_ABANDON_REASON_TARGET_STALE",
+		2: "MOVE_ABANDON_REASON_TARGET_NOT_READY",
+		3: "MOVE_ABANDON_REASON_TARGET_CORDONED",
+		4: "MOVE_ABANDON_REASON_LEASE_LOST",
+		5: "MOVE_ABANDON_REASON_TIMEOUT",
+		6: "MOVE_ABANDON_REASON_CANCELLED",
+		7: "MOVE_ABANDON_REASON_REPLACED",
+		8: "MOVE_ABANDON_REASON_SOURCE_LOST",
+	}
+	MoveAbandonReason_value = map[string]int32{
+		"MOVE_ABANDON_REASON_UNSPECIFIED":      0,
+		"MOVE_ABANDON_REASON_TARGET_STALE":     1,
+		"MOVE_ABANDON_REASON_TARGET_NOT_READY": 2,
+		"MOVE_ABANDON_REASON_TARGET_CORDONED":  3,
+		"MOVE_ABANDON_REASON_LEASE_LOST":       4,
+		"MOVE_ABANDON_REASON_TIMEOUT":          5,
+		"MOVE_ABANDON_REASON_CANCELLED":        6,
+		"MOVE_ABANDON_REASON_REPLACED":         7,
+		"MOVE_ABANDON_REASON_SOURCE_LOST":      8,
+	}
+)
+
+func (x MoveAbandonReason) Enum() *MoveAbandonReason {
+	p := new(MoveAbandonReason)
+	*p = x
+	return p
+}
+
+func (x MoveAbandonReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MoveAbandonReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_prism_admin_v1_types_proto_enumTypes[4].Descriptor()
+}
+
+func (MoveAbandonReason) Type() protoreflect.EnumType {
+	return &file_prism_admin_v1_types_proto_enumTypes[4]
+}
+
+func (x MoveAbandonReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MoveAbandonReason.Descriptor instead.
+func (MoveAbandonReason) EnumDescriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
 // RunnerHealth is the runner's own view, reported with heartbeats.
 type RunnerHealth int32
 
@@ -229,11 +363,11 @@ func (x RunnerHealth) String() string {
 }
 
 func (RunnerHealth) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[3].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[5].Descriptor()
 }
 
 func (RunnerHealth) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[3]
+	return &file_prism_admin_v1_types_proto_enumTypes[5]
 }
 
 func (x RunnerHealth) Number() protoreflect.EnumNumber {
@@ -242,7 +376,7 @@ func (x RunnerHealth) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunnerHealth.Descriptor instead.
 func (RunnerHealth) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 // LeaseRefusalReason says why a lease operation was refused. The sidecar acts
@@ -322,11 +456,11 @@ func (x LeaseRefusalReason) String() string {
 }
 
 func (LeaseRefusalReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[4].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[6].Descriptor()
 }
 
 func (LeaseRefusalReason) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[4]
+	return &file_prism_admin_v1_types_proto_enumTypes[6]
 }
 
 func (x LeaseRefusalReason) Number() protoreflect.EnumNumber {
@@ -335,7 +469,65 @@ func (x LeaseRefusalReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LeaseRefusalReason.Descriptor instead.
 func (LeaseRefusalReason) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{6}
+}
+
+// AssignmentRole is what the proxy does with an assigned namespace.
+type AssignmentRole int32
+
+const (
+	// The namespace is placed here: acquire, open and serve its mailbox. Zero,
+	// so an assignment from an admin before roles is read as serving.
+	// buf:lint:ignore ENUM_ZERO_VALUE_SUFFIX
+	AssignmentRole_ASSIGNMENT_ROLE_SERVING AssignmentRole = 0
+	// A move to this proxy is in progress: acquire and open the mailbox
+	// (it ingests from the start) and report its lag; the alias still
+	// resolves to the assigned proxy.
+	AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP AssignmentRole = 1
+	// The namespace moved away: keep holding and serving the mailbox until the
+	// assignment disappears (the handoff tail), then close and release.
+	AssignmentRole_ASSIGNMENT_ROLE_HANDING_OFF AssignmentRole = 2
+)
+
+// Enum value maps for AssignmentRole.
+var (
+	AssignmentRole_name = map[int32]string{
+		0: "ASSIGNMENT_ROLE_SERVING",
+		1: "ASSIGNMENT_ROLE_CATCHING_UP",
+		2: "ASSIGNMENT_ROLE_HANDING_OFF",
+	}
+	AssignmentRole_value = map[string]int32{
+		"ASSIGNMENT_ROLE_SERVING":     0,
+		"ASSIGNMENT_ROLE_CATCHING_UP": 1,
+		"ASSIGNMENT_ROLE_HANDING_OFF": 2,
+	}
+)
+
+func (x AssignmentRole) Enum() *AssignmentRole {
+	p := new(AssignmentRole)
+	*p = x
+	return p
+}
+
+func (x AssignmentRole) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AssignmentRole) Descriptor() protoreflect.EnumDescriptor {
+	return file_prism_admin_v1_types_proto_enumTypes[7].Descriptor()
+}
+
+func (AssignmentRole) Type() protoreflect.EnumType {
+	return &file_prism_admin_v1_types_proto_enumTypes[7]
+}
+
+func (x AssignmentRole) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AssignmentRole.Descriptor instead.
+func (AssignmentRole) EnumDescriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 // Consistency is the read consistency of a List/Get call.
@@ -376,11 +568,11 @@ func (x Consistency) String() string {
 }
 
 func (Consistency) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[5].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[8].Descriptor()
 }
 
 func (Consistency) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[5]
+	return &file_prism_admin_v1_types_proto_enumTypes[8]
 }
 
 func (x Consistency) Number() protoreflect.EnumNumber {
@@ -389,7 +581,7 @@ func (x Consistency) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Consistency.Descriptor instead.
 func (Consistency) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 // MemberAddress is where a raft member serves the admin gRPC API. The FSM
@@ -590,8 +782,14 @@ type Proxy struct {
 	// is ready again), and its endpoint is served UNHEALTHY. False (ready) in
 	// records from before the field and from sidecars that never send it.
 	RunnerNotReady bool `protobuf:"varint,6,opt,name=runner_not_ready,json=runnerNotReady,proto3" json:"runner_not_ready,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set by an operator (prismctl proxy drain, or the proxy's own DrainProxy
+	// from its preStop hook): the proxy takes no new namespaces. Placement
+	// treats it as not placeable, but since it is live and ready its
+	// namespaces move off by handoff (a drain), not at once. It survives the
+	// proxy registering again; only an uncordon clears it.
+	Cordoned      bool `protobuf:"varint,7,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Proxy) Reset() {
@@ -666,6 +864,13 @@ func (x *Proxy) GetRunnerNotReady() bool {
 	return false
 }
 
+func (x *Proxy) GetCordoned() bool {
+	if x != nil {
+		return x.Cordoned
+	}
+	return false
+}
+
 // NamespaceHealth is a proxy's report on one namespace it hosts.
 type NamespaceHealth struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
@@ -673,8 +878,14 @@ type NamespaceHealth struct {
 	Status            HealthStatus           `protobuf:"varint,2,opt,name=status,proto3,enum=prism.admin.v1.HealthStatus" json:"status,omitempty"`
 	ActiveSessions    int32                  `protobuf:"varint,3,opt,name=active_sessions,json=activeSessions,proto3" json:"active_sessions,omitempty"`
 	RequestsPerSecond int64                  `protobuf:"varint,4,opt,name=requests_per_second,json=requestsPerSecond,proto3" json:"requests_per_second,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Records the namespace's mailbox on this proxy is behind its topics'
+	// high watermarks, summed over partitions; meaningful only when
+	// lag_known (the runner has fetched at least once). The admin switches a
+	// move to this proxy once it is small enough (Namespace.incoming_proxy_id).
+	Lag           int64 `protobuf:"varint,5,opt,name=lag,proto3" json:"lag,omitempty"`
+	LagKnown      bool  `protobuf:"varint,6,opt,name=lag_known,json=lagKnown,proto3" json:"lag_known,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NamespaceHealth) Reset() {
@@ -733,6 +944,20 @@ func (x *NamespaceHealth) GetRequestsPerSecond() int64 {
 		return x.RequestsPerSecond
 	}
 	return 0
+}
+
+func (x *NamespaceHealth) GetLag() int64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
+func (x *NamespaceHealth) GetLagKnown() bool {
+	if x != nil {
+		return x.LagKnown
+	}
+	return false
 }
 
 // PartitionRange is an inclusive range of partitions [start, end] in 0..255.
@@ -1009,8 +1234,32 @@ type Namespace struct {
 	// Raft index at which assigned_proxy_id last changed: the assignment's
 	// version, so a proxy can tell a newer assignment from a replay.
 	AssignmentIndex uint64 `protobuf:"varint,7,opt,name=assignment_index,json=assignmentIndex,proto3" json:"assignment_index,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// A move by handoff (make-before-break, docs/architecture.md#moves):
+	// the destination catching up on its own mailbox while the assigned proxy
+	// keeps serving; empty when no move is in progress. Its proxy may acquire
+	// "{name}@{incoming_proxy_id}"; the alias keeps resolving to the assigned
+	// proxy until SwitchMove makes the incoming proxy the assigned one.
+	IncomingProxyId string `protobuf:"bytes,8,opt,name=incoming_proxy_id,json=incomingProxyId,proto3" json:"incoming_proxy_id,omitempty"`
+	// Raft index of the StartMove (or the Rebalance) that began the move in
+	// progress or the handoff tail; zero when neither is.
+	MoveIndex uint64 `protobuf:"varint,9,opt,name=move_index,json=moveIndex,proto3" json:"move_index,omitempty"`
+	// After a switch, the previous assigned proxy keeps serving
+	// "{name}@{handoff_proxy_id}" until handoff_until (leader time: the
+	// gateways' cached lookups age out and in-flight queries finish), when the
+	// leader's EndHandoff clears both and its assignment ends.
+	HandoffProxyId string                 `protobuf:"bytes,10,opt,name=handoff_proxy_id,json=handoffProxyId,proto3" json:"handoff_proxy_id,omitempty"`
+	HandoffUntil   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=handoff_until,json=handoffUntil,proto3" json:"handoff_until,omitempty"`
+	// Leader time of the move's start, and of its switch (while in the tail);
+	// for timeouts and prismctl.
+	MoveStartedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=move_started_at,json=moveStartedAt,proto3" json:"move_started_at,omitempty"`
+	SwitchedAt    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=switched_at,json=switchedAt,proto3" json:"switched_at,omitempty"`
+	MoveReason    MoveReason             `protobuf:"varint,14,opt,name=move_reason,json=moveReason,proto3,enum=prism.admin.v1.MoveReason" json:"move_reason,omitempty"`
+	// The namespace was placed by an operator's move, not by hashing:
+	// rebalancing leaves it where it is while its proxy stays placeable.
+	// Cleared when placement moves it again.
+	OperatorPlaced bool `protobuf:"varint,15,opt,name=operator_placed,json=operatorPlaced,proto3" json:"operator_placed,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Namespace) Reset() {
@@ -1090,6 +1339,62 @@ func (x *Namespace) GetAssignmentIndex() uint64 {
 		return x.AssignmentIndex
 	}
 	return 0
+}
+
+func (x *Namespace) GetIncomingProxyId() string {
+	if x != nil {
+		return x.IncomingProxyId
+	}
+	return ""
+}
+
+func (x *Namespace) GetMoveIndex() uint64 {
+	if x != nil {
+		return x.MoveIndex
+	}
+	return 0
+}
+
+func (x *Namespace) GetHandoffProxyId() string {
+	if x != nil {
+		return x.HandoffProxyId
+	}
+	return ""
+}
+
+func (x *Namespace) GetHandoffUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HandoffUntil
+	}
+	return nil
+}
+
+func (x *Namespace) GetMoveStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.MoveStartedAt
+	}
+	return nil
+}
+
+func (x *Namespace) GetSwitchedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SwitchedAt
+	}
+	return nil
+}
+
+func (x *Namespace) GetMoveReason() MoveReason {
+	if x != nil {
+		return x.MoveReason
+	}
+	return MoveReason_MOVE_REASON_UNSPECIFIED
+}
+
+func (x *Namespace) GetOperatorPlaced() bool {
+	if x != nil {
+		return x.OperatorPlaced
+	}
+	return false
 }
 
 // LeaseStats are the runner's counters as of its last checkpointed heartbeat.
@@ -1700,8 +2005,10 @@ type NamespaceAssignment struct {
 	Config    *NamespaceConfig       `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
 	// The mailbox the proxy's runner serves: "{namespace}@{proxy_id}".
 	MailboxId string `protobuf:"bytes,4,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
-	// Namespace.assignment_index: grows with every reassignment.
-	Version       uint64 `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
+	// Namespace.assignment_index: grows with every reassignment (for
+	// CATCHING_UP, Namespace.move_index).
+	Version       uint64         `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
+	Role          AssignmentRole `protobuf:"varint,6,opt,name=role,proto3,enum=prism.admin.v1.AssignmentRole" json:"role,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1771,6 +2078,13 @@ func (x *NamespaceAssignment) GetVersion() uint64 {
 	return 0
 }
 
+func (x *NamespaceAssignment) GetRole() AssignmentRole {
+	if x != nil {
+		return x.Role
+	}
+	return AssignmentRole_ASSIGNMENT_ROLE_SERVING
+}
+
 var File_prism_admin_v1_types_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_types_proto_rawDesc = "" +
@@ -1791,19 +2105,22 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\trunner_id\x18\t \x01(\tR\brunnerId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf3\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x03\n" +
 	"\x05Proxy\x12E\n" +
 	"\fregistration\x18\x01 \x01(\v2!.prism.admin.v1.ProxyRegistrationR\fregistration\x123\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ProxyStatusR\x06status\x12?\n" +
 	"\rregistered_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12J\n" +
 	"\x10namespace_health\x18\x05 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\x12(\n" +
-	"\x10runner_not_ready\x18\x06 \x01(\bR\x0erunnerNotReady\"\xbe\x01\n" +
+	"\x10runner_not_ready\x18\x06 \x01(\bR\x0erunnerNotReady\x12\x1a\n" +
+	"\bcordoned\x18\a \x01(\bR\bcordoned\"\xed\x01\n" +
 	"\x0fNamespaceHealth\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x124\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1c.prism.admin.v1.HealthStatusR\x06status\x12'\n" +
 	"\x0factive_sessions\x18\x03 \x01(\x05R\x0eactiveSessions\x12.\n" +
-	"\x13requests_per_second\x18\x04 \x01(\x03R\x11requestsPerSecond\"8\n" +
+	"\x13requests_per_second\x18\x04 \x01(\x03R\x11requestsPerSecond\x12\x10\n" +
+	"\x03lag\x18\x05 \x01(\x03R\x03lag\x12\x1b\n" +
+	"\tlag_known\x18\x06 \x01(\bR\blagKnown\"8\n" +
 	"\x0ePartitionRange\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\rR\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\rR\x03end\"\xb5\x01\n" +
@@ -1823,7 +2140,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x06labels\x18\x06 \x03(\v2+.prism.admin.v1.NamespaceConfig.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xad\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xca\x05\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
 	"\x06config\x18\x02 \x01(\v2\x1f.prism.admin.v1.NamespaceConfigR\x06config\x12\x1c\n" +
@@ -1832,7 +2149,19 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12#\n" +
 	"\rcreated_index\x18\x06 \x01(\x04R\fcreatedIndex\x12)\n" +
-	"\x10assignment_index\x18\a \x01(\x04R\x0fassignmentIndex\"\xb3\x01\n" +
+	"\x10assignment_index\x18\a \x01(\x04R\x0fassignmentIndex\x12*\n" +
+	"\x11incoming_proxy_id\x18\b \x01(\tR\x0fincomingProxyId\x12\x1d\n" +
+	"\n" +
+	"move_index\x18\t \x01(\x04R\tmoveIndex\x12(\n" +
+	"\x10handoff_proxy_id\x18\n" +
+	" \x01(\tR\x0ehandoffProxyId\x12?\n" +
+	"\rhandoff_until\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\fhandoffUntil\x12B\n" +
+	"\x0fmove_started_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\rmoveStartedAt\x12;\n" +
+	"\vswitched_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"switchedAt\x12;\n" +
+	"\vmove_reason\x18\x0e \x01(\x0e2\x1a.prism.admin.v1.MoveReasonR\n" +
+	"moveReason\x12'\n" +
+	"\x0foperator_placed\x18\x0f \x01(\bR\x0eoperatorPlaced\"\xb3\x01\n" +
 	"\n" +
 	"LeaseStats\x12#\n" +
 	"\revents_stored\x18\x01 \x01(\x03R\feventsStored\x12%\n" +
@@ -1891,14 +2220,15 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12/\n" +
 	"\acurrent\x18\x03 \x01(\v2\x15.prism.admin.v1.LeaseR\acurrent\x12\x1b\n" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12%\n" +
-	"\x0eleader_address\x18\x05 \x01(\tR\rleaderAddress\"\xc3\x01\n" +
+	"\x0eleader_address\x18\x05 \x01(\tR\rleaderAddress\"\xf7\x01\n" +
 	"\x13NamespaceAssignment\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x127\n" +
 	"\x06config\x18\x03 \x01(\v2\x1f.prism.admin.v1.NamespaceConfigR\x06config\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x04 \x01(\tR\tmailboxId\x12\x18\n" +
-	"\aversion\x18\x05 \x01(\x04R\aversion*Z\n" +
+	"\aversion\x18\x05 \x01(\x04R\aversion\x122\n" +
+	"\x04role\x18\x06 \x01(\x0e2\x1e.prism.admin.v1.AssignmentRoleR\x04role*Z\n" +
 	"\vProxyStatus\x12\x1c\n" +
 	"\x18PROXY_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11PROXY_STATUS_LIVE\x10\x01\x12\x16\n" +
@@ -1912,7 +2242,23 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x1bVALIDATION_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16VALIDATION_MODE_STRICT\x10\x01\x12\x18\n" +
 	"\x14VALIDATION_MODE_WARN\x10\x02\x12\x1c\n" +
-	"\x18VALIDATION_MODE_DISABLED\x10\x03*d\n" +
+	"\x18VALIDATION_MODE_DISABLED\x10\x03*u\n" +
+	"\n" +
+	"MoveReason\x12\x1b\n" +
+	"\x17MOVE_REASON_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14MOVE_REASON_OPERATOR\x10\x01\x12\x19\n" +
+	"\x15MOVE_REASON_REBALANCE\x10\x02\x12\x15\n" +
+	"\x11MOVE_REASON_DRAIN\x10\x03*\xe0\x02\n" +
+	"\x11MoveAbandonReason\x12#\n" +
+	"\x1fMOVE_ABANDON_REASON_UNSPECIFIED\x10\x00\x12$\n" +
+	" MOVE_ABANDON_REASON_TARGET_STALE\x10\x01\x12(\n" +
+	"$MOVE_ABANDON_REASON_TARGET_NOT_READY\x10\x02\x12'\n" +
+	"#MOVE_ABANDON_REASON_TARGET_CORDONED\x10\x03\x12\"\n" +
+	"\x1eMOVE_ABANDON_REASON_LEASE_LOST\x10\x04\x12\x1f\n" +
+	"\x1bMOVE_ABANDON_REASON_TIMEOUT\x10\x05\x12!\n" +
+	"\x1dMOVE_ABANDON_REASON_CANCELLED\x10\x06\x12 \n" +
+	"\x1cMOVE_ABANDON_REASON_REPLACED\x10\a\x12#\n" +
+	"\x1fMOVE_ABANDON_REASON_SOURCE_LOST\x10\b*d\n" +
 	"\fRunnerHealth\x12\x1d\n" +
 	"\x19RUNNER_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15RUNNER_HEALTH_HEALTHY\x10\x01\x12\x1a\n" +
@@ -1929,7 +2275,11 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"$LEASE_REFUSAL_REASON_NOT_PLACED_HERE\x10\b\x12)\n" +
 	"%LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER\x10\t\x12(\n" +
 	"$LEASE_REFUSAL_REASON_UNKNOWN_SESSION\x10\n" +
-	"*_\n" +
+	"*o\n" +
+	"\x0eAssignmentRole\x12\x1b\n" +
+	"\x17ASSIGNMENT_ROLE_SERVING\x10\x00\x12\x1f\n" +
+	"\x1bASSIGNMENT_ROLE_CATCHING_UP\x10\x01\x12\x1f\n" +
+	"\x1bASSIGNMENT_ROLE_HANDING_OFF\x10\x02*_\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_STALE\x10\x01\x12\x1c\n" +
@@ -1947,74 +2297,82 @@ func file_prism_admin_v1_types_proto_rawDescGZIP() []byte {
 	return file_prism_admin_v1_types_proto_rawDescData
 }
 
-var file_prism_admin_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_prism_admin_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
 var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_prism_admin_v1_types_proto_goTypes = []any{
 	(ProxyStatus)(0),              // 0: prism.admin.v1.ProxyStatus
 	(HealthStatus)(0),             // 1: prism.admin.v1.HealthStatus
 	(ValidationMode)(0),           // 2: prism.admin.v1.ValidationMode
-	(RunnerHealth)(0),             // 3: prism.admin.v1.RunnerHealth
-	(LeaseRefusalReason)(0),       // 4: prism.admin.v1.LeaseRefusalReason
-	(Consistency)(0),              // 5: prism.admin.v1.Consistency
-	(*MemberAddress)(nil),         // 6: prism.admin.v1.MemberAddress
-	(*ProxyRegistration)(nil),     // 7: prism.admin.v1.ProxyRegistration
-	(*Proxy)(nil),                 // 8: prism.admin.v1.Proxy
-	(*NamespaceHealth)(nil),       // 9: prism.admin.v1.NamespaceHealth
-	(*PartitionRange)(nil),        // 10: prism.admin.v1.PartitionRange
-	(*LeaseConfig)(nil),           // 11: prism.admin.v1.LeaseConfig
-	(*RetentionConfig)(nil),       // 12: prism.admin.v1.RetentionConfig
-	(*NamespaceConfig)(nil),       // 13: prism.admin.v1.NamespaceConfig
-	(*Namespace)(nil),             // 14: prism.admin.v1.Namespace
-	(*LeaseStats)(nil),            // 15: prism.admin.v1.LeaseStats
-	(*Lease)(nil),                 // 16: prism.admin.v1.Lease
-	(*Session)(nil),               // 17: prism.admin.v1.Session
-	(*Route)(nil),                 // 18: prism.admin.v1.Route
-	(*NamespaceRoute)(nil),        // 19: prism.admin.v1.NamespaceRoute
-	(*LeaseRefusal)(nil),          // 20: prism.admin.v1.LeaseRefusal
-	(*NamespaceAssignment)(nil),   // 21: prism.admin.v1.NamespaceAssignment
-	nil,                           // 22: prism.admin.v1.ProxyRegistration.LabelsEntry
-	nil,                           // 23: prism.admin.v1.NamespaceConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 25: google.protobuf.Duration
+	(MoveReason)(0),               // 3: prism.admin.v1.MoveReason
+	(MoveAbandonReason)(0),        // 4: prism.admin.v1.MoveAbandonReason
+	(RunnerHealth)(0),             // 5: prism.admin.v1.RunnerHealth
+	(LeaseRefusalReason)(0),       // 6: prism.admin.v1.LeaseRefusalReason
+	(AssignmentRole)(0),           // 7: prism.admin.v1.AssignmentRole
+	(Consistency)(0),              // 8: prism.admin.v1.Consistency
+	(*MemberAddress)(nil),         // 9: prism.admin.v1.MemberAddress
+	(*ProxyRegistration)(nil),     // 10: prism.admin.v1.ProxyRegistration
+	(*Proxy)(nil),                 // 11: prism.admin.v1.Proxy
+	(*NamespaceHealth)(nil),       // 12: prism.admin.v1.NamespaceHealth
+	(*PartitionRange)(nil),        // 13: prism.admin.v1.PartitionRange
+	(*LeaseConfig)(nil),           // 14: prism.admin.v1.LeaseConfig
+	(*RetentionConfig)(nil),       // 15: prism.admin.v1.RetentionConfig
+	(*NamespaceConfig)(nil),       // 16: prism.admin.v1.NamespaceConfig
+	(*Namespace)(nil),             // 17: prism.admin.v1.Namespace
+	(*LeaseStats)(nil),            // 18: prism.admin.v1.LeaseStats
+	(*Lease)(nil),                 // 19: prism.admin.v1.Lease
+	(*Session)(nil),               // 20: prism.admin.v1.Session
+	(*Route)(nil),                 // 21: prism.admin.v1.Route
+	(*NamespaceRoute)(nil),        // 22: prism.admin.v1.NamespaceRoute
+	(*LeaseRefusal)(nil),          // 23: prism.admin.v1.LeaseRefusal
+	(*NamespaceAssignment)(nil),   // 24: prism.admin.v1.NamespaceAssignment
+	nil,                           // 25: prism.admin.v1.ProxyRegistration.LabelsEntry
+	nil,                           // 26: prism.admin.v1.NamespaceConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
 }
 var file_prism_admin_v1_types_proto_depIdxs = []int32{
-	22, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
-	7,  // 1: prism.admin.v1.Proxy.registration:type_name -> prism.admin.v1.ProxyRegistration
+	25, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
+	10, // 1: prism.admin.v1.Proxy.registration:type_name -> prism.admin.v1.ProxyRegistration
 	0,  // 2: prism.admin.v1.Proxy.status:type_name -> prism.admin.v1.ProxyStatus
-	24, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
-	24, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
-	9,  // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
+	27, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
+	27, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
+	12, // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
 	1,  // 6: prism.admin.v1.NamespaceHealth.status:type_name -> prism.admin.v1.HealthStatus
-	25, // 7: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
-	25, // 8: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	25, // 9: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
-	25, // 10: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
-	11, // 11: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
+	28, // 7: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
+	28, // 8: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	28, // 9: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
+	28, // 10: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
+	14, // 11: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
 	2,  // 12: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
-	12, // 13: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
-	23, // 14: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
-	13, // 15: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
-	24, // 16: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
-	3,  // 17: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
-	24, // 18: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	24, // 19: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	25, // 20: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	25, // 21: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
-	25, // 22: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
-	24, // 23: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	15, // 24: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
-	25, // 25: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
-	25, // 26: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
-	24, // 27: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
-	24, // 28: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
-	4,  // 29: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
-	16, // 30: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
-	13, // 31: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
-	32, // [32:32] is the sub-list for method output_type
-	32, // [32:32] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	15, // 13: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
+	26, // 14: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
+	16, // 15: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
+	27, // 16: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
+	27, // 17: prism.admin.v1.Namespace.handoff_until:type_name -> google.protobuf.Timestamp
+	27, // 18: prism.admin.v1.Namespace.move_started_at:type_name -> google.protobuf.Timestamp
+	27, // 19: prism.admin.v1.Namespace.switched_at:type_name -> google.protobuf.Timestamp
+	3,  // 20: prism.admin.v1.Namespace.move_reason:type_name -> prism.admin.v1.MoveReason
+	5,  // 21: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
+	27, // 22: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	27, // 23: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	28, // 24: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	28, // 25: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
+	28, // 26: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
+	27, // 27: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	18, // 28: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
+	28, // 29: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
+	28, // 30: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
+	27, // 31: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
+	27, // 32: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 33: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
+	19, // 34: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
+	16, // 35: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
+	7,  // 36: prism.admin.v1.NamespaceAssignment.role:type_name -> prism.admin.v1.AssignmentRole
+	37, // [37:37] is the sub-list for method output_type
+	37, // [37:37] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_types_proto_init() }
@@ -2027,7 +2385,7 @@ func file_prism_admin_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_types_proto_rawDesc), len(file_prism_admin_v1_types_proto_rawDesc)),
-			NumEnums:      6,
+			NumEnums:      9,
 			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
