@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/admin/backup"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
@@ -75,7 +76,10 @@ type NodeConfig struct {
 	// MinFree is the free-space watermark of Raft.DataDir (zero: none):
 	// below it the node refuses writes (Config.Disk).
 	MinFree diskfree.Watermark
-	Logger  *slog.Logger
+	// Backup, with a Dir, writes periodic snapshot files (admin/backup);
+	// Start fills in its FSM, Node, Logger and Registry.
+	Backup backup.PeriodicConfig
+	Logger *slog.Logger
 
 	diskStat func(dir string) (diskfree.Usage, error) // tests' filesystem; nil = statfs
 }
@@ -202,6 +206,17 @@ func Start(cfg NodeConfig) (*Node, error) {
 		closeListeners()
 		return nil, err
 	}
+	var backups *backup.Periodic
+	if cfg.Backup.Dir != "" {
+		b := cfg.Backup
+		b.FSM, b.Node, b.Registry, b.Logger = n.FSM, n.Raft, reg, cfg.Logger.With("node", cfg.Raft.ID)
+		if backups, err = backup.NewPeriodic(b); err != nil {
+			n.Server.Close()
+			_ = n.Raft.Shutdown()
+			closeListeners()
+			return nil, err
+		}
+	}
 	n.grpc = grpc.NewServer(append(n.Server.ServerOptions(), cfg.limits()...)...)
 	n.Server.Register(n.grpc)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -229,6 +244,10 @@ func Start(cfg NodeConfig) (*Node, error) {
 		n.wg.Add(2)
 		go func() { defer n.wg.Done(); _ = cp.Run(ctx) }()
 		go func() { defer n.wg.Done(); _ = cp.Follow(ctx, n.FSM, feed) }()
+	}
+	if backups != nil {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); backups.Run(ctx) }()
 	}
 	n.wg.Add(2)
 	go func() { defer n.wg.Done(); n.Server.Run(ctx) }()

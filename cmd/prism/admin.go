@@ -53,6 +53,7 @@ type adminFlags struct {
 	admission      server.Admission
 	tls            tlsFlags
 	disk           diskFlags
+	backup         backupFlags
 }
 
 func adminCommand() *cobra.Command {
@@ -118,6 +119,8 @@ plaintext with no authorization.`,
 	fs.IntVar(&f.quotas.LeasesPerProxy, "max-leases-per-proxy", server.DefaultQuotas.LeasesPerProxy, "mailbox leases one proxy holds; one more for it is refused RESOURCE_EXHAUSTED (renewals and re-grants never are)")
 	f.tls.register(fs)
 	f.disk.register(fs, "the node refuses writes (namespaces, registrations, acquisitions) RESOURCE_EXHAUSTED before the raft log runs out of space; reads, renewals and proxy heartbeats go on")
+	f.backup.register(fs)
+	cmd.AddCommand(adminRestoreCommand())
 	return cmd
 }
 
@@ -232,6 +235,10 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if err != nil {
 		return cfg, err
 	}
+	backups, err := f.backup.config()
+	if err != nil {
+		return cfg, err
+	}
 	src, err := f.tls.load(log)
 	if err != nil {
 		return cfg, err
@@ -246,7 +253,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
-		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget,
+		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups,
 	}, nil
 }
 
