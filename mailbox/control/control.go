@@ -74,6 +74,9 @@ type Host interface {
 	Consuming(id string) bool
 	// QueriesServed counts the queries answered for mailbox id.
 	QueriesServed(id string) int64
+	// Lag is the records mailbox id's consumer is behind, summed over its
+	// partitions; known is false until it has reported every partition.
+	Lag(id string) (lag int64, known bool)
 }
 
 // Config of a Server. Host is required.
@@ -585,12 +588,15 @@ func (s *Server) status(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
 
 func (s *Server) statusLocked(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
 	ws, drained := e.state.wire()
-	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: ws, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: drained}
+	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: ws, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: drained, Lag: -1}
 	if !e.state.serving() {
 		return st
 	}
 	st.ValidFor = durationpb.New(max(0, e.deadline.Sub(s.clock.Now())))
 	st.Consuming = s.host.Consuming(e.id)
+	if lag, known := s.host.Lag(e.id); known {
+		st.Lag = lag
+	}
 	if ms, err := s.host.Stats(ctx, e.id); err == nil {
 		st.EventsStored, st.StorageBytes = ms.GetTotalEvents(), ms.GetTotalBytes()
 	} else {

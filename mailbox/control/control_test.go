@@ -31,6 +31,7 @@ type fakeHost struct {
 	calls   []string
 	failOn  string
 	queries map[string]int64
+	lags    map[string]int64 // reported lag; absent is unknown
 }
 
 func newFakeHost() *fakeHost {
@@ -125,6 +126,13 @@ func (h *fakeHost) QueriesServed(id string) int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.queries[id]
+}
+
+func (h *fakeHost) Lag(id string) (int64, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	lag, ok := h.lags[id]
+	return lag, ok
 }
 
 func (h *fakeHost) takeCalls() []string {
@@ -369,6 +377,58 @@ func TestStatsCountsQueries(t *testing.T) {
 	}
 	if _, err := s.GetStats(ctx, &runnerv1.GetStatsRequest{MailboxId: "zz@p"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("unknown mailbox: %v", err)
+	}
+}
+
+// TestStatsLag: a serving mailbox reports its consumer's lag once the
+// consumer knows it, and -1 while it does not; a mailbox not serving (open,
+// fenced) is -1 whatever the consumer last said.
+func TestStatsLag(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		epoch  uint64 // 0 leaves it OPEN
+		fence  bool
+		lags   map[string]int64
+		want   int64
+		active bool
+	}{
+		{name: "serving, known", epoch: 1, lags: map[string]int64{"a@p": 42}, want: 42, active: true},
+		{name: "serving, caught up", epoch: 1, lags: map[string]int64{"a@p": 0}, want: 0, active: true},
+		{name: "serving, unknown", epoch: 1, want: -1, active: true},
+		{name: "open, not serving", lags: map[string]int64{"a@p": 42}, want: -1},
+		{name: "fenced", epoch: 1, fence: true, lags: map[string]int64{"a@p": 42}, want: -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, h, _ := newServer(t)
+			h.lags = tt.lags
+			ctx := context.Background()
+			req := &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg}
+			if tt.epoch != 0 {
+				req.Epoch, req.ValidFor = tt.epoch, vf
+			}
+			open, err := s.OpenMailbox(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.fence {
+				if _, err := s.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: "a@p", Reason: "test"}); err != nil {
+					t.Fatal(err)
+				}
+			} else if got := open.GetStatus().GetLag(); got != tt.want {
+				t.Fatalf("OpenMailbox status lag = %d, want %d", got, tt.want)
+			}
+			resp, err := s.GetStats(ctx, &runnerv1.GetStatsRequest{MailboxId: "a@p"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := resp.GetMailboxes()[0]
+			if st.GetLag() != tt.want || (st.GetState() == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE) != tt.active {
+				t.Fatalf("GetStats = %v; want lag %d, active %v", st, tt.want, tt.active)
+			}
+		})
 	}
 }
 

@@ -213,6 +213,7 @@ type Ingester struct {
 	stopDrain context.CancelFunc
 
 	consuming atomic.Bool
+	lag       lagSum
 	done      chan struct{}
 	closeOnce sync.Once
 	closeErr  error
@@ -384,6 +385,7 @@ type handler struct {
 
 func (h *handler) Setup(s sarama.ConsumerGroupSession) error {
 	h.commits = startCommitter(s)
+	h.i.lag.begin(s.Claims())
 	h.i.consuming.Store(true)
 	h.i.log.Info("consumer group session started", "generation", s.GenerationID(), "claims", s.Claims())
 	return nil
@@ -395,6 +397,7 @@ func (h *handler) Cleanup(s sarama.ConsumerGroupSession) error {
 	h.commits.stop()
 	s.Commit()
 	h.i.consuming.Store(false)
+	h.i.lag.end()
 	h.i.log.Info("consumer group session ended", "generation", s.GenerationID())
 	return nil
 }
@@ -494,18 +497,19 @@ func (h *handler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerG
 	}
 }
 
-// reportLag sets the claim's lag gauge every LagInterval until stop closes.
+// reportLag sets the claim's lag at once and then every LagInterval until
+// stop closes.
 func (i *Ingester) reportLag(c sarama.ConsumerGroupClaim, next *atomic.Int64, stop <-chan struct{}) {
 	t := i.cfg.Clock.NewTicker(i.cfg.LagInterval)
 	defer t.Stop()
 	for {
+		if lag, ok := i.claimLag(c, next.Load()); ok {
+			i.setLag(c, lag)
+		}
 		select {
 		case <-stop:
 			return
 		case <-t.C():
-			if n := next.Load(); n >= 0 {
-				i.cfg.Metrics.setLag(i.cfg.MailboxID, c.Topic(), c.Partition(), max(0, c.HighWaterMarkOffset()-n))
-			}
 		}
 	}
 }
@@ -613,7 +617,7 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 	s.MarkMessage(last, "")
 	commits.request()
 	next.Store(last.Offset + 1)
-	m.setLag(id, c.Topic(), c.Partition(), max(0, c.HighWaterMarkOffset()-last.Offset-1))
+	i.setLag(c, max(0, c.HighWaterMarkOffset()-last.Offset-1))
 	return nil
 }
 

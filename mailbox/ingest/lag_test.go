@@ -1,0 +1,72 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/mailbox/store"
+	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+// gatedWriter holds every write until open closes.
+type gatedWriter struct {
+	st   *store.Store
+	open chan struct{}
+}
+
+func (g *gatedWriter) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
+	select {
+	case <-g.open:
+		return g.st.Write(ctx, items)
+	case <-ctx.Done():
+		return store.WriteResult{}, ctx.Err()
+	}
+}
+
+// TestLag: Lag sums the records behind over every partition of the topics,
+// an empty topic counting as known and 0 behind, falls to 0 once the backlog
+// is stored, and is unknown again after Close.
+func TestLag(t *testing.T) {
+	t.Parallel()
+	const full, empty, group = "full", "empty", "lag@proxy-01"
+	kc := kafkatest.Start(t, kafkatest.Topics(2, full, empty, full+DLQSuffix, empty+DLQSuffix))
+	const n = 40
+	envs := make([]*envelopev1.PrismEnvelope, n)
+	for i := range envs {
+		envs[i] = &envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{
+			MessageId: fmt.Sprintf("m-%03d", i), Topic: full, PublishedAt: timestamppb.Now()}}
+	}
+	kc.ProduceEnvelopes(t, full, envs...)
+	st, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+
+	w := &gatedWriter{st: st, open: make(chan struct{})}
+	ing, err := Start(Config{MailboxID: group, Brokers: kc.Brokers, Topics: []string{full, empty}, BatchSize: 10,
+		BatchWait: 10 * time.Millisecond, DrainTimeout: 300 * time.Millisecond, LagInterval: 10 * time.Millisecond,
+		Metrics: NewMetrics(prometheus.NewRegistry())}, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lagIs := func(want int64) func() bool {
+		return func() bool { lag, known := ing.Lag(); return known && lag == want }
+	}
+	waitFor(t, fmt.Sprintf("lag %d while nothing is stored", n), lagIs(n))
+	close(w.open)
+	waitFor(t, "lag 0 once the backlog is stored", lagIs(0))
+	if err := ing.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if lag, known := ing.Lag(); known {
+		t.Fatalf("Lag() after Close = %d, known; want unknown", lag)
+	}
+}
