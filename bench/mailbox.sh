@@ -22,3 +22,6 @@ go run -tags libsqlite3 ./bench/mailboxbench -n "${MAILBOX_BENCH_N:-1000000}" ${
 
 # End-to-end ingest (broker -> sarama -> store, mailbox.ingest_events_per_s) is appended below by the runner.
 go run ./bench/ingestbench -n "${MAILBOX_INGEST_N:-200000}"
+
+# The Kafka side alone (broker -> sarama -> envelope decoding, items dropped): mailbox.kafka_decode_events_per_s.
+go run ./bench/ingestbench -discard -n "${MAILBOX_DECODE_N:-500000}"
