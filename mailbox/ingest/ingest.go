@@ -26,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -133,6 +132,8 @@ type Config struct {
 
 	// process turns a record's value into an item; tests replace it. nil = envelope.Process.
 	process func(raw []byte, mode envelope.Mode, log *slog.Logger) (*mailboxv1.MailboxItem, error)
+	// decodeRuns is how many goroutines decode a large batch; 0 = GOMAXPROCS. Tests set it.
+	decodeRuns int
 }
 
 // SaramaConfig is the client configuration ingest uses by default: a new
@@ -512,50 +513,6 @@ func (i *Ingester) reportLag(c sarama.ConsumerGroupClaim, next *atomic.Int64, st
 		case <-t.C():
 		}
 	}
-}
-
-type deadLetter struct {
-	msg    *sarama.ConsumerMessage
-	reason envelope.Reason
-	err    error
-	ref    bool // the DLQ refused the record as too large: send a reference without its value
-}
-
-// decoded is a batch of records split into the items to store and the records to dead-letter.
-type decoded struct {
-	batch []*sarama.ConsumerMessage
-	items []*mailboxv1.MailboxItem
-	dead  []deadLetter
-}
-
-func (i *Ingester) decode(batch []*sarama.ConsumerMessage) decoded {
-	i.cfg.Metrics.consumed.WithLabelValues(i.cfg.MailboxID).Add(float64(len(batch)))
-	d := decoded{batch: batch, items: make([]*mailboxv1.MailboxItem, 0, len(batch))}
-	for _, msg := range batch {
-		item, err := i.process(msg)
-		if err != nil {
-			reason := envelope.ReasonOf(err)
-			if reason == "" {
-				reason = reasonUnextractable
-			}
-			d.dead = append(d.dead, deadLetter{msg: msg, reason: reason, err: err})
-			continue
-		}
-		d.items = append(d.items, item)
-	}
-	return d
-}
-
-// process decodes one record, turning a panic of the decoder into a rejection of the record.
-func (i *Ingester) process(msg *sarama.ConsumerMessage) (item *mailboxv1.MailboxItem, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			i.log.Error("decoder panicked; dead-lettering the record", "topic", msg.Topic, "partition", msg.Partition,
-				"offset", msg.Offset, "panic", p, "stack", string(debug.Stack()))
-			item, err = nil, &envelope.RejectError{Reason: reasonDecodePanic, Err: fmt.Errorf("panic: %v", p)}
-		}
-	}()
-	return i.cfg.process(msg.Value, i.cfg.Mode, i.log)
 }
 
 // claimWriter stores a claim's decoded batches in order. Its queue holds one batch, so the claim decodes at most
