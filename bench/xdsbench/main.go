@@ -52,10 +52,30 @@ import (
 )
 
 func main() {
-	changes := flag.Int("changes", 100, "runner moves measured per size")
+	changes := flag.Int("changes", 100, "runner moves measured at 10 proxies")
+	changes1k := flag.Int("changes-1k", 30, "runner moves measured at 1,000 proxies (each takes grpc-go's client seconds)")
+	moves := flag.Bool("moves", true, "measure runner moves at 10 and 1,000 proxies")
+	var mc millionConfig
+	flag.IntVar(&mc.mailboxes, "mailboxes", 1_000_000, "mailboxes (namespaces, each leased) of the large state; 0 skips it")
+	flag.IntVar(&mc.proxies, "proxies", 1000, "proxies of the large state")
+	flag.IntVar(&mc.leaseOps, "lease-ops", 10_000, "lease operations whose xDS bytes are counted in the large state")
+	flag.IntVar(&mc.samples, "samples", 500, "grants timed to served in the large state")
+	flag.IntVar(&mc.aliasNamespaces, "alias-namespaces", 32, "namespaces moved per round (two rounds) in the large state")
+	flag.IntVar(&mc.routeCalls, "route-calls", 5000, "calls per route timed for route selection in the large state")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
-	if err := profiled(*cpuprofile, func() error { return run(*changes) }); err != nil {
+	err := profiled(*cpuprofile, func() error {
+		if *moves {
+			if err := run(*changes, *changes1k); err != nil {
+				return err
+			}
+		}
+		if mc.mailboxes > 0 {
+			return million(slog.New(slog.NewTextHandler(io.Discard, nil)), mc)
+		}
+		return nil
+	})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "xdsbench:", err)
 		os.Exit(1)
 	}
@@ -84,13 +104,13 @@ func bench(name string, value float64, unit string) {
 
 func note(format string, args ...any) { fmt.Fprintf(os.Stderr, "# "+format+"\n", args...) }
 
-func run(changes int) error {
+func run(changes, changes1k int) error {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, size := range []struct {
 		n      int
 		label  string
 		rounds int
-	}{{10, "10_proxies", changes}, {1000, "1k_proxies", changes}} {
+	}{{10, "10_proxies", changes}, {1000, "1k_proxies", changes1k}} {
 		c, err := convergence(log, size.n, size.rounds)
 		if err != nil {
 			return fmt.Errorf("convergence at %d: %w", size.n, err)
