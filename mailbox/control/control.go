@@ -588,14 +588,14 @@ func (s *Server) status(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
 
 func (s *Server) statusLocked(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
 	ws, drained := e.state.wire()
-	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: ws, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: drained, Lag: -1}
+	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: ws, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: drained}
 	if !e.state.serving() {
 		return st
 	}
 	st.ValidFor = durationpb.New(max(0, e.deadline.Sub(s.clock.Now())))
 	st.Consuming = s.host.Consuming(e.id)
 	if lag, known := s.host.Lag(e.id); known {
-		st.Lag = lag
+		st.Lag = proto.Int64(lag)
 	}
 	if ms, err := s.host.Stats(ctx, e.id); err == nil {
 		st.EventsStored, st.StorageBytes = ms.GetTotalEvents(), ms.GetTotalBytes()

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -381,8 +382,8 @@ func TestStatsCountsQueries(t *testing.T) {
 }
 
 // TestStatsLag: a serving mailbox reports its consumer's lag once the
-// consumer knows it, and -1 while it does not; a mailbox not serving (open,
-// fenced) is -1 whatever the consumer last said.
+// consumer knows it, and none (unknown) while it does not; a mailbox not
+// serving (open, fenced) reports none whatever the consumer last said.
 func TestStatsLag(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -390,14 +391,14 @@ func TestStatsLag(t *testing.T) {
 		epoch  uint64 // 0 leaves it OPEN
 		fence  bool
 		lags   map[string]int64
-		want   int64
+		want   *int64 // nil: unknown
 		active bool
 	}{
-		{name: "serving, known", epoch: 1, lags: map[string]int64{"a@p": 42}, want: 42, active: true},
-		{name: "serving, caught up", epoch: 1, lags: map[string]int64{"a@p": 0}, want: 0, active: true},
-		{name: "serving, unknown", epoch: 1, want: -1, active: true},
-		{name: "open, not serving", lags: map[string]int64{"a@p": 42}, want: -1},
-		{name: "fenced", epoch: 1, fence: true, lags: map[string]int64{"a@p": 42}, want: -1},
+		{name: "serving, known", epoch: 1, lags: map[string]int64{"a@p": 42}, want: proto.Int64(42), active: true},
+		{name: "serving, caught up", epoch: 1, lags: map[string]int64{"a@p": 0}, want: proto.Int64(0), active: true},
+		{name: "serving, unknown", epoch: 1, active: true},
+		{name: "open, not serving", lags: map[string]int64{"a@p": 42}},
+		{name: "fenced", epoch: 1, fence: true, lags: map[string]int64{"a@p": 42}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -417,20 +418,22 @@ func TestStatsLag(t *testing.T) {
 				if _, err := s.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: "a@p", Reason: "test"}); err != nil {
 					t.Fatal(err)
 				}
-			} else if got := open.GetStatus().GetLag(); got != tt.want {
-				t.Fatalf("OpenMailbox status lag = %d, want %d", got, tt.want)
+			} else if got := open.GetStatus().Lag; !equalPtr(got, tt.want) {
+				t.Fatalf("OpenMailbox status lag = %v, want %v", open.GetStatus(), tt.want)
 			}
 			resp, err := s.GetStats(ctx, &runnerv1.GetStatsRequest{MailboxId: "a@p"})
 			if err != nil {
 				t.Fatal(err)
 			}
 			st := resp.GetMailboxes()[0]
-			if st.GetLag() != tt.want || (st.GetState() == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE) != tt.active {
-				t.Fatalf("GetStats = %v; want lag %d, active %v", st, tt.want, tt.active)
+			if !equalPtr(st.Lag, tt.want) || (st.GetState() == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE) != tt.active {
+				t.Fatalf("GetStats = %v; want lag %v, active %v", st, tt.want, tt.active)
 			}
 		})
 	}
 }
+
+func equalPtr[T comparable](a, b *T) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
 
 func TestBadRequests(t *testing.T) {
 	t.Parallel()

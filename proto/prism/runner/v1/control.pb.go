@@ -942,12 +942,14 @@ type MailboxStatus struct {
 	// the sidecar or "deadline_passed" when the runner fenced it itself.
 	FenceReason string `protobuf:"bytes,9,opt,name=fence_reason,json=fenceReason,proto3" json:"fence_reason,omitempty"`
 	// Records the mailbox's consumer is behind its topics' high watermarks,
-	// summed over every partition of its topics; -1 while unknown: the mailbox
-	// is not serving, its consumer has no group session yet, or a partition
-	// has not yet reported since the session began. The sidecar reports it
-	// in its proxy heartbeat so the admin can switch a catching-up namespace
+	// summed over every partition of its topics. Absent while unknown: the
+	// mailbox is not serving, its consumer has no group session yet, or a
+	// partition has not yet reported since the session began. Explicit
+	// presence rather than a -1 sentinel, so a runner older than the field
+	// reads as unknown, never as caught up. The sidecar reports it in its
+	// proxy heartbeat so the admin can switch a catching-up namespace
 	// (issue 15).
-	Lag           int64 `protobuf:"varint,11,opt,name=lag,proto3" json:"lag,omitempty"`
+	Lag           *int64 `protobuf:"varint,11,opt,name=lag,proto3,oneof" json:"lag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1053,8 +1055,8 @@ func (x *MailboxStatus) GetFenceReason() string {
 }
 
 func (x *MailboxStatus) GetLag() int64 {
-	if x != nil {
-		return x.Lag
+	if x != nil && x.Lag != nil {
+		return *x.Lag
 	}
 	return 0
 }
@@ -1111,7 +1113,7 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\"P\n" +
 	"\x10GetStatsResponse\x12<\n" +
-	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\x8f\x03\n" +
+	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\x9c\x03\n" +
 	"\rMailboxStatus\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x123\n" +
@@ -1124,8 +1126,9 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\adrained\x18\n" +
 	" \x01(\bR\adrained\x126\n" +
 	"\tvalid_for\x18\b \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x12!\n" +
-	"\ffence_reason\x18\t \x01(\tR\vfenceReason\x12\x10\n" +
-	"\x03lag\x18\v \x01(\x03R\x03lag*\x85\x01\n" +
+	"\ffence_reason\x18\t \x01(\tR\vfenceReason\x12\x15\n" +
+	"\x03lag\x18\v \x01(\x03H\x00R\x03lag\x88\x01\x01B\x06\n" +
+	"\x04_lag*\x85\x01\n" +
 	"\x0eValidationMode\x12\x1f\n" +
 	"\x1bVALIDATION_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16VALIDATION_MODE_STRICT\x10\x01\x12\x18\n" +
@@ -1219,6 +1222,7 @@ func file_prism_runner_v1_control_proto_init() {
 	if File_prism_runner_v1_control_proto != nil {
 		return
 	}
+	file_prism_runner_v1_control_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
