@@ -164,6 +164,9 @@ type Config struct {
 	LeaseMode LeaseMode
 
 	Admin adminv1.ControlPlaneClient
+	// Cordon cordons the proxy for POST /drain (ControlPlane DrainProxy);
+	// nil makes a drain wait without cordoning.
+	Cordon Cordon
 	// Sessions is the admin's Sessions service; nil takes Admin when it
 	// serves both (as Endpoints does). Unused in LeaseModeMailbox.
 	Sessions adminv1.SessionsClient
@@ -264,6 +267,7 @@ type Agent struct {
 	mu        sync.Mutex
 	workers   map[string]*worker // assigned now, by mailbox id
 	closing   map[string]*worker // unassigned, still closing and releasing
+	changed   chan struct{}      // closed and replaced when workers or closing change
 	all       sync.WaitGroup     // every worker, unassigned ones included
 	lastIndex uint64
 	stopped   []*worker // workers that halted for the graceful stop
@@ -280,6 +284,7 @@ func New(cfg Config) (*Agent, error) {
 		m:       newMetrics(cfg.Registerer),
 		workers: map[string]*worker{},
 		closing: map[string]*worker{},
+		changed: make(chan struct{}),
 	}
 	a.halt, a.halted = context.WithCancel(context.Background())
 	if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
@@ -357,13 +362,14 @@ func (a *Agent) register(ctx context.Context) bool {
 func (a *Agent) proxyHeartbeats(ctx context.Context) {
 	lastOK := a.cfg.Clock.Now()
 	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(a.cfg.HeartbeatInterval)) {
-		lastOK = a.judgeRunner(ctx, lastOK)
+		var stats *runnerv1.GetStatsResponse
+		lastOK, stats = a.judgeRunner(ctx, lastOK)
 		if ctx.Err() != nil {
 			return
 		}
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
 		_, err := a.cfg.Admin.ProxyHeartbeat(cctx, &adminv1.ProxyHeartbeatRequest{
-			ProxyId: a.cfg.ProxyID, NamespaceHealth: a.namespaceHealth(),
+			ProxyId: a.cfg.ProxyID, NamespaceHealth: a.namespaceHealth(stats),
 			RunnerId: a.cfg.RunnerID, RunnerNotReady: a.runnerNotReady.Load(),
 		})
 		cancel()
@@ -378,14 +384,26 @@ func (a *Agent) proxyHeartbeats(ctx context.Context) {
 	}
 }
 
-func (a *Agent) namespaceHealth() []*adminv1.NamespaceHealth {
+// namespaceHealth reports every assigned namespace, with its mailbox's lag
+// from stats, the runner's answer to this heartbeat's probe (nil if it did
+// not answer): the admin switches a move once the destination's lag is
+// small (issue 15). A mailbox the runner does not report, or reports
+// without a lag, is sent with lag_known false.
+func (a *Agent) namespaceHealth(stats *runnerv1.GetStatsResponse) []*adminv1.NamespaceHealth {
+	lags := map[string]int64{}
+	for _, st := range stats.GetMailboxes() {
+		if st.Lag != nil {
+			lags[st.GetMailboxId()] = st.GetLag()
+		}
+	}
 	var out []*adminv1.NamespaceHealth
 	for _, v := range a.Leases() {
 		h := adminv1.HealthStatus_HEALTH_STATUS_HEALTHY
 		if v.State != StateActive {
 			h = adminv1.HealthStatus_HEALTH_STATUS_UNHEALTHY
 		}
-		out = append(out, &adminv1.NamespaceHealth{Namespace: v.Namespace, Status: h})
+		lag, known := lags[v.MailboxID]
+		out = append(out, &adminv1.NamespaceHealth{Namespace: v.Namespace, Status: h, Lag: lag, LagKnown: known})
 	}
 	return out
 }
@@ -436,11 +454,20 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 		want[id] = as
 	}
 	for id, w := range a.workers {
-		if as, ok := want[id]; !ok || !proto.Equal(as.GetConfig(), w.assignment.GetConfig()) {
+		as, ok := want[id]
+		if !ok || !proto.Equal(as.GetConfig(), w.assignment.GetConfig()) {
 			a.log.Info("mailbox unassigned", "mailbox_id", id, "epoch", w.view().Epoch, "index", msg.GetIndex(), "reassigned_with_new_config", ok)
 			w.stop(stopUnassign)
 			delete(a.workers, id)
 			a.closing[id] = w
+			continue
+		}
+		// A role change alone (catching up to serving at a move's switch,
+		// serving to handing off, back when a move is abandoned) keeps the
+		// lease and the runner serving: the mailbox is what moves make
+		// before they break.
+		if prev := w.setRole(as.GetRole()); prev != as.GetRole() {
+			a.log.Info("mailbox role changed", "mailbox_id", id, "from", roleName(prev), "to", roleName(as.GetRole()), "index", msg.GetIndex())
 		}
 	}
 	var started []*worker
@@ -448,7 +475,7 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 		if _, ok := a.workers[id]; ok {
 			continue
 		}
-		a.log.Info("mailbox assigned", "mailbox_id", id, "namespace", as.GetNamespace(), "index", msg.GetIndex())
+		a.log.Info("mailbox assigned", "mailbox_id", id, "namespace", as.GetNamespace(), "role", roleName(as.GetRole()), "index", msg.GetIndex())
 		w := newWorker(a, id, as)
 		// A worker still closing the same mailbox goes first: its close
 		// and release must not land after this one's open and acquire.
@@ -467,6 +494,14 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 		a.all.Go(w.run)
 	}
 	a.synced.Store(true)
+	a.notifyLocked()
+}
+
+// notifyLocked wakes whoever waits for the workers to change (Drain);
+// a.mu must be held.
+func (a *Agent) notifyLocked() {
+	close(a.changed)
+	a.changed = make(chan struct{})
 }
 
 // closed forgets a worker that finished closing: its runner no longer
@@ -478,6 +513,7 @@ func (a *Agent) closed(w *worker) {
 	defer a.mu.Unlock()
 	if a.closing[w.id] == w {
 		delete(a.closing, w.id)
+		a.notifyLocked()
 	}
 }
 
@@ -663,8 +699,8 @@ func (a *Agent) Healthy() error {
 	return nil
 }
 
-// Handler serves /healthz, /readyz and /metrics (when the registerer is a
-// gatherer).
+// Handler serves /healthz, /readyz, POST /drain (the runner's preStop
+// hook, drain.go) and /metrics (when the registerer is a gatherer).
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	probe := func(check func() error) http.HandlerFunc {
@@ -678,6 +714,7 @@ func (a *Agent) Handler() http.Handler {
 	}
 	mux.HandleFunc("GET /healthz", probe(a.Healthy))
 	mux.HandleFunc("GET /readyz", probe(a.Ready))
+	mux.HandleFunc("POST /drain", a.serveDrain)
 	if a.reg != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	}

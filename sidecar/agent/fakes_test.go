@@ -604,3 +604,12 @@ func (f *fakeAdmin) setOpen(fn func(*adminv1.OpenSessionRequest) (*adminv1.OpenS
 
 // sessionMode runs the harness's agent on sessions.
 func sessionMode(c *Config) { c.LeaseMode = LeaseModeSession }
+
+// setLag sets the lag the runner reports for mailbox id (nil: unknown).
+func (r *fakeRunner) setLag(id string, lag *int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st, ok := r.mb[id]; ok {
+		st.Lag = lag
+	}
+}

@@ -45,6 +45,11 @@ type LeaseView struct {
 	// SessionID is the session the lease belongs to; 0 for a lease held
 	// on its own (LeaseModeMailbox).
 	SessionID uint64
+	// Role is what the assignment asks of the proxy (issue 15): serving,
+	// catching up as a move's destination, or handing off as its source.
+	// Every role holds the lease and serves the mailbox alike; only the
+	// drain (drain.go) tells them apart.
+	Role adminv1.AssignmentRole
 }
 
 type stopMode int
@@ -85,7 +90,7 @@ func newWorker(a *Agent, id string, as *adminv1.NamespaceAssignment) *worker {
 		a: a, id: id, assignment: as, ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		log:      a.log.With("mailbox_id", id),
 		assigned: a.cfg.Clock.Now(),
-		v:        LeaseView{MailboxID: id, Namespace: as.GetNamespace(), State: StateOpening},
+		v:        LeaseView{MailboxID: id, Namespace: as.GetNamespace(), State: StateOpening, Role: as.GetRole()},
 	}
 }
 
@@ -689,4 +694,18 @@ func runnerConfig(c *adminv1.NamespaceConfig) *runnerv1.MailboxConfig {
 		MaxAgeMillis:   c.GetRetention().GetMaxAge().AsDuration().Milliseconds(),
 		MaxSizeBytes:   c.GetRetention().GetMaxSizeBytes(),
 	}
+}
+
+// setRole records the assignment's role and returns the previous one.
+func (w *worker) setRole(r adminv1.AssignmentRole) adminv1.AssignmentRole {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	prev := w.v.Role
+	w.v.Role = r
+	return prev
+}
+
+// roleName is a role as a log value: "serving", "catching_up".
+func roleName(r adminv1.AssignmentRole) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "ASSIGNMENT_ROLE_"))
 }

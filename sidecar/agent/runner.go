@@ -32,10 +32,10 @@ func (c *Config) proxyRunnerDeadAfter() time.Duration {
 // since the runner last answered at lastOK, ready again at its first answer.
 // Only the bound flips it to not ready, so a runner that is slow or paused
 // for less never moves a namespace. It returns when the runner last
-// answered.
-func (a *Agent) judgeRunner(ctx context.Context, lastOK time.Time) time.Time {
+// answered, and its answer (nil if none), whose lags the heartbeat reports.
+func (a *Agent) judgeRunner(ctx context.Context, lastOK time.Time) (time.Time, *runnerv1.GetStatsResponse) {
 	pctx, cancel := context.WithTimeout(ctx, min(a.cfg.RPCTimeout/2, a.cfg.HeartbeatInterval))
-	_, err := a.cfg.Runner.GetStats(pctx, &runnerv1.GetStatsRequest{})
+	stats, err := a.cfg.Runner.GetStats(pctx, &runnerv1.GetStatsRequest{})
 	cancel()
 	now := a.cfg.Clock.Now()
 	if err == nil || status.Code(err) == codes.NotFound {
@@ -43,10 +43,10 @@ func (a *Agent) judgeRunner(ctx context.Context, lastOK time.Time) time.Time {
 			a.log.Info("runner answers again; reporting it ready, so the proxy takes namespaces again", "down_for", now.Sub(lastOK))
 		}
 		a.m.runnerReady.Set(1)
-		return now
+		return now, stats
 	}
 	if ctx.Err() != nil {
-		return lastOK
+		return lastOK, nil
 	}
 	bound := a.cfg.proxyRunnerDeadAfter()
 	if down := now.Sub(lastOK); down >= bound && !a.runnerNotReady.Swap(true) {
@@ -54,5 +54,5 @@ func (a *Agent) judgeRunner(ctx context.Context, lastOK time.Time) time.Time {
 		a.log.Warn("runner unreachable past the bound; reporting it not ready, so the proxy's namespaces move to other proxies",
 			"down_for", down, "runner_dead_after", bound, "err", err)
 	}
-	return lastOK
+	return lastOK, nil
 }

@@ -1,0 +1,160 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+)
+
+// Cordon asks the admin cluster to cordon proxyID (ControlPlane
+// DrainProxy): it takes no new namespaces and its namespaces move off by
+// handoff. Config.Cordon is one; nil waits without cordoning.
+type Cordon func(ctx context.Context, proxyID string) error
+
+// DrainResult is what Drain waited for.
+type DrainResult struct {
+	ProxyID string `json:"proxy_id"`
+	// Cordoned is false when Config.Cordon is nil or kept failing until
+	// the deadline.
+	Cordoned bool `json:"cordoned"`
+	// WaitedFor are the mailboxes held when the drain began that it had
+	// to see go: served, handed off, or still closing and releasing.
+	WaitedFor []string `json:"waited_for"`
+	// Remaining are those still held at the end; empty when drained.
+	Remaining []string `json:"remaining"`
+	Took      string   `json:"took"`
+	Error     string   `json:"error,omitempty"`
+}
+
+// Drained reports whether the proxy holds nothing it must hand off.
+func (r DrainResult) Drained() bool { return len(r.Remaining) == 0 && r.Error == "" }
+
+// Drain is the first step of a pod's stop (the runner's preStop hook,
+// docs/architecture.md#kubernetes-stop-order): it cordons the proxy, so
+// the admin moves its namespaces to other proxies by handoff, then waits
+// until the proxy holds no namespace it serves or hands off and every
+// unassigned mailbox has been closed and released (issue 13's order), or
+// until timeout passes on the agent's clock. A namespace catching up here
+// does not hold the drain: the admin abandons moves to a cordoned proxy.
+// The runner keeps serving throughout; it is stopped only after Drain.
+func (a *Agent) Drain(ctx context.Context, timeout time.Duration) DrainResult {
+	clk := a.cfg.Clock
+	start := clk.Now()
+	// The sidecar stopping (Shutdown) ends the wait too: it releases
+	// everything itself.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(a.halt, cancel)
+	defer stop()
+	expired := make(chan struct{})
+	t := clk.NewTimer(timeout)
+	defer t.Stop()
+	go func() {
+		select {
+		case <-t.C():
+			close(expired)
+		case <-ctx.Done():
+		}
+	}()
+	res := DrainResult{ProxyID: a.cfg.ProxyID}
+	a.log.Info("drain: cordoning the proxy, then waiting for its namespaces to be handed off", "timeout", timeout)
+	res.Cordoned = a.cordon(ctx, expired)
+	held, changed := a.drainHeld()
+	res.WaitedFor = held
+	for len(held) > 0 && res.Error == "" {
+		select {
+		case <-changed:
+			held, changed = a.drainHeld()
+		case <-expired:
+			res.Error = fmt.Sprintf("deadline %v passed with mailboxes still held", timeout)
+		case <-ctx.Done():
+			res.Error = "drain abandoned: the request ended or the sidecar is stopping"
+		}
+	}
+	res.Remaining, res.Took = held, clk.Since(start).String()
+	if res.WaitedFor == nil {
+		res.WaitedFor = []string{}
+	}
+	if res.Remaining == nil {
+		res.Remaining = []string{}
+	}
+	log := a.log.With("waited_for", res.WaitedFor, "remaining", res.Remaining, "took", res.Took, "cordoned", res.Cordoned)
+	if res.Drained() {
+		log.Info("drain done: the proxy serves no namespace; the runner may stop")
+	} else {
+		log.Warn("drain ended with namespaces still held; the runner stops anyway", "err", res.Error)
+	}
+	return res
+}
+
+// cordon calls Config.Cordon until it succeeds; false if it is nil, or
+// ctx ended or the deadline passed first.
+func (a *Agent) cordon(ctx context.Context, expired <-chan struct{}) bool {
+	if a.cfg.Cordon == nil {
+		a.log.Warn("drain: no cordon configured; waiting without asking the admin to move the namespaces")
+		return false
+	}
+	bo := a.cfg.Backoff
+	for {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
+		err := a.cfg.Cordon(cctx, a.cfg.ProxyID)
+		cancel()
+		if err == nil {
+			a.log.Info("drain: proxy cordoned; its namespaces move off by handoff")
+			return true
+		}
+		a.log.Warn("drain: cordon failed; retrying", "err", err)
+		t := a.cfg.Clock.NewTimer(bo.Step())
+		select {
+		case <-t.C():
+		case <-expired:
+			t.Stop()
+			return false
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
+	}
+}
+
+// drainHeld lists, sorted, the mailboxes a drain waits for: those
+// assigned as serving or handing off, and those still closing; and a
+// channel closed at their next change.
+func (a *Agent) drainHeld() ([]string, <-chan struct{}) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var held []string
+	for id, w := range a.workers {
+		if w.view().Role != adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP {
+			held = append(held, id)
+		}
+	}
+	for id := range a.closing {
+		held = append(held, id)
+	}
+	slices.Sort(held)
+	return held, a.changed
+}
+
+// serveDrain is POST /drain?timeout=D: Drain, answered 200 with its result
+// once drained, or 504 when the deadline passed first.
+func (a *Agent) serveDrain(w http.ResponseWriter, r *http.Request) {
+	timeout, err := time.ParseDuration(r.URL.Query().Get("timeout"))
+	if err != nil || timeout <= 0 {
+		http.Error(w, "timeout: a positive duration is required, e.g. ?timeout=3m", http.StatusBadRequest)
+		return
+	}
+	res := a.Drain(r.Context(), timeout)
+	code := http.StatusOK
+	if !res.Drained() {
+		code = http.StatusGatewayTimeout
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(res)
+}
