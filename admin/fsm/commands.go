@@ -91,6 +91,7 @@ func applyRegisterProxy(tx *txn, cmd *adminv1.Command) (any, error) {
 	if prev != nil {
 		p.RegisteredAt = prev.GetRegisteredAt()
 		p.NamespaceHealth = prev.GetNamespaceHealth()
+		p.Cordoned = prev.GetCordoned()
 	}
 	tx.putProxy(p)
 	if placeable(prev) != placeable(p) {

@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/raft"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // LeaseObserver mirrors the lease table, e.g. package lease's Lessor. It is
@@ -30,6 +31,7 @@ type LeaseObserver interface {
 type FSM struct {
 	log      *slog.Logger
 	observer LeaseObserver
+	moves    MoveObserver
 
 	mu      sync.RWMutex
 	st      *state
@@ -122,6 +124,12 @@ var handlers = map[reflect.Type]handler{
 	reflect.TypeFor[*adminv1.Command_AcquireLeases]():    {validateAcquireLeases, applyAcquireLeases},
 	reflect.TypeFor[*adminv1.Command_ReleaseLeases]():    {validateReleaseLeases, applyReleaseLeases},
 	reflect.TypeFor[*adminv1.Command_ExpireSessions]():   {validateExpireSessions, applyExpireSessions},
+	reflect.TypeFor[*adminv1.Command_StartMove]():        {validateStartMove, applyStartMove},
+	reflect.TypeFor[*adminv1.Command_SwitchMove]():       {validateSwitchMove, applySwitchMove},
+	reflect.TypeFor[*adminv1.Command_EndHandoff]():       {validateEndHandoff, applyEndHandoff},
+	reflect.TypeFor[*adminv1.Command_AbandonMove]():      {validateAbandonMove, applyAbandonMove},
+	reflect.TypeFor[*adminv1.Command_Rebalance]():        {validateRebalance, applyRebalance},
+	reflect.TypeFor[*adminv1.Command_CordonProxy]():      {validateCordonProxy, applyCordonProxy},
 }
 
 // lookup finds cmd's handler. A body this version does not know (decoded as
@@ -185,6 +193,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
 	var events []leaseEvent
+	var moves []moveEvent
 	f.mu.Lock()
 	changed := false
 	for i, l := range logs {
@@ -203,6 +212,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		out[i] = res
 		changed = changed || tx.changed
 		events = append(events, tx.events...)
+		moves = append(moves, tx.moveEvents...)
 	}
 	if changed {
 		close(f.changed)
@@ -210,6 +220,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	}
 	f.mu.Unlock()
 	f.deliver(events)
+	f.deliverMoves(moves)
 	return out
 }
 
@@ -262,6 +273,19 @@ func (f *FSM) deliver(events []leaseEvent) {
 	}
 }
 
+func (f *FSM) deliverMoves(events []moveEvent) {
+	if f.moves == nil {
+		return
+	}
+	for _, e := range events {
+		if e.switched {
+			f.moves.MoveSwitched(e.namespace, e.reason)
+		} else {
+			f.moves.MoveAbandoned(e.namespace, e.abandon)
+		}
+	}
+}
+
 // Changed returns the applied index and a channel that is closed by the next
 // state change after it. Watchers read the state, then wait on the channel.
 func (f *FSM) Changed() (uint64, <-chan struct{}) {
@@ -295,4 +319,9 @@ type txn struct {
 	now     time.Time
 	changed bool
 	events  []leaseEvent
+	// moveEvents are only delivered if the command applied: a handler
+	// that fails has not mutated anything, so it has recorded none.
+	moveEvents []moveEvent
 }
+
+func (tx *txn) nowpb() *timestamppb.Timestamp { return timestamppb.New(tx.now) }

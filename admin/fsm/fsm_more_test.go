@@ -299,9 +299,14 @@ func TestNamespaceRoutes(t *testing.T) {
 	if aliases[0].GetMailboxId() != mailboxID(ns, other) || v != h.index {
 		t.Fatalf("alias %v at version %d, want %s at %d", aliases, v, mailboxID(ns, other), h.index)
 	}
-	// The owner returns and takes the namespace back: its mailbox is
+	// The owner returns and takes the namespace back by a move that
+	// switches at once (its mailbox is still held): its mailbox is
 	// preferred although the other's grant is newer.
 	h.must(c(time.Minute, &adminv1.ProxyHeartbeatRequest{ProxyId: owner}))
+	h.must(c(time.Minute, &adminv1.RebalanceCommand{MaxConcurrentMoves: 1}))
+	if got := h.must(c(time.Minute, &adminv1.SwitchMoveCommand{Namespace: ns, ToProxyId: owner, MoveIndex: h.index, HandoffUntil: at(time.Minute)})).(*MoveResult); !got.Applied {
+		t.Fatalf("switch back to %s: %v", owner, got)
+	}
 	_, aliases, _ = h.f.Routes()
 	if len(aliases) != 1 || aliases[0].GetMailboxId() != mailbox {
 		t.Fatalf("alias %v, want the assigned proxy's mailbox %s", aliases, mailbox)
@@ -337,8 +342,9 @@ func TestStaleProxyReturns(t *testing.T) {
 		t.Fatalf("namespace stayed on stale %s", owner)
 	}
 	h.must(c(2*time.Minute, &adminv1.ProxyHeartbeatRequest{ProxyId: owner}))
-	if n, _, _ := h.f.Namespace(ns); n.GetAssignedProxyId() != owner || n.GetAssignmentIndex() != h.index {
-		t.Fatalf("namespace %v did not return to %s", n, owner)
+	h.must(c(2*time.Minute, &adminv1.RebalanceCommand{MaxConcurrentMoves: 1}))
+	if n, _, _ := h.f.Namespace(ns); n.GetAssignedProxyId() != other || n.GetIncomingProxyId() != owner || n.GetMoveIndex() != h.index {
+		t.Fatalf("namespace %v is not moving back to %s", n, owner)
 	}
 	h.must(c(3*time.Minute, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: "proxy-01", LastSeen: at(time.Minute)}, {ProxyId: "proxy-02", LastSeen: at(time.Second)}}}))
 	n, _, _ := h.f.Namespace(ns)

@@ -56,6 +56,18 @@ func c(d time.Duration, body any) *adminv1.Command {
 		cmd.Body = &adminv1.Command_ReleaseLeases{ReleaseLeases: b}
 	case *adminv1.ExpireSessionsCommand:
 		cmd.Body = &adminv1.Command_ExpireSessions{ExpireSessions: b}
+	case *adminv1.StartMoveCommand:
+		cmd.Body = &adminv1.Command_StartMove{StartMove: b}
+	case *adminv1.SwitchMoveCommand:
+		cmd.Body = &adminv1.Command_SwitchMove{SwitchMove: b}
+	case *adminv1.EndHandoffCommand:
+		cmd.Body = &adminv1.Command_EndHandoff{EndHandoff: b}
+	case *adminv1.AbandonMoveCommand:
+		cmd.Body = &adminv1.Command_AbandonMove{AbandonMove: b}
+	case *adminv1.RebalanceCommand:
+		cmd.Body = &adminv1.Command_Rebalance{Rebalance: b}
+	case *adminv1.CordonProxyCommand:
+		cmd.Body = &adminv1.Command_CordonProxy{CordonProxy: b}
 	default:
 		panic(fmt.Sprintf("no command body for %T", body))
 	}

@@ -47,13 +47,15 @@ func TestRunnerNotReadyLeavesPlacement(t *testing.T) {
 		{"runner not ready", func() any { return hb(false) }, true, liveStatus, other, true, true},
 		{"not ready again", func() any { return hb(false) }, true, liveStatus, other, false, false},
 		{"standby's runner ready", func() any { return standby(true) }, true, liveStatus, other, false, false},
-		{"ready again", func() any { return hb(true) }, false, liveStatus, owner, true, true},
-		{"registers not ready", func() any { return reg(false) }, true, liveStatus, other, true, true},
-		{"older sidecar heartbeats without the field", func() any { return &adminv1.ProxyHeartbeatRequest{ProxyId: owner} }, false, liveStatus, owner, true, true},
-		{"not ready", func() any { return hb(false) }, true, liveStatus, other, true, true},
+		// Back in placement, but other serves the namespace: it comes
+		// back by handoff (Rebalance), not at once.
+		{"ready again", func() any { return hb(true) }, false, liveStatus, other, true, false},
+		{"registers not ready", func() any { return reg(false) }, true, liveStatus, other, true, false},
+		{"older sidecar heartbeats without the field", func() any { return &adminv1.ProxyHeartbeatRequest{ProxyId: owner} }, false, liveStatus, other, true, false},
+		{"not ready", func() any { return hb(false) }, true, liveStatus, other, true, false},
 		{"marked stale while not ready", func() any { return stale() }, true, adminv1.ProxyStatus_PROXY_STATUS_STALE, other, true, false},
 		{"stale proxy heartbeats still not ready", func() any { return hb(false) }, true, liveStatus, other, true, false},
-		{"registers ready", func() any { return reg(true) }, false, liveStatus, owner, true, true},
+		{"registers ready", func() any { return reg(true) }, false, liveStatus, other, true, false},
 	} {
 		beforeRoutes := h.f.ProxyRoutesIndex()
 		n, _, _ := h.f.Namespace(ns)
@@ -76,6 +78,11 @@ func TestRunnerNotReadyLeavesPlacement(t *testing.T) {
 		if w, _ := h.f.Assignments(owner); (len(w.GetAssignments()) == 1) != (step.placedOn == owner) {
 			t.Fatalf("%s: %s is watching %v", step.name, owner, w.GetAssignments())
 		}
+	}
+	// Placeable again, the owner takes its namespace back by a move.
+	h.must(c(time.Minute, &adminv1.RebalanceCommand{MaxConcurrentMoves: 4}))
+	if n, _, _ := h.f.Namespace(ns); n.GetIncomingProxyId() != owner || n.GetMoveIndex() != h.index {
+		t.Fatalf("after a rebalance: %v, want a move to %s at %d", n, owner, h.index)
 	}
 }
 
@@ -103,12 +110,17 @@ func TestRunnerNotReadySurvivesSnapshot(t *testing.T) {
 	if n, _, _ := g.Namespace(ns); n.GetAssignedProxyId() != other {
 		t.Fatalf("restored namespace on %q, want %q", n.GetAssignedProxyId(), other)
 	}
-	// The restored table must leave the owner out too: a ready heartbeat
-	// applied on the restored FSM moves the namespace back at its index.
+	// The restored table must leave the owner out too: after a ready
+	// heartbeat applied on the restored FSM, a rebalance moves the
+	// namespace back, starting at its index.
 	gh := &harness{t: t, f: g, index: h.index}
+	if pending, _ := g.PendingMoves(); pending != 0 {
+		t.Fatalf("restored FSM has %d pending moves before the owner is ready", pending)
+	}
 	gh.must(c(12*time.Second, &adminv1.ProxyHeartbeatRequest{ProxyId: owner}))
-	if n, _, _ := g.Namespace(ns); n.GetAssignedProxyId() != owner || n.GetAssignmentIndex() != gh.index {
-		t.Fatalf("after a ready heartbeat on the restored FSM: %v, want on %s at %d", n, owner, gh.index)
+	gh.must(c(13*time.Second, &adminv1.RebalanceCommand{MaxConcurrentMoves: 1}))
+	if n, _, _ := g.Namespace(ns); n.GetAssignedProxyId() != other || n.GetIncomingProxyId() != owner || n.GetMoveIndex() != gh.index {
+		t.Fatalf("after a ready heartbeat on the restored FSM: %v, want on %s moving to %s at %d", n, other, owner, gh.index)
 	}
 }
 

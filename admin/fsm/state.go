@@ -92,13 +92,14 @@ func (s *state) liveProxyIDs() []string {
 	return ids
 }
 
-// placeable reports whether p may own partitions: live, and its runner not
-// given up on by its sidecar. A proxy whose runner died while its sidecar
-// heartbeats is left out like a stale one, so its namespaces move to
-// proxies that can serve them, and come back by the same rendezvous rule
-// once its sidecar reports the runner ready.
+// placeable reports whether p may own partitions: live, its runner not
+// given up on by its sidecar, and not cordoned. A proxy whose runner died
+// while its sidecar heartbeats is left out like a stale one, so its
+// namespaces move to proxies that can serve them, and come back by the same
+// rendezvous rule once its sidecar reports the runner ready. A cordoned one
+// still serves, so its namespaces leave by handoff (replace).
 func placeable(p *adminv1.Proxy) bool {
-	return p.GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_LIVE && !p.GetRunnerNotReady()
+	return serving(p) && !p.GetCordoned()
 }
 
 // placeableProxyIDs lists the proxies placement uses, sorted.
@@ -239,31 +240,71 @@ func (tx *txn) checkpointLease(l *adminv1.Lease) {
 	tx.changed = true
 }
 
-// replace recomputes the placement table from the placeable proxies and moves
-// exactly the namespaces whose partition changed owner. Rendezvous hashing
-// makes that the minimal set; iteration is sorted so the order of updates is
-// the same everywhere (the resulting state would be too, but logs and
-// debugging are easier when it is).
+// replace recomputes the placement table from the placeable proxies and
+// acts on the namespaces whose owner changed; rendezvous hashing makes them
+// the minimal set. One whose assigned proxy no longer serves (stale, runner
+// dead) is reassigned at once, break-before-make: nothing serves it, so
+// waiting buys nothing. One whose proxy still serves (a join, a cordon, a
+// proxy back in placement) is left where it is for Rebalance, which moves it
+// by handoff at the leader's rate. A move whose destination can no longer
+// take namespaces is abandoned, and so is one placement started toward a
+// proxy that is no longer the owner (Rebalance starts one toward the new
+// owner). Iteration is sorted so updates happen in the same order
+// everywhere.
 func (tx *txn) replace() {
 	tx.st.table = placement.Compute(tx.st.placeableProxyIDs())
 	for _, name := range sortedKeys(tx.st.namespaces) {
 		n := tx.st.namespaces[name]
 		owner := tx.st.table.Owner(n.GetPartition())
-		if owner == n.GetAssignedProxyId() {
+		if in := n.GetIncomingProxyId(); in != "" {
+			if why := targetRefusal(tx.st.proxies[in]); why != adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_UNSPECIFIED {
+				n = tx.abandonMove(n, why)
+			} else if in != owner && n.GetMoveReason() != adminv1.MoveReason_MOVE_REASON_OPERATOR {
+				n = tx.abandonMove(n, adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_REPLACED)
+			}
+		}
+		a := n.GetAssignedProxyId()
+		if owner == a || serving(tx.st.proxies[a]) {
 			continue
+		}
+		if n.GetIncomingProxyId() != "" {
+			n = tx.abandonMove(n, adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_SOURCE_LOST)
+		}
+		if n.GetHandoffProxyId() == owner && owner != "" {
+			// The tail's proxy takes the namespace back: it serves it as
+			// the assigned proxy now.
+			n = endHandoff(n)
 		}
 		n = proto.CloneOf(n)
 		n.AssignedProxyId = owner
 		n.AssignmentIndex = tx.index
+		n.OperatorPlaced = false
 		tx.putNamespace(n)
 	}
 }
 
+// assignments lists what proxyID must host, one entry per namespace: those
+// assigned to it (SERVING), those in a handoff tail from it (HANDING_OFF)
+// and those moving to it (CATCHING_UP). A namespace takes one move at a
+// time, so the roles never overlap but for an unplanned reassignment to
+// the tail's proxy, which ends the tail.
 func (s *state) assignments(proxyID string) []*adminv1.NamespaceAssignment {
 	var out []*adminv1.NamespaceAssignment
+	if proxyID == "" {
+		return nil
+	}
 	for _, name := range sortedKeys(s.namespaces) {
 		n := s.namespaces[name]
-		if proxyID == "" || n.GetAssignedProxyId() != proxyID {
+		var role adminv1.AssignmentRole
+		version := n.GetAssignmentIndex()
+		switch proxyID {
+		case n.GetAssignedProxyId():
+			role = adminv1.AssignmentRole_ASSIGNMENT_ROLE_SERVING
+		case n.GetHandoffProxyId():
+			role = adminv1.AssignmentRole_ASSIGNMENT_ROLE_HANDING_OFF
+		case n.GetIncomingProxyId():
+			role, version = adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP, n.GetMoveIndex()
+		default:
 			continue
 		}
 		out = append(out, &adminv1.NamespaceAssignment{
@@ -271,7 +312,8 @@ func (s *state) assignments(proxyID string) []*adminv1.NamespaceAssignment {
 			Partition: n.GetPartition(),
 			Config:    proto.CloneOf(n.GetConfig()),
 			MailboxId: mesh.MailboxID{Namespace: n.GetName(), Proxy: proxyID}.String(),
-			Version:   n.GetAssignmentIndex(),
+			Version:   version,
+			Role:      role,
 		})
 	}
 	return out
@@ -318,16 +360,21 @@ func routeOf(l *adminv1.Lease) *adminv1.Route {
 
 // namespaceRoute is the mailbox namespace ns's alias routes to, if any of
 // its mailboxes holds a lease: the one on the assigned proxy, else the newest
-// grant (the smaller id on equal epochs, which grants never share). It reads
-// only ns's own mailboxes.
+// grant (the smaller id on equal epochs, which grants never share), but
+// never the mailbox of a move's destination, which is still catching up and
+// would answer a partial history. It reads only ns's own mailboxes.
 func (s *state) namespaceRoute(ns string) (*adminv1.NamespaceRoute, bool) {
 	var best *adminv1.Lease
-	if assigned := s.namespaces[ns].GetAssignedProxyId(); assigned != "" {
+	n := s.namespaces[ns]
+	if assigned := n.GetAssignedProxyId(); assigned != "" {
 		best = s.leases[mesh.MailboxID{Namespace: ns, Proxy: assigned}.String()]
 	}
 	if best == nil {
 		for mid := range s.namespaceLeases[ns] {
 			l := s.leases[mid]
+			if in := n.GetIncomingProxyId(); in != "" && l.GetProxyId() == in {
+				continue
+			}
 			if best == nil || l.GetEpoch() > best.GetEpoch() || l.GetEpoch() == best.GetEpoch() && mid < best.GetMailboxId() {
 				best = l
 			}
