@@ -1,8 +1,12 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -62,7 +66,9 @@ stops the runner on a mailbox once the lease ttl has passed since it sent the la
 keepalive (heartbeat), or on a refusal, then acquires again (a lost session: in a new one). A runner whose control API fails the stats probe for --runner-dead-after gets no
 more renewals: the sidecar fences it, releases its leases and acquires again once the runner answers.
 SIGTERM: the runner drains (stop fetching, flush, commit), then every lease is released (the session
-closed), within --stop-timeout. /readyz is ready only while every assigned lease is held.
+closed), within --stop-timeout. /readyz is ready only while every assigned lease is held. POST
+/drain?timeout=D (prism sidecar drain-wait, the runner's preStop hook) cordons the proxy and waits until
+its namespaces have been handed off to other proxies.
 
 Every flag defaults to its environment variable (PRISM_PROXY_ID, PRISM_ADMIN_ENDPOINTS, PRISM_LEASE_TTL,
 PRISM_HEARTBEAT_INTERVAL, PRISM_RUNNER_ADDR, PRISM_ADVERTISE_ADDR, PRISM_HTTP_ADDR, PRISM_LOG_LEVEL,
@@ -133,5 +139,59 @@ TLS, and accepts only a runner presenting that same identity. --insecure dials i
 	f.DurationVar(&retryMax, "retry-max", 5*time.Second, "longest wait between retries (acquire, heartbeat, watch), which start at 100ms and double")
 	f.DurationVar(&attemptTimeout, "admin-attempt-timeout", 2*time.Second, "bound on one call to one admin node before trying the next")
 	tls.register(f)
+	cmd.AddCommand(drainWaitCommand())
+	return cmd
+}
+
+// drainWaitCommand is the runner container's preStop hook: the image has
+// no curl, and the hook must block until the sidecar has handed the
+// proxy's namespaces off (docs/architecture.md#kubernetes-stop-order).
+func drainWaitCommand() *cobra.Command {
+	var (
+		addr    string
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "drain-wait",
+		Short: "Ask the sidecar next to this runner to drain the proxy, and wait until it has (the runner's preStop hook)",
+		Long: `drain-wait calls POST /drain on the sidecar's HTTP address (--addr): the sidecar cordons its proxy, so the
+admin moves each of its namespaces to another proxy by handoff while this runner keeps serving, and answers
+once the proxy serves and hands off nothing, or at --timeout. It exits 0 once drained, 1 otherwise (the
+kubelet then stops the runner anyway), printing the sidecar's answer.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if timeout <= 0 {
+				return errors.New("--timeout must be positive")
+			}
+			u := url.URL{Scheme: "http", Host: addr, Path: "/drain", RawQuery: url.Values{"timeout": {timeout.String()}}.Encode()}
+			// The sidecar answers at its own deadline; the client's is only
+			// for a sidecar that never answers.
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout+10*time.Second)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return fmt.Errorf("drain %s: %w", u.Host, err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			if err != nil {
+				return fmt.Errorf("drain %s: %w", u.Host, err)
+			}
+			if _, err := cmd.OutOrStdout().Write(body); err != nil {
+				return err
+			}
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("drain %s: %s", u.Host, resp.Status)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", fmt.Sprintf("127.0.0.1:%d", inject.SidecarHTTPPort), "the sidecar's HTTP host:port (its --http-addr)")
+	f.DurationVar(&timeout, "timeout", 3*time.Minute, "how long the sidecar waits for the handoffs; keep it under the pod's terminationGracePeriodSeconds")
 	return cmd
 }
