@@ -47,6 +47,9 @@ func populate(t testing.TB, term uint64, n int) (*fsm.FSM, uint64) {
 	b.apply(&adminv1.Command{Body: &adminv1.Command_RegisterProxy{RegisterProxy: &adminv1.RegisterProxyRequest{
 		Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "10.0.0.1:8980", RunnerId: "r1", Version: "0.1.0"},
 	}}})
+	b.apply(&adminv1.Command{Body: &adminv1.Command_PutMembers{PutMembers: &adminv1.PutMembersCommand{
+		Members: []*adminv1.MemberAddress{{Id: "old-1", GrpcAddress: "10.9.9.9:8981"}},
+	}}})
 	var mailboxes []string
 	for i := range n {
 		ns := fmt.Sprintf("ns-%d", i)

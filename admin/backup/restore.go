@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 
 	"github.com/hashicorp/raft"
@@ -48,8 +49,10 @@ type Options struct {
 	DataDir string
 	// NodeID is the new node's --node-id, one of Peers.
 	NodeID string
-	// Peers are the new cluster's voters (the --peers of every node).
-	Peers []raftnode.Peer
+	// Peers are the new cluster's voters (the --peers of every node), and
+	// GRPCAddrs their admin gRPC addresses by id.
+	Peers     []raftnode.Peer
+	GRPCAddrs map[string]string
 	// MinTerm, when above the snapshot's term + TermGap, is the last term
 	// the old cluster is known to have reached; the new one starts above it.
 	MinTerm uint64
@@ -81,7 +84,7 @@ func RestoreFile(path string, o Options) (Result, error) {
 // snapshot, byte for byte.
 func Restore(info *adminv1.SnapshotInfo, data []byte, o Options) (Result, error) {
 	term := max(info.GetTerm()+TermGap, o.MinTerm+1)
-	f, res, err := revoke(info, data, term)
+	f, res, err := revoke(info, data, term, o.GRPCAddrs)
 	if err != nil {
 		return Result{}, err
 	}
@@ -111,8 +114,9 @@ func Restore(info *adminv1.SnapshotInfo, data []byte, o Options) (Result, error)
 // revoke loads the snapshot into an FSM and expires every session and lease
 // in it by applying the FSM's own commands after the snapshot's index, in
 // the new term, stamped with the save time so every node computes the same
-// state.
-func revoke(info *adminv1.SnapshotInfo, data []byte, term uint64) (*fsm.FSM, Result, error) {
+// state. It also replaces the old members' gRPC addresses (which followers
+// would forward to) with grpcAddrs, the new cluster's.
+func revoke(info *adminv1.SnapshotInfo, data []byte, term uint64, grpcAddrs map[string]string) (*fsm.FSM, Result, error) {
 	f := fsm.New(fsm.WithLogger(slog.New(slog.DiscardHandler)))
 	if err := f.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
 		return nil, Result{}, err
@@ -155,6 +159,21 @@ func revoke(info *adminv1.SnapshotInfo, data []byte, term uint64) (*fsm.FSM, Res
 		}
 		if err := apply(&adminv1.Command{Body: &adminv1.Command_ExpireLeases{ExpireLeases: &adminv1.ExpireLeasesCommand{Leases: refs}}}); err != nil {
 			return nil, Result{}, fmt.Errorf("revoke leases: %w", err)
+		}
+	}
+	old, _ := f.MemberAddresses()
+	for _, id := range slices.Sorted(maps.Keys(old)) {
+		if err := apply(&adminv1.Command{Body: &adminv1.Command_RemoveMember{RemoveMember: &adminv1.RemoveMemberCommand{Id: id}}}); err != nil {
+			return nil, Result{}, fmt.Errorf("remove old member %s: %w", id, err)
+		}
+	}
+	if len(grpcAddrs) > 0 {
+		put := &adminv1.PutMembersCommand{}
+		for _, id := range slices.Sorted(maps.Keys(grpcAddrs)) {
+			put.Members = append(put.Members, &adminv1.MemberAddress{Id: id, GrpcAddress: grpcAddrs[id]})
+		}
+		if err := apply(&adminv1.Command{Body: &adminv1.Command_PutMembers{PutMembers: put}}); err != nil {
+			return nil, Result{}, fmt.Errorf("put new members: %w", err)
 		}
 	}
 	if c := f.Counts(); c.Leases != 0 || c.Sessions != 0 {

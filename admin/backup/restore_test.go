@@ -35,7 +35,7 @@ func TestRestoreRevokesLeasesAndGrantsAboveEveryEarlierEpoch(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "a1")
 	peers := []raftnode.Peer{{ID: "a1", Addr: ln.Addr().String()}}
-	res, err := Restore(info, data, Options{DataDir: dir, NodeID: "a1", Peers: peers})
+	res, err := Restore(info, data, Options{DataDir: dir, NodeID: "a1", Peers: peers, GRPCAddrs: map[string]string{"a1": "127.0.0.1:8981"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,6 +61,9 @@ func TestRestoreRevokesLeasesAndGrantsAboveEveryEarlierEpoch(t *testing.T) {
 	c := g.Counts()
 	if c.Namespaces != 40 || c.Proxies != 1 || c.Leases != 0 || c.Sessions != 0 {
 		t.Fatalf("restored counts = %+v, want 40 namespaces, 1 proxy, no leases or sessions", c)
+	}
+	if m, _ := g.MemberAddresses(); len(m) != 1 || m["a1"] != "127.0.0.1:8981" {
+		t.Fatalf("restored members = %v, want only the new node's gRPC address (followers forward there)", m)
 	}
 	if term := n.Term(); term <= res.Term {
 		t.Fatalf("restored node leads term %d, want above the seed's %d", term, res.Term)

@@ -84,12 +84,12 @@ func runRestore(cmd *cobra.Command, f restoreFlags) error {
 	if f.snapshot == "" || f.dataDir == "" || f.nodeID == "" || f.peers == "" {
 		return errors.New("--snapshot, --data-dir, --node-id and --peers are required")
 	}
-	peers, _, err := parsePeers(f.peers)
+	peers, grpcAddrs, err := parsePeers(f.peers)
 	if err != nil {
 		return err
 	}
 	res, err := backup.RestoreFile(f.snapshot, backup.Options{
-		DataDir: f.dataDir, NodeID: f.nodeID, Peers: peers, MinTerm: f.minTerm, Logger: log,
+		DataDir: f.dataDir, NodeID: f.nodeID, Peers: peers, GRPCAddrs: grpcAddrs, MinTerm: f.minTerm, Logger: log,
 	})
 	if err != nil {
 		return err
