@@ -73,6 +73,19 @@
 // the first answer after that reports it ready and the namespaces come
 // back. A runner slow for less than the bound is reported ready throughout.
 //
+// # Moves and the drain
+//
+// An assignment carries a role (issue 15): a namespace the proxy serves, one
+// it catches up on as a move's destination, or one it hands off as the
+// source during the handoff tail. The worker treats all three alike (open,
+// acquire, serve), and a change of role alone touches neither the lease nor
+// the runner; only leaving the set closes and releases. Each proxy
+// heartbeat reports every namespace's lag from the runner's stats probe, so
+// the admin can switch a move once its destination has caught up. POST
+// /drain (drain.go, the runner's preStop hook) cordons the proxy and waits
+// until it serves and hands off nothing
+// (docs/architecture.md#kubernetes-stop-order).
+//
 // # Graceful stop
 //
 // On stop the workers halt (no new acquires or heartbeats), the runner
