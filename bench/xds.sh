@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# xDS benchmarks (issue 4). Prints BENCH <name> <value> <unit> lines on stdout, notes on stderr.
+# xDS benchmarks (issues 4, 13): runner moves at 10 and 1,000 proxies, then a 1M-lease admin FSM
+# (about 2 GB of memory, 2-3 minutes). Prints BENCH <name> <value> <unit> lines on stdout, notes on stderr.
 #   XDS_BENCH_ARGS   extra flags for bench/xdsbench (see go run ./bench/xdsbench -h)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -15,6 +15,16 @@
 //     bytes); at 1,000 the translation of the whole state, which a runner
 //     move no longer costs (xds/cache patches it), and the admin heap.
 //
+// Then issue 13's figures at a million mailboxes (million.go): an admin FSM
+// holding 1M leases on 1,000 proxies, built by applying commands straight
+// to an fsm.FSM (through Raft it would take minutes), followed by the real
+// pipeline with grpc-go's xDS client and a delta client connected: the ADS
+// bytes per lease operation (xds.route_bytes_per_lease_change_1m), the
+// largest response, the heap, a grant until its holder answers through
+// grpc-go, a namespace moved until its new holder answers x-prism-namespace
+// calls (beside grpc-go's RLS cache ages), and what route selection over
+// 1,000 proxies' routes costs a grpc-go call (gateway.route_select_*).
+//
 // -cpuprofile writes a profile of the whole run. At 1,000 proxies most of
 // it is grpc-go's client, not the admin: every EDS update hands its whole
 // xDS config to each of the 1,000 cds children of the cluster manager,
