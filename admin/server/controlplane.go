@@ -100,12 +100,18 @@ func (s *Server) RegisterProxy(ctx context.Context, req *adminv1.RegisterProxyRe
 		})
 }
 
+// ProxyHeartbeat also hands the namespaces' lag to the leader's mover
+// (noteHeartbeat).
 func (s *Server) ProxyHeartbeat(ctx context.Context, req *adminv1.ProxyHeartbeatRequest) (*adminv1.ProxyHeartbeatResponse, error) {
-	return write(s, ctx, "ProxyHeartbeat",
+	resp, err := write(s, ctx, "ProxyHeartbeat",
 		&adminv1.Command{Body: &adminv1.Command_ProxyHeartbeat{ProxyHeartbeat: req}}, false,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ProxyHeartbeatResponse, error) {
 			return adminv1.NewControlPlaneClient(cc).ProxyHeartbeat(ctx, req)
 		})
+	if err == nil {
+		s.noteHeartbeat(req, resp)
+	}
+	return resp, err
 }
 
 // CreateNamespace records who created the namespace: over mutual TLS the

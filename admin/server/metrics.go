@@ -33,6 +33,7 @@ type Metrics struct {
 	forwardTime prometheus.Histogram
 	rpcs        *prometheus.CounterVec
 	rpcTime     *prometheus.HistogramVec
+	moves       moveMetrics
 }
 
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
@@ -84,6 +85,7 @@ func NewMetrics() *Metrics {
 			Name: "prism_admin_grpc_request_seconds", Buckets: latencyBuckets,
 			Help: "gRPC unary call latency by method.",
 		}, []string{"method"}),
+		moves: newMoveMetrics(),
 	}
 }
 
@@ -117,6 +119,7 @@ func (m *Metrics) register(reg prometheus.Registerer, s *Server) error {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}
+	cs = append(cs, m.moves.collectors(s)...)
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return err

@@ -73,6 +73,8 @@ type NodeConfig struct {
 	IdleTimeout time.Duration
 	Quotas      Quotas
 	Admission   Admission
+	// Moves times the leader's mover: see Config.
+	Moves MoveConfig
 	// MinFree is the free-space watermark of Raft.DataDir (zero: none):
 	// below it the node refuses writes (Config.Disk).
 	MinFree diskfree.Watermark
@@ -176,7 +178,8 @@ func Start(cfg NodeConfig) (*Node, error) {
 		ExtendOnPromote: timing.ElectionTimeout,
 		Logger:          cfg.Logger.With("node", cfg.Raft.ID),
 	})
-	n.FSM = fsm.New(fsm.WithLeaseObserver(n.Lessor), fsm.WithLogger(cfg.Logger.With("node", cfg.Raft.ID)))
+	m := NewMetrics()
+	n.FSM = fsm.New(fsm.WithLeaseObserver(n.Lessor), fsm.WithMoveObserver(m), fsm.WithLogger(cfg.Logger.With("node", cfg.Raft.ID)))
 	var disk *diskfree.Guard
 	if cfg.Raft.DataDir != "" {
 		disk, err = diskfree.New(diskfree.Config{Name: "admin data dir", Dir: cfg.Raft.DataDir, Watermark: cfg.MinFree,
@@ -186,7 +189,6 @@ func Start(cfg NodeConfig) (*Node, error) {
 			return nil, err
 		}
 	}
-	m := NewMetrics()
 	reg := prometheus.NewRegistry()
 	cfg.Raft.Metrics = m.RaftHooks()
 	if n.Raft, err = raftnode.New(cfg.Raft, n.FSM); err != nil {
@@ -196,7 +198,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	n.Server, err = New(Config{
 		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Clock: cfg.Clock,
 		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas, Admission: cfg.Admission, RunnerNetworks: cfg.RunnerNetworks,
-		Registry: reg, Metrics: m, Disk: disk,
+		Registry: reg, Metrics: m, Disk: disk, Moves: cfg.Moves,
 		// Half the promotion extension: the other half and the grace are
 		// the margin for clock drift (admin/leadership).
 		LeaderLease: timing.ElectionTimeout / 2,

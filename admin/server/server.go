@@ -93,6 +93,9 @@ type Config struct {
 	// defaults).
 	Admission Admission
 
+	// Moves times the leader's mover (zero fields: defaults).
+	Moves MoveConfig
+
 	// Quotas bound the tables (zero fields: DefaultQuotas').
 	Quotas Quotas
 	// RunnerNetworks are where the runner addresses of registrations and
@@ -139,6 +142,7 @@ func (c *Config) withDefaults() error {
 	}
 	c.Quotas = c.Quotas.withDefaults()
 	c.Admission = c.Admission.withDefaults()
+	c.Moves = c.Moves.withDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -176,6 +180,11 @@ type Server struct {
 
 	admission admission
 	hooks     testHooks
+	// lag is what proxies' heartbeats said of their namespaces' lag, kept
+	// by the leader for its mover (mover.go); moverTicks counts the mover's
+	// finished looks, so a test on a fake clock knows when one is done.
+	lag        lagReports
+	moverTicks atomic.Uint64
 }
 
 // testHooks let tests hold a call at a point of its way; unset in
@@ -334,6 +343,7 @@ func (s *Server) startLeaderLoops(ctx context.Context) *leaderLoops {
 		{s.cfg.ExpiryInterval, s.expireDue},
 		{s.cfg.CheckpointInterval, s.checkpoint},
 		{s.cfg.ProxyCheckInterval, s.markStaleProxies},
+		{s.cfg.Moves.Interval, s.newMover().tick},
 	} {
 		l.wg.Add(1)
 		go func() { defer l.wg.Done(); s.every(ctx, loop.d, loop.f) }()

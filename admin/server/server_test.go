@@ -34,10 +34,16 @@ func startSingle(t *testing.T) (*Node, adminv1.ControlPlaneClient, adminv1.Admin
 // leader loops' tickers wait on it, so a step reaches every loop.
 func startSingleAt(t *testing.T, clk clock.WithTicker, staleAfter time.Duration) (*Node, adminv1.ControlPlaneClient, adminv1.AdminClient, *grpc.ClientConn) {
 	t.Helper()
+	return startSingleWith(t, clk, staleAfter, MoveConfig{})
+}
+
+// startSingleWith is startSingleAt with the mover's settings.
+func startSingleWith(t *testing.T, clk clock.WithTicker, staleAfter time.Duration, moves MoveConfig) (*Node, adminv1.ControlPlaneClient, adminv1.AdminClient, *grpc.ClientConn) {
+	t.Helper()
 	n, cc := startNodeConn(t, NodeConfig{
 		Raft:     raftnode.Config{ID: "solo", Bootstrap: true},
 		HTTPAddr: "127.0.0.1:0", Clock: clk, StaleProxyAfter: staleAfter,
-		XDS: true, GatewayAddr: "127.0.0.1:8080",
+		XDS: true, GatewayAddr: "127.0.0.1:8080", Moves: moves,
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	for l, _ := n.Raft.Leadership(); !l.IsLeader || !n.Lessor.Primary(); l, _ = n.Raft.Leadership() {
@@ -47,8 +53,8 @@ func startSingleAt(t *testing.T, clk clock.WithTicker, staleAfter time.Duration)
 		time.Sleep(5 * time.Millisecond)
 	}
 	if fake, ok := clk.(*clocktesting.FakeClock); ok {
-		// expiry, checkpoint and stale proxies
-		awaitState(t, "the leader loops' tickers", func() bool { return fake.Waiters() == 3 })
+		// expiry, checkpoint, stale proxies and the mover
+		awaitState(t, "the leader loops' tickers", func() bool { return fake.Waiters() == 4 })
 	}
 	return n, adminv1.NewControlPlaneClient(cc), adminv1.NewAdminClient(cc), cc
 }

@@ -51,6 +51,7 @@ type adminFlags struct {
 	// runnerNetworks are where runner addresses may be.
 	runnerNetworks string
 	admission      server.Admission
+	moves          server.MoveConfig
 	tls            tlsFlags
 	disk           diskFlags
 	backup         backupFlags
@@ -113,6 +114,10 @@ plaintext with no authorization.`,
 	fs.IntVar(&f.admission.MaxInFlightWrites, "max-writes-in-flight", 1000, "Raft writes the leader has proposed and not yet applied; past it new work (acquires, opens, registrations, namespaces) is refused RESOURCE_EXHAUSTED with a retry hint, renewals never are")
 	fs.DurationVar(&f.admission.ShedAfterRenewalWait, "shed-after-renewal-wait", time.Second, "a renewal that waited longer than this before the lessor answered makes the leader refuse new work for --shed-retry-after")
 	fs.DurationVar(&f.admission.RetryAfter, "shed-retry-after", time.Second, "the retry hint of refused new work (plus up to half again at random)")
+	fs.Int64Var(&f.moves.MaxLag, "move-max-lag", 100, "a namespace moving by handoff switches to its destination once the destination's mailbox is at most this many records behind its topics")
+	fs.DurationVar(&f.moves.HandoffTail, "handoff-tail", 12*time.Second, "after a move's switch the source keeps serving this long (gateways' cached lookups age out, queries in flight finish), then releases")
+	fs.DurationVar(&f.moves.Timeout, "move-timeout", 10*time.Minute, "a move by handoff not switched this long after it began is abandoned; the source keeps serving")
+	fs.IntVar(&f.moves.MaxConcurrent, "max-concurrent-moves", 4, "moves by handoff rebalancing (joins, drains) keeps in progress cluster-wide; the rest wait")
 	fs.IntVar(&f.quotas.Proxies, "max-proxies", server.DefaultQuotas.Proxies, "proxies the cluster registers; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Namespaces, "max-namespaces", server.DefaultQuotas.Namespaces, "namespaces the cluster holds; one more is refused RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.quotas.Leases, "max-leases", server.DefaultQuotas.Leases, "mailbox leases the cluster holds; one more is refused RESOURCE_EXHAUSTED")
@@ -253,7 +258,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
-		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups,
+		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups, Moves: f.moves,
 	}, nil
 }
 

@@ -1,0 +1,346 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prism-mesh/prism/admin/fsm"
+	"github.com/prism-mesh/prism/mesh"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// MoveConfig times the leader's mover, which turns moves' progress into
+// FSM commands (admin/fsm/move.go): the switch once the destination caught
+// up, the end of the handoff tail, the abandon of a move gone wrong, and a
+// Rebalance whenever planned moves wait and the limit has room.
+type MoveConfig struct {
+	// MaxLag is the most records the destination's mailbox may be behind
+	// its topics' high watermarks, as its proxy reported, for the switch
+	// (default 100).
+	MaxLag int64
+	// HandoffTail is how long the source keeps serving after the switch
+	// (default 12s: grpc-go gateways' cached lookup lives 10s, plus 2s for
+	// queries in flight).
+	HandoffTail time.Duration
+	// Timeout abandons a move that has not switched this long after it
+	// began (default 10m).
+	Timeout time.Duration
+	// MaxConcurrent bounds the moves in progress cluster-wide that
+	// rebalancing starts (default 4).
+	MaxConcurrent int
+	// Interval is how often the mover looks (default 500ms).
+	Interval time.Duration
+}
+
+func (c MoveConfig) withDefaults() MoveConfig {
+	if c.MaxLag == 0 {
+		c.MaxLag = 100
+	}
+	if c.HandoffTail == 0 {
+		c.HandoffTail = 12 * time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 10 * time.Minute
+	}
+	if c.MaxConcurrent == 0 {
+		c.MaxConcurrent = 4
+	}
+	if c.Interval == 0 {
+		c.Interval = 500 * time.Millisecond
+	}
+	return c
+}
+
+// lagReport is one proxy heartbeat's word on a namespace it hosts.
+type lagReport struct {
+	// index is the Raft index the heartbeat was committed at: a report
+	// counts for a move only if it is newer than the move's start.
+	index     uint64
+	lag       int64
+	lagKnown  bool
+	available bool
+}
+
+// proxyReports is what one proxy's last heartbeat reported.
+type proxyReports struct {
+	index      uint64
+	namespaces map[string]lagReport
+}
+
+// lagReports keeps the lag proxies report in their heartbeats, in the
+// leader's memory only. The heartbeats are Raft entries and the FSM keeps
+// each proxy's last NamespaceHealth (lag included, at no extra entry), but
+// what the mover needs is "reported after the move began", which the FSM
+// record cannot say: it does not keep the index of the heartbeat that wrote
+// it. The leader's heartbeat handler knows that index, and only the
+// leader's mover reads the reports, so they live here, keyed by proxy, and
+// are dropped when a term begins: a new leader waits for fresh reports
+// rather than trusting ones it took as a follower.
+type lagReports struct {
+	mu sync.Mutex
+	m  map[string]proxyReports
+}
+
+func (r *lagReports) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m = map[string]proxyReports{}
+}
+
+// note replaces proxy's reports with those of its heartbeat committed at
+// index (a namespace it no longer reports is one it no longer hosts).
+func (r *lagReports) note(proxy string, index uint64, health []*adminv1.NamespaceHealth) {
+	reports := make(map[string]lagReport, len(health))
+	for _, h := range health {
+		reports[h.GetNamespace()] = lagReport{index: index, lag: h.GetLag(), lagKnown: h.GetLagKnown(), available: true}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]proxyReports{}
+	}
+	if r.m[proxy].index > index {
+		return // a later heartbeat's handler got here first
+	}
+	r.m[proxy] = proxyReports{index: index, namespaces: reports}
+}
+
+func (r *lagReports) get(proxy, namespace string) lagReport {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[proxy].namespaces[namespace]
+}
+
+// noteHeartbeat records a heartbeat this node committed as leader.
+func (s *Server) noteHeartbeat(req *adminv1.ProxyHeartbeatRequest, resp *adminv1.ProxyHeartbeatResponse) {
+	if !s.node.IsRaftLeader() {
+		return
+	}
+	s.lag.note(req.GetProxyId(), resp.GetIndex(), req.GetNamespaceHealth())
+}
+
+// mover is one term's move driver; it remembers, per move, whether it saw
+// the destination's lease, so a lease that goes away after it was acquired
+// abandons the move (before the acquire, its absence is just catch-up not
+// begun). A new leader starts without that memory; the timeout still bounds
+// such a move.
+type mover struct {
+	s        *Server
+	acquired map[moveKey]bool
+}
+
+type moveKey struct {
+	namespace string
+	index     uint64
+}
+
+func (s *Server) newMover() *mover {
+	s.lag.reset()
+	return &mover{s: s, acquired: map[moveKey]bool{}}
+}
+
+// tick looks at every move once and proposes what is due.
+func (m *mover) tick(ctx context.Context) {
+	defer m.s.moverTicks.Add(1)
+	s, cfg := m.s, m.s.cfg.Moves
+	now := s.cfg.Clock.Now()
+	moves, _ := s.fsm.Moves()
+	live := map[moveKey]bool{}
+	for _, mv := range moves {
+		n := mv.Namespace
+		if mv.Role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_HANDING_OFF {
+			if !now.Before(n.GetHandoffUntil().AsTime()) {
+				m.propose(ctx, n.GetName(), &adminv1.Command{Body: &adminv1.Command_EndHandoff{EndHandoff: &adminv1.EndHandoffCommand{
+					Namespace: n.GetName(), HandoffProxyId: mv.From, HandoffUntil: n.GetHandoffUntil(),
+				}}})
+			}
+			continue
+		}
+		key := moveKey{n.GetName(), n.GetMoveIndex()}
+		live[key] = true
+		lease, _ := s.fsm.Lease(mesh.MailboxID{Namespace: n.GetName(), Proxy: mv.To}.String())
+		switch {
+		case now.Sub(n.GetMoveStartedAt().AsTime()) > cfg.Timeout:
+			m.abandon(ctx, n, adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_TIMEOUT)
+		case lease == nil && m.acquired[key]:
+			m.abandon(ctx, n, adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_LEASE_LOST)
+		case lease == nil:
+		default:
+			m.acquired[key] = true
+			if r := s.lag.get(mv.To, n.GetName()); r.available && r.index > n.GetMoveIndex() && r.lagKnown && r.lag <= cfg.MaxLag {
+				m.propose(ctx, n.GetName(), &adminv1.Command{Body: &adminv1.Command_SwitchMove{SwitchMove: &adminv1.SwitchMoveCommand{
+					Namespace: n.GetName(), ToProxyId: mv.To, MoveIndex: n.GetMoveIndex(),
+					HandoffUntil: timestamppb.New(now.Add(cfg.HandoffTail)),
+				}}})
+			}
+		}
+	}
+	for k := range m.acquired {
+		if !live[k] {
+			delete(m.acquired, k)
+		}
+	}
+	if pending, inProgress := s.fsm.PendingMoves(); pending > 0 && inProgress < cfg.MaxConcurrent {
+		m.propose(ctx, "", &adminv1.Command{Body: &adminv1.Command_Rebalance{Rebalance: &adminv1.RebalanceCommand{
+			MaxConcurrentMoves: uint32(cfg.MaxConcurrent),
+		}}})
+	}
+}
+
+func (m *mover) abandon(ctx context.Context, n *adminv1.Namespace, why adminv1.MoveAbandonReason) {
+	m.propose(ctx, n.GetName(), &adminv1.Command{Body: &adminv1.Command_AbandonMove{AbandonMove: &adminv1.AbandonMoveCommand{
+		Namespace: n.GetName(), Reason: why, MoveIndex: n.GetMoveIndex(),
+	}}})
+}
+
+func (m *mover) propose(ctx context.Context, namespace string, cmd *adminv1.Command) {
+	res, err := m.s.propose(ctx, cmd)
+	if err != nil {
+		m.s.log.Warn("commit move command", "command", fsm.CommandType(cmd), "namespace", namespace, "err", err)
+		return
+	}
+	switch r := res.(type) {
+	case *fsm.MoveResult:
+		if r.Applied {
+			m.s.log.Info("move", "command", fsm.CommandType(cmd), "namespace", namespace)
+		} else {
+			m.s.log.Debug("move command refused", "command", fsm.CommandType(cmd), "namespace", namespace, "reason", r.Refused)
+		}
+	case *fsm.RebalanceResult:
+		if len(r.Started) > 0 {
+			m.s.log.Info("rebalance started moves", "namespaces", r.Started)
+		}
+	}
+}
+
+// The operator's calls (the Admin RPCs MoveNamespace, CancelMove,
+// CordonProxy and ListMoves, and ControlPlane.DrainProxy, will call these
+// once admin.proto has them; write's forwarding wraps them there). Each
+// proposes on this node, so it must lead.
+
+// MoveNamespace starts moving namespace to proxy to by handoff.
+func (s *Server) MoveNamespace(ctx context.Context, namespace, to string) (*fsm.MoveResult, error) {
+	return s.moveCommand(ctx, &adminv1.Command{Body: &adminv1.Command_StartMove{StartMove: &adminv1.StartMoveCommand{
+		Namespace: namespace, ToProxyId: to, Reason: adminv1.MoveReason_MOVE_REASON_OPERATOR,
+	}}})
+}
+
+// CancelMove abandons namespace's move in progress; the source serves on.
+func (s *Server) CancelMove(ctx context.Context, namespace string) (*fsm.MoveResult, error) {
+	return s.moveCommand(ctx, &adminv1.Command{Body: &adminv1.Command_AbandonMove{AbandonMove: &adminv1.AbandonMoveCommand{
+		Namespace: namespace, Reason: adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_CANCELLED,
+	}}})
+}
+
+// CordonProxy sets or clears proxy's cordon (a drain when set).
+func (s *Server) CordonProxy(ctx context.Context, proxy string, cordoned bool) (*fsm.MoveResult, error) {
+	return s.moveCommand(ctx, &adminv1.Command{Body: &adminv1.Command_CordonProxy{CordonProxy: &adminv1.CordonProxyCommand{
+		ProxyId: proxy, Cordoned: cordoned,
+	}}})
+}
+
+func (s *Server) moveCommand(ctx context.Context, cmd *adminv1.Command) (*fsm.MoveResult, error) {
+	if err := s.admitWrite(fsm.CommandType(cmd)); err != nil {
+		return nil, err
+	}
+	res, err := s.propose(ctx, cmd)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	r, ok := res.(*fsm.MoveResult)
+	if !ok {
+		return nil, fmt.Errorf("%s: fsm answered %T", fsm.CommandType(cmd), res)
+	}
+	return r, nil
+}
+
+// MoveStatus is one move as ListMoves shows it: the FSM's record and the
+// destination's lag as its proxy last reported it to this node (known only
+// on the leader, after a heartbeat newer than the move's start).
+type MoveStatus struct {
+	fsm.Move
+	Lag      int64
+	LagKnown bool
+}
+
+// Moves lists the moves in progress and handoff tails with their lag.
+func (s *Server) Moves() []MoveStatus {
+	moves, _ := s.fsm.Moves()
+	out := make([]MoveStatus, len(moves))
+	for i, m := range moves {
+		out[i].Move = m
+		if r := s.lag.get(m.To, m.Namespace.GetName()); r.available && r.index > m.Namespace.GetMoveIndex() {
+			out[i].Lag, out[i].LagKnown = r.lag, r.lagKnown
+		}
+	}
+	return out
+}
+
+// moveMetrics count moves' ends as this node applies them (every replica
+// counts the same), by reason; moves in progress are read from the FSM at
+// scrape time.
+type moveMetrics struct {
+	switched  *prometheus.CounterVec
+	abandoned *prometheus.CounterVec
+}
+
+func newMoveMetrics() moveMetrics {
+	return moveMetrics{
+		switched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_admin_moves_switched_total",
+			Help: "Moves by handoff that switched to their destination, by why they began (operator, rebalance, drain).",
+		}, []string{"reason"}),
+		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_admin_moves_abandoned_total",
+			Help: "Moves by handoff that ended without a switch, by reason; the source kept serving.",
+		}, []string{"reason"}),
+	}
+}
+
+var _ fsm.MoveObserver = (*Metrics)(nil)
+
+// MoveSwitched counts a switch (fsm.MoveObserver).
+func (m *Metrics) MoveSwitched(_ string, why adminv1.MoveReason) {
+	m.moves.switched.WithLabelValues(reasonLabel(why.String(), "MOVE_REASON_")).Inc()
+}
+
+// MoveAbandoned counts an abandon (fsm.MoveObserver).
+func (m *Metrics) MoveAbandoned(_ string, why adminv1.MoveAbandonReason) {
+	m.moves.abandoned.WithLabelValues(reasonLabel(why.String(), "MOVE_ABANDON_REASON_")).Inc()
+}
+
+func reasonLabel(enum, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(enum, prefix))
+}
+
+// collectors are the counters and the in-progress gauge.
+func (mm moveMetrics) collectors(s *Server) []prometheus.Collector {
+	desc := prometheus.NewDesc("prism_admin_moves_in_progress", "Moves by handoff in this node's FSM, by state: catching_up (destination ingesting) or handing_off (switched, source in its tail).", []string{"state"}, nil)
+	return []prometheus.Collector{mm.switched, mm.abandoned, movesGauge{desc: desc, s: s}}
+}
+
+type movesGauge struct {
+	desc *prometheus.Desc
+	s    *Server
+}
+
+func (g movesGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+func (g movesGauge) Collect(ch chan<- prometheus.Metric) {
+	moves, _ := g.s.fsm.Moves()
+	var catching, handing float64
+	for _, m := range moves {
+		if m.Role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP {
+			catching++
+		} else {
+			handing++
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, catching, "catching_up")
+	ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, handing, "handing_off")
+}

@@ -1,0 +1,276 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prism-mesh/prism/admin/placement"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+const moveTick = 500 * time.Millisecond
+
+// moverEnv is a single admin node on a fake clock with proxies p1 and p2,
+// namespace ns on p1 with its mailbox held there (hashing keeps it on p1,
+// so only the test's own moves move it).
+type moverEnv struct {
+	t   *testing.T
+	n   *Node
+	cp  adminv1.ControlPlaneClient
+	clk *clocktesting.FakeClock
+	c   context.Context
+	ns  string
+}
+
+func newMoverEnv(t *testing.T) *moverEnv {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	n, cp, _, _ := startSingleWith(t, clk, time.Hour, MoveConfig{MaxLag: 100, HandoffTail: 12 * time.Second, Timeout: time.Minute, Interval: moveTick})
+	e := &moverEnv{t: t, n: n, cp: cp, clk: clk, c: ctx(t)}
+	e.register("p1")
+	table := placement.Compute([]string{"p1", "p2"})
+	for i := 0; e.ns == ""; i++ {
+		if name := fmt.Sprintf("ns-%d", i); table.Owner(placement.Partition(name)) == "p1" {
+			e.ns = name
+		}
+	}
+	if _, err := cp.CreateNamespace(e.c, &adminv1.CreateNamespaceRequest{Namespace: e.ns, Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.register("p2")
+	e.acquire("p1")
+	return e
+}
+
+func (e *moverEnv) register(p string) {
+	e.t.Helper()
+	if _, err := e.cp.RegisterProxy(e.c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: p, Address: "127.0.0.1:9000"}}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *moverEnv) acquire(p string) {
+	e.t.Helper()
+	r, err := e.cp.AcquireLease(e.c, &adminv1.AcquireLeaseRequest{MailboxId: e.ns + "@" + p, RunnerId: p, RunnerAddress: "127.0.0.1:9001"})
+	if err != nil || !r.GetGranted() {
+		e.t.Fatalf("acquire %s@%s: %v, %v", e.ns, p, r, err)
+	}
+}
+
+// heartbeat reports ns's lag on proxy p.
+func (e *moverEnv) heartbeat(p string, lag int64, known bool) {
+	e.t.Helper()
+	if _, err := e.cp.ProxyHeartbeat(e.c, &adminv1.ProxyHeartbeatRequest{ProxyId: p, NamespaceHealth: []*adminv1.NamespaceHealth{
+		{Namespace: e.ns, Lag: lag, LagKnown: known},
+	}}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *moverEnv) namespace() *adminv1.Namespace {
+	n, _, _ := e.n.FSM.Namespace(e.ns)
+	return n
+}
+
+// tick steps the clock by d and waits until the mover's look it fired is
+// done, with what it proposed applied (the leader proposes synchronously).
+func (e *moverEnv) tick(d time.Duration) {
+	e.t.Helper()
+	before := e.n.Server.moverTicks.Load()
+	e.clk.Step(d)
+	awaitState(e.t, "the mover's tick", func() bool { return e.n.Server.moverTicks.Load() > before })
+}
+
+func (e *moverEnv) start() {
+	e.t.Helper()
+	if r, err := e.n.Server.MoveNamespace(e.c, e.ns, "p2"); err != nil || !r.Applied {
+		e.t.Fatalf("move %s to p2: %+v, %v", e.ns, r, err)
+	}
+}
+
+// The mover switches only on a fresh, known lag within the bound, and
+// ends the tail at handoff_until; the watch streams push each role change.
+func TestMoverSwitchesThenEndsTheTail(t *testing.T) {
+	t.Parallel()
+	e := newMoverEnv(t)
+	w1, err := e.cp.WatchAssignments(e.c, &adminv1.WatchAssignmentsRequest{ProxyId: "p1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := e.cp.WatchAssignments(e.c, &adminv1.WatchAssignmentsRequest{ProxyId: "p2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitRole := func(w adminv1.ControlPlane_WatchAssignmentsClient, want adminv1.AssignmentRole, present bool) {
+		t.Helper()
+		for {
+			m, err := w.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got *adminv1.NamespaceAssignment
+			for _, a := range m.GetAssignments() {
+				if a.GetNamespace() == e.ns {
+					got = a
+				}
+			}
+			if (got != nil) == present && (!present || got.GetRole() == want) {
+				return
+			}
+		}
+	}
+	// A report from before the move never counts for it.
+	e.heartbeat("p2", 0, true)
+	e.start()
+	awaitRole(w2, adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP, true)
+	e.acquire("p2")
+	for _, step := range []struct {
+		name          string
+		report        func()
+		wantAssignedP string
+	}{
+		{"the report from before the move", func() {}, "p1"},
+		{"lag unknown", func() { e.heartbeat("p2", 0, false) }, "p1"},
+		{"lag above the bound", func() { e.heartbeat("p2", 101, true) }, "p1"},
+		{"lag within the bound", func() { e.heartbeat("p2", 100, true) }, "p2"},
+	} {
+		step.report()
+		e.tick(moveTick)
+		if got := e.namespace().GetAssignedProxyId(); got != step.wantAssignedP {
+			t.Fatalf("%s: assigned %s, want %s", step.name, got, step.wantAssignedP)
+		}
+	}
+	switched := e.clk.Now()
+	if n := e.namespace(); n.GetHandoffProxyId() != "p1" || !n.GetHandoffUntil().AsTime().Equal(switched.Add(12*time.Second)) {
+		t.Fatalf("after the switch: %v", n)
+	}
+	if r, _ := e.n.FSM.NamespaceRoute(e.ns); r.GetMailboxId() != e.ns+"@p2" {
+		t.Fatalf("alias routes to %v after the switch", r)
+	}
+	awaitRole(w2, adminv1.AssignmentRole_ASSIGNMENT_ROLE_SERVING, true)
+	awaitRole(w1, adminv1.AssignmentRole_ASSIGNMENT_ROLE_HANDING_OFF, true)
+	e.tick(11 * time.Second)
+	if e.namespace().GetHandoffProxyId() != "p1" {
+		t.Fatal("the tail ended before handoff_until")
+	}
+	e.tick(time.Second)
+	if n := e.namespace(); n.GetHandoffProxyId() != "" {
+		t.Fatalf("the tail outlived handoff_until: %v", n)
+	}
+	awaitRole(w1, 0, false)
+	if got := scrapeValue(t, e.n, `prism_admin_moves_switched_total{reason="operator"}`); got != 1 {
+		t.Fatalf("switched moves metric %v, want 1", got)
+	}
+}
+
+// The mover abandons a move whose destination lost its lease after
+// acquiring it, or that did not switch in time; the source keeps serving.
+func TestMoverAbandons(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		cause  func(e *moverEnv)
+		reason string
+		// sourceExpired: the fake clock ran past the source's lease,
+		// which nobody renews here, so the alias has nowhere to go.
+		sourceExpired bool
+	}{
+		{"lease lost", func(e *moverEnv) {
+			e.acquire("p2")
+			e.tick(moveTick)
+			if _, err := e.cp.ReleaseLease(e.c, &adminv1.ReleaseLeaseRequest{MailboxId: e.ns + "@p2", RunnerId: "p2"}); err != nil {
+				e.t.Fatal(err)
+			}
+			e.tick(moveTick)
+		}, "lease_lost", false},
+		{"timeout", func(e *moverEnv) {
+			e.acquire("p2")
+			e.heartbeat("p2", 1000, true) // never catches up
+			e.tick(30 * time.Second)
+			if e.namespace().GetIncomingProxyId() != "p2" {
+				e.t.Fatal("abandoned before the timeout")
+			}
+			e.tick(31 * time.Second)
+		}, "timeout", true},
+		{"cancelled", func(e *moverEnv) {
+			if r, err := e.n.Server.CancelMove(e.c, e.ns); err != nil || !r.Applied {
+				e.t.Fatalf("cancel: %+v, %v", r, err)
+			}
+		}, "cancelled", false},
+		{"destination cordoned", func(e *moverEnv) {
+			if r, err := e.n.Server.CordonProxy(e.c, "p2", true); err != nil || !r.Applied {
+				e.t.Fatalf("cordon: %+v, %v", r, err)
+			}
+		}, "target_cordoned", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newMoverEnv(t)
+			e.start()
+			tc.cause(e)
+			if n := e.namespace(); n.GetIncomingProxyId() != "" || n.GetAssignedProxyId() != "p1" {
+				t.Fatalf("after %s: %v, want on p1 with no move", tc.name, n)
+			}
+			if r, _ := e.n.FSM.NamespaceRoute(e.ns); !tc.sourceExpired && r.GetMailboxId() != e.ns+"@p1" {
+				t.Fatalf("alias routes to %v", r)
+			}
+			if got := scrapeValue(t, e.n, fmt.Sprintf(`prism_admin_moves_abandoned_total{reason=%q}`, tc.reason)); got != 1 {
+				t.Fatalf("abandoned{%s} = %v, want 1", tc.reason, got)
+			}
+		})
+	}
+}
+
+// A join is rebalanced by the mover's Rebalance, never past the limit,
+// the rest started as earlier moves finish.
+func TestMoverRebalancesAJoin(t *testing.T) {
+	t.Parallel()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	n, cp, _, _ := startSingleWith(t, clk, time.Hour, MoveConfig{MaxConcurrent: 2, Interval: moveTick, HandoffTail: time.Second})
+	e := &moverEnv{t: t, n: n, cp: cp, clk: clk, c: ctx(t)}
+	e.register("p1")
+	for i := range 30 {
+		if _, err := cp.CreateNamespace(e.c, &adminv1.CreateNamespaceRequest{Namespace: fmt.Sprintf("ns-%d", i), Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.register("p2")
+	pending, _ := n.FSM.PendingMoves()
+	if pending < 3 {
+		t.Fatalf("%d namespaces move to the new proxy; the test needs more than the limit", pending)
+	}
+	switched := 0
+	for round := 0; switched < pending; round++ {
+		if round > 3*pending {
+			t.Fatalf("%d of %d moves switched after %d rounds", switched, pending, round)
+		}
+		e.tick(moveTick)
+		moves, _ := n.FSM.Moves()
+		catching := 0
+		var health []*adminv1.NamespaceHealth
+		for _, m := range moves {
+			if m.Role != adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP {
+				continue
+			}
+			catching++
+			e.ns = m.Namespace.GetName()
+			if l, _ := n.FSM.Lease(e.ns + "@p2"); l == nil {
+				e.acquire("p2")
+			}
+			health = append(health, &adminv1.NamespaceHealth{Namespace: e.ns, LagKnown: true})
+		}
+		if catching > 2 {
+			t.Fatalf("round %d: %d moves in progress, limit 2", round, catching)
+		}
+		if _, err := cp.ProxyHeartbeat(e.c, &adminv1.ProxyHeartbeatRequest{ProxyId: "p2", NamespaceHealth: health}); err != nil {
+			t.Fatal(err)
+		}
+		switched = int(scrapeValue(t, n, `prism_admin_moves_switched_total{reason="rebalance"}`))
+	}
+	if p, _ := n.FSM.PendingMoves(); p != 0 {
+		t.Fatalf("%d moves still pending", p)
+	}
+}
