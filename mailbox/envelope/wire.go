@@ -129,14 +129,14 @@ func decodeMetadata(b []byte, md *envelopev1.PrismMetadata, item *mailboxv1.Mail
 	return true
 }
 
+// decodeTimestamp refuses a timestamp with anything but its two fields: an
+// invalid one is rejected with its text, unknown fields included, which only
+// the full decoder can write.
 func decodeTimestamp(b []byte, ts *timestamppb.Timestamp) bool {
 	for len(b) > 0 {
 		f, ok := nextField(&b)
-		if !ok {
+		if !ok || f.typ != protowire.VarintType || (f.num != 1 && f.num != 2) {
 			return false
-		}
-		if f.typ != protowire.VarintType {
-			continue
 		}
 		switch f.num {
 		case 1:
