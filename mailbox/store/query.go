@@ -215,12 +215,12 @@ func (s *Store) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1
 	if err != nil {
 		return nil, err
 	}
-	pl.raiseStart(s.meta().floor())
 	resp := &mailboxv1.QueryEventsResponse{}
 	if pl.empty {
 		return resp, nil
 	}
-	err = s.db.View(func(txn *badger.Txn) error {
+	err = s.view(func(txn *badger.Txn, m meta) error {
+		pl.raiseStart(m.floor())
 		return s.run(ctx, txn, pl, resp)
 	})
 	if err != nil {

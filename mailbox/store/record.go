@@ -274,6 +274,19 @@ type meta struct {
 	seq           uint64
 	// floorBits is the retention floor with its sign bit flipped, so the zero value is math.MinInt64: no floor.
 	floorBits uint64
+	// oldest and newest are the timestamps of the oldest and newest items not below the floor, oldest > newest
+	// when there is none. They are not stored: Open finds them (setBounds), writes widen them and retention
+	// passes raise oldest, so Stats reads no key.
+	oldest, newest int64
+}
+
+// widen takes an item stored at ts into the bounds.
+func (m *meta) widen(ts int64) {
+	if m.oldest > m.newest {
+		m.oldest, m.newest = ts, ts
+		return
+	}
+	m.oldest, m.newest = min(m.oldest, ts), max(m.newest, ts)
 }
 
 // floor is the retention floor: items with an earlier timestamp are deleted, whether or not the sweep has

@@ -92,6 +92,8 @@ func (s *Store) commitFloor(floor int64, res RetentionResult) error {
 	m.setFloor(floor)
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
+	// Nothing is in flight and the commit below changes no item, so txn reads the items as they will stand.
+	m.setBounds(txn)
 	if err := txn.Set(metaKey, m.encode()); err != nil {
 		return fmt.Errorf("write floor: %w", err)
 	}
@@ -99,7 +101,7 @@ func (s *Store) commitFloor(floor int64, res RetentionResult) error {
 		return fmt.Errorf("commit floor: %w", err)
 	}
 	s.wm = m
-	s.setMeta(m)
+	s.publish(m)
 	return nil
 }
 
@@ -288,6 +290,8 @@ func (s *Store) deleteTxn(vs []victim) error {
 	if err := txn.Commit(); err != nil {
 		return fmt.Errorf("commit deletes: %w", err)
 	}
+	// The deleted keys were already invisible; a new snapshot lets compaction drop them.
+	s.publish(s.meta())
 	return nil
 }
 

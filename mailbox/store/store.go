@@ -81,9 +81,16 @@ type Store struct {
 	// qmu guards queue: Writes waiting for wmu, committed together by the next holder.
 	qmu   sync.Mutex
 	queue []*writeReq
-	// mmu guards m, so Stats does not wait behind a write's fsync.
-	mmu sync.Mutex
-	m   meta
+	// mmu guards m and snap, and is held for nothing longer than a pointer swap or a reference count: reads
+	// take it to find what to read, writes to publish what is durable.
+	mmu  sync.Mutex
+	m    meta
+	snap *snapshot // nil once closed
+	// live counts the snapshots not yet discarded, so Close waits for the reads still using one.
+	live sync.WaitGroup
+	// heldCommit, when set (tests only), is called by a write group's commit once Badger has applied it and
+	// before the store publishes it or its Write returns: a batch held mid-commit.
+	heldCommit func()
 
 	chunk int // items per retention transaction; retentionChunk except in tests
 
@@ -156,13 +163,79 @@ func Open(opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: read counters: %w", opts.Dir, err)
 	}
+	if err := db.View(func(txn *badger.Txn) error {
+		s.m.setBounds(txn)
+		return nil
+	}); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open store %s: read bounds: %w", opts.Dir, err)
+	}
 	s.wm = s.m
 	s.wfloor = s.m.floor()
 	if err := s.fixModes(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store: %w", err)
 	}
+	s.publish(s.m)
 	return s, nil
+}
+
+// snapshot is what every read uses: a Badger read transaction opened when nothing was in flight, and the
+// counters, floor and bounds as of the same commit. Badger's read transactions wait, when opened, for every
+// commit already sent to be applied (its fsync included), so a query opening its own while ingest has a batch
+// in flight would wait for that batch; sharing a transaction opened between commits never waits. Badger's
+// read-only transactions are safe for concurrent Gets and iterators.
+type snapshot struct {
+	txn  *badger.Txn
+	m    meta
+	refs int // guarded by Store.mmu; the store holds one while the snapshot is current
+}
+
+// publish makes the store's state as it stands on disk, with counters m, what reads see from now on. It is
+// called after every commit is applied, with none in flight, so opening the transaction does not wait.
+func (s *Store) publish(m meta) {
+	sn := &snapshot{txn: s.db.NewTransaction(false), m: m, refs: 1}
+	s.live.Add(1)
+	s.mmu.Lock()
+	s.m = m
+	old := s.snap
+	s.snap = sn
+	s.mmu.Unlock()
+	if old != nil {
+		s.release(old)
+	}
+}
+
+// acquire returns the current snapshot, referenced until release, or nil once the store is closed.
+func (s *Store) acquire() *snapshot {
+	s.mmu.Lock()
+	defer s.mmu.Unlock()
+	sn := s.snap
+	if sn != nil {
+		sn.refs++
+	}
+	return sn
+}
+
+func (s *Store) release(sn *snapshot) {
+	s.mmu.Lock()
+	sn.refs--
+	last := sn.refs == 0
+	s.mmu.Unlock()
+	if last {
+		sn.txn.Discard()
+		s.live.Done()
+	}
+}
+
+// view runs fn on the current snapshot.
+func (s *Store) view(fn func(txn *badger.Txn, m meta) error) error {
+	sn := s.acquire()
+	if sn == nil {
+		return badger.ErrDBClosed
+	}
+	defer s.release(sn)
+	return fn(sn.txn, sn.m)
 }
 
 // Close releases the store.
@@ -170,6 +243,14 @@ func (s *Store) Close() error {
 	s.wmu.Lock()
 	s.settle()
 	s.wmu.Unlock()
+	s.mmu.Lock()
+	sn := s.snap
+	s.snap = nil
+	s.mmu.Unlock()
+	if sn != nil {
+		s.release(sn)
+	}
+	s.live.Wait()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close store %s: %w", s.opts.Dir, err)
 	}
@@ -222,12 +303,12 @@ func (s *Store) Get(ctx context.Context, messageID string) (*mailboxv1.MailboxIt
 		return nil, err
 	}
 	var out *mailboxv1.MailboxItem
-	err := s.db.View(func(txn *badger.Txn) error {
+	err := s.view(func(txn *badger.Txn, m meta) error {
 		p, ok, err := lookupMsgID(txn, messageID)
 		if err != nil {
 			return err
 		}
-		if !ok || p.ts() < s.meta().floor() {
+		if !ok || p.ts() < m.floor() {
 			return ErrNotFound
 		}
 		out, err = readItem(txn, p)
@@ -291,41 +372,53 @@ func (s *Store) Usage() Usage {
 }
 
 // Stats reports total events, total envelope bytes, oldest and newest timestamps. mailbox_id and epoch are left
-// empty for the caller to fill. The counters are kept by every write and retention pass; oldest and newest are
-// the first live key at either end of the primary order.
+// empty for the caller to fill. Everything comes from the counters and bounds that writes and retention passes
+// keep (meta), as of the last durable one: Stats reads no key and never waits for a write.
 func (s *Store) Stats(ctx context.Context) (*mailboxv1.MailboxStats, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	m := s.meta()
+	s.mmu.Lock()
+	m, closed := s.m, s.snap == nil
+	s.mmu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("stats: %w", badger.ErrDBClosed)
+	}
 	st := &mailboxv1.MailboxStats{TotalEvents: m.events, TotalBytes: m.bytes}
-	err := s.db.View(func(txn *badger.Txn) error {
-		for _, reverse := range []bool{false, true} {
-			it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: false, Reverse: reverse, Prefix: []byte{prefixItem}})
-			seek := []byte{prefixItem}
-			if reverse {
-				seek = oldestFrom(m.floor())
-			}
-			it.Seek(seek)
-			if it.Valid() {
-				var p pos
-				copy(p[:], it.Item().Key()[1:])
-				if ts := p.ts(); ts >= m.floor() {
-					if reverse {
-						st.OldestEvent = timestamppb.New(time.UnixMilli(ts))
-					} else {
-						st.NewestEvent = timestamppb.New(time.UnixMilli(ts))
-					}
-				}
-			}
-			it.Close()
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("stats: %w", err)
+	if m.newest >= m.oldest {
+		st.OldestEvent = timestamppb.New(time.UnixMilli(m.oldest))
+		st.NewestEvent = timestamppb.New(time.UnixMilli(m.newest))
 	}
 	return st, nil
+}
+
+// setBounds finds oldest and newest in txn: the first live key at either end of the primary order.
+func (m *meta) setBounds(txn *badger.Txn) {
+	m.oldest, m.newest = math.MaxInt64, math.MinInt64
+	floor := m.floor()
+	for _, reverse := range []bool{false, true} {
+		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: false, Reverse: reverse, Prefix: []byte{prefixItem}})
+		seek := []byte{prefixItem}
+		if reverse {
+			seek = oldestFrom(floor)
+		}
+		it.Seek(seek)
+		if it.Valid() {
+			var p pos
+			copy(p[:], it.Item().Key()[1:])
+			if ts := p.ts(); ts >= floor {
+				if reverse {
+					m.oldest = ts
+				} else {
+					m.newest = ts
+				}
+			}
+		}
+		it.Close()
+	}
+	if m.oldest > m.newest {
+		m.oldest, m.newest = math.MaxInt64, math.MinInt64
+	}
 }
 
 // badgerLogger sends Badger's logs to slog; its chatty info lines (compactions, flushes) go to debug.

@@ -161,11 +161,16 @@ func (s *Store) sendGroup(group []*writeReq) {
 	for i, r := range group {
 		r.res, r.f = res[i], f
 	}
+	hold := s.heldCommit
 	txn.CommitWith(func(err error) {
 		if err != nil {
 			f.err = fmt.Errorf("write: commit: %w", err)
 		} else {
-			s.setMeta(m)
+			if hold != nil {
+				hold()
+			}
+			// Nothing else is in flight: the next group waits for done, retention and Close for settle.
+			s.publish(m)
 		}
 		close(f.done)
 	})
@@ -236,6 +241,7 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			}
 			m.events++
 			m.bytes += int64(len(it.GetEnvelopeBlob()))
+			m.widen(it.GetTimestamp())
 			res[b].Stored++
 			stored++
 		}
@@ -285,14 +291,8 @@ func (s *Store) writeTxn(r *writeReq) (WriteResult, error) {
 		return WriteResult{}, fmt.Errorf("write: commit: %w", err)
 	}
 	s.wm = m
-	s.setMeta(m)
+	s.publish(m)
 	return res[0], nil
-}
-
-func (s *Store) setMeta(m meta) {
-	s.mmu.Lock()
-	s.m = m
-	s.mmu.Unlock()
 }
 
 // meta returns the counters and floor as of the last durable write or retention pass.
