@@ -1,0 +1,544 @@
+// Command mixedbench measures queries while a mailbox ingests (issue 18): an
+// in-process mailbox runner (mailbox/runner: ingest, store, query servers on
+// loopback, no sidecar and no TLS) drains a backlog pre-produced into an
+// in-process kfake broker while a paced loop sends indexed HTTP queries and
+// another asks for stats. After the drain the same loop runs again, over HTTP
+// and over gRPC, against the full store. It prints BENCH lines; -cpuprofile,
+// -blockprofile, -mutexprofile and -trace record the ingest phase.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"runtime/pprof"
+	"runtime/trace"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prism-mesh/prism/mailbox/envelope/demo"
+	"github.com/prism-mesh/prism/mailbox/ingest"
+	"github.com/prism-mesh/prism/mailbox/runner"
+	"github.com/prism-mesh/prism/mesh"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+)
+
+const (
+	topic     = "bench.events"
+	mailboxID = "bench@proxy-01"
+)
+
+type options struct {
+	n, size, partitions int
+	qps, statsQPS       float64
+	after               time.Duration
+	cpu, block, mutex   string
+	trace               string
+	traceFor            time.Duration
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.n, "n", 300_000, "envelopes in the backlog")
+	flag.IntVar(&o.size, "size", 1024, "approximate envelope size in bytes")
+	flag.IntVar(&o.partitions, "partitions", 3, "partitions of the topic")
+	flag.Float64Var(&o.qps, "qps", 200, "queries per second during and after ingest (0: ingest alone)")
+	flag.Float64Var(&o.statsQPS, "stats-qps", 20, "stats requests per second during ingest")
+	flag.DurationVar(&o.after, "after", 10*time.Second, "how long each query loop runs after the drain (HTTP, then gRPC); 0 skips it")
+	flag.StringVar(&o.cpu, "cpuprofile", "", "write a CPU profile of the ingest phase here")
+	flag.StringVar(&o.block, "blockprofile", "", "write a block profile of the ingest phase here")
+	flag.StringVar(&o.mutex, "mutexprofile", "", "write a mutex profile of the ingest phase here")
+	flag.StringVar(&o.trace, "trace", "", "write an execution trace of part of the ingest phase here")
+	flag.DurationVar(&o.traceFor, "trace-for", 3*time.Second, "length of the trace, started 5 s into ingest")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "mixedbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(o.partitions), topic, topic+ingest.DLQSuffix))
+	if err != nil {
+		return fmt.Errorf("kfake: %w", err)
+	}
+	defer cluster.Close()
+	start := time.Now()
+	total, err := preProduce(cluster.ListenAddrs(), o.n, o.size)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "# produced %d envelopes (%d bytes each) on %d partitions in %v\n", o.n, total/int64(o.n), o.partitions, time.Since(start).Round(time.Millisecond))
+
+	dir, err := os.MkdirTemp("", "mixedbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r, err := runner.New(runner.Config{DataDir: dir, Brokers: cluster.ListenAddrs(), Logger: quiet})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	qlis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	hlis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	r.Serve(qlis, hlis)
+	base := "http://" + qlis.Addr().String() + "/v1/mailboxes/" + url.PathEscape(mailboxID)
+	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+
+	stopProfiles, err := startProfiles(o)
+	if err != nil {
+		return err
+	}
+	sched0 := readMetrics()
+	start = time.Now()
+	if err := r.Open(runner.MailboxConfig{ID: mailboxID, Topics: []string{topic}}); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		wg         sync.WaitGroup
+		qlat, slat latencies
+		pool       idPool
+	)
+	if o.qps > 0 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			pace(ctx, o.qps, func(due time.Time) { qlat.time(due, func() error { return httpQuery(cl, base, &pool) }) })
+		}()
+		go func() {
+			defer wg.Done()
+			pace(ctx, o.statsQPS, func(due time.Time) { slat.time(due, func() error { return get(cl, base+"/stats", nil) }) })
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		st, err := r.Stats(context.Background(), mailboxID)
+		if err != nil {
+			cancel()
+			return err
+		}
+		if st.GetTotalEvents() >= int64(o.n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			return fmt.Errorf("only %d of %d stored after 10 minutes", st.GetTotalEvents(), o.n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	cancel()
+	wg.Wait()
+	sched1 := readMetrics()
+	stopProfiles()
+	fmt.Fprintf(os.Stderr, "# drained %d in %v with %.0f queries/s and %.0f stats/s beside\n", o.n, elapsed.Round(time.Millisecond), o.qps, o.statsQPS)
+	fmt.Fprintf(os.Stderr, "# runtime during ingest: scheduler latency p50 %.3f ms p99 %.3f ms max %.1f ms; GC %.1f%% of CPU\n",
+		1e3*sched1.schedQuantile(sched0, 0.5), 1e3*sched1.schedQuantile(sched0, 0.99), 1e3*sched1.schedQuantile(sched0, 1), 100*sched1.gcShare(sched0))
+	suffix := "_with_queries"
+	if o.qps == 0 {
+		suffix = ""
+	}
+	fmt.Printf("BENCH mixed.ingest_events_per_s%s %.0f events/s\n", suffix, float64(o.n)/elapsed.Seconds())
+	if o.qps == 0 {
+		return nil
+	}
+	qlat.report("mixed.query_p%s_ms_during_ingest")
+	slat.report("mixed.stats_p%s_ms_during_ingest")
+	if o.after <= 0 {
+		return nil
+	}
+
+	var after latencies
+	ctx, cancel = context.WithTimeout(context.Background(), o.after)
+	pace(ctx, o.qps, func(due time.Time) { after.time(due, func() error { return httpQuery(cl, base, &pool) }) })
+	cancel()
+	after.report(fmt.Sprintf("mixed.query_p%%s_ms_after_%dk_http", o.n/1000))
+
+	conn, err := grpc.NewClient(qlis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	qc := mailboxv1.NewMailboxQueryClient(conn)
+	var g latencies
+	ctx, cancel = context.WithTimeout(context.Background(), o.after)
+	pace(ctx, o.qps, func(due time.Time) { g.time(due, func() error { return grpcQuery(qc, &pool) }) })
+	cancel()
+	g.report(fmt.Sprintf("mixed.query_p%%s_ms_after_%dk_grpc", o.n/1000))
+	return nil
+}
+
+// maxInFlight bounds the requests a loop has outstanding, so a stalled
+// server slows the loop instead of exhausting file descriptors; latency is
+// still counted from when a request was due, so the wait is not hidden.
+const maxInFlight = 256
+
+// pace calls fn rate times a second, each in its own goroutine, with the
+// time the call was due, until ctx ends, then waits for the calls it
+// started. An open loop: a slow answer does not slow the arrivals, as with
+// independent clients.
+func pace(ctx context.Context, rate float64, fn func(due time.Time)) {
+	if rate <= 0 {
+		return
+	}
+	slots := make(chan struct{}, maxInFlight)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	interval := time.Duration(float64(time.Second) / rate)
+	next := time.Now()
+	for {
+		next = next.Add(interval)
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wg.Add(1)
+		due := next
+		go func() {
+			defer wg.Done()
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			fn(due)
+		}()
+	}
+}
+
+type latencies struct {
+	mu   sync.Mutex
+	d    []time.Duration
+	errs int
+}
+
+// time runs fn, a request due at due, and records how long after due it answered.
+func (l *latencies) time(due time.Time, fn func() error) {
+	err := fn()
+	d := time.Since(due)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.errs++
+		if l.errs <= 3 {
+			fmt.Fprintln(os.Stderr, "# request failed:", err)
+		}
+		return
+	}
+	l.d = append(l.d, d)
+}
+
+func (l *latencies) report(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slices.Sort(l.d)
+	q := func(p float64) float64 {
+		if len(l.d) == 0 {
+			return math.NaN()
+		}
+		return float64(l.d[min(len(l.d)-1, int(p*float64(len(l.d))))]) / 1e6
+	}
+	fmt.Fprintf(os.Stderr, "# %s: %d answered, %d failed, p50 %.2f ms, max %.1f ms\n", fmt.Sprintf(name, "*"), len(l.d), l.errs, q(0.5), q(1))
+	fmt.Printf("BENCH "+name+" %.2f ms\n", "99", q(0.99))
+}
+
+// idPool keeps ids seen in answers, so id lookups ask for what exists.
+type idPool struct {
+	mu                  sync.Mutex
+	msg, corr, trace, p []string
+}
+
+func (p *idPool) add(it itemJSON) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	keep := func(s *[]string, v string) {
+		if v == "" {
+			return
+		}
+		if len(*s) < 256 {
+			*s = append(*s, v)
+		} else {
+			(*s)[rand.IntN(len(*s))] = v
+		}
+	}
+	keep(&p.msg, it.MessageID)
+	keep(&p.corr, it.CorrelationID)
+	keep(&p.trace, it.TraceID)
+	keep(&p.p, it.Principal)
+}
+
+func (p *idPool) pick(kind int) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := [][]string{p.msg, p.corr, p.trace, p.p}[kind]
+	if len(s) == 0 {
+		return ""
+	}
+	return s[rand.IntN(len(s))]
+}
+
+type itemJSON struct {
+	MessageID     string `json:"message_id"`
+	CorrelationID string `json:"correlation_id"`
+	TraceID       string `json:"trace_id"`
+	Principal     string `json:"principal"`
+}
+
+// httpQuery sends one of the realistic queries: the latest page, latest by
+// topic, a time window, by principal, correlation id, trace id, or one event
+// by id. Pages are of 100.
+func httpQuery(cl *http.Client, base string, pool *idPool) error {
+	q := url.Values{"limit": {"100"}}
+	path := "/events"
+	switch k := rand.IntN(7); k {
+	case 0:
+	case 1:
+		q.Set("topic", topic)
+	case 2:
+		now := time.Now()
+		q.Set("start", fmt.Sprint(now.Add(-2*time.Second).UnixMilli()))
+		q.Set("end", fmt.Sprint(now.UnixMilli()))
+	default:
+		v := pool.pick(k - 3)
+		if v == "" {
+			break
+		}
+		switch k {
+		case 3:
+			path = "/events/" + url.PathEscape(v)
+		case 4:
+			q.Set("correlation_id", v)
+		case 5:
+			q.Set("trace_id", v)
+		case 6:
+			q.Set("principal", v)
+		}
+	}
+	var out struct {
+		Items []itemJSON `json:"items"`
+		Item  *itemJSON  `json:"item"`
+	}
+	if err := get(cl, base+path+"?"+q.Encode(), &out); err != nil {
+		return err
+	}
+	for i, it := range out.Items {
+		if i%10 == 0 {
+			pool.add(it)
+		}
+	}
+	return nil
+}
+
+func grpcQuery(qc mailboxv1.MailboxQueryClient, pool *idPool) error {
+	ctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, mailboxID)
+	f := &mailboxv1.EventFilter{Limit: 100}
+	switch k := rand.IntN(7); k {
+	case 0:
+	case 1:
+		f.Topics = []string{topic}
+	case 2:
+		now := time.Now()
+		f.StartTime, f.EndTime = timestamppb.New(now.Add(-2*time.Second)), timestamppb.New(now)
+	default:
+		v := pool.pick(k - 3)
+		switch {
+		case v == "":
+		case k == 3:
+			_, err := qc.GetEvent(ctx, &mailboxv1.GetEventRequest{MessageId: v})
+			return err
+		case k == 4:
+			f.CorrelationId = v
+		case k == 5:
+			f.TraceId = v
+		case k == 6:
+			f.Principals = []string{v}
+		}
+	}
+	_, err := qc.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{Filter: f})
+	return err
+}
+
+func get(cl *http.Client, u string, out any) error {
+	resp, err := cl.Get(u)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("GET %s: %s: %s", u, resp.Status, b)
+	}
+	if out == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func startProfiles(o options) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, s := range slices.Backward(stops) {
+			s()
+		}
+	}
+	if o.cpu != "" {
+		f, err := os.Create(o.cpu)
+		if err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, err
+		}
+		stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+	}
+	for _, p := range []struct {
+		file, name string
+		on, off    func()
+	}{
+		{o.block, "block", func() { runtime.SetBlockProfileRate(int(10 * time.Microsecond)) }, func() { runtime.SetBlockProfileRate(0) }},
+		{o.mutex, "mutex", func() { runtime.SetMutexProfileFraction(5) }, func() { runtime.SetMutexProfileFraction(0) }},
+	} {
+		if p.file == "" {
+			continue
+		}
+		p.on()
+		stops = append(stops, func() {
+			if err := writeProfile(p.name, p.file); err != nil {
+				fmt.Fprintln(os.Stderr, "mixedbench:", err)
+			}
+			p.off()
+		})
+	}
+	if o.trace != "" {
+		f, err := os.Create(o.trace)
+		if err != nil {
+			return nil, err
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			defer f.Close()
+			time.Sleep(5 * time.Second)
+			if err := trace.Start(f); err != nil {
+				fmt.Fprintln(os.Stderr, "mixedbench: trace:", err)
+				return
+			}
+			time.Sleep(o.traceFor)
+			trace.Stop()
+		}()
+		stops = append(stops, func() { <-done })
+	}
+	return stop, nil
+}
+
+func writeProfile(name, file string) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return errors.Join(pprof.Lookup(name).WriteTo(f, 0), f.Close())
+}
+
+// runtimeSample is what runtime/metrics says about the scheduler and the GC.
+type runtimeSample struct {
+	sched           *metrics.Float64Histogram
+	gcCPU, totalCPU float64
+}
+
+func readMetrics() runtimeSample {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/cpu/classes/total:cpu-seconds"}}
+	metrics.Read(s)
+	return runtimeSample{sched: s[0].Value.Float64Histogram(), gcCPU: s[1].Value.Float64(), totalCPU: s[2].Value.Float64()}
+}
+
+func (s runtimeSample) gcShare(before runtimeSample) float64 {
+	return (s.gcCPU - before.gcCPU) / (s.totalCPU - before.totalCPU)
+}
+
+// schedQuantile is the q quantile of the scheduler latencies observed since
+// before (the upper bound of the bucket it falls in).
+func (s runtimeSample) schedQuantile(before runtimeSample, q float64) float64 {
+	counts := make([]uint64, len(s.sched.Counts))
+	var total uint64
+	for i, c := range s.sched.Counts {
+		counts[i] = c - before.sched.Counts[i]
+		total += counts[i]
+	}
+	if total == 0 {
+		return math.NaN()
+	}
+	want := uint64(math.Ceil(q * float64(total)))
+	var seen uint64
+	for i, c := range counts {
+		seen += c
+		if seen >= max(want, 1) {
+			return s.sched.Buckets[i+1]
+		}
+	}
+	return math.Inf(1)
+}
+
+// preProduce writes n demo envelopes padded to about size bytes, round-robin
+// over the partitions, and returns the bytes produced.
+func preProduce(brokers []string, n, size int) (int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond),
+		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.MaxBufferedRecords(20_000))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	probe := demo.New(demo.Options{PayloadSize: 1})
+	_, b := probe.NextBytes(topic)
+	gen := demo.New(demo.Options{Seed: 1, IDPrefix: "bench", PayloadSize: max(1, size-len(b))})
+	ctx := context.Background()
+	var total int64
+	var produceErr atomic.Pointer[error]
+	for range n {
+		id, v := gen.NextBytes(topic)
+		total += int64(len(v))
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: v}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				produceErr.CompareAndSwap(nil, &err)
+			}
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return 0, err
+	}
+	if err := produceErr.Load(); err != nil {
+		return 0, fmt.Errorf("produce: %w", *err)
+	}
+	return total, nil
+}
