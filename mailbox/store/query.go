@@ -242,11 +242,10 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 		}
 	}()
 	for _, pr := range prefixes {
-		opts := badger.IteratorOptions{Prefix: pr, PrefetchValues: primary && !pl.needsHeaders()}
-		if opts.PrefetchValues {
-			opts.PrefetchSize = min(pl.limit+1, 100)
-		}
-		c := &cursor{it: txn.NewIterator(opts), prefix: pr}
+		// Values are read inline, not prefetched: Badger prefetches on helper goroutines that the query then
+		// waits for (in ValueCopy and again in Close), a hand-off that costs a scheduling delay each time the
+		// cores are busy with ingest, for a page read from the memory-mapped value log either way.
+		c := &cursor{it: txn.NewIterator(badger.IteratorOptions{Prefix: pr}), prefix: pr}
 		curs = append(curs, c)
 		c.it.Seek(append(bytes.Clone(pr), pl.from[:]...))
 		c.load(pl)
