@@ -63,6 +63,7 @@ func validateRegisterProxy(cmd *adminv1.Command) error {
 		{"registration.region", r.GetRegion()},
 		{"registration.zone", r.GetZone()},
 		{"registration.runner_id", r.GetRunnerId()},
+		{"registration.instance", r.GetInstance()},
 	} {
 		if f.v != "" {
 			if err := mesh.ValidateID(f.field, f.v); err != nil {
@@ -74,8 +75,9 @@ func validateRegisterProxy(cmd *adminv1.Command) error {
 }
 
 // applyRegisterProxy upserts the proxy as live, its runner as the sidecar
-// judges it. A new or returning proxy, or one whose runner's readiness
-// flipped, changes the placeable set, so placement is recomputed.
+// judges it. A new or returning proxy, one whose runner's readiness
+// flipped, or a new sidecar process ending its predecessor's drain
+// (keptDrain) changes the placeable set, so placement is recomputed.
 func applyRegisterProxy(tx *txn, cmd *adminv1.Command) (any, error) {
 	req := cmd.GetRegisterProxy()
 	reg := req.GetRegistration()
@@ -92,6 +94,7 @@ func applyRegisterProxy(tx *txn, cmd *adminv1.Command) (any, error) {
 		p.RegisteredAt = prev.GetRegisteredAt()
 		p.NamespaceHealth = prev.GetNamespaceHealth()
 		p.Cordoned = prev.GetCordoned()
+		p.DrainingInstance = keptDrain(prev, reg)
 	}
 	tx.putProxy(p)
 	if placeable(prev) != placeable(p) {

@@ -130,6 +130,7 @@ var handlers = map[reflect.Type]handler{
 	reflect.TypeFor[*adminv1.Command_AbandonMove]():      {validateAbandonMove, applyAbandonMove},
 	reflect.TypeFor[*adminv1.Command_Rebalance]():        {validateRebalance, applyRebalance},
 	reflect.TypeFor[*adminv1.Command_CordonProxy]():      {validateCordonProxy, applyCordonProxy},
+	reflect.TypeFor[*adminv1.Command_DrainProxy]():       {validateDrainProxy, applyDrainProxy},
 }
 
 // lookup finds cmd's handler. A body this version does not know (decoded as

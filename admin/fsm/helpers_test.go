@@ -68,6 +68,8 @@ func c(d time.Duration, body any) *adminv1.Command {
 		cmd.Body = &adminv1.Command_Rebalance{Rebalance: b}
 	case *adminv1.CordonProxyCommand:
 		cmd.Body = &adminv1.Command_CordonProxy{CordonProxy: b}
+	case *adminv1.DrainProxyRequest:
+		cmd.Body = &adminv1.Command_DrainProxy{DrainProxy: b}
 	default:
 		panic(fmt.Sprintf("no command body for %T", body))
 	}

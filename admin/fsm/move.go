@@ -74,7 +74,7 @@ func targetRefusal(p *adminv1.Proxy) adminv1.MoveAbandonReason {
 		return adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_STALE
 	case p.GetRunnerNotReady():
 		return adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_NOT_READY
-	case p.GetCordoned():
+	case unschedulable(p):
 		return adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_CORDONED
 	}
 	return adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_UNSPECIFIED
@@ -292,7 +292,7 @@ func applyRebalance(tx *txn, cmd *adminv1.Command) (any, error) {
 		}
 		n := tx.st.namespaces[name]
 		reason := adminv1.MoveReason_MOVE_REASON_REBALANCE
-		if tx.st.proxies[n.GetAssignedProxyId()].GetCordoned() {
+		if unschedulable(tx.st.proxies[n.GetAssignedProxyId()]) {
 			reason = adminv1.MoveReason_MOVE_REASON_DRAIN
 		}
 		tx.startMove(n, tx.st.table.Owner(n.GetPartition()), reason)

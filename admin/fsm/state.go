@@ -93,13 +93,14 @@ func (s *state) liveProxyIDs() []string {
 }
 
 // placeable reports whether p may own partitions: live, its runner not
-// given up on by its sidecar, and not cordoned. A proxy whose runner died
-// while its sidecar heartbeats is left out like a stale one, so its
-// namespaces move to proxies that can serve them, and come back by the same
-// rendezvous rule once its sidecar reports the runner ready. A cordoned one
-// still serves, so its namespaces leave by handoff (replace).
+// given up on by its sidecar, and neither cordoned nor draining
+// (unschedulable). A proxy whose runner died while its sidecar heartbeats
+// is left out like a stale one, so its namespaces move to proxies that can
+// serve them, and come back by the same rendezvous rule once its sidecar
+// reports the runner ready. A cordoned or draining one still serves, so its
+// namespaces leave by handoff (replace).
 func placeable(p *adminv1.Proxy) bool {
-	return serving(p) && !p.GetCordoned()
+	return serving(p) && !unschedulable(p)
 }
 
 // placeableProxyIDs lists the proxies placement uses, sorted.

@@ -43,6 +43,9 @@ var (
 	// ErrNamespaceExists: the namespace exists with a different config
 	// (gRPC AlreadyExists).
 	ErrNamespaceExists = errors.New("namespace exists with a different config")
+	// ErrNotRegisteredInstance: a proxy's own call names a sidecar instance
+	// other than the registered one (gRPC FailedPrecondition).
+	ErrNotRegisteredInstance = errors.New("not the registered sidecar instance")
 )
 
 func invalid(field, format string, args ...any) error {

@@ -55,6 +55,9 @@ func Policy() identity.Policy {
 			return mailboxProxy(r.GetMailboxId())
 		}),
 		adminv1.ControlPlane_CreateNamespace_FullMethodName: ops,
+		// The proxy's own drain (its pod stopping); an operator drains a
+		// proxy with Admin.CordonProxy.
+		adminv1.ControlPlane_DrainProxy_FullMethodName: identity.OwnProxy((*adminv1.DrainProxyRequest).GetProxyId),
 
 		// Sessions name their proxy; a session of another proxy is refused
 		// by the handler (PermissionDenied), which knows whose it is.
@@ -81,7 +84,11 @@ func Policy() identity.Policy {
 		adminv1.Admin_RemoveServer_FullMethodName:     ops,
 		// A copy of every table: as much as all reads together, and the
 		// means to rebuild the cluster, so operators only.
-		adminv1.Admin_SaveSnapshot_FullMethodName: ops,
+		adminv1.Admin_SaveSnapshot_FullMethodName:  ops,
+		adminv1.Admin_MoveNamespace_FullMethodName: ops,
+		adminv1.Admin_CancelMove_FullMethodName:    ops,
+		adminv1.Admin_CordonProxy_FullMethodName:   ops,
+		adminv1.Admin_ListMoves_FullMethodName:     readers,
 
 		adminv1.Peer_Term_FullMethodName: admins,
 

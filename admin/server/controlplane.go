@@ -25,6 +25,23 @@ import (
 func write[Resp proto.Message](s *Server, ctx context.Context, method string, cmd *adminv1.Command, readYourWrite bool,
 	remote func(context.Context, *grpc.ClientConn) (Resp, error),
 ) (Resp, error) {
+	return writeAs(s, ctx, method, cmd, readYourWrite, func(res any, _ uint64) (Resp, error) {
+		r, ok := res.(Resp)
+		if !ok {
+			var zero Resp
+			return zero, status.Errorf(codes.Internal, "%s: fsm answered %T", method, res)
+		}
+		return r, nil
+	}, remote)
+}
+
+// writeAs is write for a command whose FSM result is not the RPC's
+// response: answer turns the result, committed at index, into one (or a
+// refusal) on the leader.
+func writeAs[Resp proto.Message](s *Server, ctx context.Context, method string, cmd *adminv1.Command, readYourWrite bool,
+	answer func(res any, index uint64) (Resp, error),
+	remote func(context.Context, *grpc.ClientConn) (Resp, error),
+) (Resp, error) {
 	var zero Resp
 	if err := s.admitWrite(method); err != nil {
 		return zero, err
@@ -47,15 +64,11 @@ func write[Resp proto.Message](s *Server, ctx context.Context, method string, cm
 		if h := s.hooks.writeAdmitted.Load(); h != nil {
 			(*h)(method)
 		}
-		res, err := s.propose(ctx, cmd)
+		res, index, err := s.proposeAt(ctx, cmd)
 		if err != nil {
 			return zero, err
 		}
-		r, ok := res.(Resp)
-		if !ok {
-			return zero, status.Errorf(codes.Internal, "%s: fsm answered %T", method, res)
-		}
-		return r, nil
+		return answer(res, index)
 	}, func(ctx context.Context, cc *grpc.ClientConn) (Resp, error) {
 		r, err := remote(ctx, cc)
 		if err == nil && readYourWrite {

@@ -11,7 +11,9 @@ import (
 // and that the leader never sheds for load (admission.go). Refusing a
 // proxy's heartbeat would have the leader mark a live proxy stale and move
 // its namespaces; refusing a release or a session's close would hold a
-// lease its runner gave back until it expires. Each is small and bounded by
+// lease its runner gave back until it expires; refusing a proxy's own drain
+// would have its pod stop with its namespaces still on it, so they move
+// break-before-make. Each is small and bounded by
 // what already exists, as are the leader's own commands (expiry,
 // checkpoints, stale marks, member addresses), which never pass through
 // write; the watermark's margin is there for them. Every write that adds
@@ -21,6 +23,7 @@ var essentialWrites = map[string]bool{
 	"ReleaseLease":   true,
 	"ReleaseLeases":  true,
 	"CloseSession":   true,
+	"DrainProxy":     true,
 }
 
 // admitWrite refuses method, RESOURCE_EXHAUSTED, while this node's data dir

@@ -130,6 +130,8 @@ func toStatus(err error) error {
 		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, fsm.ErrNamespaceExists):
 		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, fsm.ErrNotRegisteredInstance):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, fsm.ErrUnknownCommand):
 		return status.Error(codes.Internal, err.Error())
 	case errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown), errors.Is(err, raftnode.ErrLeadershipLost):

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -216,69 +215,6 @@ func (m *mover) propose(ctx context.Context, namespace string, cmd *adminv1.Comm
 			m.s.log.Info("rebalance started moves", "namespaces", r.Started)
 		}
 	}
-}
-
-// The operator's calls (the Admin RPCs MoveNamespace, CancelMove,
-// CordonProxy and ListMoves, and ControlPlane.DrainProxy, will call these
-// once admin.proto has them; write's forwarding wraps them there). Each
-// proposes on this node, so it must lead.
-
-// MoveNamespace starts moving namespace to proxy to by handoff.
-func (s *Server) MoveNamespace(ctx context.Context, namespace, to string) (*fsm.MoveResult, error) {
-	return s.moveCommand(ctx, &adminv1.Command{Body: &adminv1.Command_StartMove{StartMove: &adminv1.StartMoveCommand{
-		Namespace: namespace, ToProxyId: to, Reason: adminv1.MoveReason_MOVE_REASON_OPERATOR,
-	}}})
-}
-
-// CancelMove abandons namespace's move in progress; the source serves on.
-func (s *Server) CancelMove(ctx context.Context, namespace string) (*fsm.MoveResult, error) {
-	return s.moveCommand(ctx, &adminv1.Command{Body: &adminv1.Command_AbandonMove{AbandonMove: &adminv1.AbandonMoveCommand{
-		Namespace: namespace, Reason: adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_CANCELLED,
-	}}})
-}
-
-// CordonProxy sets or clears proxy's cordon (a drain when set).
-func (s *Server) CordonProxy(ctx context.Context, proxy string, cordoned bool) (*fsm.MoveResult, error) {
-	return s.moveCommand(ctx, &adminv1.Command{Body: &adminv1.Command_CordonProxy{CordonProxy: &adminv1.CordonProxyCommand{
-		ProxyId: proxy, Cordoned: cordoned,
-	}}})
-}
-
-func (s *Server) moveCommand(ctx context.Context, cmd *adminv1.Command) (*fsm.MoveResult, error) {
-	if err := s.admitWrite(fsm.CommandType(cmd)); err != nil {
-		return nil, err
-	}
-	res, err := s.propose(ctx, cmd)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	r, ok := res.(*fsm.MoveResult)
-	if !ok {
-		return nil, fmt.Errorf("%s: fsm answered %T", fsm.CommandType(cmd), res)
-	}
-	return r, nil
-}
-
-// MoveStatus is one move as ListMoves shows it: the FSM's record and the
-// destination's lag as its proxy last reported it to this node (known only
-// on the leader, after a heartbeat newer than the move's start).
-type MoveStatus struct {
-	fsm.Move
-	Lag      int64
-	LagKnown bool
-}
-
-// Moves lists the moves in progress and handoff tails with their lag.
-func (s *Server) Moves() []MoveStatus {
-	moves, _ := s.fsm.Moves()
-	out := make([]MoveStatus, len(moves))
-	for i, m := range moves {
-		out[i].Move = m
-		if r := s.lag.get(m.To, m.Namespace.GetName()); r.available && r.index > m.Namespace.GetMoveIndex() {
-			out[i].Lag, out[i].LagKnown = r.lag, r.lagKnown
-		}
-	}
-	return out
 }
 
 // moveMetrics count moves' ends as this node applies them (every replica

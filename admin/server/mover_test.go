@@ -20,6 +20,7 @@ type moverEnv struct {
 	t   *testing.T
 	n   *Node
 	cp  adminv1.ControlPlaneClient
+	adm adminv1.AdminClient
 	clk *clocktesting.FakeClock
 	c   context.Context
 	ns  string
@@ -28,8 +29,8 @@ type moverEnv struct {
 func newMoverEnv(t *testing.T) *moverEnv {
 	t.Helper()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	n, cp, _, _ := startSingleWith(t, clk, time.Hour, MoveConfig{MaxLag: 100, HandoffTail: 12 * time.Second, Timeout: time.Minute, Interval: moveTick})
-	e := &moverEnv{t: t, n: n, cp: cp, clk: clk, c: ctx(t)}
+	n, cp, adm, _ := startSingleWith(t, clk, time.Hour, MoveConfig{MaxLag: 100, HandoffTail: 12 * time.Second, Timeout: time.Minute, Interval: moveTick})
+	e := &moverEnv{t: t, n: n, cp: cp, adm: adm, clk: clk, c: ctx(t)}
 	e.register("p1")
 	table := placement.Compute([]string{"p1", "p2"})
 	for i := 0; e.ns == ""; i++ {
@@ -86,8 +87,8 @@ func (e *moverEnv) tick(d time.Duration) {
 
 func (e *moverEnv) start() {
 	e.t.Helper()
-	if r, err := e.n.Server.MoveNamespace(e.c, e.ns, "p2"); err != nil || !r.Applied {
-		e.t.Fatalf("move %s to p2: %+v, %v", e.ns, r, err)
+	if r, err := e.adm.MoveNamespace(e.c, &adminv1.MoveNamespaceRequest{Namespace: e.ns, ToProxyId: "p2"}); err != nil || r.GetNamespace().GetIncomingProxyId() != "p2" {
+		e.t.Fatalf("move %s to p2: %v, %v", e.ns, r, err)
 	}
 }
 
@@ -196,13 +197,13 @@ func TestMoverAbandons(t *testing.T) {
 			e.tick(31 * time.Second)
 		}, "timeout", true},
 		{"cancelled", func(e *moverEnv) {
-			if r, err := e.n.Server.CancelMove(e.c, e.ns); err != nil || !r.Applied {
-				e.t.Fatalf("cancel: %+v, %v", r, err)
+			if r, err := e.adm.CancelMove(e.c, &adminv1.CancelMoveRequest{Namespace: e.ns}); err != nil || r.GetNamespace().GetIncomingProxyId() != "" {
+				e.t.Fatalf("cancel: %v, %v", r, err)
 			}
 		}, "cancelled", false},
 		{"destination cordoned", func(e *moverEnv) {
-			if r, err := e.n.Server.CordonProxy(e.c, "p2", true); err != nil || !r.Applied {
-				e.t.Fatalf("cordon: %+v, %v", r, err)
+			if r, err := e.adm.CordonProxy(e.c, &adminv1.CordonProxyRequest{ProxyId: "p2", Cordoned: true}); err != nil || !r.GetChanged() {
+				e.t.Fatalf("cordon: %v, %v", r, err)
 			}
 		}, "target_cordoned", false},
 	} {

@@ -506,18 +506,24 @@ func (s *Server) markStaleProxies(ctx context.Context) {
 // the one check on the leader, so neither a request nor a leader loop's
 // command reaches the log malformed.
 func (s *Server) propose(ctx context.Context, cmd *adminv1.Command) (any, error) {
+	resp, _, err := s.proposeAt(ctx, cmd)
+	return resp, err
+}
+
+// proposeAt is propose that also says the entry's Raft index.
+func (s *Server) proposeAt(ctx context.Context, cmd *adminv1.Command) (any, uint64, error) {
 	cmd.Now = timestamppb.New(s.cfg.Clock.Now())
 	data, err := fsm.Encode(cmd)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	resp, _, err := s.node.Apply(ctx, data)
+	resp, index, err := s.node.Apply(ctx, data)
 	if err != nil {
 		s.noticeFull(err)
-		return nil, fmt.Errorf("commit %s: %w", fsm.CommandType(cmd), err)
+		return nil, 0, fmt.Errorf("commit %s: %w", fsm.CommandType(cmd), err)
 	}
 	if err, ok := resp.(error); ok {
-		return nil, err
+		return nil, 0, err
 	}
-	return resp, nil
+	return resp, index, nil
 }

@@ -100,6 +100,14 @@ func (e *Endpoints) ReleaseLease(ctx context.Context, in *adminv1.ReleaseLeaseRe
 	})
 }
 
+// DrainProxy implements adminv1.ControlPlaneClient. Draining again for the
+// same instance is a success, so a try that timed out moves on too.
+func (e *Endpoints) DrainProxy(ctx context.Context, in *adminv1.DrainProxyRequest, opts ...grpc.CallOption) (*adminv1.DrainProxyResponse, error) {
+	return call(ctx, e, func(ctx context.Context, c adminv1.ControlPlaneClient) (*adminv1.DrainProxyResponse, error) {
+		return c.DrainProxy(ctx, in, opts...)
+	})
+}
+
 // WatchAssignments opens the stream on the next endpoint in turn, so that a
 // caller reconnecting after a failure goes round every node.
 func (e *Endpoints) WatchAssignments(ctx context.Context, in *adminv1.WatchAssignmentsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[adminv1.WatchAssignmentsResponse], error) {

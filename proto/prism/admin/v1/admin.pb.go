@@ -75,6 +75,59 @@ func (MemberSuffrage) EnumDescriptor() ([]byte, []int) {
 	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{0}
 }
 
+// MoveState is where a move by handoff is.
+type MoveState int32
+
+const (
+	MoveState_MOVE_STATE_UNSPECIFIED MoveState = 0
+	// The destination ingests into its own mailbox; the source serves.
+	MoveState_MOVE_STATE_CATCHING_UP MoveState = 1
+	// Switched: the destination serves the namespace, the source keeps
+	// serving its mailbox until handoff_until.
+	MoveState_MOVE_STATE_HANDING_OFF MoveState = 2
+)
+
+// Enum value maps for MoveState.
+var (
+	MoveState_name = map[int32]string{
+		0: "MOVE_STATE_UNSPECIFIED",
+		1: "MOVE_STATE_CATCHING_UP",
+		2: "MOVE_STATE_HANDING_OFF",
+	}
+	MoveState_value = map[string]int32{
+		"MOVE_STATE_UNSPECIFIED": 0,
+		"MOVE_STATE_CATCHING_UP": 1,
+		"MOVE_STATE_HANDING_OFF": 2,
+	}
+)
+
+func (x MoveState) Enum() *MoveState {
+	p := new(MoveState)
+	*p = x
+	return p
+}
+
+func (x MoveState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MoveState) Descriptor() protoreflect.EnumDescriptor {
+	return file_prism_admin_v1_admin_proto_enumTypes[1].Descriptor()
+}
+
+func (MoveState) Type() protoreflect.EnumType {
+	return &file_prism_admin_v1_admin_proto_enumTypes[1]
+}
+
+func (x MoveState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MoveState.Descriptor instead.
+func (MoveState) EnumDescriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
 type GetClusterStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1919,6 +1972,553 @@ func (*SaveSnapshotResponse_Info) isSaveSnapshotResponse_Part() {}
 
 func (*SaveSnapshotResponse_Chunk) isSaveSnapshotResponse_Part() {}
 
+type MoveNamespaceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	ToProxyId     string                 `protobuf:"bytes,2,opt,name=to_proxy_id,json=toProxyId,proto3" json:"to_proxy_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveNamespaceRequest) Reset() {
+	*x = MoveNamespaceRequest{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveNamespaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveNamespaceRequest) ProtoMessage() {}
+
+func (x *MoveNamespaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveNamespaceRequest.ProtoReflect.Descriptor instead.
+func (*MoveNamespaceRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *MoveNamespaceRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *MoveNamespaceRequest) GetToProxyId() string {
+	if x != nil {
+		return x.ToProxyId
+	}
+	return ""
+}
+
+type MoveNamespaceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The namespace as the move left it (incoming_proxy_id set).
+	Namespace     *Namespace `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Index         uint64     `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveNamespaceResponse) Reset() {
+	*x = MoveNamespaceResponse{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveNamespaceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveNamespaceResponse) ProtoMessage() {}
+
+func (x *MoveNamespaceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveNamespaceResponse.ProtoReflect.Descriptor instead.
+func (*MoveNamespaceResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *MoveNamespaceResponse) GetNamespace() *Namespace {
+	if x != nil {
+		return x.Namespace
+	}
+	return nil
+}
+
+func (x *MoveNamespaceResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type CancelMoveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelMoveRequest) Reset() {
+	*x = CancelMoveRequest{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelMoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelMoveRequest) ProtoMessage() {}
+
+func (x *CancelMoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelMoveRequest.ProtoReflect.Descriptor instead.
+func (*CancelMoveRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *CancelMoveRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+type CancelMoveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespace     *Namespace             `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelMoveResponse) Reset() {
+	*x = CancelMoveResponse{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelMoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelMoveResponse) ProtoMessage() {}
+
+func (x *CancelMoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelMoveResponse.ProtoReflect.Descriptor instead.
+func (*CancelMoveResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *CancelMoveResponse) GetNamespace() *Namespace {
+	if x != nil {
+		return x.Namespace
+	}
+	return nil
+}
+
+func (x *CancelMoveResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type CordonProxyRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ProxyId string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	// True cordons (drains), false uncordons.
+	Cordoned      bool `protobuf:"varint,2,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CordonProxyRequest) Reset() {
+	*x = CordonProxyRequest{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CordonProxyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CordonProxyRequest) ProtoMessage() {}
+
+func (x *CordonProxyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CordonProxyRequest.ProtoReflect.Descriptor instead.
+func (*CordonProxyRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CordonProxyRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *CordonProxyRequest) GetCordoned() bool {
+	if x != nil {
+		return x.Cordoned
+	}
+	return false
+}
+
+type CordonProxyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Proxy *Proxy                 `protobuf:"bytes,1,opt,name=proxy,proto3" json:"proxy,omitempty"`
+	// False when the proxy already had that cordon.
+	Changed       bool   `protobuf:"varint,2,opt,name=changed,proto3" json:"changed,omitempty"`
+	Index         uint64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CordonProxyResponse) Reset() {
+	*x = CordonProxyResponse{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CordonProxyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CordonProxyResponse) ProtoMessage() {}
+
+func (x *CordonProxyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CordonProxyResponse.ProtoReflect.Descriptor instead.
+func (*CordonProxyResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *CordonProxyResponse) GetProxy() *Proxy {
+	if x != nil {
+		return x.Proxy
+	}
+	return nil
+}
+
+func (x *CordonProxyResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
+func (x *CordonProxyResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type ListMovesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMovesRequest) Reset() {
+	*x = ListMovesRequest{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMovesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMovesRequest) ProtoMessage() {}
+
+func (x *ListMovesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMovesRequest.ProtoReflect.Descriptor instead.
+func (*ListMovesRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{37}
+}
+
+// NamespaceMove is one namespace's move in progress or handoff tail.
+type NamespaceMove struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The proxy serving the namespace before the switch (in the tail: the
+	// one handing off).
+	FromProxyId string `protobuf:"bytes,2,opt,name=from_proxy_id,json=fromProxyId,proto3" json:"from_proxy_id,omitempty"`
+	// The destination (in the tail: the assigned proxy).
+	ToProxyId string    `protobuf:"bytes,3,opt,name=to_proxy_id,json=toProxyId,proto3" json:"to_proxy_id,omitempty"`
+	State     MoveState `protobuf:"varint,4,opt,name=state,proto3,enum=prism.admin.v1.MoveState" json:"state,omitempty"`
+	// Records the destination's mailbox is behind its topics, from the
+	// destination's last heartbeat after the move began; meaningful only
+	// when lag_known (not yet reported, or the runner has not fetched).
+	Lag       int64                  `protobuf:"varint,5,opt,name=lag,proto3" json:"lag,omitempty"`
+	LagKnown  bool                   `protobuf:"varint,6,opt,name=lag_known,json=lagKnown,proto3" json:"lag_known,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// Set in the tail.
+	SwitchedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=switched_at,json=switchedAt,proto3" json:"switched_at,omitempty"`
+	HandoffUntil *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=handoff_until,json=handoffUntil,proto3" json:"handoff_until,omitempty"`
+	Reason       MoveReason             `protobuf:"varint,10,opt,name=reason,proto3,enum=prism.admin.v1.MoveReason" json:"reason,omitempty"`
+	// Raft index the move began at.
+	MoveIndex     uint64 `protobuf:"varint,11,opt,name=move_index,json=moveIndex,proto3" json:"move_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamespaceMove) Reset() {
+	*x = NamespaceMove{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamespaceMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamespaceMove) ProtoMessage() {}
+
+func (x *NamespaceMove) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamespaceMove.ProtoReflect.Descriptor instead.
+func (*NamespaceMove) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *NamespaceMove) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *NamespaceMove) GetFromProxyId() string {
+	if x != nil {
+		return x.FromProxyId
+	}
+	return ""
+}
+
+func (x *NamespaceMove) GetToProxyId() string {
+	if x != nil {
+		return x.ToProxyId
+	}
+	return ""
+}
+
+func (x *NamespaceMove) GetState() MoveState {
+	if x != nil {
+		return x.State
+	}
+	return MoveState_MOVE_STATE_UNSPECIFIED
+}
+
+func (x *NamespaceMove) GetLag() int64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
+func (x *NamespaceMove) GetLagKnown() bool {
+	if x != nil {
+		return x.LagKnown
+	}
+	return false
+}
+
+func (x *NamespaceMove) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *NamespaceMove) GetSwitchedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SwitchedAt
+	}
+	return nil
+}
+
+func (x *NamespaceMove) GetHandoffUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HandoffUntil
+	}
+	return nil
+}
+
+func (x *NamespaceMove) GetReason() MoveReason {
+	if x != nil {
+		return x.Reason
+	}
+	return MoveReason_MOVE_REASON_UNSPECIFIED
+}
+
+func (x *NamespaceMove) GetMoveIndex() uint64 {
+	if x != nil {
+		return x.MoveIndex
+	}
+	return 0
+}
+
+type ListMovesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sorted by namespace.
+	Moves []*NamespaceMove `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
+	// Planned moves (rebalancing, drains) waiting for room under the leader's
+	// --max-concurrent-moves.
+	Pending       uint32 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	Index         uint64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMovesResponse) Reset() {
+	*x = ListMovesResponse{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMovesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMovesResponse) ProtoMessage() {}
+
+func (x *ListMovesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMovesResponse.ProtoReflect.Descriptor instead.
+func (*ListMovesResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ListMovesResponse) GetMoves() []*NamespaceMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+func (x *ListMovesResponse) GetPending() uint32 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *ListMovesResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 var File_prism_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_admin_proto_rawDesc = "" +
@@ -2051,11 +2651,54 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x14SaveSnapshotResponse\x122\n" +
 	"\x04info\x18\x01 \x01(\v2\x1c.prism.admin.v1.SnapshotInfoH\x00R\x04info\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
-	"\x04part*j\n" +
+	"\x04part\"T\n" +
+	"\x14MoveNamespaceRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1e\n" +
+	"\vto_proxy_id\x18\x02 \x01(\tR\ttoProxyId\"f\n" +
+	"\x15MoveNamespaceResponse\x127\n" +
+	"\tnamespace\x18\x01 \x01(\v2\x19.prism.admin.v1.NamespaceR\tnamespace\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"1\n" +
+	"\x11CancelMoveRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"c\n" +
+	"\x12CancelMoveResponse\x127\n" +
+	"\tnamespace\x18\x01 \x01(\v2\x19.prism.admin.v1.NamespaceR\tnamespace\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"K\n" +
+	"\x12CordonProxyRequest\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1a\n" +
+	"\bcordoned\x18\x02 \x01(\bR\bcordoned\"r\n" +
+	"\x13CordonProxyResponse\x12+\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyR\x05proxy\x12\x18\n" +
+	"\achanged\x18\x02 \x01(\bR\achanged\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"\x12\n" +
+	"\x10ListMovesRequest\"\xdd\x03\n" +
+	"\rNamespaceMove\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\"\n" +
+	"\rfrom_proxy_id\x18\x02 \x01(\tR\vfromProxyId\x12\x1e\n" +
+	"\vto_proxy_id\x18\x03 \x01(\tR\ttoProxyId\x12/\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x19.prism.admin.v1.MoveStateR\x05state\x12\x10\n" +
+	"\x03lag\x18\x05 \x01(\x03R\x03lag\x12\x1b\n" +
+	"\tlag_known\x18\x06 \x01(\bR\blagKnown\x129\n" +
+	"\n" +
+	"started_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
+	"\vswitched_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"switchedAt\x12?\n" +
+	"\rhandoff_until\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fhandoffUntil\x122\n" +
+	"\x06reason\x18\n" +
+	" \x01(\x0e2\x1a.prism.admin.v1.MoveReasonR\x06reason\x12\x1d\n" +
+	"\n" +
+	"move_index\x18\v \x01(\x04R\tmoveIndex\"x\n" +
+	"\x11ListMovesResponse\x123\n" +
+	"\x05moves\x18\x01 \x03(\v2\x1d.prism.admin.v1.NamespaceMoveR\x05moves\x12\x18\n" +
+	"\apending\x18\x02 \x01(\rR\apending\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index*j\n" +
 	"\x0eMemberSuffrage\x12\x1f\n" +
 	"\x1bMEMBER_SUFFRAGE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15MEMBER_SUFFRAGE_VOTER\x10\x01\x12\x1c\n" +
-	"\x18MEMBER_SUFFRAGE_NONVOTER\x10\x022\xd0\t\n" +
+	"\x18MEMBER_SUFFRAGE_NONVOTER\x10\x02*_\n" +
+	"\tMoveState\x12\x1a\n" +
+	"\x16MOVE_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16MOVE_STATE_CATCHING_UP\x10\x01\x12\x1a\n" +
+	"\x16MOVE_STATE_HANDING_OFF\x10\x022\xad\f\n" +
 	"\x05Admin\x12e\n" +
 	"\x10GetClusterStatus\x12'.prism.admin.v1.GetClusterStatusRequest\x1a(.prism.admin.v1.GetClusterStatusResponse\x12_\n" +
 	"\x0eListNamespaces\x12%.prism.admin.v1.ListNamespacesRequest\x1a&.prism.admin.v1.ListNamespacesResponse\x12Y\n" +
@@ -2073,7 +2716,12 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"GetSession\x12!.prism.admin.v1.GetSessionRequest\x1a\".prism.admin.v1.GetSessionResponse\x12M\n" +
 	"\bAddVoter\x12\x1f.prism.admin.v1.AddVoterRequest\x1a .prism.admin.v1.AddVoterResponse\x12Y\n" +
 	"\fRemoveServer\x12#.prism.admin.v1.RemoveServerRequest\x1a$.prism.admin.v1.RemoveServerResponse\x12[\n" +
-	"\fSaveSnapshot\x12#.prism.admin.v1.SaveSnapshotRequest\x1a$.prism.admin.v1.SaveSnapshotResponse0\x01B:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
+	"\fSaveSnapshot\x12#.prism.admin.v1.SaveSnapshotRequest\x1a$.prism.admin.v1.SaveSnapshotResponse0\x01\x12\\\n" +
+	"\rMoveNamespace\x12$.prism.admin.v1.MoveNamespaceRequest\x1a%.prism.admin.v1.MoveNamespaceResponse\x12S\n" +
+	"\n" +
+	"CancelMove\x12!.prism.admin.v1.CancelMoveRequest\x1a\".prism.admin.v1.CancelMoveResponse\x12V\n" +
+	"\vCordonProxy\x12\".prism.admin.v1.CordonProxyRequest\x1a#.prism.admin.v1.CordonProxyResponse\x12P\n" +
+	"\tListMoves\x12 .prism.admin.v1.ListMovesRequest\x1a!.prism.admin.v1.ListMovesResponseB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_prism_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -2087,114 +2735,142 @@ func file_prism_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_prism_admin_v1_admin_proto_rawDescData
 }
 
-var file_prism_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_prism_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_prism_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_prism_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_prism_admin_v1_admin_proto_goTypes = []any{
 	(MemberSuffrage)(0),              // 0: prism.admin.v1.MemberSuffrage
-	(*GetClusterStatusRequest)(nil),  // 1: prism.admin.v1.GetClusterStatusRequest
-	(*Member)(nil),                   // 2: prism.admin.v1.Member
-	(*GetClusterStatusResponse)(nil), // 3: prism.admin.v1.GetClusterStatusResponse
-	(*ListNamespacesRequest)(nil),    // 4: prism.admin.v1.ListNamespacesRequest
-	(*ListNamespacesResponse)(nil),   // 5: prism.admin.v1.ListNamespacesResponse
-	(*GetNamespaceRequest)(nil),      // 6: prism.admin.v1.GetNamespaceRequest
-	(*GetNamespaceResponse)(nil),     // 7: prism.admin.v1.GetNamespaceResponse
-	(*ProxyInfo)(nil),                // 8: prism.admin.v1.ProxyInfo
-	(*ListProxiesRequest)(nil),       // 9: prism.admin.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),      // 10: prism.admin.v1.ListProxiesResponse
-	(*GetProxyRequest)(nil),          // 11: prism.admin.v1.GetProxyRequest
-	(*GetProxyResponse)(nil),         // 12: prism.admin.v1.GetProxyResponse
-	(*ListLeasesRequest)(nil),        // 13: prism.admin.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),       // 14: prism.admin.v1.ListLeasesResponse
-	(*GetLeaseRequest)(nil),          // 15: prism.admin.v1.GetLeaseRequest
-	(*GetLeaseResponse)(nil),         // 16: prism.admin.v1.GetLeaseResponse
-	(*ListSessionsRequest)(nil),      // 17: prism.admin.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),     // 18: prism.admin.v1.ListSessionsResponse
-	(*GetSessionRequest)(nil),        // 19: prism.admin.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),       // 20: prism.admin.v1.GetSessionResponse
-	(*ListRoutesRequest)(nil),        // 21: prism.admin.v1.ListRoutesRequest
-	(*ListRoutesResponse)(nil),       // 22: prism.admin.v1.ListRoutesResponse
-	(*GetRouteRequest)(nil),          // 23: prism.admin.v1.GetRouteRequest
-	(*GetRouteResponse)(nil),         // 24: prism.admin.v1.GetRouteResponse
-	(*AddVoterRequest)(nil),          // 25: prism.admin.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),         // 26: prism.admin.v1.AddVoterResponse
-	(*RemoveServerRequest)(nil),      // 27: prism.admin.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),     // 28: prism.admin.v1.RemoveServerResponse
-	(*SaveSnapshotRequest)(nil),      // 29: prism.admin.v1.SaveSnapshotRequest
-	(*SnapshotInfo)(nil),             // 30: prism.admin.v1.SnapshotInfo
-	(*SaveSnapshotResponse)(nil),     // 31: prism.admin.v1.SaveSnapshotResponse
-	(Consistency)(0),                 // 32: prism.admin.v1.Consistency
-	(*Namespace)(nil),                // 33: prism.admin.v1.Namespace
-	(*NamespaceRoute)(nil),           // 34: prism.admin.v1.NamespaceRoute
-	(*Proxy)(nil),                    // 35: prism.admin.v1.Proxy
-	(*PartitionRange)(nil),           // 36: prism.admin.v1.PartitionRange
-	(*Lease)(nil),                    // 37: prism.admin.v1.Lease
-	(*Session)(nil),                  // 38: prism.admin.v1.Session
-	(*Route)(nil),                    // 39: prism.admin.v1.Route
-	(*timestamppb.Timestamp)(nil),    // 40: google.protobuf.Timestamp
+	(MoveState)(0),                   // 1: prism.admin.v1.MoveState
+	(*GetClusterStatusRequest)(nil),  // 2: prism.admin.v1.GetClusterStatusRequest
+	(*Member)(nil),                   // 3: prism.admin.v1.Member
+	(*GetClusterStatusResponse)(nil), // 4: prism.admin.v1.GetClusterStatusResponse
+	(*ListNamespacesRequest)(nil),    // 5: prism.admin.v1.ListNamespacesRequest
+	(*ListNamespacesResponse)(nil),   // 6: prism.admin.v1.ListNamespacesResponse
+	(*GetNamespaceRequest)(nil),      // 7: prism.admin.v1.GetNamespaceRequest
+	(*GetNamespaceResponse)(nil),     // 8: prism.admin.v1.GetNamespaceResponse
+	(*ProxyInfo)(nil),                // 9: prism.admin.v1.ProxyInfo
+	(*ListProxiesRequest)(nil),       // 10: prism.admin.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),      // 11: prism.admin.v1.ListProxiesResponse
+	(*GetProxyRequest)(nil),          // 12: prism.admin.v1.GetProxyRequest
+	(*GetProxyResponse)(nil),         // 13: prism.admin.v1.GetProxyResponse
+	(*ListLeasesRequest)(nil),        // 14: prism.admin.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),       // 15: prism.admin.v1.ListLeasesResponse
+	(*GetLeaseRequest)(nil),          // 16: prism.admin.v1.GetLeaseRequest
+	(*GetLeaseResponse)(nil),         // 17: prism.admin.v1.GetLeaseResponse
+	(*ListSessionsRequest)(nil),      // 18: prism.admin.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),     // 19: prism.admin.v1.ListSessionsResponse
+	(*GetSessionRequest)(nil),        // 20: prism.admin.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),       // 21: prism.admin.v1.GetSessionResponse
+	(*ListRoutesRequest)(nil),        // 22: prism.admin.v1.ListRoutesRequest
+	(*ListRoutesResponse)(nil),       // 23: prism.admin.v1.ListRoutesResponse
+	(*GetRouteRequest)(nil),          // 24: prism.admin.v1.GetRouteRequest
+	(*GetRouteResponse)(nil),         // 25: prism.admin.v1.GetRouteResponse
+	(*AddVoterRequest)(nil),          // 26: prism.admin.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),         // 27: prism.admin.v1.AddVoterResponse
+	(*RemoveServerRequest)(nil),      // 28: prism.admin.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),     // 29: prism.admin.v1.RemoveServerResponse
+	(*SaveSnapshotRequest)(nil),      // 30: prism.admin.v1.SaveSnapshotRequest
+	(*SnapshotInfo)(nil),             // 31: prism.admin.v1.SnapshotInfo
+	(*SaveSnapshotResponse)(nil),     // 32: prism.admin.v1.SaveSnapshotResponse
+	(*MoveNamespaceRequest)(nil),     // 33: prism.admin.v1.MoveNamespaceRequest
+	(*MoveNamespaceResponse)(nil),    // 34: prism.admin.v1.MoveNamespaceResponse
+	(*CancelMoveRequest)(nil),        // 35: prism.admin.v1.CancelMoveRequest
+	(*CancelMoveResponse)(nil),       // 36: prism.admin.v1.CancelMoveResponse
+	(*CordonProxyRequest)(nil),       // 37: prism.admin.v1.CordonProxyRequest
+	(*CordonProxyResponse)(nil),      // 38: prism.admin.v1.CordonProxyResponse
+	(*ListMovesRequest)(nil),         // 39: prism.admin.v1.ListMovesRequest
+	(*NamespaceMove)(nil),            // 40: prism.admin.v1.NamespaceMove
+	(*ListMovesResponse)(nil),        // 41: prism.admin.v1.ListMovesResponse
+	(Consistency)(0),                 // 42: prism.admin.v1.Consistency
+	(*Namespace)(nil),                // 43: prism.admin.v1.Namespace
+	(*NamespaceRoute)(nil),           // 44: prism.admin.v1.NamespaceRoute
+	(*Proxy)(nil),                    // 45: prism.admin.v1.Proxy
+	(*PartitionRange)(nil),           // 46: prism.admin.v1.PartitionRange
+	(*Lease)(nil),                    // 47: prism.admin.v1.Lease
+	(*Session)(nil),                  // 48: prism.admin.v1.Session
+	(*Route)(nil),                    // 49: prism.admin.v1.Route
+	(*timestamppb.Timestamp)(nil),    // 50: google.protobuf.Timestamp
+	(MoveReason)(0),                  // 51: prism.admin.v1.MoveReason
 }
 var file_prism_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: prism.admin.v1.Member.suffrage:type_name -> prism.admin.v1.MemberSuffrage
-	2,  // 1: prism.admin.v1.GetClusterStatusResponse.members:type_name -> prism.admin.v1.Member
-	32, // 2: prism.admin.v1.ListNamespacesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	33, // 3: prism.admin.v1.ListNamespacesResponse.namespaces:type_name -> prism.admin.v1.Namespace
-	32, // 4: prism.admin.v1.GetNamespaceRequest.consistency:type_name -> prism.admin.v1.Consistency
-	33, // 5: prism.admin.v1.GetNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
-	34, // 6: prism.admin.v1.GetNamespaceResponse.route:type_name -> prism.admin.v1.NamespaceRoute
-	35, // 7: prism.admin.v1.ProxyInfo.proxy:type_name -> prism.admin.v1.Proxy
-	36, // 8: prism.admin.v1.ProxyInfo.partition_ranges:type_name -> prism.admin.v1.PartitionRange
-	32, // 9: prism.admin.v1.ListProxiesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	8,  // 10: prism.admin.v1.ListProxiesResponse.proxies:type_name -> prism.admin.v1.ProxyInfo
-	32, // 11: prism.admin.v1.GetProxyRequest.consistency:type_name -> prism.admin.v1.Consistency
-	8,  // 12: prism.admin.v1.GetProxyResponse.proxy:type_name -> prism.admin.v1.ProxyInfo
-	32, // 13: prism.admin.v1.ListLeasesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	37, // 14: prism.admin.v1.ListLeasesResponse.leases:type_name -> prism.admin.v1.Lease
-	32, // 15: prism.admin.v1.GetLeaseRequest.consistency:type_name -> prism.admin.v1.Consistency
-	37, // 16: prism.admin.v1.GetLeaseResponse.lease:type_name -> prism.admin.v1.Lease
-	32, // 17: prism.admin.v1.ListSessionsRequest.consistency:type_name -> prism.admin.v1.Consistency
-	38, // 18: prism.admin.v1.ListSessionsResponse.sessions:type_name -> prism.admin.v1.Session
-	32, // 19: prism.admin.v1.GetSessionRequest.consistency:type_name -> prism.admin.v1.Consistency
-	38, // 20: prism.admin.v1.GetSessionResponse.session:type_name -> prism.admin.v1.Session
-	37, // 21: prism.admin.v1.GetSessionResponse.leases:type_name -> prism.admin.v1.Lease
-	32, // 22: prism.admin.v1.ListRoutesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	39, // 23: prism.admin.v1.ListRoutesResponse.routes:type_name -> prism.admin.v1.Route
-	34, // 24: prism.admin.v1.ListRoutesResponse.namespace_routes:type_name -> prism.admin.v1.NamespaceRoute
-	32, // 25: prism.admin.v1.GetRouteRequest.consistency:type_name -> prism.admin.v1.Consistency
-	39, // 26: prism.admin.v1.GetRouteResponse.route:type_name -> prism.admin.v1.Route
-	40, // 27: prism.admin.v1.SnapshotInfo.saved_at:type_name -> google.protobuf.Timestamp
-	30, // 28: prism.admin.v1.SaveSnapshotResponse.info:type_name -> prism.admin.v1.SnapshotInfo
-	1,  // 29: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
-	4,  // 30: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
-	6,  // 31: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
-	9,  // 32: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
-	11, // 33: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
-	13, // 34: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
-	15, // 35: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
-	21, // 36: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
-	23, // 37: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
-	17, // 38: prism.admin.v1.Admin.ListSessions:input_type -> prism.admin.v1.ListSessionsRequest
-	19, // 39: prism.admin.v1.Admin.GetSession:input_type -> prism.admin.v1.GetSessionRequest
-	25, // 40: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
-	27, // 41: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
-	29, // 42: prism.admin.v1.Admin.SaveSnapshot:input_type -> prism.admin.v1.SaveSnapshotRequest
-	3,  // 43: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
-	5,  // 44: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
-	7,  // 45: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
-	10, // 46: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
-	12, // 47: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
-	14, // 48: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
-	16, // 49: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
-	22, // 50: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
-	24, // 51: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
-	18, // 52: prism.admin.v1.Admin.ListSessions:output_type -> prism.admin.v1.ListSessionsResponse
-	20, // 53: prism.admin.v1.Admin.GetSession:output_type -> prism.admin.v1.GetSessionResponse
-	26, // 54: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
-	28, // 55: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
-	31, // 56: prism.admin.v1.Admin.SaveSnapshot:output_type -> prism.admin.v1.SaveSnapshotResponse
-	43, // [43:57] is the sub-list for method output_type
-	29, // [29:43] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	3,  // 1: prism.admin.v1.GetClusterStatusResponse.members:type_name -> prism.admin.v1.Member
+	42, // 2: prism.admin.v1.ListNamespacesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	43, // 3: prism.admin.v1.ListNamespacesResponse.namespaces:type_name -> prism.admin.v1.Namespace
+	42, // 4: prism.admin.v1.GetNamespaceRequest.consistency:type_name -> prism.admin.v1.Consistency
+	43, // 5: prism.admin.v1.GetNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
+	44, // 6: prism.admin.v1.GetNamespaceResponse.route:type_name -> prism.admin.v1.NamespaceRoute
+	45, // 7: prism.admin.v1.ProxyInfo.proxy:type_name -> prism.admin.v1.Proxy
+	46, // 8: prism.admin.v1.ProxyInfo.partition_ranges:type_name -> prism.admin.v1.PartitionRange
+	42, // 9: prism.admin.v1.ListProxiesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	9,  // 10: prism.admin.v1.ListProxiesResponse.proxies:type_name -> prism.admin.v1.ProxyInfo
+	42, // 11: prism.admin.v1.GetProxyRequest.consistency:type_name -> prism.admin.v1.Consistency
+	9,  // 12: prism.admin.v1.GetProxyResponse.proxy:type_name -> prism.admin.v1.ProxyInfo
+	42, // 13: prism.admin.v1.ListLeasesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	47, // 14: prism.admin.v1.ListLeasesResponse.leases:type_name -> prism.admin.v1.Lease
+	42, // 15: prism.admin.v1.GetLeaseRequest.consistency:type_name -> prism.admin.v1.Consistency
+	47, // 16: prism.admin.v1.GetLeaseResponse.lease:type_name -> prism.admin.v1.Lease
+	42, // 17: prism.admin.v1.ListSessionsRequest.consistency:type_name -> prism.admin.v1.Consistency
+	48, // 18: prism.admin.v1.ListSessionsResponse.sessions:type_name -> prism.admin.v1.Session
+	42, // 19: prism.admin.v1.GetSessionRequest.consistency:type_name -> prism.admin.v1.Consistency
+	48, // 20: prism.admin.v1.GetSessionResponse.session:type_name -> prism.admin.v1.Session
+	47, // 21: prism.admin.v1.GetSessionResponse.leases:type_name -> prism.admin.v1.Lease
+	42, // 22: prism.admin.v1.ListRoutesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	49, // 23: prism.admin.v1.ListRoutesResponse.routes:type_name -> prism.admin.v1.Route
+	44, // 24: prism.admin.v1.ListRoutesResponse.namespace_routes:type_name -> prism.admin.v1.NamespaceRoute
+	42, // 25: prism.admin.v1.GetRouteRequest.consistency:type_name -> prism.admin.v1.Consistency
+	49, // 26: prism.admin.v1.GetRouteResponse.route:type_name -> prism.admin.v1.Route
+	50, // 27: prism.admin.v1.SnapshotInfo.saved_at:type_name -> google.protobuf.Timestamp
+	31, // 28: prism.admin.v1.SaveSnapshotResponse.info:type_name -> prism.admin.v1.SnapshotInfo
+	43, // 29: prism.admin.v1.MoveNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
+	43, // 30: prism.admin.v1.CancelMoveResponse.namespace:type_name -> prism.admin.v1.Namespace
+	45, // 31: prism.admin.v1.CordonProxyResponse.proxy:type_name -> prism.admin.v1.Proxy
+	1,  // 32: prism.admin.v1.NamespaceMove.state:type_name -> prism.admin.v1.MoveState
+	50, // 33: prism.admin.v1.NamespaceMove.started_at:type_name -> google.protobuf.Timestamp
+	50, // 34: prism.admin.v1.NamespaceMove.switched_at:type_name -> google.protobuf.Timestamp
+	50, // 35: prism.admin.v1.NamespaceMove.handoff_until:type_name -> google.protobuf.Timestamp
+	51, // 36: prism.admin.v1.NamespaceMove.reason:type_name -> prism.admin.v1.MoveReason
+	40, // 37: prism.admin.v1.ListMovesResponse.moves:type_name -> prism.admin.v1.NamespaceMove
+	2,  // 38: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
+	5,  // 39: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
+	7,  // 40: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
+	10, // 41: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
+	12, // 42: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
+	14, // 43: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
+	16, // 44: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
+	22, // 45: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
+	24, // 46: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
+	18, // 47: prism.admin.v1.Admin.ListSessions:input_type -> prism.admin.v1.ListSessionsRequest
+	20, // 48: prism.admin.v1.Admin.GetSession:input_type -> prism.admin.v1.GetSessionRequest
+	26, // 49: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
+	28, // 50: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
+	30, // 51: prism.admin.v1.Admin.SaveSnapshot:input_type -> prism.admin.v1.SaveSnapshotRequest
+	33, // 52: prism.admin.v1.Admin.MoveNamespace:input_type -> prism.admin.v1.MoveNamespaceRequest
+	35, // 53: prism.admin.v1.Admin.CancelMove:input_type -> prism.admin.v1.CancelMoveRequest
+	37, // 54: prism.admin.v1.Admin.CordonProxy:input_type -> prism.admin.v1.CordonProxyRequest
+	39, // 55: prism.admin.v1.Admin.ListMoves:input_type -> prism.admin.v1.ListMovesRequest
+	4,  // 56: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
+	6,  // 57: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
+	8,  // 58: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
+	11, // 59: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
+	13, // 60: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
+	15, // 61: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
+	17, // 62: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
+	23, // 63: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
+	25, // 64: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
+	19, // 65: prism.admin.v1.Admin.ListSessions:output_type -> prism.admin.v1.ListSessionsResponse
+	21, // 66: prism.admin.v1.Admin.GetSession:output_type -> prism.admin.v1.GetSessionResponse
+	27, // 67: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
+	29, // 68: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
+	32, // 69: prism.admin.v1.Admin.SaveSnapshot:output_type -> prism.admin.v1.SaveSnapshotResponse
+	34, // 70: prism.admin.v1.Admin.MoveNamespace:output_type -> prism.admin.v1.MoveNamespaceResponse
+	36, // 71: prism.admin.v1.Admin.CancelMove:output_type -> prism.admin.v1.CancelMoveResponse
+	38, // 72: prism.admin.v1.Admin.CordonProxy:output_type -> prism.admin.v1.CordonProxyResponse
+	41, // 73: prism.admin.v1.Admin.ListMoves:output_type -> prism.admin.v1.ListMovesResponse
+	56, // [56:74] is the sub-list for method output_type
+	38, // [38:56] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_admin_proto_init() }
@@ -2212,8 +2888,8 @@ func file_prism_admin_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_admin_proto_rawDesc), len(file_prism_admin_v1_admin_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   31,
+			NumEnums:      2,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,10 @@ const (
 	Admin_AddVoter_FullMethodName         = "/prism.admin.v1.Admin/AddVoter"
 	Admin_RemoveServer_FullMethodName     = "/prism.admin.v1.Admin/RemoveServer"
 	Admin_SaveSnapshot_FullMethodName     = "/prism.admin.v1.Admin/SaveSnapshot"
+	Admin_MoveNamespace_FullMethodName    = "/prism.admin.v1.Admin/MoveNamespace"
+	Admin_CancelMove_FullMethodName       = "/prism.admin.v1.Admin/CancelMove"
+	Admin_CordonProxy_FullMethodName      = "/prism.admin.v1.Admin/CordonProxy"
+	Admin_ListMoves_FullMethodName        = "/prism.admin.v1.Admin/ListMoves"
 )
 
 // AdminClient is the client API for Admin service.
@@ -71,6 +75,30 @@ type AdminClient interface {
 	// relays the leader's stream. prismctl snapshot save writes it to a file
 	// (admin/backup) that prism admin restore reads.
 	SaveSnapshot(ctx context.Context, in *SaveSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SaveSnapshotResponse], error)
+	// Moves by handoff (docs/architecture.md#moves). MoveNamespace starts
+	// moving a namespace to another proxy: the destination catches up on its
+	// own mailbox while the assigned proxy serves, then the leader switches
+	// the namespace over. NOT_FOUND when the namespace or the proxy does not
+	// exist; FAILED_PRECONDITION when a move or handoff of the namespace is in
+	// progress, the namespace is already on that proxy or on none, or the
+	// proxy cannot take namespaces (stale, runner not ready, cordoned or
+	// draining); the message says which.
+	MoveNamespace(ctx context.Context, in *MoveNamespaceRequest, opts ...grpc.CallOption) (*MoveNamespaceResponse, error)
+	// CancelMove abandons the namespace's move in progress: the destination
+	// lets its mailbox go, the assigned proxy never stopped serving.
+	// FAILED_PRECONDITION when no move is catching up (none, or it has
+	// already switched).
+	CancelMove(ctx context.Context, in *CancelMoveRequest, opts ...grpc.CallOption) (*CancelMoveResponse, error)
+	// CordonProxy sets or clears an operator's cordon (prismctl proxy drain /
+	// uncordon): a cordoned proxy takes no namespaces and its namespaces move
+	// off by handoff, at the leader's concurrency limit. Setting what is
+	// already set succeeds with changed=false. NOT_FOUND for an unregistered
+	// proxy.
+	CordonProxy(ctx context.Context, in *CordonProxyRequest, opts ...grpc.CallOption) (*CordonProxyResponse, error)
+	// ListMoves lists the moves in progress and the handoff tails, with the
+	// destination's lag as the leader knows it; always answered by the leader
+	// (followers forward), since only the leader holds the lag reports.
+	ListMoves(ctx context.Context, in *ListMovesRequest, opts ...grpc.CallOption) (*ListMovesResponse, error)
 }
 
 type adminClient struct {
@@ -230,6 +258,46 @@ func (c *adminClient) SaveSnapshot(ctx context.Context, in *SaveSnapshotRequest,
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Admin_SaveSnapshotClient = grpc.ServerStreamingClient[SaveSnapshotResponse]
 
+func (c *adminClient) MoveNamespace(ctx context.Context, in *MoveNamespaceRequest, opts ...grpc.CallOption) (*MoveNamespaceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveNamespaceResponse)
+	err := c.cc.Invoke(ctx, Admin_MoveNamespace_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) CancelMove(ctx context.Context, in *CancelMoveRequest, opts ...grpc.CallOption) (*CancelMoveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelMoveResponse)
+	err := c.cc.Invoke(ctx, Admin_CancelMove_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) CordonProxy(ctx context.Context, in *CordonProxyRequest, opts ...grpc.CallOption) (*CordonProxyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CordonProxyResponse)
+	err := c.cc.Invoke(ctx, Admin_CordonProxy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListMoves(ctx context.Context, in *ListMovesRequest, opts ...grpc.CallOption) (*ListMovesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListMovesResponse)
+	err := c.cc.Invoke(ctx, Admin_ListMoves_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -263,6 +331,30 @@ type AdminServer interface {
 	// relays the leader's stream. prismctl snapshot save writes it to a file
 	// (admin/backup) that prism admin restore reads.
 	SaveSnapshot(*SaveSnapshotRequest, grpc.ServerStreamingServer[SaveSnapshotResponse]) error
+	// Moves by handoff (docs/architecture.md#moves). MoveNamespace starts
+	// moving a namespace to another proxy: the destination catches up on its
+	// own mailbox while the assigned proxy serves, then the leader switches
+	// the namespace over. NOT_FOUND when the namespace or the proxy does not
+	// exist; FAILED_PRECONDITION when a move or handoff of the namespace is in
+	// progress, the namespace is already on that proxy or on none, or the
+	// proxy cannot take namespaces (stale, runner not ready, cordoned or
+	// draining); the message says which.
+	MoveNamespace(context.Context, *MoveNamespaceRequest) (*MoveNamespaceResponse, error)
+	// CancelMove abandons the namespace's move in progress: the destination
+	// lets its mailbox go, the assigned proxy never stopped serving.
+	// FAILED_PRECONDITION when no move is catching up (none, or it has
+	// already switched).
+	CancelMove(context.Context, *CancelMoveRequest) (*CancelMoveResponse, error)
+	// CordonProxy sets or clears an operator's cordon (prismctl proxy drain /
+	// uncordon): a cordoned proxy takes no namespaces and its namespaces move
+	// off by handoff, at the leader's concurrency limit. Setting what is
+	// already set succeeds with changed=false. NOT_FOUND for an unregistered
+	// proxy.
+	CordonProxy(context.Context, *CordonProxyRequest) (*CordonProxyResponse, error)
+	// ListMoves lists the moves in progress and the handoff tails, with the
+	// destination's lag as the leader knows it; always answered by the leader
+	// (followers forward), since only the leader holds the lag reports.
+	ListMoves(context.Context, *ListMovesRequest) (*ListMovesResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -314,6 +406,18 @@ func (UnimplementedAdminServer) RemoveServer(context.Context, *RemoveServerReque
 }
 func (UnimplementedAdminServer) SaveSnapshot(*SaveSnapshotRequest, grpc.ServerStreamingServer[SaveSnapshotResponse]) error {
 	return status.Error(codes.Unimplemented, "method SaveSnapshot not implemented")
+}
+func (UnimplementedAdminServer) MoveNamespace(context.Context, *MoveNamespaceRequest) (*MoveNamespaceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MoveNamespace not implemented")
+}
+func (UnimplementedAdminServer) CancelMove(context.Context, *CancelMoveRequest) (*CancelMoveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelMove not implemented")
+}
+func (UnimplementedAdminServer) CordonProxy(context.Context, *CordonProxyRequest) (*CordonProxyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CordonProxy not implemented")
+}
+func (UnimplementedAdminServer) ListMoves(context.Context, *ListMovesRequest) (*ListMovesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListMoves not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -581,6 +685,78 @@ func _Admin_SaveSnapshot_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Admin_SaveSnapshotServer = grpc.ServerStreamingServer[SaveSnapshotResponse]
 
+func _Admin_MoveNamespace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveNamespaceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).MoveNamespace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_MoveNamespace_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).MoveNamespace(ctx, req.(*MoveNamespaceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_CancelMove_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelMoveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).CancelMove(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_CancelMove_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).CancelMove(ctx, req.(*CancelMoveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_CordonProxy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CordonProxyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).CordonProxy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_CordonProxy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).CordonProxy(ctx, req.(*CordonProxyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListMoves_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListMovesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListMoves(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListMoves_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListMoves(ctx, req.(*ListMovesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -639,6 +815,22 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveServer",
 			Handler:    _Admin_RemoveServer_Handler,
+		},
+		{
+			MethodName: "MoveNamespace",
+			Handler:    _Admin_MoveNamespace_Handler,
+		},
+		{
+			MethodName: "CancelMove",
+			Handler:    _Admin_CancelMove_Handler,
+		},
+		{
+			MethodName: "CordonProxy",
+			Handler:    _Admin_CordonProxy_Handler,
+		},
+		{
+			MethodName: "ListMoves",
+			Handler:    _Admin_ListMoves_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

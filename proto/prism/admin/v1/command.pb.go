@@ -58,6 +58,7 @@ type Command struct {
 	//	*Command_AbandonMove
 	//	*Command_Rebalance
 	//	*Command_CordonProxy
+	//	*Command_DrainProxy
 	Body          isCommand_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -305,6 +306,15 @@ func (x *Command) GetCordonProxy() *CordonProxyCommand {
 	return nil
 }
 
+func (x *Command) GetDrainProxy() *DrainProxyRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Command_DrainProxy); ok {
+			return x.DrainProxy
+		}
+	}
+	return nil
+}
+
 type isCommand_Body interface {
 	isCommand_Body()
 }
@@ -398,6 +408,10 @@ type Command_CordonProxy struct {
 	CordonProxy *CordonProxyCommand `protobuf:"bytes,31,opt,name=cordon_proxy,json=cordonProxy,proto3,oneof"`
 }
 
+type Command_DrainProxy struct {
+	DrainProxy *DrainProxyRequest `protobuf:"bytes,32,opt,name=drain_proxy,json=drainProxy,proto3,oneof"`
+}
+
 func (*Command_RegisterProxy) isCommand_Body() {}
 
 func (*Command_ProxyHeartbeat) isCommand_Body() {}
@@ -441,6 +455,8 @@ func (*Command_AbandonMove) isCommand_Body() {}
 func (*Command_Rebalance) isCommand_Body() {}
 
 func (*Command_CordonProxy) isCommand_Body() {}
+
+func (*Command_DrainProxy) isCommand_Body() {}
 
 // LeaseRef names one grant of a mailbox's lease.
 type LeaseRef struct {
@@ -1285,7 +1301,7 @@ var File_prism_admin_v1_command_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\n" +
-	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\xd9\r\n" +
+	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\x9f\x0e\n" +
 	"\aCommand\x12,\n" +
 	"\x03now\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12M\n" +
 	"\x0eregister_proxy\x18\n" +
@@ -1314,7 +1330,9 @@ const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"endHandoff\x12G\n" +
 	"\fabandon_move\x18\x1d \x01(\v2\".prism.admin.v1.AbandonMoveCommandH\x00R\vabandonMove\x12@\n" +
 	"\trebalance\x18\x1e \x01(\v2 .prism.admin.v1.RebalanceCommandH\x00R\trebalance\x12G\n" +
-	"\fcordon_proxy\x18\x1f \x01(\v2\".prism.admin.v1.CordonProxyCommandH\x00R\vcordonProxyB\x06\n" +
+	"\fcordon_proxy\x18\x1f \x01(\v2\".prism.admin.v1.CordonProxyCommandH\x00R\vcordonProxy\x12D\n" +
+	"\vdrain_proxy\x18  \x01(\v2!.prism.admin.v1.DrainProxyRequestH\x00R\n" +
+	"drainProxyB\x06\n" +
 	"\x04body\"?\n" +
 	"\bLeaseRef\x12\x1d\n" +
 	"\n" +
@@ -1412,10 +1430,11 @@ var file_prism_admin_v1_command_proto_goTypes = []any{
 	(*CloseSessionRequest)(nil),     // 24: prism.admin.v1.CloseSessionRequest
 	(*AcquireLeasesRequest)(nil),    // 25: prism.admin.v1.AcquireLeasesRequest
 	(*ReleaseLeasesRequest)(nil),    // 26: prism.admin.v1.ReleaseLeasesRequest
-	(*LeaseStats)(nil),              // 27: prism.admin.v1.LeaseStats
-	(*MemberAddress)(nil),           // 28: prism.admin.v1.MemberAddress
-	(MoveReason)(0),                 // 29: prism.admin.v1.MoveReason
-	(MoveAbandonReason)(0),          // 30: prism.admin.v1.MoveAbandonReason
+	(*DrainProxyRequest)(nil),       // 27: prism.admin.v1.DrainProxyRequest
+	(*LeaseStats)(nil),              // 28: prism.admin.v1.LeaseStats
+	(*MemberAddress)(nil),           // 29: prism.admin.v1.MemberAddress
+	(MoveReason)(0),                 // 30: prism.admin.v1.MoveReason
+	(MoveAbandonReason)(0),          // 31: prism.admin.v1.MoveAbandonReason
 }
 var file_prism_admin_v1_command_proto_depIdxs = []int32{
 	16, // 0: prism.admin.v1.Command.now:type_name -> google.protobuf.Timestamp
@@ -1441,23 +1460,24 @@ var file_prism_admin_v1_command_proto_depIdxs = []int32{
 	13, // 20: prism.admin.v1.Command.abandon_move:type_name -> prism.admin.v1.AbandonMoveCommand
 	14, // 21: prism.admin.v1.Command.rebalance:type_name -> prism.admin.v1.RebalanceCommand
 	15, // 22: prism.admin.v1.Command.cordon_proxy:type_name -> prism.admin.v1.CordonProxyCommand
-	1,  // 23: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
-	16, // 24: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
-	16, // 25: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	27, // 26: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
-	3,  // 27: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
-	16, // 28: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
-	5,  // 29: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
-	28, // 30: prism.admin.v1.PutMembersCommand.members:type_name -> prism.admin.v1.MemberAddress
-	29, // 31: prism.admin.v1.StartMoveCommand.reason:type_name -> prism.admin.v1.MoveReason
-	16, // 32: prism.admin.v1.SwitchMoveCommand.handoff_until:type_name -> google.protobuf.Timestamp
-	16, // 33: prism.admin.v1.EndHandoffCommand.handoff_until:type_name -> google.protobuf.Timestamp
-	30, // 34: prism.admin.v1.AbandonMoveCommand.reason:type_name -> prism.admin.v1.MoveAbandonReason
-	35, // [35:35] is the sub-list for method output_type
-	35, // [35:35] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	27, // 23: prism.admin.v1.Command.drain_proxy:type_name -> prism.admin.v1.DrainProxyRequest
+	1,  // 24: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
+	16, // 25: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
+	16, // 26: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	28, // 27: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
+	3,  // 28: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
+	16, // 29: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
+	5,  // 30: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
+	29, // 31: prism.admin.v1.PutMembersCommand.members:type_name -> prism.admin.v1.MemberAddress
+	30, // 32: prism.admin.v1.StartMoveCommand.reason:type_name -> prism.admin.v1.MoveReason
+	16, // 33: prism.admin.v1.SwitchMoveCommand.handoff_until:type_name -> google.protobuf.Timestamp
+	16, // 34: prism.admin.v1.EndHandoffCommand.handoff_until:type_name -> google.protobuf.Timestamp
+	31, // 35: prism.admin.v1.AbandonMoveCommand.reason:type_name -> prism.admin.v1.MoveAbandonReason
+	36, // [36:36] is the sub-list for method output_type
+	36, // [36:36] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_command_proto_init() }
@@ -1490,6 +1510,7 @@ func file_prism_admin_v1_command_proto_init() {
 		(*Command_AbandonMove)(nil),
 		(*Command_Rebalance)(nil),
 		(*Command_CordonProxy)(nil),
+		(*Command_DrainProxy)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -1733,6 +1733,120 @@ func (x *ReleaseLeasesResponse) GetIndex() uint64 {
 	return 0
 }
 
+type DrainProxyRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ProxyId string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	// The caller's ProxyRegistration.instance; required.
+	Instance      string `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainProxyRequest) Reset() {
+	*x = DrainProxyRequest{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainProxyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainProxyRequest) ProtoMessage() {}
+
+func (x *DrainProxyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainProxyRequest.ProtoReflect.Descriptor instead.
+func (*DrainProxyRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DrainProxyRequest) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *DrainProxyRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+type DrainProxyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Proxy *Proxy                 `protobuf:"bytes,1,opt,name=proxy,proto3" json:"proxy,omitempty"`
+	// False when the proxy was already draining for this instance (a retry).
+	Drained       bool   `protobuf:"varint,2,opt,name=drained,proto3" json:"drained,omitempty"`
+	Index         uint64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainProxyResponse) Reset() {
+	*x = DrainProxyResponse{}
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainProxyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainProxyResponse) ProtoMessage() {}
+
+func (x *DrainProxyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_control_plane_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainProxyResponse.ProtoReflect.Descriptor instead.
+func (*DrainProxyResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_control_plane_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *DrainProxyResponse) GetProxy() *Proxy {
+	if x != nil {
+		return x.Proxy
+	}
+	return nil
+}
+
+func (x *DrainProxyResponse) GetDrained() bool {
+	if x != nil {
+		return x.Drained
+	}
+	return false
+}
+
+func (x *DrainProxyResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 var File_prism_admin_v1_control_plane_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_control_plane_proto_rawDesc = "" +
@@ -1860,7 +1974,14 @@ const file_prism_admin_v1_control_plane_proto_rawDesc = "" +
 	"\x15ReleaseLeasesResponse\x12<\n" +
 	"\aresults\x18\x01 \x03(\v2\".prism.admin.v1.MailboxLeaseResultR\aresults\x126\n" +
 	"\arefusal\x18\x02 \x01(\v2\x1c.prism.admin.v1.LeaseRefusalR\arefusal\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\x04R\x05index2\x9b\x06\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"J\n" +
+	"\x11DrainProxyRequest\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\"q\n" +
+	"\x12DrainProxyResponse\x12+\n" +
+	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyR\x05proxy\x12\x18\n" +
+	"\adrained\x18\x02 \x01(\bR\adrained\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index2\xf0\x06\n" +
 	"\fControlPlane\x12\\\n" +
 	"\rRegisterProxy\x12$.prism.admin.v1.RegisterProxyRequest\x1a%.prism.admin.v1.RegisterProxyResponse\x12_\n" +
 	"\x0eProxyHeartbeat\x12%.prism.admin.v1.ProxyHeartbeatRequest\x1a&.prism.admin.v1.ProxyHeartbeatResponse\x12b\n" +
@@ -1869,7 +1990,9 @@ const file_prism_admin_v1_control_plane_proto_rawDesc = "" +
 	"\x10WatchAssignments\x12'.prism.admin.v1.WatchAssignmentsRequest\x1a(.prism.admin.v1.WatchAssignmentsResponse0\x01\x12Y\n" +
 	"\fAcquireLease\x12#.prism.admin.v1.AcquireLeaseRequest\x1a$.prism.admin.v1.AcquireLeaseResponse\x12e\n" +
 	"\x10MailboxHeartbeat\x12'.prism.admin.v1.MailboxHeartbeatRequest\x1a(.prism.admin.v1.MailboxHeartbeatResponse\x12Y\n" +
-	"\fReleaseLease\x12#.prism.admin.v1.ReleaseLeaseRequest\x1a$.prism.admin.v1.ReleaseLeaseResponse2\xe0\x03\n" +
+	"\fReleaseLease\x12#.prism.admin.v1.ReleaseLeaseRequest\x1a$.prism.admin.v1.ReleaseLeaseResponse\x12S\n" +
+	"\n" +
+	"DrainProxy\x12!.prism.admin.v1.DrainProxyRequest\x1a\".prism.admin.v1.DrainProxyResponse2\xe0\x03\n" +
 	"\bSessions\x12V\n" +
 	"\vOpenSession\x12\".prism.admin.v1.OpenSessionRequest\x1a#.prism.admin.v1.OpenSessionResponse\x12e\n" +
 	"\x10KeepAliveSession\x12'.prism.admin.v1.KeepAliveSessionRequest\x1a(.prism.admin.v1.KeepAliveSessionResponse\x12Y\n" +
@@ -1889,7 +2012,7 @@ func file_prism_admin_v1_control_plane_proto_rawDescGZIP() []byte {
 	return file_prism_admin_v1_control_plane_proto_rawDescData
 }
 
-var file_prism_admin_v1_control_plane_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_prism_admin_v1_control_plane_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_prism_admin_v1_control_plane_proto_goTypes = []any{
 	(*RegisterProxyRequest)(nil),     // 0: prism.admin.v1.RegisterProxyRequest
 	(*RegisterProxyResponse)(nil),    // 1: prism.admin.v1.RegisterProxyResponse
@@ -1918,82 +2041,87 @@ var file_prism_admin_v1_control_plane_proto_goTypes = []any{
 	(*AcquireLeasesResponse)(nil),    // 24: prism.admin.v1.AcquireLeasesResponse
 	(*ReleaseLeasesRequest)(nil),     // 25: prism.admin.v1.ReleaseLeasesRequest
 	(*ReleaseLeasesResponse)(nil),    // 26: prism.admin.v1.ReleaseLeasesResponse
-	(*ProxyRegistration)(nil),        // 27: prism.admin.v1.ProxyRegistration
-	(*Proxy)(nil),                    // 28: prism.admin.v1.Proxy
-	(*NamespaceAssignment)(nil),      // 29: prism.admin.v1.NamespaceAssignment
-	(*PartitionRange)(nil),           // 30: prism.admin.v1.PartitionRange
-	(*NamespaceHealth)(nil),          // 31: prism.admin.v1.NamespaceHealth
-	(*NamespaceConfig)(nil),          // 32: prism.admin.v1.NamespaceConfig
-	(*Namespace)(nil),                // 33: prism.admin.v1.Namespace
-	(*durationpb.Duration)(nil),      // 34: google.protobuf.Duration
-	(*Lease)(nil),                    // 35: prism.admin.v1.Lease
-	(*LeaseRefusal)(nil),             // 36: prism.admin.v1.LeaseRefusal
-	(*LeaseStats)(nil),               // 37: prism.admin.v1.LeaseStats
-	(*timestamppb.Timestamp)(nil),    // 38: google.protobuf.Timestamp
-	(*Session)(nil),                  // 39: prism.admin.v1.Session
+	(*DrainProxyRequest)(nil),        // 27: prism.admin.v1.DrainProxyRequest
+	(*DrainProxyResponse)(nil),       // 28: prism.admin.v1.DrainProxyResponse
+	(*ProxyRegistration)(nil),        // 29: prism.admin.v1.ProxyRegistration
+	(*Proxy)(nil),                    // 30: prism.admin.v1.Proxy
+	(*NamespaceAssignment)(nil),      // 31: prism.admin.v1.NamespaceAssignment
+	(*PartitionRange)(nil),           // 32: prism.admin.v1.PartitionRange
+	(*NamespaceHealth)(nil),          // 33: prism.admin.v1.NamespaceHealth
+	(*NamespaceConfig)(nil),          // 34: prism.admin.v1.NamespaceConfig
+	(*Namespace)(nil),                // 35: prism.admin.v1.Namespace
+	(*durationpb.Duration)(nil),      // 36: google.protobuf.Duration
+	(*Lease)(nil),                    // 37: prism.admin.v1.Lease
+	(*LeaseRefusal)(nil),             // 38: prism.admin.v1.LeaseRefusal
+	(*LeaseStats)(nil),               // 39: prism.admin.v1.LeaseStats
+	(*timestamppb.Timestamp)(nil),    // 40: google.protobuf.Timestamp
+	(*Session)(nil),                  // 41: prism.admin.v1.Session
 }
 var file_prism_admin_v1_control_plane_proto_depIdxs = []int32{
-	27, // 0: prism.admin.v1.RegisterProxyRequest.registration:type_name -> prism.admin.v1.ProxyRegistration
-	28, // 1: prism.admin.v1.RegisterProxyResponse.proxy:type_name -> prism.admin.v1.Proxy
-	29, // 2: prism.admin.v1.RegisterProxyResponse.assignments:type_name -> prism.admin.v1.NamespaceAssignment
-	30, // 3: prism.admin.v1.RegisterProxyResponse.partition_ranges:type_name -> prism.admin.v1.PartitionRange
-	31, // 4: prism.admin.v1.ProxyHeartbeatRequest.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
-	28, // 5: prism.admin.v1.ProxyHeartbeatResponse.proxy:type_name -> prism.admin.v1.Proxy
-	32, // 6: prism.admin.v1.CreateNamespaceRequest.config:type_name -> prism.admin.v1.NamespaceConfig
-	33, // 7: prism.admin.v1.CreateNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
-	29, // 8: prism.admin.v1.WatchAssignmentsResponse.assignments:type_name -> prism.admin.v1.NamespaceAssignment
-	30, // 9: prism.admin.v1.WatchAssignmentsResponse.partition_ranges:type_name -> prism.admin.v1.PartitionRange
-	34, // 10: prism.admin.v1.AcquireLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	35, // 11: prism.admin.v1.AcquireLeaseResponse.lease:type_name -> prism.admin.v1.Lease
-	36, // 12: prism.admin.v1.AcquireLeaseResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
-	37, // 13: prism.admin.v1.MailboxHeartbeatRequest.stats:type_name -> prism.admin.v1.LeaseStats
-	38, // 14: prism.admin.v1.MailboxHeartbeatResponse.expires_at:type_name -> google.protobuf.Timestamp
-	34, // 15: prism.admin.v1.MailboxHeartbeatResponse.ttl:type_name -> google.protobuf.Duration
-	36, // 16: prism.admin.v1.MailboxHeartbeatResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
-	36, // 17: prism.admin.v1.ReleaseLeaseResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
-	34, // 18: prism.admin.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	39, // 19: prism.admin.v1.OpenSessionResponse.session:type_name -> prism.admin.v1.Session
-	36, // 20: prism.admin.v1.OpenSessionResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
-	38, // 21: prism.admin.v1.KeepAliveSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	34, // 22: prism.admin.v1.KeepAliveSessionResponse.ttl:type_name -> google.protobuf.Duration
-	36, // 23: prism.admin.v1.KeepAliveSessionResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
-	35, // 24: prism.admin.v1.MailboxLeaseResult.lease:type_name -> prism.admin.v1.Lease
-	36, // 25: prism.admin.v1.MailboxLeaseResult.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	29, // 0: prism.admin.v1.RegisterProxyRequest.registration:type_name -> prism.admin.v1.ProxyRegistration
+	30, // 1: prism.admin.v1.RegisterProxyResponse.proxy:type_name -> prism.admin.v1.Proxy
+	31, // 2: prism.admin.v1.RegisterProxyResponse.assignments:type_name -> prism.admin.v1.NamespaceAssignment
+	32, // 3: prism.admin.v1.RegisterProxyResponse.partition_ranges:type_name -> prism.admin.v1.PartitionRange
+	33, // 4: prism.admin.v1.ProxyHeartbeatRequest.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
+	30, // 5: prism.admin.v1.ProxyHeartbeatResponse.proxy:type_name -> prism.admin.v1.Proxy
+	34, // 6: prism.admin.v1.CreateNamespaceRequest.config:type_name -> prism.admin.v1.NamespaceConfig
+	35, // 7: prism.admin.v1.CreateNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
+	31, // 8: prism.admin.v1.WatchAssignmentsResponse.assignments:type_name -> prism.admin.v1.NamespaceAssignment
+	32, // 9: prism.admin.v1.WatchAssignmentsResponse.partition_ranges:type_name -> prism.admin.v1.PartitionRange
+	36, // 10: prism.admin.v1.AcquireLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	37, // 11: prism.admin.v1.AcquireLeaseResponse.lease:type_name -> prism.admin.v1.Lease
+	38, // 12: prism.admin.v1.AcquireLeaseResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	39, // 13: prism.admin.v1.MailboxHeartbeatRequest.stats:type_name -> prism.admin.v1.LeaseStats
+	40, // 14: prism.admin.v1.MailboxHeartbeatResponse.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 15: prism.admin.v1.MailboxHeartbeatResponse.ttl:type_name -> google.protobuf.Duration
+	38, // 16: prism.admin.v1.MailboxHeartbeatResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	38, // 17: prism.admin.v1.ReleaseLeaseResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	36, // 18: prism.admin.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	41, // 19: prism.admin.v1.OpenSessionResponse.session:type_name -> prism.admin.v1.Session
+	38, // 20: prism.admin.v1.OpenSessionResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	40, // 21: prism.admin.v1.KeepAliveSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 22: prism.admin.v1.KeepAliveSessionResponse.ttl:type_name -> google.protobuf.Duration
+	38, // 23: prism.admin.v1.KeepAliveSessionResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	37, // 24: prism.admin.v1.MailboxLeaseResult.lease:type_name -> prism.admin.v1.Lease
+	38, // 25: prism.admin.v1.MailboxLeaseResult.refusal:type_name -> prism.admin.v1.LeaseRefusal
 	23, // 26: prism.admin.v1.AcquireLeasesResponse.results:type_name -> prism.admin.v1.MailboxLeaseResult
-	36, // 27: prism.admin.v1.AcquireLeasesResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	38, // 27: prism.admin.v1.AcquireLeasesResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
 	23, // 28: prism.admin.v1.ReleaseLeasesResponse.results:type_name -> prism.admin.v1.MailboxLeaseResult
-	36, // 29: prism.admin.v1.ReleaseLeasesResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
-	0,  // 30: prism.admin.v1.ControlPlane.RegisterProxy:input_type -> prism.admin.v1.RegisterProxyRequest
-	2,  // 31: prism.admin.v1.ControlPlane.ProxyHeartbeat:input_type -> prism.admin.v1.ProxyHeartbeatRequest
-	4,  // 32: prism.admin.v1.ControlPlane.CreateNamespace:input_type -> prism.admin.v1.CreateNamespaceRequest
-	6,  // 33: prism.admin.v1.ControlPlane.DeleteNamespace:input_type -> prism.admin.v1.DeleteNamespaceRequest
-	8,  // 34: prism.admin.v1.ControlPlane.WatchAssignments:input_type -> prism.admin.v1.WatchAssignmentsRequest
-	10, // 35: prism.admin.v1.ControlPlane.AcquireLease:input_type -> prism.admin.v1.AcquireLeaseRequest
-	12, // 36: prism.admin.v1.ControlPlane.MailboxHeartbeat:input_type -> prism.admin.v1.MailboxHeartbeatRequest
-	14, // 37: prism.admin.v1.ControlPlane.ReleaseLease:input_type -> prism.admin.v1.ReleaseLeaseRequest
-	16, // 38: prism.admin.v1.Sessions.OpenSession:input_type -> prism.admin.v1.OpenSessionRequest
-	18, // 39: prism.admin.v1.Sessions.KeepAliveSession:input_type -> prism.admin.v1.KeepAliveSessionRequest
-	20, // 40: prism.admin.v1.Sessions.CloseSession:input_type -> prism.admin.v1.CloseSessionRequest
-	22, // 41: prism.admin.v1.Sessions.AcquireLeases:input_type -> prism.admin.v1.AcquireLeasesRequest
-	25, // 42: prism.admin.v1.Sessions.ReleaseLeases:input_type -> prism.admin.v1.ReleaseLeasesRequest
-	1,  // 43: prism.admin.v1.ControlPlane.RegisterProxy:output_type -> prism.admin.v1.RegisterProxyResponse
-	3,  // 44: prism.admin.v1.ControlPlane.ProxyHeartbeat:output_type -> prism.admin.v1.ProxyHeartbeatResponse
-	5,  // 45: prism.admin.v1.ControlPlane.CreateNamespace:output_type -> prism.admin.v1.CreateNamespaceResponse
-	7,  // 46: prism.admin.v1.ControlPlane.DeleteNamespace:output_type -> prism.admin.v1.DeleteNamespaceResponse
-	9,  // 47: prism.admin.v1.ControlPlane.WatchAssignments:output_type -> prism.admin.v1.WatchAssignmentsResponse
-	11, // 48: prism.admin.v1.ControlPlane.AcquireLease:output_type -> prism.admin.v1.AcquireLeaseResponse
-	13, // 49: prism.admin.v1.ControlPlane.MailboxHeartbeat:output_type -> prism.admin.v1.MailboxHeartbeatResponse
-	15, // 50: prism.admin.v1.ControlPlane.ReleaseLease:output_type -> prism.admin.v1.ReleaseLeaseResponse
-	17, // 51: prism.admin.v1.Sessions.OpenSession:output_type -> prism.admin.v1.OpenSessionResponse
-	19, // 52: prism.admin.v1.Sessions.KeepAliveSession:output_type -> prism.admin.v1.KeepAliveSessionResponse
-	21, // 53: prism.admin.v1.Sessions.CloseSession:output_type -> prism.admin.v1.CloseSessionResponse
-	24, // 54: prism.admin.v1.Sessions.AcquireLeases:output_type -> prism.admin.v1.AcquireLeasesResponse
-	26, // 55: prism.admin.v1.Sessions.ReleaseLeases:output_type -> prism.admin.v1.ReleaseLeasesResponse
-	43, // [43:56] is the sub-list for method output_type
-	30, // [30:43] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	38, // 29: prism.admin.v1.ReleaseLeasesResponse.refusal:type_name -> prism.admin.v1.LeaseRefusal
+	30, // 30: prism.admin.v1.DrainProxyResponse.proxy:type_name -> prism.admin.v1.Proxy
+	0,  // 31: prism.admin.v1.ControlPlane.RegisterProxy:input_type -> prism.admin.v1.RegisterProxyRequest
+	2,  // 32: prism.admin.v1.ControlPlane.ProxyHeartbeat:input_type -> prism.admin.v1.ProxyHeartbeatRequest
+	4,  // 33: prism.admin.v1.ControlPlane.CreateNamespace:input_type -> prism.admin.v1.CreateNamespaceRequest
+	6,  // 34: prism.admin.v1.ControlPlane.DeleteNamespace:input_type -> prism.admin.v1.DeleteNamespaceRequest
+	8,  // 35: prism.admin.v1.ControlPlane.WatchAssignments:input_type -> prism.admin.v1.WatchAssignmentsRequest
+	10, // 36: prism.admin.v1.ControlPlane.AcquireLease:input_type -> prism.admin.v1.AcquireLeaseRequest
+	12, // 37: prism.admin.v1.ControlPlane.MailboxHeartbeat:input_type -> prism.admin.v1.MailboxHeartbeatRequest
+	14, // 38: prism.admin.v1.ControlPlane.ReleaseLease:input_type -> prism.admin.v1.ReleaseLeaseRequest
+	27, // 39: prism.admin.v1.ControlPlane.DrainProxy:input_type -> prism.admin.v1.DrainProxyRequest
+	16, // 40: prism.admin.v1.Sessions.OpenSession:input_type -> prism.admin.v1.OpenSessionRequest
+	18, // 41: prism.admin.v1.Sessions.KeepAliveSession:input_type -> prism.admin.v1.KeepAliveSessionRequest
+	20, // 42: prism.admin.v1.Sessions.CloseSession:input_type -> prism.admin.v1.CloseSessionRequest
+	22, // 43: prism.admin.v1.Sessions.AcquireLeases:input_type -> prism.admin.v1.AcquireLeasesRequest
+	25, // 44: prism.admin.v1.Sessions.ReleaseLeases:input_type -> prism.admin.v1.ReleaseLeasesRequest
+	1,  // 45: prism.admin.v1.ControlPlane.RegisterProxy:output_type -> prism.admin.v1.RegisterProxyResponse
+	3,  // 46: prism.admin.v1.ControlPlane.ProxyHeartbeat:output_type -> prism.admin.v1.ProxyHeartbeatResponse
+	5,  // 47: prism.admin.v1.ControlPlane.CreateNamespace:output_type -> prism.admin.v1.CreateNamespaceResponse
+	7,  // 48: prism.admin.v1.ControlPlane.DeleteNamespace:output_type -> prism.admin.v1.DeleteNamespaceResponse
+	9,  // 49: prism.admin.v1.ControlPlane.WatchAssignments:output_type -> prism.admin.v1.WatchAssignmentsResponse
+	11, // 50: prism.admin.v1.ControlPlane.AcquireLease:output_type -> prism.admin.v1.AcquireLeaseResponse
+	13, // 51: prism.admin.v1.ControlPlane.MailboxHeartbeat:output_type -> prism.admin.v1.MailboxHeartbeatResponse
+	15, // 52: prism.admin.v1.ControlPlane.ReleaseLease:output_type -> prism.admin.v1.ReleaseLeaseResponse
+	28, // 53: prism.admin.v1.ControlPlane.DrainProxy:output_type -> prism.admin.v1.DrainProxyResponse
+	17, // 54: prism.admin.v1.Sessions.OpenSession:output_type -> prism.admin.v1.OpenSessionResponse
+	19, // 55: prism.admin.v1.Sessions.KeepAliveSession:output_type -> prism.admin.v1.KeepAliveSessionResponse
+	21, // 56: prism.admin.v1.Sessions.CloseSession:output_type -> prism.admin.v1.CloseSessionResponse
+	24, // 57: prism.admin.v1.Sessions.AcquireLeases:output_type -> prism.admin.v1.AcquireLeasesResponse
+	26, // 58: prism.admin.v1.Sessions.ReleaseLeases:output_type -> prism.admin.v1.ReleaseLeasesResponse
+	45, // [45:59] is the sub-list for method output_type
+	31, // [31:45] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_control_plane_proto_init() }
@@ -2008,7 +2136,7 @@ func file_prism_admin_v1_control_plane_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_control_plane_proto_rawDesc), len(file_prism_admin_v1_control_plane_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -37,6 +37,7 @@ const (
 	ControlPlane_AcquireLease_FullMethodName     = "/prism.admin.v1.ControlPlane/AcquireLease"
 	ControlPlane_MailboxHeartbeat_FullMethodName = "/prism.admin.v1.ControlPlane/MailboxHeartbeat"
 	ControlPlane_ReleaseLease_FullMethodName     = "/prism.admin.v1.ControlPlane/ReleaseLease"
+	ControlPlane_DrainProxy_FullMethodName       = "/prism.admin.v1.ControlPlane/DrainProxy"
 )
 
 // ControlPlaneClient is the client API for ControlPlane service.
@@ -62,6 +63,15 @@ type ControlPlaneClient interface {
 	MailboxHeartbeat(ctx context.Context, in *MailboxHeartbeatRequest, opts ...grpc.CallOption) (*MailboxHeartbeatResponse, error)
 	// ReleaseLease drops the lease so the route is withdrawn at once.
 	ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error)
+	// DrainProxy is the proxy's own drain, the first step of its pod's stop
+	// (docs/architecture.md#kubernetes-stop-order): the proxy takes no new
+	// namespaces and its namespaces move off by handoff, as under an
+	// operator's cordon, but only for as long as the sidecar process that
+	// asked lives (Proxy.draining_instance). NOT_FOUND if the proxy is not
+	// registered; FAILED_PRECONDITION if instance is not the registered one
+	// (another sidecar process has registered since). Draining again is a
+	// success with drained=false.
+	DrainProxy(ctx context.Context, in *DrainProxyRequest, opts ...grpc.CallOption) (*DrainProxyResponse, error)
 }
 
 type controlPlaneClient struct {
@@ -161,6 +171,16 @@ func (c *controlPlaneClient) ReleaseLease(ctx context.Context, in *ReleaseLeaseR
 	return out, nil
 }
 
+func (c *controlPlaneClient) DrainProxy(ctx context.Context, in *DrainProxyRequest, opts ...grpc.CallOption) (*DrainProxyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainProxyResponse)
+	err := c.cc.Invoke(ctx, ControlPlane_DrainProxy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControlPlaneServer is the server API for ControlPlane service.
 // All implementations must embed UnimplementedControlPlaneServer
 // for forward compatibility.
@@ -184,6 +204,15 @@ type ControlPlaneServer interface {
 	MailboxHeartbeat(context.Context, *MailboxHeartbeatRequest) (*MailboxHeartbeatResponse, error)
 	// ReleaseLease drops the lease so the route is withdrawn at once.
 	ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error)
+	// DrainProxy is the proxy's own drain, the first step of its pod's stop
+	// (docs/architecture.md#kubernetes-stop-order): the proxy takes no new
+	// namespaces and its namespaces move off by handoff, as under an
+	// operator's cordon, but only for as long as the sidecar process that
+	// asked lives (Proxy.draining_instance). NOT_FOUND if the proxy is not
+	// registered; FAILED_PRECONDITION if instance is not the registered one
+	// (another sidecar process has registered since). Draining again is a
+	// success with drained=false.
+	DrainProxy(context.Context, *DrainProxyRequest) (*DrainProxyResponse, error)
 	mustEmbedUnimplementedControlPlaneServer()
 }
 
@@ -217,6 +246,9 @@ func (UnimplementedControlPlaneServer) MailboxHeartbeat(context.Context, *Mailbo
 }
 func (UnimplementedControlPlaneServer) ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReleaseLease not implemented")
+}
+func (UnimplementedControlPlaneServer) DrainProxy(context.Context, *DrainProxyRequest) (*DrainProxyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainProxy not implemented")
 }
 func (UnimplementedControlPlaneServer) mustEmbedUnimplementedControlPlaneServer() {}
 func (UnimplementedControlPlaneServer) testEmbeddedByValue()                      {}
@@ -376,6 +408,24 @@ func _ControlPlane_ReleaseLease_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ControlPlane_DrainProxy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainProxyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControlPlaneServer).DrainProxy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ControlPlane_DrainProxy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControlPlaneServer).DrainProxy(ctx, req.(*DrainProxyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ControlPlane_ServiceDesc is the grpc.ServiceDesc for ControlPlane service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -410,6 +460,10 @@ var ControlPlane_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseLease",
 			Handler:    _ControlPlane_ReleaseLease_Handler,
+		},
+		{
+			MethodName: "DrainProxy",
+			Handler:    _ControlPlane_DrainProxy_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

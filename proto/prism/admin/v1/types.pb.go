@@ -261,7 +261,7 @@ const (
 	MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_STALE MoveAbandonReason = 1
 	// The destination's sidecar reports its runner not ready.
 	MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_NOT_READY MoveAbandonReason = 2
-	// The destination was cordoned.
+	// The destination was cordoned, or is draining itself.
 	MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_CORDONED MoveAbandonReason = 3
 	// The destination's lease on its mailbox ended after it was acquired.
 	MoveAbandonReason_MOVE_ABANDON_REASON_LEASE_LOST MoveAbandonReason = 4
@@ -665,7 +665,13 @@ type ProxyRegistration struct {
 	// The runner that serves this proxy's mailboxes: the only runner id
 	// AcquireLease grants "{namespace}@{proxy_id}" to. Empty means the proxy
 	// id, the sidecar's own default when it runs one runner per proxy.
-	RunnerId      string `protobuf:"bytes,9,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
+	RunnerId string `protobuf:"bytes,9,opt,name=runner_id,json=runnerId,proto3" json:"runner_id,omitempty"`
+	// Random per sidecar process start. A proxy's own drain
+	// (ControlPlane.DrainProxy, Proxy.draining_instance) lasts as long as the
+	// process that asked for it: the same instance registering again (after an
+	// admin failover) keeps it, a new one (the pod restarted) clears it. Empty
+	// from sidecars before the field.
+	Instance      string `protobuf:"bytes,10,opt,name=instance,proto3" json:"instance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -763,6 +769,13 @@ func (x *ProxyRegistration) GetRunnerId() string {
 	return ""
 }
 
+func (x *ProxyRegistration) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
 // Proxy is a registered proxy as the FSM keeps it.
 type Proxy struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -782,14 +795,21 @@ type Proxy struct {
 	// is ready again), and its endpoint is served UNHEALTHY. False (ready) in
 	// records from before the field and from sidecars that never send it.
 	RunnerNotReady bool `protobuf:"varint,6,opt,name=runner_not_ready,json=runnerNotReady,proto3" json:"runner_not_ready,omitempty"`
-	// Set by an operator (prismctl proxy drain, or the proxy's own DrainProxy
-	// from its preStop hook): the proxy takes no new namespaces. Placement
-	// treats it as not placeable, but since it is live and ready its
-	// namespaces move off by handoff (a drain), not at once. It survives the
-	// proxy registering again; only an uncordon clears it.
-	Cordoned      bool `protobuf:"varint,7,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Set by an operator (prismctl proxy drain, Admin.CordonProxy): the proxy
+	// takes no new namespaces. Placement treats it as not placeable, but since
+	// it is live and ready its namespaces move off by handoff (a drain), not
+	// at once. It survives the proxy registering again; only an uncordon
+	// (prismctl proxy uncordon) clears it.
+	Cordoned bool `protobuf:"varint,7,opt,name=cordoned,proto3" json:"cordoned,omitempty"`
+	// Set by the proxy's own drain (ControlPlane.DrainProxy, the runner's
+	// preStop hook): the registration instance of the sidecar process that
+	// asked. Placement treats a draining proxy as a cordoned one, but the
+	// drain ends with that process: a registration carrying another instance
+	// (the restarted pod's sidecar) clears it, so a rolling restart leaves no
+	// proxy drained. Empty when not draining.
+	DrainingInstance string `protobuf:"bytes,8,opt,name=draining_instance,json=drainingInstance,proto3" json:"draining_instance,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Proxy) Reset() {
@@ -869,6 +889,13 @@ func (x *Proxy) GetCordoned() bool {
 		return x.Cordoned
 	}
 	return false
+}
+
+func (x *Proxy) GetDrainingInstance() string {
+	if x != nil {
+		return x.DrainingInstance
+	}
+	return ""
 }
 
 // NamespaceHealth is a proxy's report on one namespace it hosts.
@@ -2092,7 +2119,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x1aprism/admin/v1/types.proto\x12\x0eprism.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"B\n" +
 	"\rMemberAddress\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
-	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress\"\x84\x03\n" +
+	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress\"\xa0\x03\n" +
 	"\x11ProxyRegistration\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x121\n" +
@@ -2102,10 +2129,12 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x06labels\x18\x06 \x03(\v2-.prism.admin.v1.ProxyRegistration.LabelsEntryR\x06labels\x12\x16\n" +
 	"\x06region\x18\a \x01(\tR\x06region\x12\x12\n" +
 	"\x04zone\x18\b \x01(\tR\x04zone\x12\x1b\n" +
-	"\trunner_id\x18\t \x01(\tR\brunnerId\x1a9\n" +
+	"\trunner_id\x18\t \x01(\tR\brunnerId\x12\x1a\n" +
+	"\binstance\x18\n" +
+	" \x01(\tR\binstance\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x03\n" +
 	"\x05Proxy\x12E\n" +
 	"\fregistration\x18\x01 \x01(\v2!.prism.admin.v1.ProxyRegistrationR\fregistration\x123\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ProxyStatusR\x06status\x12?\n" +
@@ -2113,7 +2142,8 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12J\n" +
 	"\x10namespace_health\x18\x05 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\x12(\n" +
 	"\x10runner_not_ready\x18\x06 \x01(\bR\x0erunnerNotReady\x12\x1a\n" +
-	"\bcordoned\x18\a \x01(\bR\bcordoned\"\xed\x01\n" +
+	"\bcordoned\x18\a \x01(\bR\bcordoned\x12+\n" +
+	"\x11draining_instance\x18\b \x01(\tR\x10drainingInstance\"\xed\x01\n" +
 	"\x0fNamespaceHealth\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x124\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1c.prism.admin.v1.HealthStatusR\x06status\x12'\n" +
