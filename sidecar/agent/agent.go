@@ -151,6 +151,10 @@ type Config struct {
 	// capabilities, labels, region, zone); proxy id, address and runner id are
 	// filled in.
 	Registration *adminv1.ProxyRegistration
+	// Instance names this sidecar process in its registration
+	// (ProxyRegistration.instance): the proxy's own drain lasts only as
+	// long as the instance that asked for it. "" takes a random one.
+	Instance string
 	// LeaseTTL is the ttl asked for on acquire; 0 takes the namespace's.
 	// The ttl the admin grants is what the sidecar fences by.
 	LeaseTTL time.Duration
@@ -207,6 +211,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.RunnerID == "" {
 		c.RunnerID = c.ProxyID
+	}
+	if c.Instance == "" {
+		c.Instance = NewInstance()
 	}
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = 5 * time.Second
@@ -341,7 +348,7 @@ func (a *Agent) registration() *adminv1.ProxyRegistration {
 		r = &adminv1.ProxyRegistration{}
 	}
 	// The admin grants this proxy's mailboxes only to the runner named here.
-	r.ProxyId, r.Address, r.RunnerId = a.cfg.ProxyID, a.cfg.AdvertiseAddr, a.cfg.RunnerID
+	r.ProxyId, r.Address, r.RunnerId, r.Instance = a.cfg.ProxyID, a.cfg.AdvertiseAddr, a.cfg.RunnerID, a.cfg.Instance
 	if len(r.Capabilities) == 0 {
 		r.Capabilities = []string{"mailbox"}
 	}

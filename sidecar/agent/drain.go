@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -15,6 +17,9 @@ import (
 // DrainProxy): it takes no new namespaces and its namespaces move off by
 // handoff. Config.Cordon is one; nil waits without cordoning.
 type Cordon func(ctx context.Context, proxyID string) error
+
+// NewInstance is a random sidecar instance name (Config.Instance).
+func NewInstance() string { return strings.ToLower(rand.Text()) }
 
 // DrainResult is what Drain waited for.
 type DrainResult struct {

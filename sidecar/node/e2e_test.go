@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -28,7 +30,10 @@ import (
 // TestTLSEndToEnd: over mutual TLS everywhere, a sidecar registers its
 // proxy with an admin node, acquires the lease of the namespace an operator
 // creates and has its runner (same identity) serve the mailbox under the
-// lease's epoch, which a gateway then queries; on stop it releases.
+// lease's epoch, which a gateway then queries; POST /drain drains the proxy
+// (ControlPlane DrainProxy, as its own identity) for this sidecar process;
+// on stop it releases, and the next sidecar process of the proxy is placed
+// again.
 func TestTLSEndToEnd(t *testing.T) {
 	t.Parallel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -58,16 +63,21 @@ func TestTLSEndToEnd(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(runCtx, Config{
-			ProxyID: "p1", AdvertiseAddr: r.QueryAddr(), RunnerAddr: r.ControlAddr(), HTTPAddr: "127.0.0.1:0",
-			AdminEndpoints: []string{admin.GRPCAddr()}, Registration: &adminv1.ProxyRegistration{Capabilities: []string{"mailbox"}},
-			HeartbeatInterval: 200 * time.Millisecond, StopTimeout: 5 * time.Second, AttemptTimeout: 2 * time.Second, RetryMax: 200 * time.Millisecond,
-			TLS: load(t, files), Logger: quiet,
-		})
-	}()
+	httpAddr := freeAddr(t)
+	sidecar := func() (stop func() error) {
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- Run(runCtx, Config{
+				ProxyID: "p1", AdvertiseAddr: r.QueryAddr(), RunnerAddr: r.ControlAddr(), HTTPAddr: httpAddr,
+				AdminEndpoints: []string{admin.GRPCAddr()}, Registration: &adminv1.ProxyRegistration{Capabilities: []string{"mailbox"}},
+				HeartbeatInterval: 200 * time.Millisecond, StopTimeout: 5 * time.Second, AttemptTimeout: 2 * time.Second, RetryMax: 200 * time.Millisecond,
+				TLS: load(t, files), Logger: quiet,
+			})
+		}()
+		return func() error { cancel(); return <-done }
+	}
+	stop := sidecar()
 
 	operator := p.Source(identity.Operator, "ops")
 	opConn := dialTLS(t, admin.GRPCAddr(), operator.ClientConfig(pki.RoleIs(identity.Admin)))
@@ -87,11 +97,34 @@ func TestTLSEndToEnd(t *testing.T) {
 		return err
 	})
 
-	stop()
-	if err := <-done; err != nil {
+	// No other proxy can take audit, so the drain runs out its time; what
+	// it must have done is drain the proxy for this sidecar's instance.
+	resp, err := http.Post("http://"+httpAddr+"/drain?timeout=300ms", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("POST /drain: %s, want 504 (nowhere to move audit)", resp.Status)
+	}
+	adm := adminv1.NewAdminClient(opConn)
+	proxy := func() *adminv1.Proxy {
+		t.Helper()
+		p, err := adm.GetProxy(ctx, &adminv1.GetProxyRequest{ProxyId: "p1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.GetProxy().GetProxy()
+	}
+	drained := proxy()
+	if i := drained.GetDrainingInstance(); i == "" || i != drained.GetRegistration().GetInstance() || drained.GetCordoned() {
+		t.Fatalf("after POST /drain: %v, want draining for the registered instance, not cordoned", drained)
+	}
+
+	if err := stop(); err != nil {
 		t.Fatalf("the sidecar's stop: %v", err)
 	}
-	leases, err := adminv1.NewAdminClient(opConn).ListLeases(ctx, &adminv1.ListLeasesRequest{})
+	leases, err := adm.ListLeases(ctx, &adminv1.ListLeasesRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,6 +132,19 @@ func TestTLSEndToEnd(t *testing.T) {
 		if l.GetMailboxId() == "audit@p1" {
 			t.Fatalf("lease %v still held after the sidecar stopped", l)
 		}
+	}
+
+	// The pod's next sidecar process registers another instance, which
+	// ends the drain: a rolling restart leaves no proxy drained.
+	stop = sidecar()
+	eventually(t, ctx, "the next sidecar process ends the drain", func() error {
+		if p := proxy(); p.GetDrainingInstance() != "" || p.GetRegistration().GetInstance() == drained.GetRegistration().GetInstance() {
+			return constError("still draining: " + p.String())
+		}
+		return nil
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("the second sidecar's stop: %v", err)
 	}
 }
 
@@ -131,4 +177,15 @@ func eventually(t *testing.T, ctx context.Context, what string, try func() error
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// freeAddr is a loopback address nothing listens on just now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

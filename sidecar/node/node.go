@@ -106,8 +106,15 @@ func Run(ctx context.Context, cfg Config) error {
 	defer rc.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// One instance per process: the drain POST /drain asks for ends when
+	// this process does, so the pod that replaces it is placed again.
+	instance := agent.NewInstance()
 	a, err := agent.New(agent.Config{
-		ProxyID: cfg.ProxyID, RunnerID: cfg.RunnerID, AdvertiseAddr: cfg.AdvertiseAddr, Registration: cfg.Registration,
+		ProxyID: cfg.ProxyID, RunnerID: cfg.RunnerID, AdvertiseAddr: cfg.AdvertiseAddr, Registration: cfg.Registration, Instance: instance,
+		Cordon: func(ctx context.Context, id string) error {
+			_, err := admin.DrainProxy(ctx, &adminv1.DrainProxyRequest{ProxyId: id, Instance: instance})
+			return err
+		},
 		LeaseMode: cfg.LeaseMode, LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, RunnerDeadAfter: cfg.RunnerDeadAfter, StopTimeout: cfg.StopTimeout,
 		Backoff: wait.Backoff{Duration: min(100*time.Millisecond, cfg.RetryMax), Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: cfg.RetryMax},
 		Admin:   admin, Runner: runnerv1.NewRunnerControlClient(rc),
