@@ -42,6 +42,8 @@ type runnerFlags struct {
 	// not the mesh identity.
 	kafkaSec kafkaFlags
 	disk     diskFlags
+	// queryTarget is the query latency ingest gives way to.
+	queryTarget time.Duration
 }
 
 // defaultControlAddr is where the injected sidecar looks for the runner
@@ -61,6 +63,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.StringVar(&f.maxSize, "max-size", "0", "retention: bound on stored envelope bytes, e.g. 10GiB (0 is unbounded)")
 	fs.IntVar(&f.batchSize, "batch-size", 0, "records per durable store write (0: default)")
 	fs.DurationVar(&f.batchWait, "batch-wait", 0, "longest a partial batch waits for more records (0: default)")
+	fs.DurationVar(&f.queryTarget, "query-latency-target", 10*time.Millisecond, "query latency ingest gives way to: while answers are slower, store writes wait (each at most 250ms, so ingest never starves) and batches decode on one core; negative: never")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", defaults.logFormat, "log format: json or text")
 	fs.StringVar(&f.controlAddr, "control-addr", defaults.controlAddr,
@@ -89,7 +92,8 @@ func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
 // static mailbox, otherwise the control API on --control-addr.
 func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Config, error) {
 	cfg := node.Config{
-		Runner:    runner.Config{DataDir: f.dataDir, Brokers: brokers, BatchSize: f.batchSize, BatchWait: f.batchWait},
+		Runner: runner.Config{DataDir: f.dataDir, Brokers: brokers, BatchSize: f.batchSize, BatchWait: f.batchWait,
+			QueryLatencyTarget: f.queryTarget},
 		QueryAddr: f.grpcAddr, HTTPAddr: f.httpAddr, ControlAddr: f.controlAddr, Logger: log,
 	}
 	sc, err := f.kafkaSec.saramaConfig(log)

@@ -125,6 +125,9 @@ type Config struct {
 	// Space, when set, holds store writes back while the store's disk is
 	// short of space, and learns of writes that failed for want of it.
 	Space Space
+	// Governor, when set, holds store writes back and narrows decoding
+	// while queries are slower than its target (see Governor).
+	Governor *Governor
 
 	Sarama  *sarama.Config // nil = SaramaConfig(); must keep auto-commit off
 	Logger  *slog.Logger   // nil = slog.Default()
@@ -532,6 +535,7 @@ func (i *Ingester) startWriter(s sarama.ConsumerGroupSession, c sarama.ConsumerG
 			if w.err != nil {
 				continue // uncommitted: redelivered after the restart
 			}
+			i.cfg.Governor.hold(i.runCtx)
 			if err := i.flush(s, c, commits, d, next); err != nil {
 				w.err = err
 				w.failed.Store(true)

@@ -132,7 +132,18 @@ type Metrics struct {
 	// registry and matching metric names.
 	mu         sync.Mutex
 	perMailbox map[string]int64
+
+	// observer, when set, learns the latency of every answer from a hosted mailbox.
+	observer LatencyObserver
 }
+
+// LatencyObserver learns how long answers take: the runner's ingest governor,
+// which holds ingest back while they are slow.
+type LatencyObserver interface{ Observe(time.Duration) }
+
+// ReportTo makes m tell o the latency of every answer from a hosted mailbox.
+// It is set before the servers start.
+func (m *Metrics) ReportTo(o LatencyObserver) { m.observer = o }
 
 // NewMetrics registers the query metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -155,8 +166,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // observe records one request; mailbox is "" when the request named no hosted
 // mailbox, which keeps made-up ids out of the label set.
 func (m *Metrics) observe(api, method, mailbox string, start time.Time, c codes.Code) {
-	m.latency.WithLabelValues(api, method).Observe(time.Since(start).Seconds())
+	d := time.Since(start)
+	m.latency.WithLabelValues(api, method).Observe(d.Seconds())
 	if mailbox != "" {
+		if m.observer != nil {
+			m.observer.Observe(d)
+		}
 		m.served.WithLabelValues(mailbox, api, method, c.String()).Inc()
 		m.mu.Lock()
 		m.perMailbox[mailbox]++

@@ -51,3 +51,29 @@ func TestServedMatchesTheCounter(t *testing.T) {
 		t.Fatalf("%d series left after Forget(a@p), want b@p's one", n)
 	}
 }
+
+type latencies []time.Duration
+
+func (l *latencies) Observe(d time.Duration) { *l = append(*l, d) }
+
+// The governor behind ReportTo hears of every answer from a hosted mailbox,
+// refusals included (they took a core too), with the latency the histogram
+// records, and of nothing asked of a mailbox not served here.
+func TestReportToHearsHostedAnswers(t *testing.T) {
+	t.Parallel()
+	m := NewMetrics(prometheus.NewRegistry())
+	var got latencies
+	m.ReportTo(&got)
+	start := time.Now().Add(-20 * time.Millisecond)
+	m.observe("http", "QueryEvents", "a@p", start, codes.OK)
+	m.observe("grpc", "GetEvent", "a@p", start, codes.NotFound)
+	m.observe("http", "GetStats", "", start, codes.NotFound)
+	if len(got) != 2 {
+		t.Fatalf("observer heard %d answers, want 2 (the hosted mailbox's)", len(got))
+	}
+	for _, d := range got {
+		if d < 20*time.Millisecond {
+			t.Fatalf("observer heard %v, want at least the 20ms since start", d)
+		}
+	}
+}

@@ -80,6 +80,14 @@ type Config struct {
 	// so its connections never idle out.
 	MaxStreams  uint32
 	IdleTimeout time.Duration
+	// QueryLatencyTarget is the query latency every mailbox's ingest gives
+	// way to (ingest.Governor): while answers are slower, store writes wait
+	// (at most QueryHoldMax each, the floor) and batches decode on one core.
+	// 0 = 10ms; negative: ingest never gives way.
+	QueryLatencyTarget time.Duration
+	// QueryHoldMax is the longest one store write waits for queries to be
+	// fast again; 0 = the ingest default (250ms).
+	QueryHoldMax time.Duration
 }
 
 // MailboxConfig names a mailbox, its topics and its store limits.
@@ -114,6 +122,7 @@ type Runner struct {
 	reg       *prometheus.Registry
 	ingestM   *ingest.Metrics
 	queryM    *query.Metrics
+	governor  *ingest.Governor // nil: ingest never gives way to queries
 	health    *health.Server
 	grpc      *grpc.Server
 	query     *http.Server // gRPC and HTTP on the advertised address
@@ -166,6 +175,10 @@ func New(cfg Config) (*Runner, error) {
 		prepared:  map[string]*store.Store{},
 	}
 	cfg.Registry.MustRegister(storeCollector{r})
+	if cfg.QueryLatencyTarget >= 0 {
+		r.governor = ingest.NewGovernor(ingest.GovernorConfig{Target: cfg.QueryLatencyTarget, MaxHold: cfg.QueryHoldMax}, cfg.Registry)
+		r.queryM.ReportTo(r.governor)
+	}
 	disk, err := diskfree.New(diskfree.Config{Name: "runner data dir", Dir: cfg.DataDir, Watermark: cfg.MinFree,
 		Interval: cfg.DiskCheckInterval, Clock: cfg.Clock, Logger: cfg.Logger})
 	if err != nil {
@@ -276,7 +289,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 	icfg := ingest.Config{
 		MailboxID: mc.ID, Brokers: r.cfg.Brokers, Topics: mc.Topics, Mode: mc.Mode,
 		BatchSize: r.cfg.BatchSize, BatchWait: r.cfg.BatchWait, Sarama: r.cfg.Sarama,
-		DrainTimeout: r.cfg.ShutdownTimeout, Logger: r.log, Metrics: r.ingestM,
+		DrainTimeout: r.cfg.ShutdownTimeout, Logger: r.log, Metrics: r.ingestM, Governor: r.governor,
 	}
 	if r.disk != nil {
 		icfg.Space = r.disk
