@@ -31,15 +31,7 @@ type globals struct {
 // run connects, calls f within --timeout and prints its result; r says
 // whether f may run twice (see client.Repeatable).
 func run[T proto.Message](cmd *cobra.Command, g *globals, r client.Repeatable, f func(context.Context, *grpc.ClientConn) (T, error), table func(io.Writer, T)) error {
-	if g.format != "table" && g.format != "json" {
-		return fmt.Errorf("--format: %q is not table or json", g.format)
-	}
-	adminSet := os.Getenv("PRISM_ADMIN") != "" || cmd.Flag("admin").Changed
-	src, err := g.resolve(adminSet)
-	if err != nil {
-		return err
-	}
-	c, err := newClient(g.admin, g.attempt, src)
+	c, err := connect(cmd, g)
 	if err != nil {
 		return err
 	}
@@ -50,6 +42,25 @@ func run[T proto.Message](cmd *cobra.Command, g *globals, r client.Repeatable, f
 	if err != nil {
 		return describe(err)
 	}
+	return output(cmd, g, resp, table)
+}
+
+// connect checks --format and makes the client for the admin endpoints,
+// with the identity the flags (or their discovery) name.
+func connect(cmd *cobra.Command, g *globals) (*client.Client, error) {
+	if g.format != "table" && g.format != "json" {
+		return nil, fmt.Errorf("--format: %q is not table or json", g.format)
+	}
+	adminSet := os.Getenv("PRISM_ADMIN") != "" || cmd.Flag("admin").Changed
+	src, err := g.resolve(adminSet)
+	if err != nil {
+		return nil, err
+	}
+	return newClient(g.admin, g.attempt, src)
+}
+
+// output writes resp on stdout as --format says: JSON, or table's text.
+func output[T proto.Message](cmd *cobra.Command, g *globals, resp T, table func(io.Writer, T)) error {
 	out := cmd.OutOrStdout()
 	if g.format == "json" {
 		b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(resp)
@@ -191,7 +202,7 @@ func namespaceCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	c.AddCommand(create, list, get, del)
+	c.AddCommand(create, list, get, del, moveNamespace(g))
 	return c
 }
 
@@ -218,7 +229,7 @@ func proxyCommand(g *globals) *cobra.Command {
 						parts += int(pr.GetEnd()-pr.GetStart()) + 1
 					}
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", p.GetProxy().GetRegistration().GetProxyId(),
-						p.GetProxy().GetRegistration().GetAddress(), strings.TrimPrefix(p.GetProxy().GetStatus().String(), "PROXY_STATUS_"),
+						p.GetProxy().GetRegistration().GetAddress(), proxyStatus(p.GetProxy()),
 						ts(p.GetProxy().GetLastSeen()), parts, orDash(strings.Join(p.GetNamespaces(), ",")))
 				}
 			})
@@ -226,7 +237,23 @@ func proxyCommand(g *globals) *cobra.Command {
 	}
 	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
 	c.AddCommand(list)
+	c.AddCommand(drainCommands(g)...)
 	return c
+}
+
+// proxyStatus is LIVE or STALE, with why placement leaves a live proxy out.
+func proxyStatus(p *adminv1.Proxy) string {
+	s := strings.TrimPrefix(p.GetStatus().String(), "PROXY_STATUS_")
+	if p.GetRunnerNotReady() {
+		s += ",runner-not-ready"
+	}
+	if p.GetCordoned() {
+		s += ",cordoned"
+	}
+	if p.GetDrainingInstance() != "" {
+		s += ",draining"
+	}
+	return s
 }
 
 func leaseCommand(g *globals) *cobra.Command {

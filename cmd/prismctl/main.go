@@ -71,6 +71,7 @@ func rootCommand() *cobra.Command {
 		routeCommand(g),
 		memberCommand(g),
 		snapshotCommand(g),
+		moveCommand(g),
 	)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{c, err} })
 	markUsageErrors(root)
