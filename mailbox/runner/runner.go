@@ -131,10 +131,18 @@ type Runner struct {
 	disk      *diskfree.Guard // nil: no watermark
 	watchDone chan struct{}
 
+	// mu guards the maps, never a store's opening or an ingest's start:
+	// Open and Prepare do those outside it (see begin), so queries to every
+	// mailbox answer while another opens.
 	mu        sync.RWMutex
 	mailboxes map[string]*mailbox
-	prepared  map[string]*store.Store // opened ahead of Open; not served
+	prepared  map[string]*store.Store  // opened ahead of Open; not served
+	opening   map[string]chan struct{} // ids Open or Prepare is opening; closed when done
+	opens     sync.WaitGroup           // the Opens and Prepares in flight, which Close waits for
 	closed    bool
+
+	// openStore opens a mailbox's store (store.Open); tests hold it.
+	openStore func(store.Options) (*store.Store, error)
 }
 
 // New makes a runner hosting no mailbox yet.
@@ -173,6 +181,8 @@ func New(cfg Config) (*Runner, error) {
 		health:    health.NewServer(),
 		mailboxes: map[string]*mailbox{},
 		prepared:  map[string]*store.Store{},
+		opening:   map[string]chan struct{}{},
+		openStore: store.Open,
 	}
 	cfg.Registry.MustRegister(storeCollector{r})
 	if cfg.QueryLatencyTarget >= 0 {
@@ -226,27 +236,84 @@ func (r *Runner) Prepare(mc MailboxConfig) error {
 		return err
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return fmt.Errorf("prepare %s: runner closed", mc.ID)
-	}
-	if _, ok := r.prepared[mc.ID]; ok {
-		return nil
-	}
-	if _, ok := r.mailboxes[mc.ID]; ok {
-		return fmt.Errorf("prepare %s: already open", mc.ID)
-	}
-	st, err := store.Open(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)})
-	if err != nil {
+	if err := r.begin(mc.ID); err != nil {
+		r.mu.Unlock()
 		return fmt.Errorf("prepare %s: %w", mc.ID, err)
 	}
-	r.prepared[mc.ID] = st
+	_, prepared := r.prepared[mc.ID]
+	_, open := r.mailboxes[mc.ID]
+	if prepared || open {
+		r.end(mc.ID)
+		r.mu.Unlock()
+		if open {
+			return fmt.Errorf("prepare %s: already open", mc.ID)
+		}
+		return nil
+	}
+	r.mu.Unlock()
+	st, err := r.openStore(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)})
+	r.mu.Lock()
+	closed := r.closed
+	if err == nil && !closed {
+		r.prepared[mc.ID] = st
+	}
+	r.mu.Unlock()
+	switch {
+	case err != nil:
+		err = fmt.Errorf("prepare %s: %w", mc.ID, err)
+	case closed:
+		// Before end: Close waits for this store too.
+		err = errors.Join(fmt.Errorf("prepare %s: runner closed", mc.ID), st.Close())
+	}
+	r.mu.Lock()
+	r.end(mc.ID)
+	r.mu.Unlock()
+	return err
+}
+
+// errRunnerClosed refuses an Open or Prepare once Close has begun.
+var errRunnerClosed = errors.New("runner closed")
+
+// begin marks id as being opened (its store, its ingest) outside r.mu, first
+// waiting for an Open or Prepare of id already in flight, so that the calls
+// for one id still take turns as they did under r.mu. r.mu is held on entry
+// and on return; end unmarks id. Close waits for every id begun.
+func (r *Runner) begin(id string) error {
+	r.settle(id)
+	if r.closed {
+		return errRunnerClosed
+	}
+	r.opening[id] = make(chan struct{})
+	r.opens.Add(1)
 	return nil
+}
+
+// settle waits, r.mu held on entry and on return, until no Open or Prepare
+// of id is in flight, so a call about id (close, drain, epoch) acts on what
+// the one in flight leaves rather than on nothing.
+func (r *Runner) settle(id string) {
+	for {
+		ch, busy := r.opening[id]
+		if !busy {
+			return
+		}
+		r.mu.Unlock()
+		<-ch
+		r.mu.Lock()
+	}
+}
+
+// end unmarks id, r.mu held.
+func (r *Runner) end(id string) {
+	close(r.opening[id])
+	delete(r.opening, id)
+	r.opens.Done()
 }
 
 // Discard closes the store of a prepared mailbox that will not be opened.
 func (r *Runner) Discard(id string) error {
 	r.mu.Lock()
+	r.settle(id)
 	st, ok := r.prepared[id]
 	delete(r.prepared, id)
 	r.mu.Unlock()
@@ -270,20 +337,46 @@ func (r *Runner) Open(mc MailboxConfig) error {
 		return fmt.Errorf("open %s: no topics", mc.ID)
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return fmt.Errorf("open %s: runner closed", mc.ID)
+	if err := r.begin(mc.ID); err != nil {
+		r.mu.Unlock()
+		return fmt.Errorf("open %s: %w", mc.ID, err)
 	}
 	if _, ok := r.mailboxes[mc.ID]; ok {
+		r.end(mc.ID)
+		r.mu.Unlock()
 		return fmt.Errorf("open %s: already open", mc.ID)
 	}
-	log := r.log.With("mailbox_id", mc.ID)
-	st, ok := r.prepared[mc.ID]
+	st := r.prepared[mc.ID]
 	delete(r.prepared, mc.ID)
-	if !ok {
+	r.mu.Unlock()
+	mb, err := r.start(mc, st)
+	r.mu.Lock()
+	closed := r.closed
+	if err == nil && !closed {
+		r.mailboxes[mc.ID] = mb
+	}
+	r.mu.Unlock()
+	if err == nil && closed {
+		// Before end: Close waits for this mailbox too.
+		err = errors.Join(fmt.Errorf("open %s: runner closed", mc.ID), r.closeMailbox(mb))
+	}
+	r.mu.Lock()
+	r.end(mc.ID)
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	r.log.Info("mailbox opened", "mailbox_id", mc.ID, "epoch", mc.Epoch, "topics", mc.Topics, "dir", Dir(r.cfg.DataDir, mc.ID), "max_age", mc.MaxAge, "max_size", mc.MaxSize)
+	return nil
+}
+
+// start opens mailbox mc's store unless st is the prepared one, starts its
+// ingest and retention, and returns it unpublished.
+func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
+	if st == nil {
 		var err error
-		if st, err = store.Open(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: log}); err != nil {
-			return fmt.Errorf("open %s: %w", mc.ID, err)
+		if st, err = r.openStore(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)}); err != nil {
+			return nil, fmt.Errorf("open %s: %w", mc.ID, err)
 		}
 	}
 	icfg := ingest.Config{
@@ -297,7 +390,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 	ing, err := ingest.Start(icfg, st)
 	if err != nil {
 		st.Close()
-		return fmt.Errorf("open %s: %w", mc.ID, err)
+		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	mb := &mailbox{cfg: mc, store: st, ingest: ing, stopRetain: cancel, retainExited: make(chan struct{})}
@@ -308,9 +401,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 			st.RunRetention(ctx, r.cfg.RetentionInterval, r.cfg.Clock)
 		}
 	}()
-	r.mailboxes[mc.ID] = mb
-	log.Info("mailbox opened", "epoch", mc.Epoch, "topics", mc.Topics, "dir", Dir(r.cfg.DataDir, mc.ID), "max_age", mc.MaxAge, "max_size", mc.MaxSize)
-	return nil
+	return mb, nil
 }
 
 // CloseMailbox stops serving mailbox id at once (queries get NotFound from
@@ -319,6 +410,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 // sidecar fencing a lost lease never has this runner answer for it again.
 func (r *Runner) CloseMailbox(id string) error {
 	r.mu.Lock()
+	r.settle(id)
 	mb, ok := r.mailboxes[id]
 	delete(r.mailboxes, id)
 	r.mu.Unlock()
@@ -346,9 +438,10 @@ func (r *Runner) closeMailbox(mb *mailbox) error {
 // the consumer group) but keeps serving its queries; CloseMailbox ends it.
 // A graceful shutdown drains before the lease is released.
 func (r *Runner) Drain(id string) error {
-	r.mu.RLock()
+	r.mu.Lock()
+	r.settle(id)
 	mb, ok := r.mailboxes[id]
-	r.mu.RUnlock()
+	r.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("drain %s: %w", id, ErrNotOpen)
 	}
@@ -361,8 +454,9 @@ func (r *Runner) Drain(id string) error {
 // SetEpoch records the lease epoch mailbox id is served under; queries and
 // stats then report it.
 func (r *Runner) SetEpoch(id string, epoch uint64) error {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.settle(id)
 	mb, ok := r.mailboxes[id]
 	if !ok {
 		return fmt.Errorf("set epoch %s: %w", id, ErrNotOpen)
@@ -705,6 +799,8 @@ func (r *Runner) Close() error {
 	prepared := r.prepared
 	r.prepared = map[string]*store.Store{}
 	r.mu.Unlock()
+	// An Open or Prepare in flight sees closed when it ends and closes what it opened.
+	r.opens.Wait()
 	if r.stopWatch != nil {
 		r.stopWatch()
 		<-r.watchDone
