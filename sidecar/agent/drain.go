@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -147,8 +148,16 @@ func (a *Agent) drainHeld() ([]string, <-chan struct{}) {
 }
 
 // serveDrain is POST /drain?timeout=D: Drain, answered 200 with its result
-// once drained, or 504 when the deadline passed first.
+// once drained, or 504 when the deadline passed first. Only a caller on
+// loopback may drain: the preStop hook runs in the runner container of the
+// same pod (one network namespace), while the port also serves probes and
+// metrics to the cluster, where anyone could otherwise hand the proxy's
+// namespaces away.
 func (a *Agent) serveDrain(w http.ResponseWriter, r *http.Request) {
+	if !fromLoopback(r) {
+		http.Error(w, "drain: only a caller in this pod (loopback) may drain its proxy", http.StatusForbidden)
+		return
+	}
 	timeout, err := time.ParseDuration(r.URL.Query().Get("timeout"))
 	if err != nil || timeout <= 0 {
 		http.Error(w, "timeout: a positive duration is required, e.g. ?timeout=3m", http.StatusBadRequest)
@@ -162,4 +171,10 @@ func (a *Agent) serveDrain(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(res)
+}
+
+// fromLoopback reports whether r came from a loopback address.
+func fromLoopback(r *http.Request) bool {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	return err == nil && ap.Addr().Unmap().IsLoopback()
 }

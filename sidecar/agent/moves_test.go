@@ -152,7 +152,9 @@ func (h *harness) postDrain(query string) *drainCall {
 	c := &drainCall{done: make(chan struct{}), rec: httptest.NewRecorder()}
 	go func() {
 		defer close(c.done)
-		h.agent.Handler().ServeHTTP(c.rec, httptest.NewRequest(http.MethodPost, "/drain?"+query, nil))
+		req := httptest.NewRequest(http.MethodPost, "/drain?"+query, nil)
+		req.RemoteAddr = "127.0.0.1:40000"
+		h.agent.Handler().ServeHTTP(c.rec, req)
 	}()
 	return c
 }
@@ -280,5 +282,31 @@ func TestDrainDeadline(t *testing.T) {
 		if bad.rec.Code != http.StatusBadRequest {
 			t.Fatalf("POST /drain?%s: %d, want 400", q, bad.rec.Code)
 		}
+	}
+}
+
+// Only a caller in the pod may drain: from any other address POST /drain
+// is refused and nothing is cordoned or handed off.
+func TestDrainOnlyFromLoopback(t *testing.T) {
+	t.Parallel()
+	for _, peer := range []string{"10.1.2.3:5555", "[2001:db8::1]:5555", "192.0.2.1:1234", "not-an-address"} {
+		t.Run(peer, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			cordoned := false
+			h.agent.cfg.Cordon = func(context.Context, string) error { cordoned = true; return nil }
+			h.assignRoles(1, roled{"a", serving})
+			h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 1 })
+			req := httptest.NewRequest(http.MethodPost, "/drain?timeout=1s", nil)
+			req.RemoteAddr = peer
+			rec := httptest.NewRecorder()
+			h.agent.Handler().ServeHTTP(rec, req)
+			if rec.Code != http.StatusForbidden || cordoned {
+				t.Fatalf("POST /drain from %s: %d (cordoned %v), want 403 and nothing cordoned", peer, rec.Code, cordoned)
+			}
+			if v := h.lease("a@p1"); v.State != StateActive {
+				t.Fatalf("a@p1 %+v after a refused drain, want still served", v)
+			}
+		})
 	}
 }
