@@ -562,15 +562,20 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 
 	var errs []error
 	// The runner stops consuming and commits before any lease goes, and
-	// keeps answering queries until each mailbox is closed.
-	dctx, cancel := context.WithTimeout(ctx, remaining(ctx)*2/3)
-	resp, err := a.cfg.Runner.Drain(dctx, &runnerv1.DrainRequest{})
-	cancel()
-	if err != nil {
-		a.log.Warn("runner drain failed; closing and releasing anyway", "err", err)
-		errs = append(errs, fmt.Errorf("drain runner: %w", err))
-	} else {
-		a.log.Info("runner drained", "mailboxes", resp.GetDrained())
+	// keeps answering queries until each mailbox is closed. With nothing
+	// held there is nothing to drain: after the preStop hook's drain has
+	// handed every namespace off, the kubelet stops a native sidecar only
+	// once the runner has exited, so asking it would only fail.
+	if len(stopped) > 0 {
+		dctx, cancel := context.WithTimeout(ctx, remaining(ctx)*2/3)
+		resp, err := a.cfg.Runner.Drain(dctx, &runnerv1.DrainRequest{})
+		cancel()
+		if err != nil {
+			a.log.Warn("runner drain failed; closing and releasing anyway", "err", err)
+			errs = append(errs, fmt.Errorf("drain runner: %w", err))
+		} else {
+			a.log.Info("runner drained", "mailboxes", resp.GetDrained())
+		}
 	}
 	// The runner alone decides what it serves, so a lease goes only once
 	// the runner stopped serving its mailbox: it closed (or fenced) it, or

@@ -310,3 +310,22 @@ func TestDrainOnlyFromLoopback(t *testing.T) {
 		})
 	}
 }
+
+// With native sidecars the kubelet stops the sidecar only after the runner
+// has exited: once the preStop drain has handed every namespace off, the
+// sidecar holds nothing and its stop must succeed without the runner.
+func TestStopAfterDrainWithoutRunner(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assignRoles(1, roled{"a", serving})
+	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 1 })
+	h.assignRoles(2)
+	h.waitFor("a handed off", func() bool { return len(h.agent.Leases()) == 0 })
+	h.runner.setDown(true)
+	if err := h.stop(); err != nil {
+		t.Fatalf("stop with nothing held and the runner gone: %v\n%s", err, h.ev)
+	}
+	if _, _, ok := h.ev.find(0, "runner down drain"); ok {
+		t.Fatalf("the stop asked a gone runner to drain with nothing held:\n%s", h.ev)
+	}
+}
