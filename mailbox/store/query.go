@@ -269,11 +269,14 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 			return nil
 		}
 		p := best.cur
-		var rec []byte
 		var item *badger.Item
 		if primary {
 			item = best.it.Item()
 		}
+		// The record is read in place (Badger's buffer, valid in the callback) and decoded once: decodeItem
+		// copies out what the item keeps, so no copy of the whole record is made first.
+		matched := true
+		var it *mailboxv1.MailboxItem
 		if pl.needsHeaders() || len(resp.Items) < pl.limit {
 			if item == nil {
 				var err error
@@ -281,30 +284,38 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 					return fmt.Errorf("read %x: %w", p, err)
 				}
 			}
-			var err error
-			if rec, err = item.ValueCopy(rec); err != nil {
+			err := item.Value(func(rec []byte) error {
+				if pl.needsHeaders() {
+					x, err := parseIndexed(rec)
+					if err != nil {
+						return fmt.Errorf("decode: %w", err)
+					}
+					if matched = pl.matches(x); !matched {
+						return nil
+					}
+				}
+				if len(resp.Items) == pl.limit {
+					return nil
+				}
+				var err error
+				if it, err = decodeItem(rec); err != nil {
+					return fmt.Errorf("decode: %w", err)
+				}
+				return nil
+			})
+			if err != nil {
 				return fmt.Errorf("read %x: %w", p, err)
 			}
 		}
 		best.it.Next()
 		best.load(pl)
-		if pl.needsHeaders() {
-			x, err := parseIndexed(rec)
-			if err != nil {
-				return fmt.Errorf("decode %x: %w", p, err)
-			}
-			if !pl.matches(x) {
-				continue
-			}
+		if !matched {
+			continue
 		}
 		if len(resp.Items) == pl.limit {
 			// One more match exists beyond the page.
 			resp.NextPageToken = encodePageToken(lastPos)
 			return nil
-		}
-		it, err := decodeItem(rec)
-		if err != nil {
-			return fmt.Errorf("decode %x: %w", p, err)
 		}
 		resp.Items = append(resp.Items, it)
 		lastPos = p

@@ -6,10 +6,15 @@
 package httpapi
 
 import (
+	"encoding/base64"
 	"encoding/json"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -20,40 +25,14 @@ import (
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-type eventsJSON struct {
-	MailboxID     string     `json:"mailbox_id"`
-	Items         []itemJSON `json:"items"`
-	NextPageToken string     `json:"next_page_token,omitempty"`
-}
-
-// itemJSON is an item as the HTTP API shows it: its indexed headers, the
-// envelope blob (base64) and, when the blob decodes, the envelope itself as
-// protojson with its payload kept apart (the payload's type is usually not
-// known here, and its bytes are often encrypted).
-type itemJSON struct {
-	MessageID     string            `json:"message_id"`
-	Timestamp     int64             `json:"timestamp"`
-	Time          string            `json:"time"`
-	Topic         string            `json:"topic,omitempty"`
-	ContentType   string            `json:"content_type,omitempty"`
-	SchemaURL     string            `json:"schema_url,omitempty"`
-	SchemaVersion string            `json:"schema_version,omitempty"`
-	Encryption    string            `json:"encryption,omitempty"`
-	CorrelationID string            `json:"correlation_id,omitempty"`
-	Principal     string            `json:"principal,omitempty"`
-	Namespace     string            `json:"namespace,omitempty"`
-	TraceID       string            `json:"trace_id,omitempty"`
-	SpanID        string            `json:"span_id,omitempty"`
-	CustomHeaders map[string]string `json:"custom_headers,omitempty"`
-	EnvelopeBlob  []byte            `json:"envelope_blob"`
-	Envelope      json.RawMessage   `json:"envelope,omitempty"`
-	Payload       *payloadJSON      `json:"payload,omitempty"`
-}
-
-type payloadJSON struct {
-	TypeURL string `json:"type_url"`
-	Value   []byte `json:"value"`
-}
+// An item as the HTTP API shows it, in this order: message_id, timestamp,
+// time, its other headers (each left out when empty, custom_headers by key),
+// envelope_blob (base64), and when the blob decodes the envelope itself as
+// protojson with its payload kept apart as payload {type_url, value} (the
+// payload's type is usually not known here, and its bytes are often
+// encrypted). A page is {"mailbox_id", "items", "next_page_token"}. Items are
+// written straight into the answer's buffer, not through an intermediate
+// struct and encoding/json's reflection: a page holds up to a thousand.
 
 type statsJSON struct {
 	MailboxID   string `json:"mailbox_id"`
@@ -66,27 +45,132 @@ type statsJSON struct {
 
 var envelopeJSON = protojson.MarshalOptions{UseProtoNames: true}
 
-func toItemJSON(it *mailboxv1.MailboxItem) itemJSON {
-	out := itemJSON{
-		MessageID: it.GetMessageId(), Timestamp: it.GetTimestamp(),
-		Time:  time.UnixMilli(it.GetTimestamp()).UTC().Format(time.RFC3339Nano),
-		Topic: it.GetTopic(), ContentType: it.GetContentType(), SchemaURL: it.GetSchemaUrl(),
-		SchemaVersion: it.GetSchemaVersion(), Encryption: it.GetEncryption(), CorrelationID: it.GetCorrelationId(),
-		Principal: it.GetPrincipal(), Namespace: it.GetNamespace(), TraceID: it.GetTraceId(), SpanID: it.GetSpanId(),
-		CustomHeaders: it.GetCustomHeaders(), EnvelopeBlob: it.GetEnvelopeBlob(),
+// bufs holds answer buffers between requests; one outgrows the rest only for
+// large pages, and is then let go rather than kept.
+var bufs = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledBuf = 4 << 20
+
+// appendItem appends it as JSON.
+func appendItem(b []byte, it *mailboxv1.MailboxItem) []byte {
+	b = append(b, `{"message_id":`...)
+	b = appendString(b, it.GetMessageId())
+	b = append(b, `,"timestamp":`...)
+	b = strconv.AppendInt(b, it.GetTimestamp(), 10)
+	b = append(b, `,"time":"`...)
+	b = time.UnixMilli(it.GetTimestamp()).UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, '"')
+	for _, f := range [...]struct{ name, v string }{
+		{"topic", it.GetTopic()}, {"content_type", it.GetContentType()}, {"schema_url", it.GetSchemaUrl()},
+		{"schema_version", it.GetSchemaVersion()}, {"encryption", it.GetEncryption()},
+		{"correlation_id", it.GetCorrelationId()}, {"principal", it.GetPrincipal()},
+		{"namespace", it.GetNamespace()}, {"trace_id", it.GetTraceId()}, {"span_id", it.GetSpanId()},
+	} {
+		if f.v != "" {
+			b = append(b, ',', '"')
+			b = append(b, f.name...)
+			b = append(b, '"', ':')
+			b = appendString(b, f.v)
+		}
 	}
+	if h := it.GetCustomHeaders(); len(h) > 0 {
+		b = append(b, `,"custom_headers":{`...)
+		for k, key := range slices.Sorted(maps.Keys(h)) {
+			if k > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, key)
+			b = append(b, ':')
+			b = appendString(b, h[key])
+		}
+		b = append(b, '}')
+	}
+	b = append(b, `,"envelope_blob":`...)
+	b = appendBytes(b, it.GetEnvelopeBlob())
 	env := &envelopev1.PrismEnvelope{}
-	if proto.Unmarshal(it.GetEnvelopeBlob(), env) != nil {
-		return out
-	}
-	if p := env.GetPayload(); p != nil {
-		out.Payload = &payloadJSON{TypeURL: p.GetTypeUrl(), Value: p.GetValue()}
+	if proto.Unmarshal(it.GetEnvelopeBlob(), env) == nil {
+		p := env.GetPayload()
 		env.Payload = nil
+		if ej, err := envelopeJSON.Marshal(env); err == nil {
+			// As protojson writes it: valid JSON whose spacing protojson varies from build to build on
+			// purpose. Compacting it cost a fifth of the page.
+			b = append(b, `,"envelope":`...)
+			b = append(b, ej...)
+		}
+		if p != nil {
+			b = append(b, `,"payload":{"type_url":`...)
+			b = appendString(b, p.GetTypeUrl())
+			b = append(b, `,"value":`...)
+			b = appendBytes(b, p.GetValue())
+			b = append(b, '}')
+		}
 	}
-	if b, err := envelopeJSON.Marshal(env); err == nil {
-		out.Envelope = b
+	return append(b, '}')
+}
+
+// appendBytes appends v as encoding/json does a []byte: base64, null for nil.
+func appendBytes(b, v []byte) []byte {
+	if v == nil {
+		return append(b, "null"...)
 	}
-	return out
+	b = append(b, '"')
+	b = base64.StdEncoding.AppendEncode(b, v)
+	return append(b, '"')
+}
+
+// appendString appends s as a JSON string escaped as encoding/json escapes
+// it: control characters, '"' and '\\', '<', '>' and '&' (HTML-safe), U+2028
+// and U+2029, and invalid UTF-8 as U+FFFD.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -95,18 +179,50 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v) // the client went away; nothing to tell it
 }
 
+// writeBuilt answers 200 with the JSON build appends, from a pooled buffer.
+func writeBuilt(w http.ResponseWriter, build func([]byte) []byte) {
+	bp := bufs.Get().(*[]byte)
+	b := append(build((*bp)[:0]), '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b) // the client went away; nothing to tell it
+	if cap(b) <= maxPooledBuf {
+		*bp = b
+		bufs.Put(bp)
+	}
+}
+
 // WriteEvents answers 200 with a page of mailbox id's items.
 func WriteEvents(w http.ResponseWriter, id string, resp *mailboxv1.QueryEventsResponse) {
-	out := eventsJSON{MailboxID: id, Items: make([]itemJSON, 0, len(resp.GetItems())), NextPageToken: resp.GetNextPageToken()}
-	for _, it := range resp.GetItems() {
-		out.Items = append(out.Items, toItemJSON(it))
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeBuilt(w, func(b []byte) []byte {
+		b = append(b, `{"mailbox_id":`...)
+		b = appendString(b, id)
+		b = append(b, `,"items":[`...)
+		for k, it := range resp.GetItems() {
+			if k > 0 {
+				b = append(b, ',')
+			}
+			b = appendItem(b, it)
+		}
+		b = append(b, ']')
+		if tok := resp.GetNextPageToken(); tok != "" {
+			b = append(b, `,"next_page_token":`...)
+			b = appendString(b, tok)
+		}
+		return append(b, '}')
+	})
 }
 
 // WriteEvent answers 200 with one item of mailbox id.
 func WriteEvent(w http.ResponseWriter, id string, it *mailboxv1.MailboxItem) {
-	writeJSON(w, http.StatusOK, map[string]any{"mailbox_id": id, "item": toItemJSON(it)})
+	writeBuilt(w, func(b []byte) []byte {
+		b = append(b, `{"item":`...)
+		b = appendItem(b, it)
+		b = append(b, `,"mailbox_id":`...)
+		b = appendString(b, id)
+		return append(b, '}')
+	})
 }
 
 // WriteStats answers 200 with a mailbox's totals.
