@@ -53,12 +53,13 @@ type proxy struct {
 	sidecar *e2e.Sidecar
 }
 
-func newWorld(t *testing.T, adminArgs ...string) *world {
+// newWorld's Kafka has the quiet topic and the other topics named.
+func newWorld(t *testing.T, topics ...string) *world {
 	t.Helper()
 	w := &world{t: t, proxies: map[string]*proxy{}, web: e2e.NewHTTP(5 * time.Second)}
-	w.kafka = kafkatest.Start(t, kafkatest.Topics(2, topic))
+	w.kafka = kafkatest.Start(t, kafkatest.Topics(2, append([]string{topic}, topics...)...))
 	w.kafka.ProduceEnvelopes(t, topic, envelopes(events)...)
-	w.admins = e2e.StartAdmins(t, e2e.AdminOptions{Size: 3, Args: adminArgs})
+	w.admins = e2e.StartAdmins(t, e2e.AdminOptions{Size: 3})
 	return w
 }
 

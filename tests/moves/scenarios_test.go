@@ -1,0 +1,232 @@
+package moves
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+
+	"github.com/prism-mesh/prism/admin/placement"
+	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testwait"
+)
+
+// threeProxies starts proxies 1-3, creates namespaces read from the quiet
+// topic and waits until each is served where hashing places it.
+func threeProxies(t *testing.T, prefix string, n int) (*world, []string, map[string]string) {
+	t.Helper()
+	w := newWorld(t)
+	ids := []string{"proxy-1", "proxy-2", "proxy-3"}
+	for _, id := range ids {
+		w.startProxy(id)
+	}
+	testwait.For(t, 60*time.Second, "three proxies registered", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		r, err := w.admins.Nodes[0].Admin().ListProxies(ctx, &adminv1.ListProxiesRequest{})
+		return err == nil && len(r.GetProxies()) == 3, fmt.Sprint(len(r.GetProxies()), err)
+	})
+	tab := placement.Compute(ids)
+	var names []string
+	where := map[string]string{}
+	for i := range n {
+		ns := fmt.Sprintf("%s-%d", prefix, i)
+		w.admins.CreateNamespace(60*time.Second, ns, &adminv1.NamespaceConfig{Topics: []string{topic}, Lease: lease.Config()})
+		names = append(names, ns)
+		where[ns] = tab.Owner(placement.Partition(ns))
+	}
+	w.startGateway()
+	w.served(where, 60*time.Second)
+	return w, names, where
+}
+
+// admin runs f on the first admin node that answers.
+func (w *world) admin(what string, f func(context.Context, adminv1.AdminClient) error) {
+	w.t.Helper()
+	var err error
+	for attempt := range 30 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = f(ctx, w.admins.Nodes[attempt%len(w.admins.Nodes)].Admin())
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.t.Fatalf("%s: %v", what, err)
+}
+
+// TestMoveByHandWithoutAFailedQuery: `prismctl namespace move`'s call moves
+// a namespace to another proxy while a client reads it: no query fails.
+func TestMoveByHandWithoutAFailedQuery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	w, names, where := threeProxies(t, "byhand", 3)
+	ns := names[0]
+	to := "proxy-1"
+	if where[ns] == to {
+		to = "proxy-2"
+	}
+	r := w.read(names)
+	w.admin("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
+		_, err := a.MoveNamespace(ctx, &adminv1.MoveNamespaceRequest{Namespace: ns, ToProxyId: to})
+		return err
+	})
+	where[ns] = to
+	w.settled(where, 60*time.Second)
+	w.served(where, 30*time.Second)
+	time.Sleep(2 * time.Second)
+	answers := r.end()
+	t.Logf("%s moved to %s; %d queries", ns, to, len(answers))
+	check(t, answers)
+}
+
+// TestDrainWithoutAFailedQuery: a cordoned (drained) proxy hands every
+// namespace off while a client reads them; uncordoned, it gets its share
+// back the same way.
+func TestDrainWithoutAFailedQuery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	w, names, where := threeProxies(t, "drain", 6)
+	drained := where[names[0]]
+	var others []string
+	for _, id := range []string{"proxy-1", "proxy-2", "proxy-3"} {
+		if id != drained {
+			others = append(others, id)
+		}
+	}
+	rest := placement.Compute(others)
+	after := map[string]string{}
+	held := 0
+	for _, ns := range names {
+		after[ns] = rest.Owner(placement.Partition(ns))
+		if where[ns] == drained {
+			held++
+		}
+	}
+	r := w.read(names)
+	cordon := func(on bool) {
+		w.admin(fmt.Sprint("cordon ", drained, " ", on), func(ctx context.Context, a adminv1.AdminClient) error {
+			_, err := a.CordonProxy(ctx, &adminv1.CordonProxyRequest{ProxyId: drained, Cordoned: on})
+			return err
+		})
+	}
+	cordon(true)
+	w.settled(after, 90*time.Second)
+	w.served(after, 30*time.Second)
+	cordon(false)
+	w.settled(where, 90*time.Second)
+	w.served(where, 30*time.Second)
+	time.Sleep(2 * time.Second)
+	answers := r.end()
+	t.Logf("%s drained of %d namespaces and uncordoned; %d queries", drained, held, len(answers))
+	check(t, answers)
+}
+
+// TestRollingRestartWithoutAFailedQuery restarts every runner one by one in
+// the kubelet's order with native sidecars: the runner container's preStop
+// hook (`prism sidecar drain-wait`) hands its proxy's namespaces off, then
+// the runner gets SIGTERM and exits, then its sidecar; both come back (a new
+// sidecar process, so its own drain is over) and rebalancing hands the
+// namespaces back. A client reads every namespace throughout: no query fails.
+func TestRollingRestartWithoutAFailedQuery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	w, names, where := threeProxies(t, "rolling", 6)
+	prism, err := testbin.Path("prism")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := w.read(names)
+	for _, id := range []string{"proxy-1", "proxy-2", "proxy-3"} {
+		p := w.proxies[id]
+		preStop := exec.Command(prism, "sidecar", "drain-wait", "--addr", p.sidecar.HTTPAddr, "--timeout", "60s")
+		if out, err := preStop.CombinedOutput(); err != nil {
+			t.Fatalf("%s preStop: %v\n%s", id, err, out)
+		}
+		if err := p.runner.Term(15 * time.Second); err != nil {
+			t.Fatalf("%s runner: %v", id, err)
+		}
+		if err := p.sidecar.Term(15 * time.Second); err != nil {
+			t.Fatalf("%s sidecar: %v", id, err)
+		}
+		p.runner.Restart()
+		p.sidecar.Restart()
+		w.settled(where, 90*time.Second)
+		w.served(where, 30*time.Second)
+	}
+	time.Sleep(2 * time.Second)
+	answers := r.end()
+	t.Logf("three runners restarted in the kubelet's order; %d queries", len(answers))
+	check(t, answers)
+}
+
+// TestDestinationDiesDuringCatchUp: a namespace with a long history is moved
+// and its destination's runner is stopped before it can catch up, then
+// killed. The move is abandoned and the source never stops serving: no
+// query fails and every answer comes from the source's mailbox.
+func TestDestinationDiesDuringCatchUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	const big = "big.events"
+	w := newWorld(t, big)
+	w.kafka.ProduceEnvelopes(t, big, bigEnvelopes(big, 20000)...)
+	for _, id := range []string{"proxy-1", "proxy-2"} {
+		w.startProxy(id)
+	}
+	tab := placement.Compute([]string{"proxy-1", "proxy-2"})
+	ns := ""
+	for i := 0; ns == ""; i++ {
+		if name := fmt.Sprintf("deep-%d", i); tab.Owner(placement.Partition(name)) == "proxy-1" {
+			ns = name
+		}
+	}
+	w.admins.CreateNamespace(60*time.Second, ns, &adminv1.NamespaceConfig{Topics: []string{big}, Lease: lease.Config()})
+	w.startGateway()
+	testwait.For(t, 90*time.Second, ns+" caught up on proxy-1", func() (bool, string) {
+		a := w.ask(ns)
+		return a.code == 200 && a.mailbox == ns+"@proxy-1" && a.events == 20000, a.String()
+	})
+	r := w.read([]string{ns})
+	w.admin("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
+		_, err := a.MoveNamespace(ctx, &adminv1.MoveNamespaceRequest{Namespace: ns, ToProxyId: "proxy-2"})
+		return err
+	})
+	dest := w.proxies["proxy-2"].runner
+	dest.Pause()
+	time.Sleep(time.Second)
+	dest.Kill()
+	// The destination's sidecar reports its runner dead after
+	// --runner-dead-after (three heartbeats, 1.5 s), which abandons the move.
+	w.settled(map[string]string{ns: "proxy-1"}, 30*time.Second)
+	time.Sleep(2 * time.Second)
+	answers := r.end()
+	t.Logf("move of %s abandoned; %d queries", ns, len(answers))
+	check(t, answers)
+	for _, a := range answers {
+		if a.mailbox != ns+"@proxy-1" {
+			t.Fatalf("answered by %q during an abandoned move: %s", a.mailbox, a)
+		}
+	}
+}
+
+func bigEnvelopes(topic string, n int) []*envelopev1.PrismEnvelope {
+	out := make([]*envelopev1.PrismEnvelope, n)
+	for i := range out {
+		out[i] = &envelopev1.PrismEnvelope{
+			EnvelopeVersion: 1,
+			Metadata:        &envelopev1.PrismMetadata{MessageId: fmt.Sprintf("%s-%06d", topic, i), Topic: topic, PublishedAt: timestamppb.Now()},
+		}
+	}
+	return out
+}
