@@ -7,6 +7,8 @@ BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GOLANGCI_LINT_VERSION := v2.15.0
+# promtool runs the alert rules' unit tests (helm/testdata) in make test.
+PROMTOOL_VERSION := v0.316.0
 # TEST_FLAGS lets CI and developers narrow or widen a run without editing here.
 TEST_FLAGS ?= -race -count=1 -timeout 15m
 # BENCH picks one area's benchmarks (mailbox, admin, xds, sidecar); empty runs all.
@@ -55,7 +57,7 @@ image:
 	  -created "$(SOURCE_DATE_EPOCH)" -version "$(VERSION)" -revision "$(REVISION)"
 	$(TOOLS)/prism-image check -archive $(IMAGE_OUT) -ref $(IMAGE_REPO):$(IMAGE_TAG) -version "$(VERSION)" -chart helm/prism
 
-test:
+test: $(TOOLS)/promtool
 	$(GO) test $(TEST_FLAGS) ./...
 	cd tools && $(GO) test $(TEST_FLAGS) ./...
 
@@ -73,6 +75,9 @@ $(TOOLS)/protoc-gen-go:
 
 $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+$(TOOLS)/promtool:
+	GOBIN=$(TOOLS) $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
 
 $(TOOLS)/golangci-lint:
 	GOBIN=$(TOOLS) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)

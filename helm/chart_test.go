@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -210,8 +211,12 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 					t.Errorf("service %s selects no workload: %v", sn, svc.Spec.Selector)
 					continue
 				}
+				spec := tmpl.Spec
+				if tmpl.Labels["prism.io/inject"] == "true" {
+					spec = r.injected(t, tmpl)
+				}
 				for _, p := range svc.Spec.Ports {
-					if !hasPort(tmpl.Spec, p.TargetPort.String()) {
+					if !hasPort(spec, p.TargetPort.String()) {
 						t.Errorf("service %s port %s: target %s not a container port", sn, p.Name, p.TargetPort.String())
 					}
 				}
@@ -251,8 +256,21 @@ func (r *rendered) selected(sel map[string]string) (corev1.PodTemplateSpec, bool
 	return corev1.PodTemplateSpec{}, false
 }
 
+// injected is the pod spec of tmpl as the chart's injector makes it.
+func (r *rendered) injected(t *testing.T, tmpl corev1.PodTemplateSpec) corev1.PodSpec {
+	t.Helper()
+	injector := container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector")
+	pod := &corev1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
+	pod.Name = runnerName + "-0"
+	if err := inject.Mutate(pod, injectorOptions(t, injector)); err != nil {
+		t.Fatal(err)
+	}
+	return pod.Spec
+}
+
+// hasPort: native sidecars (init containers that keep running) serve too.
 func hasPort(spec corev1.PodSpec, target string) bool {
-	for _, c := range spec.Containers {
+	for _, c := range slices.Concat(spec.Containers, spec.InitContainers) {
 		for _, p := range c.Ports {
 			if p.Name == target || fmt.Sprint(p.ContainerPort) == target {
 				return true

@@ -96,6 +96,41 @@ type rendered struct {
 	issuers      map[string]*certManagerIssuer
 	certificates map[string]*certManagerCertificate
 	policies     map[string]*networkingv1.NetworkPolicy
+	monitors     map[string]*serviceMonitor
+	rules        map[string]*prometheusRule
+}
+
+// serviceMonitor and prometheusRule are the fields of the Prometheus
+// operator's kinds the chart sets; strict decoding refuses any other.
+type serviceMonitor struct {
+	APIVersion string     `json:"apiVersion"`
+	Kind       string     `json:"kind"`
+	Metadata   objectMeta `json:"metadata"`
+	Spec       struct {
+		Selector struct {
+			MatchLabels map[string]string `json:"matchLabels"`
+		} `json:"selector"`
+		NamespaceSelector struct {
+			MatchNames []string `json:"matchNames"`
+		} `json:"namespaceSelector"`
+		Endpoints []struct {
+			Port        string `json:"port"`
+			Path        string `json:"path"`
+			Scheme      string `json:"scheme"`
+			Interval    string `json:"interval"`
+			Relabelings []struct {
+				TargetLabel string `json:"targetLabel"`
+				Replacement string `json:"replacement"`
+			} `json:"relabelings"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+type prometheusRule struct {
+	APIVersion string         `json:"apiVersion"`
+	Kind       string         `json:"kind"`
+	Metadata   objectMeta     `json:"metadata"`
+	Spec       map[string]any `json:"spec"`
 }
 
 func loadChart(t testing.TB) *chart.Chart {
@@ -144,6 +179,7 @@ func decodeAll(t testing.TB, files map[string]string) *rendered {
 		pdbs: map[string]*policyv1.PodDisruptionBudget{}, webhooks: map[string]*admissionregistrationv1.MutatingWebhookConfiguration{},
 		issuers: map[string]*certManagerIssuer{}, certificates: map[string]*certManagerCertificate{},
 		policies: map[string]*networkingv1.NetworkPolicy{},
+		monitors: map[string]*serviceMonitor{}, rules: map[string]*prometheusRule{},
 	}
 	names := make([]string, 0, len(files))
 	for name := range files {
@@ -228,6 +264,10 @@ func (r *rendered) add(t testing.TB, file string, doc []byte) {
 		obj = put(r.certificates, name, t, gvk)
 	case "networking.k8s.io/v1/NetworkPolicy":
 		obj = put(r.policies, name, t, gvk)
+	case "monitoring.coreos.com/v1/ServiceMonitor":
+		obj = put(r.monitors, name, t, gvk)
+	case "monitoring.coreos.com/v1/PrometheusRule":
+		obj = put(r.rules, name, t, gvk)
 	default:
 		t.Fatalf("%s: unexpected object %s %s", file, gvk, name)
 	}
