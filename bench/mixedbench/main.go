@@ -56,6 +56,7 @@ type options struct {
 	cpu, block, mutex   string
 	trace               string
 	traceFor            time.Duration
+	target              time.Duration
 }
 
 func main() {
@@ -70,6 +71,7 @@ func main() {
 	flag.StringVar(&o.block, "blockprofile", "", "write a block profile of the ingest phase here")
 	flag.StringVar(&o.mutex, "mutexprofile", "", "write a mutex profile of the ingest phase here")
 	flag.StringVar(&o.trace, "trace", "", "write an execution trace of part of the ingest phase here")
+	flag.DurationVar(&o.target, "query-latency-target", 10*time.Millisecond, "the runner's query latency target, which ingest gives way to (negative: never)")
 	flag.DurationVar(&o.traceFor, "trace-for", 3*time.Second, "length of the trace, started 5 s into ingest")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -97,7 +99,7 @@ func run(o options) error {
 	}
 	defer os.RemoveAll(dir)
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	r, err := runner.New(runner.Config{DataDir: dir, Brokers: cluster.ListenAddrs(), Logger: quiet})
+	r, err := runner.New(runner.Config{DataDir: dir, Brokers: cluster.ListenAddrs(), Logger: quiet, QueryLatencyTarget: o.target})
 	if err != nil {
 		return err
 	}
@@ -169,6 +171,10 @@ func run(o options) error {
 		suffix = ""
 	}
 	fmt.Printf("BENCH mixed.ingest_events_per_s%s %.0f events/s\n", suffix, float64(o.n)/elapsed.Seconds())
+	if held, writes, ok := heldBack(r); ok {
+		fmt.Fprintf(os.Stderr, "# ingest gave way to queries (target %v): %d store writes held back, %.1f s held in all (summed over partitions) in a %.1f s drain\n",
+			o.target, writes, held, elapsed.Seconds())
+	}
 	if o.qps == 0 {
 		return nil
 	}
@@ -196,6 +202,26 @@ func run(o options) error {
 	cancel()
 	g.report(fmt.Sprintf("mixed.query_p%%s_ms_after_%dk_grpc", o.n/1000))
 	return nil
+}
+
+// heldBack reads the runner's ingest governor counters: seconds store writes waited for queries, and how many.
+func heldBack(r *runner.Runner) (float64, int, bool) {
+	mfs, err := r.Registry().Gather()
+	if err != nil {
+		return 0, 0, false
+	}
+	var held float64
+	var writes int
+	found := false
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "prism_mailbox_ingest_held_back_seconds_total":
+			held, found = mf.GetMetric()[0].GetCounter().GetValue(), true
+		case "prism_mailbox_ingest_held_back_writes_total":
+			writes = int(mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+	return held, writes, found
 }
 
 // maxInFlight bounds the requests a loop has outstanding, so a stalled
