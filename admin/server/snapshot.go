@@ -48,7 +48,7 @@ func (s *Server) SaveSnapshot(req *adminv1.SaveSnapshotRequest, stream adminv1.A
 			return notLeaderError(l, s.grpcAddr(l.LeaderID))
 		case l.LeaderID != "" && l.LeaderID != s.node.ID():
 			sent, err := s.relaySnapshot(ctx, stream, l.LeaderID, req)
-			if sent || !(retryableForward(err) || status.Code(err) == codes.Unavailable) {
+			if sent || !retryableForward(err) && status.Code(err) != codes.Unavailable {
 				return err
 			}
 			lastErr = err

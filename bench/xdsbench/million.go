@@ -532,11 +532,11 @@ func rlsAges(admin string) (maxAge, staleAge time.Duration, err error) {
 		return 0, 0, err
 	}
 	for _, rc := range res.Routes {
-		for _, p := range rc.GetClusterSpecifierPlugins() {
+		if plugins := rc.GetClusterSpecifierPlugins(); len(plugins) > 0 {
 			// Our wire-compatible message under grpc-go's type URL, so not
 			// UnmarshalTo, which checks the name.
 			spec := &lookupv1.RouteLookupClusterSpecifier{}
-			if err := proto.Unmarshal(p.GetExtension().GetTypedConfig().GetValue(), spec); err != nil {
+			if err := proto.Unmarshal(plugins[0].GetExtension().GetTypedConfig().GetValue(), spec); err != nil {
 				return 0, 0, fmt.Errorf("RLS plugin: %w", err)
 			}
 			c := spec.GetRouteLookupConfig()

@@ -40,14 +40,14 @@ func TestDecodeInRunsIsDecodeInOrder(t *testing.T) {
 	r := rand.New(rand.NewPCG(16, 16))
 	record := func(off int64) *sarama.ConsumerMessage {
 		var v []byte
-		switch k := r.IntN(20); {
-		case k == 0:
+		switch r.IntN(20) {
+		case 0:
 			v = []byte{0xff, 0xff, 0xff}
-		case k == 1:
+		case 1:
 			v, _ = proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{Topic: "t"}})
-		case k == 2:
+		case 2:
 			v = boom
-		case k == 3:
+		case 3:
 			v = opaque
 		default:
 			v, _ = proto.Marshal(&envelopev1.PrismEnvelope{EnvelopeVersion: 1, Metadata: &envelopev1.PrismMetadata{

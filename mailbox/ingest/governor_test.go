@@ -141,7 +141,9 @@ func TestHeldWriteWaitsUncommittedUntilMaxHold(t *testing.T) {
 	if n := testutil.ToFloat64(g.holds); n != 1 {
 		t.Fatalf("%v held writes counted, want 1", n)
 	}
-	h.Cleanup(sess)
+	if err := h.Cleanup(sess); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestIngestFinishesUnderConstantQueryPressure: with every answer over the
@@ -162,7 +164,9 @@ func TestIngestFinishesUnderConstantQueryPressure(t *testing.T) {
 	if err := h.ConsumeClaim(sess, claim); err != nil {
 		t.Fatal(err)
 	}
-	h.Cleanup(sess)
+	if err := h.Cleanup(sess); err != nil {
+		t.Fatal(err)
+	}
 	if !g.Held() {
 		t.Fatal("the governor let go: the test did not hold ingest back")
 	}

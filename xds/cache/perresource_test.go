@@ -17,6 +17,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
@@ -59,7 +60,7 @@ func proxyState(t *testing.T, n int, moved map[int]uint32) *translator.Resources
 		vh.Routes = append(vh.Routes, &routev3.Route{
 			Match: &routev3.RouteMatch{
 				PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
-				Headers:       []*routev3.HeaderMatcher{{Name: "x-mailbox-id", HeaderMatchSpecifier: &routev3.HeaderMatcher_SuffixMatch{SuffixMatch: fmt.Sprintf("@p%04d", i)}}},
+				Headers:       []*routev3.HeaderMatcher{{Name: "x-mailbox-id", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: fmt.Sprintf("@p%04d", i)}}}}},
 			},
 			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: name}}},
 		})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+
 	// The RLS policy: without it grpc-go refuses (NACKs) a route table
 	// naming the RLS cluster specifier plugin, as mailbox-routes does.
 	_ "google.golang.org/grpc/balancer/rls"
