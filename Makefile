@@ -76,8 +76,14 @@ $(TOOLS)/protoc-gen-go:
 $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
+# Debian's prometheus package carries promtool: downloaded and unpacked into
+# bin/tools (not installed, so no daemon is set up), which takes seconds where
+# building it from source takes minutes; the source build is the fallback
+# where apt is not available.
 $(TOOLS)/promtool:
-	GOBIN=$(TOOLS) $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+	@mkdir -p $(TOOLS)
+	@if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null && bash tools/promtool-deb.sh $(TOOLS); then :; else \
+	  GOBIN=$(TOOLS) $(GO) install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION); fi
 
 $(TOOLS)/golangci-lint:
 	GOBIN=$(TOOLS) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
