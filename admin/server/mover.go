@@ -20,7 +20,8 @@ import (
 type MoveConfig struct {
 	// MaxLag is the most records the destination's mailbox may be behind
 	// its topics' high watermarks, as its proxy reported, for the switch
-	// (default 100).
+	// (default 100); it must also be no further behind than the source's
+	// (mover.caughtUp).
 	MaxLag int64
 	// HandoffTail is how long the source keeps serving after the switch
 	// (default 12s: grpc-go gateways' cached lookup lives 10s, plus 2s for
@@ -65,10 +66,18 @@ type lagReport struct {
 	available bool
 }
 
-// proxyReports is what one proxy's last heartbeat reported.
+// proxyReports is what one proxy's heartbeat reported.
 type proxyReports struct {
 	index      uint64
 	namespaces map[string]lagReport
+}
+
+// proxyHistory is a proxy's last two heartbeats: the switch compares the
+// destination's report with the source's last one before it (see
+// mover.caughtUp), and with proxies heartbeating at the same interval the
+// source's newest report is as often after the destination's as before.
+type proxyHistory struct {
+	cur, prev proxyReports
 }
 
 // lagReports keeps the lag proxies report in their heartbeats, in the
@@ -82,13 +91,13 @@ type proxyReports struct {
 // rather than trusting ones it took as a follower.
 type lagReports struct {
 	mu sync.Mutex
-	m  map[string]proxyReports
+	m  map[string]proxyHistory
 }
 
 func (r *lagReports) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.m = map[string]proxyReports{}
+	r.m = map[string]proxyHistory{}
 }
 
 // note replaces proxy's reports with those of its heartbeat committed at
@@ -101,18 +110,34 @@ func (r *lagReports) note(proxy string, index uint64, health []*adminv1.Namespac
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
-		r.m = map[string]proxyReports{}
+		r.m = map[string]proxyHistory{}
 	}
-	if r.m[proxy].index > index {
+	h := r.m[proxy]
+	if h.cur.index > index {
 		return // a later heartbeat's handler got here first
 	}
-	r.m[proxy] = proxyReports{index: index, namespaces: reports}
+	r.m[proxy] = proxyHistory{cur: proxyReports{index: index, namespaces: reports}, prev: h.cur}
 }
 
+// get is proxy's newest report on namespace.
 func (r *lagReports) get(proxy, namespace string) lagReport {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.m[proxy].namespaces[namespace]
+	return r.m[proxy].cur.namespaces[namespace]
+}
+
+// before is proxy's newest report on namespace from a heartbeat committed
+// before index (not available if neither kept heartbeat was).
+func (r *lagReports) before(proxy, namespace string, index uint64) lagReport {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := r.m[proxy]
+	for _, p := range []proxyReports{h.cur, h.prev} {
+		if p.index < index {
+			return p.namespaces[namespace]
+		}
+	}
+	return lagReport{}
 }
 
 // noteHeartbeat records a heartbeat this node committed as leader.
@@ -171,7 +196,7 @@ func (m *mover) tick(ctx context.Context) {
 		case lease == nil:
 		default:
 			m.acquired[key] = true
-			if r := s.lag.get(mv.To, n.GetName()); r.available && r.index > n.GetMoveIndex() && r.lagKnown && r.lag <= cfg.MaxLag {
+			if m.caughtUp(n, mv.From, mv.To) {
 				m.propose(ctx, n.GetName(), &adminv1.Command{Body: &adminv1.Command_SwitchMove{SwitchMove: &adminv1.SwitchMoveCommand{
 					Namespace: n.GetName(), ToProxyId: mv.To, MoveIndex: n.GetMoveIndex(),
 					HandoffUntil: timestamppb.New(now.Add(cfg.HandoffTail)),
@@ -189,6 +214,31 @@ func (m *mover) tick(ctx context.Context) {
 			MaxConcurrentMoves: uint32(cfg.MaxConcurrent),
 		}}})
 	}
+}
+
+// caughtUp says whether the move of n from the source to the destination
+// may switch: the destination's history covers what the source serves.
+// Both proxies report each namespace's lag in their heartbeats, the records
+// its mailbox is behind the high watermarks of the same partitions. The
+// destination's newest report, committed after the move began, must be
+// known and within MaxLag; and unless the source holds no lease on its
+// mailbox (then it serves nothing), the source's last report committed
+// after the move began and before the destination's must be known and at
+// least the destination's lag. High watermarks only grow, so a destination
+// as far behind them as the source was, measured later, holds at least as
+// many records as the source held at its report (docs/architecture.md,
+// Moves, says what skew is left).
+func (m *mover) caughtUp(n *adminv1.Namespace, from, to string) bool {
+	s, start := m.s, n.GetMoveIndex()
+	dst := s.lag.get(to, n.GetName())
+	if !dst.available || dst.index <= start || !dst.lagKnown || dst.lag > s.cfg.Moves.MaxLag {
+		return false
+	}
+	if l, _ := s.fsm.Lease(mesh.MailboxID{Namespace: n.GetName(), Proxy: from}.String()); l == nil {
+		return true
+	}
+	src := s.lag.before(from, n.GetName(), dst.index)
+	return src.available && src.index > start && src.lagKnown && dst.lag <= src.lag
 }
 
 func (m *mover) abandon(ctx context.Context, n *adminv1.Namespace, why adminv1.MoveAbandonReason) {

@@ -136,7 +136,8 @@ func TestMoverSwitchesThenEndsTheTail(t *testing.T) {
 		{"the report from before the move", func() {}, "p1"},
 		{"lag unknown", func() { e.heartbeat("p2", 0, false) }, "p1"},
 		{"lag above the bound", func() { e.heartbeat("p2", 101, true) }, "p1"},
-		{"lag within the bound", func() { e.heartbeat("p2", 100, true) }, "p2"},
+		{"lag within the bound, the source not reported since the move", func() { e.heartbeat("p2", 100, true) }, "p1"},
+		{"lag within the bound and the source's", func() { e.heartbeat("p1", 100, true); e.heartbeat("p2", 100, true) }, "p2"},
 	} {
 		step.report()
 		e.tick(moveTick)
@@ -164,6 +165,64 @@ func TestMoverSwitchesThenEndsTheTail(t *testing.T) {
 	awaitRole(w1, 0, false)
 	if got := scrapeValue(t, e.n, `prism_admin_moves_switched_total{reason="operator"}`); got != 1 {
 		t.Fatalf("switched moves metric %v, want 1", got)
+	}
+}
+
+// The switch waits until the destination is no further behind the topics
+// than the source was at its last report before the destination's, both
+// reported after the move began: the destination then holds at least what
+// the source served.
+func TestMoverSwitchesOnlyOverTheSourcesHistory(t *testing.T) {
+	t.Parallel()
+	type report struct {
+		proxy string
+		lag   int64
+		known bool
+	}
+	for _, tc := range []struct {
+		name string
+		// beforeMove are reported before the move starts, after are
+		// reported after the destination acquired.
+		beforeMove, after []report
+		releaseSource     bool
+		want              string
+	}{
+		{name: "behind the source", after: []report{{"p1", 50, true}, {"p2", 51, true}}, want: "p1"},
+		{name: "level with the source", after: []report{{"p1", 50, true}, {"p2", 50, true}}, want: "p2"},
+		{name: "ahead of the source", after: []report{{"p1", 50, true}, {"p2", 10, true}}, want: "p2"},
+		{name: "ahead of the source but over the bound", after: []report{{"p1", 500, true}, {"p2", 101, true}}, want: "p1"},
+		{name: "the source's lag unknown", after: []report{{"p1", 0, false}, {"p2", 0, true}}, want: "p1"},
+		{name: "the source reported only before the move", beforeMove: []report{{"p1", 50, true}}, after: []report{{"p2", 0, true}}, want: "p1"},
+		{name: "the source reported only after the destination", after: []report{{"p2", 0, true}, {"p1", 50, true}}, want: "p1"},
+		{name: "the destination again after the source", after: []report{{"p2", 0, true}, {"p1", 50, true}, {"p2", 0, true}}, want: "p2"},
+		// The source's newest report is after the destination's: the
+		// one before it counts, which the destination is not behind.
+		{name: "the source's report before the destination's", after: []report{{"p1", 80, true}, {"p2", 50, true}, {"p1", 10, true}}, want: "p2"},
+		{name: "behind the source's report before the destination's", after: []report{{"p1", 20, true}, {"p2", 50, true}, {"p1", 90, true}}, want: "p1"},
+		{name: "the source holds no lease", after: []report{{"p2", 100, true}}, releaseSource: true, want: "p2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newMoverEnv(t)
+			for _, r := range tc.beforeMove {
+				e.heartbeat(r.proxy, r.lag, r.known)
+			}
+			e.start()
+			e.acquire("p2")
+			if tc.releaseSource {
+				if _, err := e.cp.ReleaseLease(e.c, &adminv1.ReleaseLeaseRequest{MailboxId: e.ns + "@p1", RunnerId: "p1"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, r := range tc.after {
+				e.heartbeat(r.proxy, r.lag, r.known)
+			}
+			e.tick(moveTick)
+			e.tick(moveTick)
+			if got := e.namespace().GetAssignedProxyId(); got != tc.want {
+				t.Fatalf("assigned %s, want %s", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -86,6 +86,7 @@ func TestMoveRPCRefusals(t *testing.T) {
 	if got := moves.GetMoves(); len(got) != 1 || !sameMove(got[0], want) || got[0].GetStartedAt() == nil || got[0].GetSwitchedAt() != nil {
 		t.Fatalf("ListMoves while catching up: %v, want %v", got, want)
 	}
+	e.heartbeat("p1", 0, true) // the source's report the switch compares with
 	e.heartbeat("p2", 0, true)
 	e.tick(moveTick)
 	moves, err = e.adm.ListMoves(e.c, &adminv1.ListMovesRequest{})
