@@ -36,8 +36,10 @@ func ValidateID(field, id string) error {
 	return nil
 }
 
-// ValidateProxyID checks a proxy id; it may not contain '@', which separates
-// it from the namespace in a mailbox id.
+// ValidateProxyID checks that a proxy id is well formed; it may not contain
+// '@', which separates it from the namespace in a mailbox id. It is what
+// the Raft log and snapshots may already hold, from versions before
+// NameRule: a new proxy id must also pass CheckName.
 func ValidateProxyID(id string) error {
 	if err := ValidateID("proxy_id", id); err != nil {
 		return err
@@ -48,8 +50,10 @@ func ValidateProxyID(id string) error {
 	return nil
 }
 
-// ValidateNamespaceName checks a namespace name ("$admin" is legal; '@' is
-// not, so mailbox ids stay unambiguous).
+// ValidateNamespaceName checks that a namespace name is well formed ('@' is
+// not, so mailbox ids stay unambiguous). Like ValidateProxyID it admits
+// the names older versions stored; a new namespace must pass
+// CheckNamespace.
 func ValidateNamespaceName(name string) error {
 	if err := ValidateID("namespace", name); err != nil {
 		return err
@@ -85,7 +89,7 @@ func NewMailboxID(namespace, proxyID string) (MailboxID, error) {
 }
 
 // ParseMailboxID splits "{namespace}@{proxy_id}", checking the whole id and
-// both parts.
+// both parts are well formed; CheckMailboxID also applies the name rules.
 func ParseMailboxID(s string) (MailboxID, error) {
 	if err := ValidateID("mailbox_id", s); err != nil {
 		return MailboxID{}, err
