@@ -4,6 +4,7 @@ package kafkatest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
@@ -173,4 +175,16 @@ func Header(r *kgo.Record, key string) string {
 		}
 	}
 	return ""
+}
+
+// Envelopes are n minimal valid envelopes on topic, message ids topic-0000 on, in order.
+func Envelopes(topic string, n int) []*envelopev1.PrismEnvelope {
+	out := make([]*envelopev1.PrismEnvelope, n)
+	for i := range out {
+		out[i] = &envelopev1.PrismEnvelope{
+			EnvelopeVersion: 1,
+			Metadata:        &envelopev1.PrismMetadata{MessageId: fmt.Sprintf("%s-%04d", topic, i), Topic: topic, PublishedAt: timestamppb.Now()},
+		}
+	}
+	return out
 }

@@ -64,7 +64,7 @@ func TestGatewayThroughAdminFailover(t *testing.T) {
 		t.Skip("starts three admin nodes, a runner, a sidecar and a gateway")
 	}
 	kafka := kafkatest.Start(t, kafkatest.Topics(2, "audit.events", "billing.events", "orders.events"))
-	kafka.ProduceEnvelopes(t, "audit.events", envelopes("audit.events", 5)...)
+	kafka.ProduceEnvelopes(t, "audit.events", kafkatest.Envelopes("audit.events", 5)...)
 	cluster := e2e.StartAdmins(t, e2e.AdminOptions{Size: 3})
 	admins := cluster.Nodes
 	createNamespace(cluster, "audit", "audit.events")

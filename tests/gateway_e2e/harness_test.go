@@ -7,14 +7,10 @@
 package gatewaye2e
 
 import (
-	"fmt"
 	"time"
-
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/internal/e2e"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
 
 const proxyID = "proxy-1"
@@ -23,18 +19,6 @@ const proxyID = "proxy-1"
 var lease = e2e.Lease{TTL: 3 * time.Second, Grace: 2 * time.Second, Heartbeat: 500 * time.Millisecond}
 
 var web = e2e.NewHTTP(5 * time.Second)
-
-// envelopes are n minimal valid envelopes on topic, ids topic-0000 on.
-func envelopes(topic string, n int) []*envelopev1.PrismEnvelope {
-	out := make([]*envelopev1.PrismEnvelope, n)
-	for i := range out {
-		out[i] = &envelopev1.PrismEnvelope{
-			EnvelopeVersion: 1,
-			Metadata:        &envelopev1.PrismMetadata{MessageId: fmt.Sprintf("%s-%04d", topic, i), Topic: topic, PublishedAt: timestamppb.Now()},
-		}
-	}
-	return out
-}
 
 // createNamespace creates ns on topic through any live admin node.
 func createNamespace(admins *e2e.AdminCluster, ns, topic string) {

@@ -17,10 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 
 	"github.com/prism-mesh/prism/admin/placement"
 	"github.com/prism-mesh/prism/internal/e2e"
@@ -58,7 +55,7 @@ func newWorld(t *testing.T, topics ...string) *world {
 	t.Helper()
 	w := &world{t: t, proxies: map[string]*proxy{}, web: e2e.NewHTTP(5 * time.Second)}
 	w.kafka = kafkatest.Start(t, kafkatest.Topics(2, append([]string{topic}, topics...)...))
-	w.kafka.ProduceEnvelopes(t, topic, envelopes(events)...)
+	w.kafka.ProduceEnvelopes(t, topic, kafkatest.Envelopes(topic, events)...)
 	w.admins = e2e.StartAdmins(t, e2e.AdminOptions{Size: 3})
 	return w
 }
@@ -274,15 +271,4 @@ func TestJoinRebalancesWithoutAFailedQuery(t *testing.T) {
 	answers := r.end()
 	t.Logf("%d of %d namespaces moved to proxy-2 by handoff in %v; %d queries", moving, len(names), time.Since(started).Round(time.Millisecond), len(answers))
 	check(t, answers)
-}
-
-func envelopes(n int) []*envelopev1.PrismEnvelope {
-	out := make([]*envelopev1.PrismEnvelope, n)
-	for i := range out {
-		out[i] = &envelopev1.PrismEnvelope{
-			EnvelopeVersion: 1,
-			Metadata:        &envelopev1.PrismMetadata{MessageId: fmt.Sprintf("%s-%04d", topic, i), Topic: topic, PublishedAt: timestamppb.Now()},
-		}
-	}
-	return out
 }

@@ -7,12 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 
 	"github.com/prism-mesh/prism/admin/placement"
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/internal/testwait"
 )
@@ -180,7 +178,7 @@ func TestDestinationDiesDuringCatchUp(t *testing.T) {
 	}
 	const big = "big.events"
 	w := newWorld(t, big)
-	w.kafka.ProduceEnvelopes(t, big, bigEnvelopes(big, 20000)...)
+	w.kafka.ProduceEnvelopes(t, big, kafkatest.Envelopes(big, 20000)...)
 	for _, id := range []string{"proxy-1", "proxy-2"} {
 		w.startProxy(id)
 	}
@@ -218,15 +216,4 @@ func TestDestinationDiesDuringCatchUp(t *testing.T) {
 			t.Fatalf("answered by %q during an abandoned move: %s", a.mailbox, a)
 		}
 	}
-}
-
-func bigEnvelopes(topic string, n int) []*envelopev1.PrismEnvelope {
-	out := make([]*envelopev1.PrismEnvelope, n)
-	for i := range out {
-		out[i] = &envelopev1.PrismEnvelope{
-			EnvelopeVersion: 1,
-			Metadata:        &envelopev1.PrismMetadata{MessageId: fmt.Sprintf("%s-%06d", topic, i), Topic: topic, PublishedAt: timestamppb.Now()},
-		}
-	}
-	return out
 }

@@ -9,10 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 
 	"github.com/prism-mesh/prism/admin/placement"
 	"github.com/prism-mesh/prism/internal/e2e"
@@ -39,7 +36,7 @@ func TestMovedNamespaceFollowsItsMailbox(t *testing.T) {
 	}
 	lease := e2e.Lease{TTL: 3 * time.Second, Grace: time.Second, Heartbeat: 500 * time.Millisecond}
 	kafka := kafkatest.Start(t, kafkatest.Topics(2, "moving.events"))
-	kafka.ProduceEnvelopes(t, "moving.events", envelopes("moving.events", 5)...)
+	kafka.ProduceEnvelopes(t, "moving.events", kafkatest.Envelopes("moving.events", 5)...)
 	cluster := e2e.StartAdmins(t, e2e.AdminOptions{Size: 3, Args: []string{"--stale-proxy-after", "2s"}})
 
 	type proxy struct {
@@ -190,16 +187,4 @@ func grantedAt(ctx context.Context, c *e2e.AdminCluster, mailbox string) time.Ti
 		}
 	}
 	return time.Time{}
-}
-
-// envelopes are n minimal valid envelopes on topic.
-func envelopes(topic string, n int) []*envelopev1.PrismEnvelope {
-	out := make([]*envelopev1.PrismEnvelope, n)
-	for i := range out {
-		out[i] = &envelopev1.PrismEnvelope{
-			EnvelopeVersion: 1,
-			Metadata:        &envelopev1.PrismMetadata{MessageId: fmt.Sprintf("%s-%04d", topic, i), Topic: topic, PublishedAt: timestamppb.Now()},
-		}
-	}
-	return out
 }

@@ -50,7 +50,7 @@ func TestEveryDoorRefusesStrangers(t *testing.T) {
 		t.Skip("starts three admin nodes, a runner, a sidecar and a gateway")
 	}
 	kafka := kafkatest.Start(t, kafkatest.Topics(2, topic, "other.events"))
-	kafka.ProduceEnvelopes(t, topic, envelopes(5)...)
+	kafka.ProduceEnvelopes(t, topic, kafkatest.Envelopes(topic, 5)...)
 	key := authtest.NewKey(t, "k1", "ES256")
 	jwks := t.TempDir()
 	authtest.WriteJWKS(t, jwks+"/jwks.json", key)

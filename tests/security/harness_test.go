@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/pkitest"
@@ -29,7 +28,6 @@ import (
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 )
 
 const (
@@ -40,18 +38,6 @@ const (
 )
 
 var lease = e2e.Lease{TTL: 3 * time.Second, Grace: 2 * time.Second, Heartbeat: 500 * time.Millisecond}
-
-// envelopes are n minimal valid envelopes on topic.
-func envelopes(n int) []*envelopev1.PrismEnvelope {
-	out := make([]*envelopev1.PrismEnvelope, n)
-	for i := range out {
-		out[i] = &envelopev1.PrismEnvelope{
-			EnvelopeVersion: 1,
-			Metadata:        &envelopev1.PrismMetadata{MessageId: fmt.Sprintf("%s-%04d", topic, i), Topic: topic, PublishedAt: timestamppb.Now()},
-		}
-	}
-	return out
-}
 
 // credential is one way a stranger may present itself.
 type credential struct {

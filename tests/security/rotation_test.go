@@ -36,7 +36,7 @@ func TestRotationKeepsLeases(t *testing.T) {
 		t.Fatal(err)
 	}
 	kafka := kafkatest.Start(t, kafkatest.Topics(2, topic))
-	kafka.ProduceEnvelopes(t, topic, envelopes(5)...)
+	kafka.ProduceEnvelopes(t, topic, kafkatest.Envelopes(topic, 5)...)
 	admins := e2e.StartAdmins(t, e2e.AdminOptions{Size: 3, PKI: p})
 	admins.CreateNamespace(60*time.Second, namespace, &adminv1.NamespaceConfig{Topics: []string{topic}, Lease: lease.Config()})
 	runner := e2e.StartRunner(t, e2e.RunnerOptions{ProxyID: proxyID, Brokers: kafka.Brokers, PKI: p, Args: []string{"--batch-wait", "20ms", "--log-format", "json"}})
