@@ -181,33 +181,14 @@ func (u UpstreamTLS) Enabled() bool { return u != UpstreamTLS{} }
 var (
 	ErrVersion         = errors.New("version must be positive")
 	ErrAddress         = errors.New("address must be IP:port")
-	ErrProxyID         = errors.New("proxy id must match " + idPattern)
-	ErrRunnerID        = errors.New("runner id must match " + idPattern)
+	ErrProxyID         = errors.New("proxy id must be " + mesh.NameRule)
+	ErrRunnerID        = errors.New("runner id must be " + mesh.NameRule)
 	ErrDuplicate       = errors.New("duplicate")
 	ErrLookup          = errors.New("lookup must be a gRPC target (scheme:///authority or host:port)")
 	ErrGatewayListener = errors.New("gateway listener")
 	ErrTrustDomain     = errors.New("upstream TLS trust domain")
 	ErrQueryAuth       = errors.New("gateway query auth")
 )
-
-// idPattern is what proxy and runner ids must match: no "@" (a mailbox id
-// ends in "@{proxy}"), nothing a URL path or a regex must escape but ".".
-const idPattern = `[A-Za-z0-9][A-Za-z0-9._~-]*`
-
-// validID matches idPattern; matching by hand is an order of magnitude
-// cheaper than the regexp, and Valid runs on every state.
-func validID(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case i > 0 && (c == '.' || c == '_' || c == '~' || c == '-'):
-		default:
-			return false
-		}
-	}
-	return s != ""
-}
 
 // Validate reports every problem in x, joined.
 func (x *IR) Validate() error {
@@ -279,10 +260,10 @@ func (x *IR) Valid() (*IR, error) {
 // Validate checks p on its own.
 func (p Proxy) Validate() error {
 	var errs []error
-	if !validID(p.ID) {
+	if !mesh.ValidName(p.ID) {
 		errs = append(errs, ErrProxyID)
 	}
-	if p.RunnerID != "" && !validID(p.RunnerID) {
+	if p.RunnerID != "" && !mesh.ValidName(p.RunnerID) {
 		errs = append(errs, ErrRunnerID)
 	}
 	if err := checkAddress(p.Address); err != nil {
