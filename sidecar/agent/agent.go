@@ -368,8 +368,9 @@ func (a *Agent) register(ctx context.Context) bool {
 			}
 			return true
 		}
-		a.log.Warn("register proxy failed; retrying", "err", err)
-		if !sleep(ctx, a.cfg.Clock, bo.Step()) {
+		retry := a.retryWait("register", err, &bo)
+		a.log.Warn("register proxy failed; retrying", "err", err, "retry_in", retry)
+		if !sleep(ctx, a.cfg.Clock, retry) {
 			return false
 		}
 	}

@@ -519,6 +519,8 @@ type fakeSessions struct {
 	sessions    map[uint64]bool
 	openFn      func(*adminv1.OpenSessionRequest) (*adminv1.OpenSessionResponse, error)
 	keepAliveFn func(*adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error)
+	// acquireLeasesFn, when it returns an error, fails the whole call.
+	acquireLeasesFn func(*adminv1.AcquireLeasesRequest) error
 }
 
 func (f *fakeAdmin) OpenSession(_ context.Context, in *adminv1.OpenSessionRequest, _ ...grpc.CallOption) (*adminv1.OpenSessionResponse, error) {
@@ -562,6 +564,11 @@ func (f *fakeAdmin) AcquireLeases(_ context.Context, in *adminv1.AcquireLeasesRe
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ev.add("admin acquire-leases %d %s", in.GetSessionId(), strings.Join(in.GetMailboxIds(), ","))
+	if f.s.acquireLeasesFn != nil {
+		if err := f.s.acquireLeasesFn(in); err != nil {
+			return nil, err
+		}
+	}
 	if !f.s.sessions[in.GetSessionId()] {
 		return &adminv1.AcquireLeasesResponse{Refusal: &adminv1.LeaseRefusal{Reason: adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION}}, nil
 	}

@@ -240,9 +240,12 @@ func (w *worker) acquire() (*adminv1.Lease, time.Time, bool) {
 				return nil, time.Time{}, false
 			}
 			w.a.m.acquires.WithLabelValues("error").Inc()
-			w.log.Warn("acquire failed; retrying", "err", err)
 		}
-		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
+		retry := w.a.retryWait("acquire", err, &bo)
+		if err != nil {
+			w.log.Warn("acquire failed; retrying", "err", err, "retry_in", retry)
+		}
+		if !sleep(w.ctx, w.a.cfg.Clock, retry) {
 			return nil, time.Time{}, false
 		}
 	}

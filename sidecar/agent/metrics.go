@@ -19,6 +19,7 @@ type metrics struct {
 	kaLatency      prometheus.Histogram
 	batches        prometheus.Counter
 	runnerReady    prometheus.Gauge
+	shed           *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -78,11 +79,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "prism_sidecar_runner_ready",
 			Help: "1 while the proxy reports its runner ready, 0 once the runner has failed the probe for the runner-dead bound (the admin then places the proxy's namespaces elsewhere).",
 		}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_sidecar_shed_total",
+			Help: "Admin calls refused RESOURCE_EXHAUSTED with a retry delay (the leader shedding new work), by call; each is retried no sooner than that delay.",
+		}, []string{"call"}),
 	}
 	m.runnerReady.Set(1)
 	if reg != nil {
 		reg.MustRegister(m.losses, m.acquires, m.heartbeats, m.releases, m.held, m.hbLatency, m.acqLatency, m.watchConns,
-			m.sessionsOpened, m.keepalives, m.kaLatency, m.batches, m.runnerReady)
+			m.sessionsOpened, m.keepalives, m.kaLatency, m.batches, m.runnerReady, m.shed)
 	}
 	return m
 }

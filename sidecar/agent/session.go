@@ -323,7 +323,7 @@ func (s *sessions) open(ctx context.Context) (*sessState, bool) {
 			}
 			a.log.Warn("open session failed; retrying", "err", err)
 		}
-		if !sleep(ctx, a.cfg.Clock, bo.Step()) {
+		if !sleep(ctx, a.cfg.Clock, a.retryWait("open_session", err, &bo)) {
 			return nil, false
 		}
 	}
@@ -409,7 +409,10 @@ func (s *sessions) keepAliveOnce(ctx context.Context, st *sessState, bo *wait.Ba
 		s.lose(st, reason, detail)
 	default:
 		a.m.keepalives.WithLabelValues("error").Inc()
-		retry := bo.Step()
+		// The admin never sheds keepalives (admission.go); should one
+		// ask anyway, its delay is honoured: the fence below does not
+		// depend on it.
+		retry := a.retryWait("keepalive", err, bo)
 		_, until, _, _ := s.validity(st)
 		a.log.Warn("session keepalive failed; retrying", "session_id", st.id, "err", errors.Join(err, refusalErr(ref)), "retry_in", retry, "fence_in", until.Sub(clk.Now()))
 		return clk.Now().Add(retry)
@@ -480,11 +483,12 @@ func (s *sessions) batches(ctx context.Context) {
 					continue
 				}
 			}
-			if s.send(ctx, st) {
+			err := s.send(ctx, st)
+			if err == nil {
 				bo = a.cfg.Backoff
 				continue
 			}
-			if !sleep(ctx, a.cfg.Clock, bo.Step()) {
+			if !sleep(ctx, a.cfg.Clock, a.retryWait("acquire_leases", err, &bo)) {
 				return
 			}
 		}
@@ -492,14 +496,14 @@ func (s *sessions) batches(ctx context.Context) {
 }
 
 // send makes one AcquireLeases call in st of up to maxBatch queued
-// mailboxes and hands each its answer; false if the call failed (the
+// mailboxes and hands each its answer; the call's error if it failed (the
 // mailboxes stay queued).
-func (s *sessions) send(ctx context.Context, st *sessState) bool {
+func (s *sessions) send(ctx context.Context, st *sessState) error {
 	a := s.a
 	if _, until, _, _ := s.validity(st); !a.cfg.Clock.Now().Before(until) {
 		// Its leases would be fenced as soon as granted.
 		s.lose(st, "ttl_elapsed", "no session keepalive acknowledged for ttl since the last one was sent")
-		return true
+		return nil
 	}
 	s.mu.Lock()
 	ids := make([]string, 0, min(len(s.pending), maxBatch))
@@ -520,11 +524,11 @@ func (s *sessions) send(ctx context.Context, st *sessState) bool {
 		if ctx.Err() == nil {
 			a.log.Warn("acquire batch failed; retrying", "session_id", st.id, "mailboxes", len(ids), "err", err)
 		}
-		return false
+		return err
 	case resp.GetRefusal() != nil:
 		a.m.acquires.WithLabelValues("refused").Add(float64(len(ids)))
 		s.lose(st, refusalReason(resp.GetRefusal()), resp.GetRefusal().GetMessage())
-		return true
+		return nil
 	}
 	granted := 0
 	var orphans []string
@@ -555,7 +559,7 @@ func (s *sessions) send(ctx context.Context, st *sessState) bool {
 		cancel()
 		a.log.Info("released the leases granted to mailboxes no longer asking", "session_id", st.id, "mailboxes", orphans, "err", err)
 	}
-	return true
+	return nil
 }
 
 // release gives back one lease of session id.
