@@ -156,14 +156,20 @@ func ValidateBody(cmd *adminv1.Command) error {
 	if err != nil {
 		return err
 	}
-	return h.validate(cmd)
+	if err := h.validate(cmd); err != nil {
+		return err
+	}
+	return admit(cmd)
 }
 
-// Validate checks a whole command: a known type, the leader's timestamp and
-// well-formed fields, without looking at state.
+// Validate checks a whole command as it may be proposed: a known type, the
+// leader's timestamp, well-formed fields and the name rules for the names
+// it introduces (admit), without looking at state.
 func Validate(cmd *adminv1.Command) error {
-	_, err := check(cmd)
-	return err
+	if _, err := check(cmd); err != nil {
+		return err
+	}
+	return admit(cmd)
 }
 
 func check(cmd *adminv1.Command) (handler, error) {
@@ -233,7 +239,9 @@ func (f *FSM) applyOne(tx *txn, data []byte) (any, error) {
 	// Encode checked this command before it was proposed, but a log entry
 	// may hold bytes from anywhere (another version, a bug, a hand-made
 	// log): apply refuses what Encode would have, the same way on every
-	// replica, before anything is touched.
+	// replica, before anything is touched. Except admit's name rules: an
+	// entry an older version committed must apply as it did there, or a
+	// replica replaying it would diverge from one that applied it.
 	h, err := check(cmd)
 	if err != nil {
 		return nil, fmt.Errorf("apply %s at index %d: %w", CommandType(cmd), tx.index, err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prism-mesh/prism/admin/placement"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/encoding/protodelim"
 	"google.golang.org/protobuf/proto"
@@ -96,6 +97,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("restore fsm snapshot: %w", err)
 	}
+	f.warnNames(st)
 	f.mu.Lock()
 	f.st = st
 	f.applied = applied
@@ -111,6 +113,27 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		f.observer.LeasesRestored(leases)
 	}
 	return nil
+}
+
+// warnNames logs each namespace and proxy of a restored state whose name an
+// older version admitted but the name rules (admit) refuse. They are kept
+// and work as they did (placed, leased, served, deletable by name), so a
+// snapshot never fails on them; but no component that carries only
+// mesh.NameRule's characters can route to them, and they cannot be created
+// or registered again: the way out is a new namespace under a valid name.
+func (f *FSM) warnNames(st *state) {
+	for _, ns := range sortedKeys(st.namespaces) {
+		if !mesh.ValidNamespace(ns) {
+			f.log.Warn("namespace breaks the name rule: kept, but routing may not reach it; recreate it under a valid name and delete it",
+				"namespace", mesh.Echo(ns), "rule", mesh.NamespaceRule)
+		}
+	}
+	for _, id := range sortedKeys(st.proxies) {
+		if !mesh.ValidName(id) {
+			f.log.Warn("proxy id breaks the name rule: kept, but xDS routes nothing to it and it cannot register again",
+				"proxy", mesh.Echo(id), "rule", mesh.NameRule)
+		}
+	}
 }
 
 func readSnapshot(r *bufio.Reader) (*state, uint64, error) {

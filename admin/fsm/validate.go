@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"reflect"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -165,6 +166,47 @@ func ValidateNamespaceConfig(c *adminv1.NamespaceConfig) error {
 		return invalid("config.retention.max_size_bytes", "negative")
 	}
 	return validateLabels("config.labels", c.GetLabels())
+}
+
+// admissions hold the name rules (mesh.NameRule, mesh.NamespaceRule) for
+// the commands that introduce a name, keyed like handlers. They run when a
+// command is proposed (Encode, ValidateBody), never when it is applied: the
+// log and snapshots may hold names an older version admitted, which still
+// load, apply and can be released or deleted by name. Commands that only
+// refer to a name check it is well formed (mesh.ValidateNamespaceName and
+// the like), so such names keep working until an operator replaces them.
+var admissions = map[reflect.Type]func(*adminv1.Command) error{
+	reflect.TypeFor[*adminv1.Command_CreateNamespace](): func(cmd *adminv1.Command) error {
+		return mesh.CheckNamespace(cmd.GetCreateNamespace().GetNamespace())
+	},
+	reflect.TypeFor[*adminv1.Command_RegisterProxy](): func(cmd *adminv1.Command) error {
+		r := cmd.GetRegisterProxy().GetRegistration()
+		return runnerNames("registration.", r.GetProxyId(), r.GetRunnerId())
+	},
+	reflect.TypeFor[*adminv1.Command_OpenSession](): func(cmd *adminv1.Command) error {
+		o := cmd.GetOpenSession()
+		return runnerNames("", o.GetProxyId(), o.GetRunnerId())
+	},
+}
+
+// runnerNames checks the ids xds/ir routes a proxy by; an empty runner id
+// means the proxy id.
+func runnerNames(prefix, proxyID, runnerID string) error {
+	if err := mesh.CheckName(prefix+"proxy_id", proxyID); err != nil {
+		return err
+	}
+	if runnerID == "" {
+		return nil
+	}
+	return mesh.CheckName(prefix+"runner_id", runnerID)
+}
+
+// admit applies the name rules of cmd's type, if it has any.
+func admit(cmd *adminv1.Command) error {
+	if a := admissions[reflect.TypeOf(cmd.GetBody())]; a != nil {
+		return a(cmd)
+	}
+	return nil
 }
 
 func orDefault(v, def time.Duration) time.Duration {

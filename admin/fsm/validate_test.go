@@ -1,7 +1,10 @@
 package fsm
 
 import (
+	"bytes"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -127,5 +130,68 @@ func TestCounts(t *testing.T) {
 	h.must(c(time.Minute, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: owner, LastSeen: p.GetProxy().GetLastSeen()}}}))
 	if got, want := h.f.Counts(), (Counts{Proxies: 2, LiveProxies: 1, Namespaces: 1, Leases: 1}); got != want {
 		t.Fatalf("counts %+v, want %+v", got, want)
+	}
+}
+
+// TestNameRulesAdmission: a command introducing a name the routing layer
+// cannot carry is refused when proposed, stating the rule; one an older
+// version committed with such a name still applies, survives a snapshot
+// (with a warning naming it) and can be deleted by name.
+func TestNameRulesAdmission(t *testing.T) {
+	t.Parallel()
+	open := &adminv1.OpenSessionRequest{ProxyId: "p", RunnerId: "r", RunnerAddress: "r.svc:9090"}
+	refused := []struct {
+		name string
+		cmd  *adminv1.Command
+		rule string
+	}{
+		{"unicode namespace", c(0, createNS("uni☃", "t")), mesh.NamespaceRule},
+		{"namespace with a colon", c(0, createNS("a:b", "t")), mesh.NamespaceRule},
+		{"namespace with a slash", c(0, createNS("a/b", "t")), mesh.NamespaceRule},
+		{"unicode proxy id", c(0, register("proxy☃")), mesh.NameRule},
+		{"unicode runner id", c(0, registerRunner("p", "r☃")), mesh.NameRule},
+		{"session of a bad runner", c(0, &adminv1.OpenSessionRequest{ProxyId: "p", RunnerId: "r%00", RunnerAddress: "r.svc:9090"}), mesh.NameRule},
+	}
+	for _, tc := range refused {
+		if err := Validate(tc.cmd); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.rule) {
+			t.Errorf("%s: Validate = %v, want ErrInvalid stating %q", tc.name, err, tc.rule)
+		}
+		if err := ValidateBody(tc.cmd); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: ValidateBody = %v, want ErrInvalid", tc.name, err)
+		}
+		if _, err := Encode(tc.cmd); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: Encode = %v, want ErrInvalid", tc.name, err)
+		}
+	}
+	for _, cmd := range []*adminv1.Command{c(0, createNS("$admin", "t")), c(0, registerRunner("proxy-01.a_b~c", "Runner-1")), c(0, open)} {
+		if _, err := Encode(cmd); err != nil {
+			t.Errorf("%s refused: %v", CommandType(cmd), err)
+		}
+	}
+
+	// What an older version committed: applied as it was, not refused by
+	// the rules that now guard proposals.
+	var logs bytes.Buffer
+	h := newHarness(t)
+	h.must(c(0, register("proxy-01")))
+	h.must(c(0, createNS("uni☃", "t")))
+	h.must(c(0, createNS("ok", "t")))
+	g := New(WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err := g.Restore(io.NopCloser(bytes.NewReader(dump(t, h.f)))); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if ns, _, _ := g.Namespace("uni☃"); ns == nil {
+		t.Fatal("the restored FSM lost namespace uni☃")
+	}
+	if out := logs.String(); !strings.Contains(out, "uni☃") || strings.Contains(out, "namespace=ok") {
+		t.Fatalf("restore logged %q, want a warning naming uni☃ alone", out)
+	}
+	del, err := Encode(c(time.Second, &adminv1.DeleteNamespaceRequest{Namespace: "uni☃"}))
+	if err != nil {
+		t.Fatalf("delete of a stored namespace refused: %v", err)
+	}
+	h.applyBytes(del)
+	if ns, _, _ := h.f.Namespace("uni☃"); ns != nil {
+		t.Fatal("namespace uni☃ not deleted")
 	}
 }
