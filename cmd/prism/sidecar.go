@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/prism-mesh/prism/sidecar/agent"
 	"github.com/prism-mesh/prism/sidecar/inject"
@@ -88,6 +89,14 @@ TLS, and accepts only a runner presenting that same identity. --insecure dials i
 			}
 			if proxyID == "" {
 				return errors.New("--proxy-id: empty and no hostname to default to")
+			}
+			if err := mesh.CheckName("--proxy-id", proxyID); err != nil {
+				return err
+			}
+			if runnerID != "" {
+				if err := mesh.CheckName("--runner-id", runnerID); err != nil {
+					return err
+				}
 			}
 			endpoints := splitBrokers(adminEndpoints)
 			if len(endpoints) == 0 {

@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/prism-mesh/prism/mesh"
 )
 
 // TestDrainWait: prism sidecar drain-wait POSTs /drain with its timeout to
@@ -49,5 +51,23 @@ func TestDrainWait(t *testing.T) {
 	}
 	if err := execute(sidecarCommand(), "drain-wait", "--timeout", "0s"); err == nil {
 		t.Fatal("drain-wait --timeout 0s accepted")
+	}
+}
+
+// TestSidecarRefusesUnroutableIDs: a proxy or runner id routing could not
+// carry is refused at start, stating the rule, before the admin is called.
+func TestSidecarRefusesUnroutableIDs(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--proxy-id", "uni☃"},
+		{"--proxy-id", "p", "--runner-id", "r 1"},
+	} {
+		cmd := sidecarCommand()
+		cmd.SetArgs(append(args, "--admin-endpoints", "127.0.0.1:1"))
+		cmd.SetOut(&bytes.Buffer{})
+		cmd.SetErr(&bytes.Buffer{})
+		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), mesh.NameRule) {
+			t.Errorf("%v: %v, want a refusal stating %q", args, err, mesh.NameRule)
+		}
 	}
 }
