@@ -34,6 +34,7 @@ type Metrics struct {
 	rpcs        *prometheus.CounterVec
 	rpcTime     *prometheus.HistogramVec
 	moves       moveMetrics
+	sessions    sessionMetrics
 }
 
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
@@ -85,7 +86,8 @@ func NewMetrics() *Metrics {
 			Name: "prism_admin_grpc_request_seconds", Buckets: latencyBuckets,
 			Help: "gRPC unary call latency by method.",
 		}, []string{"method"}),
-		moves: newMoveMetrics(),
+		moves:    newMoveMetrics(),
+		sessions: newSessionMetrics(),
 	}
 }
 
@@ -120,6 +122,7 @@ func (m *Metrics) register(reg prometheus.Registerer, s *Server) error {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}
 	cs = append(cs, m.moves.collectors(s)...)
+	cs = append(cs, m.sessions.collectors(s)...)
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return err

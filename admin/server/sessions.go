@@ -80,15 +80,18 @@ func (x sessions) OpenSession(ctx context.Context, req *adminv1.OpenSessionReque
 // A keepalive is never refused for load (admission.go sheds new work
 // instead: one lost keepalive can end a thousand leases), and it counts from
 // its arrival, the receipt taken first (admin/lease, arrival.go).
-func (x sessions) KeepAliveSession(ctx context.Context, req *adminv1.KeepAliveSessionRequest) (*adminv1.KeepAliveSessionResponse, error) {
+func (x sessions) KeepAliveSession(ctx context.Context, req *adminv1.KeepAliveSessionRequest) (resp *adminv1.KeepAliveSessionResponse, err error) {
 	s := x.s
+	if !forwarded(ctx) {
+		defer func() { s.metrics.sessions.keepAlive(resp, err) }()
+	}
 	if err := lease.ValidateKeepAlive(req); err != nil {
 		return nil, toStatus(err)
 	}
 	if err := s.ownedSession(req.GetProxyId(), req.GetSessionId()); err != nil {
 		return nil, err
 	}
-	resp, err := leaderCall(s, ctx, "KeepAliveSession", func(ctx context.Context) (*adminv1.KeepAliveSessionResponse, error) {
+	resp, err = leaderCall(s, ctx, "KeepAliveSession", func(ctx context.Context) (*adminv1.KeepAliveSessionResponse, error) {
 		if !s.node.IsRaftLeader() || !s.lessor.Primary() {
 			return nil, raftnode.ErrNotLeader
 		}
@@ -122,6 +125,7 @@ func (x sessions) CloseSession(ctx context.Context, req *adminv1.CloseSessionReq
 			return adminv1.NewSessionsClient(cc).CloseSession(ctx, req)
 		})
 	if err == nil && resp.GetClosed() && !forwarded(ctx) {
+		s.metrics.sessions.sessionEnded("closed", int(resp.GetLeasesReleased()))
 		s.log.Info("session closed", "proxy_id", req.GetProxyId(), "session_id", req.GetSessionId(), "leases", resp.GetLeasesReleased())
 	}
 	return resp, err
@@ -171,8 +175,13 @@ func (s *Server) expireSessions(ctx context.Context) {
 	}
 	if r, ok := res.(*fsm.ExpireSessionsResult); ok {
 		s.metrics.expirations.Add(float64(len(r.Leases)))
+		ended := map[uint64]int{}
+		for _, l := range r.Leases {
+			ended[l.GetSessionId()]++
+		}
 		for _, sess := range r.Sessions {
-			s.log.Info("session expired", "session_id", sess.GetId(), "proxy_id", sess.GetProxyId(), "runner_id", sess.GetRunnerId())
+			s.metrics.sessions.sessionEnded("expired", ended[sess.GetId()])
+			s.log.Info("session expired", "session_id", sess.GetId(), "proxy_id", sess.GetProxyId(), "runner_id", sess.GetRunnerId(), "leases", ended[sess.GetId()])
 		}
 	}
 }
