@@ -1,0 +1,219 @@
+package movesbench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+
+	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/internal/testwait"
+)
+
+var (
+	rollingNamespaces = flag.Int("rolling-namespaces", 9, "namespaces read during the rolling restart, one reader each")
+	produceRate       = flag.Int("produce-rate", 50, "events/s produced to the namespaces' topic during the rolling restart (0: a quiet topic)")
+	catchupEvents     = flag.Int("catchup-events", 200_000, "events in the namespace moved for moves.catchup_s_<n>")
+	drainNamespaces   = flag.Int("drain-namespaces", 100, "namespaces on the drained proxy for moves.drain_s_<n>ns")
+)
+
+// note prints a line for the reader of the run, not for the figures.
+func note(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "movesbench: "+format+"\n", args...)
+}
+
+// BenchmarkRollingRestart restarts three runners one by one in the
+// kubelet's order, as tests/moves' TestRollingRestartWithoutAFailedQuery
+// does: the runner container's preStop hook (`prism sidecar drain-wait`)
+// hands its proxy's namespaces off, the runner gets SIGTERM, then its
+// native sidecar; both come back and rebalancing hands the namespaces
+// back. One reader per namespace queries it through the gateway in a
+// tight loop while the topic flows. Figures: the failed queries and the
+// p99 over every handoff of its longest gap between two successful
+// answers of its namespace.
+func BenchmarkRollingRestart(b *testing.B) {
+	for range b.N {
+		ids := []string{"proxy-1", "proxy-2", "proxy-3"}
+		w := newWorld(b)
+		for _, id := range ids {
+			w.startProxy(id)
+		}
+		w.awaitProxies(ids...)
+		var names []string
+		for i := range *rollingNamespaces {
+			names = append(names, fmt.Sprintf("rolling-%d", i))
+		}
+		where := w.create(names, quiet, ids...)
+		w.startGateway()
+		w.served(where, seedEvents, 60*time.Second)
+		prism, err := testbin.Path("prism")
+		if err != nil {
+			b.Fatal(err)
+		}
+
+		stopMoves := w.watchMoves()
+		stopProducing := w.producer(quiet, *produceRate)
+		r := w.read(names, len(names), time.Millisecond)
+		started := time.Now()
+		for _, id := range ids {
+			p := w.proxies[id]
+			at := time.Now()
+			preStop := exec.Command(prism, "sidecar", "drain-wait", "--addr", p.sidecar.HTTPAddr, "--timeout", "60s")
+			if out, err := preStop.CombinedOutput(); err != nil {
+				b.Fatalf("%s preStop: %v\n%s", id, err, out)
+			}
+			drained := time.Since(at)
+			if err := p.runner.Term(15 * time.Second); err != nil {
+				b.Fatalf("%s runner: %v", id, err)
+			}
+			if err := p.sidecar.Term(15 * time.Second); err != nil {
+				b.Fatalf("%s sidecar: %v", id, err)
+			}
+			p.runner.Restart()
+			p.sidecar.Restart()
+			w.settled(where, 90*time.Second)
+			w.served(where, seedEvents, 30*time.Second)
+			note("%s restarted in %v (preStop drain %v)", id, time.Since(at).Round(time.Millisecond), drained.Round(time.Millisecond))
+		}
+		time.Sleep(2 * time.Second)
+		answers := r.end()
+		produced := stopProducing()
+		handoffs := stopMoves()
+		v := judge(answers)
+		during, outside := pauses(answers, handoffs)
+		note("rolling restart of 3 runners in %v, %d events produced meanwhile: %v", time.Since(started).Round(time.Millisecond), produced, v)
+		note("%d handoffs; longest gap per handoff: p50 %v, max %v; longest gap outside handoffs %v",
+			len(during), percentile(during, 50), percentile(during, 100), outside)
+		figure("moves.failed_queries_rolling_restart", v.failed, "queries")
+		figure("moves.events_went_down_rolling_restart", v.eventsDown, "answers")
+		figure("moves.switch_pause_p99_ms", fmt.Sprintf("%.1f", float64(percentile(during, 99).Microseconds())/1000), "ms")
+	}
+}
+
+// BenchmarkCatchUp moves a namespace whose topic holds -catchup-events
+// events (4 partitions) to another proxy once its source has them all:
+// the figure is the move's start to its switch, the destination's
+// mailbox reading every event from Kafka and storing it.
+func BenchmarkCatchUp(b *testing.B) {
+	for range b.N {
+		const big = "big.events"
+		n := *catchupEvents
+		ids := []string{"proxy-1", "proxy-2"}
+		w := newWorld(b, kafkatest.Topics(4, big))
+		at := time.Now()
+		w.produceMany(big, n)
+		note("produced %d events in %v", n, time.Since(at).Round(time.Millisecond))
+		for _, id := range ids {
+			w.startProxy(id)
+		}
+		w.awaitProxies(ids...)
+		ns := namesOn(1, "deep", "proxy-1", ids...)[0]
+		at = time.Now()
+		w.create([]string{ns}, big, ids...)
+		w.startGateway()
+		w.served(map[string]string{ns: "proxy-1"}, int64(n), 10*time.Minute)
+		note("source caught up in %v (creation to every event served through the gateway)", time.Since(at).Round(time.Millisecond))
+
+		started := time.Now()
+		w.must("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
+			_, err := a.MoveNamespace(ctx, &adminv1.MoveNamespaceRequest{Namespace: ns, ToProxyId: "proxy-2"})
+			return err
+		})
+		var lastLag string
+		testwait.For(b, 10*time.Minute, ns+" switched to proxy-2", func() (bool, string) {
+			var r *adminv1.ListMovesResponse
+			if err := w.admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
+				r, err = a.ListMoves(ctx, &adminv1.ListMovesRequest{})
+				return err
+			}); err != nil {
+				return false, err.Error()
+			}
+			for _, m := range r.GetMoves() {
+				if m.GetNamespace() != ns {
+					continue
+				}
+				lastLag = fmt.Sprint(m.GetLag(), " known=", m.GetLagKnown())
+				return m.GetState() == adminv1.MoveState_MOVE_STATE_HANDING_OFF, m.GetState().String() + " lag " + lastLag
+			}
+			return false, "no move listed"
+		})
+		took := time.Since(started)
+		note("%s: %d events caught up on proxy-2 and switched in %v (%.0f events/s)", ns, n, took.Round(time.Millisecond), float64(n)/took.Seconds())
+		figure("moves.catchup_s_"+countName(n), fmt.Sprintf("%.1f", took.Seconds()), "s")
+	}
+}
+
+// BenchmarkDrain cordons a proxy serving -drain-namespaces namespaces
+// (names hashing places on it, so the other proxy holds none) while a
+// reader queries them all through the gateway: the figure is the cordon
+// to the proxy serving nothing, every namespace switched to the other
+// proxy and its handoff tail (12 s) over; the moves run at the default
+// --max-concurrent-moves (4).
+func BenchmarkDrain(b *testing.B) {
+	for range b.N {
+		n := *drainNamespaces
+		ids := []string{"proxy-1", "proxy-2"}
+		w := newWorld(b)
+		for _, id := range ids {
+			w.startProxy(id)
+		}
+		w.awaitProxies(ids...)
+		names := namesOn(n, "drain", "proxy-1", ids...)
+		at := time.Now()
+		where := w.create(names, quiet, ids...)
+		w.startGateway()
+		w.served(where, seedEvents, 3*time.Minute)
+		note("%d namespaces created and served on proxy-1 in %v", n, time.Since(at).Round(time.Millisecond))
+
+		after := map[string]string{}
+		for _, ns := range names {
+			after[ns] = "proxy-2"
+		}
+		r := w.read(names, 4, time.Millisecond)
+		started := time.Now()
+		w.must("cordon proxy-1", func(ctx context.Context, a adminv1.AdminClient) error {
+			_, err := a.CordonProxy(ctx, &adminv1.CordonProxyRequest{ProxyId: "proxy-1", Cordoned: true})
+			return err
+		})
+		lastSwitch := w.switched("proxy-1", 5*time.Minute)
+		done := w.settled(after, 5*time.Minute)
+		took := done.Sub(started)
+		time.Sleep(time.Second)
+		v := judge(r.end())
+		note("drain of %d namespaces: last switch after %v, serving nothing after %v; %v",
+			n, lastSwitch.Sub(started).Round(time.Millisecond), took.Round(time.Millisecond), v)
+		figure(fmt.Sprintf("moves.drain_s_%dns", n), fmt.Sprintf("%.1f", took.Seconds()), "s")
+		figure(fmt.Sprintf("moves.failed_queries_drain_%dns", n), v.failed, "queries")
+	}
+}
+
+// switched waits until no namespace is assigned to proxy or moving to
+// it, and returns when it saw that.
+func (w *world) switched(proxy string, bound time.Duration) time.Time {
+	w.b.Helper()
+	var at time.Time
+	testwait.For(w.b, bound, "every namespace switched off "+proxy, func() (bool, string) {
+		var r *adminv1.ListNamespacesResponse
+		if err := w.admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
+			r, err = a.ListNamespaces(ctx, &adminv1.ListNamespacesRequest{})
+			return err
+		}); err != nil {
+			return false, err.Error()
+		}
+		at = time.Now()
+		left := 0
+		for _, n := range r.GetNamespaces() {
+			if n.GetAssignedProxyId() == proxy || n.GetIncomingProxyId() == proxy {
+				left++
+			}
+		}
+		return left == 0, fmt.Sprint(left, " namespaces left on ", proxy)
+	})
+	return at
+}
