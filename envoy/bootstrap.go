@@ -1,10 +1,11 @@
 // Package envoy generates the Envoy gateway's bootstrap: everything dynamic
 // (listeners, routes, clusters, endpoints) comes over one delta ADS stream
 // from the admin cluster, so the bootstrap only says how to reach the admin
-// nodes, who this Envoy is, and where its admin interface (and so its
-// stats) lives.
+// nodes, who this Envoy is, where its admin interface lives, and optionally
+// one static listener that shows the network two of the admin interface's
+// pages: Prometheus stats and readiness.
 // helm/prism/files/envoy-bootstrap.yaml is the chart's templated twin;
-// helm's tests keep the two equivalent.
+// helm's tests check it equals what Bootstrap builds from the same values.
 package envoy
 
 import (
@@ -19,6 +20,12 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	overloadv3 "github.com/envoyproxy/go-control-plane/envoy/config/overload/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	downstreamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
@@ -38,6 +45,20 @@ import (
 const (
 	// XDSCluster is the admin nodes' ADS endpoints.
 	XDSCluster = "prism-xds"
+	// AdminInterfaceCluster is Envoy's own admin interface, which only the
+	// stats listener routes to. The control plane's clusters are named
+	// prism/..., so neither static name can collide with one sent over CDS.
+	AdminInterfaceCluster = "envoy-admin"
+	// StatsListener serves /stats/prometheus and /ready from the admin
+	// interface; the control plane's listeners have other names.
+	StatsListener = "envoy-stats"
+	// StatsPath and ReadyPath are the only admin pages StatsListener passes
+	// on (GET only): the rest of the admin interface can change or stop
+	// Envoy.
+	StatsPath = "/stats/prometheus"
+	ReadyPath = "/ready"
+	// DefaultMaxConnections bounds the client connections one Envoy holds.
+	DefaultMaxConnections = 50000
 	// DefaultNodeCluster is the node cluster every gateway reports.
 	DefaultNodeCluster = "prism-gateway"
 )
@@ -53,9 +74,20 @@ type Config struct {
 	// STATIC cluster; any host name makes it STRICT_DNS (e.g. a headless
 	// Service, which resolves to every admin pod).
 	AdminNodes []string `json:"adminNodes"`
-	// AdminAddress is Envoy's admin interface (stats at /stats/prometheus,
-	// readiness at /ready), kept on loopback; default 127.0.0.1:9901.
+	// AdminAddress is Envoy's admin interface, kept on loopback; default
+	// 127.0.0.1:9901.
 	AdminAddress string `json:"adminAddress,omitempty"`
+	// StatsAddress, when set, is a static listener (an IP and port) passing
+	// only GET /stats/prometheus and /ready on to the admin interface, for
+	// callers outside the host such as Prometheus and the kubelet's
+	// readiness probe. Empty: no such listener (on one machine the admin
+	// interface serves both on loopback).
+	StatsAddress string `json:"statsAddress,omitempty"`
+	// MaxConnections bounds the downstream connections Envoy accepts at
+	// once (the overload manager's global limit; the stats listener is
+	// exempt, so probes and scrapes still answer at the limit); default
+	// DefaultMaxConnections.
+	MaxConnections int64 `json:"maxConnections,omitempty"`
 	// TLS, when set, makes this Envoy speak mutual TLS to the admin nodes
 	// and to the runners with its gateway identity's files.
 	TLS *TLS `json:"tls,omitempty"`
@@ -78,8 +110,9 @@ type TLS struct {
 }
 
 // Example is the configuration of bootstrap.yaml in this directory: one
-// Envoy next to a local `prism admin` on its default gRPC address.
-var Example = Config{NodeID: "gateway-0", AdminNodes: []string{"127.0.0.1:8981"}}
+// Envoy next to a local `prism admin` on its default gRPC address, with a
+// stats listener (on loopback too).
+var Example = Config{NodeID: "gateway-0", AdminNodes: []string{"127.0.0.1:8981"}, StatsAddress: "127.0.0.1:9902"}
 
 func (c Config) withDefaults() Config {
 	if c.NodeCluster == "" {
@@ -87,6 +120,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AdminAddress == "" {
 		c.AdminAddress = "127.0.0.1:9901"
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
 	}
 	if c.TLS != nil && c.TLS.TrustDomain == "" {
 		t := *c.TLS
@@ -113,6 +149,25 @@ func Bootstrap(c Config) (*bootstrapv3.Bootstrap, error) {
 	} else if ip, perr := netip.ParseAddr(adminAddr.GetSocketAddress().GetAddress()); perr != nil || !ip.IsLoopback() {
 		errs = append(errs, fmt.Errorf("admin address %q must be a loopback IP: the admin interface can stop Envoy", c.AdminAddress))
 	}
+	var statsAddr *corev3.Address
+	if c.StatsAddress != "" {
+		a, err := socketAddress(c.StatsAddress)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("stats address: %w", err))
+		case !isIP(a):
+			errs = append(errs, fmt.Errorf("stats address %q: a listener binds an IP, not a name", c.StatsAddress))
+		case a.GetSocketAddress().GetPortValue() == adminAddr.GetSocketAddress().GetPortValue():
+			// Different IPs would do, but 0.0.0.0 takes the port on
+			// loopback too.
+			errs = append(errs, fmt.Errorf("stats address %q and admin address %q share a port", c.StatsAddress, c.AdminAddress))
+		default:
+			statsAddr = a
+		}
+	}
+	if c.MaxConnections < 0 {
+		errs = append(errs, fmt.Errorf("max connections %d: must be positive", c.MaxConnections))
+	}
 	var adminSAN *matcherv3.StringMatcher
 	if t := c.TLS; t != nil {
 		if t.CA == "" || t.Cert == "" || t.Key == "" {
@@ -129,12 +184,24 @@ func Bootstrap(c Config) (*bootstrapv3.Bootstrap, error) {
 		return nil, fmt.Errorf("envoy bootstrap: %w", err)
 	}
 	xds := xdsCluster(adminNodes, dns)
-	var secrets []*tlsv3.Secret
+	static := &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{xds}}
+	if statsAddr != nil {
+		stats, err := statsListener(statsAddr)
+		if err != nil {
+			return nil, fmt.Errorf("envoy bootstrap: %w", err)
+		}
+		static.Listeners = []*listenerv3.Listener{stats}
+		static.Clusters = append(static.Clusters, adminInterfaceCluster(adminAddr))
+	}
+	overload, err := connectionLimit(c.MaxConnections)
+	if err != nil {
+		return nil, fmt.Errorf("envoy bootstrap: %w", err)
+	}
 	if c.TLS != nil {
 		if xds.TransportSocket, err = xdsTLS(adminSAN); err != nil {
 			return nil, fmt.Errorf("envoy bootstrap: %w", err)
 		}
-		secrets = staticSecrets(*c.TLS)
+		static.Secrets = staticSecrets(*c.TLS)
 	}
 
 	b := &bootstrapv3.Bootstrap{
@@ -167,12 +234,12 @@ func Bootstrap(c Config) (*bootstrapv3.Bootstrap, error) {
 			CdsConfig: ads(),
 			LdsConfig: ads(),
 		},
-		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
-			// The only static resources: listeners and the rest come over
-			// ADS.
-			Clusters: []*clusterv3.Cluster{xds},
-			Secrets:  secrets,
-		},
+		// The gateway's own listener, routes and runner clusters come over
+		// ADS; statically only the way to the admin nodes, the identity
+		// they are reached with, and the stats listener with the admin
+		// interface behind it.
+		StaticResources: static,
+		OverloadManager: overload,
 	}
 	if err := b.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("envoy bootstrap: %w", err)
@@ -209,11 +276,23 @@ func Parse(y []byte) (*bootstrapv3.Bootstrap, error) {
 	return b, nil
 }
 
+// ads is the listeners' and clusters' source. With no initial fetch timeout
+// Envoy stays INITIALIZING, and /ready answers 503, until the admin nodes
+// have answered both; the default (15s) would let it go LIVE, ready to the
+// kubelet, with no gateway listener at all when no admin node answers. A
+// stream that cannot connect does not end the wait; a first response that
+// Envoy rejects does.
 func ads() *corev3.ConfigSource {
 	return &corev3.ConfigSource{
 		ResourceApiVersion:    corev3.ApiVersion_V3,
 		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		InitialFetchTimeout:   durationpb.New(0),
 	}
+}
+
+func isIP(a *corev3.Address) bool {
+	_, err := netip.ParseAddr(a.GetSocketAddress().GetAddress())
+	return err == nil
 }
 
 func socketAddress(hostport string) (*corev3.Address, error) {
@@ -243,7 +322,7 @@ func endpoints(addrs []string) ([]*endpointv3.LbEndpoint, bool, error) {
 			errs = append(errs, err)
 			continue
 		}
-		if _, err := netip.ParseAddr(sa.GetSocketAddress().GetAddress()); err != nil {
+		if !isIP(sa) {
 			dns = true
 		}
 		out = append(out, &endpointv3.LbEndpoint{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{
@@ -336,4 +415,79 @@ func xdsTLS(adminSAN *matcherv3.StringMatcher) (*corev3.TransportSocket, error) 
 		return nil, err
 	}
 	return &corev3.TransportSocket{Name: wellknown.TransportSocketTLS, ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: cfg}}, nil
+}
+
+// statsListener passes GET /stats/prometheus and GET /ready to the admin
+// interface; any other request gets Envoy's 404 (no route). Exact paths, so
+// nothing such as /ready/../quitquitquit reaches the admin interface.
+func statsListener(addr *corev3.Address) (*listenerv3.Listener, error) {
+	router, err := anypb.New(&routerv3.Router{})
+	if err != nil {
+		return nil, fmt.Errorf("stats listener: %w", err)
+	}
+	var routes []*routev3.Route
+	for _, path := range []string{StatsPath, ReadyPath} {
+		routes = append(routes, &routev3.Route{
+			Match: &routev3.RouteMatch{
+				PathSpecifier: &routev3.RouteMatch_Path{Path: path},
+				Headers: []*routev3.HeaderMatcher{{Name: ":method", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
+					StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "GET"}},
+				}}},
+			},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+				ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: AdminInterfaceCluster},
+			}},
+		})
+	}
+	hcm, err := anypb.New(&hcmv3.HttpConnectionManager{
+		StatPrefix: StatsListener,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+			Name:         StatsListener,
+			VirtualHosts: []*routev3.VirtualHost{{Name: StatsListener, Domains: []string{"*"}, Routes: routes}},
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{{Name: wellknown.Router, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router}}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stats listener: %w", err)
+	}
+	return &listenerv3.Listener{
+		Name:    StatsListener,
+		Address: addr,
+		// Scrapes and readiness probes still answer when clients hold every
+		// connection the overload manager allows.
+		IgnoreGlobalConnLimit: true,
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+			Name:       wellknown.HTTPConnectionManager,
+			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm},
+		}}}},
+	}, nil
+}
+
+// adminInterfaceCluster is Envoy's own admin interface on loopback.
+func adminInterfaceCluster(addr *corev3.Address) *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 AdminInterfaceCluster,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		ConnectTimeout:       durationpb.New(time.Second),
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{
+			ClusterName: AdminInterfaceCluster,
+			Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: addr}},
+			}}}},
+		},
+	}
+}
+
+// connectionLimit is the gateway's bound on client connections: an edge
+// proxy without one runs out of file descriptors or memory first (and
+// Envoy warns at start that none is set).
+func connectionLimit(n int64) (*overloadv3.OverloadManager, error) {
+	cfg, err := anypb.New(&downstreamv3.DownstreamConnectionsConfig{MaxActiveDownstreamConnections: n})
+	if err != nil {
+		return nil, fmt.Errorf("connection limit: %w", err)
+	}
+	return &overloadv3.OverloadManager{ResourceMonitors: []*overloadv3.ResourceMonitor{{
+		Name:       "envoy.resource_monitors.global_downstream_max_connections",
+		ConfigType: &overloadv3.ResourceMonitor_TypedConfig{TypedConfig: cfg},
+	}}}, nil
 }
