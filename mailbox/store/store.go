@@ -141,6 +141,9 @@ func Open(opts Options) (*Store, error) {
 		if err := fixModes(opts.Dir); err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
+		if err := checkTables(opts.Dir, bo); err != nil {
+			return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
+		}
 	}
 	db, err := badger.Open(bo)
 	if err != nil {
