@@ -273,6 +273,12 @@ func applyAcquireLeases(tx *txn, cmd *adminv1.Command) (any, error) {
 			continue
 		}
 		id, _ := mesh.ParseMailboxID(r.GetMailboxId()) // validated before apply
+		// Each lease keeps its namespace's grace, as AcquireLease's do;
+		// the lessor expires the session after the largest of them.
+		grace := s.GetGrace()
+		if g := tx.st.namespaces[id.Namespace].GetConfig().GetLease().GetGrace(); g.AsDuration() > 0 {
+			grace = g
+		}
 		l := &adminv1.Lease{
 			MailboxId:         r.GetMailboxId(),
 			Namespace:         id.Namespace,
@@ -284,7 +290,7 @@ func applyAcquireLeases(tx *txn, cmd *adminv1.Command) (any, error) {
 			GrantedAt:         cmd.GetNow(),
 			ExpiresAt:         timestamppb.New(tx.now.Add(ttl)),
 			Ttl:               s.GetTtl(),
-			Grace:             s.GetGrace(),
+			Grace:             grace,
 			HeartbeatInterval: durationpb.New(ttl / 3),
 			LastHeartbeatAt:   cmd.GetNow(),
 			SessionId:         s.GetId(),

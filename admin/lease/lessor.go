@@ -186,6 +186,7 @@ func (l *Lessor) LeaseGranted(ls *adminv1.Lease) {
 	l.drop(ls.GetMailboxId())
 	e := newEntry(ls)
 	l.leases[ls.GetMailboxId()] = e
+	l.attach(e)
 	if l.primary && ls.GetSessionId() == 0 {
 		l.track(e)
 	}
@@ -210,6 +211,7 @@ func (l *Lessor) LeasesRestored(leases []*adminv1.Lease) {
 	for _, ls := range leases {
 		l.leases[ls.GetMailboxId()] = newEntry(ls)
 	}
+	l.reattach()
 	if l.primary {
 		l.refresh()
 	}
@@ -223,6 +225,7 @@ func (l *Lessor) drop(mailboxID string) {
 	if e.idx >= 0 {
 		heap.Remove(&l.queue, e.idx)
 	}
+	l.detach(e)
 	delete(l.leases, mailboxID)
 	delete(l.dirty, mailboxID)
 }

@@ -31,6 +31,16 @@ import (
 //
 // A keepalive that arrives in time is never refused for load, and counts
 // from its arrival however long it queued (arrival.go).
+//
+// A session's grace is the largest of its leases' graces (each lease has its
+// namespace's, config.lease.grace, or the admin default), or the session's
+// own (the default) while it holds none. Expiry ends every lease of a
+// session in one entry, so one grace must serve them all, and the largest
+// is the one that ends no lease before its own namespace's grace has
+// passed: a namespace that asks for more slack against clock drift and
+// pauses gets it, at the price of the session's other leases lasting that
+// much longer after a holder went silent. A shorter grace of some namespace
+// is honoured only when every lease of the session has it.
 
 type sessionEntry struct {
 	session       *adminv1.Session
@@ -40,10 +50,79 @@ type sessionEntry struct {
 	// (see Renew).
 	counted   time.Time
 	requested time.Time
+	// graces counts the session's leases by grace; maxGrace is the
+	// largest (see Sessions above).
+	graces   map[time.Duration]int
+	maxGrace time.Duration
 	slot
 }
 
-func (e *sessionEntry) deadline() time.Time { return e.expires.Add(e.session.GetGrace().AsDuration()) }
+func newSessionEntry(s *adminv1.Session) *sessionEntry {
+	return &sessionEntry{
+		session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(),
+		graces: map[time.Duration]int{}, slot: slot{idx: -1},
+	}
+}
+
+// grace is how long after expires the session may be ended.
+func (e *sessionEntry) grace() time.Duration {
+	if len(e.graces) == 0 {
+		return e.session.GetGrace().AsDuration()
+	}
+	return e.maxGrace
+}
+
+func (e *sessionEntry) deadline() time.Time { return e.expires.Add(e.grace()) }
+
+// attach counts lease e's grace in its session, if it has one.
+func (l *Lessor) attach(e *entry) {
+	if s, ok := l.sessions[e.lease.GetSessionId()]; ok {
+		s.graces[e.lease.GetGrace().AsDuration()]++
+		l.graceChanged(s)
+	}
+}
+
+// detach undoes attach.
+func (l *Lessor) detach(e *entry) {
+	s, ok := l.sessions[e.lease.GetSessionId()]
+	if !ok {
+		return
+	}
+	g := e.lease.GetGrace().AsDuration()
+	if s.graces[g]--; s.graces[g] <= 0 {
+		delete(s.graces, g)
+	}
+	l.graceChanged(s)
+}
+
+// reattach counts every mirrored lease's grace in its session again, after
+// a restore replaced either table.
+func (l *Lessor) reattach() {
+	for _, s := range l.sessions {
+		clear(s.graces)
+	}
+	for _, e := range l.leases {
+		if s, ok := l.sessions[e.lease.GetSessionId()]; ok {
+			s.graces[e.lease.GetGrace().AsDuration()]++
+		}
+	}
+	for _, s := range l.sessions {
+		l.graceChanged(s)
+	}
+}
+
+// graceChanged recomputes s's largest grace and, while it is queued and no
+// expiry is requested, moves it to its new deadline.
+func (l *Lessor) graceChanged(s *sessionEntry) {
+	s.maxGrace = 0
+	for g := range s.graces {
+		s.maxGrace = max(s.maxGrace, g)
+	}
+	if s.idx >= 0 && s.requested.IsZero() {
+		s.next = s.deadline()
+		heap.Fix(&l.sessionQueue, s.idx)
+	}
+}
 
 var _ fsm.SessionObserver = (*Lessor)(nil)
 
@@ -53,7 +132,7 @@ func (l *Lessor) SessionOpened(s *adminv1.Session) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.dropSession(s.GetId())
-	e := &sessionEntry{session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(), slot: slot{idx: -1}}
+	e := newSessionEntry(s)
 	l.sessions[s.GetId()] = e
 	if l.primary {
 		l.trackSession(e)
@@ -75,8 +154,9 @@ func (l *Lessor) SessionsRestored(sessions []*adminv1.Session) {
 	defer l.mu.Unlock()
 	l.sessions = make(map[uint64]*sessionEntry, len(sessions))
 	for _, s := range sessions {
-		l.sessions[s.GetId()] = &sessionEntry{session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(), slot: slot{idx: -1}}
+		l.sessions[s.GetId()] = newSessionEntry(s)
 	}
+	l.reattach()
 	if l.primary {
 		l.refreshSessions(l.cfg.Clock.Now())
 	}
@@ -141,7 +221,7 @@ func (l *Lessor) KeepAlive(rc *Receipt, req *adminv1.KeepAliveSessionRequest) (*
 	}
 	// An expiry already requested may commit whatever arrives now; a
 	// receipt that arrived in time held it off (arrival.go).
-	if at.After(l.deadlineWith(arrivalKey{session: req.GetSessionId()}, e.deadline(), at, e.session.GetTtl().AsDuration()+e.session.GetGrace().AsDuration())) || !e.requested.IsZero() {
+	if at.After(l.deadlineWith(arrivalKey{session: req.GetSessionId()}, e.deadline(), at, e.session.GetTtl().AsDuration()+e.grace())) || !e.requested.IsZero() {
 		return keepAliveRefusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED,
 			fmt.Sprintf("session %d expired at %s (+grace); stop serving its mailboxes and open a new one", req.GetSessionId(), e.expires.UTC().Format(time.RFC3339Nano))), nil
 	}
@@ -173,7 +253,7 @@ func (l *Lessor) ExpiredSessions() []uint64 {
 		if !now.After(e.next) {
 			break
 		}
-		if d := l.deadlineWith(arrivalKey{session: e.session.GetId()}, e.deadline(), time.Time{}, e.session.GetTtl().AsDuration()+e.session.GetGrace().AsDuration()); !now.After(d) {
+		if d := l.deadlineWith(arrivalKey{session: e.session.GetId()}, e.deadline(), time.Time{}, e.session.GetTtl().AsDuration()+e.grace()); !now.After(d) {
 			e.next = d
 			heap.Fix(&l.sessionQueue, 0)
 			continue

@@ -177,3 +177,87 @@ func TestSessionsOnPromotionAndRestore(t *testing.T) {
 		}
 	}
 }
+
+// A session is expired after the largest grace of its leases, each lease
+// keeping its namespace's (config.lease.grace) or the default: never before
+// any lease's own grace has passed, and a shorter grace only when every
+// lease has it. Releasing the lease with the largest grace brings the
+// deadline back; a restore counts the graces again.
+func TestSessionGraceIsTheLargestOfItsLeases(t *testing.T) {
+	t.Parallel()
+	const long, short = 20 * time.Second, time.Second
+	tests := []struct {
+		name      string
+		mailboxes []string
+		release   []string
+		restore   bool
+		want      time.Duration
+	}{
+		{"default only", []string{"a@p", "b@p"}, nil, false, fsm.DefaultLeaseGrace},
+		{"a namespace's longer grace", []string{"a@p", "long@p"}, nil, false, long},
+		{"a namespace's shorter grace, alone", []string{"short@p"}, nil, false, short},
+		{"shorter beside the default", []string{"a@p", "short@p"}, nil, false, fsm.DefaultLeaseGrace},
+		{"the longest released", []string{"a@p", "long@p"}, []string{"long@p"}, false, fsm.DefaultLeaseGrace},
+		{"after a restore", []string{"a@p", "long@p"}, nil, true, long},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n := newNode(t)
+			n.register("r1")
+			for ns, g := range map[string]time.Duration{"long": long, "short": short} {
+				n.apply(&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: &adminv1.CreateNamespaceRequest{
+					Namespace: ns, Config: &adminv1.NamespaceConfig{Topics: []string{"t"}, Lease: &adminv1.LeaseConfig{Grace: durationpb.New(g)}},
+				}}})
+			}
+			n.l.Promote()
+			sid := n.apply(&adminv1.Command{Body: &adminv1.Command_OpenSession{OpenSession: &adminv1.OpenSessionRequest{
+				ProxyId: "p", RunnerId: "r1", RunnerAddress: "10.0.0.1:9090", Ttl: durationpb.New(sessionTTL),
+			}}}).(*adminv1.OpenSessionResponse).GetSession().GetId()
+			got := n.apply(&adminv1.Command{Body: &adminv1.Command_AcquireLeases{AcquireLeases: &adminv1.AcquireLeasesRequest{
+				ProxyId: "p", SessionId: sid, MailboxIds: tc.mailboxes,
+			}}}).(*adminv1.AcquireLeasesResponse)
+			for _, r := range got.GetResults() {
+				want := fsm.DefaultLeaseGrace
+				switch r.GetMailboxId() {
+				case "long@p":
+					want = long
+				case "short@p":
+					want = short
+				}
+				if !r.GetOk() || r.GetLease().GetGrace().AsDuration() != want {
+					t.Fatalf("grant %v, want ok with grace %s", r, want)
+				}
+			}
+			if len(tc.release) > 0 {
+				n.apply(&adminv1.Command{Body: &adminv1.Command_ReleaseLeases{ReleaseLeases: &adminv1.ReleaseLeasesRequest{
+					ProxyId: "p", SessionId: sid, MailboxIds: tc.release,
+				}}})
+			}
+			if tc.restore {
+				snap, err := n.fsm.Snapshot()
+				if err != nil {
+					t.Fatal(err)
+				}
+				sink := &memSink{}
+				if err := snap.Persist(sink); err != nil {
+					t.Fatal(err)
+				}
+				if err := n.fsm.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if res, err := keepAliveNow(n.l, keepAlive(sid)); err != nil || !res.GetRenewed() {
+				t.Fatalf("keepalive: %v, %v", res, err)
+			}
+			n.clk.Step(sessionTTL + tc.want)
+			if ids := n.l.ExpiredSessions(); len(ids) != 0 {
+				t.Fatalf("expired at ttl + %s: %v", tc.want, ids)
+			}
+			n.clk.Step(time.Millisecond)
+			if ids := n.l.ExpiredSessions(); len(ids) != 1 || ids[0] != sid {
+				t.Fatalf("expired sessions %v just past ttl + %s, want [%d]", ids, tc.want, sid)
+			}
+		})
+	}
+}
