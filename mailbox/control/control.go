@@ -342,6 +342,37 @@ func (s *Server) ExtendMailbox(ctx context.Context, req *runnerv1.ExtendMailboxR
 	return &runnerv1.ExtendMailboxResponse{Status: st}, nil
 }
 
+// maxExtendBatch bounds one ExtendMailboxes: the admin's bulk bound, a
+// proxy's whole share of mailboxes.
+const maxExtendBatch = 10_000
+
+// ExtendMailboxes implements RunnerControl: ExtendMailbox for each listed
+// mailbox, each answered on its own, so that a sidecar extends every
+// mailbox of its session in one call after a keepalive. Each mailbox is
+// counted as an ExtendMailbox too.
+func (s *Server) ExtendMailboxes(ctx context.Context, req *runnerv1.ExtendMailboxesRequest) (*runnerv1.ExtendMailboxesResponse, error) {
+	if n := len(req.GetMailboxes()); n > maxExtendBatch {
+		err := status.Errorf(codes.InvalidArgument, "extend: %d mailboxes in one call, at most %d", n, maxExtendBatch)
+		s.count("ExtendMailboxes", err)
+		return nil, err
+	}
+	out := &runnerv1.ExtendMailboxesResponse{Results: make([]*runnerv1.ExtendMailboxResult, len(req.GetMailboxes()))}
+	for i, m := range req.GetMailboxes() {
+		r := &runnerv1.ExtendMailboxResult{MailboxId: m.GetMailboxId()}
+		st, err := s.extend(ctx, m)
+		s.count("ExtendMailbox", err)
+		if err != nil {
+			se := status.Convert(err)
+			r.Code, r.Message = uint32(se.Code()), se.Message()
+		} else {
+			r.Status = st
+		}
+		out.Results[i] = r
+	}
+	s.count("ExtendMailboxes", nil)
+	return out, nil
+}
+
 func (s *Server) extend(ctx context.Context, req *runnerv1.ExtendMailboxRequest) (*runnerv1.MailboxStatus, error) {
 	id := req.GetMailboxId()
 	d, err := validFor(id, req.GetValidFor())

@@ -690,3 +690,59 @@ func TestDrainedReactivateFailsFenced(t *testing.T) {
 		t.Fatalf("retry: %v; want active and consuming", st)
 	}
 }
+
+// ExtendMailboxes extends each listed mailbox as ExtendMailbox would, with
+// one result per mailbox in request order: one that cannot be extended
+// fails alone with ExtendMailbox's code, and the others' deadlines move.
+func TestExtendMailboxesAnswersEachMailbox(t *testing.T) {
+	t.Parallel()
+	s, _, _, clk := newServerClock(t)
+	ctx := context.Background()
+	for _, id := range []string{"a@p", "b@p"} {
+		if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: id, Config: cfg, Epoch: 7, ValidFor: durationpb.New(3 * time.Second)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "c@p", Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(2 * time.Second)
+	ext := func(id string, epoch uint64) *runnerv1.ExtendMailboxRequest {
+		return &runnerv1.ExtendMailboxRequest{MailboxId: id, Epoch: epoch, ValidFor: durationpb.New(3 * time.Second)}
+	}
+	resp, err := s.ExtendMailboxes(ctx, &runnerv1.ExtendMailboxesRequest{Mailboxes: []*runnerv1.ExtendMailboxRequest{
+		ext("a@p", 7), ext("b@p", 6), ext("c@p", 1), ext("gone@p", 1), ext("b@p", 7),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		id   string
+		code codes.Code
+	}{
+		{"a@p", codes.OK}, {"b@p", codes.FailedPrecondition}, {"c@p", codes.FailedPrecondition}, {"gone@p", codes.NotFound}, {"b@p", codes.OK},
+	}
+	if len(resp.GetResults()) != len(want) {
+		t.Fatalf("%d results for %d mailboxes", len(resp.GetResults()), len(want))
+	}
+	for i, w := range want {
+		r := resp.GetResults()[i]
+		if r.GetMailboxId() != w.id || codes.Code(r.GetCode()) != w.code || (w.code == codes.OK) != (r.GetStatus() != nil) || (w.code != codes.OK) == (r.GetMessage() == "") {
+			t.Errorf("result %d: %v, want %s %v", i, r, w.id, w.code)
+		}
+	}
+	// Both extended from t+2s to t+5s: neither fences at the first deadline.
+	clk.Step(2 * time.Second)
+	for _, id := range []string{"a@p", "b@p"} {
+		if st := stateOf(t, s, id); st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE {
+			t.Fatalf("%s fenced at the superseded deadline: %v", id, st)
+		}
+	}
+	many := make([]*runnerv1.ExtendMailboxRequest, maxExtendBatch+1)
+	for i := range many {
+		many[i] = ext("a@p", 7)
+	}
+	if _, err := s.ExtendMailboxes(ctx, &runnerv1.ExtendMailboxesRequest{Mailboxes: many}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("%d mailboxes in one call: %v", len(many), err)
+	}
+}

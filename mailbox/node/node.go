@@ -202,6 +202,7 @@ func controlServerOptions(src *pki.Source) []grpc.ServerOption {
 		runnerv1.RunnerControl_OpenMailbox_FullMethodName:     onlySelf,
 		runnerv1.RunnerControl_ActivateMailbox_FullMethodName: onlySelf,
 		runnerv1.RunnerControl_ExtendMailbox_FullMethodName:   onlySelf,
+		runnerv1.RunnerControl_ExtendMailboxes_FullMethodName: onlySelf,
 		runnerv1.RunnerControl_FenceMailbox_FullMethodName:    onlySelf,
 		runnerv1.RunnerControl_CloseMailbox_FullMethodName:    onlySelf,
 		runnerv1.RunnerControl_Drain_FullMethodName:           onlySelf,

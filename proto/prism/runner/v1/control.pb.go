@@ -552,6 +552,167 @@ func (x *ExtendMailboxResponse) GetStatus() *MailboxStatus {
 	return nil
 }
 
+type ExtendMailboxesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 10,000.
+	Mailboxes     []*ExtendMailboxRequest `protobuf:"bytes,1,rep,name=mailboxes,proto3" json:"mailboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendMailboxesRequest) Reset() {
+	*x = ExtendMailboxesRequest{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendMailboxesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendMailboxesRequest) ProtoMessage() {}
+
+func (x *ExtendMailboxesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendMailboxesRequest.ProtoReflect.Descriptor instead.
+func (*ExtendMailboxesRequest) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ExtendMailboxesRequest) GetMailboxes() []*ExtendMailboxRequest {
+	if x != nil {
+		return x.Mailboxes
+	}
+	return nil
+}
+
+type ExtendMailboxesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*ExtendMailboxResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendMailboxesResponse) Reset() {
+	*x = ExtendMailboxesResponse{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendMailboxesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendMailboxesResponse) ProtoMessage() {}
+
+func (x *ExtendMailboxesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendMailboxesResponse.ProtoReflect.Descriptor instead.
+func (*ExtendMailboxesResponse) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ExtendMailboxesResponse) GetResults() []*ExtendMailboxResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type ExtendMailboxResult struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MailboxId string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	// Set when the mailbox was extended.
+	Status *MailboxStatus `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// Otherwise why not, as ExtendMailbox would have failed: the gRPC code
+	// (NOT_FOUND, FAILED_PRECONDITION: not active or another epoch, so
+	// re-activate, or INVALID_ARGUMENT) and its message.
+	Code          uint32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendMailboxResult) Reset() {
+	*x = ExtendMailboxResult{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendMailboxResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendMailboxResult) ProtoMessage() {}
+
+func (x *ExtendMailboxResult) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendMailboxResult.ProtoReflect.Descriptor instead.
+func (*ExtendMailboxResult) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ExtendMailboxResult) GetMailboxId() string {
+	if x != nil {
+		return x.MailboxId
+	}
+	return ""
+}
+
+func (x *ExtendMailboxResult) GetStatus() *MailboxStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *ExtendMailboxResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ExtendMailboxResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type FenceMailboxRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	MailboxId string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
@@ -563,7 +724,7 @@ type FenceMailboxRequest struct {
 
 func (x *FenceMailboxRequest) Reset() {
 	*x = FenceMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -575,7 +736,7 @@ func (x *FenceMailboxRequest) String() string {
 func (*FenceMailboxRequest) ProtoMessage() {}
 
 func (x *FenceMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -588,7 +749,7 @@ func (x *FenceMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceMailboxRequest.ProtoReflect.Descriptor instead.
 func (*FenceMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FenceMailboxRequest) GetMailboxId() string {
@@ -614,7 +775,7 @@ type FenceMailboxResponse struct {
 
 func (x *FenceMailboxResponse) Reset() {
 	*x = FenceMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +787,7 @@ func (x *FenceMailboxResponse) String() string {
 func (*FenceMailboxResponse) ProtoMessage() {}
 
 func (x *FenceMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +800,7 @@ func (x *FenceMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceMailboxResponse.ProtoReflect.Descriptor instead.
 func (*FenceMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FenceMailboxResponse) GetStatus() *MailboxStatus {
@@ -658,7 +819,7 @@ type CloseMailboxRequest struct {
 
 func (x *CloseMailboxRequest) Reset() {
 	*x = CloseMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +831,7 @@ func (x *CloseMailboxRequest) String() string {
 func (*CloseMailboxRequest) ProtoMessage() {}
 
 func (x *CloseMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +844,7 @@ func (x *CloseMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseMailboxRequest.ProtoReflect.Descriptor instead.
 func (*CloseMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CloseMailboxRequest) GetMailboxId() string {
@@ -703,7 +864,7 @@ type CloseMailboxResponse struct {
 
 func (x *CloseMailboxResponse) Reset() {
 	*x = CloseMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +876,7 @@ func (x *CloseMailboxResponse) String() string {
 func (*CloseMailboxResponse) ProtoMessage() {}
 
 func (x *CloseMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +889,7 @@ func (x *CloseMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseMailboxResponse.ProtoReflect.Descriptor instead.
 func (*CloseMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CloseMailboxResponse) GetClosed() bool {
@@ -749,7 +910,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +922,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +935,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DrainRequest) GetMailboxIds() []string {
@@ -794,7 +955,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -806,7 +967,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -819,7 +980,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DrainResponse) GetDrained() []string {
@@ -839,7 +1000,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1012,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1025,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetStatsRequest) GetMailboxId() string {
@@ -884,7 +1045,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -896,7 +1057,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -909,7 +1070,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetStatsResponse) GetMailboxes() []*MailboxStatus {
@@ -956,7 +1117,7 @@ type MailboxStatus struct {
 
 func (x *MailboxStatus) Reset() {
 	*x = MailboxStatus{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1129,7 @@ func (x *MailboxStatus) String() string {
 func (*MailboxStatus) ProtoMessage() {}
 
 func (x *MailboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1142,7 @@ func (x *MailboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MailboxStatus.ProtoReflect.Descriptor instead.
 func (*MailboxStatus) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *MailboxStatus) GetMailboxId() string {
@@ -1092,7 +1253,17 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x126\n" +
 	"\tvalid_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\"O\n" +
 	"\x15ExtendMailboxResponse\x126\n" +
-	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"L\n" +
+	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"]\n" +
+	"\x16ExtendMailboxesRequest\x12C\n" +
+	"\tmailboxes\x18\x01 \x03(\v2%.prism.runner.v1.ExtendMailboxRequestR\tmailboxes\"Y\n" +
+	"\x17ExtendMailboxesResponse\x12>\n" +
+	"\aresults\x18\x01 \x03(\v2$.prism.runner.v1.ExtendMailboxResultR\aresults\"\x9a\x01\n" +
+	"\x13ExtendMailboxResult\x12\x1d\n" +
+	"\n" +
+	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x126\n" +
+	"\x06status\x18\x02 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"L\n" +
 	"\x13FenceMailboxRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x16\n" +
@@ -1138,11 +1309,12 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\x19MAILBOX_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12MAILBOX_STATE_OPEN\x10\x01\x12\x18\n" +
 	"\x14MAILBOX_STATE_ACTIVE\x10\x02\x12\x18\n" +
-	"\x14MAILBOX_STATE_FENCED\x10\x032\x82\x05\n" +
+	"\x14MAILBOX_STATE_FENCED\x10\x032\xe8\x05\n" +
 	"\rRunnerControl\x12X\n" +
 	"\vOpenMailbox\x12#.prism.runner.v1.OpenMailboxRequest\x1a$.prism.runner.v1.OpenMailboxResponse\x12d\n" +
 	"\x0fActivateMailbox\x12'.prism.runner.v1.ActivateMailboxRequest\x1a(.prism.runner.v1.ActivateMailboxResponse\x12^\n" +
-	"\rExtendMailbox\x12%.prism.runner.v1.ExtendMailboxRequest\x1a&.prism.runner.v1.ExtendMailboxResponse\x12[\n" +
+	"\rExtendMailbox\x12%.prism.runner.v1.ExtendMailboxRequest\x1a&.prism.runner.v1.ExtendMailboxResponse\x12d\n" +
+	"\x0fExtendMailboxes\x12'.prism.runner.v1.ExtendMailboxesRequest\x1a(.prism.runner.v1.ExtendMailboxesResponse\x12[\n" +
 	"\fFenceMailbox\x12$.prism.runner.v1.FenceMailboxRequest\x1a%.prism.runner.v1.FenceMailboxResponse\x12[\n" +
 	"\fCloseMailbox\x12$.prism.runner.v1.CloseMailboxRequest\x1a%.prism.runner.v1.CloseMailboxResponse\x12F\n" +
 	"\x05Drain\x12\x1d.prism.runner.v1.DrainRequest\x1a\x1e.prism.runner.v1.DrainResponse\x12O\n" +
@@ -1161,7 +1333,7 @@ func file_prism_runner_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_runner_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_prism_runner_v1_control_proto_goTypes = []any{
 	(ValidationMode)(0),             // 0: prism.runner.v1.ValidationMode
 	(MailboxState)(0),               // 1: prism.runner.v1.MailboxState
@@ -1172,49 +1344,57 @@ var file_prism_runner_v1_control_proto_goTypes = []any{
 	(*ActivateMailboxResponse)(nil), // 6: prism.runner.v1.ActivateMailboxResponse
 	(*ExtendMailboxRequest)(nil),    // 7: prism.runner.v1.ExtendMailboxRequest
 	(*ExtendMailboxResponse)(nil),   // 8: prism.runner.v1.ExtendMailboxResponse
-	(*FenceMailboxRequest)(nil),     // 9: prism.runner.v1.FenceMailboxRequest
-	(*FenceMailboxResponse)(nil),    // 10: prism.runner.v1.FenceMailboxResponse
-	(*CloseMailboxRequest)(nil),     // 11: prism.runner.v1.CloseMailboxRequest
-	(*CloseMailboxResponse)(nil),    // 12: prism.runner.v1.CloseMailboxResponse
-	(*DrainRequest)(nil),            // 13: prism.runner.v1.DrainRequest
-	(*DrainResponse)(nil),           // 14: prism.runner.v1.DrainResponse
-	(*GetStatsRequest)(nil),         // 15: prism.runner.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),        // 16: prism.runner.v1.GetStatsResponse
-	(*MailboxStatus)(nil),           // 17: prism.runner.v1.MailboxStatus
-	(*durationpb.Duration)(nil),     // 18: google.protobuf.Duration
+	(*ExtendMailboxesRequest)(nil),  // 9: prism.runner.v1.ExtendMailboxesRequest
+	(*ExtendMailboxesResponse)(nil), // 10: prism.runner.v1.ExtendMailboxesResponse
+	(*ExtendMailboxResult)(nil),     // 11: prism.runner.v1.ExtendMailboxResult
+	(*FenceMailboxRequest)(nil),     // 12: prism.runner.v1.FenceMailboxRequest
+	(*FenceMailboxResponse)(nil),    // 13: prism.runner.v1.FenceMailboxResponse
+	(*CloseMailboxRequest)(nil),     // 14: prism.runner.v1.CloseMailboxRequest
+	(*CloseMailboxResponse)(nil),    // 15: prism.runner.v1.CloseMailboxResponse
+	(*DrainRequest)(nil),            // 16: prism.runner.v1.DrainRequest
+	(*DrainResponse)(nil),           // 17: prism.runner.v1.DrainResponse
+	(*GetStatsRequest)(nil),         // 18: prism.runner.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),        // 19: prism.runner.v1.GetStatsResponse
+	(*MailboxStatus)(nil),           // 20: prism.runner.v1.MailboxStatus
+	(*durationpb.Duration)(nil),     // 21: google.protobuf.Duration
 }
 var file_prism_runner_v1_control_proto_depIdxs = []int32{
 	0,  // 0: prism.runner.v1.MailboxConfig.validation_mode:type_name -> prism.runner.v1.ValidationMode
 	2,  // 1: prism.runner.v1.OpenMailboxRequest.config:type_name -> prism.runner.v1.MailboxConfig
-	18, // 2: prism.runner.v1.OpenMailboxRequest.valid_for:type_name -> google.protobuf.Duration
-	17, // 3: prism.runner.v1.OpenMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	18, // 4: prism.runner.v1.ActivateMailboxRequest.valid_for:type_name -> google.protobuf.Duration
-	17, // 5: prism.runner.v1.ActivateMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	18, // 6: prism.runner.v1.ExtendMailboxRequest.valid_for:type_name -> google.protobuf.Duration
-	17, // 7: prism.runner.v1.ExtendMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	17, // 8: prism.runner.v1.FenceMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	17, // 9: prism.runner.v1.GetStatsResponse.mailboxes:type_name -> prism.runner.v1.MailboxStatus
-	1,  // 10: prism.runner.v1.MailboxStatus.state:type_name -> prism.runner.v1.MailboxState
-	18, // 11: prism.runner.v1.MailboxStatus.valid_for:type_name -> google.protobuf.Duration
-	3,  // 12: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
-	5,  // 13: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
-	7,  // 14: prism.runner.v1.RunnerControl.ExtendMailbox:input_type -> prism.runner.v1.ExtendMailboxRequest
-	9,  // 15: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
-	11, // 16: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
-	13, // 17: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
-	15, // 18: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
-	4,  // 19: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
-	6,  // 20: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
-	8,  // 21: prism.runner.v1.RunnerControl.ExtendMailbox:output_type -> prism.runner.v1.ExtendMailboxResponse
-	10, // 22: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
-	12, // 23: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
-	14, // 24: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
-	16, // 25: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	21, // 2: prism.runner.v1.OpenMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	20, // 3: prism.runner.v1.OpenMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	21, // 4: prism.runner.v1.ActivateMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	20, // 5: prism.runner.v1.ActivateMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	21, // 6: prism.runner.v1.ExtendMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	20, // 7: prism.runner.v1.ExtendMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	7,  // 8: prism.runner.v1.ExtendMailboxesRequest.mailboxes:type_name -> prism.runner.v1.ExtendMailboxRequest
+	11, // 9: prism.runner.v1.ExtendMailboxesResponse.results:type_name -> prism.runner.v1.ExtendMailboxResult
+	20, // 10: prism.runner.v1.ExtendMailboxResult.status:type_name -> prism.runner.v1.MailboxStatus
+	20, // 11: prism.runner.v1.FenceMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	20, // 12: prism.runner.v1.GetStatsResponse.mailboxes:type_name -> prism.runner.v1.MailboxStatus
+	1,  // 13: prism.runner.v1.MailboxStatus.state:type_name -> prism.runner.v1.MailboxState
+	21, // 14: prism.runner.v1.MailboxStatus.valid_for:type_name -> google.protobuf.Duration
+	3,  // 15: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
+	5,  // 16: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
+	7,  // 17: prism.runner.v1.RunnerControl.ExtendMailbox:input_type -> prism.runner.v1.ExtendMailboxRequest
+	9,  // 18: prism.runner.v1.RunnerControl.ExtendMailboxes:input_type -> prism.runner.v1.ExtendMailboxesRequest
+	12, // 19: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
+	14, // 20: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
+	16, // 21: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
+	18, // 22: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
+	4,  // 23: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
+	6,  // 24: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
+	8,  // 25: prism.runner.v1.RunnerControl.ExtendMailbox:output_type -> prism.runner.v1.ExtendMailboxResponse
+	10, // 26: prism.runner.v1.RunnerControl.ExtendMailboxes:output_type -> prism.runner.v1.ExtendMailboxesResponse
+	13, // 27: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
+	15, // 28: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
+	17, // 29: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
+	19, // 30: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
+	23, // [23:31] is the sub-list for method output_type
+	15, // [15:23] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_prism_runner_v1_control_proto_init() }
@@ -1222,14 +1402,14 @@ func file_prism_runner_v1_control_proto_init() {
 	if File_prism_runner_v1_control_proto != nil {
 		return
 	}
-	file_prism_runner_v1_control_proto_msgTypes[15].OneofWrappers = []any{}
+	file_prism_runner_v1_control_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_runner_v1_control_proto_rawDesc), len(file_prism_runner_v1_control_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   16,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,7 @@ const (
 	RunnerControl_OpenMailbox_FullMethodName     = "/prism.runner.v1.RunnerControl/OpenMailbox"
 	RunnerControl_ActivateMailbox_FullMethodName = "/prism.runner.v1.RunnerControl/ActivateMailbox"
 	RunnerControl_ExtendMailbox_FullMethodName   = "/prism.runner.v1.RunnerControl/ExtendMailbox"
+	RunnerControl_ExtendMailboxes_FullMethodName = "/prism.runner.v1.RunnerControl/ExtendMailboxes"
 	RunnerControl_FenceMailbox_FullMethodName    = "/prism.runner.v1.RunnerControl/FenceMailbox"
 	RunnerControl_CloseMailbox_FullMethodName    = "/prism.runner.v1.RunnerControl/CloseMailbox"
 	RunnerControl_Drain_FullMethodName           = "/prism.runner.v1.RunnerControl/Drain"
@@ -67,6 +68,12 @@ type RunnerControlClient interface {
 	// FAILED_PRECONDITION if the mailbox is not active or epoch is not its
 	// current one (it was fenced meanwhile: the sidecar must re-activate).
 	ExtendMailbox(ctx context.Context, in *ExtendMailboxRequest, opts ...grpc.CallOption) (*ExtendMailboxResponse, error)
+	// ExtendMailboxes is ExtendMailbox for many mailboxes in one call, with one
+	// result per mailbox in request order: a sidecar extends every mailbox of
+	// its session after each keepalive with one call, not one per mailbox. A
+	// mailbox that cannot be extended fails alone (its result carries the
+	// error ExtendMailbox would have returned); the others are extended.
+	ExtendMailboxes(ctx context.Context, in *ExtendMailboxesRequest, opts ...grpc.CallOption) (*ExtendMailboxesResponse, error)
 	// FenceMailbox stops serving the mailbox at once and stops consuming it,
 	// keeping its data. Fencing a mailbox that is not active succeeds.
 	FenceMailbox(ctx context.Context, in *FenceMailboxRequest, opts ...grpc.CallOption) (*FenceMailboxResponse, error)
@@ -118,6 +125,16 @@ func (c *runnerControlClient) ExtendMailbox(ctx context.Context, in *ExtendMailb
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ExtendMailboxResponse)
 	err := c.cc.Invoke(ctx, RunnerControl_ExtendMailbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runnerControlClient) ExtendMailboxes(ctx context.Context, in *ExtendMailboxesRequest, opts ...grpc.CallOption) (*ExtendMailboxesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExtendMailboxesResponse)
+	err := c.cc.Invoke(ctx, RunnerControl_ExtendMailboxes_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +200,12 @@ type RunnerControlServer interface {
 	// FAILED_PRECONDITION if the mailbox is not active or epoch is not its
 	// current one (it was fenced meanwhile: the sidecar must re-activate).
 	ExtendMailbox(context.Context, *ExtendMailboxRequest) (*ExtendMailboxResponse, error)
+	// ExtendMailboxes is ExtendMailbox for many mailboxes in one call, with one
+	// result per mailbox in request order: a sidecar extends every mailbox of
+	// its session after each keepalive with one call, not one per mailbox. A
+	// mailbox that cannot be extended fails alone (its result carries the
+	// error ExtendMailbox would have returned); the others are extended.
+	ExtendMailboxes(context.Context, *ExtendMailboxesRequest) (*ExtendMailboxesResponse, error)
 	// FenceMailbox stops serving the mailbox at once and stops consuming it,
 	// keeping its data. Fencing a mailbox that is not active succeeds.
 	FenceMailbox(context.Context, *FenceMailboxRequest) (*FenceMailboxResponse, error)
@@ -218,6 +241,9 @@ func (UnimplementedRunnerControlServer) ActivateMailbox(context.Context, *Activa
 }
 func (UnimplementedRunnerControlServer) ExtendMailbox(context.Context, *ExtendMailboxRequest) (*ExtendMailboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExtendMailbox not implemented")
+}
+func (UnimplementedRunnerControlServer) ExtendMailboxes(context.Context, *ExtendMailboxesRequest) (*ExtendMailboxesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExtendMailboxes not implemented")
 }
 func (UnimplementedRunnerControlServer) FenceMailbox(context.Context, *FenceMailboxRequest) (*FenceMailboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FenceMailbox not implemented")
@@ -302,6 +328,24 @@ func _RunnerControl_ExtendMailbox_Handler(srv interface{}, ctx context.Context, 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RunnerControlServer).ExtendMailbox(ctx, req.(*ExtendMailboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunnerControl_ExtendMailboxes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExtendMailboxesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunnerControlServer).ExtendMailboxes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunnerControl_ExtendMailboxes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunnerControlServer).ExtendMailboxes(ctx, req.(*ExtendMailboxesRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -396,6 +440,10 @@ var RunnerControl_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExtendMailbox",
 			Handler:    _RunnerControl_ExtendMailbox_Handler,
+		},
+		{
+			MethodName: "ExtendMailboxes",
+			Handler:    _RunnerControl_ExtendMailboxes_Handler,
 		},
 		{
 			MethodName: "FenceMailbox",
