@@ -22,10 +22,12 @@ var (
 	descSwept = prometheus.NewDesc("prism_mailbox_retention_swept_events_total",
 		"Deleted events whose keys the retention sweep has removed since the mailbox was opened; "+
 			"deleted minus swept is the sweep's backlog.", []string{"mailbox"}, nil)
+	descOpenFailed = prometheus.NewDesc("prism_mailbox_open_failed",
+		"1 for a mailbox whose last store open failed (see /readyz for why); absent once one succeeds.", []string{"mailbox"}, nil)
 )
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStoredEvents, descStoredBytes, descFloor, descDeleted, descDeletedBytes, descSwept} {
+	for _, d := range []*prometheus.Desc{descStoredEvents, descStoredBytes, descFloor, descDeleted, descDeletedBytes, descSwept, descOpenFailed} {
 		ch <- d
 	}
 }
@@ -33,6 +35,9 @@ func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	c.r.mu.RLock()
 	defer c.r.mu.RUnlock()
+	for id := range c.r.failed {
+		ch <- prometheus.MustNewConstMetric(descOpenFailed, prometheus.GaugeValue, 1, id)
+	}
 	for id, mb := range c.r.mailboxes {
 		u := mb.store.Usage()
 		ch <- prometheus.MustNewConstMetric(descStoredEvents, prometheus.GaugeValue, float64(u.Events), id)

@@ -1,15 +1,23 @@
 package runner
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/store"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
 // heldOpens makes r's store opens for the mailbox directory named held wait
@@ -113,5 +121,120 @@ func TestCloseWaitsForAnOpenInFlight(t *testing.T) {
 	}
 	if err := r.Open(MailboxConfig{ID: "b@p", Topics: []string{"b.events"}}); err == nil {
 		t.Fatal("Open after Close succeeded")
+	}
+}
+
+// TestOpenFailureIsTheMailboxs: a mailbox whose store fails to open (a
+// truncated table, a full disk, a panic in the open) gets an error naming
+// why, counted by reason and listed by /readyz and a gauge, while the
+// runner's other mailbox goes on answering and the runner stays ready; a
+// later open that succeeds clears it.
+func TestOpenFailureIsTheMailboxs(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t, kafkatest.Topics(1, "a.events", "b.events"))
+	dataDir := t.TempDir()
+	r, err := New(Config{DataDir: dataDir, Brokers: c.Brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if err := r.Open(MailboxConfig{ID: "a@p", Topics: []string{"a.events"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A store for b@p with a table on disk, then its table truncated.
+	bdir := Dir(dataDir, "b@p")
+	st, err := store.Open(store.Options{Dir: bdir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		if _, err := st.Write(t.Context(), []*mailboxv1.MailboxItem{{MessageId: fmt.Sprint("m", i), Timestamp: int64(i), EnvelopeBlob: []byte("x")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ssts, _ := filepath.Glob(filepath.Join(bdir, "*.sst"))
+	if len(ssts) == 0 {
+		t.Fatal("no table written")
+	}
+	if err := os.Truncate(ssts[0], 10); err != nil {
+		t.Fatal(err)
+	}
+	r.openStore = func(o store.Options) (*store.Store, error) {
+		switch filepath.Base(o.Dir) {
+		case "c@p":
+			return nil, fmt.Errorf("open store %s: %w", o.Dir, &os.PathError{Op: "write", Path: filepath.Join(o.Dir, "000001.vlog"), Err: syscall.ENOSPC})
+		case "d@p":
+			panic("index out of range [4] with length 3")
+		}
+		return store.Open(o)
+	}
+	cases := []struct {
+		id, reason string
+		want       error
+	}{
+		{"b@p", "damaged", store.ErrDamaged},
+		{"c@p", "no_space", syscall.ENOSPC},
+		{"d@p", "damaged", store.ErrDamaged},
+	}
+	for _, tc := range cases {
+		err := r.Open(MailboxConfig{ID: tc.id, Topics: []string{"b.events"}})
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.id) {
+			t.Fatalf("open %s: %v, want an error naming it wrapping %v", tc.id, err, tc.want)
+		}
+		if _, _, ok := r.Mailbox(tc.id); ok {
+			t.Fatalf("%s served after its open failed", tc.id)
+		}
+	}
+	if err := r.Prepare(MailboxConfig{ID: "c@p"}); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("prepare c@p: %v, want ENOSPC", err)
+	}
+	for reason, want := range map[string]float64{"damaged": 2, "no_space": 2, "other": 0} {
+		if got := testutil.ToFloat64(r.openFailures.WithLabelValues(reason)); got != want {
+			t.Errorf("open failures %s = %v, want %v", reason, got, want)
+		}
+	}
+
+	srv := httptest.NewServer(r.HTTPHandler())
+	t.Cleanup(srv.Close)
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/v1/mailboxes/a@p/stats"); code != http.StatusOK {
+		t.Fatalf("a@p stats beside the failed mailboxes: %d %s", code, body)
+	}
+	waitFor(t, "a@p consuming", func() bool { return r.Ready() == nil })
+	code, body := get("/readyz")
+	if code != http.StatusOK {
+		t.Fatalf("/readyz %d %q: one mailbox's failure must not take the runner out of routing", code, body)
+	}
+	for _, id := range []string{"b@p", "c@p", "d@p"} {
+		if !strings.Contains(body, "mailbox "+id+": store failed to open") {
+			t.Errorf("/readyz %q does not name %s", body, id)
+		}
+	}
+	if _, metrics := get("/metrics"); !strings.Contains(metrics, `prism_mailbox_open_failed{mailbox="c@p"} 1`) {
+		t.Error("/metrics has no prism_mailbox_open_failed for c@p")
+	}
+
+	r.openStore = store.Open
+	if err := r.Open(MailboxConfig{ID: "c@p", Topics: []string{"b.events"}}); err != nil {
+		t.Fatalf("open c@p once space returned: %v", err)
+	}
+	if _, ok := r.OpenFailures()["c@p"]; ok {
+		t.Error("c@p still listed failed after it opened")
+	}
+	if _, body := get("/readyz"); strings.Contains(body, "mailbox c@p: store failed") {
+		t.Errorf("/readyz %q still names c@p", body)
 	}
 }

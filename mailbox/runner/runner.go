@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -140,6 +142,11 @@ type Runner struct {
 	opening   map[string]chan struct{} // ids Open or Prepare is opening; closed when done
 	opens     sync.WaitGroup           // the Opens and Prepares in flight, which Close waits for
 	closed    bool
+	// failed holds why each mailbox's last store open failed, until one
+	// succeeds or the mailbox is discarded: /readyz and a gauge report it.
+	failed map[string]error
+
+	openFailures *prometheus.CounterVec
 
 	// openStore opens a mailbox's store (store.Open); tests hold it.
 	openStore func(store.Options) (*store.Store, error)
@@ -182,9 +189,17 @@ func New(cfg Config) (*Runner, error) {
 		mailboxes: map[string]*mailbox{},
 		prepared:  map[string]*store.Store{},
 		opening:   map[string]chan struct{}{},
+		failed:    map[string]error{},
 		openStore: store.Open,
+		openFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_mailbox_open_failures_total",
+			Help: "Mailbox store opens that failed, by reason: damaged (a file of the store is unreadable; rebuild it), no_space, other.",
+		}, []string{"reason"}),
 	}
-	cfg.Registry.MustRegister(storeCollector{r})
+	for _, reason := range []string{"damaged", "no_space", "other"} {
+		r.openFailures.WithLabelValues(reason)
+	}
+	cfg.Registry.MustRegister(storeCollector{r}, r.openFailures)
 	if cfg.QueryLatencyTarget >= 0 {
 		r.governor = ingest.NewGovernor(ingest.GovernorConfig{Target: cfg.QueryLatencyTarget, MaxHold: cfg.QueryHoldMax}, cfg.Registry)
 		r.queryM.ReportTo(r.governor)
@@ -251,7 +266,7 @@ func (r *Runner) Prepare(mc MailboxConfig) error {
 		return nil
 	}
 	r.mu.Unlock()
-	st, err := r.openStore(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)})
+	st, err := r.openMailboxStore(mc)
 	r.mu.Lock()
 	closed := r.closed
 	if err == nil && !closed {
@@ -269,6 +284,47 @@ func (r *Runner) Prepare(mc MailboxConfig) error {
 	r.end(mc.ID)
 	r.mu.Unlock()
 	return err
+}
+
+// openMailboxStore opens mailbox mc's store, containing its failure to the
+// mailbox: a panic in the store's open is its error, never the process's,
+// and a failure is recorded (failed, the metric, the log) for /readyz while
+// the runner's other mailboxes go on serving. The caller sees the error;
+// the sidecar retries with backoff.
+func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error) {
+	dir := Dir(r.cfg.DataDir, mc.ID)
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				st, err = nil, fmt.Errorf("%w: panic opening %s: %v", store.ErrDamaged, dir, p)
+			}
+		}()
+		st, err = r.openStore(store.Options{Dir: dir, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)})
+	}()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		delete(r.failed, mc.ID)
+		return st, nil
+	}
+	reason := "other"
+	switch {
+	case errors.Is(err, store.ErrDamaged):
+		reason = "damaged"
+	case errors.Is(err, syscall.ENOSPC):
+		reason = "no_space"
+	}
+	r.failed[mc.ID] = err
+	r.openFailures.WithLabelValues(reason).Inc()
+	r.log.Error("mailbox store failed to open; the runner's other mailboxes are unaffected", "mailbox_id", mc.ID, "reason", reason, "dir", dir, "err", err)
+	return nil, err
+}
+
+// OpenFailures says, for each mailbox whose last store open failed, why.
+func (r *Runner) OpenFailures() map[string]error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return maps.Clone(r.failed)
 }
 
 // errRunnerClosed refuses an Open or Prepare once Close has begun.
@@ -316,6 +372,7 @@ func (r *Runner) Discard(id string) error {
 	r.settle(id)
 	st, ok := r.prepared[id]
 	delete(r.prepared, id)
+	delete(r.failed, id)
 	r.mu.Unlock()
 	if !ok {
 		return nil
@@ -375,7 +432,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
 	if st == nil {
 		var err error
-		if st, err = r.openStore(store.Options{Dir: Dir(r.cfg.DataDir, mc.ID), MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)}); err != nil {
+		if st, err = r.openMailboxStore(mc); err != nil {
 			return nil, fmt.Errorf("open %s: %w", mc.ID, err)
 		}
 	}
@@ -619,11 +676,19 @@ func (r *Runner) probes(mux *http.ServeMux) {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		// A mailbox whose store failed to open is named, but does not
+		// make the runner unready: that would take its other mailboxes
+		// out of routing too.
+		var failed strings.Builder
+		fs := r.OpenFailures()
+		for _, id := range slices.Sorted(maps.Keys(fs)) {
+			fmt.Fprintf(&failed, "mailbox %s: store failed to open: %v\n", mesh.Echo(id), fs[id])
+		}
 		if err := r.cfg.Ready(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			http.Error(w, "not ready: "+err.Error()+"\n"+failed.String(), http.StatusServiceUnavailable)
 			return
 		}
-		w.Write([]byte("ready\n"))
+		w.Write([]byte("ready\n" + failed.String()))
 	})
 }
 

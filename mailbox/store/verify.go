@@ -50,7 +50,8 @@ func checkTable(name string, bo badger.Options) (err error) {
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			msg, _, _ := strings.Cut(fmt.Sprint(p), "\n")
+			// Badger's panics carry a multi-line dump: its first line says.
+			msg, _, _ := strings.Cut(strings.TrimSpace(fmt.Sprint(p)), "\n")
 			err = fmt.Errorf("unreadable: %s", msg)
 		}
 		_ = mf.Close(-1)
