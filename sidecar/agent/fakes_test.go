@@ -225,6 +225,8 @@ type fakeRunner struct {
 	// stuck names a mailbox whose close and fence fail Unavailable, as
 	// when the call times out.
 	stuck string
+	// noBulk answers ExtendMailboxes Unimplemented, as an older runner.
+	noBulk bool
 }
 
 // setDown kills (true) or restarts (false) the runner's control API; its
@@ -296,6 +298,27 @@ func (r *fakeRunner) ExtendMailbox(_ context.Context, in *runnerv1.ExtendMailbox
 	}
 	r.ev.add("runner extend %s %d valid_for=%v", in.GetMailboxId(), in.GetEpoch(), in.GetValidFor().AsDuration())
 	return &runnerv1.ExtendMailboxResponse{}, nil
+}
+
+// ExtendMailboxes records "runner bulk-extend N" and then each mailbox as
+// ExtendMailbox does; Unimplemented while noBulk, as an older runner.
+func (r *fakeRunner) ExtendMailboxes(_ context.Context, in *runnerv1.ExtendMailboxesRequest, _ ...grpc.CallOption) (*runnerv1.ExtendMailboxesResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.noBulk {
+		r.ev.add("runner bulk-extend unimplemented")
+		return nil, status.Error(codes.Unimplemented, "unknown method ExtendMailboxes")
+	}
+	if err := r.unreachable("bulk-extend"); err != nil {
+		return nil, err
+	}
+	r.ev.add("runner bulk-extend %d", len(in.GetMailboxes()))
+	resp := &runnerv1.ExtendMailboxesResponse{}
+	for _, m := range in.GetMailboxes() {
+		r.ev.add("runner extend %s %d valid_for=%v", m.GetMailboxId(), m.GetEpoch(), m.GetValidFor().AsDuration())
+		resp.Results = append(resp.Results, &runnerv1.ExtendMailboxResult{MailboxId: m.GetMailboxId(), Status: &runnerv1.MailboxStatus{}})
+	}
+	return resp, nil
 }
 
 func (r *fakeRunner) FenceMailbox(_ context.Context, in *runnerv1.FenceMailboxRequest, _ ...grpc.CallOption) (*runnerv1.FenceMailboxResponse, error) {

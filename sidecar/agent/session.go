@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -81,6 +83,26 @@ type sessions struct {
 	expected map[string]bool
 	probe    probeResult
 	probed   chan struct{} // closed and replaced by every probe
+	// holding are the mailboxes the runner serves under a lease of the
+	// session, extended together after every acknowledged keepalive.
+	holding map[string]heldMailbox
+
+	// extendWake asks the extender for one ExtendMailboxes; extending is
+	// held during each, so a worker that stops holding waits for the
+	// extension in flight (unhold) before it fences or gives the lease
+	// back.
+	extendWake chan struct{}
+	extending  sync.Mutex
+	// perMailboxExtend is set once the runner answered ExtendMailboxes
+	// Unimplemented (an older runner): one ExtendMailbox per mailbox.
+	perMailboxExtend atomic.Bool
+}
+
+// heldMailbox is one mailbox the runner serves under a session's lease.
+type heldMailbox struct {
+	w     *worker
+	st    *sessState
+	epoch uint64
 }
 
 // probeResult is one stats probe of every mailbox of the runner.
@@ -94,6 +116,7 @@ func newSessions(a *Agent) *sessions {
 	s := &sessions{
 		a: a, decided: make(chan struct{}), opened: make(chan struct{}), wake: make(chan struct{}, 1),
 		pending: map[string]chan acqResult{}, expected: map[string]bool{}, probed: make(chan struct{}),
+		holding: map[string]heldMailbox{}, extendWake: make(chan struct{}, 1),
 	}
 	if a.cfg.LeaseMode == LeaseModeMailbox {
 		s.decide(LeaseModeMailbox)
@@ -268,6 +291,7 @@ func (s *sessions) run(ctx context.Context) {
 			s.decide(LeaseModeSession)
 			wg.Go(func() { s.batches(ctx) })
 			wg.Go(func() { s.probes(ctx, min(s.a.cfg.HeartbeatInterval, st.ttl/3)) })
+			wg.Go(func() { s.extender(ctx) })
 		}
 		s.keepAlive(ctx, st)
 	}
@@ -399,6 +423,10 @@ func (s *sessions) keepAliveOnce(ctx context.Context, st *sessState, bo *wait.Ba
 		close(st.renewed)
 		st.renewed = make(chan struct{})
 		s.mu.Unlock()
+		select {
+		case s.extendWake <- struct{}{}:
+		default:
+		}
 		return sentAt.Add(a.cfg.Jitter(interval))
 	case sessionRefused(ref), status.Code(err) == codes.PermissionDenied:
 		a.m.keepalives.WithLabelValues("refused").Inc()
@@ -648,7 +676,12 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 	// before activatedAt cannot show the mailbox active.
 	runnerOK := clk.Now()
 	activatedAt := runnerOK
-	unheld := w.serving()
+	serving := w.serving()
+	w.a.sess.hold(w, st, epoch)
+	unheld := func() {
+		serving()
+		w.a.sess.unhold(w)
+	}
 	defer unheld()
 	log.Info("runner serving under the lease")
 
@@ -683,9 +716,8 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 					return leaseEnded
 				}
 				activatedAt, runnerLost = clk.Now(), false
-				continue
 			}
-			w.extend(epoch, fenceAt)
+			// The session's extender extends the runner's deadline.
 		case <-probed:
 			t.Stop()
 			var p probeResult
@@ -738,4 +770,112 @@ func (s *sessions) lastProbe() (probeResult, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.probe, s.probed
+}
+
+// hold adds w's mailbox, served under epoch in st, to the next extensions.
+func (s *sessions) hold(w *worker, st *sessState, epoch uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holding[w.id] = heldMailbox{w: w, st: st, epoch: epoch}
+}
+
+// unhold takes w's mailbox out of the extensions, once any extension in
+// flight has ended: after it returns the runner is extended for w no more.
+func (s *sessions) unhold(w *worker) {
+	s.extending.Lock()
+	defer s.extending.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h, ok := s.holding[w.id]; ok && h.w == w {
+		delete(s.holding, w.id)
+	}
+}
+
+// extender extends the runner's deadline of every mailbox held in the
+// session after each acknowledged keepalive, in its own goroutine so that
+// a slow runner never delays a keepalive.
+func (s *sessions) extender(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.extendWake:
+		}
+		s.extendAll(ctx)
+	}
+}
+
+// extendAll hands the runner the session's time left for every mailbox
+// held in it: one ExtendMailboxes, or one ExtendMailbox per mailbox on a
+// runner without it. A failure is only logged, as for a single extend: the
+// runner fences itself at the old deadline, and the next probe shows it.
+func (s *sessions) extendAll(ctx context.Context) {
+	a := s.a
+	s.extending.Lock()
+	defer s.extending.Unlock()
+	s.mu.Lock()
+	st := s.cur
+	var held []heldMailbox
+	if st != nil {
+		for _, id := range slices.Sorted(maps.Keys(s.holding)) {
+			if h := s.holding[id]; h.st == st {
+				held = append(held, h)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	_, until, _, _ := s.validity(st)
+	vf := until.Sub(a.cfg.Clock.Now())
+	if vf <= 0 {
+		return
+	}
+	reqs := make([]*runnerv1.ExtendMailboxRequest, len(held))
+	for i, h := range held {
+		reqs[i] = &runnerv1.ExtendMailboxRequest{MailboxId: h.w.id, Epoch: h.epoch, ValidFor: durationpb.New(vf)}
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
+	defer cancel()
+	if !s.perMailboxExtend.Load() {
+		resp, err := a.cfg.Runner.ExtendMailboxes(cctx, &runnerv1.ExtendMailboxesRequest{Mailboxes: reqs})
+		switch {
+		case status.Code(err) == codes.Unimplemented:
+			a.log.Info("the runner has no ExtendMailboxes (not upgraded); extending each mailbox on its own", "err", err)
+			s.perMailboxExtend.Store(true)
+		case err != nil:
+			a.log.Warn("runner did not take the extensions", "session_id", st.id, "mailboxes", len(held), "err", err)
+			return
+		default:
+			took := a.cfg.Clock.Now().Add(vf)
+			byID := make(map[string]heldMailbox, len(held))
+			for _, h := range held {
+				byID[h.w.id] = h
+			}
+			for _, r := range resp.GetResults() {
+				h, ok := byID[r.GetMailboxId()]
+				if !ok {
+					continue
+				}
+				if c := codes.Code(r.GetCode()); c != codes.OK {
+					h.w.log.Warn("runner did not take the extension", "epoch", h.epoch, "code", c, "err", r.GetMessage())
+					continue
+				}
+				h.w.handed(took)
+			}
+			return
+		}
+	}
+	var wg sync.WaitGroup
+	for i, h := range held {
+		wg.Go(func() {
+			if _, err := a.cfg.Runner.ExtendMailbox(cctx, reqs[i]); err != nil {
+				h.w.log.Warn("runner did not take the extension", "epoch", h.epoch, "err", err)
+				return
+			}
+			h.w.handed(a.cfg.Clock.Now().Add(vf))
+		})
+	}
+	wg.Wait()
 }

@@ -75,6 +75,16 @@ func TestSessionOneKeepAlivePerInterval(t *testing.T) {
 		h.waitFor(fmt.Sprintf("keepalive %d acknowledged and every mailbox extended", i), func() bool {
 			return h.ev.count("runner extend") == i*n
 		})
+		// The session's extender and the workers both follow the
+		// keepalive: wait for every worker to have seen it too.
+		h.waitFor(fmt.Sprintf("every lease renewed by keepalive %d", i), func() bool {
+			for _, v := range h.agent.Leases() {
+				if v.LastAckSent.Before(sent) {
+					return false
+				}
+			}
+			return true
+		})
 		for _, v := range h.agent.Leases() {
 			if !v.LastAckSent.Equal(sent) || !v.FenceAt.Equal(sent.Add(testTTL)) {
 				t.Fatalf("lease %+v after the keepalive sent at %v", v, sent)
@@ -343,5 +353,52 @@ func TestSessionBatchWaitsForSlowOpens(t *testing.T) {
 	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == n })
 	if got := h.ev.count("admin acquire-leases"); got != 1 {
 		t.Fatalf("%d AcquireLeases calls, want 1:\n%s", got, h.ev)
+	}
+}
+
+// After each acknowledged keepalive the runner's deadlines of every mailbox
+// of the session are extended in one ExtendMailboxes; a runner that answers
+// it Unimplemented (not upgraded) gets one ExtendMailbox per mailbox from
+// then on, and is asked for the bulk call only once.
+func TestSessionExtendsEveryMailboxInOneCall(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name           string
+		noBulk         bool
+		bulk, fallback int // per round
+	}{
+		{"bulk", false, 1, 0},
+		{"older runner", true, 0, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const n, rounds = 20, 3
+			h := newHarness(t, sessionMode, func(c *Config) { c.Runner.(*fakeRunner).noBulk = tc.noBulk })
+			h.assign(1, namespaces(n)...)
+			h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == n })
+			for i := 1; i <= rounds; i++ {
+				h.settle(n + 3)
+				h.clk.Step(testInterval)
+				sent := h.t0.Add(time.Duration(i) * testInterval)
+				h.waitFor(fmt.Sprintf("round %d's extensions", i), func() bool { return h.ev.count("runner extend ") == i*n })
+				for _, e := range h.ev.all() {
+					if strings.HasPrefix(e.what, "runner extend ") && e.at.Equal(sent) && !strings.HasSuffix(e.what, fmt.Sprintf("valid_for=%v", testTTL)) {
+						t.Fatalf("%q: want the session's time left, %s", e.what, testTTL)
+					}
+				}
+			}
+			if got := h.ev.count("runner bulk-extend ") - h.ev.count("runner bulk-extend unimplemented"); got != tc.bulk*rounds {
+				t.Fatalf("%d ExtendMailboxes calls in %d rounds, want %d:\n%s", got, rounds, tc.bulk*rounds, h.ev)
+			}
+			if got := h.ev.count("runner bulk-extend unimplemented"); got != tc.fallback {
+				t.Fatalf("asked an older runner for ExtendMailboxes %d times, want %d", got, tc.fallback)
+			}
+			for _, v := range h.agent.Leases() {
+				if v.State != StateActive {
+					t.Fatalf("lease %+v after the extensions", v)
+				}
+			}
+		})
 	}
 }
