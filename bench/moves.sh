@@ -4,15 +4,16 @@
 #   moves.failed_queries_rolling_restart   3 runners restarted in the kubelet's order, one reader per namespace
 #   moves.events_went_down_rolling_restart answers with fewer events than the namespace's previous one (flowing topic)
 #   moves.switch_pause_p99_ms              longest gap between two successful answers during a handoff, p99
+#   moves.quiet_pause_p99_ms               the same over windows as long with no handoff: the load's own gaps
 #   moves.catchup_s_<n>                    a namespace with n events moved: start to switch
 #   moves.drain_s_100ns                    a proxy with 100 namespaces cordoned until it serves none
 #   moves.failed_queries_drain_100ns       queries that failed during that drain
-#   MOVES_BENCH_CATCHUP_N  events of the caught-up namespace (default 200000: 1M takes ~4 minutes more on 2 shared
-#                          cores, most of it producing to and reading from the in-process broker)
+#   MOVES_BENCH_CATCHUP_N  events of the caught-up namespace (default 1000000; the source reads them all first, so
+#                          this part takes about 2.5x the figure)
 #   MOVES_BENCH_ARGS       extra flags for the benchmarks (-rolling-namespaces, -produce-rate, -drain-namespaces)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-n="${MOVES_BENCH_CATCHUP_N:-200000}"
+n="${MOVES_BENCH_CATCHUP_N:-1000000}"
 # shellcheck disable=SC2086
 out=$(go test -run '^$' -bench '^Benchmark(RollingRestart|CatchUp|Drain)$' -benchtime 1x -count 1 -timeout 20m \
   ./bench/movesbench -args -catchup-events "$n" ${MOVES_BENCH_ARGS:-} 2>&1) || { echo "$out" >&2; exit 1; }

@@ -19,7 +19,7 @@ import (
 var (
 	rollingNamespaces = flag.Int("rolling-namespaces", 9, "namespaces read during the rolling restart, one reader each")
 	produceRate       = flag.Int("produce-rate", 50, "events/s produced to the namespaces' topic during the rolling restart (0: a quiet topic)")
-	catchupEvents     = flag.Int("catchup-events", 200_000, "events in the namespace moved for moves.catchup_s_<n>")
+	catchupEvents     = flag.Int("catchup-events", 1_000_000, "events in the namespace moved for moves.catchup_s_<n>")
 	drainNamespaces   = flag.Int("drain-namespaces", 100, "namespaces on the drained proxy for moves.drain_s_<n>ns")
 )
 
@@ -59,7 +59,7 @@ func BenchmarkRollingRestart(b *testing.B) {
 
 		stopMoves := w.watchMoves()
 		stopProducing := w.producer(quiet, *produceRate)
-		r := w.read(names, len(names), time.Millisecond)
+		r := w.read(names, len(names), 10*time.Millisecond)
 		started := time.Now()
 		for _, id := range ids {
 			p := w.proxies[id]
@@ -86,13 +86,14 @@ func BenchmarkRollingRestart(b *testing.B) {
 		produced := stopProducing()
 		handoffs := stopMoves()
 		v := judge(answers)
-		during, outside := pauses(answers, handoffs)
+		during, quiet := pauses(answers, handoffs)
 		note("rolling restart of 3 runners in %v, %d events produced meanwhile: %v", time.Since(started).Round(time.Millisecond), produced, v)
-		note("%d handoffs; longest gap per handoff: p50 %v, max %v; longest gap outside handoffs %v",
-			len(during), percentile(during, 50), percentile(during, 100), outside)
+		note("%d handoffs; longest gap per handoff: p50 %v, p99 %v; in %d windows as long outside handoffs: p50 %v, p99 %v",
+			len(during), percentile(during, 50), percentile(during, 99), len(quiet), percentile(quiet, 50), percentile(quiet, 99))
 		figure("moves.failed_queries_rolling_restart", v.failed, "queries")
 		figure("moves.events_went_down_rolling_restart", v.eventsDown, "answers")
-		figure("moves.switch_pause_p99_ms", fmt.Sprintf("%.1f", float64(percentile(during, 99).Microseconds())/1000), "ms")
+		figure("moves.switch_pause_p99_ms", ms(percentile(during, 99)), "ms")
+		figure("moves.quiet_pause_p99_ms", ms(percentile(quiet, 99)), "ms")
 	}
 }
 
@@ -192,6 +193,8 @@ func BenchmarkDrain(b *testing.B) {
 		figure(fmt.Sprintf("moves.failed_queries_drain_%dns", n), v.failed, "queries")
 	}
 }
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
 
 // switched waits until no namespace is assigned to proxy or moving to
 // it, and returns when it saw that.

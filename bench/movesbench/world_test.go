@@ -357,8 +357,10 @@ func (w *world) watchMoves() (stop func() []window) {
 
 // pauses is, per handoff, the longest gap between two successful answers
 // of its namespace that overlaps the handoff (widened by a poll on each
-// side); and the longest such gap outside every handoff, for comparison.
-func pauses(answers []answer, handoffs []window) (during []time.Duration, outside time.Duration) {
+// side). For comparison, quiet is the same measure over windows as long as
+// the median handoff that overlap no handoff of their namespace: the gaps
+// the machine's load makes anyway.
+func pauses(answers []answer, handoffs []window) (during, quiet []time.Duration) {
 	byNS := map[string][]time.Time{}
 	for _, a := range answers {
 		if a.ok() {
@@ -366,33 +368,40 @@ func pauses(answers []answer, handoffs []window) (during []time.Duration, outsid
 		}
 	}
 	const poll = 100 * time.Millisecond
-	inside := func(ns string, from, to time.Time) bool {
-		for _, h := range handoffs {
-			if h.ns == ns && from.Before(h.last.Add(poll)) && to.After(h.first.Add(-poll)) {
-				return true
+	longest := func(ns string, from, to time.Time) time.Duration {
+		ts := byNS[ns]
+		var d time.Duration
+		for i := 1; i < len(ts); i++ {
+			if ts[i-1].Before(to) && ts[i].After(from) {
+				d = max(d, ts[i].Sub(ts[i-1]))
 			}
 		}
-		return false
+		return d
 	}
+	var lengths []time.Duration
 	for _, h := range handoffs {
-		ts := byNS[h.ns]
-		var longest time.Duration
-		for i := 1; i < len(ts); i++ {
-			if ts[i-1].Before(h.last.Add(poll)) && ts[i].After(h.first.Add(-poll)) {
-				longest = max(longest, ts[i].Sub(ts[i-1]))
-			}
-		}
-		during = append(during, longest)
-	}
-	for ns, ts := range byNS {
-		for i := 1; i < len(ts); i++ {
-			if !inside(ns, ts[i-1], ts[i]) {
-				outside = max(outside, ts[i].Sub(ts[i-1]))
-			}
-		}
+		from, to := h.first.Add(-poll), h.last.Add(poll)
+		during = append(during, longest(h.ns, from, to))
+		lengths = append(lengths, to.Sub(from))
 	}
 	slices.Sort(during)
-	return during, outside
+	slices.Sort(lengths)
+	span := percentile(lengths, 50)
+	if span == 0 {
+		return during, nil
+	}
+	for ns, ts := range byNS {
+		for from := ts[0]; from.Add(span).Before(ts[len(ts)-1]); from = from.Add(span) {
+			to := from.Add(span)
+			if !slices.ContainsFunc(handoffs, func(h window) bool {
+				return h.ns == ns && from.Before(h.last.Add(poll)) && to.After(h.first.Add(-poll))
+			}) {
+				quiet = append(quiet, longest(ns, from, to))
+			}
+		}
+	}
+	slices.Sort(quiet)
+	return during, quiet
 }
 
 // percentile is the nearest-rank p-th percentile of sorted.
