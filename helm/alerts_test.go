@@ -375,6 +375,7 @@ func TestMonitoringObjects(t *testing.T) {
 		"prism-admin":   {"admin", "http", "/metrics"},
 		"prism-runner":  {"runner", "http", "/metrics"},
 		"prism-sidecar": {"runner", "sidecar-http", "/metrics"},
+		"prism-gateway": {"gateway", "stats", "/stats/prometheus"},
 	}
 	jobs := map[string]bool{}
 	for name, sm := range r.monitors {
@@ -428,6 +429,14 @@ func TestMonitoringObjects(t *testing.T) {
 	// scrapes the Service that publishes unready nodes.
 	if svc := mustGet(t, r.services, adminPeers); !svc.Spec.PublishNotReadyAddresses || svc.Labels["prism.io/metrics"] != "true" {
 		t.Errorf("admin nodes are scraped through %s, which must publish unready nodes", adminPeers)
+	}
+	// Envoys are scraped ready or not (one that never got its configuration
+	// is the one to look at), on their container's stats listener port.
+	stats := mustGet(t, r.services, gatewayName+"-stats")
+	proxy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
+	if !stats.Spec.PublishNotReadyAddresses || len(stats.Spec.Ports) != 1 || stats.Spec.Ports[0].TargetPort.String() != "stats" ||
+		stats.Spec.Ports[0].Port != containerPort(proxy, "stats") || containerPort(proxy, "stats") == 0 {
+		t.Errorf("gateway stats Service %s: publishes unready %v, ports %v; want every Envoy's stats port %d", stats.Name, stats.Spec.PublishNotReadyAddresses, stats.Spec.Ports, containerPort(proxy, "stats"))
 	}
 	// The sidecar's Service port reaches the port the injector gives it.
 	runnerSpec := r.injected(t, mustGet(t, r.statefulSets, runnerName).Spec.Template)

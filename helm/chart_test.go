@@ -440,6 +440,7 @@ func TestBadValuesRejected(t *testing.T) {
 		{"jwks ca without a url", queryAuth(map[string]any{"jwksConfigMap": "jwks", "jwksCA": "/etc/ca.crt", "issuer": "i", "audience": "a"}), "gateway.queryAuth.jwksCA is only for gateway.queryAuth.jwksUrl"},
 		{"plain http jwks url", queryAuth(map[string]any{"jwksUrl": "http://idp.example.com/jwks", "issuer": "i", "audience": "a"}), "gateway/queryAuth/jwksUrl"},
 		{"disabled not a bool", queryAuth(map[string]any{"disabled": "yes"}), "gateway/queryAuth/disabled"},
+		{"gateway stats port on the admin port", withQueryAuth(map[string]any{"gateway": map[string]any{"statsPort": 9901}}), "gateway.statsPort must differ"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

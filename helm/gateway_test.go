@@ -3,23 +3,25 @@ package helm
 import (
 	"fmt"
 	"maps"
-	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	// Register the typed_config types the bootstrap uses.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/prism-mesh/prism/envoy"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
 )
@@ -44,10 +46,14 @@ func parseBootstrap(t *testing.T, name string, doc []byte) *bootstrapv3.Bootstra
 }
 
 // checkADSOnly asserts the shape every prism gateway bootstrap has: all
-// configuration from delta ADS over gRPC v3 (as envoy/ gives), no static
-// listeners, one static cluster (the xDS server) spoken to over HTTP/2. It
-// returns that cluster's first endpoint.
-func checkADSOnly(t *testing.T, name string, b *bootstrapv3.Bootstrap) *corev3.SocketAddress {
+// configuration from delta ADS over gRPC v3 (as envoy/ gives), waited for
+// without an initial fetch timeout (so Envoy is not LIVE, /ready not 200,
+// before the admin nodes answer); one static listener, the stats listener,
+// passing only GET /stats/prometheus and GET /ready to the admin interface
+// on loopback; static clusters only the xDS server, spoken to over HTTP/2,
+// and that admin interface. It returns the xDS cluster's first endpoint and
+// the stats listener's port.
+func checkADSOnly(t *testing.T, name string, b *bootstrapv3.Bootstrap) (xds *corev3.SocketAddress, statsPort uint32) {
 	t.Helper()
 	ads := b.GetDynamicResources().GetAdsConfig()
 	if ads.GetApiType() != corev3.ApiConfigSource_DELTA_GRPC || ads.GetTransportApiVersion() != corev3.ApiVersion_V3 || len(ads.GetGrpcServices()) != 1 {
@@ -57,14 +63,14 @@ func checkADSOnly(t *testing.T, name string, b *bootstrapv3.Bootstrap) *corev3.S
 		if src.GetAds() == nil || src.GetResourceApiVersion() != corev3.ApiVersion_V3 {
 			t.Errorf("%s: %s_config %v, want ADS v3", name, what, src)
 		}
-	}
-	if n := len(b.GetStaticResources().GetListeners()); n != 0 {
-		t.Errorf("%s: %d static listeners; listeners come from xDS", name, n)
+		if ft := src.GetInitialFetchTimeout(); ft == nil || ft.AsDuration() != 0 {
+			t.Errorf("%s: %s_config initial_fetch_timeout %v, want 0s: Envoy would go LIVE without its configuration", name, what, ft)
+		}
 	}
 	clusters := b.GetStaticResources().GetClusters()
 	xdsName := ads.GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName()
-	if len(clusters) != 1 || clusters[0].GetName() != xdsName {
-		t.Fatalf("%s: static clusters %d, want only the xDS cluster %q", name, len(clusters), xdsName)
+	if len(clusters) != 2 || clusters[0].GetName() != xdsName {
+		t.Fatalf("%s: static clusters %d, want the xDS cluster %q and the admin interface", name, len(clusters), xdsName)
 	}
 	if _, ok := clusters[0].GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]; !ok {
 		t.Errorf("%s: xDS cluster %s does not speak HTTP/2 (gRPC needs it)", name, xdsName)
@@ -73,7 +79,61 @@ func checkADSOnly(t *testing.T, name string, b *bootstrapv3.Bootstrap) *corev3.S
 	if len(eps) == 0 || len(eps[0].GetLbEndpoints()) == 0 {
 		t.Fatalf("%s: xDS cluster has no endpoint", name)
 	}
-	return eps[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+	admin := b.GetAdmin().GetAddress()
+	if a := admin.GetSocketAddress().GetAddress(); a != "127.0.0.1" {
+		t.Errorf("%s: Envoy admin on %q: it must stay on loopback", name, a)
+	}
+	adminEps := clusters[1].GetLoadAssignment().GetEndpoints()
+	if len(adminEps) != 1 || len(adminEps[0].GetLbEndpoints()) != 1 || !proto.Equal(adminEps[0].GetLbEndpoints()[0].GetEndpoint().GetAddress(), admin) {
+		t.Errorf("%s: static cluster %s %v is not the admin interface %v", name, clusters[1].GetName(), adminEps, admin)
+	}
+
+	listeners := b.GetStaticResources().GetListeners()
+	if len(listeners) != 1 {
+		t.Fatalf("%s: %d static listeners, want only the stats listener; the gateway's comes from xDS", name, len(listeners))
+	}
+	stats := listeners[0]
+	if !stats.GetIgnoreGlobalConnLimit() {
+		t.Errorf("%s: stats listener counts against the connection limit: probes would fail when clients hold every connection", name)
+	}
+	chains := stats.GetFilterChains()
+	if len(chains) != 1 || len(chains[0].GetFilters()) != 1 {
+		t.Fatalf("%s: stats listener filter chains %v, want one HTTP connection manager", name, chains)
+	}
+	var hcm hcmv3.HttpConnectionManager
+	if err := chains[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		t.Fatalf("%s: stats listener: %v", name, err)
+	}
+	var paths []string
+	for _, vh := range hcm.GetRouteConfig().GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			m := r.GetMatch()
+			if m.GetPath() == "" {
+				t.Errorf("%s: stats route %v does not match one exact path", name, m)
+			}
+			if h := m.GetHeaders(); len(h) != 1 || h[0].GetName() != ":method" || h[0].GetStringMatch().GetExact() != "GET" {
+				t.Errorf("%s: stats route %s is not GET only", name, m.GetPath())
+			}
+			if c := r.GetRoute().GetCluster(); c != clusters[1].GetName() {
+				t.Errorf("%s: stats route %s goes to %q, want the admin interface", name, m.GetPath(), c)
+			}
+			paths = append(paths, m.GetPath())
+		}
+	}
+	if slices.Sort(paths); !slices.Equal(paths, []string{"/ready", "/stats/prometheus"}) {
+		t.Errorf("%s: stats listener passes %q to the admin interface, want only /ready and /stats/prometheus", name, paths)
+	}
+	return eps[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress(), stats.GetAddress().GetSocketAddress().GetPortValue()
+}
+
+// containerPort is c's port named name; 0 if none.
+func containerPort(c corev1.Container, name string) int32 {
+	for _, p := range c.Ports {
+		if p.Name == name {
+			return p.ContainerPort
+		}
+	}
+	return 0
 }
 
 func TestGatewayBootstrap(t *testing.T) {
@@ -81,12 +141,9 @@ func TestGatewayBootstrap(t *testing.T) {
 	r := render(t, valueSets["defaults"])
 	cm := mustGet(t, r.configMaps, gatewayName+"-bootstrap")
 	b := parseBootstrap(t, "chart bootstrap", []byte(cm.Data["bootstrap.yaml"]))
-	addr := checkADSOnly(t, "chart bootstrap", b)
+	addr, statsPort := checkADSOnly(t, "chart bootstrap", b)
 	if addr.GetAddress() != adminPeers+"."+namespace+".svc" || addr.GetPortValue() != 7001 {
 		t.Errorf("xDS server %s:%d, want the admin nodes' gRPC port via %s", addr.GetAddress(), addr.GetPortValue(), adminPeers)
-	}
-	if a := b.GetAdmin().GetAddress().GetSocketAddress(); a.GetAddress() != "127.0.0.1" {
-		t.Errorf("Envoy admin on %q: it must stay on loopback", a.GetAddress())
 	}
 	if mon := b.GetOverloadManager().GetResourceMonitors(); len(mon) != 1 || mon[0].GetTypedConfig() == nil {
 		t.Errorf("no downstream connection limit: %v", mon)
@@ -95,38 +152,129 @@ func TestGatewayBootstrap(t *testing.T) {
 		t.Errorf("node.cluster %q", b.GetNode().GetCluster())
 	}
 	dep := mustGet(t, r.deployments, gatewayName)
-	envoy := container(t, dep.Spec.Template.Spec, "envoy")
-	if a := args(envoy); a["--service-node"] != "$(POD_NAME)" && a["--service-node"] != gatewayName+"/$(POD_NAME)" || a["--config-path"] != "/etc/envoy/bootstrap.yaml" {
-		t.Errorf("envoy args %v: each Envoy needs its own node id and the mounted bootstrap", envoy.Args)
+	proxy := container(t, dep.Spec.Template.Spec, "envoy")
+	if a := args(proxy); a["--service-node"] != "$(POD_NAME)" && a["--service-node"] != gatewayName+"/$(POD_NAME)" || a["--config-path"] != "/etc/envoy/bootstrap.yaml" {
+		t.Errorf("envoy args %v: each Envoy needs its own node id and the mounted bootstrap", proxy.Args)
 	}
-	if p := envoy.ReadinessProbe; p == nil || p.TCPSocket == nil || p.TCPSocket.Port.String() != "http" {
-		t.Errorf("gateway readiness %s, want the xDS-delivered listener port", toYAML(p))
+	if p := proxy.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/ready" || p.HTTPGet.Port.String() != "stats" {
+		t.Errorf("gateway readiness %s, want GET /ready on the stats port", toYAML(p))
+	}
+	if got := containerPort(proxy, "stats"); got == 0 || uint32(got) != statsPort {
+		t.Errorf("envoy container port stats %d, the bootstrap's stats listener %d", got, statsPort)
 	}
 }
 
-// TestGatewayBootstrapMatchesEnvoyDir keeps the chart's bootstrap (Helm
-// cannot read files outside the chart) equivalent to the one in envoy/ in
-// what matters: ADS-only, no static listeners, one HTTP/2 xDS cluster.
-func TestGatewayBootstrapMatchesEnvoyDir(t *testing.T) {
+// TestGatewayBootstrapIsEnvoyBootstrap: the chart's bootstrap (a template,
+// as Helm cannot run Go) is, field for field, what envoy.Bootstrap builds
+// from the same values, under every values set: one bootstrap, two spellings.
+func TestGatewayBootstrapIsEnvoyBootstrap(t *testing.T) {
 	t.Parallel()
-	matches, _ := filepath.Glob(filepath.Join("..", "envoy", "*bootstrap*.yaml"))
-	if len(matches) == 0 {
-		t.Skip("envoy/ has no bootstrap yet; the chart's own bootstrap is checked by TestGatewayBootstrap")
+	sets := maps.Clone(valueSets)
+	sets["other ports and limit"] = withQueryAuth(map[string]any{
+		"gateway": map[string]any{"port": 8000, "adminPort": 19000, "statsPort": 15090, "maxConnections": 1234},
+		"admin":   map[string]any{"ports": map[string]any{"grpc": 9443}},
+	})
+	for name, vals := range sets {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := render(t, vals)
+			chart := parseBootstrap(t, "chart bootstrap", []byte(mustGet(t, r.configMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
+			want, err := envoy.Bootstrap(envoyConfig(t, vals))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := bootstrapYAML(t, chart), bootstrapYAML(t, want); got != want {
+				t.Errorf("the chart's bootstrap is not envoy.Bootstrap's for the same values (- envoy, + chart):\n%s", lineDiff(want, got))
+			}
+		})
 	}
-	r := render(t, valueSets["defaults"])
-	chartB := parseBootstrap(t, "chart bootstrap", []byte(mustGet(t, r.configMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
-	checkADSOnly(t, "chart bootstrap", chartB)
-	for _, path := range matches {
-		doc, err := os.ReadFile(path)
+}
+
+// envoyConfig is the envoy.Config of the chart's values merged with vals.
+func envoyConfig(t *testing.T, vals map[string]any) envoy.Config {
+	t.Helper()
+	ch := loadChart(t)
+	v := renderValues(t, ch, vals)
+	get := func(path string) any {
+		x, err := v.PathValue("Values." + path)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("values %s: %v", path, err)
 		}
-		repoB := parseBootstrap(t, path, doc)
-		checkADSOnly(t, path, repoB)
-		if chartB.GetDynamicResources().GetAdsConfig().GetSetNodeOnFirstMessageOnly() != repoB.GetDynamicResources().GetAdsConfig().GetSetNodeOnFirstMessageOnly() {
-			t.Errorf("%s: set_node_on_first_message_only differs from the chart's", path)
+		return x
+	}
+	num := func(path string) int64 {
+		switch n := get(path).(type) {
+		case float64:
+			return int64(n)
+		case int:
+			return int64(n)
+		case int64:
+			return n
+		default:
+			t.Fatalf("values %s: %T %v is not a number", path, n, n)
+			return 0
 		}
 	}
+	c := envoy.Config{
+		NodeCluster:    gatewayName,
+		AdminNodes:     []string{fmt.Sprintf("%s.%s.svc:%d", adminPeers, namespace, num("admin.ports.grpc"))},
+		AdminAddress:   fmt.Sprintf("127.0.0.1:%d", num("gateway.adminPort")),
+		StatsAddress:   fmt.Sprintf("0.0.0.0:%d", num("gateway.statsPort")),
+		MaxConnections: num("gateway.maxConnections"),
+	}
+	if get("tls.mode") != "insecure" {
+		c.TLS = &envoy.TLS{CA: "/etc/prism/tls/ca.crt", Cert: "/etc/prism/tls/tls.crt", Key: "/etc/prism/tls/tls.key", TrustDomain: get("tls.trustDomain").(string)}
+	}
+	return c
+}
+
+// bootstrapYAML is b as sorted YAML, typed configs unpacked, so equal
+// bootstraps give equal text however their Any bytes were marshalled.
+func bootstrapYAML(t *testing.T, b *bootstrapv3.Bootstrap) string {
+	t.Helper()
+	js, err := protojson.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := yaml.JSONToYAML(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(y)
+}
+
+// lineDiff lists the lines of a and b outside their longest common
+// subsequence, - for a's and + for b's, in order.
+func lineDiff(a, b string) string {
+	x, y := strings.Split(a, "\n"), strings.Split(b, "\n")
+	lcs := make([][]int, len(x)+1)
+	for i := range lcs {
+		lcs[i] = make([]int, len(y)+1)
+	}
+	for i := len(x) - 1; i >= 0; i-- {
+		for j := len(y) - 1; j >= 0; j-- {
+			if x[i] == y[j] {
+				lcs[i][j] = lcs[i+1][j+1] + 1
+			} else {
+				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
+			}
+		}
+	}
+	var out strings.Builder
+	i, j := 0, 0
+	for i < len(x) || j < len(y) {
+		switch {
+		case i < len(x) && j < len(y) && x[i] == y[j]:
+			i, j = i+1, j+1
+		case j < len(y) && (i == len(x) || lcs[i][j+1] >= lcs[i+1][j]):
+			fmt.Fprintf(&out, "+ %s\n", y[j])
+			j++
+		default:
+			fmt.Fprintf(&out, "- %s\n", x[i])
+			i++
+		}
+	}
+	return out.String()
 }
 
 // TestHelmTestQueriesGateway: the `helm test` pod asks the gateway Service
@@ -263,35 +411,36 @@ func TestGatewayQueryAuth(t *testing.T) {
 
 // What listens is what the chart points at: the listener the admin announces
 // over xDS (--gateway-addr) is on the port of the Envoy container that the
-// readiness probe and the Service's targetPort name. Without it Envoy listens
-// on prism admin's default 8080 and its pods never become Ready.
+// Service's targetPort names, and the readiness probe asks Envoy's /ready on
+// the container port where the bootstrap's stats listener passes it to the
+// admin interface. Without --gateway-addr Envoy listens on prism admin's
+// default 8080 and serves no one.
 func TestGatewayListenerIsWhatTheChartProbes(t *testing.T) {
 	t.Parallel()
-	for _, port := range []int{0, 12345} {
-		t.Run(fmt.Sprint(port), func(t *testing.T) {
+	for _, ports := range []map[string]any{nil, {"port": 12345, "statsPort": 12346, "adminPort": 12347}} {
+		t.Run(fmt.Sprint(ports), func(t *testing.T) {
 			t.Parallel()
 			overrides := valueSets["defaults"]
-			if port != 0 {
-				overrides = withQueryAuth(map[string]any{"gateway": map[string]any{"port": port}})
+			if ports != nil {
+				overrides = withQueryAuth(map[string]any{"gateway": ports})
 			}
 			r := render(t, overrides)
 			admin := container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")
 			listen := args(admin)["--gateway-addr"]
-			envoy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
-			var http int32
-			for _, p := range envoy.Ports {
-				if p.Name == "http" {
-					http = p.ContainerPort
-				}
-			}
+			proxy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
+			http, stats := containerPort(proxy, "http"), containerPort(proxy, "stats")
 			if want := fmt.Sprintf("0.0.0.0:%d", http); http == 0 || listen != want {
 				t.Fatalf("admin announces the gateway listener at %q; Envoy's http port is %d (want %q)", listen, http, want)
 			}
-			if port != 0 && http != int32(port) {
-				t.Fatalf("envoy http port %d, want gateway.port %d", http, port)
+			if ports != nil && (http != int32(ports["port"].(int)) || stats != int32(ports["statsPort"].(int))) {
+				t.Fatalf("envoy http and stats ports %d and %d, want gateway.port %v and gateway.statsPort %v", http, stats, ports["port"], ports["statsPort"])
 			}
-			if p := envoy.ReadinessProbe.TCPSocket.Port.String(); p != "http" {
-				t.Errorf("readiness probe on port %q, want the http port", p)
+			b := parseBootstrap(t, "chart bootstrap", []byte(mustGet(t, r.configMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
+			if _, listener := checkADSOnly(t, "chart bootstrap", b); stats == 0 || uint32(stats) != listener {
+				t.Errorf("envoy stats port %d, the bootstrap's stats listener is on %d", stats, listener)
+			}
+			if p := proxy.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "stats" || p.HTTPGet.Path != "/ready" {
+				t.Errorf("readiness probe %s, want GET /ready on the stats port", toYAML(p))
 			}
 			svc := mustGet(t, r.services, gatewayName)
 			if tp := svc.Spec.Ports[0].TargetPort.String(); tp != "http" {
@@ -332,8 +481,8 @@ func TestGatewayNodeIDMatchesIdentity(t *testing.T) {
 		}},
 	} {
 		r := render(t, tc.vals)
-		envoy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
-		if got, want := args(envoy)["--service-node"], tc.want(r); got != want {
+		proxy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
+		if got, want := args(proxy)["--service-node"], tc.want(r); got != want {
 			t.Errorf("%s: Envoy's node id %q, want %q", tc.name, got, want)
 		}
 	}

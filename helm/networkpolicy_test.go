@@ -161,6 +161,7 @@ func TestNetworkPoliciesAllowOnlyTheMeshFlows(t *testing.T) {
 				{"kubelet", "runner", kubelet, runner, "http", true},
 				{"kubelet", "sidecar", kubelet, runner, "sidecar-http", true},
 				{"client", "gateway", stranger, gateway, "http", true},
+				{"kubelet", "gateway stats", kubelet, gateway, "stats", true},
 				{"api server", "injector", kubelet, injector, "https", true},
 				{"runner", "kafka", runner, kafka, "kafka", true},
 				{"gateway", "jwks url", gateway, idp, "https", true},
