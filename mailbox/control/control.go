@@ -57,6 +57,7 @@ import (
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/runner"
+	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
@@ -77,6 +78,9 @@ type Host interface {
 	// Lag is the records mailbox id's consumer is behind, summed over its
 	// partitions; known is false until it has reported every partition.
 	Lag(id string) (lag int64, known bool)
+	// Positions are mailbox id's stored positions, the offset after its
+	// last durably stored record per topic-partition; known as for Lag.
+	Positions(id string) ([]ingest.Position, bool)
 }
 
 // Config of a Server. Host is required.
@@ -627,6 +631,11 @@ func (s *Server) statusLocked(ctx context.Context, e *entry) *runnerv1.MailboxSt
 	st.Consuming = s.host.Consuming(e.id)
 	if lag, known := s.host.Lag(e.id); known {
 		st.Lag = proto.Int64(lag)
+	}
+	if ps, known := s.host.Positions(e.id); known {
+		for _, p := range ps {
+			st.StoredPositions = append(st.StoredPositions, &runnerv1.StoredPosition{Topic: p.Topic, Partition: p.Partition, NextOffset: p.Next})
+		}
 	}
 	if ms, err := s.host.Stats(ctx, e.id); err == nil {
 		st.EventsStored, st.StorageBytes = ms.GetTotalEvents(), ms.GetTotalBytes()

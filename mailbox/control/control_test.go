@@ -19,6 +19,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
+	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
@@ -33,6 +34,8 @@ type fakeHost struct {
 	failOn  string
 	queries map[string]int64
 	lags    map[string]int64 // reported lag; absent is unknown
+	// reported stored positions; absent is unknown
+	positions map[string][]ingest.Position
 }
 
 func newFakeHost() *fakeHost {
@@ -134,6 +137,13 @@ func (h *fakeHost) Lag(id string) (int64, bool) {
 	defer h.mu.Unlock()
 	lag, ok := h.lags[id]
 	return lag, ok
+}
+
+func (h *fakeHost) Positions(id string) ([]ingest.Position, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ps, ok := h.positions[id]
+	return ps, ok
 }
 
 func (h *fakeHost) takeCalls() []string {
@@ -428,6 +438,54 @@ func TestStatsLag(t *testing.T) {
 			st := resp.GetMailboxes()[0]
 			if !equalPtr(st.Lag, tt.want) || (st.GetState() == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE) != tt.active {
 				t.Fatalf("GetStats = %v; want lag %v, active %v", st, tt.want, tt.active)
+			}
+		})
+	}
+}
+
+// TestStatsPositions: a serving mailbox reports its stored positions per
+// topic-partition once its consumer knows them, none while it does not, and
+// a mailbox not serving none at all.
+func TestStatsPositions(t *testing.T) {
+	t.Parallel()
+	known := []ingest.Position{{Topic: "a", Partition: 0, Next: 17}, {Topic: "a", Partition: 1, Next: 0}, {Topic: "b", Partition: 0, Next: 5}}
+	want := []*runnerv1.StoredPosition{{Topic: "a", Partition: 0, NextOffset: 17}, {Topic: "a", Partition: 1, NextOffset: 0}, {Topic: "b", Partition: 0, NextOffset: 5}}
+	tests := []struct {
+		name      string
+		epoch     uint64 // 0 leaves it OPEN
+		positions map[string][]ingest.Position
+		want      []*runnerv1.StoredPosition
+	}{
+		{name: "serving, known", epoch: 1, positions: map[string][]ingest.Position{"a@p": known}, want: want},
+		{name: "serving, unknown", epoch: 1},
+		{name: "serving, another mailbox's", epoch: 1, positions: map[string][]ingest.Position{"b@p": known}},
+		{name: "open, not serving", positions: map[string][]ingest.Position{"a@p": known}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, h, _ := newServer(t)
+			h.positions = tt.positions
+			ctx := context.Background()
+			req := &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg}
+			if tt.epoch != 0 {
+				req.Epoch, req.ValidFor = tt.epoch, vf
+			}
+			if _, err := s.OpenMailbox(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := s.GetStats(ctx, &runnerv1.GetStatsRequest{MailboxId: "a@p"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := resp.GetMailboxes()[0].GetStoredPositions()
+			if len(got) != len(tt.want) {
+				t.Fatalf("stored positions = %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if !proto.Equal(got[i], tt.want[i]) {
+					t.Fatalf("stored positions = %v, want %v", got, tt.want)
+				}
 			}
 		})
 	}

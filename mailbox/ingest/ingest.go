@@ -507,8 +507,8 @@ func (i *Ingester) reportLag(c sarama.ConsumerGroupClaim, next *atomic.Int64, st
 	t := i.cfg.Clock.NewTicker(i.cfg.LagInterval)
 	defer t.Stop()
 	for {
-		if lag, ok := i.claimLag(c, next.Load()); ok {
-			i.setLag(c, lag)
+		if at, lag, ok := i.claimLag(c, next.Load()); ok {
+			i.setLag(c, at, lag)
 		}
 		select {
 		case <-stop:
@@ -578,7 +578,7 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 	s.MarkMessage(last, "")
 	commits.request()
 	next.Store(last.Offset + 1)
-	i.setLag(c, max(0, c.HighWaterMarkOffset()-last.Offset-1))
+	i.setLag(c, last.Offset+1, max(0, c.HighWaterMarkOffset()-last.Offset-1))
 	return nil
 }
 

@@ -1,6 +1,9 @@
 package ingest
 
 import (
+	"cmp"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/IBM/sarama"
@@ -12,7 +15,13 @@ import (
 // lag is small).
 type lagSum struct {
 	mu    sync.Mutex
-	parts map[lagKey]int64 // nil between sessions; -1 until the claim reports
+	parts map[lagKey]claimReport // nil between sessions
+}
+
+// claimReport is a claim's last report; lag is -1 until it reports.
+type claimReport struct {
+	lag  int64
+	next int64 // the offset after the last stored record
 }
 
 type lagKey struct {
@@ -24,10 +33,10 @@ type lagKey struct {
 func (l *lagSum) begin(claims map[string][]int32) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.parts = map[lagKey]int64{}
+	l.parts = map[lagKey]claimReport{}
 	for t, ps := range claims {
 		for _, p := range ps {
-			l.parts[lagKey{t, p}] = -1
+			l.parts[lagKey{t, p}] = claimReport{lag: -1}
 		}
 	}
 }
@@ -39,12 +48,14 @@ func (l *lagSum) end() {
 	l.parts = nil
 }
 
-func (l *lagSum) set(topic string, partition int32, lag int64) {
+func (l *lagSum) set(topic string, partition int32, next, lag int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := lagKey{topic, partition}
-	if _, ok := l.parts[k]; ok {
-		l.parts[k] = lag
+	// A periodic report that loaded next before a batch's flush may land
+	// after it: within a session positions only grow, so it is stale.
+	if r, ok := l.parts[k]; ok && (r.lag < 0 || next >= r.next) {
+		l.parts[k] = claimReport{lag: lag, next: next}
 	}
 }
 
@@ -60,32 +71,66 @@ func (i *Ingester) Lag() (lag int64, known bool) {
 	if len(i.lag.parts) == 0 {
 		return 0, false
 	}
-	for _, n := range i.lag.parts {
-		if n < 0 {
+	for _, r := range i.lag.parts {
+		if r.lag < 0 {
 			return 0, false
 		}
-		lag += n
+		lag += r.lag
 	}
 	return lag, true
 }
 
-// setLag reports a claim's lag to the metrics and to Lag.
-func (i *Ingester) setLag(c sarama.ConsumerGroupClaim, lag int64) {
+// Position is where the mailbox's stored history of one partition ends.
+type Position struct {
+	Topic     string
+	Partition int32
+	// Next is the offset after the last durably stored record (the
+	// partition's oldest offset before the first).
+	Next int64
+}
+
+// Positions are the claims' stored positions as of their last reports,
+// sorted by topic then partition; known as for Lag. Unlike lag, a position
+// does not depend on when it was measured against a moving high watermark,
+// so two mailboxes' positions compare as what each has stored (issue 15).
+func (i *Ingester) Positions() ([]Position, bool) {
+	i.lag.mu.Lock()
+	defer i.lag.mu.Unlock()
+	if len(i.lag.parts) == 0 {
+		return nil, false
+	}
+	out := make([]Position, 0, len(i.lag.parts))
+	for k, r := range i.lag.parts {
+		if r.lag < 0 {
+			return nil, false
+		}
+		out = append(out, Position{Topic: k.topic, Partition: k.partition, Next: r.next})
+	}
+	slices.SortFunc(out, func(a, b Position) int {
+		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out, true
+}
+
+// setLag reports a claim's lag to the metrics and to Lag, and next, the
+// offset after its last durable record, to Positions.
+func (i *Ingester) setLag(c sarama.ConsumerGroupClaim, next, lag int64) {
 	i.cfg.Metrics.setLag(i.cfg.MailboxID, c.Topic(), c.Partition(), lag)
-	i.lag.set(c.Topic(), c.Partition(), lag)
+	i.lag.set(c.Topic(), c.Partition(), next, lag)
 }
 
 // claimLag is the claim's lag given next, the offset after its last durable
-// record. Before its first record (next < 0: a new group) the claim starts
-// at the partition's oldest offset, so an empty partition is known to be
-// 0 behind rather than unknown until a record arrives.
-func (i *Ingester) claimLag(c sarama.ConsumerGroupClaim, next int64) (int64, bool) {
+// record, and that offset resolved. Before its first record (next < 0: a
+// new group) the claim starts at the partition's oldest offset, so an empty
+// partition is known to be 0 behind rather than unknown until a record
+// arrives.
+func (i *Ingester) claimLag(c sarama.ConsumerGroupClaim, next int64) (resolved, lag int64, ok bool) {
 	if next < 0 {
 		oldest, err := i.client.GetOffset(c.Topic(), c.Partition(), sarama.OffsetOldest)
 		if err != nil {
-			return 0, false
+			return 0, 0, false
 		}
 		next = oldest
 	}
-	return max(0, c.HighWaterMarkOffset()-next), true
+	return next, max(0, c.HighWaterMarkOffset()-next), true
 }

@@ -61,12 +61,46 @@ func TestLag(t *testing.T) {
 		return func() bool { lag, known := ing.Lag(); return known && lag == want }
 	}
 	waitFor(t, fmt.Sprintf("lag %d while nothing is stored", n), lagIs(n))
+	checkPositions(t, ing, 0)
 	close(w.open)
 	waitFor(t, "lag 0 once the backlog is stored", lagIs(0))
+	checkPositions(t, ing, n)
 	if err := ing.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if lag, known := ing.Lag(); known {
 		t.Fatalf("Lag() after Close = %d, known; want unknown", lag)
+	}
+	if ps, known := ing.Positions(); known {
+		t.Fatalf("Positions() after Close = %v, known; want unknown", ps)
+	}
+}
+
+// checkPositions: both partitions of both topics, sorted, the empty topic's
+// at its start and the full one's summing to the records stored.
+func checkPositions(t *testing.T, ing *Ingester, stored int64) {
+	t.Helper()
+	ps, known := ing.Positions()
+	want := []struct {
+		topic     string
+		partition int32
+	}{{"empty", 0}, {"empty", 1}, {"full", 0}, {"full", 1}}
+	if !known || len(ps) != len(want) {
+		t.Fatalf("Positions() = %v, %v; want %d known", ps, known, len(want))
+	}
+	var sum int64
+	for i, p := range ps {
+		if p.Topic != want[i].topic || p.Partition != want[i].partition {
+			t.Fatalf("Positions() = %v; want sorted by topic then partition", ps)
+		}
+		if p.Topic == "empty" && p.Next != 0 {
+			t.Fatalf("Positions() = %v; want the empty topic at 0", ps)
+		}
+		if p.Topic == "full" {
+			sum += p.Next
+		}
+	}
+	if sum != stored {
+		t.Fatalf("Positions() = %v; want the full topic's summing to %d", ps, stored)
 	}
 }

@@ -909,10 +909,17 @@ type NamespaceHealth struct {
 	// high watermarks, summed over partitions; meaningful only when
 	// lag_known (the runner has fetched at least once). The admin switches a
 	// move to this proxy once it is small enough (Namespace.incoming_proxy_id).
-	Lag           int64 `protobuf:"varint,5,opt,name=lag,proto3" json:"lag,omitempty"`
-	LagKnown      bool  `protobuf:"varint,6,opt,name=lag_known,json=lagKnown,proto3" json:"lag_known,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Lag      int64 `protobuf:"varint,5,opt,name=lag,proto3" json:"lag,omitempty"`
+	LagKnown bool  `protobuf:"varint,6,opt,name=lag_known,json=lagKnown,proto3" json:"lag_known,omitempty"`
+	// Per topic-partition, the offset after the last record the mailbox has
+	// stored durably, sorted by topic then partition (the runner's
+	// MailboxStatus.stored_positions); empty while unknown or from a runner
+	// that does not report them. The admin switches a move once the
+	// destination's positions are at least the source's, and falls back to
+	// comparing lags when either side sends none.
+	StoredPositions []*StoredPosition `protobuf:"bytes,7,rep,name=stored_positions,json=storedPositions,proto3" json:"stored_positions,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *NamespaceHealth) Reset() {
@@ -987,6 +994,75 @@ func (x *NamespaceHealth) GetLagKnown() bool {
 	return false
 }
 
+func (x *NamespaceHealth) GetStoredPositions() []*StoredPosition {
+	if x != nil {
+		return x.StoredPositions
+	}
+	return nil
+}
+
+// StoredPosition is where a mailbox's stored history of one partition ends.
+type StoredPosition struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition int32                  `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The next offset after the last stored record.
+	NextOffset    int64 `protobuf:"varint,3,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoredPosition) Reset() {
+	*x = StoredPosition{}
+	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoredPosition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoredPosition) ProtoMessage() {}
+
+func (x *StoredPosition) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoredPosition.ProtoReflect.Descriptor instead.
+func (*StoredPosition) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *StoredPosition) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *StoredPosition) GetPartition() int32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *StoredPosition) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
 // PartitionRange is an inclusive range of partitions [start, end] in 0..255.
 type PartitionRange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -998,7 +1074,7 @@ type PartitionRange struct {
 
 func (x *PartitionRange) Reset() {
 	*x = PartitionRange{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1086,7 @@ func (x *PartitionRange) String() string {
 func (*PartitionRange) ProtoMessage() {}
 
 func (x *PartitionRange) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1099,7 @@ func (x *PartitionRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionRange.ProtoReflect.Descriptor instead.
 func (*PartitionRange) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PartitionRange) GetStart() uint32 {
@@ -1056,7 +1132,7 @@ type LeaseConfig struct {
 
 func (x *LeaseConfig) Reset() {
 	*x = LeaseConfig{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1144,7 @@ func (x *LeaseConfig) String() string {
 func (*LeaseConfig) ProtoMessage() {}
 
 func (x *LeaseConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1157,7 @@ func (x *LeaseConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseConfig.ProtoReflect.Descriptor instead.
 func (*LeaseConfig) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LeaseConfig) GetTtl() *durationpb.Duration {
@@ -1116,7 +1192,7 @@ type RetentionConfig struct {
 
 func (x *RetentionConfig) Reset() {
 	*x = RetentionConfig{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1128,7 +1204,7 @@ func (x *RetentionConfig) String() string {
 func (*RetentionConfig) ProtoMessage() {}
 
 func (x *RetentionConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1141,7 +1217,7 @@ func (x *RetentionConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetentionConfig.ProtoReflect.Descriptor instead.
 func (*RetentionConfig) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RetentionConfig) GetMaxAge() *durationpb.Duration {
@@ -1175,7 +1251,7 @@ type NamespaceConfig struct {
 
 func (x *NamespaceConfig) Reset() {
 	*x = NamespaceConfig{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1263,7 @@ func (x *NamespaceConfig) String() string {
 func (*NamespaceConfig) ProtoMessage() {}
 
 func (x *NamespaceConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1276,7 @@ func (x *NamespaceConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceConfig.ProtoReflect.Descriptor instead.
 func (*NamespaceConfig) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NamespaceConfig) GetTopics() []string {
@@ -1291,7 +1367,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1303,7 +1379,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1316,7 +1392,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Namespace) GetName() string {
@@ -1437,7 +1513,7 @@ type LeaseStats struct {
 
 func (x *LeaseStats) Reset() {
 	*x = LeaseStats{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1449,7 +1525,7 @@ func (x *LeaseStats) String() string {
 func (*LeaseStats) ProtoMessage() {}
 
 func (x *LeaseStats) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1462,7 +1538,7 @@ func (x *LeaseStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseStats.ProtoReflect.Descriptor instead.
 func (*LeaseStats) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LeaseStats) GetEventsStored() int64 {
@@ -1535,7 +1611,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1623,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1636,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Lease) GetMailboxId() string {
@@ -1692,7 +1768,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1780,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1793,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Session) GetId() uint64 {
@@ -1800,7 +1876,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1888,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1901,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Route) GetMailboxId() string {
@@ -1893,7 +1969,7 @@ type NamespaceRoute struct {
 
 func (x *NamespaceRoute) Reset() {
 	*x = NamespaceRoute{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +1981,7 @@ func (x *NamespaceRoute) String() string {
 func (*NamespaceRoute) ProtoMessage() {}
 
 func (x *NamespaceRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +1994,7 @@ func (x *NamespaceRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceRoute.ProtoReflect.Descriptor instead.
 func (*NamespaceRoute) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NamespaceRoute) GetNamespace() string {
@@ -1961,7 +2037,7 @@ type LeaseRefusal struct {
 
 func (x *LeaseRefusal) Reset() {
 	*x = LeaseRefusal{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2049,7 @@ func (x *LeaseRefusal) String() string {
 func (*LeaseRefusal) ProtoMessage() {}
 
 func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2062,7 @@ func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRefusal.ProtoReflect.Descriptor instead.
 func (*LeaseRefusal) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LeaseRefusal) GetReason() LeaseRefusalReason {
@@ -2042,7 +2118,7 @@ type NamespaceAssignment struct {
 
 func (x *NamespaceAssignment) Reset() {
 	*x = NamespaceAssignment{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2054,7 +2130,7 @@ func (x *NamespaceAssignment) String() string {
 func (*NamespaceAssignment) ProtoMessage() {}
 
 func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2067,7 +2143,7 @@ func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceAssignment.ProtoReflect.Descriptor instead.
 func (*NamespaceAssignment) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NamespaceAssignment) GetNamespace() string {
@@ -2143,14 +2219,20 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x10namespace_health\x18\x05 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\x12(\n" +
 	"\x10runner_not_ready\x18\x06 \x01(\bR\x0erunnerNotReady\x12\x1a\n" +
 	"\bcordoned\x18\a \x01(\bR\bcordoned\x12+\n" +
-	"\x11draining_instance\x18\b \x01(\tR\x10drainingInstance\"\xed\x01\n" +
+	"\x11draining_instance\x18\b \x01(\tR\x10drainingInstance\"\xb8\x02\n" +
 	"\x0fNamespaceHealth\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x124\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1c.prism.admin.v1.HealthStatusR\x06status\x12'\n" +
 	"\x0factive_sessions\x18\x03 \x01(\x05R\x0eactiveSessions\x12.\n" +
 	"\x13requests_per_second\x18\x04 \x01(\x03R\x11requestsPerSecond\x12\x10\n" +
 	"\x03lag\x18\x05 \x01(\x03R\x03lag\x12\x1b\n" +
-	"\tlag_known\x18\x06 \x01(\bR\blagKnown\"8\n" +
+	"\tlag_known\x18\x06 \x01(\bR\blagKnown\x12I\n" +
+	"\x10stored_positions\x18\a \x03(\v2\x1e.prism.admin.v1.StoredPositionR\x0fstoredPositions\"e\n" +
+	"\x0eStoredPosition\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x1f\n" +
+	"\vnext_offset\x18\x03 \x01(\x03R\n" +
+	"nextOffset\"8\n" +
 	"\x0ePartitionRange\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\rR\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\rR\x03end\"\xb5\x01\n" +
@@ -2328,7 +2410,7 @@ func file_prism_admin_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_admin_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_prism_admin_v1_types_proto_goTypes = []any{
 	(ProxyStatus)(0),              // 0: prism.admin.v1.ProxyStatus
 	(HealthStatus)(0),             // 1: prism.admin.v1.HealthStatus
@@ -2343,66 +2425,68 @@ var file_prism_admin_v1_types_proto_goTypes = []any{
 	(*ProxyRegistration)(nil),     // 10: prism.admin.v1.ProxyRegistration
 	(*Proxy)(nil),                 // 11: prism.admin.v1.Proxy
 	(*NamespaceHealth)(nil),       // 12: prism.admin.v1.NamespaceHealth
-	(*PartitionRange)(nil),        // 13: prism.admin.v1.PartitionRange
-	(*LeaseConfig)(nil),           // 14: prism.admin.v1.LeaseConfig
-	(*RetentionConfig)(nil),       // 15: prism.admin.v1.RetentionConfig
-	(*NamespaceConfig)(nil),       // 16: prism.admin.v1.NamespaceConfig
-	(*Namespace)(nil),             // 17: prism.admin.v1.Namespace
-	(*LeaseStats)(nil),            // 18: prism.admin.v1.LeaseStats
-	(*Lease)(nil),                 // 19: prism.admin.v1.Lease
-	(*Session)(nil),               // 20: prism.admin.v1.Session
-	(*Route)(nil),                 // 21: prism.admin.v1.Route
-	(*NamespaceRoute)(nil),        // 22: prism.admin.v1.NamespaceRoute
-	(*LeaseRefusal)(nil),          // 23: prism.admin.v1.LeaseRefusal
-	(*NamespaceAssignment)(nil),   // 24: prism.admin.v1.NamespaceAssignment
-	nil,                           // 25: prism.admin.v1.ProxyRegistration.LabelsEntry
-	nil,                           // 26: prism.admin.v1.NamespaceConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
+	(*StoredPosition)(nil),        // 13: prism.admin.v1.StoredPosition
+	(*PartitionRange)(nil),        // 14: prism.admin.v1.PartitionRange
+	(*LeaseConfig)(nil),           // 15: prism.admin.v1.LeaseConfig
+	(*RetentionConfig)(nil),       // 16: prism.admin.v1.RetentionConfig
+	(*NamespaceConfig)(nil),       // 17: prism.admin.v1.NamespaceConfig
+	(*Namespace)(nil),             // 18: prism.admin.v1.Namespace
+	(*LeaseStats)(nil),            // 19: prism.admin.v1.LeaseStats
+	(*Lease)(nil),                 // 20: prism.admin.v1.Lease
+	(*Session)(nil),               // 21: prism.admin.v1.Session
+	(*Route)(nil),                 // 22: prism.admin.v1.Route
+	(*NamespaceRoute)(nil),        // 23: prism.admin.v1.NamespaceRoute
+	(*LeaseRefusal)(nil),          // 24: prism.admin.v1.LeaseRefusal
+	(*NamespaceAssignment)(nil),   // 25: prism.admin.v1.NamespaceAssignment
+	nil,                           // 26: prism.admin.v1.ProxyRegistration.LabelsEntry
+	nil,                           // 27: prism.admin.v1.NamespaceConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
 }
 var file_prism_admin_v1_types_proto_depIdxs = []int32{
-	25, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
+	26, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
 	10, // 1: prism.admin.v1.Proxy.registration:type_name -> prism.admin.v1.ProxyRegistration
 	0,  // 2: prism.admin.v1.Proxy.status:type_name -> prism.admin.v1.ProxyStatus
-	27, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
-	27, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
+	28, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
+	28, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
 	12, // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
 	1,  // 6: prism.admin.v1.NamespaceHealth.status:type_name -> prism.admin.v1.HealthStatus
-	28, // 7: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
-	28, // 8: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	28, // 9: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
-	28, // 10: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
-	14, // 11: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
-	2,  // 12: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
-	15, // 13: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
-	26, // 14: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
-	16, // 15: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
-	27, // 16: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
-	27, // 17: prism.admin.v1.Namespace.handoff_until:type_name -> google.protobuf.Timestamp
-	27, // 18: prism.admin.v1.Namespace.move_started_at:type_name -> google.protobuf.Timestamp
-	27, // 19: prism.admin.v1.Namespace.switched_at:type_name -> google.protobuf.Timestamp
-	3,  // 20: prism.admin.v1.Namespace.move_reason:type_name -> prism.admin.v1.MoveReason
-	5,  // 21: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
-	27, // 22: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	27, // 23: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	28, // 24: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	28, // 25: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
-	28, // 26: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
-	27, // 27: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	18, // 28: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
-	28, // 29: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
-	28, // 30: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
-	27, // 31: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
-	27, // 32: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
-	6,  // 33: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
-	19, // 34: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
-	16, // 35: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
-	7,  // 36: prism.admin.v1.NamespaceAssignment.role:type_name -> prism.admin.v1.AssignmentRole
-	37, // [37:37] is the sub-list for method output_type
-	37, // [37:37] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	13, // 7: prism.admin.v1.NamespaceHealth.stored_positions:type_name -> prism.admin.v1.StoredPosition
+	29, // 8: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
+	29, // 9: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	29, // 10: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
+	29, // 11: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
+	15, // 12: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
+	2,  // 13: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
+	16, // 14: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
+	27, // 15: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
+	17, // 16: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
+	28, // 17: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
+	28, // 18: prism.admin.v1.Namespace.handoff_until:type_name -> google.protobuf.Timestamp
+	28, // 19: prism.admin.v1.Namespace.move_started_at:type_name -> google.protobuf.Timestamp
+	28, // 20: prism.admin.v1.Namespace.switched_at:type_name -> google.protobuf.Timestamp
+	3,  // 21: prism.admin.v1.Namespace.move_reason:type_name -> prism.admin.v1.MoveReason
+	5,  // 22: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
+	28, // 23: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	28, // 24: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	29, // 25: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	29, // 26: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
+	29, // 27: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
+	28, // 28: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	19, // 29: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
+	29, // 30: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
+	29, // 31: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
+	28, // 32: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
+	28, // 33: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 34: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
+	20, // 35: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
+	17, // 36: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
+	7,  // 37: prism.admin.v1.NamespaceAssignment.role:type_name -> prism.admin.v1.AssignmentRole
+	38, // [38:38] is the sub-list for method output_type
+	38, // [38:38] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_types_proto_init() }
@@ -2416,7 +2500,7 @@ func file_prism_admin_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_types_proto_rawDesc), len(file_prism_admin_v1_types_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

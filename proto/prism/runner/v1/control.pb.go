@@ -1110,9 +1110,16 @@ type MailboxStatus struct {
 	// reads as unknown, never as caught up. The sidecar reports it in its
 	// proxy heartbeat so the admin can switch a catching-up namespace
 	// (issue 15).
-	Lag           *int64 `protobuf:"varint,11,opt,name=lag,proto3,oneof" json:"lag,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Lag *int64 `protobuf:"varint,11,opt,name=lag,proto3,oneof" json:"lag,omitempty"`
+	// Per topic-partition, the offset after the last record the mailbox has
+	// stored durably (fsynced), sorted by topic then partition. A position is
+	// a fact about what is stored, unlike lag, a distance to a high watermark
+	// that keeps moving: the admin switches a move once the destination's
+	// positions are at least the source's (issue 15). Empty while unknown, as
+	// for lag: every partition of the session must have reported once.
+	StoredPositions []*StoredPosition `protobuf:"bytes,12,rep,name=stored_positions,json=storedPositions,proto3" json:"stored_positions,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *MailboxStatus) Reset() {
@@ -1222,6 +1229,76 @@ func (x *MailboxStatus) GetLag() int64 {
 	return 0
 }
 
+func (x *MailboxStatus) GetStoredPositions() []*StoredPosition {
+	if x != nil {
+		return x.StoredPositions
+	}
+	return nil
+}
+
+// StoredPosition is where a mailbox's stored history of one partition ends.
+type StoredPosition struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition int32                  `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The next offset after the last stored record; the partition's oldest
+	// offset when the mailbox has stored none of it yet.
+	NextOffset    int64 `protobuf:"varint,3,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoredPosition) Reset() {
+	*x = StoredPosition{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoredPosition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoredPosition) ProtoMessage() {}
+
+func (x *StoredPosition) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoredPosition.ProtoReflect.Descriptor instead.
+func (*StoredPosition) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *StoredPosition) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *StoredPosition) GetPartition() int32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *StoredPosition) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
 var File_prism_runner_v1_control_proto protoreflect.FileDescriptor
 
 const file_prism_runner_v1_control_proto_rawDesc = "" +
@@ -1284,7 +1361,7 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\"P\n" +
 	"\x10GetStatsResponse\x12<\n" +
-	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\x9c\x03\n" +
+	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\xe8\x03\n" +
 	"\rMailboxStatus\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x123\n" +
@@ -1298,8 +1375,14 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	" \x01(\bR\adrained\x126\n" +
 	"\tvalid_for\x18\b \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x12!\n" +
 	"\ffence_reason\x18\t \x01(\tR\vfenceReason\x12\x15\n" +
-	"\x03lag\x18\v \x01(\x03H\x00R\x03lag\x88\x01\x01B\x06\n" +
-	"\x04_lag*\x85\x01\n" +
+	"\x03lag\x18\v \x01(\x03H\x00R\x03lag\x88\x01\x01\x12J\n" +
+	"\x10stored_positions\x18\f \x03(\v2\x1f.prism.runner.v1.StoredPositionR\x0fstoredPositionsB\x06\n" +
+	"\x04_lag\"e\n" +
+	"\x0eStoredPosition\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x1f\n" +
+	"\vnext_offset\x18\x03 \x01(\x03R\n" +
+	"nextOffset*\x85\x01\n" +
 	"\x0eValidationMode\x12\x1f\n" +
 	"\x1bVALIDATION_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16VALIDATION_MODE_STRICT\x10\x01\x12\x18\n" +
@@ -1333,7 +1416,7 @@ func file_prism_runner_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_runner_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_prism_runner_v1_control_proto_goTypes = []any{
 	(ValidationMode)(0),             // 0: prism.runner.v1.ValidationMode
 	(MailboxState)(0),               // 1: prism.runner.v1.MailboxState
@@ -1356,16 +1439,17 @@ var file_prism_runner_v1_control_proto_goTypes = []any{
 	(*GetStatsRequest)(nil),         // 18: prism.runner.v1.GetStatsRequest
 	(*GetStatsResponse)(nil),        // 19: prism.runner.v1.GetStatsResponse
 	(*MailboxStatus)(nil),           // 20: prism.runner.v1.MailboxStatus
-	(*durationpb.Duration)(nil),     // 21: google.protobuf.Duration
+	(*StoredPosition)(nil),          // 21: prism.runner.v1.StoredPosition
+	(*durationpb.Duration)(nil),     // 22: google.protobuf.Duration
 }
 var file_prism_runner_v1_control_proto_depIdxs = []int32{
 	0,  // 0: prism.runner.v1.MailboxConfig.validation_mode:type_name -> prism.runner.v1.ValidationMode
 	2,  // 1: prism.runner.v1.OpenMailboxRequest.config:type_name -> prism.runner.v1.MailboxConfig
-	21, // 2: prism.runner.v1.OpenMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	22, // 2: prism.runner.v1.OpenMailboxRequest.valid_for:type_name -> google.protobuf.Duration
 	20, // 3: prism.runner.v1.OpenMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	21, // 4: prism.runner.v1.ActivateMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	22, // 4: prism.runner.v1.ActivateMailboxRequest.valid_for:type_name -> google.protobuf.Duration
 	20, // 5: prism.runner.v1.ActivateMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	21, // 6: prism.runner.v1.ExtendMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	22, // 6: prism.runner.v1.ExtendMailboxRequest.valid_for:type_name -> google.protobuf.Duration
 	20, // 7: prism.runner.v1.ExtendMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
 	7,  // 8: prism.runner.v1.ExtendMailboxesRequest.mailboxes:type_name -> prism.runner.v1.ExtendMailboxRequest
 	11, // 9: prism.runner.v1.ExtendMailboxesResponse.results:type_name -> prism.runner.v1.ExtendMailboxResult
@@ -1373,28 +1457,29 @@ var file_prism_runner_v1_control_proto_depIdxs = []int32{
 	20, // 11: prism.runner.v1.FenceMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
 	20, // 12: prism.runner.v1.GetStatsResponse.mailboxes:type_name -> prism.runner.v1.MailboxStatus
 	1,  // 13: prism.runner.v1.MailboxStatus.state:type_name -> prism.runner.v1.MailboxState
-	21, // 14: prism.runner.v1.MailboxStatus.valid_for:type_name -> google.protobuf.Duration
-	3,  // 15: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
-	5,  // 16: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
-	7,  // 17: prism.runner.v1.RunnerControl.ExtendMailbox:input_type -> prism.runner.v1.ExtendMailboxRequest
-	9,  // 18: prism.runner.v1.RunnerControl.ExtendMailboxes:input_type -> prism.runner.v1.ExtendMailboxesRequest
-	12, // 19: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
-	14, // 20: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
-	16, // 21: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
-	18, // 22: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
-	4,  // 23: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
-	6,  // 24: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
-	8,  // 25: prism.runner.v1.RunnerControl.ExtendMailbox:output_type -> prism.runner.v1.ExtendMailboxResponse
-	10, // 26: prism.runner.v1.RunnerControl.ExtendMailboxes:output_type -> prism.runner.v1.ExtendMailboxesResponse
-	13, // 27: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
-	15, // 28: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
-	17, // 29: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
-	19, // 30: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
-	23, // [23:31] is the sub-list for method output_type
-	15, // [15:23] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	22, // 14: prism.runner.v1.MailboxStatus.valid_for:type_name -> google.protobuf.Duration
+	21, // 15: prism.runner.v1.MailboxStatus.stored_positions:type_name -> prism.runner.v1.StoredPosition
+	3,  // 16: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
+	5,  // 17: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
+	7,  // 18: prism.runner.v1.RunnerControl.ExtendMailbox:input_type -> prism.runner.v1.ExtendMailboxRequest
+	9,  // 19: prism.runner.v1.RunnerControl.ExtendMailboxes:input_type -> prism.runner.v1.ExtendMailboxesRequest
+	12, // 20: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
+	14, // 21: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
+	16, // 22: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
+	18, // 23: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
+	4,  // 24: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
+	6,  // 25: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
+	8,  // 26: prism.runner.v1.RunnerControl.ExtendMailbox:output_type -> prism.runner.v1.ExtendMailboxResponse
+	10, // 27: prism.runner.v1.RunnerControl.ExtendMailboxes:output_type -> prism.runner.v1.ExtendMailboxesResponse
+	13, // 28: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
+	15, // 29: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
+	17, // 30: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
+	19, // 31: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
+	24, // [24:32] is the sub-list for method output_type
+	16, // [16:24] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_prism_runner_v1_control_proto_init() }
@@ -1409,7 +1494,7 @@ func file_prism_runner_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_runner_v1_control_proto_rawDesc), len(file_prism_runner_v1_control_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
