@@ -406,15 +406,22 @@ func (a *Agent) proxyHeartbeats(ctx context.Context) {
 }
 
 // namespaceHealth reports every assigned namespace, with its mailbox's lag
-// from stats, the runner's answer to this heartbeat's probe (nil if it did
-// not answer): the admin switches a move once the destination's lag is
-// small (issue 15). A mailbox the runner does not report, or reports
-// without a lag, is sent with lag_known false.
+// and stored positions from stats, the runner's answer to this heartbeat's
+// probe (nil if it did not answer): the admin switches a move once the
+// destination's positions reach the source's, or by lag from runners that
+// report no positions (issue 15). A mailbox the runner does not report, or
+// reports without a lag, is sent with lag_known false; without positions,
+// with none.
 func (a *Agent) namespaceHealth(stats *runnerv1.GetStatsResponse) []*adminv1.NamespaceHealth {
 	lags := map[string]int64{}
+	positions := map[string][]*adminv1.StoredPosition{}
 	for _, st := range stats.GetMailboxes() {
 		if st.Lag != nil {
 			lags[st.GetMailboxId()] = st.GetLag()
+		}
+		for _, p := range st.GetStoredPositions() {
+			positions[st.GetMailboxId()] = append(positions[st.GetMailboxId()], &adminv1.StoredPosition{
+				Topic: p.GetTopic(), Partition: p.GetPartition(), NextOffset: p.GetNextOffset()})
 		}
 	}
 	var out []*adminv1.NamespaceHealth
@@ -424,7 +431,8 @@ func (a *Agent) namespaceHealth(stats *runnerv1.GetStatsResponse) []*adminv1.Nam
 			h = adminv1.HealthStatus_HEALTH_STATUS_UNHEALTHY
 		}
 		lag, known := lags[v.MailboxID]
-		out = append(out, &adminv1.NamespaceHealth{Namespace: v.Namespace, Status: h, Lag: lag, LagKnown: known})
+		out = append(out, &adminv1.NamespaceHealth{Namespace: v.Namespace, Status: h, Lag: lag, LagKnown: known,
+			StoredPositions: positions[v.MailboxID]})
 	}
 	return out
 }

@@ -643,3 +643,12 @@ func (r *fakeRunner) setLag(id string, lag *int64) {
 		st.Lag = lag
 	}
 }
+
+// setPositions sets the stored positions the runner reports for mailbox id.
+func (r *fakeRunner) setPositions(id string, ps ...*runnerv1.StoredPosition) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st, ok := r.mb[id]; ok {
+		st.StoredPositions = ps
+	}
+}

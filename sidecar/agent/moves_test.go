@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
 const (
@@ -113,9 +114,9 @@ func (h *harness) waitIndex(prefix string) int {
 	return i
 }
 
-// The proxy heartbeat reports each namespace's lag from the runner's stats
-// probe: known with the runner's figure when it gives one, unknown
-// (lag_known false) when it does not.
+// The proxy heartbeat reports each namespace's lag and stored positions
+// from the runner's stats probe: known with the runner's figures when it
+// gives them, unknown (lag_known false, no positions) when it does not.
 func TestProxyHeartbeatReportsLag(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -123,6 +124,7 @@ func TestProxyHeartbeatReportsLag(t *testing.T) {
 	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 3 })
 	h.runner.setLag("in@p1", proto.Int64(120))
 	h.runner.setLag("out@p1", proto.Int64(0))
+	h.runner.setPositions("in@p1", &runnerv1.StoredPosition{Topic: "t", Partition: 0, NextOffset: 30}, &runnerv1.StoredPosition{Topic: "t", Partition: 1, NextOffset: 7})
 	h.settle(4)
 	h.clk.Step(testInterval)
 	h.waitFor("proxy heartbeat", func() bool { hbs, _ := h.admin.proxyReports(); return len(hbs) > 0 })
@@ -132,7 +134,8 @@ func TestProxyHeartbeatReportsLag(t *testing.T) {
 		got[nh.GetNamespace()] = nh
 	}
 	for ns, want := range map[string]*adminv1.NamespaceHealth{
-		"in":    {Namespace: "in", Status: adminv1.HealthStatus_HEALTH_STATUS_HEALTHY, Lag: 120, LagKnown: true},
+		"in": {Namespace: "in", Status: adminv1.HealthStatus_HEALTH_STATUS_HEALTHY, Lag: 120, LagKnown: true, StoredPositions: []*adminv1.StoredPosition{
+			{Topic: "t", Partition: 0, NextOffset: 30}, {Topic: "t", Partition: 1, NextOffset: 7}}},
 		"fresh": {Namespace: "fresh", Status: adminv1.HealthStatus_HEALTH_STATUS_HEALTHY},
 		"out":   {Namespace: "out", Status: adminv1.HealthStatus_HEALTH_STATUS_HEALTHY, Lag: 0, LagKnown: true},
 	} {
