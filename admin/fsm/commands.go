@@ -130,6 +130,9 @@ func validateProxyHeartbeat(cmd *adminv1.Command) error {
 			return invalid("namespace_health", "%q listed twice", h.GetNamespace())
 		}
 		seen[h.GetNamespace()] = true
+		if len(h.GetOpenFailure()) > maxOpenFailureLen {
+			return invalid(fmt.Sprintf("namespace_health[%d].open_failure", i), "longer than %d bytes", maxOpenFailureLen)
+		}
 	}
 	return nil
 }
@@ -140,6 +143,8 @@ func validateProxyHeartbeat(cmd *adminv1.Command) error {
 // gives its partitions up or takes them back the same way. A heartbeat
 // without the field (an older sidecar) says ready; one from the sidecar of
 // a runner other than the registered one (a standby) leaves it as it was.
+// A namespace reported open_failed is excluded from the proxy for a while
+// (exclude.go), which may move it at once.
 func applyProxyHeartbeat(tx *txn, cmd *adminv1.Command) (any, error) {
 	hb := cmd.GetProxyHeartbeat()
 	prev, ok := tx.st.proxies[hb.GetProxyId()]
@@ -152,13 +157,10 @@ func applyProxyHeartbeat(tx *txn, cmd *adminv1.Command) (any, error) {
 	if r := hb.GetRunnerId(); r == "" || r == registeredRunner(prev.GetRegistration()) {
 		p.RunnerNotReady = hb.GetRunnerNotReady()
 	}
-	p.NamespaceHealth = make([]*adminv1.NamespaceHealth, len(hb.GetNamespaceHealth()))
-	for i, h := range hb.GetNamespaceHealth() {
-		p.NamespaceHealth[i] = proto.CloneOf(h)
-	}
-	sortBy(p.NamespaceHealth, (*adminv1.NamespaceHealth).GetNamespace)
+	var exclusions bool
+	p.NamespaceHealth, exclusions = tx.st.storedHealth(prev.GetNamespaceHealth(), hb.GetNamespaceHealth(), tx.now)
 	tx.putProxy(p)
-	if placeable(prev) != placeable(p) {
+	if placeable(prev) != placeable(p) || exclusions {
 		tx.replace()
 	}
 	return &adminv1.ProxyHeartbeatResponse{Proxy: proto.CloneOf(p), Index: tx.index}, nil
@@ -226,16 +228,15 @@ func applyCreateNamespace(tx *txn, cmd *adminv1.Command) (any, error) {
 		}
 		return &adminv1.CreateNamespaceResponse{Namespace: proto.CloneOf(prev), Index: tx.index}, nil
 	}
-	part := placement.Partition(c.GetNamespace())
 	n := &adminv1.Namespace{
 		Name:            c.GetNamespace(),
 		Config:          proto.CloneOf(c.GetConfig()),
-		Partition:       part,
-		AssignedProxyId: tx.st.table.Owner(part),
+		Partition:       placement.Partition(c.GetNamespace()),
 		CreatedAt:       cmd.GetNow(),
 		CreatedIndex:    tx.index,
 		AssignmentIndex: tx.index,
 	}
+	n.AssignedProxyId = tx.st.ownerOf(n)
 	tx.putNamespace(n)
 	return &adminv1.CreateNamespaceResponse{Namespace: proto.CloneOf(n), Created: true, Index: tx.index}, nil
 }

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -143,6 +144,9 @@ func applyStartMove(tx *txn, cmd *adminv1.Command) (any, error) {
 	}
 	if why := targetRefusal(p); why != adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_UNSPECIFIED {
 		return refusedMove("proxy %s cannot take namespaces: %s", m.GetToProxyId(), why)
+	}
+	if excluded(p, n.GetName()) {
+		return refusedMove("proxy %s reported it cannot open namespace %s's mailbox; it is excluded from it until %s", m.GetToProxyId(), n.GetName(), healthEntry(p, n.GetName()).GetExcludedUntil().AsTime().Format(time.RFC3339))
 	}
 	reason := m.GetReason()
 	if reason == adminv1.MoveReason_MOVE_REASON_UNSPECIFIED {
@@ -295,7 +299,7 @@ func applyRebalance(tx *txn, cmd *adminv1.Command) (any, error) {
 		if unschedulable(tx.st.proxies[n.GetAssignedProxyId()]) {
 			reason = adminv1.MoveReason_MOVE_REASON_DRAIN
 		}
-		tx.startMove(n, tx.st.table.Owner(n.GetPartition()), reason)
+		tx.startMove(n, tx.st.ownerOf(n), reason)
 		res.Started = append(res.Started, name)
 		free--
 	}
@@ -346,7 +350,7 @@ func (s *state) pendingMoves() []string {
 	var out []string
 	for _, name := range sortedKeys(s.namespaces) {
 		n := s.namespaces[name]
-		owner, a := s.table.Owner(n.GetPartition()), n.GetAssignedProxyId()
+		owner, a := s.ownerOf(n), n.GetAssignedProxyId()
 		if owner == "" || owner == a || moving(n) || !serving(s.proxies[a]) {
 			continue
 		}

@@ -244,7 +244,7 @@ func (tx *txn) checkpointLease(l *adminv1.Lease) {
 // replace recomputes the placement table from the placeable proxies and
 // acts on the namespaces whose owner changed; rendezvous hashing makes them
 // the minimal set. One whose assigned proxy no longer serves (stale, runner
-// dead) is reassigned at once, break-before-make: nothing serves it, so
+// dead, or excluded from it: exclude.go) is reassigned at once, break-before-make: nothing serves it, so
 // waiting buys nothing. One whose proxy still serves (a join, a cordon, a
 // proxy back in placement) is left where it is for Rebalance, which moves it
 // by handoff at the leader's rate. A move whose destination can no longer
@@ -256,16 +256,18 @@ func (tx *txn) replace() {
 	tx.st.table = placement.Compute(tx.st.placeableProxyIDs())
 	for _, name := range sortedKeys(tx.st.namespaces) {
 		n := tx.st.namespaces[name]
-		owner := tx.st.table.Owner(n.GetPartition())
+		owner := tx.st.ownerOf(n)
 		if in := n.GetIncomingProxyId(); in != "" {
 			if why := targetRefusal(tx.st.proxies[in]); why != adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_UNSPECIFIED {
 				n = tx.abandonMove(n, why)
+			} else if excluded(tx.st.proxies[in], name) {
+				n = tx.abandonMove(n, adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_TARGET_NOT_READY)
 			} else if in != owner && n.GetMoveReason() != adminv1.MoveReason_MOVE_REASON_OPERATOR {
 				n = tx.abandonMove(n, adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_REPLACED)
 			}
 		}
 		a := n.GetAssignedProxyId()
-		if owner == a || serving(tx.st.proxies[a]) {
+		if owner == a || serving(tx.st.proxies[a]) && !excluded(tx.st.proxies[a], name) {
 			continue
 		}
 		if n.GetIncomingProxyId() != "" {

@@ -918,8 +918,22 @@ type NamespaceHealth struct {
 	// destination's positions are at least the source's, and falls back to
 	// comparing lags when either side sends none.
 	StoredPositions []*StoredPosition `protobuf:"bytes,7,rep,name=stored_positions,json=storedPositions,proto3" json:"stored_positions,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The proxy's runner failed to open the namespace's mailbox store (its
+	// answer to each of the sidecar's last few opens was an error: damaged,
+	// out of space); open_failure is the runner's last error. The admin keeps
+	// the namespace off this proxy for a while (excluded_until) and places it
+	// on the next proxy by rendezvous order (docs/architecture.md#failure-model).
+	OpenFailed  bool   `protobuf:"varint,8,opt,name=open_failed,json=openFailed,proto3" json:"open_failed,omitempty"`
+	OpenFailure string `protobuf:"bytes,9,opt,name=open_failure,json=openFailure,proto3" json:"open_failure,omitempty"`
+	// Set by the admin on the proxy's stored record, never by a sidecar (a
+	// heartbeat's value is ignored): placement keeps the namespace off this
+	// proxy while it is set. It is the last open_failed report plus the
+	// admin's exclusion window, and is cleared by the proxy's first heartbeat
+	// past it; an entry may hold only this field, for a namespace the proxy no
+	// longer hosts.
+	ExcludedUntil *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=excluded_until,json=excludedUntil,proto3" json:"excluded_until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NamespaceHealth) Reset() {
@@ -997,6 +1011,27 @@ func (x *NamespaceHealth) GetLagKnown() bool {
 func (x *NamespaceHealth) GetStoredPositions() []*StoredPosition {
 	if x != nil {
 		return x.StoredPositions
+	}
+	return nil
+}
+
+func (x *NamespaceHealth) GetOpenFailed() bool {
+	if x != nil {
+		return x.OpenFailed
+	}
+	return false
+}
+
+func (x *NamespaceHealth) GetOpenFailure() string {
+	if x != nil {
+		return x.OpenFailure
+	}
+	return ""
+}
+
+func (x *NamespaceHealth) GetExcludedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExcludedUntil
 	}
 	return nil
 }
@@ -2219,7 +2254,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x10namespace_health\x18\x05 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\x12(\n" +
 	"\x10runner_not_ready\x18\x06 \x01(\bR\x0erunnerNotReady\x12\x1a\n" +
 	"\bcordoned\x18\a \x01(\bR\bcordoned\x12+\n" +
-	"\x11draining_instance\x18\b \x01(\tR\x10drainingInstance\"\xb8\x02\n" +
+	"\x11draining_instance\x18\b \x01(\tR\x10drainingInstance\"\xbf\x03\n" +
 	"\x0fNamespaceHealth\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x124\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1c.prism.admin.v1.HealthStatusR\x06status\x12'\n" +
@@ -2227,7 +2262,12 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x13requests_per_second\x18\x04 \x01(\x03R\x11requestsPerSecond\x12\x10\n" +
 	"\x03lag\x18\x05 \x01(\x03R\x03lag\x12\x1b\n" +
 	"\tlag_known\x18\x06 \x01(\bR\blagKnown\x12I\n" +
-	"\x10stored_positions\x18\a \x03(\v2\x1e.prism.admin.v1.StoredPositionR\x0fstoredPositions\"e\n" +
+	"\x10stored_positions\x18\a \x03(\v2\x1e.prism.admin.v1.StoredPositionR\x0fstoredPositions\x12\x1f\n" +
+	"\vopen_failed\x18\b \x01(\bR\n" +
+	"openFailed\x12!\n" +
+	"\fopen_failure\x18\t \x01(\tR\vopenFailure\x12A\n" +
+	"\x0eexcluded_until\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\rexcludedUntil\"e\n" +
 	"\x0eStoredPosition\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x1f\n" +
@@ -2452,41 +2492,42 @@ var file_prism_admin_v1_types_proto_depIdxs = []int32{
 	12, // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
 	1,  // 6: prism.admin.v1.NamespaceHealth.status:type_name -> prism.admin.v1.HealthStatus
 	13, // 7: prism.admin.v1.NamespaceHealth.stored_positions:type_name -> prism.admin.v1.StoredPosition
-	29, // 8: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
-	29, // 9: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	29, // 10: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
-	29, // 11: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
-	15, // 12: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
-	2,  // 13: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
-	16, // 14: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
-	27, // 15: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
-	17, // 16: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
-	28, // 17: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
-	28, // 18: prism.admin.v1.Namespace.handoff_until:type_name -> google.protobuf.Timestamp
-	28, // 19: prism.admin.v1.Namespace.move_started_at:type_name -> google.protobuf.Timestamp
-	28, // 20: prism.admin.v1.Namespace.switched_at:type_name -> google.protobuf.Timestamp
-	3,  // 21: prism.admin.v1.Namespace.move_reason:type_name -> prism.admin.v1.MoveReason
-	5,  // 22: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
-	28, // 23: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	28, // 24: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	29, // 25: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	29, // 26: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
-	29, // 27: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
-	28, // 28: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	19, // 29: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
-	29, // 30: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
-	29, // 31: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
-	28, // 32: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
-	28, // 33: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
-	6,  // 34: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
-	20, // 35: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
-	17, // 36: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
-	7,  // 37: prism.admin.v1.NamespaceAssignment.role:type_name -> prism.admin.v1.AssignmentRole
-	38, // [38:38] is the sub-list for method output_type
-	38, // [38:38] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	28, // 8: prism.admin.v1.NamespaceHealth.excluded_until:type_name -> google.protobuf.Timestamp
+	29, // 9: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
+	29, // 10: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	29, // 11: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
+	29, // 12: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
+	15, // 13: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
+	2,  // 14: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
+	16, // 15: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
+	27, // 16: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
+	17, // 17: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
+	28, // 18: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
+	28, // 19: prism.admin.v1.Namespace.handoff_until:type_name -> google.protobuf.Timestamp
+	28, // 20: prism.admin.v1.Namespace.move_started_at:type_name -> google.protobuf.Timestamp
+	28, // 21: prism.admin.v1.Namespace.switched_at:type_name -> google.protobuf.Timestamp
+	3,  // 22: prism.admin.v1.Namespace.move_reason:type_name -> prism.admin.v1.MoveReason
+	5,  // 23: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
+	28, // 24: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	28, // 25: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	29, // 26: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	29, // 27: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
+	29, // 28: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
+	28, // 29: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	19, // 30: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
+	29, // 31: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
+	29, // 32: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
+	28, // 33: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
+	28, // 34: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 35: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
+	20, // 36: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
+	17, // 37: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
+	7,  // 38: prism.admin.v1.NamespaceAssignment.role:type_name -> prism.admin.v1.AssignmentRole
+	39, // [39:39] is the sub-list for method output_type
+	39, // [39:39] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_types_proto_init() }
