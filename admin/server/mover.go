@@ -20,7 +20,8 @@ import (
 type MoveConfig struct {
 	// MaxLag is the most records the destination's mailbox may be behind
 	// its topics' high watermarks, as its proxy reported, for the switch
-	// (default 100); it must also be no further behind than the source's
+	// (default 100); its stored positions must also have reached the
+	// source's, or from proxies that report none, its lag the source's
 	// (mover.caughtUp).
 	MaxLag int64
 	// HandoffTail is how long the source keeps serving after the switch
@@ -64,6 +65,15 @@ type lagReport struct {
 	lag       int64
 	lagKnown  bool
 	available bool
+	// positions are the mailbox's stored positions, the offset after its
+	// last fsynced record per topic-partition; nil when the proxy or its
+	// runner reports none.
+	positions map[partitionKey]int64
+}
+
+type partitionKey struct {
+	topic     string
+	partition int32
 }
 
 // proxyReports is what one proxy's heartbeat reported.
@@ -105,7 +115,14 @@ func (r *lagReports) reset() {
 func (r *lagReports) note(proxy string, index uint64, health []*adminv1.NamespaceHealth) {
 	reports := make(map[string]lagReport, len(health))
 	for _, h := range health {
-		reports[h.GetNamespace()] = lagReport{index: index, lag: h.GetLag(), lagKnown: h.GetLagKnown(), available: true}
+		r := lagReport{index: index, lag: h.GetLag(), lagKnown: h.GetLagKnown(), available: true}
+		if ps := h.GetStoredPositions(); len(ps) > 0 {
+			r.positions = make(map[partitionKey]int64, len(ps))
+			for _, p := range ps {
+				r.positions[partitionKey{p.GetTopic(), p.GetPartition()}] = p.GetNextOffset()
+			}
+		}
+		reports[h.GetNamespace()] = r
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -218,16 +235,14 @@ func (m *mover) tick(ctx context.Context) {
 
 // caughtUp says whether the move of n from the source to the destination
 // may switch: the destination's history covers what the source serves.
-// Both proxies report each namespace's lag in their heartbeats, the records
-// its mailbox is behind the high watermarks of the same partitions. The
-// destination's newest report, committed after the move began, must be
-// known and within MaxLag; and unless the source holds no lease on its
-// mailbox (then it serves nothing), the source's last report committed
-// after the move began and before the destination's must be known and at
-// least the destination's lag. High watermarks only grow, so a destination
-// as far behind them as the source was, measured later, holds at least as
-// many records as the source held at its report (docs/architecture.md,
-// Moves, says what skew is left).
+// The destination's newest report, committed after the move began, must
+// have a known lag within MaxLag. Unless the source holds no lease on its
+// mailbox (then it serves nothing), the destination must also hold what
+// the source held at its report, judged by stored positions when both
+// proxies report them (caughtUpByPositions) and otherwise by lag
+// (caughtUpByLag), for proxies or runners older than positions.
+// docs/architecture.md, Moves, says what is left between the source's
+// report and the switch.
 func (m *mover) caughtUp(n *adminv1.Namespace, from, to string) bool {
 	s, start := m.s, n.GetMoveIndex()
 	dst := s.lag.get(to, n.GetName())
@@ -237,8 +252,46 @@ func (m *mover) caughtUp(n *adminv1.Namespace, from, to string) bool {
 	if l, _ := s.fsm.Lease(mesh.MailboxID{Namespace: n.GetName(), Proxy: from}.String()); l == nil {
 		return true
 	}
-	src := s.lag.before(from, n.GetName(), dst.index)
-	return src.available && src.index > start && src.lagKnown && dst.lag <= src.lag
+	if src := s.lag.get(from, n.GetName()); dst.positions != nil && src.positions != nil {
+		return m.caughtUpByPositions(n, src, from, to)
+	}
+	return m.caughtUpByLag(n, dst, from)
+}
+
+// caughtUpByPositions: the source's newest report, committed after the
+// move began, against the destination's newest report no newer than it
+// and also after the move began: for every partition the source reports,
+// the destination's stored position is at least the source's. A stored
+// position only grows, so the destination then holds every record the
+// source had stored at its report, whenever either was measured; and the
+// source's report being the newer one keeps what it stored after it to a
+// heartbeat or less.
+func (m *mover) caughtUpByPositions(n *adminv1.Namespace, src lagReport, from, to string) bool {
+	start := n.GetMoveIndex()
+	if src.index <= start {
+		return false
+	}
+	dst := m.s.lag.before(to, n.GetName(), src.index+1)
+	if !dst.available || dst.index <= start || dst.positions == nil {
+		return false
+	}
+	for p, at := range src.positions {
+		if got, ok := dst.positions[p]; !ok || got < at {
+			return false
+		}
+	}
+	return true
+}
+
+// caughtUpByLag: the source's last report committed after the move began
+// and before the destination's newest must be known and at least the
+// destination's lag. High watermarks only grow, so a destination as far
+// behind them as the source was, measured later, holds at least as many
+// records as the source held at its report; each lag is measured after its
+// own runner's last stored batch, so the two can be a batch apart.
+func (m *mover) caughtUpByLag(n *adminv1.Namespace, dst lagReport, from string) bool {
+	src := m.s.lag.before(from, n.GetName(), dst.index)
+	return src.available && src.index > n.GetMoveIndex() && src.lagKnown && dst.lag <= src.lag
 }
 
 func (m *mover) abandon(ctx context.Context, n *adminv1.Namespace, why adminv1.MoveAbandonReason) {

@@ -226,6 +226,80 @@ func TestMoverSwitchesOnlyOverTheSourcesHistory(t *testing.T) {
 	}
 }
 
+// heartbeatPositions reports ns's lag on proxy p with stored positions on
+// topic t, pos[i] for partition i (none when pos is nil).
+func (e *moverEnv) heartbeatPositions(p string, lag int64, pos []int64) {
+	e.t.Helper()
+	h := &adminv1.NamespaceHealth{Namespace: e.ns, Lag: lag, LagKnown: true}
+	for i, at := range pos {
+		h.StoredPositions = append(h.StoredPositions, &adminv1.StoredPosition{Topic: "t", Partition: int32(i), NextOffset: at})
+	}
+	if _, err := e.cp.ProxyHeartbeat(e.c, &adminv1.ProxyHeartbeatRequest{ProxyId: p, NamespaceHealth: []*adminv1.NamespaceHealth{h}}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// When both proxies report stored positions, the switch waits until, for
+// every partition the source reported, the destination's position (from
+// its newest report no newer than the source's, both after the move
+// began) is at least the source's, whatever the two lags say; MaxLag still
+// bounds the destination's lag; when either proxy reports no positions the
+// lags are compared as before.
+func TestMoverSwitchesOnStoredPositions(t *testing.T) {
+	t.Parallel()
+	type report struct {
+		proxy string
+		lag   int64
+		pos   []int64 // nil: no positions
+	}
+	for _, tc := range []struct {
+		name string
+		// beforeMove are reported before the move starts, after are
+		// reported after the destination acquired.
+		beforeMove, after []report
+		want              string
+	}{
+		{name: "behind on one partition", after: []report{{"p2", 0, []int64{10, 9}}, {"p1", 0, []int64{10, 10}}}, want: "p1"},
+		{name: "level", after: []report{{"p2", 0, []int64{10, 10}}, {"p1", 0, []int64{10, 10}}}, want: "p2"},
+		{name: "ahead", after: []report{{"p2", 0, []int64{12, 11}}, {"p1", 0, []int64{10, 10}}}, want: "p2"},
+		{name: "ahead on one, behind on the other", after: []report{{"p2", 0, []int64{12, 9}}, {"p1", 0, []int64{10, 10}}}, want: "p1"},
+		{name: "a partition the destination does not report", after: []report{{"p2", 0, []int64{10}}, {"p1", 0, []int64{10, 0}}}, want: "p1"},
+		{name: "a partition the source does not report", after: []report{{"p2", 0, []int64{10, 3}}, {"p1", 0, []int64{10}}}, want: "p2"},
+		// The skew the lags had: the destination measured further
+		// behind a later high watermark, yet holding what the source does.
+		{name: "level, the destination's lag larger", after: []report{{"p2", 60, []int64{10, 10}}, {"p1", 50, []int64{10, 10}}}, want: "p2"},
+		{name: "level but the destination over the lag bound", after: []report{{"p2", 101, []int64{10, 10}}, {"p1", 500, []int64{10, 10}}}, want: "p1"},
+		{name: "the source's report older than the destination's", after: []report{{"p1", 0, []int64{10, 10}}, {"p2", 0, []int64{10, 10}}}, want: "p1"},
+		{name: "the source again after the destination", after: []report{{"p1", 0, []int64{10, 10}}, {"p2", 0, []int64{10, 10}}, {"p1", 0, []int64{10, 10}}}, want: "p2"},
+		// The destination's newest report is after the source's: the
+		// one before it counts, which is behind.
+		{name: "the destination's report before the source's behind", after: []report{{"p2", 0, []int64{5, 5}}, {"p1", 0, []int64{10, 10}}, {"p2", 0, []int64{20, 20}}}, want: "p1"},
+		{name: "the source reported only before the move", beforeMove: []report{{"p1", 0, []int64{10, 10}}}, after: []report{{"p2", 0, []int64{10, 10}}}, want: "p1"},
+		{name: "fallback, the source without positions, lag behind", after: []report{{"p1", 40, nil}, {"p2", 50, []int64{10, 10}}}, want: "p1"},
+		{name: "fallback, the source without positions, lag level", after: []report{{"p1", 50, nil}, {"p2", 50, []int64{10, 9}}}, want: "p2"},
+		{name: "fallback, the destination without positions, lag behind", after: []report{{"p1", 40, []int64{10, 10}}, {"p2", 50, nil}}, want: "p1"},
+		{name: "fallback, the destination without positions, lag level", after: []report{{"p1", 50, []int64{10, 10}}, {"p2", 50, nil}}, want: "p2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newMoverEnv(t)
+			for _, r := range tc.beforeMove {
+				e.heartbeatPositions(r.proxy, r.lag, r.pos)
+			}
+			e.start()
+			e.acquire("p2")
+			for _, r := range tc.after {
+				e.heartbeatPositions(r.proxy, r.lag, r.pos)
+			}
+			e.tick(moveTick)
+			e.tick(moveTick)
+			if got := e.namespace().GetAssignedProxyId(); got != tc.want {
+				t.Fatalf("assigned %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
 // The mover abandons a move whose destination lost its lease after
 // acquiring it, or that did not switch in time; the source keeps serving.
 func TestMoverAbandons(t *testing.T) {
