@@ -411,7 +411,9 @@ func (a *Agent) proxyHeartbeats(ctx context.Context) {
 // destination's positions reach the source's, or by lag from runners that
 // report no positions (issue 15). A mailbox the runner does not report, or
 // reports without a lag, is sent with lag_known false; without positions,
-// with none.
+// with none. A mailbox the runner failed to open OpenFailuresReported times
+// in a row is reported open_failed with the runner's error, so the admin
+// places the namespace on another proxy (issue 12).
 func (a *Agent) namespaceHealth(stats *runnerv1.GetStatsResponse) []*adminv1.NamespaceHealth {
 	lags := map[string]int64{}
 	positions := map[string][]*adminv1.StoredPosition{}
@@ -431,8 +433,12 @@ func (a *Agent) namespaceHealth(stats *runnerv1.GetStatsResponse) []*adminv1.Nam
 			h = adminv1.HealthStatus_HEALTH_STATUS_UNHEALTHY
 		}
 		lag, known := lags[v.MailboxID]
-		out = append(out, &adminv1.NamespaceHealth{Namespace: v.Namespace, Status: h, Lag: lag, LagKnown: known,
-			StoredPositions: positions[v.MailboxID]})
+		nh := &adminv1.NamespaceHealth{Namespace: v.Namespace, Status: h, Lag: lag, LagKnown: known,
+			StoredPositions: positions[v.MailboxID]}
+		if v.OpenFailures >= OpenFailuresReported {
+			nh.OpenFailed, nh.OpenFailure = true, v.OpenError
+		}
+		out = append(out, nh)
 	}
 	return out
 }

@@ -227,6 +227,19 @@ type fakeRunner struct {
 	stuck string
 	// noBulk answers ExtendMailboxes Unimplemented, as an older runner.
 	noBulk bool
+	// openErr fails the open of a mailbox with its error, as a runner
+	// whose store for it is damaged.
+	openErr map[string]error
+}
+
+// failOpen makes every open of mailbox id fail with err (nil: succeed).
+func (r *fakeRunner) failOpen(id string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.openErr == nil {
+		r.openErr = map[string]error{}
+	}
+	r.openErr[id] = err
 }
 
 // setDown kills (true) or restarts (false) the runner's control API; its
@@ -261,6 +274,10 @@ func (r *fakeRunner) OpenMailbox(_ context.Context, in *runnerv1.OpenMailboxRequ
 	}
 	defer r.mu.Unlock()
 	if err := r.unreachable("open"); err != nil {
+		return nil, err
+	}
+	if err := r.openErr[in.GetMailboxId()]; err != nil {
+		r.ev.add("runner open failed %s", in.GetMailboxId())
 		return nil, err
 	}
 	r.ev.add("runner open %s %d", in.GetMailboxId(), in.GetEpoch())

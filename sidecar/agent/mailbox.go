@@ -50,6 +50,37 @@ type LeaseView struct {
 	// Every role holds the lease and serves the mailbox alike; only the
 	// drain (drain.go) tells them apart.
 	Role adminv1.AssignmentRole
+	// OpenFailures counts the runner's consecutive refusals to open the
+	// mailbox (its store would not open: damaged, out of space), OpenError
+	// the last one; both are cleared by an open that succeeds. From
+	// OpenFailuresReported on, the proxy heartbeat reports the namespace
+	// open_failed, and the admin places it elsewhere for a while.
+	OpenFailures int
+	OpenError    string
+}
+
+// OpenFailuresReported is how many consecutive open failures of a mailbox
+// the sidecar waits for before it reports the namespace open_failed: one
+// may be a passing error, a few in a row under backoff are the store's.
+const OpenFailuresReported = 3
+
+// maxOpenErrorLen is the admin's bound on a reported open failure.
+const maxOpenErrorLen = 1024
+
+// storeOpenFailed reports whether err is the runner's answer that the
+// mailbox's store failed to open (mailbox/control answers Internal), as
+// opposed to the runner being unreachable or busy, which the runner probe
+// judges.
+func storeOpenFailed(err error) bool {
+	return status.Code(err) == codes.Internal
+}
+
+// truncate cuts s to at most n bytes, still valid UTF-8.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
 }
 
 type stopMode int
@@ -186,7 +217,7 @@ func (w *worker) openInRunner() bool {
 		_, err := w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig())})
 		cancel()
 		if err == nil {
-			w.update(func(v *LeaseView) { v.State = StateAcquiring })
+			w.update(func(v *LeaseView) { v.State, v.OpenFailures, v.OpenError = StateAcquiring, 0, "" })
 			return true
 		}
 		if w.ctx.Err() != nil {
@@ -202,7 +233,13 @@ func (w *worker) openInRunner() bool {
 				continue
 			}
 		}
-		w.log.Warn("runner could not open the mailbox; retrying", "err", err)
+		if storeOpenFailed(err) {
+			w.update(func(v *LeaseView) {
+				v.OpenFailures++
+				v.OpenError = truncate(status.Convert(err).Message(), maxOpenErrorLen)
+			})
+		}
+		w.log.Warn("runner could not open the mailbox; retrying", "err", err, "consecutive_store_failures", w.view().OpenFailures)
 		w.a.sess.retrying(w.id)
 		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
 			return false
