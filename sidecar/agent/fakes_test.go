@@ -303,7 +303,7 @@ func (r *fakeRunner) ActivateMailbox(_ context.Context, in *runnerv1.ActivateMai
 	if !ok {
 		return nil, status.Error(codes.NotFound, "not open")
 	}
-	st.State, st.Epoch = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, in.GetEpoch()
+	st.State, st.Epoch, st.Drained = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, in.GetEpoch(), false
 	return &runnerv1.ActivateMailboxResponse{Status: st}, nil
 }
 

@@ -113,12 +113,15 @@ type worker struct {
 	// runnerUntil bounds the latest deadline (valid_for) the runner
 	// confirmed taking, counted from its answer; zero if none.
 	runnerUntil time.Time
+	// roleCh has a token when the role changed since the hold loop last
+	// looked (followRole).
+	roleCh chan struct{}
 }
 
 func newWorker(a *Agent, id string, as *adminv1.NamespaceAssignment) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &worker{
-		a: a, id: id, assignment: as, ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		a: a, id: id, assignment: as, ctx: ctx, cancel: cancel, done: make(chan struct{}), roleCh: make(chan struct{}, 1),
 		log:      a.log.With("mailbox_id", id),
 		assigned: a.cfg.Clock.Now(),
 		v:        LeaseView{MailboxID: id, Namespace: as.GetNamespace(), State: StateOpening, Role: as.GetRole()},
@@ -350,6 +353,10 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 	unheld := w.serving()
 	defer unheld()
 	log.Info("runner serving under the lease")
+	var h handoff
+	if !w.followRole(&h, epoch, fenceAt) {
+		return leaseEnded
+	}
 
 	bo := w.a.cfg.Backoff
 	nextHB := sentAt.Add(w.a.cfg.Jitter(interval))
@@ -376,6 +383,11 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 			return leaseEnded
 		case <-t.C():
 			continue
+		case <-w.roleChanged():
+			t.Stop()
+			if !w.followRole(&h, epoch, fenceAt) {
+				return leaseEnded
+			}
 		case r := <-inflight:
 			t.Stop()
 			inflight = nil
@@ -415,9 +427,16 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 				if !w.activate(epoch, fenceAt) {
 					return leaseEnded
 				}
+				h = handoff{} // ingesting again: drained anew if still handing off
+				if !w.followRole(&h, epoch, fenceAt) {
+					return leaseEnded
+				}
 				continue
 			}
 			w.extend(epoch, fenceAt)
+			if !w.followRole(&h, epoch, fenceAt) {
+				return leaseEnded
+			}
 		}
 	}
 }
@@ -742,6 +761,12 @@ func (w *worker) setRole(r adminv1.AssignmentRole) adminv1.AssignmentRole {
 	defer w.mu.Unlock()
 	prev := w.v.Role
 	w.v.Role = r
+	if prev != r {
+		select {
+		case w.roleCh <- struct{}{}:
+		default: // the loop has yet to look at the previous change
+		}
+	}
 	return prev
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -59,10 +60,12 @@ func releasePrefix(mode LeaseMode, id string) string {
 
 // A move's roles on either end (issue 15), in both lease modes: a
 // namespace catching up is opened, acquired and served like a served one;
-// its switch to serving, and a served one's to handing off, change the
-// role only (nothing is drained, closed or released, the epoch stays);
-// once a namespace leaves the set, handed off or abandoned while catching
-// up, the runner drains and closes it and only then is its lease released.
+// its switch to serving changes the role only (nothing is drained, closed or
+// released, the epoch stays); a served one's to handing off also drains it
+// in the runner (it stops ingesting and keeps serving, nothing closed or
+// released, the epoch stays); once a namespace leaves the set, handed off or
+// abandoned while catching up, the runner drains and closes it and only
+// then is its lease released.
 func TestMoveRoles(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []LeaseMode{LeaseModeMailbox, LeaseModeSession} {
@@ -83,6 +86,7 @@ func TestMoveRoles(t *testing.T) {
 			iClose, _ := h.waitEvent(h.waitIndex("runner drain gone@p1"), "runner close gone@p1")
 			h.waitEvent(iClose, releasePrefix(mode, "gone@p1"))
 			h.applied(2)
+			h.waitIndex("runner drain out@p1")
 			if v := h.lease("in@p1"); v.Role != serving || v.State != StateActive || v.Epoch != in {
 				t.Fatalf("in@p1 after the switch: %+v, want serving, active, epoch %d", v, in)
 			}
@@ -91,7 +95,8 @@ func TestMoveRoles(t *testing.T) {
 			}
 			for _, id := range []string{"in@p1", "out@p1"} {
 				for _, what := range []string{"runner drain " + id, "runner close " + id, "runner fence " + id, releasePrefix(mode, id), "runner open " + id} {
-					if n := h.ev.count(what); n != map[bool]int{true: 1, false: 0}[what == "runner open "+id] {
+					once := what == "runner open "+id || what == "runner drain out@p1"
+					if n := h.ev.count(what); n != map[bool]int{true: 1, false: 0}[once] {
 						t.Fatalf("%q seen %d times across a role change:\n%s", what, n, h.ev)
 					}
 				}
@@ -103,6 +108,37 @@ func TestMoveRoles(t *testing.T) {
 			h.waitEvent(iClose, releasePrefix(mode, "out@p1"))
 			if v := h.lease("in@p1"); v.State != StateActive || v.Epoch != in {
 				t.Fatalf("in@p1 %+v, want untouched", v)
+			}
+		})
+	}
+}
+
+// A tail's proxy that gets its namespace back (an unplanned reassignment:
+// handing off to serving) has the runner ingest it again: activated anew
+// under the same epoch after the drain of the handoff, nothing closed or
+// released; handing off once more drains it again.
+func TestHandoffTakenBack(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []LeaseMode{LeaseModeMailbox, LeaseModeSession} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(c *Config) { c.LeaseMode = mode })
+			h.assignRoles(1, roled{"out", serving})
+			h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 1 })
+			epoch := h.lease("out@p1").Epoch
+			h.assignRoles(2, roled{"out", handingOff})
+			drained := h.waitIndex("runner drain out@p1")
+			h.assignRoles(3, roled{"out", serving})
+			reactivated, _ := h.waitEvent(drained, fmt.Sprintf("runner activate out@p1 %d ", epoch))
+			h.assignRoles(4, roled{"out", handingOff})
+			h.waitEvent(reactivated, "runner drain out@p1")
+			if v := h.lease("out@p1"); v.State != StateActive || v.Epoch != epoch || v.Role != handingOff {
+				t.Fatalf("out@p1 %+v, want active under epoch %d, handing off", v, epoch)
+			}
+			for _, what := range []string{"runner close out@p1", "runner fence out@p1", releasePrefix(mode, "out@p1")} {
+				if n := h.ev.count(what); n != 0 {
+					t.Fatalf("%q seen %d times:\n%s", what, n, h.ev)
+				}
 			}
 		})
 	}

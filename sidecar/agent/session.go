@@ -684,6 +684,10 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 	}
 	defer unheld()
 	log.Info("runner serving under the lease")
+	var h handoff
+	if !w.followRole(&h, epoch, fenceAt) {
+		return leaseEnded
+	}
 
 	runnerLost := false
 	for {
@@ -700,6 +704,11 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 			return leaseEnded
 		case <-t.C():
 			continue
+		case <-w.roleChanged():
+			t.Stop()
+			if !w.followRole(&h, epoch, fenceAt) {
+				return leaseEnded
+			}
 		case <-lost:
 			t.Stop()
 			unheld()
@@ -716,6 +725,10 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 					return leaseEnded
 				}
 				activatedAt, runnerLost = clk.Now(), false
+				h = handoff{} // ingesting again: drained anew if still handing off
+			}
+			if !w.followRole(&h, epoch, fenceAt) {
+				return leaseEnded
 			}
 			// The session's extender extends the runner's deadline.
 		case <-probed:
