@@ -56,8 +56,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
-	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mailbox/ingest"
+	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
