@@ -89,6 +89,9 @@ type AdminOptions struct {
 	// certificates from PKI (Shared when nil).
 	Insecure bool
 	PKI      *PKI
+	// DataDirs, when set, are the voters' data directories in order (an empty one: a temp dir), e.g. on a file
+	// system the test can stall.
+	DataDirs []string
 }
 
 // AdminCluster is the admin nodes of one test, on fast raft timing with raft-wal on temp dirs.
@@ -110,6 +113,9 @@ func StartAdmins(t testing.TB, o AdminOptions) *AdminCluster {
 	var peers []string
 	for i := range o.Size {
 		n := c.newNode(fmt.Sprintf("admin-%d", i+1))
+		if i < len(o.DataDirs) && o.DataDirs[i] != "" {
+			n.DataDir = o.DataDirs[i]
+		}
 		c.Nodes = append(c.Nodes, n)
 		peers = append(peers, n.peer())
 	}
