@@ -114,7 +114,7 @@ plaintext with no authorization.`,
 	fs.IntVar(&f.admission.MaxInFlightWrites, "max-writes-in-flight", 1000, "Raft writes the leader has proposed and not yet applied; past it new work (acquires, opens, registrations, namespaces) is refused RESOURCE_EXHAUSTED with a retry hint, renewals never are")
 	fs.DurationVar(&f.admission.ShedAfterRenewalWait, "shed-after-renewal-wait", time.Second, "a renewal that waited longer than this before the lessor answered makes the leader refuse new work for --shed-retry-after")
 	fs.DurationVar(&f.admission.RetryAfter, "shed-retry-after", time.Second, "the retry hint of refused new work (plus up to half again at random)")
-	fs.Int64Var(&f.moves.MaxLag, "move-max-lag", 100, "a namespace moving by handoff switches to its destination once the destination's mailbox is at most this many records behind its topics")
+	fs.Int64Var(&f.moves.MaxLag, "move-max-lag", 100, "a namespace moving by handoff switches to its destination once the destination's mailbox is at most this many records behind its topics and has stored, on every partition, at least what the source last reported it had stored (docs/architecture.md#moves)")
 	fs.DurationVar(&f.moves.HandoffTail, "handoff-tail", 12*time.Second, "after a move's switch the source keeps serving this long (gateways' cached lookups age out, queries in flight finish), then releases")
 	fs.DurationVar(&f.moves.Timeout, "move-timeout", 10*time.Minute, "a move by handoff not switched this long after it began is abandoned; the source keeps serving")
 	fs.IntVar(&f.moves.MaxConcurrent, "max-concurrent-moves", 4, "moves by handoff rebalancing (joins, drains) keeps in progress cluster-wide; the rest wait")
