@@ -118,6 +118,10 @@ type Config struct {
 	// acknowledged start anyway, on what is left (ErrLogLoss otherwise). An
 	// operator's decision for one start, after checking the other members.
 	AcceptLogLoss bool
+	// DiskStallTimeout, when positive, ends the process with ExitDiskStall
+	// once a raft log or stable store write has been blocked this long (a
+	// stalled disk; see diskstall.go for why fail-stop). Zero disables it.
+	DiskStallTimeout time.Duration
 
 	Logger  *slog.Logger
 	Metrics Metrics
@@ -274,6 +278,10 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		}
 		closers = append(closers, w.Close)
 		logs, stable = w, w
+		if cfg.DiskStallTimeout > 0 {
+			sw := newStallWatch(cfg.DiskStallTimeout, walDir, n.log)
+			logs, stable = stallLogStore{w, sw}, stallStableStore{w, sw}
+		}
 		fs, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hl.Named("snapshot"))
 		if err != nil {
 			cleanup()

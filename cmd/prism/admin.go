@@ -37,6 +37,7 @@ type adminFlags struct {
 	snapshotThreshold uint64
 	trailingLogs      uint64
 	acceptLogLoss     bool
+	diskStallTimeout  time.Duration
 	staleProxyAfter   time.Duration
 	xds               bool
 	gatewayAddr       string
@@ -95,6 +96,7 @@ plaintext with no authorization.`,
 	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 0, "how often raft checks whether to snapshot (0: raft default 2m)")
 	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 0, "log entries since the last snapshot that trigger one (0: raft default 8192)")
 	fs.Uint64Var(&f.trailingLogs, "trailing-logs", 0, "log entries kept after a snapshot for slow followers (0: raft default 10240)")
+	fs.DurationVar(&f.diskStallTimeout, "disk-stall-timeout", 10*time.Second, fmt.Sprintf("exit with code %d (for the supervisor to restart the node) once a raft log or stable store write has been blocked this long, so that a node whose disk stalls stops leading and another node takes over; 0 disables", raftnode.ExitDiskStall))
 	fs.BoolVar(&f.acceptLogLoss, "accept-log-loss", false, "start even though the raft log ends before the commit index this node acknowledged (lost entries: it refuses to start otherwise); for one start, after checking the other members")
 	fs.DurationVar(&f.staleProxyAfter, "stale-proxy-after", 30*time.Second, "a proxy without heartbeats this long loses its namespaces")
 	fs.BoolVar(&f.xds, "xds", true, "serve the routes over xDS (ADS) on the gRPC address, from this node's state")
@@ -253,7 +255,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 			ID: f.nodeID, DataDir: f.dataDir, BindAddr: raftAddr, Advertise: advertise,
 			Peers: bootPeers, JoinPeers: joinPeers, Bootstrap: f.bootstrap || f.inMemory, DialAddrs: dial, Timing: timing,
 			SnapshotInterval: f.snapshotInterval, SnapshotThreshold: f.snapshotThreshold, TrailingLogs: f.trailingLogs,
-			AcceptLogLoss: f.acceptLogLoss,
+			AcceptLogLoss: f.acceptLogLoss, DiskStallTimeout: f.diskStallTimeout,
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
