@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/slowfs"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -31,11 +33,10 @@ import (
 //
 // It also logs what the cluster does meanwhile: whether leadership moved,
 // how many of a's renewals were answered during the stall, and how long
-// after the disk came back the first grant (c's reconnect) arrived.
+// after the disk came back the first grant (c's reconnect) arrived. The
+// stall is shorter than the default --disk-stall-timeout (10s), so this is
+// the cluster without the watchdog: see TestDiskStallFailStop for it.
 func TestDiskStall(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process fault test")
-	}
 	const (
 		ttl   = 2 * time.Second
 		grace = 500 * time.Millisecond
@@ -45,6 +46,48 @@ func TestDiskStall(t *testing.T) {
 		every  = 100 * time.Millisecond
 		cycles = 3
 	)
+	c, disks := stallCluster(t)
+	cfg := &adminv1.NamespaceConfig{
+		Topics: []string{"t"}, Lease: e2e.Lease{TTL: ttl, Grace: grace, Heartbeat: every}.Config(),
+	}
+	for i := range cycles {
+		lead := c.AwaitLeader()
+		stallCycle(t, c, lead, disks[lead], fmt.Sprintf("stall-%d", i), cfg, ttl, stall, every, false)
+	}
+}
+
+// TestDiskStallFailStop is TestDiskStall with the nodes' --disk-stall-timeout
+// shorter than the stall: the stalled leader must exit (fail-stop, its
+// replication goroutines dying with it), another node must lead and grant
+// while the disk is still stalled, and the same safety properties hold. The
+// test restarts the exited node once its disk answers, as a supervisor would.
+func TestDiskStallFailStop(t *testing.T) {
+	const (
+		ttl          = 2 * time.Second
+		grace        = 500 * time.Millisecond
+		stallTimeout = time.Second
+		stall        = 4 * stallTimeout
+		every        = 100 * time.Millisecond
+		cycles       = 2
+	)
+	c, disks := stallCluster(t, "--disk-stall-timeout", stallTimeout.String())
+	cfg := &adminv1.NamespaceConfig{
+		Topics: []string{"t"}, Lease: e2e.Lease{TTL: ttl, Grace: grace, Heartbeat: every}.Config(),
+	}
+	for i := range cycles {
+		lead := c.AwaitLeader()
+		stallCycle(t, c, lead, disks[lead], fmt.Sprintf("failstop-%d", i), cfg, ttl, stall, every, true)
+		c.Nodes[lead].Restart()
+	}
+}
+
+// stallCluster starts three admin nodes, with args, each on its own FUSE
+// loopback whose fsyncs the test can hold.
+func stallCluster(t *testing.T, args ...string) (*e2e.AdminCluster, []*slowfs.FS) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("multi-process fault test")
+	}
 	disks, dirs := make([]*slowfs.FS, 3), make([]string, 3)
 	for i := range disks {
 		mnt := t.TempDir()
@@ -62,26 +105,23 @@ func TestDiskStall(t *testing.T) {
 		})
 		disks[i], dirs[i] = d, mnt
 	}
+	c := e2e.StartAdmins(t, e2e.AdminOptions{Size: 3, RaftFaults: true, DataDirs: dirs,
+		Args: append([]string{"--snapshot-threshold", "512", "--trailing-logs", "256"}, args...)})
 	// A stalled fsync holds its caller in the kernel, out of reach of
-	// kill -9: let them through before the nodes are killed.
-	defer func() {
+	// kill -9: let them through before the nodes are killed (cleanups run
+	// last in, first out).
+	t.Cleanup(func() {
 		for _, d := range disks {
 			d.Release()
 		}
-	}()
-	c := e2e.StartAdmins(t, e2e.AdminOptions{Size: 3, RaftFaults: true, DataDirs: dirs,
-		Args: []string{"--snapshot-threshold", "512", "--trailing-logs", "256"}})
-	cfg := &adminv1.NamespaceConfig{
-		Topics: []string{"t"}, Lease: e2e.Lease{TTL: ttl, Grace: grace, Heartbeat: every}.Config(),
-	}
-	for i := range cycles {
-		lead := c.AwaitLeader()
-		stallCycle(t, c, lead, disks[lead], fmt.Sprintf("stall-%d", i), cfg, ttl, stall, every)
-	}
+	})
+	return c, disks
 }
 
-// stallCycle stalls node lead's disk for stall and checks the properties.
-func stallCycle(t *testing.T, c *e2e.AdminCluster, lead int, disk *slowfs.FS, tag string, cfg *adminv1.NamespaceConfig, ttl, stall, every time.Duration) {
+// stallCycle stalls node lead's disk for stall and checks the properties;
+// with failStop, also that the leader exited and a grant came during the
+// stall.
+func stallCycle(t *testing.T, c *e2e.AdminCluster, lead int, disk *slowfs.FS, tag string, cfg *adminv1.NamespaceConfig, ttl, stall, every time.Duration, failStop bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
@@ -167,6 +207,14 @@ func stallCycle(t *testing.T, c *e2e.AdminCluster, lead int, disk *slowfs.FS, ta
 	_, heldBefore := disk.Fsyncs()
 	disk.Stall()
 	stalledAt := time.Now()
+	exitedAt := make(chan time.Time, 1)
+	go func() {
+		select {
+		case <-leader.Exited():
+			exitedAt <- time.Now()
+		case <-ctx.Done():
+		}
+	}()
 	released := make(chan time.Time, 1)
 	time.AfterFunc(stall, func() {
 		// a stops when the disk answers again: its lease then ends ttl
@@ -256,6 +304,26 @@ func stallCycle(t *testing.T, c *e2e.AdminCluster, lead int, disk *slowfs.FS, ta
 			tag, stall, leader.ID, maxTerm)
 	}
 
+	if failStop {
+		select {
+		case at := <-exitedAt:
+			if !at.Before(releasedAt) {
+				t.Errorf("%s: %s exited %s after its disk answered again, not during the stall", tag, leader.ID, at.Sub(releasedAt))
+			}
+			t.Logf("%s: %s exited %s into the stall", tag, leader.ID, at.Sub(stalledAt).Round(time.Millisecond))
+		default:
+			t.Fatalf("%s: %s is still running after a %s stall", tag, leader.ID, stall)
+		}
+		if !leader.LogHas("raft disk write stalled", "path=", "exit_code="+strconv.Itoa(raftnode.ExitDiskStall)) {
+			t.Errorf("%s: %s's log names no stalled write", tag, leader.ID)
+		}
+		if after.ID == leader.ID {
+			t.Errorf("%s: %s leads again after exiting", tag, leader.ID)
+		}
+		if !cNewAt.Before(releasedAt) {
+			t.Errorf("%s: c's reconnect was granted %s after the disk answered, not during the stall", tag, cNewAt.Sub(releasedAt))
+		}
+	}
 	if heldAfter == heldBefore {
 		t.Fatalf("%s: no fsync of %s waited during the stall: the fault did not bite", tag, leader.ID)
 	}
