@@ -8,5 +8,6 @@
 //	moves.catchup_s_<n>                   a namespace with n events moved by hand: the move's start to its switch
 //	moves.drain_s_100ns                   a proxy serving 100 namespaces cordoned until it serves none
 //
-// The package has no code outside its tests: the harness (internal/e2e) takes a testing.TB.
+// The package has no code outside its tests: its world is internal/movetest's (tests/moves runs in it too), which
+// takes a testing.TB.
 package movesbench

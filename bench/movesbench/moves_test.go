@@ -12,6 +12,7 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
 	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/internal/movetest"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/internal/testwait"
 )
@@ -42,56 +43,56 @@ func BenchmarkRollingRestart(b *testing.B) {
 		ids := []string{"proxy-1", "proxy-2", "proxy-3"}
 		w := newWorld(b)
 		for _, id := range ids {
-			w.startProxy(id)
+			w.StartProxy(id)
 		}
-		w.awaitProxies(ids...)
+		w.AwaitProxies(ids...)
 		var names []string
 		for i := range *rollingNamespaces {
 			names = append(names, fmt.Sprintf("rolling-%d", i))
 		}
-		where := w.create(names, quiet, ids...)
-		w.startGateway()
-		w.served(where, seedEvents, 60*time.Second)
+		where := w.create(names, movetest.Quiet, ids...)
+		w.StartGateway()
+		w.Served(where, atLeast(movetest.SeedEvents), 60*time.Second)
 		prism, err := testbin.Path("prism")
 		if err != nil {
 			b.Fatal(err)
 		}
 
 		stopMoves := w.watchMoves()
-		stopProducing := w.producer(quiet, *produceRate)
-		r := w.read(names, len(names), 10*time.Millisecond)
+		stopProducing := w.producer(movetest.Quiet, *produceRate)
+		r := w.Read(names, len(names), 10*time.Millisecond, 8*time.Minute)
 		started := time.Now()
 		for _, id := range ids {
-			p := w.proxies[id]
+			p := w.Proxies[id]
 			at := time.Now()
-			preStop := exec.Command(prism, "sidecar", "drain-wait", "--addr", p.sidecar.HTTPAddr, "--timeout", "60s")
+			preStop := exec.Command(prism, "sidecar", "drain-wait", "--addr", p.Sidecar.HTTPAddr, "--timeout", "60s")
 			if out, err := preStop.CombinedOutput(); err != nil {
 				b.Fatalf("%s preStop: %v\n%s", id, err, out)
 			}
 			drained := time.Since(at)
-			if err := p.runner.Term(15 * time.Second); err != nil {
+			if err := p.Runner.Term(15 * time.Second); err != nil {
 				b.Fatalf("%s runner: %v", id, err)
 			}
-			if err := p.sidecar.Term(15 * time.Second); err != nil {
+			if err := p.Sidecar.Term(15 * time.Second); err != nil {
 				b.Fatalf("%s sidecar: %v", id, err)
 			}
-			p.runner.Restart()
-			p.sidecar.Restart()
-			w.settled(where, 90*time.Second)
-			w.served(where, seedEvents, 30*time.Second)
+			p.Runner.Restart()
+			p.Sidecar.Restart()
+			w.Settled(where, 90*time.Second)
+			w.Served(where, atLeast(movetest.SeedEvents), 30*time.Second)
 			note("%s restarted in %v (preStop drain %v)", id, time.Since(at).Round(time.Millisecond), drained.Round(time.Millisecond))
 		}
 		time.Sleep(2 * time.Second)
-		answers := r.end()
+		answers := r.End()
 		produced := stopProducing()
 		handoffs := stopMoves()
-		v := judge(answers)
+		v := movetest.Judge(answers)
 		during, quiet := pauses(answers, handoffs)
 		note("rolling restart of 3 runners in %v, %d events produced meanwhile: %v", time.Since(started).Round(time.Millisecond), produced, v)
 		note("%d handoffs; longest gap per handoff: p50 %v, p99 %v; in %d windows as long outside handoffs: p50 %v, p99 %v",
 			len(during), percentile(during, 50), percentile(during, 99), len(quiet), percentile(quiet, 50), percentile(quiet, 99))
-		figure("moves.failed_queries_rolling_restart", v.failed, "queries")
-		figure("moves.events_went_down_rolling_restart", v.eventsDown, "answers")
+		figure("moves.failed_queries_rolling_restart", v.Failed, "queries")
+		figure("moves.events_went_down_rolling_restart", v.EventsDown, "answers")
 		figure("moves.switch_pause_p99_ms", ms(percentile(during, 99)), "ms")
 		figure("moves.quiet_pause_p99_ms", ms(percentile(quiet, 99)), "ms")
 	}
@@ -111,25 +112,25 @@ func BenchmarkCatchUp(b *testing.B) {
 		w.produceMany(big, n)
 		note("produced %d events in %v", n, time.Since(at).Round(time.Millisecond))
 		for _, id := range ids {
-			w.startProxy(id)
+			w.StartProxy(id)
 		}
-		w.awaitProxies(ids...)
+		w.AwaitProxies(ids...)
 		ns := namesOn(1, "deep", "proxy-1", ids...)[0]
 		at = time.Now()
 		w.create([]string{ns}, big, ids...)
-		w.startGateway()
-		w.served(map[string]string{ns: "proxy-1"}, int64(n), 10*time.Minute)
+		w.StartGateway()
+		w.Served(map[string]string{ns: "proxy-1"}, atLeast(int64(n)), 10*time.Minute)
 		note("source caught up in %v (creation to every event served through the gateway)", time.Since(at).Round(time.Millisecond))
 
 		started := time.Now()
-		w.must("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
+		w.Must("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
 			_, err := a.MoveNamespace(ctx, &adminv1.MoveNamespaceRequest{Namespace: ns, ToProxyId: "proxy-2"})
 			return err
 		})
 		var lastLag string
 		testwait.For(b, 10*time.Minute, ns+" switched to proxy-2", func() (bool, string) {
 			var r *adminv1.ListMovesResponse
-			if err := w.admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
+			if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
 				r, err = a.ListMoves(ctx, &adminv1.ListMovesRequest{})
 				return err
 			}); err != nil {
@@ -162,35 +163,35 @@ func BenchmarkDrain(b *testing.B) {
 		ids := []string{"proxy-1", "proxy-2"}
 		w := newWorld(b)
 		for _, id := range ids {
-			w.startProxy(id)
+			w.StartProxy(id)
 		}
-		w.awaitProxies(ids...)
+		w.AwaitProxies(ids...)
 		names := namesOn(n, "drain", "proxy-1", ids...)
 		at := time.Now()
-		where := w.create(names, quiet, ids...)
-		w.startGateway()
-		w.served(where, seedEvents, 3*time.Minute)
+		where := w.create(names, movetest.Quiet, ids...)
+		w.StartGateway()
+		w.Served(where, atLeast(movetest.SeedEvents), 3*time.Minute)
 		note("%d namespaces created and served on proxy-1 in %v", n, time.Since(at).Round(time.Millisecond))
 
 		after := map[string]string{}
 		for _, ns := range names {
 			after[ns] = "proxy-2"
 		}
-		r := w.read(names, 4, time.Millisecond)
+		r := w.Read(names, 4, time.Millisecond, 8*time.Minute)
 		started := time.Now()
-		w.must("cordon proxy-1", func(ctx context.Context, a adminv1.AdminClient) error {
+		w.Must("cordon proxy-1", func(ctx context.Context, a adminv1.AdminClient) error {
 			_, err := a.CordonProxy(ctx, &adminv1.CordonProxyRequest{ProxyId: "proxy-1", Cordoned: true})
 			return err
 		})
 		lastSwitch := w.switched("proxy-1", 5*time.Minute)
-		done := w.settled(after, 5*time.Minute)
+		done := w.Settled(after, 5*time.Minute)
 		took := done.Sub(started)
 		time.Sleep(time.Second)
-		v := judge(r.end())
+		v := movetest.Judge(r.End())
 		note("drain of %d namespaces: last switch after %v, serving nothing after %v; %v",
 			n, lastSwitch.Sub(started).Round(time.Millisecond), took.Round(time.Millisecond), v)
 		figure(fmt.Sprintf("moves.drain_s_%dns", n), fmt.Sprintf("%.1f", took.Seconds()), "s")
-		figure(fmt.Sprintf("moves.failed_queries_drain_%dns", n), v.failed, "queries")
+		figure(fmt.Sprintf("moves.failed_queries_drain_%dns", n), v.Failed, "queries")
 	}
 }
 
@@ -199,11 +200,11 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseco
 // switched waits until no namespace is assigned to proxy or moving to
 // it, and returns when it saw that.
 func (w *world) switched(proxy string, bound time.Duration) time.Time {
-	w.b.Helper()
+	w.TB.Helper()
 	var at time.Time
-	testwait.For(w.b, bound, "every namespace switched off "+proxy, func() (bool, string) {
+	testwait.For(w.TB, bound, "every namespace switched off "+proxy, func() (bool, string) {
 		var r *adminv1.ListNamespacesResponse
-		if err := w.admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
+		if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
 			r, err = a.ListNamespaces(ctx, &adminv1.ListNamespacesRequest{})
 			return err
 		}); err != nil {

@@ -11,53 +11,33 @@ import (
 
 	"github.com/prism-mesh/prism/admin/placement"
 	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/internal/movetest"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/internal/testwait"
 )
 
 // threeProxies starts proxies 1-3, creates namespaces read from the quiet
 // topic and waits until each is served where hashing places it.
-func threeProxies(t *testing.T, prefix string, n int) (*world, []string, map[string]string) {
+func threeProxies(t *testing.T, prefix string, n int) (*movetest.World, []string, map[string]string) {
 	t.Helper()
-	w := newWorld(t)
+	w := movetest.New(t)
 	ids := []string{"proxy-1", "proxy-2", "proxy-3"}
 	for _, id := range ids {
-		w.startProxy(id)
+		w.StartProxy(id, batchWait...)
 	}
-	testwait.For(t, 60*time.Second, "three proxies registered", func() (bool, string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		r, err := w.admins.Nodes[0].Admin().ListProxies(ctx, &adminv1.ListProxiesRequest{})
-		return err == nil && len(r.GetProxies()) == 3, fmt.Sprint(len(r.GetProxies()), err)
-	})
+	w.AwaitProxies(ids...)
 	tab := placement.Compute(ids)
 	var names []string
 	where := map[string]string{}
 	for i := range n {
 		ns := fmt.Sprintf("%s-%d", prefix, i)
-		w.admins.CreateNamespace(60*time.Second, ns, &adminv1.NamespaceConfig{Topics: []string{topic}, Lease: lease.Config()})
 		names = append(names, ns)
 		where[ns] = tab.Owner(placement.Partition(ns))
 	}
-	w.startGateway()
-	w.served(where, 60*time.Second)
+	create(w, names)
+	w.StartGateway()
+	w.Served(where, allEvents, 60*time.Second)
 	return w, names, where
-}
-
-// admin runs f on the first admin node that answers.
-func (w *world) admin(what string, f func(context.Context, adminv1.AdminClient) error) {
-	w.t.Helper()
-	var err error
-	for attempt := range 30 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = f(ctx, w.admins.Nodes[attempt%len(w.admins.Nodes)].Admin())
-		cancel()
-		if err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	w.t.Fatalf("%s: %v", what, err)
 }
 
 // TestMoveByHandWithoutAFailedQuery: `prismctl namespace move`'s call moves
@@ -72,16 +52,16 @@ func TestMoveByHandWithoutAFailedQuery(t *testing.T) {
 	if where[ns] == to {
 		to = "proxy-2"
 	}
-	r := w.read(names)
-	w.admin("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
+	r := read(w, names)
+	w.Must("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
 		_, err := a.MoveNamespace(ctx, &adminv1.MoveNamespaceRequest{Namespace: ns, ToProxyId: to})
 		return err
 	})
 	where[ns] = to
-	w.settled(where, 60*time.Second)
-	w.served(where, 30*time.Second)
+	w.Settled(where, 60*time.Second)
+	w.Served(where, allEvents, 30*time.Second)
 	time.Sleep(2 * time.Second)
-	answers := r.end()
+	answers := r.End()
 	t.Logf("%s moved to %s; %d queries", ns, to, len(answers))
 	check(t, answers)
 }
@@ -110,21 +90,21 @@ func TestDrainWithoutAFailedQuery(t *testing.T) {
 			held++
 		}
 	}
-	r := w.read(names)
+	r := read(w, names)
 	cordon := func(on bool) {
-		w.admin(fmt.Sprint("cordon ", drained, " ", on), func(ctx context.Context, a adminv1.AdminClient) error {
+		w.Must(fmt.Sprint("cordon ", drained, " ", on), func(ctx context.Context, a adminv1.AdminClient) error {
 			_, err := a.CordonProxy(ctx, &adminv1.CordonProxyRequest{ProxyId: drained, Cordoned: on})
 			return err
 		})
 	}
 	cordon(true)
-	w.settled(after, 90*time.Second)
-	w.served(after, 30*time.Second)
+	w.Settled(after, 90*time.Second)
+	w.Served(after, allEvents, 30*time.Second)
 	cordon(false)
-	w.settled(where, 90*time.Second)
-	w.served(where, 30*time.Second)
+	w.Settled(where, 90*time.Second)
+	w.Served(where, allEvents, 30*time.Second)
 	time.Sleep(2 * time.Second)
-	answers := r.end()
+	answers := r.End()
 	t.Logf("%s drained of %d namespaces and uncordoned; %d queries", drained, held, len(answers))
 	check(t, answers)
 }
@@ -144,26 +124,26 @@ func TestRollingRestartWithoutAFailedQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := w.read(names)
+	r := read(w, names)
 	for _, id := range []string{"proxy-1", "proxy-2", "proxy-3"} {
-		p := w.proxies[id]
-		preStop := exec.Command(prism, "sidecar", "drain-wait", "--addr", p.sidecar.HTTPAddr, "--timeout", "60s")
+		p := w.Proxies[id]
+		preStop := exec.Command(prism, "sidecar", "drain-wait", "--addr", p.Sidecar.HTTPAddr, "--timeout", "60s")
 		if out, err := preStop.CombinedOutput(); err != nil {
 			t.Fatalf("%s preStop: %v\n%s", id, err, out)
 		}
-		if err := p.runner.Term(15 * time.Second); err != nil {
+		if err := p.Runner.Term(15 * time.Second); err != nil {
 			t.Fatalf("%s runner: %v", id, err)
 		}
-		if err := p.sidecar.Term(15 * time.Second); err != nil {
+		if err := p.Sidecar.Term(15 * time.Second); err != nil {
 			t.Fatalf("%s sidecar: %v", id, err)
 		}
-		p.runner.Restart()
-		p.sidecar.Restart()
-		w.settled(where, 90*time.Second)
-		w.served(where, 30*time.Second)
+		p.Runner.Restart()
+		p.Sidecar.Restart()
+		w.Settled(where, 90*time.Second)
+		w.Served(where, allEvents, 30*time.Second)
 	}
 	time.Sleep(2 * time.Second)
-	answers := r.end()
+	answers := r.End()
 	t.Logf("three runners restarted in the kubelet's order; %d queries", len(answers))
 	check(t, answers)
 }
@@ -177,10 +157,10 @@ func TestDestinationDiesDuringCatchUp(t *testing.T) {
 		t.Skip("multi-process test")
 	}
 	const big = "big.events"
-	w := newWorld(t, big)
-	w.kafka.ProduceEnvelopes(t, big, kafkatest.Envelopes(big, 20000)...)
+	w := movetest.New(t, kafkatest.Topics(2, big))
+	w.Kafka.ProduceEnvelopes(t, big, kafkatest.Envelopes(big, 20000)...)
 	for _, id := range []string{"proxy-1", "proxy-2"} {
-		w.startProxy(id)
+		w.StartProxy(id, batchWait...)
 	}
 	tab := placement.Compute([]string{"proxy-1", "proxy-2"})
 	ns := ""
@@ -189,31 +169,31 @@ func TestDestinationDiesDuringCatchUp(t *testing.T) {
 			ns = name
 		}
 	}
-	w.admins.CreateNamespace(60*time.Second, ns, &adminv1.NamespaceConfig{Topics: []string{big}, Lease: lease.Config()})
-	w.startGateway()
+	w.Admins.CreateNamespace(60*time.Second, ns, &adminv1.NamespaceConfig{Topics: []string{big}, Lease: movetest.Lease.Config()})
+	w.StartGateway()
 	testwait.For(t, 90*time.Second, ns+" caught up on proxy-1", func() (bool, string) {
-		a := w.ask(ns)
-		return a.code == 200 && a.mailbox == ns+"@proxy-1" && a.events == 20000, a.String()
+		a := w.Ask(ns)
+		return a.OK() && a.Mailbox == ns+"@proxy-1" && a.Events == 20000, a.String()
 	})
-	r := w.read([]string{ns})
-	w.admin("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
+	r := read(w, []string{ns})
+	w.Must("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
 		_, err := a.MoveNamespace(ctx, &adminv1.MoveNamespaceRequest{Namespace: ns, ToProxyId: "proxy-2"})
 		return err
 	})
-	dest := w.proxies["proxy-2"].runner
+	dest := w.Proxies["proxy-2"].Runner
 	dest.Pause()
 	time.Sleep(time.Second)
 	dest.Kill()
 	// The destination's sidecar reports its runner dead after
 	// --runner-dead-after (three heartbeats, 1.5 s), which abandons the move.
-	w.settled(map[string]string{ns: "proxy-1"}, 30*time.Second)
+	w.Settled(map[string]string{ns: "proxy-1"}, 30*time.Second)
 	time.Sleep(2 * time.Second)
-	answers := r.end()
+	answers := r.End()
 	t.Logf("move of %s abandoned; %d queries", ns, len(answers))
 	check(t, answers)
 	for _, a := range answers {
-		if a.mailbox != ns+"@proxy-1" {
-			t.Fatalf("answered by %q during an abandoned move: %s", a.mailbox, a)
+		if a.Mailbox != ns+"@proxy-1" {
+			t.Fatalf("answered by %q during an abandoned move: %s", a.Mailbox, a)
 		}
 	}
 }
