@@ -259,8 +259,11 @@ type GetClusterStatusResponse struct {
 	NamespaceCount    int64     `protobuf:"varint,10,opt,name=namespace_count,json=namespaceCount,proto3" json:"namespace_count,omitempty"`
 	ProxyCount        int64     `protobuf:"varint,11,opt,name=proxy_count,json=proxyCount,proto3" json:"proxy_count,omitempty"`
 	LeaseCount        int64     `protobuf:"varint,12,opt,name=lease_count,json=leaseCount,proto3" json:"lease_count,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Build version of the answering node's binary (prism version), so
+	// prismctl version can show every node's.
+	Version       string `protobuf:"bytes,13,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetClusterStatusResponse) Reset() {
@@ -375,6 +378,13 @@ func (x *GetClusterStatusResponse) GetLeaseCount() int64 {
 		return x.LeaseCount
 	}
 	return 0
+}
+
+func (x *GetClusterStatusResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
 }
 
 type ListNamespacesRequest struct {
@@ -2530,7 +2540,7 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12!\n" +
 	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\x12:\n" +
 	"\bsuffrage\x18\x04 \x01(\x0e2\x1e.prism.admin.v1.MemberSuffrageR\bsuffrage\x12\x16\n" +
-	"\x06leader\x18\x05 \x01(\bR\x06leader\"\xb6\x03\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\"\xd0\x03\n" +
 	"\x18GetClusterStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -2546,7 +2556,8 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\vproxy_count\x18\v \x01(\x03R\n" +
 	"proxyCount\x12\x1f\n" +
 	"\vlease_count\x18\f \x01(\x03R\n" +
-	"leaseCount\"V\n" +
+	"leaseCount\x12\x18\n" +
+	"\aversion\x18\r \x01(\tR\aversion\"V\n" +
 	"\x15ListNamespacesRequest\x12=\n" +
 	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"i\n" +
 	"\x16ListNamespacesResponse\x129\n" +
