@@ -39,6 +39,9 @@ type NodeConfig struct {
 	// an empty HTTPAddr serves no HTTP.
 	GRPCAddr string
 	HTTPAddr string
+	// Pprof also serves net/http/pprof under /debug/pprof/ on HTTPAddr
+	// (withPprof).
+	Pprof bool
 	// GRPCAddrs maps raft server ids to admin gRPC addresses, for forwarding.
 	GRPCAddrs       map[string]string
 	StaleProxyAfter time.Duration
@@ -255,7 +258,11 @@ func Start(cfg NodeConfig) (*Node, error) {
 	go func() { defer n.wg.Done(); n.Server.Run(ctx) }()
 	go func() { defer n.wg.Done(); _ = n.grpc.Serve(n.grpcLn) }()
 	if n.httpLn != nil {
-		n.http = &http.Server{Handler: n.Server.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
+		h := n.Server.HTTPHandler()
+		if cfg.Pprof {
+			h = withPprof(h)
+		}
+		n.http = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); _ = n.http.Serve(n.httpLn) }()
 	}
