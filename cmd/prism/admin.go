@@ -26,6 +26,7 @@ type adminFlags struct {
 	raftAdvertise     string
 	grpcAddr          string
 	httpAddr          string
+	enablePprof       bool
 	dataDir           string
 	inMemory          bool
 	bootstrap         bool
@@ -86,6 +87,7 @@ plaintext with no authorization.`,
 	fs.StringVar(&f.raftAdvertise, "raft-advertise", "", "raft address peers dial (default: --raft-addr, or this node's --peers entry)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:8981", "gRPC listen address (ControlPlane, Admin, health)")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8982", "HTTP listen address (/metrics, /healthz, /readyz); empty disables")
+	fs.BoolVar(&f.enablePprof, "enable-pprof", false, "also serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --http-addr, as etcd's --enable-pprof; that listener is plaintext and unauthenticated, so only where it is reachable by operators alone")
 	fs.StringVar(&f.dataDir, "data-dir", "", "directory for the raft WAL and snapshots (required unless --in-memory)")
 	fs.BoolVar(&f.inMemory, "in-memory", false, "keep raft state in memory only (single node, lost on exit)")
 	fs.BoolVar(&f.bootstrap, "bootstrap", false, "start a new single-node cluster if the data dir is empty")
@@ -257,7 +259,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 			SnapshotInterval: f.snapshotInterval, SnapshotThreshold: f.snapshotThreshold, TrailingLogs: f.trailingLogs,
 			AcceptLogLoss: f.acceptLogLoss, DiskStallTimeout: f.diskStallTimeout,
 		},
-		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, GRPCAddrs: grpcAddrs,
+		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, Pprof: f.enablePprof, GRPCAddrs: grpcAddrs,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
 		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups, Moves: f.moves,
