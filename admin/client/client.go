@@ -44,6 +44,13 @@ type Config struct {
 	Rounds int
 	// Backoff is the wait between rounds.
 	Backoff wait.Backoff
+	// UnreachableAfter, when set, ends a call once no endpoint has accepted
+	// a connection for this long (every try failed before its request was
+	// sent: refused, unresolvable, no TLS handshake), so a person waiting
+	// hears at once that nothing listens where they pointed rather than at
+	// the end of their deadline; Unreachable tells that failure. 0: such
+	// failures are retried like any other, until Rounds or the context end.
+	UnreachableAfter time.Duration
 	// Clock times the waits between rounds; nil: the real clock.
 	Clock clock.Clock
 	// Logger; nil: slog.Default().

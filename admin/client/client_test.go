@@ -378,3 +378,48 @@ func TestNewRejects(t *testing.T) {
 		}
 	}
 }
+
+// With UnreachableAfter a call gives up once no endpoint has accepted a
+// connection for that long, well before the caller's deadline; a node that
+// answers, even with a failure that is retried, keeps the call going until
+// the deadline as before.
+func TestDoGivesUpOnUnreachableEndpoints(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name        string
+		endpoints   func(t *testing.T) []string
+		unreachable bool
+		atLeast     time.Duration // the call lasted at least this long
+		atMost      time.Duration // and returned within this
+	}{
+		{"every endpoint refuses", func(t *testing.T) []string { return []string{testproc.FreeAddr(t), testproc.FreeAddr(t)} },
+			true, 300 * time.Millisecond, 2 * time.Second},
+		{"a node answers Unavailable", func(t *testing.T) []string {
+			return []string{testproc.FreeAddr(t), startNode(t, fails(codes.Unavailable)).addr}
+		}, false, 3 * time.Second, 6 * time.Second},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eps := tc.endpoints(t)
+			c := connected(t, Config{Endpoints: eps, UnreachableAfter: 300 * time.Millisecond,
+				Backoff: wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 100, Cap: time.Second}})
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			start := time.Now()
+			_, err := Do(ctx, c, Idempotent, heartbeat)
+			took := time.Since(start)
+			if status.Code(err) != codes.Unavailable || Unreachable(err) != tc.unreachable {
+				t.Fatalf("err %v: Unreachable %v, want Unavailable and %v", err, Unreachable(err), tc.unreachable)
+			}
+			if took < tc.atLeast || took > tc.atMost {
+				t.Fatalf("gave up after %v, want %v..%v", took, tc.atLeast, tc.atMost)
+			}
+			for _, a := range eps {
+				if !strings.Contains(err.Error(), a) {
+					t.Errorf("error %q does not name %s", err, a)
+				}
+			}
+		})
+	}
+}

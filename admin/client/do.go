@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path"
 	"slices"
@@ -85,11 +86,15 @@ func Do[Resp any](ctx context.Context, c *Client, r Repeatable, fn func(context.
 	ctx = context.WithValue(ctx, recordKey{}, rec)
 	delay := c.cfg.Backoff.DelayFunc()
 	last := make([]error, n)
+	// unreachableSince is when the rounds in which no request was sent
+	// began; zero while some node took one.
+	var unreachableSince time.Time
 	for round := 1; ; round++ {
 		c.mu.Lock()
 		i := c.preferred
 		c.mu.Unlock()
 		tried := make([]bool, n)
+		roundStart, sent := c.cfg.Clock.Now(), false
 		for i >= 0 {
 			tried[i] = true
 			addr, cc, err := c.conn(i)
@@ -107,6 +112,7 @@ func Do[Resp any](ctx context.Context, c *Client, r Repeatable, fn func(context.
 				return zero, fmt.Errorf("%s on %s: %w", rec.name(), addr, err)
 			}
 			last[i] = err
+			sent = sent || !NotSent(err)
 			if ctx.Err() != nil {
 				return zero, c.unanswered(rec, last, ctx.Err())
 			}
@@ -115,7 +121,26 @@ func Do[Resp any](ctx context.Context, c *Client, r Repeatable, fn func(context.
 		if c.cfg.Rounds > 0 && round >= c.cfg.Rounds {
 			return zero, c.unanswered(rec, last, nil)
 		}
-		t := c.cfg.Clock.NewTimer(delay())
+		wait := delay()
+		if c.cfg.UnreachableAfter > 0 {
+			switch {
+			case sent:
+				unreachableSince = time.Time{}
+			case unreachableSince.IsZero():
+				unreachableSince = roundStart
+			}
+			if !unreachableSince.IsZero() {
+				left := c.cfg.UnreachableAfter - c.cfg.Clock.Since(unreachableSince)
+				if left <= 0 {
+					u := c.unanswered(rec, last, nil)
+					u.unreachable = true
+					return zero, u
+				}
+				// One last round when the time is up, not a backoff past it.
+				wait = min(wait, left)
+			}
+		}
+		t := c.cfg.Clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -175,9 +200,19 @@ func (r *record) name() string {
 type unansweredError struct {
 	msg  string
 	errs []error
+	// unreachable: no node accepted a connection for UnreachableAfter.
+	unreachable bool
 }
 
-func (c *Client) unanswered(rec *record, last []error, ctxErr error) error {
+// Unreachable reports whether err is Do giving up because no endpoint
+// accepted a connection for Config.UnreachableAfter: nothing listens at the
+// addresses, or nothing this client can talk to.
+func Unreachable(err error) bool {
+	var u *unansweredError
+	return errors.As(err, &u) && u.unreachable
+}
+
+func (c *Client) unanswered(rec *record, last []error, ctxErr error) *unansweredError {
 	var parts []string
 	var errs []error
 	for i, err := range last {
