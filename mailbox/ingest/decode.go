@@ -23,6 +23,7 @@ type deadLetter struct {
 type decoded struct {
 	batch []*sarama.ConsumerMessage
 	items []*mailboxv1.MailboxItem
+	msgs  []*sarama.ConsumerMessage // msgs[j] is the record items[j] came from
 	dead  []deadLetter
 }
 
@@ -75,6 +76,7 @@ func (i *Ingester) decode(batch []*sarama.ConsumerMessage) decoded {
 			continue
 		}
 		d.items = append(d.items, items[j])
+		d.msgs = append(d.msgs, msg)
 	}
 	return d
 }

@@ -5,13 +5,15 @@
 // An offset is committed only after every record it covers is durably stored
 // or produced to its dead-letter topic, so a crash at any moment loses nothing
 // and a redelivery adds nothing. A record that cannot be stored (undecodable or
-// invalid envelope, or one that makes the decoder panic) goes to "<topic>.dlq"
-// with the reason in a header, so a poison record never blocks its partition.
-// The DLQ producer's size limit is the DLQ topics' own max.message.bytes, and a
-// record the DLQ still refuses as too large is dead-lettered as a reference
-// without its value. Store and DLQ errors are retried with backoff instead of
-// being skipped; a write that keeps failing is reported as a stalled partition
-// (log and metric) and retried still, never committed past.
+// invalid envelope, one that makes the decoder panic, or one the store keeps
+// refusing) goes to "<topic>.dlq" with the reason in a header, so a poison
+// record never blocks its partition. The DLQ producer's size limit is the DLQ
+// topics' own max.message.bytes, and a record the DLQ still refuses as too
+// large is dead-lettered as a reference without its value. A store write is
+// retried StoreAttempts times, then record by record (see isolate); a store
+// that fails as a whole, and a DLQ write that keeps failing, are retried with
+// backoff without bound and reported as a stalled partition (log and metric),
+// never committed past.
 //
 // Disk pressure is not a failure: while Config.Space says the store's disk is
 // short (below its free-space watermark, or a write failed with ENOSPC), each
@@ -29,9 +31,11 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
+	badger "github.com/dgraph-io/badger/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
@@ -73,6 +77,10 @@ const reasonUnextractable envelope.Reason = "unextractable"
 // reasonDecodePanic is a record that made the decoder panic: recovered at the
 // record boundary so the one record, not the runner, pays for the bug.
 const reasonDecodePanic envelope.Reason = "decode_panic"
+
+// reasonStoreFailed is a record the store refused on its own, after its
+// batch failed Config.StoreAttempts times (see isolate).
+const reasonStoreFailed envelope.Reason = "store_failed"
 
 // DLQSuffix is appended to a source topic to name its dead-letter topic.
 const DLQSuffix = ".dlq"
@@ -122,6 +130,10 @@ type Config struct {
 	// (with backoff capped at BackoffMax) and nothing past it is committed.
 	// Default 10.
 	StallAfter int
+	// StoreAttempts bounds the attempts of one batch's store write before
+	// its records are written one by one and those the store refuses alone
+	// are dead-lettered (reason store_failed). Default 5.
+	StoreAttempts int
 	// Space, when set, holds store writes back while the store's disk is
 	// short of space, and learns of writes that failed for want of it.
 	Space Space
@@ -182,6 +194,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.StallAfter <= 0 {
 		c.StallAfter = 10
+	}
+	if c.StoreAttempts <= 0 {
+		c.StoreAttempts = 5
 	}
 	if c.process == nil {
 		c.process = envelope.Process
@@ -560,17 +575,19 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 	id := i.cfg.MailboxID
 	m := i.cfg.Metrics
 	at := position{topic: c.Topic(), partition: c.Partition(), first: d.batch[0].Offset, last: d.batch[len(d.batch)-1].Offset}
+	dead := d.dead
 	if len(d.items) > 0 {
-		res, err := i.store(at, d.items)
+		res, refused, err := i.store(at, d)
 		if err != nil {
 			return err
 		}
 		m.stored.WithLabelValues(id).Add(float64(res.Stored))
 		m.duplicates.WithLabelValues(id).Add(float64(res.Duplicates))
 		m.expired.WithLabelValues(id).Add(float64(res.Expired))
+		dead = append(dead, refused...)
 	}
-	if len(d.dead) > 0 {
-		if err := i.deadLetter(at, d.dead); err != nil {
+	if len(dead) > 0 {
+		if err := i.deadLetter(at, dead); err != nil {
 			return err
 		}
 	}
@@ -586,30 +603,105 @@ func (i *Ingester) flush(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupCl
 // a retry cannot cure, so the write waits for space instead.
 var errNoSpace = errors.New("out of space")
 
-// store writes items durably, first waiting while the disk is short of
-// space, and again whenever a write fails for want of it.
-func (i *Ingester) store(at position, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
-	m := i.cfg.Metrics
+// errGaveUp ends a write's bounded retries.
+var errGaveUp = errors.New("gave up")
+
+// store writes d's items durably, first waiting while the disk is short of
+// space, and again whenever a write fails for want of it. A batch the store
+// refuses StoreAttempts times is written record by record (isolate), and the
+// records it refuses alone are returned to be dead-lettered.
+func (i *Ingester) store(at position, d decoded) (store.WriteResult, []deadLetter, error) {
+	from, limit := 1, i.cfg.StoreAttempts
 	for {
 		if err := i.awaitSpace(at); err != nil {
-			return store.WriteResult{}, err
+			return store.WriteResult{}, nil, err
 		}
-		var res store.WriteResult
-		err := i.retry("store", at, func(ctx context.Context) error {
-			start := time.Now()
-			r, err := i.w.Write(ctx, items)
-			m.batchWrite.WithLabelValues(i.cfg.MailboxID).Observe(time.Since(start).Seconds())
-			res = r
-			if err != nil && i.cfg.Space != nil && diskfree.IsNoSpace(err) {
-				i.cfg.Space.Full(err)
-				return fmt.Errorf("%w: %w", errNoSpace, err)
-			}
-			return err
-		})
-		if !errors.Is(err, errNoSpace) {
-			return res, err
+		res, err := i.write(at, d.items, from, limit)
+		if errors.Is(err, errNoSpace) {
+			from, limit = 1, i.cfg.StoreAttempts
+			continue
+		}
+		if !errors.Is(err, errGaveUp) {
+			return res, nil, err
+		}
+		i.log.Warn("store keeps refusing a batch; writing its records one by one", "topic", at.topic,
+			"partition", at.partition, "first_offset", at.first, "last_offset", at.last, "attempts", limit, "err", err)
+		res, dead, err := i.isolate(d)
+		switch {
+		case errors.Is(err, errNoSpace):
+			i.unstall(at, "store", limit)
+			from, limit = 1, i.cfg.StoreAttempts
+		case err != nil:
+			// The store fails, not the records: retried without bound, the
+			// partition stalls (StallAfter) until the store recovers.
+			i.log.Error("store fails whatever the record; retrying the batch", "topic", at.topic,
+				"partition", at.partition, "first_offset", at.first, "last_offset", at.last, "err", err)
+			from, limit = limit+1, 0
+		default:
+			i.unstall(at, "store", limit)
+			return res, dead, nil
 		}
 	}
+}
+
+// write stores items, retried up to attempt limit (0: without bound)
+// counting from attempt from.
+func (i *Ingester) write(at position, items []*mailboxv1.MailboxItem, from, limit int) (store.WriteResult, error) {
+	var res store.WriteResult
+	err := i.retry("store", at, from, limit, func(ctx context.Context) error {
+		r, err := i.writeOnce(ctx, items)
+		res = r
+		return err
+	})
+	return res, err
+}
+
+func (i *Ingester) writeOnce(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
+	start := time.Now()
+	r, err := i.w.Write(ctx, items)
+	i.cfg.Metrics.batchWrite.WithLabelValues(i.cfg.MailboxID).Observe(time.Since(start).Seconds())
+	if err != nil && i.cfg.Space != nil && diskfree.IsNoSpace(err) {
+		i.cfg.Space.Full(err)
+		return r, fmt.Errorf("%w: %w", errNoSpace, err)
+	}
+	return r, err
+}
+
+// isolate writes a batch the store keeps refusing one record at a time and
+// returns the records it refuses alone, to be dead-lettered. It returns an
+// error instead when the failure is the store's rather than a record's: an
+// error of the system underneath (an I/O error, a closed store, the drain
+// deadline), or every record of a batch of several refused. Records stored
+// before that are stored again with the batch, as duplicates.
+func (i *Ingester) isolate(d decoded) (store.WriteResult, []deadLetter, error) {
+	var total store.WriteResult
+	var dead []deadLetter
+	for j, it := range d.items {
+		res, err := i.writeOnce(i.drainCtx, []*mailboxv1.MailboxItem{it})
+		if err != nil {
+			if errors.Is(err, errNoSpace) || storeFailure(err) || i.drainCtx.Err() != nil {
+				return total, nil, err
+			}
+			dead = append(dead, deadLetter{msg: d.msgs[j], reason: reasonStoreFailed, err: err})
+			continue
+		}
+		total.Stored += res.Stored
+		total.Duplicates += res.Duplicates
+		total.Expired += res.Expired
+	}
+	if len(d.items) > 1 && len(dead) == len(d.items) {
+		return total, nil, fmt.Errorf("all %d records refused alone: %w", len(dead), dead[0].err)
+	}
+	return total, dead, nil
+}
+
+// storeFailure reports an error that says the store or its disk fails,
+// whatever the record: an errno from the system (EIO, EROFS, ...), a
+// closed store or a cancelled write.
+func storeFailure(err error) bool {
+	var errno syscall.Errno
+	return errors.As(err, &errno) || errors.Is(err, badger.ErrDBClosed) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // awaitSpace holds the batch at back while the disk is short of space, until
@@ -643,7 +735,7 @@ func (i *Ingester) awaitSpace(at position) error {
 // the ones that failed, until all are acknowledged.
 func (i *Ingester) deadLetter(at position, dead []deadLetter) error {
 	pending := dead
-	return i.retry("dlq", at, func(context.Context) error {
+	return i.retry("dlq", at, 1, 0, func(context.Context) error {
 		var err error
 		pending, err = i.produceDead(pending)
 		return err
@@ -771,17 +863,21 @@ type position struct {
 	first, last int64
 }
 
-// retry runs fn until it succeeds, backing off exponentially, or until the
-// drain deadline passes. It never gives up on its own: skipping would lose the
-// records, and committing past them would lose them for good. After
-// StallAfter failed attempts the partition is reported stalled until fn
-// succeeds, so an operator is alerted instead of the partition spinning quietly.
-func (i *Ingester) retry(target string, at position, fn func(context.Context) error) error {
+// retry runs fn until it succeeds, backing off exponentially, until the
+// drain deadline passes, or, when limit is above 0, until attempt limit
+// failed (errGaveUp, the stall left for the caller to end: see unstall).
+// Attempts are counted from from, so a caller going on with a write it gave
+// up on keeps its count. Without a limit it never gives up on its own:
+// skipping would lose the records, and committing past them would lose them
+// for good. After StallAfter failed attempts the partition is reported
+// stalled until fn succeeds, so an operator is alerted instead of the
+// partition spinning quietly.
+func (i *Ingester) retry(target string, at position, from, limit int, fn func(context.Context) error) error {
 	m := i.cfg.Metrics
 	part := strconv.Itoa(int(at.partition))
 	where := []any{"target", target, "topic", at.topic, "partition", at.partition, "first_offset", at.first, "last_offset", at.last}
 	delay := i.cfg.BackoffMin
-	for attempt := 1; ; attempt++ {
+	for attempt := from; ; attempt++ {
 		err := fn(i.drainCtx)
 		if errors.Is(err, errNoSpace) {
 			if attempt > i.cfg.StallAfter {
@@ -797,7 +893,11 @@ func (i *Ingester) retry(target string, at position, fn func(context.Context) er
 			return nil
 		}
 		m.retries.WithLabelValues(i.cfg.MailboxID, target).Inc()
-		if attempt == i.cfg.StallAfter {
+		if attempt == limit {
+			return fmt.Errorf("%w after %d attempts: %w", errGaveUp, attempt, err)
+		}
+		// A write given up on at StallAfter stalls at the first failure of its sequel.
+		if attempt == i.cfg.StallAfter || (attempt == from && from == i.cfg.StallAfter+1) {
 			m.stalled.WithLabelValues(i.cfg.MailboxID, at.topic, part, target).Set(1)
 			m.stalls.WithLabelValues(i.cfg.MailboxID, target).Inc()
 			i.log.Error("partition stalled: write keeps failing; retrying with backoff, nothing committed past it",
@@ -812,6 +912,14 @@ func (i *Ingester) retry(target string, at position, fn func(context.Context) er
 				i.cfg.MailboxID, target, at.topic, at.partition, at.first, at.last, err)
 		}
 		delay = min(2*delay, i.cfg.BackoffMax)
+	}
+}
+
+// unstall ends the stall a write given up on at attempt gaveUpAt reported,
+// if it went past StallAfter.
+func (i *Ingester) unstall(at position, target string, gaveUpAt int) {
+	if gaveUpAt > i.cfg.StallAfter {
+		i.cfg.Metrics.stalled.WithLabelValues(i.cfg.MailboxID, at.topic, strconv.Itoa(int(at.partition)), target).Set(0)
 	}
 }
 

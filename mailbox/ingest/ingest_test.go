@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -560,4 +563,117 @@ func produceError(pr *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
 		resp.Topics = append(resp.Topics, st)
 	}
 	return resp
+}
+
+// refusingWriter refuses, with err, every write holding an item whose
+// message id starts with "bad", and writes the rest to st.
+type refusingWriter struct {
+	st  *store.Store
+	err error
+}
+
+func (w *refusingWriter) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
+	for _, it := range items {
+		if strings.HasPrefix(it.GetMessageId(), "bad") {
+			return store.WriteResult{}, w.err
+		}
+	}
+	return w.st.Write(ctx, items)
+}
+
+// TestStoreRefusalsAreDeadLettered: records the store keeps refusing are
+// dead-lettered as store_failed once their batch failed StoreAttempts times,
+// every other record of their batches is stored once, and the partition is
+// committed to its end; a refusal that is the store's own (an I/O error)
+// dead-letters nothing and stalls the partition instead.
+func TestStoreRefusalsAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		err      error
+		deadLets bool
+	}{
+		{name: "record refused", err: errors.New("value too large for the store"), deadLets: true},
+		{name: "store failing", err: fmt.Errorf("write: %w", &fs.PathError{Op: "write", Path: "000001.vlog", Err: syscall.EIO})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const topic, group = "refused", "refused@proxy-01"
+			c := kafkatest.Start(t, kafkatest.Topics(1, topic, topic+DLQSuffix))
+			var recs []*kgo.Record
+			var valid, bad []string
+			for k := range 20 {
+				id := fmt.Sprintf("ok-%02d", k)
+				if k%7 == 3 {
+					id = fmt.Sprintf("bad-%02d", k)
+					bad = append(bad, id)
+				} else {
+					valid = append(valid, id)
+				}
+				recs = append(recs, kafkatest.Record(t, topic, id, &envelopev1.PrismEnvelope{EnvelopeVersion: 1,
+					Metadata: &envelopev1.PrismMetadata{MessageId: id, Topic: topic, PublishedAt: timestamppb.Now()}}))
+			}
+			c.Produce(t, recs...)
+			st, err := store.Open(store.Options{InMemory: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			m := NewMetrics(prometheus.NewRegistry())
+			ing, err := Start(Config{MailboxID: group, Brokers: c.Brokers, Topics: []string{topic}, BatchSize: 4, BatchWait: 10 * time.Millisecond,
+				BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainTimeout: 200 * time.Millisecond,
+				StoreAttempts: 3, StallAfter: 6, Metrics: m}, &refusingWriter{st: st, err: tc.err})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.deadLets {
+				stalled := m.stalled.WithLabelValues(group, topic, "0", "store")
+				waitFor(t, "the partition stalled", func() bool { return testutil.ToFloat64(stalled) == 1 })
+				if err := ing.Close(); err != nil {
+					t.Logf("close: %v", err)
+				}
+				// Only the batch before the first refused record (offsets 0-3 hold bad-03) may be stored.
+				if off := committed(t, c.Brokers, group, topic); off > 0 {
+					t.Fatalf("committed offset %d past a batch the store failed to write", off)
+				}
+				if n := testutil.ToFloat64(m.deadLettered.WithLabelValues(group, string(reasonStoreFailed))); n != 0 {
+					t.Fatalf("%v records dead-lettered for the store's own failure", n)
+				}
+				return
+			}
+			waitFor(t, "committed to the end of the partition", func() bool { return committed(t, c.Brokers, group, topic) == int64(len(recs)) })
+			if err := ing.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if s, err := st.Stats(context.Background()); err != nil || s.TotalEvents != int64(len(valid)) {
+				t.Fatalf("stored %d events (err %v), want %d", s.TotalEvents, err, len(valid))
+			}
+			for _, id := range valid {
+				if _, err := st.Get(context.Background(), id); err != nil {
+					t.Fatalf("valid event %s: %v", id, err)
+				}
+			}
+			got := map[string]string{}
+			for _, r := range c.ReadAll(t, topic+DLQSuffix, len(bad)) {
+				if _, dup := got[string(r.Key)]; dup {
+					t.Fatalf("record %s dead-lettered twice", r.Key)
+				}
+				got[string(r.Key)] = kafkatest.Header(r, HeaderReason)
+				if e := kafkatest.Header(r, HeaderError); !strings.Contains(e, "value too large") {
+					t.Errorf("record %s dead-lettered with error %q, want the store's", r.Key, e)
+				}
+			}
+			if len(got) != len(bad) {
+				t.Fatalf("DLQ holds %v, want %v", got, bad)
+			}
+			for _, id := range bad {
+				if got[id] != string(reasonStoreFailed) {
+					t.Errorf("record %s reason %q, want %q", id, got[id], reasonStoreFailed)
+				}
+			}
+			if s := testutil.ToFloat64(m.stalls.WithLabelValues(group, "store")); s != 0 {
+				t.Errorf("%v stalls counted for records the store refused", s)
+			}
+		})
+	}
 }
