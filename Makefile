@@ -18,7 +18,7 @@ BENCH ?=
 
 all: build
 
-# Static binaries (no cgo: nothing outside bench/ needs it), stamped with the
+# Static binaries (no cgo: only the bench module's SQLite baseline needs it), stamped with the
 # git version so `prism --version` names the commit it was built from.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BUILD_FLAGS := -trimpath -ldflags "-X main.version=$(VERSION)"
@@ -57,9 +57,12 @@ image:
 	  -created "$(SOURCE_DATE_EPOCH)" -version "$(VERSION)" -revision "$(REVISION)"
 	$(TOOLS)/prism-image check -archive $(IMAGE_OUT) -ref $(IMAGE_REPO):$(IMAGE_TAG) -version "$(VERSION)" -chart helm/prism
 
+# bench/ and tools/ are modules of their own (their dependencies stay out of
+# the binaries' module), so ./... at the root does not reach them.
+MODULES := . bench tools
+
 test: $(TOOLS)/promtool
-	$(GO) test $(TEST_FLAGS) ./...
-	cd tools && $(GO) test $(TEST_FLAGS) ./...
+	@set -e; for m in $(MODULES); do echo "cd $$m && $(GO) test $(TEST_FLAGS) ./..."; (cd $$m && $(GO) test $(TEST_FLAGS) ./...); done
 
 bench: build
 	bash bench/run.sh $(BENCH)
@@ -96,8 +99,7 @@ proto: tools
 # golangci-lint runs go vet, gofmt and goimports among its linters (.golangci.yml).
 lint: $(TOOLS)/buf $(TOOLS)/golangci-lint
 	$(TOOLS)/buf lint
-	$(TOOLS)/golangci-lint run ./...
-	cd tools && $(TOOLS)/golangci-lint run ./...
+	@set -e; for m in $(MODULES); do echo "cd $$m && golangci-lint run ./..."; (cd $$m && $(TOOLS)/golangci-lint run ./...); done
 
 clean:
 	rm -rf bin

@@ -6,12 +6,12 @@
 #   admin.snapshot_save_s_100k  prismctl snapshot save: Admin.SaveSnapshot on a running node over loopback gRPC into a
 #                               synced, renamed file
 # Target: 2 s each.
-#   BACKUP_BENCH_ARGS   extra flags for bench/backupbench (go run ./bench/backupbench -h)
+#   BACKUP_BENCH_ARGS   extra flags for bench/backupbench (cd bench && go run ./backupbench -h)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")" # the bench module (bench/go.mod)
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-go build -o "$tmp/backupbench" ./bench/backupbench
+go build -o "$tmp/backupbench" ./backupbench
 # shellcheck disable=SC2086
 "$tmp/backupbench" ${BACKUP_BENCH_ARGS:-}

@@ -12,10 +12,10 @@
 #                          this part takes about 2.5x the figure)
 #   MOVES_BENCH_ARGS       extra flags for the benchmarks (-rolling-namespaces, -produce-rate, -drain-namespaces)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")" # the bench module (bench/go.mod)
 n="${MOVES_BENCH_CATCHUP_N:-1000000}"
 # shellcheck disable=SC2086
 out=$(go test -run '^$' -bench '^Benchmark(RollingRestart|CatchUp|Drain)$' -benchtime 1x -count 1 -timeout 20m \
-  ./bench/movesbench -args -catchup-events "$n" ${MOVES_BENCH_ARGS:-} 2>&1) || { echo "$out" >&2; exit 1; }
+  ./movesbench -args -catchup-events "$n" ${MOVES_BENCH_ARGS:-} 2>&1) || { echo "$out" >&2; exit 1; }
 echo "$out" | grep -v '^BENCH' >&2 || true
 echo "$out" | grep '^BENCH moves\.' || { echo "bench moves: no figures in benchmark output" >&2; exit 1; }
