@@ -53,6 +53,11 @@ func (n *AdminNode) ControlAs(proxy string) adminv1.ControlPlaneClient {
 	return adminv1.NewControlPlaneClient(n.ConnAs(identity.Proxy, proxy))
 }
 
+// SessionsAs is the node's Sessions API called as proxy's sidecar: its sessions and their leases.
+func (n *AdminNode) SessionsAs(proxy string) adminv1.SessionsClient {
+	return adminv1.NewSessionsClient(n.ConnAs(identity.Proxy, proxy))
+}
+
 // ConnAs is a connection to the node with role/name's identity (the operator's connection in plaintext).
 func (n *AdminNode) ConnAs(role identity.Role, name string) *grpc.ClientConn {
 	if n.insecure {
