@@ -37,6 +37,15 @@ type FSM struct {
 	st      *state
 	applied uint64
 	changed chan struct{}
+
+	// pendingCache is PendingMoves' count for state st at placementGen
+	// gen; its own lock, as readers hold mu shared.
+	pendingCache struct {
+		mu  sync.Mutex
+		st  *state
+		gen uint64
+		n   int
+	}
 }
 
 // Option configures an FSM.

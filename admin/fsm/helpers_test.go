@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -152,7 +153,26 @@ func (h *harness) apply(cmd *adminv1.Command) any {
 
 func (h *harness) applyBytes(data []byte) any {
 	h.index++
-	return h.f.Apply(&raft.Log{Index: h.index, Term: h.term, Type: raft.LogCommand, Data: data})
+	res := h.f.Apply(&raft.Log{Index: h.index, Term: h.term, Type: raft.LogCommand, Data: data})
+	h.checkMoveIndexes()
+	return res
+}
+
+// checkMoveIndexes fails the test unless the moves' derived index and the
+// cached pending count agree with the namespaces table, recomputed: every
+// command of every test that uses the harness checks them.
+func (h *harness) checkMoveIndexes() {
+	h.t.Helper()
+	h.f.mu.RLock()
+	want, got := slices.Sorted(maps.Keys(movingNamespaces(h.f.st.namespaces))), slices.Sorted(maps.Keys(h.f.st.moving))
+	pending := len(h.f.st.pendingMoves())
+	h.f.mu.RUnlock()
+	if !slices.Equal(got, want) {
+		h.t.Fatalf("entry %d: moving index %v, want %v", h.index, got, want)
+	}
+	if got, _ := h.f.PendingMoves(); got != pending {
+		h.t.Fatalf("entry %d: PendingMoves %d, want %d", h.index, got, pending)
+	}
 }
 
 // must applies and fails the test on an error result.

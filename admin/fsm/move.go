@@ -333,8 +333,8 @@ func applyCordonProxy(tx *txn, cmd *adminv1.Command) (any, error) {
 // movesInProgress counts the namespaces with a destination catching up.
 func (s *state) movesInProgress() int {
 	n := 0
-	for _, ns := range s.namespaces {
-		if ns.GetIncomingProxyId() != "" {
+	for name := range s.moving {
+		if s.namespaces[name].GetIncomingProxyId() != "" {
 			n++
 		}
 	}
@@ -378,7 +378,7 @@ func (f *FSM) Moves() ([]Move, uint64) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	var out []Move
-	for _, name := range sortedKeys(f.st.namespaces) {
+	for _, name := range sortedKeys(f.st.moving) {
 		n := f.st.namespaces[name]
 		if n.GetIncomingProxyId() != "" {
 			out = append(out, Move{Namespace: proto.CloneOf(n), From: n.GetAssignedProxyId(), To: n.GetIncomingProxyId(), Role: adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP})
@@ -393,8 +393,17 @@ func (f *FSM) Moves() ([]Move, uint64) {
 // PendingMoves is how many planned moves wait for a Rebalance, and how many
 // moves are in progress: the mover proposes a Rebalance when both some wait
 // and the limit has room.
+//
+// The mover asks every tick, and pendingMoves looks at every namespace, so
+// the count is cached until the state's placementGen moves.
 func (f *FSM) PendingMoves() (pending, inProgress int) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return len(f.st.pendingMoves()), f.st.movesInProgress()
+	c := &f.pendingCache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.st != f.st || c.gen != f.st.placementGen {
+		c.st, c.gen, c.n = f.st, f.st.placementGen, len(f.st.pendingMoves())
+	}
+	return c.n, f.st.movesInProgress()
 }

@@ -28,6 +28,16 @@ type state struct {
 	// none), derived from leases like sessionLeases, so a namespace's route
 	// looks at its own few mailboxes instead of every lease.
 	namespaceLeases map[string]map[string]struct{}
+	// moving holds the names of the namespaces with a move or a handoff
+	// tail in progress (moving), derived from namespaces like the lease
+	// indexes, so the mover's every tick looks at the few moves instead of
+	// every namespace.
+	moving map[string]struct{}
+	// placementGen counts changes to what pendingMoves reads (namespaces,
+	// the placement table, and each proxy's serving, schedulability and
+	// exclusions), so PendingMoves answers from its cache while none
+	// happened; never persisted.
+	placementGen uint64
 	// epochHighWater is the highest fencing token handed out (epoch.go).
 	epochHighWater uint64
 	// proxyLeases counts the leases of each proxy (absent: none) for the
@@ -59,6 +69,7 @@ func newState() *state {
 		sessionLeases:   map[uint64]map[string]struct{}{},
 		namespaceLeases: map[string]map[string]struct{}{},
 		proxyLeases:     map[string]int{},
+		moving:          map[string]struct{}{},
 	}
 }
 
@@ -116,8 +127,12 @@ func (s *state) placeableProxyIDs() []string {
 
 func (tx *txn) putProxy(p *adminv1.Proxy) {
 	id := p.GetRegistration().GetProxyId()
-	if prev, ok := tx.st.proxies[id]; !ok || routedDiffers(prev, p) {
+	prev, ok := tx.st.proxies[id]
+	if !ok || routedDiffers(prev, p) {
 		tx.st.proxyRoutesIndex = tx.index
+	}
+	if !ok || placementDiffers(prev, p) {
+		tx.st.placementGen++
 	}
 	tx.st.proxies[id] = p
 	tx.changed = true
@@ -132,16 +147,54 @@ func routedDiffers(a, b *adminv1.Proxy) bool {
 		a.GetRunnerNotReady() != b.GetRunnerNotReady()
 }
 
+// placementDiffers reports whether two records of a proxy differ in what
+// placement and pendingMoves take from it: whether it serves, whether it
+// takes new namespaces, and which namespaces are excluded from it.
+func placementDiffers(a, b *adminv1.Proxy) bool {
+	return serving(a) != serving(b) || unschedulable(a) != unschedulable(b) || !slices.Equal(excludedNames(a), excludedNames(b))
+}
+
+// excludedNames lists the namespaces excluded from p (exclude.go), in its
+// stored health's order.
+func excludedNames(p *adminv1.Proxy) []string {
+	var out []string
+	for _, h := range p.GetNamespaceHealth() {
+		if h.GetExcludedUntil() != nil {
+			out = append(out, h.GetNamespace())
+		}
+	}
+	return out
+}
+
 func (tx *txn) putNamespace(n *adminv1.Namespace) {
 	tx.st.namespaces[n.GetName()] = n
+	if moving(n) {
+		tx.st.moving[n.GetName()] = struct{}{}
+	} else {
+		delete(tx.st.moving, n.GetName())
+	}
+	tx.st.placementGen++
 	tx.st.routesIndex = tx.index
 	tx.changed = true
 }
 
 func (tx *txn) deleteNamespace(name string) {
 	delete(tx.st.namespaces, name)
+	delete(tx.st.moving, name)
+	tx.st.placementGen++
 	tx.st.routesIndex = tx.index
 	tx.changed = true
+}
+
+// movingNamespaces is moving recomputed from the table.
+func movingNamespaces(namespaces map[string]*adminv1.Namespace) map[string]struct{} {
+	out := map[string]struct{}{}
+	for name, n := range namespaces {
+		if moving(n) {
+			out[name] = struct{}{}
+		}
+	}
+	return out
 }
 
 // countLeases is the per-proxy lease count recomputed from the table.
@@ -254,6 +307,7 @@ func (tx *txn) checkpointLease(l *adminv1.Lease) {
 // everywhere.
 func (tx *txn) replace() {
 	tx.st.table = placement.Compute(tx.st.placeableProxyIDs())
+	tx.st.placementGen++
 	for _, name := range sortedKeys(tx.st.namespaces) {
 		n := tx.st.namespaces[name]
 		owner := tx.st.ownerOf(n)
