@@ -377,6 +377,20 @@ func (f *FSM) Sessions() ([]*adminv1.Session, uint64) {
 	return out, f.applied
 }
 
+// SessionLeases returns session id's leases sorted by mailbox id (none if
+// it has none or is not open): read from the session's own index, so it
+// costs its leases, not the whole table.
+func (f *FSM) SessionLeases(id uint64) ([]*adminv1.Lease, uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	mids := slices.Sorted(maps.Keys(f.st.sessionLeases[id]))
+	out := make([]*adminv1.Lease, 0, len(mids))
+	for _, m := range mids {
+		out = append(out, proto.CloneOf(f.st.leases[m]))
+	}
+	return out, f.applied
+}
+
 // Session returns session id, or nil.
 func (f *FSM) Session(id uint64) (*adminv1.Session, uint64) {
 	f.mu.RLock()

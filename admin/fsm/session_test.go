@@ -119,6 +119,9 @@ func TestSessionEndRemovesExactlyItsLeases(t *testing.T) {
 			fx.acquire("p1", s1, fx.mbx["p1"][:3]...)
 			fx.acquire("p2", s2, fx.mbx["p2"]...)
 			fx.h.must(c(time.Second, acquire(fx.mbx["p1"][3], "p1")))
+			if got := mailboxIDs(fx.h.f.SessionLeases(s1)); !slices.Equal(got, slices.Sorted(slices.Values(fx.mbx["p1"][:3]))) {
+				t.Fatalf("session %d's leases %v, want %v", s1, got, fx.mbx["p1"][:3])
+			}
 			before := fx.h.f.AppliedIndex()
 			res := fx.h.must(c(2*time.Second, tc.end(s1)))
 			if got := fx.h.f.AppliedIndex(); got != before+1 || fx.h.f.RoutesIndex() != got {
@@ -146,6 +149,9 @@ func TestSessionEndRemovesExactlyItsLeases(t *testing.T) {
 			}
 			if s, _ := fx.h.f.Session(s1); s != nil {
 				t.Fatalf("session %d still open", s1)
+			}
+			if got := mailboxIDs(fx.h.f.SessionLeases(s1)); len(got) != 0 {
+				t.Fatalf("ended session %d still lists leases %v", s1, got)
 			}
 			if got := fx.h.f.ProxyLeases("p1"); got != 1 {
 				t.Fatalf("p1 lease count %d, want 1", got)
@@ -398,4 +404,12 @@ func TestSessionSnapshotRoundTrip(t *testing.T) {
 	if got := g.ProxyLeases("p1"); got != 0 {
 		t.Fatalf("p1 holds %d leases after close on the restored FSM", got)
 	}
+}
+
+func mailboxIDs(ls []*adminv1.Lease, _ uint64) []string {
+	var out []string
+	for _, l := range ls {
+		out = append(out, l.GetMailboxId())
+	}
+	return out
 }

@@ -254,7 +254,8 @@ func (s *Server) GetSession(ctx context.Context, req *adminv1.GetSessionRequest)
 		if sess == nil {
 			return nil, notFound("session", strconv.FormatUint(req.GetSessionId(), 10))
 		}
-		leases := s.sessionLeases()[sess.GetId()]
+		leases, _ := s.fsm.SessionLeases(sess.GetId())
+		leases = s.annotate(leases)
 		return &adminv1.GetSessionResponse{Session: liveSession(sess, leases), Leases: leases, Index: idx}, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetSessionResponse, error) {
 		return adminv1.NewAdminClient(cc).GetSession(ctx, req)
