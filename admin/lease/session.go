@@ -3,8 +3,6 @@ package lease
 import (
 	"container/heap"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/prism-mesh/prism/admin/fsm"
@@ -181,11 +179,14 @@ func (l *Lessor) trackSession(e *sessionEntry) {
 
 func (l *Lessor) refreshSessions(now time.Time) {
 	l.sessionQueue = l.sessionQueue[:0]
-	for _, id := range slices.Sorted(maps.Keys(l.sessions)) {
-		e := l.sessions[id]
+	for _, e := range l.sessions {
 		e.expires = now.Add(e.session.GetTtl().AsDuration() + l.cfg.ExtendOnPromote)
-		l.trackSession(e)
+		e.requested = time.Time{}
+		e.next = e.deadline()
+		e.idx = len(l.sessionQueue)
+		l.sessionQueue = append(l.sessionQueue, e)
 	}
+	heap.Init(&l.sessionQueue)
 }
 
 // Sessions is the number of sessions mirrored.
