@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -178,5 +179,69 @@ SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 		},
 	}
 	f.register(cmd, runnerFlags{kafka: "127.0.0.1:9092", dataDir: "data", grpcAddr: ":9090", httpAddr: ":8080", logFormat: "json"})
+	cmd.AddCommand(runnerRebuildCommand())
+	return cmd
+}
+
+func runnerRebuildCommand() *cobra.Command {
+	var (
+		kafka, dataDir, logLevel, logFormat string
+		mailboxes                           []string
+		all                                 bool
+		kafkaSec                            kafkaFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "rebuild (--mailbox ID ... | --all)",
+		Short: "Drop mailbox stores and reset their consumer groups, so their next open re-ingests them from Kafka",
+		Long: `rebuild repairs a mailbox whose store is damaged (or that answers other than Kafka holds): it drops
+the store under --data-dir and deletes the mailbox's consumer group (its committed offsets), so the next
+open of the mailbox, by prism runner --mailbox or by the sidecar, re-ingests it from the earliest offset
+Kafka retains. Records already gone from Kafka by its retention are gone from the rebuilt mailbox too.
+
+Run it with the runner stopped: a store still open in a runner, or a consumer group with live members, is
+refused and left as it is. The group is reset before the store is dropped, so an interrupted rebuild never
+leaves an empty store that resumes past its records.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			if all == (len(mailboxes) > 0) {
+				return errors.New("give --mailbox (repeatable) or --all")
+			}
+			brokers := splitBrokers(kafka)
+			if len(brokers) == 0 {
+				return errors.New("--kafka: no brokers")
+			}
+			sc, err := kafkaSec.saramaConfig(log)
+			if err != nil {
+				return err
+			}
+			ids := mailboxes
+			if all {
+				if ids, err = runner.StoredIDs(dataDir); err != nil {
+					return err
+				}
+				if len(ids) == 0 {
+					log.Info("no mailbox store to rebuild", "data_dir", dataDir)
+					return nil
+				}
+			}
+			done, err := runner.Rebuild(runner.RebuildConfig{DataDir: dataDir, Brokers: brokers, Sarama: sc, Logger: log}, ids)
+			for _, id := range done {
+				fmt.Fprintf(cmd.OutOrStdout(), "rebuilt %s: re-ingested from Kafka on its next open\n", id)
+			}
+			return err
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringArrayVar(&mailboxes, "mailbox", nil, "mailbox id to rebuild (repeatable)")
+	fs.BoolVar(&all, "all", false, "rebuild every mailbox with a store under --data-dir")
+	fs.StringVar(&kafka, "kafka", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated host:port")
+	fs.StringVar(&dataDir, "data-dir", "data", "the runner's --data-dir")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&logFormat, "log-format", "text", "log format: json or text")
+	kafkaSec.register(fs)
 	return cmd
 }
