@@ -65,6 +65,7 @@ func (s *Server) GetClusterStatus(ctx context.Context, _ *adminv1.GetClusterStat
 		CommitIndex:       st.CommitIndex,
 		AppliedIndex:      st.AppliedIndex,
 		LastSnapshotIndex: s.node.LastSnapshotIndex(),
+		Version:           s.cfg.Version,
 	}
 	members, err := s.node.Members()
 	if err != nil {

@@ -43,7 +43,10 @@ type NodeConfig struct {
 	// (withPprof).
 	Pprof bool
 	// GRPCAddrs maps raft server ids to admin gRPC addresses, for forwarding.
-	GRPCAddrs       map[string]string
+	GRPCAddrs map[string]string
+	// Version is this node's build (prism version), reported by
+	// GetClusterStatus.
+	Version         string
 	StaleProxyAfter time.Duration
 	// XDS serves the routes to Envoy and grpc-go clients (ADS, plus the
 	// not-found MailboxQuery) on the gRPC listener; GatewayAddr is the Envoy
@@ -199,7 +202,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 		return nil, err
 	}
 	n.Server, err = New(Config{
-		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Clock: cfg.Clock,
+		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Version: cfg.Version, Clock: cfg.Clock,
 		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas, Admission: cfg.Admission, RunnerNetworks: cfg.RunnerNetworks,
 		Registry: reg, Metrics: m, Disk: disk, Moves: cfg.Moves,
 		// Half the promotion extension: the other half and the grace are

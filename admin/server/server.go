@@ -63,6 +63,8 @@ type Config struct {
 	// GRPCAddrs maps raft server ids to their admin gRPC address; followers
 	// forward to the leader's entry.
 	GRPCAddrs map[string]string
+	// Version is this node's build, as GetClusterStatus reports it.
+	Version string
 	// Clock is the leader's: stamped into commands and ticking the leader
 	// loops. Defaults to the real clock.
 	Clock clock.WithTicker
