@@ -259,7 +259,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 			SnapshotInterval: f.snapshotInterval, SnapshotThreshold: f.snapshotThreshold, TrailingLogs: f.trailingLogs,
 			AcceptLogLoss: f.acceptLogLoss, DiskStallTimeout: f.diskStallTimeout,
 		},
-		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, Pprof: f.enablePprof, GRPCAddrs: grpcAddrs,
+		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, Pprof: f.enablePprof, GRPCAddrs: grpcAddrs, Version: version,
 		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
 		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups, Moves: f.moves,
