@@ -20,6 +20,9 @@ type FileConfig struct {
 	CACert string `json:"cacert,omitempty"`
 	Cert   string `json:"cert,omitempty"`
 	Key    string `json:"key,omitempty"`
+	// KafkaBrokers, host:port,..., are where prismctl namespace create
+	// looks a namespace's topics up.
+	KafkaBrokers string `json:"kafkaBrokers,omitempty"`
 	// WrittenBy is "prism dev" in a file prism dev may replace and remove.
 	WrittenBy string `json:"writtenBy,omitempty"`
 }
