@@ -205,8 +205,10 @@ func (e *devEnv) run(ctx context.Context, out io.Writer) error {
 		fn   func(context.Context) error
 	}{
 		{"data dir", e.prepareDataDir},
-		{"certificates", e.preparePKI},
+		// Kafka first: prismctl's config file, written with the
+		// certificates, names its brokers.
 		{"kafka", e.startKafka},
+		{"certificates", e.preparePKI},
 		{"admin", e.startAdmin},
 		{"runner", e.startRunner},
 		{"sidecar", e.startSidecar},

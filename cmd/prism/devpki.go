@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prism-mesh/prism/admin/client"
@@ -79,7 +80,7 @@ func (e *devEnv) writeCtlConfig() {
 		return
 	}
 	op := e.ids.operator
-	cfg := client.FileConfig{Admin: e.f.adminAddr, CACert: op.CA, Cert: op.Cert, Key: op.Key, WrittenBy: devWrittenBy}
+	cfg := client.FileConfig{Admin: e.f.adminAddr, CACert: op.CA, Cert: op.Cert, Key: op.Key, KafkaBrokers: strings.Join(e.brokers, ","), WrittenBy: devWrittenBy}
 	if err := client.WriteConfig(path, cfg); err != nil {
 		e.log.Warn("cannot write the prismctl config", "path", path, "err", err)
 		return
