@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/prism-mesh/prism/mesh/identity"
@@ -76,18 +75,18 @@ Each component is then started with --tls-ca ca.pem --tls-cert <role>-<name>.pem
 	}
 	issue.Flags().StringSliceVar(&hosts, "host", nil, "DNS names and IPs to add as SANs, for clients that check a host name (curl, Envoy's default validation)")
 	issue.Flags().DurationVar(&validity, "validity", 365*24*time.Hour, "how long the certificate is valid")
-	cmd.AddCommand(initCmd, issue, kubeSecretsCommand(kubeClient))
+	cmd.AddCommand(initCmd, issue, kubeSecretsCommand(kubeSecrets))
 	return cmd
 }
 
-// kubeClient is a clientset from kubeconfig, or the pod's own service
-// account when it is empty.
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+// kubeSecrets is namespace's Secrets through kubeconfig, or through the
+// pod's own service account when it is empty.
+func kubeSecrets(kubeconfig, namespace string) (kube.SecretClient, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return kubernetes.NewForConfig(cfg)
+	return kube.NewSecrets(cfg, namespace)
 }
 
 // kubeSecretsCommand is the chart's tls.mode generate: run by a Helm hook
@@ -95,7 +94,7 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 // in secret mode, issued from a CA it makes once. Names come from the chart
 // as flags rather than being derived here from a release name, so that the
 // chart alone decides them.
-func kubeSecretsCommand(newClient func(kubeconfig string) (kubernetes.Interface, error)) *cobra.Command {
+func kubeSecretsCommand(newSecrets func(kubeconfig, namespace string) (kube.SecretClient, error)) *cobra.Command {
 	var (
 		kubeconfig string
 		p          kube.Plan
@@ -134,11 +133,11 @@ on the next run. Secrets it did not make (label ` + kube.LabelKey + `=` + kube.L
 			if p.Namespace == "" || p.CASecret == "" {
 				return errors.New("certs kube-secrets: --namespace and --ca-secret are required")
 			}
-			c, err := newClient(kubeconfig)
+			secrets, err := newSecrets(kubeconfig, p.Namespace)
 			if err != nil {
 				return err
 			}
-			res, err := kube.Sync(cmd.Context(), c, p)
+			res, err := kube.Sync(cmd.Context(), secrets, p)
 			if err != nil {
 				return fmt.Errorf("certs kube-secrets: %w", err)
 			}

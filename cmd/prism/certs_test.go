@@ -11,11 +11,11 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/mesh/pki/kube"
 )
 
 func runCerts(t *testing.T, args ...string) (string, error) {
@@ -101,7 +101,9 @@ func TestCertsKubeSecrets(t *testing.T) {
 	t.Parallel()
 	client := fake.NewClientset()
 	run := func(args ...string) (string, error) {
-		cmd := kubeSecretsCommand(func(kubeconfig string) (kubernetes.Interface, error) { return client, nil })
+		cmd := kubeSecretsCommand(func(kubeconfig, namespace string) (kube.SecretClient, error) {
+			return client.CoreV1().Secrets(namespace), nil
+		})
 		var out bytes.Buffer
 		cmd.SetOut(&out)
 		cmd.SetErr(&out)

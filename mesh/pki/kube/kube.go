@@ -4,7 +4,10 @@
 // chart's tls.mode generate runs it in a hook Job (`prism certs
 // kube-secrets`), since Helm's genSignedCert cannot write the SPIFFE URI SAN
 // every identity needs. It lives apart from mesh/pki so that the servers
-// loading certificates do not link client-go.
+// loading certificates do not link client-go, and it reaches the API server
+// with a REST client that knows core/v1 only (NewSecrets): the typed
+// clientset registers every API group and was 12 MB of prism's binary for
+// three calls on Secrets.
 package kube
 
 import (
@@ -20,7 +23,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/rest"
 
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
@@ -85,8 +90,9 @@ type Result struct {
 // Sync makes the CA Secret unless it exists, then creates or updates each
 // Secret of p so that it holds the CA's bundle and, for each identity, a
 // certificate from that CA with that identity and more than a third of its
-// validity left. A run that finds everything so changes nothing.
-func Sync(ctx context.Context, c kubernetes.Interface, p Plan) (Result, error) {
+// validity left. A run that finds everything so changes nothing. secrets
+// are p.Namespace's.
+func Sync(ctx context.Context, secrets SecretClient, p Plan) (Result, error) {
 	if p.Now == nil {
 		p.Now = time.Now
 	}
@@ -94,7 +100,6 @@ func Sync(ctx context.Context, c kubernetes.Interface, p Plan) (Result, error) {
 	if p.Validity <= 0 || p.CAValidity <= 0 {
 		return res, fmt.Errorf("certificate validity %s and CA validity %s must be positive", p.Validity, p.CAValidity)
 	}
-	secrets := c.CoreV1().Secrets(p.Namespace)
 	ca, created, err := p.loadOrCreateCA(ctx, secrets)
 	if err != nil {
 		return res, err
@@ -111,13 +116,61 @@ func Sync(ctx context.Context, c kubernetes.Interface, p Plan) (Result, error) {
 	return res, nil
 }
 
-type secretClient interface {
+// SecretClient is the calls Sync makes on one namespace's Secrets: those of
+// NewSecrets, or client-go's typed SecretInterface.
+type SecretClient interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Secret, error)
 	Create(ctx context.Context, s *corev1.Secret, opts metav1.CreateOptions) (*corev1.Secret, error)
 	Update(ctx context.Context, s *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error)
 }
 
-func (p Plan) loadOrCreateCA(ctx context.Context, secrets secretClient) (*pki.CA, bool, error) {
+// NewSecrets is namespace's Secrets on the API server cfg reaches, over a
+// REST client that decodes core/v1 and the API's Status errors (so
+// apierrors.IsNotFound and friends work as with the clientset).
+func NewSecrets(cfg *rest.Config, namespace string) (SecretClient, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &corev1.SchemeGroupVersion
+	c.APIPath = "/api"
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if c.UserAgent == "" {
+		c.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return restSecrets{c: rc, params: runtime.NewParameterCodec(scheme), namespace: namespace}, nil
+}
+
+type restSecrets struct {
+	c         *rest.RESTClient
+	params    runtime.ParameterCodec
+	namespace string
+}
+
+func (r restSecrets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Secret, error) {
+	out := &corev1.Secret{}
+	err := r.c.Get().Namespace(r.namespace).Resource("secrets").Name(name).VersionedParams(&opts, r.params).Do(ctx).Into(out)
+	return out, err
+}
+
+func (r restSecrets) Create(ctx context.Context, s *corev1.Secret, opts metav1.CreateOptions) (*corev1.Secret, error) {
+	out := &corev1.Secret{}
+	err := r.c.Post().Namespace(r.namespace).Resource("secrets").VersionedParams(&opts, r.params).Body(s).Do(ctx).Into(out)
+	return out, err
+}
+
+func (r restSecrets) Update(ctx context.Context, s *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error) {
+	out := &corev1.Secret{}
+	err := r.c.Put().Namespace(r.namespace).Resource("secrets").Name(s.Name).VersionedParams(&opts, r.params).Body(s).Do(ctx).Into(out)
+	return out, err
+}
+
+func (p Plan) loadOrCreateCA(ctx context.Context, secrets SecretClient) (*pki.CA, bool, error) {
 	s, err := secrets.Get(ctx, p.CASecret, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -171,7 +224,7 @@ func parseCA(trustDomain string, certPEM, keyPEM []byte) (*pki.CA, error) {
 
 // syncSecret brings one Secret in line with the CA, returning the
 // certificates it wrote and the count it kept.
-func (p Plan) syncSecret(ctx context.Context, secrets secretClient, ca *pki.CA, want Secret) (issued []string, kept int, err error) {
+func (p Plan) syncSecret(ctx context.Context, secrets SecretClient, ca *pki.CA, want Secret) (issued []string, kept int, err error) {
 	typ := corev1.SecretTypeOpaque
 	if len(want.Identities) == 1 && want.Identities[0].File == FileTLS {
 		// tls.crt and tls.key: the type kubectl and Ingress controllers know.

@@ -52,7 +52,7 @@ func plan(admins, runners int) Plan {
 
 func sync(t *testing.T, c *fake.Clientset, p Plan) Result {
 	t.Helper()
-	res, err := Sync(context.Background(), c, p)
+	res, err := Sync(context.Background(), c.CoreV1().Secrets(p.Namespace), p)
 	if err != nil {
 		t.Fatalf("sync: %v", err)
 	}
@@ -320,7 +320,7 @@ func TestRefuses(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(c)
 			}
-			_, err := Sync(context.Background(), c, p)
+			_, err := Sync(context.Background(), c.CoreV1().Secrets(p.Namespace), p)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)
 			}
