@@ -55,6 +55,9 @@ type Network struct {
 	mu      sync.Mutex
 	next    int
 	created []string // mount targets this package made on the host, removed at cleanup
+	// stageDir holds a staging mount point per container mount (see Command), staged counts them.
+	stageDir string
+	staged   int
 }
 
 // NewNetwork makes the bridge, on a 10.x.y.0/24 no interface of this host uses, and removes it, its pods'
@@ -120,6 +123,9 @@ func (n *Network) close() {
 	for _, dir := range n.created {
 		_ = os.Remove(dir)
 	}
+	if n.stageDir != "" {
+		_ = os.RemoveAll(n.stageDir)
+	}
 }
 
 func (n *Network) netns(i int) string { return fmt.Sprintf("podproc-%s-%d", n.id, i) }
@@ -177,6 +183,8 @@ type Container struct {
 	UID    int
 	GID    int
 	Groups []int
+	// ReadOnlyRoot makes / read-only for the container (readOnlyRootFilesystem); its mounts stay as given.
+	ReadOnlyRoot bool
 }
 
 // Command is c as a command in p: nsenter joins the pod's network namespace, unshare gives the container a
@@ -188,12 +196,30 @@ func (p *Pod) Command(c Container) (*exec.Cmd, error) {
 	if c.Hosts != "" {
 		mounts = append(mounts, Mount{Source: c.Hosts, Target: "/etc/hosts", ReadOnly: true})
 	}
-	// A shell script with the mounts as its arguments, so no path is quoted into it.
-	script := `while [ "$1" != -- ]; do mount --bind "$2" "$3" || exit 1; ` +
-		`if [ "$1" = ro ]; then mount -o remount,bind,ro "$3" || exit 1; fi; shift 3; done; shift; exec "$@"`
+	// Parents before children, as the kubelet mounts them.
+	slices.SortStableFunc(mounts, func(a, b Mount) int { return strings.Count(a.Target, "/") - strings.Count(b.Target, "/") })
+	stage, err := p.net.stage(mounts)
+	if err != nil {
+		return nil, err
+	}
+	// A shell script with the mounts as its arguments, so no path is quoted into it. Every source is first
+	// bound into a staging directory outside any target, so a volume kept under a directory that another
+	// volume then covers (a test's /tmp) is still there to mount.
+	script := `root=$1; shift; while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done; shift; ` +
+		`while [ "$1" != -- ]; do mount --bind "$2" "$3" || exit 1; ` +
+		`if [ "$1" = ro ]; then mount -o remount,bind,ro "$3" || exit 1; fi; shift 3; done; shift; ` +
+		`if [ "$root" = ro ]; then mount -o remount,bind,ro / || exit 1; fi; exec "$@"`
+	root := "rw"
+	if c.ReadOnlyRoot {
+		root = "ro"
+	}
 	argv := []string{"nsenter", "--net=/run/netns/" + p.ns, "--", "unshare", "--mount", "--propagation", "private", "--",
-		"sh", "-c", script, "sh"}
-	for _, m := range mounts {
+		"sh", "-c", script, "sh", root}
+	for i, m := range mounts {
+		argv = append(argv, m.Source, stage[i])
+	}
+	argv = append(argv, "--")
+	for i, m := range mounts {
 		if err := p.net.target(m); err != nil {
 			return nil, err
 		}
@@ -201,7 +227,7 @@ func (p *Pod) Command(c Container) (*exec.Cmd, error) {
 		if m.ReadOnly {
 			mode = "ro"
 		}
-		argv = append(argv, mode, m.Source, m.Target)
+		argv = append(argv, mode, stage[i], m.Target)
 	}
 	argv = append(argv, "--")
 	if c.UID >= 0 {
@@ -219,6 +245,39 @@ func (p *Pod) Command(c Container) (*exec.Cmd, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = c.Env
 	return cmd, nil
+}
+
+// stage makes one staging mount point per mount, like its source (a file or a directory), in a directory
+// of the network's under /run, which no container mounts over.
+func (n *Network) stage(mounts []Mount) ([]string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stageDir == "" {
+		dir, err := os.MkdirTemp("/run", "podproc-"+n.id+"-")
+		if err != nil {
+			return nil, fmt.Errorf("podproc: staging directory: %w", err)
+		}
+		n.stageDir = dir
+	}
+	var out []string
+	for _, m := range mounts {
+		src, err := os.Stat(m.Source)
+		if err != nil {
+			return nil, fmt.Errorf("podproc: mount source: %w", err)
+		}
+		n.staged++
+		path := filepath.Join(n.stageDir, strconv.Itoa(n.staged))
+		if src.IsDir() {
+			err = os.Mkdir(path, 0o700)
+		} else {
+			err = os.WriteFile(path, nil, 0o600)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("podproc: staging mount point: %w", err)
+		}
+		out = append(out, path)
+	}
+	return out, nil
 }
 
 // target makes sure m's mount point exists on the host, as a file or a directory like its source; what it

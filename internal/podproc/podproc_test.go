@@ -22,14 +22,15 @@ func TestMain(m *testing.M) {
 	http.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		data, _ := os.ReadFile("/etc/podproc/data/value")
 		addrs, err := net.DefaultResolver.LookupHost(context.Background(), "peer.example")
-		fmt.Fprintf(w, "%s %v %v uid=%d", data, addrs, err, os.Getuid())
+		werr := os.WriteFile("/podproc-written", nil, 0o644)
+		fmt.Fprintf(w, "%s %v %v uid=%d root-writable=%v", data, addrs, err, os.Getuid(), werr == nil)
 	})
 	fmt.Fprintln(os.Stderr, http.ListenAndServe("0.0.0.0:7001", nil))
 	os.Exit(1)
 }
 
 // Two pods bind the same wildcard port, each sees its own volume and the hosts file, runs as the user it is
-// given, and is reached at its own IP.
+// given on a read-only root (root included), and is reached at its own IP.
 func TestPodsHaveTheirOwnNetworkAndMounts(t *testing.T) {
 	if err := Supported(); err != nil {
 		t.Skip(err)
@@ -50,7 +51,7 @@ func TestPodsHaveTheirOwnNetworkAndMounts(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd, err := pod.Command(Container{
-			Argv: []string{self}, Env: []string{"PODPROC_HELPER=1"}, Hosts: hosts, UID: uid, GID: uid,
+			Argv: []string{self}, Env: []string{"PODPROC_HELPER=1"}, Hosts: hosts, UID: uid, GID: uid, ReadOnlyRoot: true,
 			Mounts: []Mount{{Source: data, Target: "/etc/podproc/data", ReadOnly: true}},
 		})
 		if err != nil {
@@ -61,7 +62,7 @@ func TestPodsHaveTheirOwnNetworkAndMounts(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		want := fmt.Sprintf("%s [%s] <nil> uid=%d", pod.Name, n.Gateway, max(uid, 0))
+		want := fmt.Sprintf("%s [%s] <nil> uid=%d root-writable=false", pod.Name, n.Gateway, max(uid, 0))
 		var got string
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			resp, err := http.Get("http://" + net.JoinHostPort(pod.IP.String(), "7001"))
