@@ -6,6 +6,7 @@
 package raftnode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -125,6 +126,10 @@ type Config struct {
 
 	Logger  *slog.Logger
 	Metrics Metrics
+
+	// walSegmentSize is raft-wal's segment size (0: its 64 MiB); tests make
+	// it small to have several segments.
+	walSegmentSize int
 }
 
 // Metrics receives latencies; nil fields are skipped.
@@ -271,10 +276,17 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		// own the meta DB to let a node restart in the same process.
 		meta := &metadb.BoltMetaDB{}
 		closers = append(closers, meta.Close)
-		w, err := wal.Open(walDir, wal.WithLogger(hl.Named("wal")), wal.WithMetaStore(meta))
+		// Before raft-wal opens it: raft-wal would open a damaged log and
+		// raft panic reading it.
+		if err := checkWAL(walDir); err != nil {
+			cleanup()
+			return nil, fmt.Errorf("node %s: %w", cfg.ID, err)
+		}
+		w, err := wal.Open(walDir, wal.WithLogger(hl.Named("wal")), wal.WithMetaStore(meta),
+			wal.WithSegmentSize(cmp.Or(cfg.walSegmentSize, wal.DefaultSegmentSize)))
 		if err != nil {
 			cleanup()
-			return nil, fmt.Errorf("open wal in %s: %w", walDir, err)
+			return nil, fmt.Errorf("open wal in %s: %w; %s", walDir, err, walWayOut)
 		}
 		closers = append(closers, w.Close)
 		logs, stable = w, w
@@ -292,7 +304,7 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		// or lead as if it never had them.
 		if acked, err = checkLogLoss(logs, stable, snaps, cfg.AcceptLogLoss, n.log); err != nil {
 			cleanup()
-			return nil, fmt.Errorf("node %s in %s: %w", cfg.ID, cfg.DataDir, err)
+			return nil, fmt.Errorf("node %s in %s: %w (its newest segment: %s); %s", cfg.ID, cfg.DataDir, err, newestSegment(walDir), walWayOut)
 		}
 		tr, err := newTCPTransport(cfg, n.peerSet(), hl.Named("transport"))
 		if err != nil {
