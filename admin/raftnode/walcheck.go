@@ -72,11 +72,13 @@ func walSegments(walDir string) ([]segmentFile, error) {
 
 // checkWAL refuses a raft-wal directory that raft-wal would open but raft
 // could not read: segment files without the meta DB that lists them, a
-// segment whose header, frames or commit CRCs are wrong, a sealed segment
-// holding fewer entries than the next one's base index says (cut short, or a
-// segment gone between them). The newest segment's last commit is left to
-// raft-wal, which rewinds a torn final write by itself (checkLogLoss then
-// judges what that lost). It reads every segment's data once.
+// segment whose header, frames or commit CRCs are wrong, or entries missing
+// between a segment and the next one's base index (a segment cut short, or
+// one gone). An unsealed segment's last commit is left to raft-wal, which
+// rewinds a torn final write by itself (checkLogLoss then judges what that
+// lost). A segment may hold more entries than the next one's base index
+// says: raft-wal truncates a log's tail in its meta DB, not in the file. It
+// reads every segment's data once.
 func checkWAL(walDir string) error {
 	segs, err := walSegments(walDir)
 	if err != nil {
@@ -91,15 +93,14 @@ func checkWAL(walDir string) error {
 			ErrWALDamaged, meta, len(segs), walWayOut)
 	}
 	for i, s := range segs {
-		tail := i == len(segs)-1
-		entries, err := checkSegment(s, tail)
+		entries, err := checkSegment(s)
 		if err != nil {
 			return fmt.Errorf("%w: segment %s: %v; %s", ErrWALDamaged, s.path, err, walWayOut)
 		}
-		if tail {
+		if i == len(segs)-1 {
 			continue
 		}
-		if next := segs[i+1].baseIndex; s.baseIndex+entries != next {
+		if next := segs[i+1].baseIndex; s.baseIndex+entries < next {
 			return fmt.Errorf("%w: segment %s holds entries %d to %d but the next segment, %s, starts at %d (the segment is cut short, or a segment between them is gone); %s",
 				ErrWALDamaged, s.path, s.baseIndex, s.baseIndex+entries-1, filepath.Base(segs[i+1].path), next, walWayOut)
 		}
@@ -107,10 +108,11 @@ func checkWAL(walDir string) error {
 	return nil
 }
 
-// checkSegment reads a segment's frames and checks its header and every
-// commit's CRC (a tail's last commit only if later frames follow it), and
-// returns how many entries its commits cover.
-func checkSegment(s segmentFile, tail bool) (uint64, error) {
+// checkSegment reads a segment's frames, checks its header and every
+// commit's CRC, and returns how many entries its commits cover. A sealed
+// segment (one with an index frame) must end with a commit; an unsealed
+// one may end with a torn commit, which raft-wal rewinds.
+func checkSegment(s segmentFile) (uint64, error) {
 	b, err := os.ReadFile(s.path)
 	if err != nil {
 		return 0, err
@@ -118,7 +120,7 @@ func checkSegment(s segmentFile, tail bool) (uint64, error) {
 	if len(b) < walFileHeaderLen {
 		return 0, fmt.Errorf("%d bytes, shorter than its header", len(b))
 	}
-	if binary.LittleEndian.Uint64(b[0:8])&0xffffffff != walMagic ||
+	if binary.LittleEndian.Uint64(b[0:8]) != walMagic ||
 		binary.LittleEndian.Uint64(b[8:16]) != s.baseIndex || binary.LittleEndian.Uint64(b[16:24]) != s.id {
 		return 0, errors.New("header does not match its name")
 	}
@@ -126,6 +128,7 @@ func checkSegment(s segmentFile, tail bool) (uint64, error) {
 		off, crcStart          = walFileHeaderLen, 0
 		entries, committed     uint64
 		lastCommitEnd, commits int
+		sealed                 bool
 		badCommit              error
 		badCommitEnd           int // the end of the first commit frame whose checksum is wrong
 	)
@@ -149,6 +152,8 @@ func checkSegment(s segmentFile, tail bool) (uint64, error) {
 			}
 			if typ == walFrameEntry {
 				entries++
+			} else {
+				sealed = true
 			}
 			off += size
 		case walFrameCommit:
@@ -157,20 +162,22 @@ func checkSegment(s segmentFile, tail bool) (uint64, error) {
 				badCommitEnd = off + walFrameHeaderLen
 			}
 			commits++
-			committed = entries
 			off += walFrameHeaderLen
+			if badCommit == nil {
+				committed = entries
+			}
 			crcStart, lastCommitEnd = off, off
 		default:
 			return 0, fmt.Errorf("unknown frame type %d at offset %d", typ, off)
 		}
 	}
-	if badCommit != nil && !(tail && badCommitEnd == lastCommitEnd && lastCommitEnd == off) {
-		// A tail whose last frame is its only bad commit is a torn final write, raft-wal's to
-		// rewind; a bad commit anywhere else is damage.
+	if badCommit != nil && (sealed || badCommitEnd != lastCommitEnd || lastCommitEnd != off) {
+		// An unsealed segment whose last frame is its only bad commit is a torn final write,
+		// raft-wal's to rewind; a bad commit anywhere else is damage.
 		return 0, badCommit
 	}
-	if !tail && (commits == 0 || lastCommitEnd != off) {
-		return 0, fmt.Errorf("sealed segment ends at offset %d without a commit after its last frame (cut short?)", off)
+	if sealed && lastCommitEnd != off {
+		return 0, fmt.Errorf("sealed segment ends at offset %d without a commit after its last frame", off)
 	}
 	return committed, nil
 }
