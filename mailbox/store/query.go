@@ -251,6 +251,7 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 		c.load(pl)
 	}
 	var lastPos pos
+	var buf []byte // compressed records are decompressed into it, one at a time
 	for n := 0; ; n++ {
 		if n%256 == 0 {
 			if err := ctx.Err(); err != nil {
@@ -284,7 +285,11 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 					return fmt.Errorf("read %x: %w", p, err)
 				}
 			}
-			err := item.Value(func(rec []byte) error {
+			err := item.Value(func(v []byte) error {
+				rec, err := itemValue{v, item.UserMeta()}.record(&buf)
+				if err != nil {
+					return fmt.Errorf("decode: %w", err)
+				}
 				if pl.needsHeaders() {
 					x, err := parseIndexed(rec)
 					if err != nil {
@@ -297,7 +302,6 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 				if len(resp.Items) == pl.limit {
 					return nil
 				}
-				var err error
 				if it, err = decodeItem(rec); err != nil {
 					return fmt.Errorf("decode: %w", err)
 				}

@@ -32,8 +32,9 @@ var (
 	propTrace      = []string{"", "t1", "t2", "t3", "t4"}
 )
 
-// genItems writes random items in random batches (with redeliveries) and returns what the store must hold.
-func genItems(t *testing.T, r *rand.Rand, s *Store) []stored {
+// genItems writes random items with ids starting with prefix in random batches (with redeliveries) and returns
+// what the store must hold.
+func genItems(t *testing.T, r *rand.Rand, s *Store, prefix string) []stored {
 	t.Helper()
 	n := r.Intn(150)
 	var model []stored
@@ -41,7 +42,7 @@ func genItems(t *testing.T, r *rand.Rand, s *Store) []stored {
 	for len(model) < n {
 		batch := make([]*mailboxv1.MailboxItem, 1+r.Intn(20))
 		for i := range batch {
-			id := fmt.Sprintf("id-%d", r.Intn(n+10))
+			id := fmt.Sprintf("%s-%d", prefix, r.Intn(n+10))
 			batch[i] = &mailboxv1.MailboxItem{
 				MessageId:     id,
 				Timestamp:     int64(r.Intn(40)) - 5, // few distinct timestamps: many ties, some negative
@@ -49,7 +50,7 @@ func genItems(t *testing.T, r *rand.Rand, s *Store) []stored {
 				Principal:     pick(r, propPrincipals),
 				CorrelationId: pick(r, propCorr),
 				TraceId:       pick(r, propTrace),
-				EnvelopeBlob:  []byte(id),
+				EnvelopeBlob:  propBlob(r, id),
 			}
 		}
 		res, err := s.Write(context.Background(), batch)
@@ -71,6 +72,23 @@ func genItems(t *testing.T, r *rand.Rand, s *Store) []stored {
 		}
 	}
 	return model
+}
+
+// propBlob is an envelope for id in each of the stored formats (record.go): too small to compress, compressible
+// (stored compressed) and random (not worth compressing, stored as is).
+func propBlob(r *rand.Rand, id string) []byte {
+	switch r.Intn(3) {
+	case 0:
+		return []byte(id)
+	case 1:
+		return []byte(id + strings.Repeat(`{"field":"email","old":"a@example.com"},`, 1+r.Intn(20)))
+	default:
+		b := make([]byte, 256+r.Intn(512))
+		for i := range b {
+			b[i] = byte(r.Intn(256))
+		}
+		return append([]byte(id), b...)
+	}
 }
 
 func randSubset(r *rand.Rand, vals []string) []string {
@@ -181,7 +199,7 @@ func TestQueryMatchesBruteForce(t *testing.T) {
 			t.Parallel()
 			r := rand.New(rand.NewSource(int64(d)))
 			s := openMem(t, Options{MaxAge: time.Millisecond})
-			model := genItems(t, r, s)
+			model := genItems(t, r, s, "id")
 			if d%2 == 1 {
 				// Half the datasets have had a retention pass, half of those its sweep too: queries must
 				// bound every walk at the floor whether or not the keys below it are gone.
@@ -196,42 +214,49 @@ func TestQueryMatchesBruteForce(t *testing.T) {
 				}
 				model = slices.DeleteFunc(model, func(x stored) bool { return x.it.GetTimestamp() < floor })
 			}
-			for q := range filters {
-				f := randFilter(r)
-				want := bruteForce(model, f)
-				limit := effectiveLimit(f.GetLimit())
-				var got []*mailboxv1.MailboxItem
-				for page := 0; ; page++ {
-					if page > len(model)+1 {
-						t.Fatalf("filter %d %v: pagination does not end", q, f)
-					}
-					resp, err := s.Query(context.Background(), f)
-					if err != nil {
-						t.Fatalf("filter %d %v: %v", q, f, err)
-					}
-					if len(resp.GetItems()) > limit {
-						t.Fatalf("filter %d %v: page of %d items, limit %d", q, f, len(resp.GetItems()), limit)
-					}
-					if resp.GetNextPageToken() != "" && len(resp.GetItems()) != limit {
-						t.Fatalf("filter %d %v: short page %d with a next token", q, f, len(resp.GetItems()))
-					}
-					got = append(got, resp.GetItems()...)
-					if resp.GetNextPageToken() == "" {
-						break
-					}
-					f = proto.CloneOf(f)
-					f.PageToken = resp.GetNextPageToken()
-				}
-				if len(got) != len(want) {
-					t.Fatalf("filter %d %v: got %d items, want %d\n got  %v\n want %v", q, f, len(got), len(want), ids(got), ids(want))
-				}
-				for i := range got {
-					if !proto.Equal(got[i], want[i]) {
-						t.Fatalf("filter %d %v: item %d is %v, want %v\n got  %v\n want %v", q, f, i, got[i].GetMessageId(), want[i].GetMessageId(), ids(got), ids(want))
-					}
-				}
-			}
+			checkQueries(t, r, s, model, filters)
 		})
+	}
+}
+
+// checkQueries runs n random filters on s, each paged to the end, and compares them with the brute force over
+// model.
+func checkQueries(t *testing.T, r *rand.Rand, s *Store, model []stored, n int) {
+	t.Helper()
+	for q := range n {
+		f := randFilter(r)
+		want := bruteForce(model, f)
+		limit := effectiveLimit(f.GetLimit())
+		var got []*mailboxv1.MailboxItem
+		for page := 0; ; page++ {
+			if page > len(model)+1 {
+				t.Fatalf("filter %d %v: pagination does not end", q, f)
+			}
+			resp, err := s.Query(context.Background(), f)
+			if err != nil {
+				t.Fatalf("filter %d %v: %v", q, f, err)
+			}
+			if len(resp.GetItems()) > limit {
+				t.Fatalf("filter %d %v: page of %d items, limit %d", q, f, len(resp.GetItems()), limit)
+			}
+			if resp.GetNextPageToken() != "" && len(resp.GetItems()) != limit {
+				t.Fatalf("filter %d %v: short page %d with a next token", q, f, len(resp.GetItems()))
+			}
+			got = append(got, resp.GetItems()...)
+			if resp.GetNextPageToken() == "" {
+				break
+			}
+			f = proto.CloneOf(f)
+			f.PageToken = resp.GetNextPageToken()
+		}
+		if len(got) != len(want) {
+			t.Fatalf("filter %d %v: got %d items, want %d\n got  %v\n want %v", q, f, len(got), len(want), ids(got), ids(want))
+		}
+		for i := range got {
+			if !proto.Equal(got[i], want[i]) {
+				t.Fatalf("filter %d %v: item %d is %v, want %v\n got  %v\n want %v", q, f, i, got[i].GetMessageId(), want[i].GetMessageId(), ids(got), ids(want))
+			}
+		}
 	}
 }
 

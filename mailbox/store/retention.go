@@ -107,7 +107,7 @@ func (s *Store) commitFloor(floor int64, res RetentionResult) error {
 
 // walkOldest calls fn with the items from the oldest not older than from, oldest first, and their records,
 // until fn returns false.
-func (s *Store) walkOldest(ctx context.Context, from int64, fn func(p pos, rec []byte) (bool, error)) error {
+func (s *Store) walkOldest(ctx context.Context, from int64, fn func(p pos, v itemValue) (bool, error)) error {
 	return s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: []byte{prefixItem}, PrefetchValues: true, PrefetchSize: 256})
 		defer it.Close()
@@ -129,9 +129,9 @@ func (s *Store) walkOldest(ctx context.Context, from int64, fn func(p pos, rec [
 			var p pos
 			copy(p[:], item.Key()[1:])
 			more := true
-			err := item.Value(func(rec []byte) error {
+			err := item.Value(func(v []byte) error {
 				var err error
-				more, err = fn(p, rec)
+				more, err = fn(p, itemValue{v, item.UserMeta()})
 				return err
 			})
 			if err != nil {
@@ -150,16 +150,16 @@ func (s *Store) walkOldest(ctx context.Context, from int64, fn func(p pos, rec [
 func (s *Store) sizeFloor(ctx context.Context, from, cutoff int64) (int64, error) {
 	remaining := s.meta().bytes
 	floor := int64(math.MinInt64)
-	err := s.walkOldest(ctx, from, func(p pos, rec []byte) (bool, error) {
+	err := s.walkOldest(ctx, from, func(p pos, v itemValue) (bool, error) {
 		ts := p.ts()
 		if ts >= cutoff && remaining <= s.opts.MaxSize && ts >= floor {
 			return false, nil
 		}
-		_, blob, err := splitRecord(rec)
+		n, err := v.blobLen()
 		if err != nil {
 			return false, err
 		}
-		remaining -= int64(len(blob))
+		remaining -= int64(n)
 		if ts == math.MaxInt64 {
 			floor = ts // nothing can be newer; the floor cannot pass it
 			return false, nil
@@ -173,16 +173,16 @@ func (s *Store) sizeFloor(ctx context.Context, from, cutoff int64) (int64, error
 // countBetween counts the items at or after from and before floor, and their envelope bytes.
 func (s *Store) countBetween(ctx context.Context, from, floor int64) (RetentionResult, error) {
 	var res RetentionResult
-	err := s.walkOldest(ctx, from, func(p pos, rec []byte) (bool, error) {
+	err := s.walkOldest(ctx, from, func(p pos, v itemValue) (bool, error) {
 		if p.ts() >= floor {
 			return false, nil
 		}
-		_, blob, err := splitRecord(rec)
+		n, err := v.blobLen()
 		if err != nil {
 			return false, err
 		}
 		res.Deleted++
-		res.DeletedBytes += int64(len(blob))
+		res.DeletedBytes += int64(n)
 		return true, nil
 	})
 	return res, err
@@ -241,10 +241,16 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 // collectVictims sends, in chunks of s.chunk, the items below floor with all their keys.
 func (s *Store) collectVictims(ctx context.Context, floor int64, out chan<- []victim) error {
 	vs := make([]victim, 0, s.chunk)
-	err := s.walkOldest(ctx, math.MinInt64, func(p pos, rec []byte) (bool, error) {
+	var buf []byte
+	err := s.walkOldest(ctx, math.MinInt64, func(p pos, v itemValue) (bool, error) {
 		if p.ts() >= floor {
 			return false, nil
 		}
+		rec, err := v.record(&buf)
+		if err != nil {
+			return false, err
+		}
+		// itemKeys copies what it takes from rec, which buf's next item overwrites.
 		x, err := parseIndexed(rec)
 		if err != nil {
 			return false, err

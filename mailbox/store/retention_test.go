@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -40,10 +41,20 @@ func seqItems(n int, blob int) []*mailboxv1.MailboxItem {
 		it := item(fmt.Sprintf("m-%05d", i), int64(i))
 		it.Topic = fmt.Sprintf("topic-%d", i%3)
 		it.Principal = fmt.Sprintf("user-%d", i%7)
+		// Random, as an encrypted envelope: stored uncompressed, so the value log holds the sizes the tests
+		// reason about.
 		it.EnvelopeBlob = make([]byte, blob)
+		fillRandom(it.EnvelopeBlob, uint64(i))
 		items[i] = it
 	}
 	return items
+}
+
+func fillRandom(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 1))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
 }
 
 // retain runs a retention pass at now and the sweep after it, as RunRetention does.

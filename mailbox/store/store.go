@@ -47,6 +47,8 @@ type Options struct {
 	// store: 128 MiB and Badger's default otherwise.
 	vlogFileSize int64
 	l0Tables     int
+	// plainRecords writes every record uncompressed, as stores written before compression hold them.
+	plainRecords bool
 }
 
 // WriteResult counts what a Write did with its items: stored, dropped as duplicates of a stored message id, or
@@ -349,7 +351,12 @@ func readItem(txn *badger.Txn, p pos) (*mailboxv1.MailboxItem, error) {
 	}
 	var out *mailboxv1.MailboxItem
 	err = it.Value(func(v []byte) error {
-		out, err = decodeItem(v)
+		var buf []byte
+		rec, err := itemValue{v, it.UserMeta()}.record(&buf)
+		if err != nil {
+			return err
+		}
+		out, err = decodeItem(rec)
 		return err
 	})
 	return out, err

@@ -426,7 +426,7 @@ func FuzzDecodeRecord(f *testing.F) {
 }
 
 func req(items ...*mailboxv1.MailboxItem) *writeReq {
-	return &writeReq{items: items, enc: encodeItems(items)}
+	return &writeReq{items: items, enc: encodeItems(items, true)}
 }
 
 // sendAndWait sends group as one flight, with wmu held as Write holds it, and waits for it.

@@ -42,7 +42,7 @@ func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (Writ
 	if err := ctx.Err(); err != nil {
 		return WriteResult{}, err
 	}
-	req := &writeReq{items: items, enc: encodeItems(items)}
+	req := &writeReq{items: items, enc: encodeItems(items, !s.opts.plainRecords)}
 	s.qmu.Lock()
 	s.queue = append(s.queue, req)
 	s.qmu.Unlock()
@@ -75,19 +75,26 @@ type writeReq struct {
 	f     *flight
 }
 
-// encoded is an item's record and keys, built before the write lock; the keys' position bytes are filled in
-// under it, once the item's sequence number is known.
+// encoded is an item's stored record (compressed where that pays, record.go) and keys, built before the write
+// lock, on the writer's goroutine; the keys' position bytes are filled in under it, once the item's sequence
+// number is known.
 type encoded struct {
-	rec  []byte
-	keys [][]byte
+	rec    []byte
+	format byte
+	keys   [][]byte
 }
 
-func encodeItems(items []*mailboxv1.MailboxItem) []encoded {
+func encodeItems(items []*mailboxv1.MailboxItem, compress bool) []encoded {
 	enc := make([]encoded, len(items))
 	for i, it := range items {
+		rec, format := encodeRecord(it), formatPlain
+		if compress {
+			rec, format = storeRecord(rec, len(it.GetEnvelopeBlob()))
+		}
 		enc[i] = encoded{
-			rec:  encodeRecord(it),
-			keys: itemKeys(pos{}, it.GetMessageId(), it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId()),
+			rec:    rec,
+			format: format,
+			keys:   itemKeys(pos{}, it.GetMessageId(), it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId()),
 		}
 	}
 	return enc
@@ -228,14 +235,16 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			e := r.enc[i]
 			setPos(e.keys, p)
 			for k, key := range e.keys {
-				var v []byte
+				var err error
 				switch k {
 				case 0:
-					v = e.rec
+					err = txn.SetEntry(badger.NewEntry(key, e.rec).WithMeta(e.format))
 				case 1:
-					v = p[:]
+					err = txn.Set(key, p[:])
+				default:
+					err = txn.Set(key, nil)
 				}
-				if err := txn.Set(key, v); err != nil {
+				if err != nil {
 					return nil, 0, fmt.Errorf("write %q: %w", id, err)
 				}
 			}
