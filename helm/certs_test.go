@@ -219,7 +219,7 @@ func TestGeneratedCertificatesAreWhatPodsLoad(t *testing.T) {
 	}
 	cluster := fake.NewClientset()
 	p := jobPlan(t, args(job.Spec.Template.Spec.Containers[0]))
-	if _, err := kube.Sync(context.Background(), cluster, p); err != nil {
+	if _, err := kube.Sync(context.Background(), cluster.CoreV1().Secrets(p.Namespace), p); err != nil {
 		t.Fatal(err)
 	}
 	secret := func(name string) *corev1.Secret {
