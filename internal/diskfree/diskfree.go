@@ -30,8 +30,9 @@ import (
 
 // Usage is a filesystem's size and the bytes an unprivileged writer may
 // still use on it (statfs f_bavail, not f_bfree: the root reserve is not
-// ours to fill).
-type Usage struct{ Free, Total uint64 }
+// ours to fill), and its free and total inodes (f_ffree, f_files; both 0 on
+// a filesystem without a fixed inode table, such as btrfs).
+type Usage struct{ Free, Total, FreeInodes, Inodes uint64 }
 
 // Statfs is the usage of the filesystem holding dir.
 func Statfs(dir string) (Usage, error) {
@@ -40,16 +41,20 @@ func Statfs(dir string) (Usage, error) {
 		return Usage{}, &fs.PathError{Op: "statfs", Path: dir, Err: err}
 	}
 	bs := uint64(st.Bsize)
-	return Usage{Free: st.Bavail * bs, Total: st.Blocks * bs}, nil
+	return Usage{Free: st.Bavail * bs, Total: st.Blocks * bs, FreeInodes: st.Ffree, Inodes: st.Files}, nil
 }
 
 // Watermark is how much of its filesystem a data directory keeps free: at
-// least MinBytes and at least MinPercent of the filesystem's size. Both are
-// the --min-free-bytes and --min-free-percent flags of prism runner and
-// prism admin, which the errors name. Zero in both turns the guard off.
+// least MinBytes and at least MinPercent of the filesystem's size, and at
+// least MinInodes inodes (a filesystem out of inodes refuses new files with
+// ENOSPC however many bytes it has: Badger's next table or value log, the
+// next raft-wal segment). They are the --min-free-bytes, --min-free-percent
+// and --min-free-inodes flags of prism runner and prism admin, which the
+// errors name. Zero in all three turns the guard off.
 type Watermark struct {
 	MinBytes   uint64
 	MinPercent float64
+	MinInodes  uint64
 }
 
 // Validate refuses a percentage outside [0, 100).
@@ -60,7 +65,19 @@ func (w Watermark) Validate() error {
 	return nil
 }
 
-func (w Watermark) enabled() bool { return w.MinBytes > 0 || w.MinPercent > 0 }
+func (w Watermark) enabled() bool { return w.MinBytes > 0 || w.MinPercent > 0 || w.MinInodes > 0 }
+
+// inodesShort reports free inodes below MinInodes, or, resuming, below
+// MinInodes plus its margin; never on a filesystem that counts none.
+func (w Watermark) inodesShort(u Usage, resuming bool) bool {
+	if w.MinInodes == 0 || u.Inodes == 0 {
+		return false
+	}
+	if resuming {
+		return u.FreeInodes < w.MinInodes+margin(w.MinInodes)
+	}
+	return u.FreeInodes < w.MinInodes
+}
 
 // need is the free bytes the watermark asks for on a filesystem of total
 // bytes, and the flag that sets it.
@@ -79,17 +96,23 @@ func margin(need uint64) uint64 { return need / 10 }
 
 // ShortError says a data directory's filesystem is below its watermark.
 type ShortError struct {
-	Name  string // what the directory is, e.g. "admin data dir"
-	Dir   string
-	Free  uint64
-	Need  uint64
-	Flag  string // the flag that sets Need
-	Cause error  // a write that failed for want of space, when that is how the guard learned
+	Name string // what the directory is, e.g. "admin data dir"
+	Dir  string
+	Free uint64
+	Need uint64
+	Flag string // the flag that sets Need
+	// FreeInodes and NeedInodes are set when inodes are short (Need and
+	// Flag then say nothing).
+	FreeInodes, NeedInodes uint64
+	Cause                  error // a write that failed for want of space, when that is how the guard learned
 }
 
 func (e *ShortError) Error() string {
 	msg := fmt.Sprintf("%s %s has %d bytes free (%s), below %s (%d bytes, %s)", e.Name, e.Dir, e.Free,
 		humanize.IBytes(e.Free), e.Flag, e.Need, humanize.IBytes(e.Need))
+	if e.NeedInodes > 0 {
+		msg = fmt.Sprintf("%s %s has %d inodes free, below --min-free-inodes (%d)", e.Name, e.Dir, e.FreeInodes, e.NeedInodes)
+	}
 	if e.Cause != nil {
 		msg += ": " + e.Cause.Error()
 	}
@@ -199,6 +222,13 @@ func (g *Guard) Check() Status {
 				"min_free_bytes", need, "watermark", flag, "resume_at_bytes", need+margin(need))
 		}
 		g.short = &ShortError{Name: g.cfg.Name, Dir: g.cfg.Dir, Free: u.Free, Need: need, Flag: flag}
+	case g.cfg.inodesShort(u, g.short != nil):
+		if g.short == nil {
+			g.cfg.Logger.Warn(g.cfg.Name+" short of inodes: holding writes back", "free_inodes", u.FreeInodes,
+				"min_free_inodes", g.cfg.MinInodes, "resume_at_inodes", g.cfg.MinInodes+margin(g.cfg.MinInodes))
+		}
+		g.short = &ShortError{Name: g.cfg.Name, Dir: g.cfg.Dir, Free: u.Free, Need: need, Flag: flag,
+			FreeInodes: u.FreeInodes, NeedInodes: g.cfg.MinInodes}
 	case g.short == nil:
 	case u.Free >= need+margin(need) && !g.cfg.Clock.Now().Before(g.held):
 		g.cfg.Logger.Info(g.cfg.Name+" has space again: writes resume", "free_bytes", u.Free, "min_free_bytes", need)
@@ -264,8 +294,8 @@ func IsNoSpace(err error) bool {
 }
 
 // Collector exports the guard at scrape time, each series labelled dir:
-// <prefix>_disk_pressure (1 while short), <prefix>_disk_free_bytes and
-// <prefix>_disk_min_free_bytes (the watermark).
+// <prefix>_disk_pressure (1 while short), <prefix>_disk_free_bytes,
+// <prefix>_disk_min_free_bytes (the watermark) and <prefix>_disk_free_inodes.
 func (g *Guard) Collector(prefix string) prometheus.Collector {
 	return &collector{
 		g: g,
@@ -275,18 +305,21 @@ func (g *Guard) Collector(prefix string) prometheus.Collector {
 			"Bytes free for the data directory (statfs f_bavail).", []string{"dir"}, nil),
 		need: prometheus.NewDesc(prefix+"_disk_min_free_bytes",
 			"The free-space watermark of the data directory: --min-free-bytes or --min-free-percent of the filesystem, the larger.", []string{"dir"}, nil),
+		inodes: prometheus.NewDesc(prefix+"_disk_free_inodes",
+			"Inodes free on the data directory's filesystem (statfs f_ffree; 0 where it counts none).", []string{"dir"}, nil),
 	}
 }
 
 type collector struct {
-	g                    *Guard
-	pressure, free, need *prometheus.Desc
+	g                            *Guard
+	pressure, free, need, inodes *prometheus.Desc
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.pressure
 	ch <- c.free
 	ch <- c.need
+	ch <- c.inodes
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -299,4 +332,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.pressure, prometheus.GaugeValue, pressure, dir)
 	ch <- prometheus.MustNewConstMetric(c.free, prometheus.GaugeValue, float64(st.Free), dir)
 	ch <- prometheus.MustNewConstMetric(c.need, prometheus.GaugeValue, float64(st.Need), dir)
+	ch <- prometheus.MustNewConstMetric(c.inodes, prometheus.GaugeValue, float64(st.FreeInodes), dir)
 }

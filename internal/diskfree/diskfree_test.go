@@ -252,3 +252,39 @@ func TestStatfs(t *testing.T) {
 		t.Fatalf("Statfs of a missing dir = %v, want not exist", err)
 	}
 }
+
+// TestInodeWatermark: free inodes below MinInodes hold writes back however
+// many bytes are free, saying so, until a tenth above it again; a
+// filesystem that counts no inodes is never short of them.
+func TestInodeWatermark(t *testing.T) {
+	t.Parallel()
+	steps := []struct {
+		inodes, free uint64 // Inodes 0: a filesystem that counts none
+		short        bool
+	}{
+		{inodes: 1_000_000, free: 5000},
+		{inodes: 1_000_000, free: 1000},
+		{inodes: 1_000_000, free: 999, short: true},
+		{inodes: 1_000_000, free: 1099, short: true}, // above the watermark, below its margin
+		{inodes: 1_000_000, free: 1100},
+		{inodes: 1_000_000, free: 10, short: true},
+		{inodes: 0, free: 0},
+	}
+	f := &fakeFS{u: Usage{Total: 1 << 40, Free: 1 << 39}}
+	g := newGuard(t, Watermark{MinInodes: 1000}, f, clocktesting.NewFakeClock(time.Now()))
+	for i, s := range steps {
+		f.mu.Lock()
+		f.u.Inodes, f.u.FreeInodes = s.inodes, s.free
+		f.mu.Unlock()
+		err := g.Err()
+		if (err != nil) != s.short {
+			t.Fatalf("step %d: %d of %d inodes free: Err = %v, want short %v", i, s.free, s.inodes, err, s.short)
+		}
+		if err != nil && !strings.Contains(err.Error(), fmt.Sprintf("has %d inodes free, below --min-free-inodes (1000)", s.free)) {
+			t.Fatalf("step %d: Err = %q, want it to name the inodes and the flag", i, err)
+		}
+	}
+	if u, err := Statfs(t.TempDir()); err != nil || u.FreeInodes > u.Inodes {
+		t.Fatalf("Statfs = %+v, %v", u, err)
+	}
+}
