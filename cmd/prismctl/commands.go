@@ -5,16 +5,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/prism-mesh/prism/admin/client"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -26,7 +26,16 @@ type globals struct {
 	timeout time.Duration
 	attempt time.Duration
 	tls     tlsOptions
+	kafka   kafkaOptions
+
+	// config is the config file as read once; configPath is set when it
+	// named the admin endpoints prismctl uses.
+	config     *client.FileConfig
+	configPath string
 }
+
+// envAdmin names the admin endpoints instead of --admin's default.
+const envAdmin = "PRISM_ADMIN"
 
 // run connects, calls f within --timeout and prints its result; r says
 // whether f may run twice (see client.Repeatable).
@@ -45,34 +54,47 @@ func run[T proto.Message](cmd *cobra.Command, g *globals, r client.Repeatable, f
 	return output(cmd, g, resp, table)
 }
 
-// connect checks --format and makes the client for the admin endpoints,
-// with the identity the flags (or their discovery) name.
+// connect makes the client for the admin endpoints, with the identity the
+// flags (or their discovery) name.
 func connect(cmd *cobra.Command, g *globals) (*client.Client, error) {
-	if g.format != "table" && g.format != "json" {
-		return nil, fmt.Errorf("--format: %q is not table or json", g.format)
-	}
-	adminSet := os.Getenv("PRISM_ADMIN") != "" || cmd.Flag("admin").Changed
-	src, err := g.resolve(adminSet)
+	src, err := g.resolve(g.adminSet(cmd))
 	if err != nil {
 		return nil, err
 	}
 	return newClient(g.admin, g.attempt, src)
 }
 
-// output writes resp on stdout as --format says: JSON, or table's text.
-func output[T proto.Message](cmd *cobra.Command, g *globals, resp T, table func(io.Writer, T)) error {
-	out := cmd.OutOrStdout()
-	if g.format == "json" {
-		b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(resp)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(out, string(b))
-		return err
+// adminSet reports whether --admin or PRISM_ADMIN named the endpoints,
+// which then win over the config file's.
+func (g *globals) adminSet(cmd *cobra.Command) bool {
+	return os.Getenv(envAdmin) != "" || cmd.Flag("admin").Changed
+}
+
+// adminSource says where --admin's value came from, for error hints.
+func (g *globals) adminSource(cmd *cobra.Command) string {
+	switch {
+	case cmd.Flag("admin").Changed:
+		return "from --admin"
+	case os.Getenv(envAdmin) != "":
+		return "from " + envAdmin
+	case g.configPath != "":
+		return "from " + g.configPath
 	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	table(tw, resp)
-	return tw.Flush()
+	return "the default, where prism dev and the chart serve it"
+}
+
+// fileConfig is the config file (client.ConfigPath), read once; the zero
+// config when there is none.
+func (g *globals) fileConfig() (client.FileConfig, bool, error) {
+	if g.config != nil {
+		return *g.config, true, nil
+	}
+	c, ok, err := client.ReadConfig(client.ConfigPath())
+	if err != nil || !ok {
+		return c, ok, err
+	}
+	g.config = &c
+	return c, true, nil
 }
 
 func consistency(consistent bool) adminv1.Consistency {
@@ -105,6 +127,7 @@ func clusterCommand(g *globals) *cobra.Command {
 				return adminv1.NewAdminClient(cc).GetClusterStatus(ctx, &adminv1.GetClusterStatusRequest{})
 			}, func(w io.Writer, r *adminv1.GetClusterStatusResponse) {
 				fmt.Fprintf(w, "node\t%s (%s)\n", r.GetNodeId(), r.GetState())
+				fmt.Fprintf(w, "version\t%s\n", orDash(r.GetVersion()))
 				fmt.Fprintf(w, "leader\t%s %s\n", orDash(r.GetLeaderId()), r.GetLeaderAddress())
 				fmt.Fprintf(w, "term\t%d\n", r.GetTerm())
 				fmt.Fprintf(w, "commit/applied/snapshot\t%d/%d/%d\n", r.GetCommitIndex(), r.GetAppliedIndex(), r.GetLastSnapshotIndex())
@@ -120,11 +143,27 @@ func clusterCommand(g *globals) *cobra.Command {
 	return c
 }
 
-func namespaceTable(w io.Writer, ns []*adminv1.Namespace) {
-	fmt.Fprintln(w, "NAMESPACE\tPARTITION\tPROXY\tTOPICS\tCREATED")
+// namespaceTable lists ns; wide adds how their events are checked and
+// leased and where they are moving.
+func namespaceTable(w io.Writer, ns []*adminv1.Namespace, wide bool) {
+	fmt.Fprint(w, "NAMESPACE\tPARTITION\tPROXY\tTOPICS\tCREATED")
+	if wide {
+		fmt.Fprint(w, "\tVALIDATION\tLEASE TTL\tDEAD LETTER TOPIC\tINCOMING\tHANDOFF")
+	}
+	fmt.Fprintln(w)
 	for _, n := range ns {
-		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", n.GetName(), n.GetPartition(), orDash(n.GetAssignedProxyId()),
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s", n.GetName(), n.GetPartition(), orDash(n.GetAssignedProxyId()),
 			strings.Join(n.GetConfig().GetTopics(), ","), ts(n.GetCreatedAt()))
+		if wide {
+			c := n.GetConfig()
+			ttl := "-"
+			if d := c.GetLease().GetTtl(); d != nil {
+				ttl = d.AsDuration().String()
+			}
+			fmt.Fprintf(w, "\t%s\t%s\t%s\t%s\t%s", strings.ToLower(strings.TrimPrefix(c.GetValidationMode().String(), "VALIDATION_MODE_")),
+				ttl, orDash(c.GetDeadLetterTopic()), orDash(n.GetIncomingProxyId()), orDash(n.GetHandoffProxyId()))
+		}
+		fmt.Fprintln(w)
 	}
 }
 
@@ -137,11 +176,30 @@ func namespaceCommand(g *globals) *cobra.Command {
 		consistent           bool
 	)
 	create := &cobra.Command{
-		Use: "create NAME", Short: "Create a namespace (placed on a proxy by its partition)", Args: cobra.ExactArgs(1),
+		Use: "create NAME --topic T", Short: "Create a namespace (placed on a proxy by its partition)", Args: cobra.ExactArgs(1),
+		Long: `Create a namespace consuming the --topic topics. NAME must be ` + mesh.NamespaceRule + `.
+
+With Kafka brokers (--kafka-brokers, ` + envKafka + `, or the config file prism dev
+writes) prismctl first looks the topics (and --dead-letter-topic) up and
+refuses, exit 3, when one does not exist; --create-topic creates it instead.
+Without brokers it says the topics were not checked.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := mesh.CheckNamespace(args[0]); err != nil {
+				return &usageError{cmd, err}
+			}
 			mode, ok := adminv1.ValidationMode_value["VALIDATION_MODE_"+strings.ToUpper(validation)]
 			if !ok {
-				return fmt.Errorf("--validation: %q is not strict, warn or disabled", validation)
+				return &usageError{cmd, fmt.Errorf("--validation: %q is not strict, warn or disabled", validation)}
+			}
+			// Without a topic the admin refuses the namespace, and says why.
+			if len(topics) > 0 {
+				must := topics
+				if dlq != "" {
+					must = append(slices.Clone(topics), dlq)
+				}
+				if err := g.checkTopics(cmd, must); err != nil {
+					return err
+				}
 			}
 			req := &adminv1.CreateNamespaceRequest{Namespace: args[0], Config: &adminv1.NamespaceConfig{
 				Topics: topics, ValidationMode: adminv1.ValidationMode(mode), DeadLetterTopic: dlq,
@@ -150,7 +208,7 @@ func namespaceCommand(g *globals) *cobra.Command {
 			return run(cmd, g, client.Once, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
 				return adminv1.NewControlPlaneClient(cc).CreateNamespace(ctx, req)
 			}, func(w io.Writer, r *adminv1.CreateNamespaceResponse) {
-				namespaceTable(w, []*adminv1.Namespace{r.GetNamespace()})
+				namespaceTable(w, []*adminv1.Namespace{r.GetNamespace()}, g.wide())
 				if !r.GetCreated() {
 					fmt.Fprintln(w, "(already existed with this config)")
 				}
@@ -163,13 +221,14 @@ func namespaceCommand(g *globals) *cobra.Command {
 	create.Flags().DurationVar(&grace, "lease-grace", 0, "grace after ttl before expiry (0: admin default)")
 	create.Flags().StringVar(&validation, "validation", "strict", "envelope validation: strict, warn or disabled")
 	create.Flags().StringVar(&dlq, "dead-letter-topic", "", "topic for poison messages (default: the runner's)")
+	g.kafka.register(create.Flags())
 
 	list := &cobra.Command{
 		Use: "list", Short: "List namespaces", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListNamespacesResponse, error) {
 				return adminv1.NewAdminClient(cc).ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: consistency(consistent)})
-			}, func(w io.Writer, r *adminv1.ListNamespacesResponse) { namespaceTable(w, r.GetNamespaces()) })
+			}, func(w io.Writer, r *adminv1.ListNamespacesResponse) { namespaceTable(w, r.GetNamespaces(), g.wide()) })
 		},
 	}
 	get := &cobra.Command{
@@ -178,7 +237,7 @@ func namespaceCommand(g *globals) *cobra.Command {
 			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetNamespaceResponse, error) {
 				return adminv1.NewAdminClient(cc).GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: args[0], Consistency: consistency(consistent)})
 			}, func(w io.Writer, r *adminv1.GetNamespaceResponse) {
-				namespaceTable(w, []*adminv1.Namespace{r.GetNamespace()})
+				namespaceTable(w, []*adminv1.Namespace{r.GetNamespace()}, g.wide())
 				if rt := r.GetRoute(); rt != nil {
 					fmt.Fprintf(w, "\nroutes to\t%s (epoch %d)\n", rt.GetMailboxId(), rt.GetEpoch())
 				}
@@ -222,15 +281,24 @@ func proxyCommand(g *globals) *cobra.Command {
 			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListProxiesResponse, error) {
 				return adminv1.NewAdminClient(cc).ListProxies(ctx, &adminv1.ListProxiesRequest{Consistency: consistency(consistent)})
 			}, func(w io.Writer, r *adminv1.ListProxiesResponse) {
-				fmt.Fprintln(w, "PROXY\tADDRESS\tSTATUS\tLAST SEEN\tPARTITIONS\tNAMESPACES")
+				fmt.Fprint(w, "PROXY\tADDRESS\tSTATUS\tLAST SEEN\tPARTITIONS\tNAMESPACES")
+				if g.wide() {
+					fmt.Fprint(w, "\tRUNNER\tVERSION\tZONE\tREGISTERED")
+				}
+				fmt.Fprintln(w)
 				for _, p := range r.GetProxies() {
 					parts := 0
 					for _, pr := range p.GetPartitionRanges() {
 						parts += int(pr.GetEnd()-pr.GetStart()) + 1
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", p.GetProxy().GetRegistration().GetProxyId(),
-						p.GetProxy().GetRegistration().GetAddress(), proxyStatus(p.GetProxy()),
+					reg := p.GetProxy().GetRegistration()
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s", reg.GetProxyId(), reg.GetAddress(), proxyStatus(p.GetProxy()),
 						ts(p.GetProxy().GetLastSeen()), parts, orDash(strings.Join(p.GetNamespaces(), ",")))
+					if g.wide() {
+						fmt.Fprintf(w, "\t%s\t%s\t%s\t%s", orDash(reg.GetRunnerId()), orDash(reg.GetVersion()), orDash(reg.GetZone()),
+							ts(p.GetProxy().GetRegisteredAt()))
+					}
+					fmt.Fprintln(w)
 				}
 			})
 		},
@@ -270,10 +338,22 @@ func leaseCommand(g *globals) *cobra.Command {
 					Consistency: consistency(consistent), Namespace: namespace, ProxyId: proxy,
 				})
 			}, func(w io.Writer, r *adminv1.ListLeasesResponse) {
-				fmt.Fprintln(w, "MAILBOX\tRUNNER\tADDRESS\tEPOCH\tEXPIRES\tTTL")
+				fmt.Fprint(w, "MAILBOX\tRUNNER\tADDRESS\tEPOCH\tEXPIRES\tTTL")
+				if g.wide() {
+					fmt.Fprint(w, "\tPARTITION\tSESSION\tGRANTED\tLAST HEARTBEAT")
+				}
+				fmt.Fprintln(w)
 				for _, l := range r.GetLeases() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", l.GetMailboxId(), l.GetRunnerId(), l.GetRunnerAddress(),
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s", l.GetMailboxId(), l.GetRunnerId(), l.GetRunnerAddress(),
 						l.GetEpoch(), ts(l.GetExpiresAt()), l.GetTtl().AsDuration())
+					if g.wide() {
+						session := "-"
+						if id := l.GetSessionId(); id != 0 {
+							session = strconv.FormatUint(id, 10)
+						}
+						fmt.Fprintf(w, "\t%d\t%s\t%s\t%s", l.GetPartition(), session, ts(l.GetGrantedAt()), ts(l.GetLastHeartbeatAt()))
+					}
+					fmt.Fprintln(w)
 				}
 			})
 		},
@@ -297,10 +377,18 @@ func sessionCommand(g *globals) *cobra.Command {
 			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListSessionsResponse, error) {
 				return adminv1.NewAdminClient(cc).ListSessions(ctx, &adminv1.ListSessionsRequest{Consistency: consistency(consistent), ProxyId: proxy})
 			}, func(w io.Writer, r *adminv1.ListSessionsResponse) {
-				fmt.Fprintln(w, "SESSION\tPROXY\tRUNNER\tADDRESS\tLEASES\tEXPIRES\tTTL")
+				fmt.Fprint(w, "SESSION\tPROXY\tRUNNER\tADDRESS\tLEASES\tEXPIRES\tTTL")
+				if g.wide() {
+					fmt.Fprint(w, "\tGRACE\tOPENED")
+				}
+				fmt.Fprintln(w)
 				for _, s := range r.GetSessions() {
-					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", s.GetId(), s.GetProxyId(), s.GetRunnerId(), s.GetRunnerAddress(),
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s", s.GetId(), s.GetProxyId(), s.GetRunnerId(), s.GetRunnerAddress(),
 						s.GetLeaseCount(), ts(s.GetExpiresAt()), s.GetTtl().AsDuration())
+					if g.wide() {
+						fmt.Fprintf(w, "\t%s\t%s", s.GetGrace().AsDuration(), ts(s.GetOpenedAt()))
+					}
+					fmt.Fprintln(w)
 				}
 			})
 		},
@@ -344,9 +432,17 @@ func routeCommand(g *globals) *cobra.Command {
 			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListRoutesResponse, error) {
 				return adminv1.NewAdminClient(cc).ListRoutes(ctx, &adminv1.ListRoutesRequest{Consistency: consistency(consistent)})
 			}, func(w io.Writer, r *adminv1.ListRoutesResponse) {
-				fmt.Fprintln(w, "MAILBOX\tRUNNER\tADDRESS\tPARTITION\tEPOCH")
+				fmt.Fprint(w, "MAILBOX\tRUNNER\tADDRESS\tPARTITION\tEPOCH")
+				if g.wide() {
+					fmt.Fprint(w, "\tNAMESPACE\tPROXY")
+				}
+				fmt.Fprintln(w)
 				for _, rt := range r.GetRoutes() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\n", rt.GetMailboxId(), rt.GetRunnerId(), rt.GetRunnerAddress(), rt.GetPartition(), rt.GetEpoch())
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d", rt.GetMailboxId(), rt.GetRunnerId(), rt.GetRunnerAddress(), rt.GetPartition(), rt.GetEpoch())
+					if g.wide() {
+						fmt.Fprintf(w, "\t%s\t%s", rt.GetNamespace(), rt.GetProxyId())
+					}
+					fmt.Fprintln(w)
 				}
 				if len(r.GetNamespaceRoutes()) > 0 {
 					fmt.Fprintln(w, "\nNAMESPACE\tMAILBOX\tEPOCH")
@@ -394,6 +490,6 @@ when the voters left would have no quorum of healthy ones.`,
 		},
 	}
 	remove.Flags().BoolVar(&forceRemove, "force", false, "remove even if the voters left would have no quorum of healthy ones")
-	c.AddCommand(add, remove)
+	c.AddCommand(memberList(g), add, remove)
 	return c
 }

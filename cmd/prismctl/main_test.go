@@ -33,13 +33,16 @@ func (a testAdmin) as(role identity.Role, name string) []string {
 	return []string{"--admin", a.addr, "--cacert", f.CA, "--cert", f.Cert, "--key", f.Key}
 }
 
+// testServerVersion is the build the test admin reports.
+const testServerVersion = "v0.0.0-test"
+
 func startAdmin(t *testing.T) testAdmin {
 	t.Helper()
 	p := pkitest.New(t)
 	n, err := server.Start(server.NodeConfig{
 		Raft:     raftnode.Config{ID: "solo", Bootstrap: true, Timing: raftnode.FastTiming()},
 		GRPCAddr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		TLS: p.Source(identity.Admin, "solo"),
+		TLS: p.Source(identity.Admin, "solo"), Version: testServerVersion,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +91,7 @@ func TestCommandsAgainstAdmin(t *testing.T) {
 			Name   string `json:"name"`
 			Config struct {
 				Topics         []string `json:"topics"`
-				ValidationMode string   `json:"validationMode"`
+				ValidationMode string   `json:"validation_mode"`
 				Lease          struct {
 					TTL string `json:"ttl"`
 				} `json:"lease"`
@@ -130,7 +133,8 @@ func TestErrorsAreClear(t *testing.T) {
 		{[]string{"namespace", "get", "missing"}, `NotFound: namespace "missing" not found`},
 		{[]string{"namespace", "create", "x"}, "InvalidArgument"},
 		{[]string{"namespace", "create", "x", "--topic", "t", "--validation", "loose"}, "--validation"},
-		{[]string{"--format", "yaml", "cluster", "status"}, "--format"},
+		{[]string{"--format", "xml", "cluster", "status"}, "--output"},
+		{[]string{"-o", "xml", "cluster", "status"}, "--output"},
 		{[]string{"member", "add", "n2", "nowhere", "127.0.0.1:1"}, "InvalidArgument"},
 		{[]string{"member", "add", "n2", "127.0.0.1:1", "nowhere"}, "grpc_address"},
 		{[]string{"--admin", " , ", "cluster", "status"}, "no admin endpoints"},
@@ -157,8 +161,9 @@ func TestErrorsAreClear(t *testing.T) {
 }
 
 // A command line prismctl cannot run is a usage error, exit 2, whatever part
-// of it is wrong; a command the cluster refuses is exit 1; naming a group of
-// commands alone shows its help and succeeds.
+// of it is wrong; an unreachable cluster is exit 4 (more in
+// TestExitCodesByAnswer); naming a group of commands alone shows its help
+// and succeeds.
 func TestExitCodes(t *testing.T) {
 	t.Parallel()
 	dead := []string{"--admin", testproc.FreeAddr(t), "--insecure", "--timeout", "500ms", "--attempt-timeout", "200ms"}
@@ -174,7 +179,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"cluster", "status", "extra"}, 2, `unknown command "extra"`},
 		{[]string{"lease", "list", "--no-such-flag"}, 2, "unknown flag: --no-such-flag"},
 		{[]string{"--timeout", "soon", "lease", "list"}, 2, "--timeout"},
-		{append(dead, "cluster", "status"), 1, "Unavailable"},
+		{append(dead, "cluster", "status"), 4, "Unavailable"},
 		{[]string{"lease"}, 0, "Mailbox leases"},
 		{[]string{}, 0, "Administer a Prism"},
 	}

@@ -12,6 +12,8 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -64,7 +66,7 @@ func poll(ctx context.Context, cmd *cobra.Command, interval time.Duration, check
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("DeadlineExceeded: gave up waiting (--timeout); last seen: %s", orDash(last))
+			return describe(status.Errorf(codes.DeadlineExceeded, "gave up waiting (--timeout); last seen: %s", orDash(last)))
 		case <-time.After(interval):
 		}
 	}
@@ -146,7 +148,7 @@ func moveCommand(g *globals) *cobra.Command {
 				}
 				r.Index = 0 // every answer has a new one; print only changes
 				if last == nil || !proto.Equal(last, r) {
-					if last != nil && g.format == "table" {
+					if last != nil && (g.format == "table" || g.wide()) {
 						fmt.Fprintln(cmd.OutOrStdout())
 					}
 					if err := output(cmd, g, r, movesTable); err != nil {

@@ -115,13 +115,13 @@ func TestMoveCommands(t *testing.T) {
 	}{
 		{append(slices.Clone(op), "namespace", "move", ns), 2, "--to PROXY (or --cancel) is required"},
 		{append(slices.Clone(op), "namespace", "move", ns, "--to", "p2", "--cancel"), 2, "--cancel takes neither"},
-		{append(slices.Clone(op), "namespace", "move", "nope", "--to", "p2"), 1, `NotFound: namespace "nope" not found`},
-		{append(slices.Clone(op), "namespace", "move", ns, "--to", "p9"), 1, `NotFound: proxy "p9" not found`},
-		{append(slices.Clone(op), "namespace", "move", ns, "--to", "p1"), 1, "FailedPrecondition: cannot move " + ns + ": namespace " + ns + " is already on p1"},
-		{append(slices.Clone(op), "namespace", "move", ns, "--cancel"), 1, "FailedPrecondition: cannot cancel the move of " + ns + ": namespace " + ns + " has no move in progress"},
-		{append(slices.Clone(op), "proxy", "drain", "p9"), 1, "NotFound"},
-		{append(slices.Clone(reader), "namespace", "move", ns, "--to", "p2"), 1, "PermissionDenied"},
-		{append(slices.Clone(reader), "proxy", "drain", "p1"), 1, "PermissionDenied"},
+		{append(slices.Clone(op), "namespace", "move", "nope", "--to", "p2"), exitNotFound, `NotFound: namespace "nope" not found`},
+		{append(slices.Clone(op), "namespace", "move", ns, "--to", "p9"), exitNotFound, `NotFound: proxy "p9" not found`},
+		{append(slices.Clone(op), "namespace", "move", ns, "--to", "p1"), exitRefused, "FailedPrecondition: cannot move " + ns + ": namespace " + ns + " is already on p1"},
+		{append(slices.Clone(op), "namespace", "move", ns, "--cancel"), exitRefused, "FailedPrecondition: cannot cancel the move of " + ns + ": namespace " + ns + " has no move in progress"},
+		{append(slices.Clone(op), "proxy", "drain", "p9"), exitNotFound, "NotFound"},
+		{append(slices.Clone(reader), "namespace", "move", ns, "--to", "p2"), exitDenied, "PermissionDenied"},
+		{append(slices.Clone(reader), "proxy", "drain", "p1"), exitDenied, "PermissionDenied"},
 	} {
 		out, err := prismctl(t, tc.args...)
 		stderr.Reset()

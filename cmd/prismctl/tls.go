@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/prism-mesh/prism/admin/client"
@@ -33,6 +34,20 @@ func (o *tlsOptions) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.insecure, "insecure", os.Getenv(envInsecure) == "true", "talk plaintext to admin nodes started with --insecure (env "+envInsecure+"=true)")
 }
 
+// usesConfigFile reports whether prismctl calls the config file's admin
+// with its identity: only then are its Kafka brokers that admin's, and not
+// those of a prism dev the user pointed prismctl away from.
+func (g *globals) usesConfigFile(cmd *cobra.Command) bool {
+	if g.tls.insecure || g.tls.files != (pki.Files{}) {
+		return false
+	}
+	if !g.adminSet(cmd) {
+		return true
+	}
+	c, ok, err := g.fileConfig()
+	return err == nil && ok && c.Admin == g.admin
+}
+
 // resolve fills what flags and variables left empty from the config file
 // and loads the identity; nil means plaintext (--insecure).
 func (g *globals) resolve(adminSet bool) (*pki.Source, error) {
@@ -45,17 +60,16 @@ func (g *globals) resolve(adminSet bool) (*pki.Source, error) {
 		return nil, nil
 	}
 	if !anyFile {
-		path := client.ConfigPath()
-		c, ok, err := client.ReadConfig(path)
+		c, ok, err := g.fileConfig()
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
-			return nil, fmt.Errorf("TLS is required: pass --cacert, --cert and --key (or %s, %s, %s), or write them to %s; --insecure talks plaintext", envCACert, envCert, envKey, path)
+			return nil, fmt.Errorf("TLS is required: pass --cacert, --cert and --key (or %s, %s, %s), or write them to %s; --insecure talks plaintext", envCACert, envCert, envKey, client.ConfigPath())
 		}
 		o.files = pki.Files{CA: c.CACert, Cert: c.Cert, Key: c.Key}
 		if !adminSet && c.Admin != "" {
-			g.admin = c.Admin
+			g.admin, g.configPath = c.Admin, client.ConfigPath()
 		}
 	}
 	return pki.Load(o.files, nil)

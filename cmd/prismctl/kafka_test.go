@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/prism-mesh/prism/admin/client"
+	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/mesh/identity"
+)
+
+// startKafka is a one-broker kfake holding audit.events that, like prism
+// dev's, creates a topic on first use: looking a topic up must not.
+func startKafka(t *testing.T) string {
+	t.Helper()
+	k, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "audit.events", "audit.dlq"), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	return strings.Join(k.ListenAddrs(), ",")
+}
+
+// partitions is how many partitions topic has on brokers; 0: no such topic.
+func partitions(t *testing.T, brokers, topic string) int {
+	t.Helper()
+	conf := sarama.NewConfig()
+	conf.Metadata.AllowAutoTopicCreation = false
+	admin, err := sarama.NewClusterAdmin(strings.Split(brokers, ","), conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	md, err := admin.DescribeTopics([]string{topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md[0].Err != sarama.ErrNoError {
+		return 0
+	}
+	return len(md[0].Partitions)
+}
+
+// namespace create looks its topics up in Kafka: a missing one is refused
+// (exit 3, nothing created) unless --create-topic creates it; without
+// brokers it says nothing was checked. Names break the rule the message
+// states.
+func TestNamespaceCreateChecksTopics(t *testing.T) {
+	t.Parallel()
+	a := startAdmin(t)
+	brokers := startKafka(t)
+	op := append(a.as(identity.Operator, "ops"), "--timeout", "20s")
+	withKafka := func(args ...string) []string {
+		return append(append(slices.Clone(op), args...), "--kafka-brokers", brokers)
+	}
+	cases := []struct {
+		name    string
+		args    []string
+		code    int
+		want    string // printed
+		created bool   // the namespace exists after
+	}{
+		{"topic exists", withKafka("namespace", "create", "ok-1", "--topic", "audit.events", "--dead-letter-topic", "audit.dlq"), 0, "ok-1", true},
+		{"topic missing", withKafka("namespace", "create", "typo-1", "--topic", "audit.evnts"), exitNotFound,
+			"topic audit.evnts does not exist on Kafka at " + brokers + ": create it, or pass --create-topic", false},
+		{"dead letter topic missing", withKafka("namespace", "create", "typo-2", "--topic", "audit.events", "--dead-letter-topic", "nope.dlq"), exitNotFound,
+			"topic nope.dlq does not exist", false},
+		{"created when asked", withKafka("namespace", "create", "new-1", "--topic", "new.events", "--create-topic", "--partitions", "2"), 0,
+			"created topic new.events on Kafka at " + brokers, true},
+		{"no brokers", append(slices.Clone(op), "namespace", "create", "unchecked-1", "--topic", "whatever"), 0,
+			"topics not checked: no Kafka brokers given (--kafka-brokers or PRISM_KAFKA_BROKERS)", true},
+		{"skipped", withKafka("namespace", "create", "skipped-1", "--topic", "later.events", "--skip-topic-check"), 0, "skipped-1", true},
+		{"create without brokers", append(slices.Clone(op), "namespace", "create", "x-1", "--topic", "t", "--create-topic"), exitUsage, "--create-topic needs the Kafka brokers", false},
+		{"kafka down", append(slices.Clone(op), "namespace", "create", "x-2", "--topic", "t", "--kafka-brokers", "127.0.0.1:1"), exitUnavailable, "checking topics on Kafka at 127.0.0.1:1", false},
+		{"name with a space", append(slices.Clone(op), "namespace", "create", "audit logs", "--topic", "t"), exitUsage, mesh.NamespaceRule, false},
+		{"name with '@'", append(slices.Clone(op), "namespace", "create", "audit@p", "--topic", "t"), exitUsage, mesh.NamespaceRule, false},
+		{"name too long", append(slices.Clone(op), "namespace", "create", strings.Repeat("a", 254), "--topic", "t"), exitUsage, mesh.NamespaceRule, false},
+	}
+	for _, tc := range cases {
+		out, err := prismctl(t, tc.args...)
+		var stderr bytes.Buffer
+		if code := exit(err, &stderr); code != tc.code || !strings.Contains(out+stderr.String(), tc.want) {
+			t.Errorf("%s: exit %d, printed\n%s%s\nwant exit %d and %q", tc.name, code, out, stderr.String(), tc.code, tc.want)
+		}
+		ns := tc.args[slices.Index(tc.args, "create")+1]
+		_, err = prismctl(t, append(slices.Clone(op), "namespace", "get", ns)...)
+		if created := err == nil; created != tc.created {
+			t.Errorf("%s: namespace %s created %v, want %v (%v)", tc.name, ns, created, tc.created, err)
+		}
+	}
+	for topic, want := range map[string]int{"audit.evnts": 0, "nope.dlq": 0, "new.events": 2} {
+		if got := partitions(t, brokers, topic); got != want {
+			t.Errorf("topic %s has %d partitions, want %d (0: none)", topic, got, want)
+		}
+	}
+}
+
+// The brokers come from PRISM_KAFKA_BROKERS, else from the config file when
+// prismctl calls that file's admin with its identity.
+func TestTopicCheckBrokersFromEnvAndConfig(t *testing.T) {
+	a := startAdmin(t)
+	brokers := startKafka(t)
+	f := a.pki.Files(identity.Operator, "dev")
+	path := filepath.Join(t.TempDir(), "prismctl.yaml")
+	if err := client.WriteConfig(path, client.FileConfig{Admin: a.addr, CACert: f.CA, Cert: f.Cert, Key: f.Key, KafkaBrokers: brokers}); err != nil {
+		t.Fatal(err)
+	}
+	for _, env := range []string{envAdmin, envCACert, envCert, envKey, envInsecure, envKafka} {
+		t.Setenv(env, "")
+	}
+	t.Setenv(client.EnvConfig, path)
+	missing := []string{"--timeout", "20s", "namespace", "create", "typo", "--topic", "audit.evnts"}
+	cases := []struct {
+		name  string
+		env   map[string]string
+		extra []string
+		want  string
+	}{
+		{"config file", nil, nil, "does not exist on Kafka at " + brokers},
+		{"config file, its admin named", nil, []string{"--admin", a.addr}, "does not exist on Kafka at " + brokers},
+		{"env", map[string]string{envKafka: brokers, client.EnvConfig: "/nonexistent"}, a.as(identity.Operator, "ops"), "does not exist on Kafka at " + brokers},
+		{"another identity: not the file's brokers", nil, a.as(identity.Operator, "ops"), "topics not checked"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			out, err := prismctl(t, append(slices.Clone(tc.extra), missing...)...)
+			var stderr bytes.Buffer
+			exit(err, &stderr)
+			if !strings.Contains(out+stderr.String(), tc.want) {
+				t.Errorf("printed\n%s%s\nwant %q", out, stderr.String(), tc.want)
+			}
+			if err == nil {
+				if _, err := prismctl(t, append(slices.Clone(a.as(identity.Operator, "ops")), "namespace", "delete", "typo")...); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
