@@ -37,6 +37,10 @@ type options struct {
 	sessionSetup       time.Duration
 	sessionXDS         bool
 	sessionAdminArgs   []string
+	sessionProfile     string
+	sessionGrace       time.Duration
+	failoverLeases     int
+	failoverKills      int
 	bulk               int
 	bulkReps           int
 }
@@ -54,7 +58,7 @@ func main() {
 	flag.IntVar(&o.scaleLeases, "scale-leases", 10000, "leases in the heartbeat scale run")
 	flag.DurationVar(&o.scaleFor, "scale-for", 10*time.Second, "length of the heartbeat scale run")
 	flag.BoolVar(&o.scaleXDS, "scale-xds", true, "serve xDS during the scale run, as a production admin node does")
-	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, handshake, sessions, etcd, redis")
+	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, handshake, sessions, failover-sessions, etcd, redis")
 	flag.StringVar(&o.security, "security", modeBoth, "prism admin over plaintext (--insecure), mtls (figures suffixed _mtls), or both: "+
 		"every part in plaintext plus the 3-node latency, the scale run and the handshake over mutual TLS, with mtls/plaintext ratios")
 	flag.IntVar(&o.handshakes, "handshakes", 200, "fresh connections timed per mode in the handshake run")
@@ -72,6 +76,10 @@ func main() {
 		o.sessionAdminArgs = append(o.sessionAdminArgs, v)
 		return nil
 	})
+	flag.StringVar(&o.sessionProfile, "session-profile", "", "write a CPU profile of the leader over the sessions run's timed window to this file (starts the nodes with --enable-pprof)")
+	flag.DurationVar(&o.sessionGrace, "session-grace", 0, "lease grace of the sessions run's namespaces (config.lease.grace; 0: the admin's default, 5s); a session expires ttl + grace after its last keepalive")
+	flag.IntVar(&o.failoverLeases, "failover-leases", 100000, "leases held (in sessions of 1,000) in the failover-sessions run")
+	flag.IntVar(&o.failoverKills, "failover-kills", 5, "leader kills in the failover-sessions run (each waits ttl + grace after the kill to count the leases held)")
 	flag.IntVar(&o.bulk, "bulk", 1000, "mailboxes of the one AcquireLeases the bulk grant times")
 	flag.IntVar(&o.bulkReps, "bulk-reps", 10, "repetitions of the bulk grant")
 	flag.Parse()
@@ -175,6 +183,14 @@ func runParts(o options, dir string, mtlsModes []bool) {
 			return err
 		}
 		return sessionsBench(ctx, o, filepath.Join(dir, "sessions"), cs)
+	})
+	run("failover-sessions", func() error {
+		// Over mTLS like the sessions run: sidecars' identities.
+		cs, err := certsFor(o.security != modePlaintext)
+		if err != nil {
+			return err
+		}
+		return failoverSessions(ctx, o, filepath.Join(dir, "failover-sessions"), cs)
 	})
 }
 

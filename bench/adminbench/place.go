@@ -96,6 +96,11 @@ func namesPerProxy(proxies []string, prefix string, per int) []string {
 // each, the mailbox on the proxy the admin placed it on and that proxy's
 // runner, in the order of names.
 func place(ctx context.Context, c *prismCluster, node int, names []string, runnerOf map[string]string) ([]placed, error) {
+	return placeWith(ctx, c, node, names, runnerOf, benchNamespaceConfig)
+}
+
+// placeWith is place creating the namespaces with cfg.
+func placeWith(ctx context.Context, c *prismCluster, node int, names []string, runnerOf map[string]string, cfg *adminv1.NamespaceConfig) ([]placed, error) {
 	cc := c.conns.operator(node)
 	cp := adminv1.NewControlPlaneClient(cc)
 	var next atomic.Int64
@@ -112,7 +117,7 @@ func place(ctx context.Context, c *prismCluster, node int, names []string, runne
 					return
 				}
 				if err := retryUnavailable(ctx, func() error {
-					_, err := cp.CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: names[i], Config: benchNamespaceConfig})
+					_, err := cp.CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: names[i], Config: cfg})
 					return err
 				}); err != nil {
 					once.Do(func() { firstErr = fmt.Errorf("create namespace %s: %w", names[i], err) })

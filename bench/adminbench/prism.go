@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -202,36 +203,11 @@ func failover(ctx context.Context, o options, dir string, certs *certs) error {
 		if err != nil {
 			return fmt.Errorf("kill %d: %w", k, err)
 		}
-		t0 := time.Now()
-		c.nodes[lead].kill()
-		var done atomic.Bool
-		var once sync.Once
-		var took time.Duration
-		var wg sync.WaitGroup
-		// One writer per survivor, as clients of a real cluster would be.
-		for i := range c.nodes {
-			if i == lead {
-				continue
-			}
-			cp := adminv1.NewControlPlaneClient(c.conns.proxy(i, proxies[i]))
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				m := placedOn[proxies[i]][k]
-				for !done.Load() && time.Since(t0) < 30*time.Second {
-					actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-					resp, err := cp.AcquireLease(actx, &adminv1.AcquireLeaseRequest{MailboxId: m.mailbox,
-						RunnerId: m.runner, RunnerAddress: "127.0.0.1:9000"})
-					cancel()
-					if err == nil && resp.GetGranted() {
-						once.Do(func() { took = time.Since(t0); done.Store(true) })
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if !done.Load() {
-			return fmt.Errorf("kill %d: no write succeeded within 30s", k)
+		took, err := killAndWrite(ctx, c, lead, func(i int) (adminv1.ControlPlaneClient, placed, bool) {
+			return adminv1.NewControlPlaneClient(c.conns.proxy(i, proxies[i])), placedOn[proxies[i]][k], true
+		})
+		if err != nil {
+			return fmt.Errorf("kill %d: %w", k, err)
 		}
 		times = append(times, took)
 		if err := c.nodes[lead].start(); err != nil {
@@ -257,6 +233,47 @@ func failover(ctx context.Context, o options, dir string, certs *certs) error {
 	bench("admin.failover_max_ms"+sfx, ms(times[len(times)-1]), "ms")
 	bench("admin.failover_kills"+sfx, float64(len(times)), "kills")
 	return nil
+}
+
+// killAndWrite kills node lead -9 and returns the time from the kill to
+// the first granted AcquireLease through a survivor: writer(i) names node
+// i's client and the mailbox (no one holds it) its writer acquires, or
+// false for no writer there. Writers call on connections they had before
+// the kill, as clients of a real cluster would.
+func killAndWrite(ctx context.Context, c *prismCluster, lead int, writer func(i int) (adminv1.ControlPlaneClient, placed, bool)) (time.Duration, error) {
+	t0 := time.Now()
+	c.nodes[lead].kill()
+	var done atomic.Bool
+	var once sync.Once
+	var took time.Duration
+	var wg sync.WaitGroup
+	for i := range c.nodes {
+		if i == lead {
+			continue
+		}
+		cp, m, ok := writer(i)
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !done.Load() && time.Since(t0) < 30*time.Second {
+				actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				resp, err := cp.AcquireLease(actx, &adminv1.AcquireLeaseRequest{MailboxId: m.mailbox,
+					RunnerId: m.runner, RunnerAddress: "127.0.0.1:9000"})
+				cancel()
+				if err == nil && resp.GetGranted() {
+					once.Do(func() { took = time.Since(t0); done.Store(true) })
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if !done.Load() {
+		return 0, errors.New("no write succeeded within 30s")
+	}
+	return took, nil
 }
 
 func waitCaughtUp(ctx context.Context, c *prismCluster, i int) error {

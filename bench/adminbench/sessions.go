@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"sort"
 	"strconv"
@@ -71,6 +74,9 @@ func sessionsBench(ctx context.Context, o options, dir string, certs *certs) err
 	limit := total + o.bulk + 1000
 	args := append([]string{"--max-namespaces", strconv.Itoa(limit), "--max-leases", strconv.Itoa(limit),
 		"--max-leases-per-proxy", strconv.Itoa(max(perProxy*o.sessionLeases, o.bulk))}, o.sessionAdminArgs...)
+	if o.sessionProfile != "" {
+		args = append(args, "--enable-pprof")
+	}
 	c, err := startPrism(o.prism, dir, 3, o.sessionXDS, certs, args...)
 	if err != nil {
 		return err
@@ -97,7 +103,11 @@ func sessionsBench(ctx context.Context, o options, dir string, certs *certs) err
 		return err
 	}
 	t0 := time.Now()
-	ps, err := place(setup, c, lead, namesWanted(proxies, bulkProxy, want), runnerOf)
+	cfg := benchNamespaceConfig
+	if o.sessionGrace > 0 {
+		cfg = &adminv1.NamespaceConfig{Topics: cfg.GetTopics(), Lease: &adminv1.LeaseConfig{Grace: durationpb.New(o.sessionGrace)}}
+	}
+	ps, err := placeWith(setup, c, lead, namesWanted(proxies, bulkProxy, want), runnerOf, cfg)
 	if err != nil {
 		return fmt.Errorf("sessions: %w", err)
 	}
@@ -191,7 +201,16 @@ func sessionsBench(ctx context.Context, o options, dir string, certs *certs) err
 	window.Lock()
 	window.from, window.to = start, start.Add(o.sessionFor)
 	window.Unlock()
+	profiled := make(chan error, 1)
+	if o.sessionProfile != "" {
+		go func() { profiled <- cpuProfile(c.http[lead], o.sessionFor, o.sessionProfile) }()
+	} else {
+		profiled <- nil
+	}
 	time.Sleep(o.sessionFor)
+	if err := <-profiled; err != nil {
+		fmt.Fprintf(os.Stderr, "# sessions: leader CPU profile: %v\n", err)
+	}
 	elapsed := time.Since(start).Seconds()
 	bench("admin.session_leader_cpu_pct_"+size, float64(leader.cpuTicks()-cpu0)/elapsed, "%")
 	bench("admin.session_renew_p50_ms_"+size, ms(r.pct(0.5)), "ms")
@@ -357,12 +376,22 @@ func expiry(ctx context.Context, c *prismCluster, lead int, s *session) error {
 			bench("admin.session_expiry_routes_ms_"+n, ms(gone), "ms")
 			if floor > 0 {
 				bench("admin.session_expiry_floor_ms_"+n, ms(floor), "ms")
+				bench("admin.session_expiry_lag_ms_"+n, ms(gone-floor), "ms")
 			}
 			return nil
 		case err != nil:
 			return fmt.Errorf("expiry: get session %d: %w", s.id, err)
 		}
-		floor = resp.GetSession().GetTtl().AsDuration() + resp.GetSession().GetGrace().AsDuration()
+		// The session expires after the largest grace of its leases (their
+		// namespaces'), its own while it holds none.
+		grace := resp.GetSession().GetGrace().AsDuration()
+		if ls := resp.GetLeases(); len(ls) > 0 {
+			grace = 0
+			for _, l := range ls {
+				grace = max(grace, l.GetGrace().AsDuration())
+			}
+		}
+		floor = resp.GetSession().GetTtl().AsDuration() + grace
 	}
 	return fmt.Errorf("expiry: session %d of %s still holds leases 2m after its last keepalive", s.id, s.proxy)
 }
@@ -383,4 +412,23 @@ func (p *proc) rssBytes() int64 {
 		}
 	}
 	return 0
+}
+
+// cpuProfile writes a CPU profile of the node serving HTTP on addr (with
+// --enable-pprof) over the next d to file.
+func cpuProfile(addr string, d time.Duration, file string) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("profile: %s", resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, resp.Body)
+	return errors.Join(err, f.Close())
 }
