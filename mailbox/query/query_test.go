@@ -130,6 +130,8 @@ func (f *fixture) get(t *testing.T, path string) (int, http.Header, map[string]a
 func TestHTTP(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
+	// at is second sec of the minute the fixture's events are stored in.
+	at := func(sec int) time.Time { return time.Date(2026, 1, 2, 3, 4, sec, 0, time.UTC) }
 	esc := url.PathEscape(mailboxID) // "$admin@proxy-01" stays readable; also try fully encoded
 	tests := []struct {
 		name      string
@@ -148,7 +150,14 @@ func TestHTTP(t *testing.T) {
 		{"bad limit", "/v1/mailboxes/" + esc + "/events?limit=ten", 400, "limit", nil},
 		{"negative limit", "/v1/mailboxes/" + esc + "/events?limit=-1", 400, "limit", nil},
 		{"bad start", "/v1/mailboxes/" + esc + "/events?start=yesterday", 400, "start", nil},
-		{"end before start", "/v1/mailboxes/" + esc + "/events?start=2000&end=1000", 400, "start", nil},
+		{"end before start", fmt.Sprintf("/v1/mailboxes/%s/events?start=%d&end=%d", esc, at(8).UnixMilli(), at(6).UnixMilli()), 400, "start: must be before end", nil},
+		{"time range rfc3339 offset and fraction", "/v1/mailboxes/" + esc + "/events?start=2026-01-02T04:04:06.5%2B01:00&end=2026-01-02T03:04:08.000Z", 200, "", []string{"m-2"}},
+		{"time range rfc3339 lower-case t and z", "/v1/mailboxes/" + esc + "/events?start=2026-01-02t03:04:06z&end=2026-01-02t03:04:07z", 200, "", []string{"m-1"}},
+		{"start zero: the beginning", "/v1/mailboxes/" + esc + "/events?start=0", 200, "", []string{"m-4", "m-3", "m-2", "m-1", "m-0"}},
+		{"start in seconds", fmt.Sprintf("/v1/mailboxes/%s/events?start=%d", esc, at(6).Unix()), 400,
+			fmt.Sprintf("start: %d looks like unix seconds (2026-01-02T03:04:06Z): start takes unix milliseconds (%d) or an RFC 3339 time", at(6).Unix(), at(6).UnixMilli()), nil},
+		{"end in seconds", "/v1/mailboxes/" + esc + "/events?end=1700000000", 400, "end: 1700000000 looks like unix seconds", nil},
+		{"end in microseconds", fmt.Sprintf("/v1/mailboxes/%s/events?end=%d", esc, at(6).UnixMicro()), 400, "(microseconds or nanoseconds?): end takes unix milliseconds or an RFC 3339 time", nil},
 		{"bad page token", "/v1/mailboxes/" + esc + "/events?page_token=%21%21", 400, "page_token", nil},
 		{"repeated trace id", "/v1/mailboxes/" + esc + "/events?trace_id=a&trace_id=b", 400, "trace_id", nil},
 		{"empty principal", "/v1/mailboxes/" + esc + "/events?principal=a,", 400, "principal", nil},

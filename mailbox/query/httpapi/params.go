@@ -95,9 +95,15 @@ func single(q url.Values, name string) (string, error) {
 	return "", nil
 }
 
-// Unix milliseconds outside this range are surely a unit mistake (seconds or
-// nanoseconds) or garbage, and would overflow a timestamp.
-const maxUnixMillis = 253402300799999 // 9999-12-31T23:59:59.999Z
+// Unix milliseconds above maxUnixMillis are surely microseconds or
+// nanoseconds, or garbage, and would overflow a timestamp; from 1 to
+// minUnixMillis-1 (before 1973-03-03) they are surely seconds: a time in
+// seconds from then to the year 5138 falls there, and an event before 1973
+// is not. 0 stays the beginning of time.
+const (
+	maxUnixMillis = 253402300799999 // 9999-12-31T23:59:59.999Z
+	minUnixMillis = 100000000000    // 1973-03-03T09:46:40Z
+)
 
 func timeParam(q url.Values, name string) (*timestamppb.Timestamp, error) {
 	s, err := single(q, name)
@@ -105,12 +111,20 @@ func timeParam(q url.Values, name string) (*timestamppb.Timestamp, error) {
 		return nil, err
 	}
 	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
-		if ms < 0 || ms > maxUnixMillis {
+		switch {
+		case ms < 0:
 			return nil, fmt.Errorf("%s: unix milliseconds out of range: %d", name, ms)
+		case ms > maxUnixMillis:
+			return nil, fmt.Errorf("%s: %d is past the year 9999 in unix milliseconds (microseconds or nanoseconds?): %s takes unix milliseconds or an RFC 3339 time", name, ms, name)
+		case ms > 0 && ms < minUnixMillis:
+			return nil, fmt.Errorf("%s: %d looks like unix seconds (%s): %s takes unix milliseconds (%d) or an RFC 3339 time",
+				name, ms, time.Unix(ms, 0).UTC().Format(time.RFC3339), name, ms*1000)
 		}
 		return timestamppb.New(time.UnixMilli(ms)), nil
 	}
-	t, err := time.Parse(time.RFC3339Nano, s)
+	// RFC 3339 allows a lower-case 't' and 'z' (section 5.6), which Go's
+	// layout does not; nothing else in a valid time has a letter.
+	t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(s))
 	if err != nil {
 		return nil, fmt.Errorf("%s: want an RFC 3339 time or unix milliseconds, got %q", name, s)
 	}
