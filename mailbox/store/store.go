@@ -42,6 +42,9 @@ type Options struct {
 	// value-log GC, so a pass lands under it (as of the pass's start) rather than chasing disk usage.
 	MaxSize int64
 	Logger  *slog.Logger // nil = slog.Default()
+	// Memory sizes what Badger holds in memory for this store; zero fields keep Badger's defaults. A runner
+	// divides its memory budget among its stores with MemoryFor.
+	Memory Memory
 
 	// Test knobs, so that GC finds whole value-log files and compaction starts after two L0 tables in a small
 	// store: 128 MiB and Badger's default otherwise.
@@ -122,6 +125,7 @@ func Open(opts Options) (*Store, error) {
 		WithSyncWrites(true).
 		WithNumCompactors(2).
 		WithMetricsEnabled(false)
+	bo = opts.Memory.apply(bo)
 	if opts.InMemory {
 		bo = bo.WithDir("").WithValueDir("").WithInMemory(true).WithMemTableSize(16 << 20).WithBlockCacheSize(8 << 20)
 	} else {
