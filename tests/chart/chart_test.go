@@ -58,6 +58,8 @@ func TestChartRuns(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, r := runChart(t, tc.files, tc.bench)
 			if tc.grow {
+				began := time.Now()
+				defer func() { t.Logf("grown to 5 admin nodes in %v", time.Since(began).Round(time.Millisecond)) }()
 				growAdmins(t, c, append(slices.Clone(tc.files), "testdata/five-admins.yaml"), r)
 			}
 		})
@@ -67,6 +69,8 @@ func TestChartRuns(t *testing.T) {
 // runChart renders the chart with files and runs it: admin nodes, injectors (and Envoy when on PATH) at
 // once, the runner pods once an injector is ready to inject them, as the API server would have it call.
 func runChart(t *testing.T, files []string, bench string) (*cluster, *rendered) {
+	began := time.Now()
+	defer func() { t.Logf("ran and checked in %v", time.Since(began).Round(time.Millisecond)) }()
 	r := render(t, files...)
 	var brokers []string
 	for _, b := range value(t, "kafka.brokers", files...).([]any) {
@@ -402,7 +406,10 @@ func (c *cluster) mountedFile(p *pod, ctr corev1.Container, path string) []byte 
 
 // growAdmins renders the chart again with five admin nodes and starts the two new pods with that render's
 // arguments beside the three running ones (a rolling update would restart those with the new --peers too;
-// on their data they keep their state either way), then waits until the cluster counts them as voters.
+// on their data they keep their state either way). The new nodes cannot join by themselves: an empty data
+// dir bootstraps the --peers voters, which the running cluster, not counting them, never hears. They are
+// added as docs/operations.md says, `prismctl member add` with the addresses of their --peers entries (the
+// Admin API call prismctl makes), and must become voters and ready.
 func growAdmins(t *testing.T, c *cluster, files []string, before *rendered) {
 	r := render(t, files...)
 	if str(value(t, "tls.mode", files...)) == "secret" {
@@ -416,13 +423,34 @@ func growAdmins(t *testing.T, c *cluster, files []string, before *rendered) {
 	for _, p := range added {
 		c.run(p)
 	}
-	c.awaitReady(added, 60*time.Second)
+	peers := map[string][]string{}
+	for _, a := range mustGet(t, r.statefulSets, adminName).Spec.Template.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, "--peers="); ok {
+			for _, e := range strings.Split(v, ",") {
+				f := strings.Split(e, "=")
+				peers[f[0]] = f[1:]
+			}
+		}
+	}
 	cc := c.operator(c.podNamed(adminName + "-0"))
 	defer cc.Close()
-	c.await("five voters", 60*time.Second, func() error {
+	admin := adminv1.NewAdminClient(cc)
+	for _, p := range added {
+		addrs, ok := peers[p.name]
+		if !ok || len(addrs) != 2 {
+			t.Fatalf("--peers has no entry for %s: %v", p.name, peers)
+		}
+		c.await("member add "+p.name, 30*time.Second, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := admin.AddVoter(ctx, &adminv1.AddVoterRequest{Id: p.name, RaftAddress: addrs[0], GrpcAddress: addrs[1]})
+			return err
+		})
+	}
+	c.await("five voters", 30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		st, err := adminv1.NewAdminClient(cc).GetClusterStatus(ctx, &adminv1.GetClusterStatusRequest{})
+		st, err := admin.GetClusterStatus(ctx, &adminv1.GetClusterStatusRequest{})
 		if err != nil {
 			return err
 		}
@@ -438,6 +466,8 @@ func growAdmins(t *testing.T, c *cluster, files []string, before *rendered) {
 		}
 		return nil
 	})
+	c.awaitReady(added, 30*time.Second)
+	c.checkLiveness(added)
 }
 
 func (c *cluster) podNamed(name string) *pod {

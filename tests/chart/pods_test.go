@@ -550,6 +550,8 @@ func (c *cluster) run(p *pod) {
 // stop ends every process, the injected pods' first (SIGTERM, then SIGKILL after 5 s), and, when the test
 // failed, prints each log's tail.
 func (c *cluster) stop() {
+	began := time.Now()
+	defer func() { c.t.Logf("stopped in %v", time.Since(began).Round(time.Millisecond)) }()
 	c.mu.Lock()
 	procs := slices.Clone(c.procs)
 	c.mu.Unlock()
