@@ -61,6 +61,10 @@ type Config struct {
 	MinFree           diskfree.Watermark
 	DiskCheckInterval time.Duration
 	ShutdownTimeout   time.Duration // bound on draining ingest and in-flight queries; default 10s
+	// MemoryBudget is the bytes the runner may use (0: no budget): each
+	// store opened is sized from it and the number of stores open with it
+	// (store.MemoryFor). Stores opened earlier keep their size.
+	MemoryBudget int64
 
 	Registry *prometheus.Registry // nil = a new one with Go and process collectors
 	Logger   *slog.Logger         // nil = slog.Default()
@@ -293,13 +297,16 @@ func (r *Runner) Prepare(mc MailboxConfig) error {
 // the sidecar retries with backoff.
 func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error) {
 	dir := Dir(r.cfg.DataDir, mc.ID)
+	r.mu.RLock()
+	mem := store.MemoryFor(r.cfg.MemoryBudget, len(r.mailboxes)+len(r.prepared)+1)
+	r.mu.RUnlock()
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
 				st, err = nil, fmt.Errorf("%w: panic opening %s: %v", store.ErrDamaged, dir, p)
 			}
 		}()
-		st, err = r.openStore(store.Options{Dir: dir, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)})
+		st, err = r.openStore(store.Options{Dir: dir, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Memory: mem, Logger: r.log.With("mailbox_id", mc.ID)})
 	}()
 	r.mu.Lock()
 	defer r.mu.Unlock()
