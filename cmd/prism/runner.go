@@ -43,6 +43,7 @@ type runnerFlags struct {
 	// not the mesh identity.
 	kafkaSec kafkaFlags
 	disk     diskFlags
+	mem      memoryFlags
 	// queryTarget is the query latency ingest gives way to.
 	queryTarget time.Duration
 }
@@ -72,6 +73,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	f.tls.register(fs)
 	f.kafkaSec.register(fs)
 	f.disk.register(fs, "every mailbox's ingest holds its next batch back, uncommitted, and /readyz answers 503 saying why")
+	f.mem.register(fs)
 }
 
 func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
@@ -103,6 +105,9 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 	}
 	cfg.Runner.Sarama = sc
 	if cfg.Runner.MinFree, err = f.disk.watermark(); err != nil {
+		return cfg, err
+	}
+	if cfg.Runner.MemoryBudget, err = f.mem.bytes(); err != nil {
 		return cfg, err
 	}
 	if f.mailbox == "" {
@@ -167,6 +172,7 @@ SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 			if cfg.TLS, err = f.tls.load(log); err != nil {
 				return err
 			}
+			f.mem.apply(log, cfg.Runner.MemoryBudget)
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			n, err := node.Start(cfg)
