@@ -17,9 +17,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -501,13 +501,25 @@ func (e *devEnv) startDemo(context.Context) error {
 	if !e.f.demo {
 		return nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.ProducerLinger(5*time.Millisecond))
+	// sarama, which the runners consume with, rather than franz-go's kgo:
+	// kgo was 2.9 MB of the binary for this producer alone.
+	conf := sarama.NewConfig()
+	conf.ClientID = "prism-dev-demo"
+	conf.Producer.Flush.Frequency = 5 * time.Millisecond
+	p, err := sarama.NewAsyncProducer(e.brokers, conf)
 	if err != nil {
 		return fmt.Errorf("demo producer: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	e.onStop("demo producer", func() error { cancel(); <-done; cl.Close(); return nil })
+	e.onStop("demo producer", func() error { cancel(); <-done; return p.Close() })
+	go func() {
+		for err := range p.Errors() {
+			if ctx.Err() == nil {
+				e.log.Warn("demo produce failed", "err", err)
+			}
+		}
+	}()
 	gen := demo.New(demo.Options{Seed: uint64(time.Now().UnixNano()), Namespace: devNamespace, IDPrefix: fmt.Sprintf("demo-%x", time.Now().Unix())})
 	topics := e.f.topics
 	go func() {
@@ -522,11 +534,11 @@ func (e *devEnv) startDemo(context.Context) error {
 			}
 			topic := topics[i%len(topics)]
 			id, b := gen.NextBytes(topic)
-			cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: b}, func(_ *kgo.Record, err error) {
-				if err != nil && ctx.Err() == nil {
-					e.log.Warn("demo produce failed", "err", err)
-				}
-			})
+			select {
+			case p.Input() <- &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(id), Value: sarama.ByteEncoder(b)}:
+			case <-ctx.Done():
+				return
+			}
 		}
 	}()
 	e.log.Info("demo producer started", "rate", e.f.rate, "topics", topics)
