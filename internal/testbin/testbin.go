@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"time"
 )
 
 var (
@@ -61,17 +62,43 @@ func Path(name string) (string, error) {
 	return out, nil
 }
 
+// staleAfter is how long a checkout's binaries stay once nothing has built
+// there: checkouts come and go (worktrees, clones in temporary directories),
+// and each leaves ~150 MB behind.
+const staleAfter = 7 * 24 * time.Hour
+
 func cacheDir(root string) (string, error) {
 	base, err := os.UserCacheDir()
 	if err != nil {
 		base = os.TempDir()
 	}
+	base = filepath.Join(base, "prism-testbin")
 	sum := sha256.Sum256([]byte(root))
-	dir := filepath.Join(base, "prism-testbin", hex.EncodeToString(sum[:8]))
+	dir := filepath.Join(base, hex.EncodeToString(sum[:8]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("testbin: %w", err)
 	}
+	pruneStale(base, dir, time.Now())
 	return dir, nil
+}
+
+// pruneStale removes the other checkouts' directories under base that no
+// build has touched (a build renames a binary in, which changes the
+// directory's modification time) for staleAfter.
+func pruneStale(base, keep string, now time.Time) {
+	entries, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		path := filepath.Join(base, e.Name())
+		if path == keep || !e.IsDir() {
+			continue
+		}
+		if info, err := e.Info(); err == nil && now.Sub(info.ModTime()) > staleAfter {
+			_ = os.RemoveAll(path)
+		}
+	}
 }
 
 func moduleRoot() (string, error) {
