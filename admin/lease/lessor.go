@@ -112,6 +112,9 @@ type Lessor struct {
 	primary    bool
 	promotedAt time.Time
 	leases     map[string]*entry
+	// solo holds the leases of no session, the only ones queued: Promote
+	// walks them, not the sessions' (a million of them at issue 20's size).
+	solo map[string]*entry
 	// queue orders leases by their next action time; only while primary.
 	queue expiryQueue
 	// dirty holds leases renewed since their last checkpoint.
@@ -171,6 +174,7 @@ func New(cfg Config) *Lessor {
 		log:     log,
 		limiter: rate.NewLimiter(rate.Limit(cfg.ExpiryRate), cfg.ExpiryBurst),
 		leases:  map[string]*entry{},
+		solo:    map[string]*entry{},
 		dirty:   map[string]struct{}{},
 
 		sessions: map[uint64]*sessionEntry{},
@@ -186,6 +190,9 @@ func (l *Lessor) LeaseGranted(ls *adminv1.Lease) {
 	l.drop(ls.GetMailboxId())
 	e := newEntry(ls)
 	l.leases[ls.GetMailboxId()] = e
+	if ls.GetSessionId() == 0 {
+		l.solo[ls.GetMailboxId()] = e
+	}
 	l.attach(e)
 	if l.primary && ls.GetSessionId() == 0 {
 		l.track(e)
@@ -207,9 +214,14 @@ func (l *Lessor) LeasesRestored(leases []*adminv1.Lease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.leases = make(map[string]*entry, len(leases))
+	l.solo = map[string]*entry{}
 	l.dirty = map[string]struct{}{}
 	for _, ls := range leases {
-		l.leases[ls.GetMailboxId()] = newEntry(ls)
+		e := newEntry(ls)
+		l.leases[ls.GetMailboxId()] = e
+		if ls.GetSessionId() == 0 {
+			l.solo[ls.GetMailboxId()] = e
+		}
 	}
 	l.reattach()
 	if l.primary {
@@ -227,6 +239,7 @@ func (l *Lessor) drop(mailboxID string) {
 	}
 	l.detach(e)
 	delete(l.leases, mailboxID)
+	delete(l.solo, mailboxID)
 	delete(l.dirty, mailboxID)
 }
 
@@ -245,10 +258,7 @@ func (l *Lessor) track(e *entry) {
 func (l *Lessor) refresh() {
 	now := l.cfg.Clock.Now()
 	l.queue = l.queue[:0]
-	for _, e := range l.leases {
-		if e.lease.GetSessionId() != 0 {
-			continue
-		}
+	for _, e := range l.solo {
 		e.expires = now.Add(e.lease.GetTtl().AsDuration() + l.cfg.ExtendOnPromote)
 		e.requested = time.Time{}
 		e.next = e.deadline()
@@ -276,15 +286,16 @@ func (l *Lessor) Demote() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.primary = false
+	// Only queued entries have an index.
+	for _, e := range l.queue {
+		e.idx = -1
+	}
 	l.queue = nil
 	clear(l.dirty)
-	for _, e := range l.leases {
+	for _, e := range l.sessionQueue {
 		e.idx = -1
 	}
 	l.sessionQueue = nil
-	for _, e := range l.sessions {
-		e.idx = -1
-	}
 }
 
 // Primary reports whether the lessor renews and expires.
