@@ -5,7 +5,8 @@
 // source: prism/admin/v1/peer.proto
 
 // Peer is spoken between admin nodes only: the leader's proof that it still
-// leads before it answers from its own memory (admin/leadership).
+// leads before it answers from its own memory (admin/leadership), and a new
+// node asking to be made a member (prism admin --bootstrap-expect).
 
 package adminv1
 
@@ -129,6 +130,133 @@ func (x *TermResponse) GetTerm() uint64 {
 	return 0
 }
 
+type JoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id, raft_address and grpc_address are the joining node's own, as its
+	// --peers entry names it.
+	Id          string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddress string `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	GrpcAddress string `protobuf:"bytes,3,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	// applied_index is the last raft entry the joining node applied: it is
+	// made a voter once that is at most a small lag behind the leader's
+	// commit index.
+	AppliedIndex  uint64 `protobuf:"varint,4,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_prism_admin_v1_peer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_peer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_peer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *JoinRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetRaftAddress() string {
+	if x != nil {
+		return x.RaftAddress
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetGrpcAddress() string {
+	if x != nil {
+		return x.GrpcAddress
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+type JoinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// voter: the node is a voter now; otherwise it is a non-voter catching up
+	// and asks again once its applied index reaches commit_index.
+	Voter         bool   `protobuf:"varint,1,opt,name=voter,proto3" json:"voter,omitempty"`
+	CommitIndex   uint64 `protobuf:"varint,2,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_prism_admin_v1_peer_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_peer_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_peer_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *JoinResponse) GetVoter() bool {
+	if x != nil {
+		return x.Voter
+	}
+	return false
+}
+
+func (x *JoinResponse) GetCommitIndex() uint64 {
+	if x != nil {
+		return x.CommitIndex
+	}
+	return 0
+}
+
 var File_prism_admin_v1_peer_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_peer_proto_rawDesc = "" +
@@ -139,9 +267,18 @@ const file_prism_admin_v1_peer_proto_rawDesc = "" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\";\n" +
 	"\fTermResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
-	"\x04term\x18\x02 \x01(\x04R\x04term2I\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\"\x88\x01\n" +
+	"\vJoinRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12!\n" +
+	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\x12#\n" +
+	"\rapplied_index\x18\x04 \x01(\x04R\fappliedIndex\"G\n" +
+	"\fJoinResponse\x12\x14\n" +
+	"\x05voter\x18\x01 \x01(\bR\x05voter\x12!\n" +
+	"\fcommit_index\x18\x02 \x01(\x04R\vcommitIndex2\x8c\x01\n" +
 	"\x04Peer\x12A\n" +
-	"\x04Term\x12\x1b.prism.admin.v1.TermRequest\x1a\x1c.prism.admin.v1.TermResponseB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
+	"\x04Term\x12\x1b.prism.admin.v1.TermRequest\x1a\x1c.prism.admin.v1.TermResponse\x12A\n" +
+	"\x04Join\x12\x1b.prism.admin.v1.JoinRequest\x1a\x1c.prism.admin.v1.JoinResponseB:Z8github.com/prism-mesh/prism/proto/prism/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_prism_admin_v1_peer_proto_rawDescOnce sync.Once
@@ -155,16 +292,20 @@ func file_prism_admin_v1_peer_proto_rawDescGZIP() []byte {
 	return file_prism_admin_v1_peer_proto_rawDescData
 }
 
-var file_prism_admin_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_prism_admin_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_prism_admin_v1_peer_proto_goTypes = []any{
 	(*TermRequest)(nil),  // 0: prism.admin.v1.TermRequest
 	(*TermResponse)(nil), // 1: prism.admin.v1.TermResponse
+	(*JoinRequest)(nil),  // 2: prism.admin.v1.JoinRequest
+	(*JoinResponse)(nil), // 3: prism.admin.v1.JoinResponse
 }
 var file_prism_admin_v1_peer_proto_depIdxs = []int32{
 	0, // 0: prism.admin.v1.Peer.Term:input_type -> prism.admin.v1.TermRequest
-	1, // 1: prism.admin.v1.Peer.Term:output_type -> prism.admin.v1.TermResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
+	2, // 1: prism.admin.v1.Peer.Join:input_type -> prism.admin.v1.JoinRequest
+	1, // 2: prism.admin.v1.Peer.Term:output_type -> prism.admin.v1.TermResponse
+	3, // 3: prism.admin.v1.Peer.Join:output_type -> prism.admin.v1.JoinResponse
+	2, // [2:4] is the sub-list for method output_type
+	0, // [0:2] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -181,7 +322,7 @@ func file_prism_admin_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_peer_proto_rawDesc), len(file_prism_admin_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -5,7 +5,8 @@
 // source: prism/admin/v1/peer.proto
 
 // Peer is spoken between admin nodes only: the leader's proof that it still
-// leads before it answers from its own memory (admin/leadership).
+// leads before it answers from its own memory (admin/leadership), and a new
+// node asking to be made a member (prism admin --bootstrap-expect).
 
 package adminv1
 
@@ -23,6 +24,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Peer_Term_FullMethodName = "/prism.admin.v1.Peer/Term"
+	Peer_Join_FullMethodName = "/prism.admin.v1.Peer/Join"
 )
 
 // PeerClient is the client API for Peer service.
@@ -33,6 +35,11 @@ type PeerClient interface {
 	// A quorum of voters answering the leader's term or less proves that no
 	// later leader was elected before the leader asked.
 	Term(ctx context.Context, in *TermRequest, opts ...grpc.CallOption) (*TermResponse, error)
+	// Join asks the leader (any node forwards it) to make the calling node a
+	// member: a non-voter first, a voter once it has caught up. Only
+	// admin/<id> may ask for id. Promotion passes the same quorum check as
+	// Admin.AddVoter. The caller repeats it until voter is true.
+	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 }
 
 type peerClient struct {
@@ -53,6 +60,16 @@ func (c *peerClient) Term(ctx context.Context, in *TermRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *peerClient) Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinResponse)
+	err := c.cc.Invoke(ctx, Peer_Join_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -61,6 +78,11 @@ type PeerServer interface {
 	// A quorum of voters answering the leader's term or less proves that no
 	// later leader was elected before the leader asked.
 	Term(context.Context, *TermRequest) (*TermResponse, error)
+	// Join asks the leader (any node forwards it) to make the calling node a
+	// member: a non-voter first, a voter once it has caught up. Only
+	// admin/<id> may ask for id. Promotion passes the same quorum check as
+	// Admin.AddVoter. The caller repeats it until voter is true.
+	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -73,6 +95,9 @@ type UnimplementedPeerServer struct{}
 
 func (UnimplementedPeerServer) Term(context.Context, *TermRequest) (*TermResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Term not implemented")
+}
+func (UnimplementedPeerServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Join not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -113,6 +138,24 @@ func _Peer_Term_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Join_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Join(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Join_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Join(ctx, req.(*JoinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -123,6 +166,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Term",
 			Handler:    _Peer_Term_Handler,
+		},
+		{
+			MethodName: "Join",
+			Handler:    _Peer_Join_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
