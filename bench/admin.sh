@@ -14,7 +14,10 @@
 # Sessions (issue 20, adminbench -only sessions, over mTLS, one identity per proxy): one AcquireLeases of 1,000
 # mailboxes (admin.bulk_grant_ms_1k), S sessions x L leases keeping alive every 5 s (admin.session_renew_p99_ms_<size>,
 # admin.session_leader_cpu_pct_<size>, admin.heap_mb_<size>), a silent session's 1,000 leases gone after ttl + grace
-# (admin.session_expiry_routes_ms_1k), and etcd's one lease with 1,000 keys renewed by one KeepAliveOnce.
+# (admin.session_expiry_routes_ms_1k, and _lag_ms_1k past ttl + grace), and etcd's one lease with 1,000 keys renewed
+# by one KeepAliveOnce. Failover with 100k leases held in 100 sessions (adminbench -only failover-sessions): leader
+# kill -9 -> first acknowledged write (admin.failover_p99_ms_100k) and the leases lost across the kills
+# (admin.failover_leases_lost_100k, must be 0).
 #   ADMIN_BENCH_ARGS   extra flags for bench/adminbench (go run ./bench/adminbench -h)
 set -euo pipefail
 cd "$(dirname "$0")/.."
