@@ -34,7 +34,11 @@
 // the runner (opening a store, draining a consumer), which may take long,
 // so mailboxes move independently. The order is entry first, then Server:
 // s.mu may be taken while holding an entry's mu, never the reverse, and
-// s.mu is never held across a call to the runner.
+// s.mu is never held across a call to the runner. While an entry's mu is
+// held across such work, the entry's busy holds the status it had before:
+// GetStats and Ready report that instead of waiting, so a probe of the
+// whole runner answers at once even while hundreds of stores open (a
+// sidecar judges its runner dead by that probe's timeout).
 package control
 
 import (
@@ -45,6 +49,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -122,6 +127,34 @@ type entry struct {
 	timer       clock.Timer // fires at deadline
 	gen         uint64      // tells a stale timer from the current one
 	fenceReason string
+
+	// busy is the mailbox's status from before the slow call on the
+	// runner in progress under mu (see slowLocked), nil when none is.
+	busy atomic.Pointer[runnerv1.MailboxStatus]
+}
+
+// slowLocked records e's present status as busy until the returned func is
+// called, around a call on the runner that may take long (opening a store,
+// starting or stopping a consumer); e.mu must be held throughout.
+func (e *entry) slowLocked() (done func()) {
+	ws, drained := e.state.wire()
+	e.busy.Store(&runnerv1.MailboxStatus{MailboxId: e.id, State: ws, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: drained})
+	return func() { e.busy.Store(nil) }
+}
+
+// peekLocked locks e unless a slow call holds it: then it returns the
+// status from before that call and false (e is not locked).
+func (e *entry) peekLocked() (*runnerv1.MailboxStatus, bool) {
+	if e.mu.TryLock() {
+		return nil, true
+	}
+	if st := e.busy.Load(); st != nil {
+		return proto.CloneOf(st), false
+	}
+	// Held for a quick transition (or a slow one just starting, which
+	// publishes busy right after it locks).
+	e.mu.Lock()
+	return nil, true
 }
 
 // New makes a server hosting no mailbox.
@@ -171,7 +204,11 @@ func (s *Server) Ready() error {
 	}
 	var waiting []string
 	for _, e := range entries {
-		e.mu.Lock()
+		if _, locked := e.peekLocked(); !locked {
+			// Its store opening, or its consumer starting or stopping.
+			waiting = append(waiting, e.id+" busy")
+			continue
+		}
 		st, id := e.state, e.id
 		e.mu.Unlock()
 		ws, _ := st.wire()
@@ -219,6 +256,7 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 	// it in stateOpening.
 	fresh := &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), state: stateOpening}
 	fresh.mu.Lock()
+	opened := fresh.slowLocked()
 	s.mu.Lock()
 	s.endDrainLocked("open", id)
 	e, ok := s.mailboxes[id]
@@ -235,6 +273,7 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 			on = evPrepareFailed
 		}
 		e.state, _ = next(e.state, on) // opening accepts either outcome
+		opened()
 		if err != nil {
 			s.mu.Lock()
 			delete(s.mailboxes, id)
@@ -314,6 +353,7 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 		if err != nil {
 			return nil, err
 		}
+		defer e.slowLocked()()
 		start := time.Now()
 		if e.state == stateDrained {
 			// The runner cannot restart a drained consumer in place: the
@@ -462,6 +502,7 @@ func (s *Server) fenceLocked(e *entry, reason string) error {
 	if err != nil || to == e.state {
 		return err
 	}
+	defer e.slowLocked()()
 	start := time.Now()
 	e.timer.Stop()
 	closeErr := s.host.CloseMailbox(e.id)
@@ -503,6 +544,7 @@ func (s *Server) close(id string) (bool, error) {
 	if from == to {
 		return false, nil
 	}
+	defer e.slowLocked()()
 	switch {
 	case from.serving():
 		e.timer.Stop()
@@ -579,6 +621,7 @@ func (s *Server) drain(e *entry) (string, error) {
 	if to == e.state {
 		return "", nil
 	}
+	defer e.slowLocked()()
 	if err := s.host.Drain(e.id); err != nil {
 		return "", fmt.Errorf("%s: %w", e.id, err)
 	}
@@ -615,8 +658,13 @@ func (s *Server) GetStats(ctx context.Context, req *runnerv1.GetStatsRequest) (*
 	return out, nil
 }
 
+// status is e's status, or, while a slow call on the runner holds e, the
+// one from before that call.
 func (s *Server) status(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
-	e.mu.Lock()
+	busy, locked := e.peekLocked()
+	if !locked {
+		return busy
+	}
 	defer e.mu.Unlock()
 	return s.statusLocked(ctx, e)
 }

@@ -36,6 +36,19 @@ type fakeHost struct {
 	lags    map[string]int64 // reported lag; absent is unknown
 	// reported stored positions; absent is unknown
 	positions map[string][]ingest.Position
+	// gates hold the calls named as calls records them ("prepare a@p")
+	// until their channel is closed.
+	gates map[string]chan struct{}
+}
+
+// gate waits until the gate of call, if any, is open.
+func (h *fakeHost) gate(call string) {
+	h.mu.Lock()
+	ch := h.gates[call]
+	h.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
 }
 
 func newFakeHost() *fakeHost {
@@ -43,6 +56,7 @@ func newFakeHost() *fakeHost {
 }
 
 func (h *fakeHost) Drain(id string) error {
+	h.gate("drain " + id)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls = append(h.calls, "drain "+id)
@@ -54,6 +68,7 @@ func (h *fakeHost) Drain(id string) error {
 }
 
 func (h *fakeHost) Prepare(mc runner.MailboxConfig) error {
+	h.gate("prepare " + mc.ID)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls = append(h.calls, "prepare "+mc.ID)
@@ -71,6 +86,7 @@ func (h *fakeHost) Discard(id string) error {
 }
 
 func (h *fakeHost) Open(mc runner.MailboxConfig) error {
+	h.gate(fmt.Sprintf("open %s %d", mc.ID, mc.Epoch))
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls = append(h.calls, fmt.Sprintf("open %s %d", mc.ID, mc.Epoch))
