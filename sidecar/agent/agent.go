@@ -63,6 +63,12 @@
 // the lease. Probes ride on heartbeats, so a dead runner is noticed within
 // RunnerDeadAfter plus one interval and one probe timeout of its last
 // answer, and the lease is released at the latest ttl after that answer.
+// A failed probe shows the runner silent only until its timeout, not until
+// the sidecar saw it fail: a sidecar stopped with a probe in flight (SIGSTOP,
+// a stalled machine) does not blame its own pause on the runner, so a pause
+// shorter than ttl keeps every lease as long as an interval plus a probe
+// timeout stays under the bound (the defaults reach it only unjittered:
+// 5s + 2.5s against 7.5s).
 //
 // The proxy heartbeat judges the runner the same way for the proxy as a
 // whole (runner.go): it probes the runner's control API before each proxy

@@ -230,6 +230,10 @@ type fakeRunner struct {
 	// openErr fails the open of a mailbox with its error, as a runner
 	// whose store for it is damaged.
 	openErr map[string]error
+	// stall, when set, makes the next GetStats advance the clock by it and
+	// fail DeadlineExceeded: the sidecar stopped (SIGSTOP) while its probe
+	// was in flight, and its timeout fired before it read the answer.
+	stall time.Duration
 }
 
 // failOpen makes every open of mailbox id fail with err (nil: succeed).
@@ -406,6 +410,12 @@ func (r *fakeRunner) GetStats(_ context.Context, in *runnerv1.GetStatsRequest, _
 	defer r.mu.Unlock()
 	if err := r.unreachable("stats"); err != nil {
 		return nil, err
+	}
+	if d := r.stall; d > 0 {
+		r.stall = 0
+		r.ev.add("runner stats stalled %v", d)
+		r.ev.clk.Step(d)
+		return nil, status.Error(codes.DeadlineExceeded, "context deadline exceeded")
 	}
 	if in.GetMailboxId() == "" {
 		resp := &runnerv1.GetStatsResponse{}

@@ -503,16 +503,26 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration, giveUpAt time.T
 	go func() {
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		defer cancel()
+		probeSent := w.a.cfg.Clock.Now()
 		stats, lost, runnerErr := w.probe(ctx, epoch, interval)
 		sentAt := w.a.cfg.Clock.Now()
-		if runnerErr != nil && !sentAt.Before(giveUpAt) {
-			ch <- hbResult{runnerErr: runnerErr, probedAt: sentAt}
+		probedAt := sentAt
+		if runnerErr != nil {
+			probedAt = failedBy(probeSent, w.probeTimeout(interval), sentAt)
+		}
+		if runnerErr != nil && !probedAt.Before(giveUpAt) {
+			ch <- hbResult{runnerErr: runnerErr, probedAt: probedAt}
 			return
 		}
 		resp, err := w.a.cfg.Admin.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch, Stats: stats})
-		ch <- hbResult{sentAt: sentAt, resp: resp, err: err, runnerLost: lost, runnerErr: runnerErr, probedAt: sentAt}
+		ch <- hbResult{sentAt: sentAt, resp: resp, err: err, runnerLost: lost, runnerErr: runnerErr, probedAt: probedAt}
 	}()
 	return ch
+}
+
+// probeTimeout bounds one stats probe of the runner.
+func (w *worker) probeTimeout(interval time.Duration) time.Duration {
+	return min(w.a.cfg.RPCTimeout/2, interval)
 }
 
 // probe asks the runner for the mailbox's stats: whether it still serves
@@ -520,7 +530,7 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration, giveUpAt time.T
 // answer (nil if it did, NotFound included).
 func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration) (stats *adminv1.LeaseStats, lost bool, runnerErr error) {
 	stats = &adminv1.LeaseStats{Health: adminv1.RunnerHealth_RUNNER_HEALTH_HEALTHY}
-	rctx, rcancel := context.WithTimeout(ctx, min(w.a.cfg.RPCTimeout/2, interval))
+	rctx, rcancel := context.WithTimeout(ctx, w.probeTimeout(interval))
 	sr, err := w.a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{MailboxId: w.id})
 	rcancel()
 	switch {

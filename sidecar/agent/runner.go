@@ -33,8 +33,12 @@ func (c *Config) proxyRunnerDeadAfter() time.Duration {
 // Only the bound flips it to not ready, so a runner that is slow or paused
 // for less never moves a namespace. It returns when the runner last
 // answered, and its answer (nil if none), whose lags the heartbeat reports.
+// A failed probe counts as the runner's silence only up to its timeout
+// (failedBy).
 func (a *Agent) judgeRunner(ctx context.Context, lastOK time.Time) (time.Time, *runnerv1.GetStatsResponse) {
-	pctx, cancel := context.WithTimeout(ctx, min(a.cfg.RPCTimeout/2, a.cfg.HeartbeatInterval))
+	timeout := min(a.cfg.RPCTimeout/2, a.cfg.HeartbeatInterval)
+	sentAt := a.cfg.Clock.Now()
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	stats, err := a.cfg.Runner.GetStats(pctx, &runnerv1.GetStatsRequest{})
 	cancel()
 	now := a.cfg.Clock.Now()
@@ -49,10 +53,24 @@ func (a *Agent) judgeRunner(ctx context.Context, lastOK time.Time) (time.Time, *
 		return lastOK, nil
 	}
 	bound := a.cfg.proxyRunnerDeadAfter()
-	if down := now.Sub(lastOK); down >= bound && !a.runnerNotReady.Swap(true) {
+	if down := failedBy(sentAt, timeout, now).Sub(lastOK); down >= bound && !a.runnerNotReady.Swap(true) {
 		a.m.runnerReady.Set(0)
 		a.log.Warn("runner unreachable past the bound; reporting it not ready, so the proxy's namespaces move to other proxies",
 			"down_for", down, "runner_dead_after", bound, "err", err)
 	}
 	return lastOK, nil
+}
+
+// failedBy is when a probe of the runner sent at sentAt with timeout, which
+// failed as seen at now, shows the runner silent until: now, but no later
+// than the timeout, by which the runner had to answer. A sidecar stopped
+// meanwhile (SIGSTOP, a stall of the machine) sees a probe fail long after
+// its timeout, perhaps with the runner's answer unread, and must not count
+// its own pause as the runner's silence: a pause of the sidecar shorter
+// than ttl keeps every lease.
+func failedBy(sentAt time.Time, timeout time.Duration, now time.Time) time.Time {
+	if by := sentAt.Add(timeout); by.Before(now) {
+		return by
+	}
+	return now
 }

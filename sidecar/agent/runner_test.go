@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -57,5 +58,39 @@ func TestProxyReportsRunnerReadiness(t *testing.T) {
 	}
 	if _, regs := h.admin.proxyReports(); regs[0].GetRunnerNotReady() {
 		t.Fatalf("first registration %v: a runner not yet probed counts as ready", regs[0])
+	}
+}
+
+// A probe that fails because the sidecar itself was stopped while it was
+// in flight (SIGCONT 8s later, past the 5s bound, with the probe's 1s
+// timeout fired first) shows the runner silent only until that timeout
+// (t0+7s, 4s after its last answer): the runner stays ready, where counting
+// the pause would have reported it not ready and moved every namespace.
+func TestRunnerProbeDiscountsSidecarPause(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *Config) { c.RPCTimeout = 2 * time.Second })
+	for i, step := range []struct {
+		name  string
+		stall time.Duration
+	}{
+		{name: "runner answers at t0+3s"},
+		{name: "sidecar paused 8s during the probe at t0+6s", stall: 8 * time.Second},
+		{name: "answers after the pause"},
+	} {
+		h.runner.mu.Lock()
+		h.runner.stall = step.stall
+		h.runner.mu.Unlock()
+		h.settle(1)
+		h.clk.Step(testInterval)
+		h.waitFor(fmt.Sprintf("proxy heartbeat %d", i+1), func() bool {
+			hbs, _ := h.admin.proxyReports()
+			return len(hbs) > i
+		})
+		if hbs, _ := h.admin.proxyReports(); hbs[i].GetRunnerNotReady() {
+			t.Fatalf("%s: heartbeat %v reports the runner not ready", step.name, hbs[i])
+		}
+	}
+	if _, _, ok := h.ev.find(0, "runner stats stalled"); !ok {
+		t.Fatalf("no probe stalled:\n%s", h.ev)
 	}
 }

@@ -105,7 +105,8 @@ type heldMailbox struct {
 	epoch uint64
 }
 
-// probeResult is one stats probe of every mailbox of the runner.
+// probeResult is one stats probe of every mailbox of the runner: at is
+// when it answered, or for a failed probe failedBy.
 type probeResult struct {
 	sentAt, at time.Time
 	mailboxes  map[string]*runnerv1.MailboxStatus
@@ -757,13 +758,17 @@ func (s *sessions) probes(ctx context.Context, interval time.Duration) {
 	a := s.a
 	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(interval)) {
 		sentAt := a.cfg.Clock.Now()
-		rctx, cancel := context.WithTimeout(ctx, min(a.cfg.RPCTimeout/2, interval))
+		timeout := min(a.cfg.RPCTimeout/2, interval)
+		rctx, cancel := context.WithTimeout(ctx, timeout)
 		resp, err := a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{})
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
 		r := probeResult{sentAt: sentAt, at: a.cfg.Clock.Now(), err: err}
+		if err != nil {
+			r.at = failedBy(sentAt, timeout, r.at)
+		}
 		if err == nil {
 			r.mailboxes = make(map[string]*runnerv1.MailboxStatus, len(resp.GetMailboxes()))
 			for _, m := range resp.GetMailboxes() {
