@@ -349,17 +349,31 @@ func (s *state) movesInProgress() int {
 func (s *state) pendingMoves() []string {
 	var out []string
 	for _, name := range sortedKeys(s.namespaces) {
-		n := s.namespaces[name]
-		owner, a := s.ownerOf(n), n.GetAssignedProxyId()
-		if owner == "" || owner == a || moving(n) || !serving(s.proxies[a]) {
-			continue
+		if s.pendingMove(s.namespaces[name]) {
+			out = append(out, name)
 		}
-		if n.GetOperatorPlaced() && placeable(s.proxies[a]) {
-			continue
-		}
-		out = append(out, name)
 	}
 	return out
+}
+
+// pendingMoveCount is len(pendingMoves()) without sorting or listing.
+func (s *state) pendingMoveCount() int {
+	c := 0
+	for _, n := range s.namespaces {
+		if s.pendingMove(n) {
+			c++
+		}
+	}
+	return c
+}
+
+// pendingMove says whether n is one of pendingMoves.
+func (s *state) pendingMove(n *adminv1.Namespace) bool {
+	owner, a := s.ownerOf(n), n.GetAssignedProxyId()
+	if owner == "" || owner == a || moving(n) || !serving(s.proxies[a]) {
+		return false
+	}
+	return !n.GetOperatorPlaced() || !placeable(s.proxies[a])
 }
 
 // Move is one namespace's move in progress or handoff tail, for ListMoves
@@ -403,7 +417,7 @@ func (f *FSM) PendingMoves() (pending, inProgress int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.st != f.st || c.gen != f.st.placementGen {
-		c.st, c.gen, c.n = f.st, f.st.placementGen, len(f.st.pendingMoves())
+		c.st, c.gen, c.n = f.st, f.st.placementGen, f.st.pendingMoveCount()
 	}
 	return c.n, f.st.movesInProgress()
 }
