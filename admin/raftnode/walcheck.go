@@ -120,6 +120,13 @@ func checkSegment(s segmentFile) (uint64, error) {
 	if len(b) < walFileHeaderLen {
 		return 0, fmt.Errorf("%d bytes, shorter than its header", len(b))
 	}
+	if allZero(b) {
+		// raft-wal writes a segment's header with its first commit, so a
+		// segment it created and never wrote to (a restored node's empty log)
+		// is all zeros: it holds no entries. Were it not the newest, the
+		// check of the next segment's base index would catch it.
+		return 0, nil
+	}
 	if binary.LittleEndian.Uint64(b[0:8]) != walMagic ||
 		binary.LittleEndian.Uint64(b[8:16]) != s.baseIndex || binary.LittleEndian.Uint64(b[16:24]) != s.id {
 		return 0, errors.New("header does not match its name")
