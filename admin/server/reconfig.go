@@ -112,7 +112,10 @@ func (s *Server) probeVoters(ctx context.Context, ids []string) (up, down []stri
 	)
 	for _, id := range ids {
 		if id == s.node.ID() {
+			// Probes started for earlier ids append beside this one.
+			mu.Lock()
 			up = append(up, id)
+			mu.Unlock()
 			continue
 		}
 		wg.Add(1)
