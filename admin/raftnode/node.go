@@ -196,6 +196,9 @@ type Node struct {
 	lead    Leadership
 	changed chan struct{}
 	gen     uint64 // bumps on every leadership gain so stale barriers are ignored
+
+	// startedEmpty: the stores held no raft state when the node started.
+	startedEmpty bool
 }
 
 // New opens (or creates) the node's stores, starts Raft, and bootstraps when
@@ -325,6 +328,7 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		cleanup()
 		return nil, fmt.Errorf("check existing raft state of %s: %w", cfg.ID, err)
 	}
+	n.startedEmpty = !existing
 	if !existing {
 		if boot, ok := cfg.bootstrapConfiguration(); ok {
 			if err := raft.BootstrapCluster(rc, logs, stable, snaps, n.trans, boot); err != nil {
