@@ -91,6 +91,7 @@ func Policy() identity.Policy {
 		adminv1.Admin_ListMoves_FullMethodName:     readers,
 
 		adminv1.Peer_Term_FullMethodName: admins,
+		adminv1.Peer_Join_FullMethodName: joinRule,
 
 		discoveryv3.AggregatedDiscoveryService_StreamAggregatedResources_FullMethodName: gateway,
 		discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResources_FullMethodName:  gateway,

@@ -200,7 +200,8 @@ func (m *Metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 }
 
 // HTTPHandler serves /metrics, /healthz (the process is up) and /readyz
-// (a leader is known, so writes can be served or forwarded).
+// (a leader is known, so writes can be served or forwarded, and this node
+// is a voter: a joining one is not ready until it is made one).
 func (s *Server) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.gatherer, promhttp.HandlerOpts{}))
@@ -208,11 +209,11 @@ func (s *Server) HTTPHandler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		l, _ := s.node.Leadership()
-		if l.LeaderID == "" {
-			http.Error(w, "no raft leader known", http.StatusServiceUnavailable)
+		if why := s.notReady(); why != "" {
+			http.Error(w, why, http.StatusServiceUnavailable)
 			return
 		}
+		l, _ := s.node.Leadership()
 		_, _ = w.Write([]byte("ok: leader " + l.LeaderID + "\n"))
 	})
 	return mux
