@@ -30,6 +30,7 @@ type adminFlags struct {
 	dataDir           string
 	inMemory          bool
 	bootstrap         bool
+	bootstrapExpect   int
 	join              bool
 	peers             string
 	peerDial          string
@@ -72,6 +73,14 @@ dir rejoins with its state; bootstrap only happens on an empty data dir. A node
 added at runtime starts with --join and is added with prismctl member add ID
 RAFT_ADDR GRPC_ADDR, which replicates its gRPC address to every node.
 
+A cluster that grows by itself (the chart's StatefulSet): --bootstrap-expect N on
+every node, with --peers listing every node there is, in the same order. On an
+empty data dir the first N of --peers bootstrap with those N; any other node asks
+the running cluster to add it, as a non-voter until it has caught up, then as a
+voter, retrying until it is one, and is not ready (/readyz) until then. N must
+stay the same for the cluster's life: growing --peers from 3 to 5 with N=3 joins
+the two new nodes. A node with state neither bootstraps nor joins again.
+
 Every node needs its admin/<node-id> certificate (--tls-ca/--tls-cert/--tls-key):
 the gRPC API, forwarding between nodes and the raft transport run over mutual
 TLS and every call is authorized by the caller's identity. --insecure runs in
@@ -92,6 +101,7 @@ plaintext with no authorization.`,
 	fs.BoolVar(&f.inMemory, "in-memory", false, "keep raft state in memory only (single node, lost on exit)")
 	fs.BoolVar(&f.bootstrap, "bootstrap", false, "start a new single-node cluster if the data dir is empty")
 	fs.StringVar(&f.peers, "peers", "", "static voters, id=raft_addr=grpc_addr,... (this node included)")
+	fs.IntVar(&f.bootstrapExpect, "bootstrap-expect", 0, "the first N of --peers bootstrap the cluster with those N voters on an empty data dir; any other node with an empty data dir joins the running cluster by itself (a voter once caught up); keep N for the cluster's life (0: every node of --peers bootstraps with all of them)")
 	fs.BoolVar(&f.join, "join", false, "join a running cluster (someone runs `prismctl member add`): --peers only names the members' gRPC addresses, nothing is bootstrapped")
 	fs.StringVar(&f.peerDial, "peer-dial", "", "dial these raft addresses instead, id=addr,... (e.g. through a local proxy)")
 	fs.StringVar(&f.timing, "raft-timing", "default", "raft timeouts: default (1s heartbeat, WAN-tolerant) or fast (200ms, for one host or a LAN)")
@@ -131,6 +141,21 @@ plaintext with no authorization.`,
 	f.backup.register(fs)
 	cmd.AddCommand(adminRestoreCommand())
 	return cmd
+}
+
+// selfJoin says whether this node, under --bootstrap-expect, is one that
+// joins the running cluster by itself (it is not among the first N of
+// peers), and its raft address as the others dial it.
+func (f adminFlags) selfJoin(peers []raftnode.Peer) (string, bool) {
+	if f.bootstrapExpect <= 0 {
+		return "", false
+	}
+	for i, p := range peers {
+		if p.ID == f.nodeID {
+			return p.Addr, i >= f.bootstrapExpect
+		}
+	}
+	return "", false
 }
 
 // parsePeers reads id=raft_addr=grpc_addr entries.
@@ -190,6 +215,15 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if f.join && f.bootstrap {
 		return cfg, fmt.Errorf("--join and --bootstrap exclude each other")
 	}
+	switch n := f.bootstrapExpect; {
+	case n == 0:
+	case n < 0:
+		return cfg, fmt.Errorf("--bootstrap-expect %d: want the number of voters that bootstrap, 1 or more", n)
+	case f.join || f.bootstrap:
+		return cfg, fmt.Errorf("--bootstrap-expect excludes --join and --bootstrap: it decides which nodes bootstrap and which join")
+	case n > len(peers):
+		return cfg, fmt.Errorf("--bootstrap-expect %d: --peers names %d nodes, the first N of which bootstrap", n, len(peers))
+	}
 	gatewayAuth, err := f.queryAuth(log)
 	if err != nil {
 		return cfg, err
@@ -234,11 +268,13 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		raftAddr = ""
 	}
 	bootPeers, joinPeers := peers, []raftnode.Peer(nil)
-	if f.join {
+	if _, joins := f.selfJoin(peers); f.join || joins {
 		// A joining node must not invent a configuration of its own: the
 		// leader's replaces it only where the logs differ in term. Over
 		// TLS its raft port admits the members named until it has one.
 		bootPeers, joinPeers = nil, peers
+	} else if f.bootstrapExpect > 0 {
+		bootPeers = peers[:f.bootstrapExpect]
 	}
 	minFree, err := f.disk.watermark()
 	if err != nil {
@@ -298,7 +334,21 @@ func runAdmin(ctx context.Context, f adminFlags) error {
 	if err != nil {
 		return err
 	}
+	// The join ends with ctx, before the node stops under it.
+	joined := make(chan struct{})
+	peers, _, _ := parsePeers(f.peers)
+	if raftAddr, joins := f.selfJoin(peers); !joins {
+		close(joined)
+	} else {
+		go func() {
+			defer close(joined)
+			if err := n.Join(ctx, raftAddr); err != nil && ctx.Err() == nil {
+				log.Error("joining the cluster failed; the node stays not ready", "node", cfg.Raft.ID, "err", err)
+			}
+		}()
+	}
 	<-ctx.Done()
+	<-joined
 	log.Info("shutting down admin node", "node", cfg.Raft.ID)
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

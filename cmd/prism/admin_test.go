@@ -3,9 +3,11 @@ package main
 import (
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/xds/ir"
@@ -55,6 +57,11 @@ func TestAdminFlagValidation(t *testing.T) {
 		{func(f *adminFlags) { f.inMemory = true }, "--in-memory"},
 		{func(f *adminFlags) { f.peerDial = "b" }, "--peer-dial"},
 		{func(f *adminFlags) { f.join, f.bootstrap = true, true }, "exclude each other"},
+		{func(f *adminFlags) { f.bootstrapExpect = -1 }, "1 or more"},
+		{func(f *adminFlags) { f.bootstrapExpect = 2 }, "--peers names 0 nodes"},
+		{func(f *adminFlags) { f.bootstrapExpect, f.peers = 2, "a=h:1=h:2" }, "--peers names 1 nodes"},
+		{func(f *adminFlags) { f.bootstrapExpect, f.peers, f.join = 1, "a=h:1=h:2", true }, "excludes --join and --bootstrap"},
+		{func(f *adminFlags) { f.bootstrapExpect, f.peers, f.bootstrap = 1, "a=h:1=h:2", true }, "excludes --join and --bootstrap"},
 		{func(f *adminFlags) { f.tls.insecure = false }, "TLS is required"},
 		{func(f *adminFlags) { f.quotas.Leases = -1 }, "must not be negative"},
 		{func(f *adminFlags) { f.runnerNetworks = "10.0.0.0/33" }, "--runner-networks"},
@@ -110,6 +117,62 @@ func TestAdminFlagValidation(t *testing.T) {
 	if err != nil || cfg.TLS == nil || cfg.TLS.Identity() != pkitest.ID(identity.Admin, "a") {
 		t.Fatalf("the TLS files make the node's identity: %+v, %v", cfg.TLS, err)
 	}
+}
+
+// With --bootstrap-expect N, the first N of --peers bootstrap with those N
+// voters and every other node joins by itself, knowing every peer's gRPC
+// address and admitting them all to raft until it has a configuration.
+func TestBootstrapExpect(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	const peers = "n0=h0:7000=h0:7001,n1=h1:7000=h1:7001,n2=h2:7000=h2:7001,n3=h3:7000=h3:7001,n4=h4:7000=h4:7001"
+	cases := []struct {
+		node   string
+		expect int
+		boot   []string // ids it bootstraps with
+		joins  bool
+	}{
+		{"n0", 3, []string{"n0", "n1", "n2"}, false},
+		{"n2", 3, []string{"n0", "n1", "n2"}, false},
+		{"n3", 3, nil, true},
+		{"n4", 3, nil, true},
+		{"n4", 5, []string{"n0", "n1", "n2", "n3", "n4"}, false},
+		{"n0", 1, []string{"n0"}, false},
+		{"n1", 1, nil, true},
+		// Without the flag every node bootstraps with all of --peers.
+		{"n4", 0, []string{"n0", "n1", "n2", "n3", "n4"}, false},
+	}
+	for _, tc := range cases {
+		f := adminFlags{nodeID: tc.node, dataDir: "/tmp/x", timing: "fast", raftAddr: "127.0.0.1:1", tls: tlsFlags{insecure: true},
+			runnerNetworks: "127.0.0.0/8", peers: peers, bootstrapExpect: tc.expect}
+		cfg, err := f.nodeConfig(log)
+		if err != nil {
+			t.Fatalf("%s of %d: %v", tc.node, tc.expect, err)
+		}
+		var boot []string
+		for _, p := range cfg.Raft.Peers {
+			boot = append(boot, p.ID)
+		}
+		if !slices.Equal(boot, tc.boot) {
+			t.Errorf("%s of %d bootstraps with %v, want %v", tc.node, tc.expect, boot, tc.boot)
+		}
+		addr, joins := f.selfJoin(mustPeers(t, peers))
+		if joins != tc.joins || (joins && (len(cfg.Raft.JoinPeers) != 5 || addr != "h"+tc.node[1:]+":7000")) {
+			t.Errorf("%s of %d: joins %v at %q with join peers %v, want joins %v", tc.node, tc.expect, joins, addr, cfg.Raft.JoinPeers, tc.joins)
+		}
+		if cfg.Raft.Bootstrap || len(cfg.GRPCAddrs) != 5 {
+			t.Errorf("%s of %d: single-node bootstrap %v, gRPC addresses %v", tc.node, tc.expect, cfg.Raft.Bootstrap, cfg.GRPCAddrs)
+		}
+	}
+}
+
+func mustPeers(t *testing.T, s string) []raftnode.Peer {
+	t.Helper()
+	peers, _, err := parsePeers(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return peers
 }
 
 func FuzzParsePeers(f *testing.F) {
