@@ -230,6 +230,9 @@ type fakeRunner struct {
 	// openErr fails the open of a mailbox with its error, as a runner
 	// whose store for it is damaged.
 	openErr map[string]error
+	// activateGate, when set, holds every ActivateMailbox until closed: a
+	// runner starting many consumers at once.
+	activateGate chan struct{}
 	// stall, when set, makes the next GetStats advance the clock by it and
 	// fail DeadlineExceeded: the sidecar stopped (SIGSTOP) while its probe
 	// was in flight, and its timeout fired before it read the answer.
@@ -297,6 +300,13 @@ func (r *fakeRunner) OpenMailbox(_ context.Context, in *runnerv1.OpenMailboxRequ
 }
 
 func (r *fakeRunner) ActivateMailbox(_ context.Context, in *runnerv1.ActivateMailboxRequest, _ ...grpc.CallOption) (*runnerv1.ActivateMailboxResponse, error) {
+	r.mu.Lock()
+	gate := r.activateGate
+	r.mu.Unlock()
+	if gate != nil {
+		r.ev.add("runner activate held %s", in.GetMailboxId())
+		<-gate
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.unreachable("activate"); err != nil {

@@ -20,11 +20,11 @@ type handoff struct {
 }
 
 // followRole brings the runner in line with the worker's role; false if the
-// activation it needed did not happen before fenceAt or the worker stopped
+// activation it needed did not happen before until() or the worker stopped
 // (the lease is then over on this side, as for any activation). A drain the
 // runner refuses is logged and tried again at the next call: the mailbox
 // then keeps ingesting, as before the switch.
-func (w *worker) followRole(h *handoff, epoch uint64, fenceAt time.Time) bool {
+func (w *worker) followRole(h *handoff, epoch uint64, until func() time.Time) bool {
 	handingOff := w.view().Role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_HANDING_OFF
 	switch {
 	case handingOff && !h.drained:
@@ -39,7 +39,7 @@ func (w *worker) followRole(h *handoff, epoch uint64, fenceAt time.Time) bool {
 		w.log.Info("handing off: the runner stopped ingesting the mailbox and serves it until the tail ends", "epoch", epoch)
 	case !handingOff && h.drained:
 		w.log.Info("the namespace is back from its handoff tail: ingesting again", "epoch", epoch)
-		if !w.activate(epoch, fenceAt) {
+		if !w.activate(epoch, until) {
 			return false
 		}
 		h.drained = false

@@ -216,9 +216,14 @@ func (w *worker) runnerCtx() (context.Context, context.CancelFunc) {
 func (w *worker) openInRunner() bool {
 	bo := w.a.cfg.Backoff
 	for {
+		done, ok := w.a.startSlot(w.ctx)
+		if !ok {
+			return false
+		}
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		_, err := w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig())})
 		cancel()
+		done()
 		if err == nil {
 			w.update(func(v *LeaseView) { v.State, v.OpenFailures, v.OpenError = StateAcquiring, 0, "" })
 			return true
@@ -345,7 +350,8 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 	deadAfter := w.runnerDeadAfter(interval, ttl)
 	log.Info("lease acquired", "ttl", ttl, "heartbeat_interval", interval, "runner_dead_after", deadAfter, "runner_address", l.GetRunnerAddress())
 
-	if !w.activate(epoch, fenceAt) {
+	until := func() time.Time { return fenceAt }
+	if !w.activate(epoch, until) {
 		return leaseEnded
 	}
 	// runnerOK is when the runner last answered a probe.
@@ -354,7 +360,7 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 	defer unheld()
 	log.Info("runner serving under the lease")
 	var h handoff
-	if !w.followRole(&h, epoch, fenceAt) {
+	if !w.followRole(&h, epoch, until) {
 		return leaseEnded
 	}
 
@@ -385,7 +391,7 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 			continue
 		case <-w.roleChanged():
 			t.Stop()
-			if !w.followRole(&h, epoch, fenceAt) {
+			if !w.followRole(&h, epoch, until) {
 				return leaseEnded
 			}
 		case r := <-inflight:
@@ -424,17 +430,17 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 			w.update(func(v *LeaseView) { v.LastAckSent, v.FenceAt, v.TTL = r.sentAt, fenceAt, ttl })
 			if r.runnerLost {
 				log.Warn("runner no longer serves the mailbox; activating it again")
-				if !w.activate(epoch, fenceAt) {
+				if !w.activate(epoch, until) {
 					return leaseEnded
 				}
 				h = handoff{} // ingesting again: drained anew if still handing off
-				if !w.followRole(&h, epoch, fenceAt) {
+				if !w.followRole(&h, epoch, until) {
 					return leaseEnded
 				}
 				continue
 			}
 			w.extend(epoch, fenceAt)
-			if !w.followRole(&h, epoch, fenceAt) {
+			if !w.followRole(&h, epoch, until) {
 				return leaseEnded
 			}
 		}
@@ -565,17 +571,26 @@ func (w *worker) serving() (unheld func()) {
 	return func() { once.Do(w.a.m.held.Dec) }
 }
 
-// activate lets the runner consume and serve under epoch until fenceAt,
-// retrying until then, and records a bound on the deadline the runner took;
-// false if the worker was stopped or fenceAt came first (then the lease
-// lapsed on this side and acquire starts over).
-func (w *worker) activate(epoch uint64, fenceAt time.Time) bool {
+// activate lets the runner consume and serve under epoch until the lease's
+// deadline, until(), read anew at each try, retrying until then, and
+// records a bound on the deadline the runner took; false if the worker was
+// stopped or the deadline came first (then the lease lapsed on this side
+// and acquire starts over).
+func (w *worker) activate(epoch uint64, until func() time.Time) bool {
 	bo := w.a.cfg.Backoff
 	for {
-		now := w.a.cfg.Clock.Now()
+		now, fenceAt := w.a.cfg.Clock.Now(), until()
 		if !now.Before(fenceAt) {
 			w.fence(epoch, "ttl_elapsed", "the runner could not be activated before ttl ran out", fenceAt)
 			return false
+		}
+		done, ok := w.a.startSlot(w.ctx)
+		if !ok {
+			return false
+		}
+		if now, fenceAt = w.a.cfg.Clock.Now(), until(); !now.Before(fenceAt) {
+			done()
+			continue
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		vf := durationpb.New(fenceAt.Sub(now))
@@ -586,6 +601,7 @@ func (w *worker) activate(epoch uint64, fenceAt time.Time) bool {
 			_, err = w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), Epoch: epoch, ValidFor: vf})
 		}
 		cancel()
+		done()
 		if err == nil {
 			// The runner counts valid_for from when it got the call,
 			// before it answered.

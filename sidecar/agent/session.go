@@ -669,8 +669,15 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 	deadAfter := w.runnerDeadAfter(interval, ttl)
 	log.Info("lease acquired", "ttl", ttl, "probe_interval", interval, "runner_dead_after", deadAfter, "runner_address", r.lease.GetRunnerAddress())
 
+	// The session's validity, read anew each time: an activation or a
+	// drain may outlast a keepalive (a runner starting a thousand
+	// mailboxes), and the renewals meanwhile count.
+	until := func() time.Time {
+		_, u, _, _ := w.a.sess.validity(st)
+		return u
+	}
 	_, probed := w.a.sess.lastProbe()
-	if !w.activate(epoch, fenceAt) {
+	if !w.activate(epoch, until) {
 		return leaseEnded
 	}
 	// runnerOK is when the runner last answered a probe; a probe sent
@@ -686,14 +693,40 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 	defer unheld()
 	log.Info("runner serving under the lease")
 	var h handoff
-	if !w.followRole(&h, epoch, fenceAt) {
+	if !w.followRole(&h, epoch, until) {
 		return leaseEnded
 	}
 
 	runnerLost := false
+	// onRenewed follows an acknowledged keepalive; false if the lease
+	// ended on this side.
+	onRenewed := func() bool {
+		lastAck, fenceAt, renewed, _ = w.a.sess.validity(st)
+		w.update(func(v *LeaseView) { v.LastAckSent, v.FenceAt = lastAck, fenceAt })
+		if runnerLost {
+			log.Warn("runner no longer serves the mailbox; activating it again")
+			if !w.activate(epoch, until) {
+				return false
+			}
+			activatedAt, runnerLost = clk.Now(), false
+			h = handoff{} // ingesting again: drained anew if still handing off
+		}
+		// The session's extender extends the runner's deadline.
+		return w.followRole(&h, epoch, until)
+	}
 	for {
 		now := clk.Now()
 		if !now.Before(fenceAt) {
+			select {
+			case <-renewed:
+				// Renewed while this worker was busy (a slow activation
+				// or drain): the fence is the renewal's to decide.
+				if !onRenewed() {
+					return leaseEnded
+				}
+				continue
+			default:
+			}
 			unheld()
 			w.fence(epoch, "ttl_elapsed", "no session keepalive acknowledged for ttl since the last one was sent", fenceAt.Add(-ttl))
 			return leaseEnded
@@ -707,7 +740,7 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 			continue
 		case <-w.roleChanged():
 			t.Stop()
-			if !w.followRole(&h, epoch, fenceAt) {
+			if !w.followRole(&h, epoch, until) {
 				return leaseEnded
 			}
 		case <-lost:
@@ -718,20 +751,9 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 			return leaseEnded
 		case <-renewed:
 			t.Stop()
-			lastAck, fenceAt, renewed, _ = w.a.sess.validity(st)
-			w.update(func(v *LeaseView) { v.LastAckSent, v.FenceAt = lastAck, fenceAt })
-			if runnerLost {
-				log.Warn("runner no longer serves the mailbox; activating it again")
-				if !w.activate(epoch, fenceAt) {
-					return leaseEnded
-				}
-				activatedAt, runnerLost = clk.Now(), false
-				h = handoff{} // ingesting again: drained anew if still handing off
-			}
-			if !w.followRole(&h, epoch, fenceAt) {
+			if !onRenewed() {
 				return leaseEnded
 			}
-			// The session's extender extends the runner's deadline.
 		case <-probed:
 			t.Stop()
 			var p probeResult

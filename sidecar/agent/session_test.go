@@ -402,3 +402,39 @@ func TestSessionExtendsEveryMailboxInOneCall(t *testing.T) {
 		})
 	}
 }
+
+// An activation that outlasts the validity the worker read before it (held
+// from t0 to t0+12s, the session renewed every 3s meanwhile) is followed
+// by the renewals made during it: the lease is kept, not fenced at t0+10s
+// as if no keepalive had been acknowledged.
+func TestSessionSlowActivationKeepsRenewals(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sessionMode)
+	gate := make(chan struct{})
+	h.runner.mu.Lock()
+	h.runner.activateGate = gate
+	h.runner.mu.Unlock()
+	h.assign(1, "audit")
+	h.waitEvent(0, "runner activate held audit@p1")
+	for i := 1; i <= 4; i++ {
+		h.settle(3) // the keepalive, the session's probe, the proxy heartbeat
+		h.clk.Step(testInterval)
+		h.waitFor(fmt.Sprintf("keepalive %d", i), func() bool { return h.ev.count("admin keepalive") >= i })
+	}
+	h.settle(3)
+	h.runner.mu.Lock()
+	h.runner.activateGate = nil
+	h.runner.mu.Unlock()
+	close(gate)
+	want := h.t0.Add(4*testInterval + testTTL)
+	h.waitFor("active under the last renewal", func() bool {
+		v := h.lease("audit@p1")
+		return v.State == StateActive && v.FenceAt.Equal(want)
+	})
+	if _, e, ok := h.ev.find(0, "runner fence"); ok {
+		t.Fatalf("fenced at %v after a slow activation:\n%s", e.at, h.ev)
+	}
+	if got := testutil.CollectAndCount(h.agent.m.losses); got != 0 {
+		t.Fatalf("%d lease losses after a slow activation", got)
+	}
+}
