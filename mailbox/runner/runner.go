@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -152,6 +153,14 @@ type Runner struct {
 
 	openFailures *prometheus.CounterVec
 
+	// storeOpens bounds the stores opening at once to a few per core (an
+	// open is mostly CPU, with some fsyncs): a thousand at once (a sidecar
+	// acquiring a proxy's whole share) take no less time all told but
+	// leave every other call, the control API's included, waiting seconds
+	// for a core behind them; a sidecar whose stats probe times out for
+	// its bound judges the runner dead and has its namespaces moved.
+	storeOpens chan struct{}
+
 	// openStore opens a mailbox's store (store.Open); tests hold it.
 	openStore func(store.Options) (*store.Store, error)
 }
@@ -184,17 +193,18 @@ func New(cfg Config) (*Runner, error) {
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	r := &Runner{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		reg:       cfg.Registry,
-		ingestM:   ingest.NewMetrics(cfg.Registry),
-		queryM:    query.NewMetrics(cfg.Registry),
-		health:    health.NewServer(),
-		mailboxes: map[string]*mailbox{},
-		prepared:  map[string]*store.Store{},
-		opening:   map[string]chan struct{}{},
-		failed:    map[string]error{},
-		openStore: store.Open,
+		cfg:        cfg,
+		log:        cfg.Logger,
+		reg:        cfg.Registry,
+		ingestM:    ingest.NewMetrics(cfg.Registry),
+		queryM:     query.NewMetrics(cfg.Registry),
+		health:     health.NewServer(),
+		mailboxes:  map[string]*mailbox{},
+		prepared:   map[string]*store.Store{},
+		opening:    map[string]chan struct{}{},
+		failed:     map[string]error{},
+		storeOpens: make(chan struct{}, 4*runtime.GOMAXPROCS(0)),
+		openStore:  store.Open,
 		openFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_mailbox_open_failures_total",
 			Help: "Mailbox store opens that failed, by reason: damaged (a file of the store is unreadable; rebuild it), no_space, other.",
@@ -297,6 +307,8 @@ func (r *Runner) Prepare(mc MailboxConfig) error {
 // the sidecar retries with backoff.
 func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error) {
 	dir := Dir(r.cfg.DataDir, mc.ID)
+	r.storeOpens <- struct{}{}
+	defer func() { <-r.storeOpens }()
 	r.mu.RLock()
 	mem := store.MemoryFor(r.cfg.MemoryBudget, len(r.mailboxes)+len(r.prepared)+1)
 	r.mu.RUnlock()
