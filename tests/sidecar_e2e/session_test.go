@@ -59,9 +59,15 @@ func adminCalls(n *e2e.AdminNode, method string) float64 {
 // interval on the wire (the admin's own call counts), kept across a
 // SIGSTOP shorter than ttl, and after kill -9 all ended by the session's
 // expiry, which takes their routes away together (never seen in part).
-func TestSidecarSession200Mailboxes(t *testing.T) {
-	const n = 200
+func TestSidecarSession200Mailboxes(t *testing.T) { sessionMailboxes(t, 200) }
+
+func sessionMailboxes(t *testing.T, n int) {
 	tl := newTimeline()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("timeline:\n%s", tl)
+		}
+	})
 	kafka := kafkatest.Start(t, kafkatest.Topics(1, topic))
 	cluster := e2e.StartAdmins(t, e2e.AdminOptions{Size: 1})
 	admin := cluster.Nodes[0]
