@@ -252,6 +252,7 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 	}
 	var lastPos pos
 	var buf []byte // compressed records are decompressed into it, one at a time
+	dict := s.dict.Load()
 	for n := 0; ; n++ {
 		if n%256 == 0 {
 			if err := ctx.Err(); err != nil {
@@ -286,7 +287,7 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 				}
 			}
 			err := item.Value(func(v []byte) error {
-				rec, err := itemValue{v, item.UserMeta()}.record(&buf)
+				rec, err := itemValue{v, item.UserMeta(), dict}.record(&buf)
 				if err != nil {
 					return fmt.Errorf("decode: %w", err)
 				}

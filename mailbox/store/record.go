@@ -13,73 +13,119 @@ import (
 )
 
 // A record is an item: uvarint(len(hdr)) hdr blob, where hdr is the item without its blob in protobuf wire format
-// and blob the envelope bytes as received. The value of an item's primary key holds it in one of two formats,
+// and blob the envelope bytes as received. The value of an item's primary key holds it in one of three formats,
 // told apart by the entry's Badger user meta byte, so stores written before compression read as they are:
 //
-//	formatPlain (0): the record.
-//	formatS2    (1): uvarint(len(blob)) then the record as one S2 block (github.com/klauspost/compress/s2).
+//	formatPlain  (0): the record.
+//	formatS2     (1): uvarint(len(blob)) then the record as one S2 block (github.com/klauspost/compress/s2).
+//	formatS2Dict (2): the same, the block compressed against the store's dictionary (dictKey).
 //
 // The record is compressed whole, not the blob alone: the header repeats the envelope's strings (message id,
-// topic, trace id, ...), which the compressor then finds as matches. The blob length leads, uncompressed, so a
-// retention pass counts bytes without decompressing. S2 rather than zstd: per 1 KiB record zstd's encoder costs
-// tens of µs (it resets its tables for every input) against S2's few, for about a fifth less saved on JSON.
-// A record is stored compressed only when that saves at least a sixteenth of it (encrypted payloads do not
-// compress), and it is decompressed on every read, which costs under a µs per record.
+// topic, trace id, ...), which the compressor then finds as matches. A record alone is too short for much else to
+// repeat (a 1 KiB record with a JSON payload compresses by a quarter), so a store compresses against a dictionary
+// made from the first records it was given: field names, type and schema URLs, namespaces, the shape of the
+// payloads; the same record then compresses four-fold. The dictionary is written durably before the first record
+// that uses it and never changes, so formatS2Dict always means that one. The blob length leads, uncompressed,
+// so a retention pass counts bytes without decompressing. S2 rather than zstd: per 1 KiB record zstd's encoder
+// costs tens of µs (it resets its tables for every input) against S2's few. A record is stored compressed only
+// when that saves at least a sixteenth of it, and it is decompressed on every read, a µs or two per record.
 const (
-	formatPlain byte = 0
-	formatS2    byte = 1
+	formatPlain  byte = 0
+	formatS2     byte = 1
+	formatS2Dict byte = 2
 )
 
 // compressMin is the smallest record worth compressing: below Badger's value threshold the record stays in the
 // LSM tree, whose blocks are compressed anyway.
 const compressMin = 256
 
+// Dictionary: made from at least dictMinSample bytes of the first records written (at most dictMaxSample, more
+// helps little), kept under dictKey.
+const (
+	dictMinSample = 4 << 10
+	dictMaxSample = 32 << 10
+)
+
+var dictKey = []byte("!dict")
+
+// makeDict makes a dictionary from the records of items, nil if they are too few.
+func makeDict(items []*mailboxv1.MailboxItem) *s2.Dict {
+	var sample []byte
+	for _, it := range items {
+		if len(sample) >= dictMaxSample {
+			break
+		}
+		sample = append(sample, encodeRecord(it)...)
+	}
+	if len(sample) < dictMinSample {
+		return nil
+	}
+	// The newest bytes are the ones nearest to what is compressed, and what matches prefer.
+	return s2.MakeDict(sample[max(0, len(sample)-dictMaxSample):], nil)
+}
+
 // storeRecord returns the value to store for rec, an encodeRecord of an item with a blob of blobLen bytes, and
-// its format.
-func storeRecord(rec []byte, blobLen int) ([]byte, byte) {
+// its format; dict, when not nil, is the store's dictionary.
+func storeRecord(rec []byte, blobLen int, dict *s2.Dict) ([]byte, byte) {
 	if len(rec) < compressMin {
 		return rec, formatPlain
 	}
 	v := make([]byte, binary.MaxVarintLen64+s2.MaxEncodedLen(len(rec)))
 	n := binary.PutUvarint(v, uint64(blobLen))
-	n += len(s2.EncodeBetter(v[n:], rec))
+	format := formatS2
+	if dict != nil {
+		format = formatS2Dict
+		n += len(dict.Encode(v[n:], rec))
+	} else {
+		n += len(s2.EncodeBetter(v[n:], rec))
+	}
 	if n > len(rec)-len(rec)/16 {
 		return rec, formatPlain
 	}
-	return v[:n:n], formatS2
+	return v[:n:n], format
 }
 
-// itemValue is a primary key's value as Badger holds it: the bytes and their format (the entry's user meta).
+// itemValue is a primary key's value as Badger holds it: the bytes, their format (the entry's user meta) and the
+// store's dictionary (nil if it has none).
 type itemValue struct {
 	b      []byte
 	format byte
+	dict   *s2.Dict
 }
 
 // record returns the plain record, v.b itself or decompressed into *buf, which it grows as needed (a reader
 // reuses it across items).
 func (v itemValue) record(buf *[]byte) ([]byte, error) {
-	switch v.format {
-	case formatPlain:
+	if v.format == formatPlain {
 		return v.b, nil
-	case formatS2:
-		_, w := binary.Uvarint(v.b)
-		if w <= 0 {
-			return nil, errCorruptRecord
-		}
-		n, err := s2.DecodedLen(v.b[w:])
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", errCorruptRecord, err)
-		}
-		if cap(*buf) < n {
-			*buf = make([]byte, n)
-		}
-		rec, err := s2.Decode((*buf)[:cap(*buf)], v.b[w:])
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", errCorruptRecord, err)
-		}
-		return rec, nil
 	}
-	return nil, fmt.Errorf("%w: unknown format %d", errCorruptRecord, v.format)
+	if v.format != formatS2 && v.format != formatS2Dict {
+		return nil, fmt.Errorf("%w: unknown format %d", errCorruptRecord, v.format)
+	}
+	_, w := binary.Uvarint(v.b)
+	if w <= 0 {
+		return nil, errCorruptRecord
+	}
+	n, err := s2.DecodedLen(v.b[w:])
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errCorruptRecord, err)
+	}
+	if cap(*buf) < n {
+		*buf = make([]byte, n)
+	}
+	var rec []byte
+	switch {
+	case v.format == formatS2:
+		rec, err = s2.Decode((*buf)[:cap(*buf)], v.b[w:])
+	case v.dict == nil:
+		return nil, fmt.Errorf("%w: compressed with a dictionary the store does not have", errCorruptRecord)
+	default:
+		rec, err = v.dict.Decode((*buf)[:cap(*buf)], v.b[w:])
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errCorruptRecord, err)
+	}
+	return rec, nil
 }
 
 // blobLen is the length of the record's envelope blob, read without decompressing.
@@ -88,7 +134,7 @@ func (v itemValue) blobLen() (int, error) {
 	case formatPlain:
 		_, blob, err := splitRecord(v.b)
 		return len(blob), err
-	case formatS2:
+	case formatS2, formatS2Dict:
 		n, w := binary.Uvarint(v.b)
 		if w <= 0 {
 			return 0, errCorruptRecord

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+	"github.com/klauspost/compress/s2"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -31,13 +33,32 @@ func TestStoreRecordFormats(t *testing.T) {
 		{"json", []byte(strings.Repeat(`{"field":"email","old":"a@example.com","new":"b@example.com"},`, 15)), formatS2},
 		{"encrypted", random, formatPlain},
 	}
+	var sample []*mailboxv1.MailboxItem
+	for i := range 20 {
+		it := item(fmt.Sprint("m-", i), int64(i))
+		it.EnvelopeBlob = tests[1].blob
+		sample = append(sample, it)
+	}
+	dict := makeDict(sample)
+	if dict == nil || makeDict(sample[:1]) != nil {
+		t.Fatal("makeDict: no dictionary from 20 records, or one from a single one")
+	}
+	tests = append(tests, struct {
+		name string
+		blob []byte
+		want byte
+	}{"json with dictionary", tests[1].blob, formatS2Dict})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			var d *s2.Dict
+			if tc.want == formatS2Dict {
+				d = dict
+			}
 			it := item("m-1", 7)
 			it.EnvelopeBlob = tc.blob
 			rec := encodeRecord(it)
-			v, format := storeRecord(rec, len(tc.blob))
+			v, format := storeRecord(rec, len(tc.blob), d)
 			if format != tc.want {
 				t.Fatalf("format %d, want %d", format, tc.want)
 			}
@@ -45,17 +66,22 @@ func TestStoreRecordFormats(t *testing.T) {
 				t.Errorf("compressed %d bytes to %d", len(rec), len(v))
 			}
 			var buf []byte
-			got, err := itemValue{v, format}.record(&buf)
+			got, err := itemValue{v, format, d}.record(&buf)
 			if err != nil || !bytes.Equal(got, rec) {
 				t.Fatalf("record() = %x, %v; want %x", got, err, rec)
 			}
-			if n, err := (itemValue{v, format}).blobLen(); err != nil || n != len(tc.blob) {
+			if n, err := (itemValue{v, format, d}).blobLen(); err != nil || n != len(tc.blob) {
 				t.Errorf("blobLen() = %d, %v; want %d", n, err, len(tc.blob))
+			}
+			if d != nil {
+				if _, err := (itemValue{v, format, nil}).record(&buf); !errors.Is(err, errCorruptRecord) {
+					t.Errorf("record() without the dictionary: %v, want errCorruptRecord", err)
+				}
 			}
 		})
 	}
 	var buf []byte
-	for _, v := range []itemValue{{[]byte{0x80}, formatS2}, {[]byte{3, 1, 2}, formatS2}, {[]byte{1}, 9}} {
+	for _, v := range []itemValue{{[]byte{0x80}, formatS2, nil}, {[]byte{3, 1, 2}, formatS2, nil}, {[]byte{1}, 9, nil}} {
 		if _, err := v.record(&buf); !errors.Is(err, errCorruptRecord) {
 			t.Errorf("record() of %v: %v, want errCorruptRecord", v, err)
 		}
@@ -103,7 +129,7 @@ func TestStoreWrittenBeforeCompression(t *testing.T) {
 	}
 
 	s := openDir(t, dir, Options{MaxAge: time.Millisecond})
-	defer s.Close()
+	defer func() { s.Close() }()
 	checkQueries(t, r, s, model, 100)
 	for _, m := range model {
 		got, err := s.Get(context.Background(), m.it.GetMessageId())
@@ -114,8 +140,8 @@ func TestStoreWrittenBeforeCompression(t *testing.T) {
 	for i := 0; len(model) < 150; i++ {
 		model = appendModel(model, genItems(t, r, s, fmt.Sprint("new", i)))
 	}
-	if f := formats(t, s); f[formatS2] == 0 || f[formatPlain] <= f[formatS2] {
-		t.Fatalf("formats %v after new writes, want both", f)
+	if f := formats(t, s); f[formatS2Dict] == 0 || f[formatPlain] <= len(model)/2 {
+		t.Fatalf("formats %v after new writes, want the old plain ones and new ones compressed with the dictionary", f)
 	}
 	checkQueries(t, r, s, model, 100)
 	st, err := s.Stats(context.Background())
@@ -139,6 +165,15 @@ func TestStoreWrittenBeforeCompression(t *testing.T) {
 		t.Fatalf("sweep removed %d, %v; want %d", n, err, len(gone))
 	}
 	model = slices.DeleteFunc(model, func(x stored) bool { return x.it.GetTimestamp() < floor })
+	checkQueries(t, r, s, model, 100)
+	// The dictionary is read back on open.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openDir(t, dir, Options{MaxAge: time.Millisecond})
+	if s.dict.Load() == nil {
+		t.Fatal("no dictionary after reopening")
+	}
 	checkQueries(t, r, s, model, 100)
 }
 

@@ -108,6 +108,7 @@ func (s *Store) commitFloor(floor int64, res RetentionResult) error {
 // walkOldest calls fn with the items from the oldest not older than from, oldest first, and their records,
 // until fn returns false.
 func (s *Store) walkOldest(ctx context.Context, from int64, fn func(p pos, v itemValue) (bool, error)) error {
+	dict := s.dict.Load()
 	return s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: []byte{prefixItem}, PrefetchValues: true, PrefetchSize: 256})
 		defer it.Close()
@@ -131,7 +132,7 @@ func (s *Store) walkOldest(ctx context.Context, from int64, fn func(p pos, v ite
 			more := true
 			err := item.Value(func(v []byte) error {
 				var err error
-				more, err = fn(p, itemValue{v, item.UserMeta()})
+				more, err = fn(p, itemValue{v, item.UserMeta(), dict})
 				return err
 			})
 			if err != nil {

@@ -6,6 +6,7 @@
 package store
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+	"github.com/klauspost/compress/s2"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -98,6 +100,11 @@ type Store struct {
 	heldCommit func()
 
 	chunk int // items per retention transaction; retentionChunk except in tests
+
+	// dict is the store's compression dictionary (record.go), nil until the first write big enough to make one;
+	// dictMu serializes making it.
+	dict   atomic.Pointer[s2.Dict]
+	dictMu sync.Mutex
 
 	// Since Open: items and bytes deleted by retention passes, and items whose keys the sweep removed.
 	deleted, deletedBytes, swept atomic.Int64
@@ -178,6 +185,26 @@ func Open(opts Options) (*Store, error) {
 	}); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open store %s: read bounds: %w", opts.Dir, err)
+	}
+	if err := db.View(func(txn *badger.Txn) error {
+		it, err := txn.Get(dictKey)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return it.Value(func(v []byte) error {
+			d := s2.NewDict(bytes.Clone(v))
+			if d == nil {
+				return fmt.Errorf("%w: invalid dictionary", errCorruptRecord)
+			}
+			s.dict.Store(d)
+			return nil
+		})
+	}); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open store %s: read compression dictionary: %w", opts.Dir, err)
 	}
 	s.wm = s.m
 	s.wfloor = s.m.floor()
@@ -320,7 +347,7 @@ func (s *Store) Get(ctx context.Context, messageID string) (*mailboxv1.MailboxIt
 		if !ok || p.ts() < m.floor() {
 			return ErrNotFound
 		}
-		out, err = readItem(txn, p)
+		out, err = readItem(txn, p, s.dict.Load())
 		return err
 	})
 	if err != nil {
@@ -348,7 +375,7 @@ func lookupMsgID(txn *badger.Txn, id string) (pos, bool, error) {
 	return p, err == nil, err
 }
 
-func readItem(txn *badger.Txn, p pos) (*mailboxv1.MailboxItem, error) {
+func readItem(txn *badger.Txn, p pos, dict *s2.Dict) (*mailboxv1.MailboxItem, error) {
 	it, err := txn.Get(itemKey(p))
 	if err != nil {
 		return nil, fmt.Errorf("read item: %w", err)
@@ -356,7 +383,7 @@ func readItem(txn *badger.Txn, p pos) (*mailboxv1.MailboxItem, error) {
 	var out *mailboxv1.MailboxItem
 	err = it.Value(func(v []byte) error {
 		var buf []byte
-		rec, err := itemValue{v, it.UserMeta()}.record(&buf)
+		rec, err := itemValue{v, it.UserMeta(), dict}.record(&buf)
 		if err != nil {
 			return err
 		}

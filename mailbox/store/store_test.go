@@ -426,7 +426,7 @@ func FuzzDecodeRecord(f *testing.F) {
 }
 
 func req(items ...*mailboxv1.MailboxItem) *writeReq {
-	return &writeReq{items: items, enc: encodeItems(items, true)}
+	return &writeReq{items: items, enc: encodeItems(items, true, nil)}
 }
 
 // sendAndWait sends group as one flight, with wmu held as Write holds it, and waits for it.

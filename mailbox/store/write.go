@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	badger "github.com/dgraph-io/badger/v4"
+	"github.com/klauspost/compress/s2"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -42,7 +43,17 @@ func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (Writ
 	if err := ctx.Err(); err != nil {
 		return WriteResult{}, err
 	}
-	req := &writeReq{items: items, enc: encodeItems(items, !s.opts.plainRecords)}
+	var enc []encoded
+	if s.opts.plainRecords {
+		enc = encodeItems(items, false, nil)
+	} else {
+		dict, err := s.dictionary(items)
+		if err != nil {
+			return WriteResult{}, err
+		}
+		enc = encodeItems(items, true, dict)
+	}
+	req := &writeReq{items: items, enc: enc}
 	s.qmu.Lock()
 	s.queue = append(s.queue, req)
 	s.qmu.Unlock()
@@ -84,12 +95,12 @@ type encoded struct {
 	keys   [][]byte
 }
 
-func encodeItems(items []*mailboxv1.MailboxItem, compress bool) []encoded {
+func encodeItems(items []*mailboxv1.MailboxItem, compress bool, dict *s2.Dict) []encoded {
 	enc := make([]encoded, len(items))
 	for i, it := range items {
 		rec, format := encodeRecord(it), formatPlain
 		if compress {
-			rec, format = storeRecord(rec, len(it.GetEnvelopeBlob()))
+			rec, format = storeRecord(rec, len(it.GetEnvelopeBlob()), dict)
 		}
 		enc[i] = encoded{
 			rec:    rec,
@@ -98,6 +109,30 @@ func encodeItems(items []*mailboxv1.MailboxItem, compress bool) []encoded {
 		}
 	}
 	return enc
+}
+
+// dictionary returns the store's compression dictionary, making it from items if the store has none yet and they
+// are enough, and nil if it still has none. A dictionary made here is durable before it is returned: every
+// record compressed with it is written after it.
+func (s *Store) dictionary(items []*mailboxv1.MailboxItem) (*s2.Dict, error) {
+	if d := s.dict.Load(); d != nil {
+		return d, nil
+	}
+	s.dictMu.Lock()
+	defer s.dictMu.Unlock()
+	if d := s.dict.Load(); d != nil {
+		return d, nil
+	}
+	d := makeDict(items)
+	if d == nil {
+		return nil, nil
+	}
+	// Synced (SyncWrites) like every commit; a crash before the first record using it leaves it unused.
+	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Set(dictKey, d.Bytes()) }); err != nil {
+		return nil, fmt.Errorf("write: store the compression dictionary: %w", err)
+	}
+	s.dict.Store(d)
+	return d, nil
 }
 
 // setPos writes p into the keys built by itemKeys: after the prefix of the primary key, and at the end of every
