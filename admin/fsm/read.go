@@ -178,11 +178,23 @@ func (f *FSM) Counts() Counts {
 	defer f.mu.RUnlock()
 	return Counts{
 		Proxies:     len(f.st.proxies),
-		LiveProxies: len(f.st.liveProxyIDs()),
+		LiveProxies: f.st.liveProxyCount(),
 		Namespaces:  len(f.st.namespaces),
 		Leases:      len(f.st.leases),
 		Sessions:    len(f.st.sessions),
 	}
+}
+
+// liveProxyCount is len(liveProxyIDs()) without sorting: Counts runs on
+// every write's admission.
+func (s *state) liveProxyCount() int {
+	n := 0
+	for _, p := range s.proxies {
+		if p.GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_LIVE {
+			n++
+		}
+	}
+	return n
 }
 
 // ProxyLeases is how many leases proxy holds, for its quota: read from the
