@@ -1,4 +1,4 @@
-package main
+package ctl
 
 import (
 	"context"
@@ -21,6 +21,8 @@ import (
 )
 
 type globals struct {
+	// version is prismctl's build (version --client).
+	version string
 	admin   string
 	format  string
 	timeout time.Duration

@@ -1,4 +1,4 @@
-package main
+package ctl
 
 import (
 	"fmt"
@@ -34,7 +34,7 @@ prismctl's, without calling the cluster. When no node answers, prismctl's
 version is printed and the command fails as any other would.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cv := clientVersion{Version: version, GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+			cv := clientVersion{Version: g.version, GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 			var (
 				servers []serverVersion
 				err     error

@@ -1,4 +1,4 @@
-package main
+package ctl
 
 import (
 	"bytes"
@@ -57,7 +57,7 @@ func startAdmin(t *testing.T) testAdmin {
 
 func prismctl(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	root := rootCommand()
+	root := rootCommand("dev")
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)

@@ -1,4 +1,4 @@
-package main
+package ctl
 
 import (
 	"bytes"
@@ -87,12 +87,12 @@ func TestExitCodesByAnswer(t *testing.T) {
 // dev serves the admin API and where the chart's admin pods listen.
 func TestDefaultAdmin(t *testing.T) {
 	t.Setenv(envAdmin, "")
-	root := rootCommand()
+	root := rootCommand("dev")
 	if got := root.PersistentFlags().Lookup("admin").DefValue; got != "127.0.0.1:7001" {
 		t.Fatalf("--admin defaults to %s", got)
 	}
 	for _, tc := range []struct{ file, pattern string }{
-		{"../prism/dev.go", `"admin-addr", "127.0.0.1:7001"`},
+		{"../../cmd/prism/dev.go", `"admin-addr", "127.0.0.1:7001"`},
 		{"../../helm/prism/values.yaml", "\n    grpc: 7001\n"},
 	} {
 		b, err := os.ReadFile(tc.file)
