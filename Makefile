@@ -19,7 +19,8 @@ BENCH ?=
 all: build
 
 # Static binaries (no cgo: only the bench module's SQLite baseline needs it), stamped with the
-# git version so `prism --version` names the commit it was built from.
+# git version so `prism --version` and `prismctl version` name the commit they were built from
+# (each main passes its version to what it runs, admin/ctl included).
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 BUILD_FLAGS := -trimpath -ldflags "-X main.version=$(VERSION)"
 
@@ -27,12 +28,14 @@ build:
 	CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o bin/prism ./cmd/prism
 	CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o bin/prismctl ./cmd/prismctl
 
-# make image writes IMAGE_OUT (bin/prism-image.tar), an OCI image of both
-# binaries for IMAGE_PLATFORMS made by tools/image with no Docker engine and no
-# base image (the Dockerfile makes the same image with Docker). docker load,
+# make image writes IMAGE_OUT (bin/prism-image.tar), an OCI image of prism
+# for IMAGE_PLATFORMS made by tools/image with no Docker engine and no base
+# image (the Dockerfile makes the same image with Docker). prismctl is a
+# symbolic link to prism there, which is prismctl when run by that name: one
+# binary instead of two holding nearly the same code (issue 14's 60 MB). docker load,
 # podman load, crane push and kind load image-archive read it. It is named as
 # the chart runs it by default (values.yaml's image.repository, Chart.yaml's
-# appVersion) and by VERSION. The binaries are stripped (-s -w: panics still
+# appVersion) and by VERSION. prism is stripped (-s -w: panics still
 # print stack traces), and every time in the image is the commit's, so two
 # builds of a commit agree.
 IMAGE_REPO ?= ghcr.io/prism-mesh/prism
@@ -47,10 +50,8 @@ image:
 	cd tools && $(GO) build -o $(TOOLS)/prism-image ./image
 	@set -e; platforms=; for p in $(IMAGE_PLATFORMS); do \
 	  os=$${p%%/*}; arch=$${p#*/}; arch=$${arch%%/*}; dir=bin/image/$${os}_$$arch; \
-	  for c in prism prismctl; do \
-	    echo "CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -o $$dir/$$c ./cmd/$$c"; \
-	    CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $$dir/$$c ./cmd/$$c; \
-	  done; \
+	  echo "CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -o $$dir/prism ./cmd/prism"; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $$dir/prism ./cmd/prism; \
 	  platforms="$$platforms -platform $$p=$$dir"; \
 	done; \
 	$(TOOLS)/prism-image build -out $(IMAGE_OUT) $(addprefix -ref ,$(IMAGE_REFS)) $$platforms \

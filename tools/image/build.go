@@ -31,12 +31,16 @@ const (
 	defaultSource = "https://github.com/prism-mesh/prism"
 )
 
-// binaries are the files every platform directory must hold; the first is the
-// entrypoint.
-var binaries = []string{"prism", "prismctl"}
+// entrypoint is the binary every platform directory must hold. It is also
+// every name of links: prism dispatches on the name it was run by (busybox
+// style), so prismctl is a symbolic link to it rather than a second binary
+// holding nearly the same code.
+const entrypoint = "prism"
+
+var links = []string{"prismctl"}
 
 // Platform is one os/arch of the image and the directory holding its
-// statically linked binaries.
+// statically linked prism.
 type Platform struct {
 	OS, Arch, Variant string
 	BinDir            string
@@ -78,7 +82,7 @@ func (s Spec) Labels() map[string]string {
 
 // Build makes an OCI image index with one image per platform. The images
 // share their first layer (users, CA certificates, directories); the second
-// holds the platform's two binaries.
+// holds the platform's prism and the links to it.
 func Build(s Spec) (v1.ImageIndex, error) {
 	if len(s.Platforms) == 0 {
 		return nil, fmt.Errorf("no platform to build")
@@ -114,12 +118,13 @@ func buildImage(s Spec, p Platform, base v1.Layer) (v1.Image, error) {
 		{path: "usr/local", mode: 0o755, dir: true},
 		{path: binDir, mode: 0o755, dir: true},
 	}
-	for _, b := range binaries {
-		data, err := os.ReadFile(filepath.Join(p.BinDir, b))
-		if err != nil {
-			return nil, fmt.Errorf("read binary: %w", err)
-		}
-		files = append(files, file{path: binDir + "/" + b, mode: 0o755, data: data})
+	data, err := os.ReadFile(filepath.Join(p.BinDir, entrypoint))
+	if err != nil {
+		return nil, fmt.Errorf("read binary: %w", err)
+	}
+	files = append(files, file{path: binDir + "/" + entrypoint, mode: 0o755, data: data})
+	for _, l := range links {
+		files = append(files, file{path: binDir + "/" + l, mode: 0o777, link: entrypoint})
 	}
 	bins, err := layer(files, s.Created)
 	if err != nil {
@@ -132,7 +137,7 @@ func buildImage(s Spec, p Platform, base v1.Layer) (v1.Image, error) {
 			Created: created, CreatedBy: "tools/image: /etc/passwd, /etc/group (nonroot 65532), CA certificates, /tmp, /var/lib/prism",
 		}},
 		mutate.Addendum{Layer: bins, MediaType: types.OCILayer, History: v1.History{
-			Created: created, CreatedBy: "tools/image: /usr/local/bin/prism, /usr/local/bin/prismctl (CGO_ENABLED=0)",
+			Created: created, CreatedBy: "tools/image: /usr/local/bin/prism (CGO_ENABLED=0), /usr/local/bin/prismctl -> prism",
 		}},
 	)
 	if err != nil {
@@ -158,7 +163,7 @@ func buildImage(s Spec, p Platform, base v1.Layer) (v1.Image, error) {
 func imageConfig(s Spec) v1.Config {
 	return v1.Config{
 		User:       fmt.Sprintf("%d:%d", nonrootUID, nonrootUID),
-		Entrypoint: []string{"/" + binDir + "/" + binaries[0]},
+		Entrypoint: []string{"/" + binDir + "/" + entrypoint},
 		WorkingDir: "/" + dataDir,
 		Env: []string{
 			"PATH=/" + binDir + ":/usr/bin:/bin",
@@ -196,13 +201,15 @@ func baseFiles(ca []byte) []file {
 	}
 }
 
-// file is one entry of a layer; owner is both its uid and gid.
+// file is one entry of a layer; owner is both its uid and gid. A file with a
+// link is a symbolic link to that path.
 type file struct {
 	path  string
 	mode  int64
 	dir   bool
 	owner int
 	data  []byte
+	link  string
 }
 
 // layer writes files as a tar in path order, every header fixed (mtime,
@@ -223,9 +230,12 @@ func layer(files []file, mtime time.Time) (v1.Layer, error) {
 			ModTime: mtime.UTC().Truncate(time.Second),
 			Format:  tar.FormatPAX,
 		}
-		if f.dir {
+		switch {
+		case f.dir:
 			h.Typeflag, h.Name = tar.TypeDir, f.path+"/"
-		} else {
+		case f.link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, f.link
+		default:
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(f.data))
 		}
 		if err := tw.WriteHeader(h); err != nil {

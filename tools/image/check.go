@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"time"
@@ -116,11 +117,49 @@ func ExtractFile(img v1.Image, path, dst string) error {
 	}
 }
 
+// CheckLinks checks that every name of links is, in img's flattened
+// filesystem, a symbolic link to the entrypoint binary beside it: a link
+// whose target is missing would leave prismctl absent from the image.
+func CheckLinks(img v1.Image) error {
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	kinds, targets := map[string]byte{}, map[string]string{}
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read image filesystem: %w", err)
+		}
+		name := strings.TrimPrefix(h.Name, "/")
+		kinds[name], targets[name] = h.Typeflag, h.Linkname
+	}
+	bin := binDir + "/" + entrypoint
+	if kinds[bin] != tar.TypeReg {
+		return fmt.Errorf("/%s is not a file in the image", bin)
+	}
+	for _, l := range links {
+		p := binDir + "/" + l
+		if kinds[p] != tar.TypeSymlink {
+			return fmt.Errorf("/%s is not a symbolic link in the image", p)
+		}
+		if t := targets[p]; path.Clean(path.Join(binDir, t)) != bin && t != "/"+bin {
+			return fmt.Errorf("/%s links to %s, want /%s", p, t, bin)
+		}
+	}
+	return nil
+}
+
 // RunVersion runs the image's entrypoint with --version on this machine (no
-// container runtime: the binary is static) and checks that it names version.
+// container runtime: the binary is static) and checks that it names version;
+// then runs it under each name of links as the image's link does, and checks
+// that it is prismctl, printing the same version (version --client). It
+// returns what each printed, one line each.
 func RunVersion(img v1.Image, dir, version string) (string, error) {
-	bin := filepath.Join(dir, "prism")
-	if err := ExtractFile(img, binDir+"/prism", bin); err != nil {
+	bin := filepath.Join(dir, entrypoint)
+	if err := ExtractFile(img, binDir+"/"+entrypoint, bin); err != nil {
 		return "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -132,7 +171,23 @@ func RunVersion(img v1.Image, dir, version string) (string, error) {
 	if got := strings.TrimSpace(string(out)); got != "prism version "+version {
 		return got, fmt.Errorf("prism --version printed %q, want %q", got, "prism version "+version)
 	}
-	return strings.TrimSpace(string(out)), nil
+	printed := []string{strings.TrimSpace(string(out))}
+	for _, l := range links {
+		link := filepath.Join(dir, l)
+		if err := os.Symlink(entrypoint, link); err != nil {
+			return "", fmt.Errorf("link %s: %w", l, err)
+		}
+		out, err := exec.CommandContext(ctx, link, "version", "--client").CombinedOutput()
+		if err != nil {
+			return string(out), fmt.Errorf("%s version --client: %w: %s", l, err, out)
+		}
+		got := strings.TrimSpace(string(out))
+		if f := strings.Fields(got); len(f) < 2 || f[0] != "client" || f[1] != version {
+			return got, fmt.Errorf("%s version --client printed %q, want client %s", l, got, version)
+		}
+		printed = append(printed, l+": "+got)
+	}
+	return strings.Join(printed, "; "), nil
 }
 
 // Sizes of one platform's image: what a node pulls (manifest, config and

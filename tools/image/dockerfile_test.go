@@ -12,8 +12,8 @@ import (
 
 // TestDockerfileInStep: nothing here can build the Dockerfile (no Docker), so
 // its final stage is held to what make image makes: user, entrypoint, working
-// directory, environment, labels, and a static stripped build of both
-// binaries.
+// directory, environment, labels, a static stripped build of prism, and
+// prismctl a symbolic link to it, copied as one.
 func TestDockerfileInStep(t *testing.T) {
 	t.Parallel()
 	data, err := os.ReadFile("../../Dockerfile")
@@ -48,8 +48,8 @@ func TestDockerfileInStep(t *testing.T) {
 	build, final := strings.Join(instrs[:last], "\n"), instrs[last:]
 	for _, want := range []string{
 		`CGO_ENABLED=0`,
-		`-ldflags "-s -w -X main.version=${VERSION}" -o /out/prism ./cmd/prism `,
-		`-ldflags "-s -w -X main.version=${VERSION}" -o /out/prismctl ./cmd/prismctl `,
+		`-ldflags "-s -w -X main.version=${VERSION}" -o /out/bin/prism ./cmd/prism `,
+		`ln -s prism /out/bin/prismctl `,
 	} {
 		if !strings.Contains(build, want) {
 			t.Errorf("the build stage lacks %s:\n%s", want, build)
@@ -97,10 +97,14 @@ func TestDockerfileInStep(t *testing.T) {
 			t.Errorf("Dockerfile %s %q, make image's %q", tc.op, got[tc.op], tc.want)
 		}
 	}
-	for _, in := range final {
-		if strings.HasPrefix(in, "COPY --from=build --chown=65532:65532 ") && strings.HasSuffix(in, " /"+dataDir) {
-			return
-		}
+	// /out/bin/ is copied whole: COPY follows a symbolic link named as its
+	// source, and prismctl would be a second prism.
+	if !slices.Contains(final, "COPY --from=build /out/bin/ /"+binDir+"/") {
+		t.Errorf("the final stage does not copy /out/bin/ (prism and the prismctl link) to /%s/:\n%s", binDir, strings.Join(final, "\n"))
 	}
-	t.Errorf("the final stage does not make /%s owned by 65532", dataDir)
+	if !slices.ContainsFunc(final, func(in string) bool {
+		return strings.HasPrefix(in, "COPY --from=build --chown=65532:65532 ") && strings.HasSuffix(in, " /"+dataDir)
+	}) {
+		t.Errorf("the final stage does not make /%s owned by 65532", dataDir)
+	}
 }

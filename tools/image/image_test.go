@@ -14,6 +14,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
@@ -22,9 +23,20 @@ const testVersion = "v1.2.3-4-gabcdef0"
 
 var testCreated = time.Date(2026, 5, 4, 3, 2, 1, 0, time.UTC)
 
-// fakePlatforms writes small stand-ins for the binaries: shell scripts, so
-// the host's one runs like the real prism --version without a Go build.
+// fakePlatforms writes small stand-ins for prism: shell scripts, so the
+// host's one runs like the real prism --version, and as prismctl like
+// prismctl version --client, without a Go build.
 func fakePlatforms(t *testing.T, root, version string) []Platform {
+	t.Helper()
+	return fakePlatformsScript(t, root, "case \"${0##*/}\" in\n"+
+		"prismctl) printf 'client\\t%s\\t(go1, linux/%s)\\n' \""+version+"\" \"$ARCH\" ;;\n"+
+		"*) echo \"prism version "+version+"\" ;;\n"+
+		"esac\n")
+}
+
+// fakePlatformsScript writes body as each platform's prism, after a line
+// setting ARCH to the platform's.
+func fakePlatformsScript(t *testing.T, root, body string) []Platform {
 	t.Helper()
 	var ps []Platform
 	for _, arch := range []string{"amd64", "arm64"} {
@@ -32,11 +44,9 @@ func fakePlatforms(t *testing.T, root, version string) []Platform {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		for _, b := range binaries {
-			script := "#!/bin/sh\n# " + arch + "\necho \"" + b + " version " + version + "\"\n"
-			if err := os.WriteFile(filepath.Join(dir, b), []byte(script), 0o700); err != nil {
-				t.Fatal(err)
-			}
+		script := "#!/bin/sh\nARCH=" + arch + "\n" + body
+		if err := os.WriteFile(filepath.Join(dir, entrypoint), []byte(script), 0o700); err != nil {
+			t.Fatal(err)
 		}
 		ps = append(ps, Platform{OS: "linux", Arch: arch, BinDir: dir})
 	}
@@ -137,7 +147,7 @@ func TestBuildFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, reg := byte(tar.TypeDir), byte(tar.TypeReg)
+	dir, reg, sym := byte(tar.TypeDir), byte(tar.TypeReg), byte(tar.TypeSymlink)
 	want := map[string]entry{
 		"etc":                               {dir, 0o755, 0, 0},
 		"etc/group":                         {reg, 0o644, 0, 0},
@@ -154,7 +164,7 @@ func TestBuildFiles(t *testing.T) {
 		"usr/local":                         {dir, 0o755, 0, 0},
 		"usr/local/bin":                     {dir, 0o755, 0, 0},
 		"usr/local/bin/prism":               {reg, 0o755, 0, 0},
-		"usr/local/bin/prismctl":            {reg, 0o755, 0, 0},
+		"usr/local/bin/prismctl":            {sym, 0o777, 0, 0},
 		"var":                               {dir, 0o755, 0, 0},
 		"var/lib":                           {dir, 0o755, 0, 0},
 		"var/lib/prism":                     {dir, 0o755, 65532, 65532},
@@ -177,14 +187,18 @@ func TestBuildFiles(t *testing.T) {
 				t.Errorf("%s: unexpected /%s", p, path)
 			}
 		}
-		for _, b := range binaries {
-			disk, err := os.ReadFile(filepath.Join(p.BinDir, b))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(contents["usr/local/bin/"+b], disk) {
-				t.Errorf("%s: /usr/local/bin/%s is not %s's binary", p, b, p.BinDir)
-			}
+		disk, err := os.ReadFile(filepath.Join(p.BinDir, entrypoint))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(contents["usr/local/bin/prism"], disk) {
+			t.Errorf("%s: /usr/local/bin/prism is not %s's binary", p, p.BinDir)
+		}
+		if got := string(contents["usr/local/bin/prismctl"]); got != "prism" {
+			t.Errorf("%s: /usr/local/bin/prismctl links to %q, want prism", p, got)
+		}
+		if err := CheckLinks(img); err != nil {
+			t.Errorf("%s: %v", p, err)
 		}
 		ca, err := os.ReadFile(spec.CACerts)
 		if err != nil {
@@ -200,6 +214,8 @@ func TestBuildFiles(t *testing.T) {
 	}
 }
 
+// flatten lists img's filesystem and the contents of each entry: a file's
+// bytes, a symbolic link's target.
 func flatten(t *testing.T, img v1.Image) (map[string]entry, map[string][]byte) {
 	t.Helper()
 	rc := mutate.Extract(img)
@@ -219,12 +235,15 @@ func flatten(t *testing.T, img v1.Image) (map[string]entry, map[string][]byte) {
 		if !h.ModTime.Equal(testCreated) {
 			t.Errorf("/%s mtime %s, want the spec's %s", p, h.ModTime, testCreated)
 		}
-		if h.Typeflag == tar.TypeReg {
+		switch h.Typeflag {
+		case tar.TypeReg:
 			data, err := io.ReadAll(tr)
 			if err != nil {
 				t.Fatal(err)
 			}
 			contents[p] = data
+		case tar.TypeSymlink:
+			contents[p] = []byte(h.Linkname)
 		}
 	}
 }
@@ -257,14 +276,12 @@ func TestReproducible(t *testing.T) {
 	// permissions) must not reach the image.
 	later := time.Now().Add(time.Hour)
 	for _, p := range spec.Platforms {
-		for _, b := range binaries {
-			f := filepath.Join(p.BinDir, b)
-			if err := os.Chtimes(f, later, later); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(f, 0o755); err != nil {
-				t.Fatal(err)
-			}
+		f := filepath.Join(p.BinDir, entrypoint)
+		if err := os.Chtimes(f, later, later); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(f, 0o755); err != nil {
+			t.Fatal(err)
 		}
 	}
 	second, d2 := archiveBytes(t, spec, refs)
@@ -382,12 +399,59 @@ func TestRunVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	want := "prism version " + testVersion + "; prismctl: client\t" + testVersion + "\t(go1, " + runtime.GOOS + "/" + runtime.GOARCH + ")"
 	out, err := RunVersion(img, t.TempDir(), testVersion)
-	if err != nil || out != "prism version "+testVersion {
-		t.Errorf("RunVersion = %q, %v; want prism version %s", out, err, testVersion)
+	if err != nil || out != want {
+		t.Errorf("RunVersion = %q, %v; want %q", out, err, want)
 	}
 	if _, err := RunVersion(img, t.TempDir(), "v0.0.0"); err == nil {
 		t.Error("RunVersion accepted a binary printing another version")
+	}
+
+	// A prism that is not prismctl under that name fails the check.
+	spec.Platforms = fakePlatformsScript(t, t.TempDir(), "echo \"prism version "+testVersion+"\"\n")
+	if idx, err = Build(spec); err != nil {
+		t.Fatal(err)
+	}
+	if img, err = PlatformImage(idx, runtime.GOOS, runtime.GOARCH); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := RunVersion(img, t.TempDir(), testVersion); err == nil {
+		t.Errorf("RunVersion accepted a prism that is not prismctl when run by that name: %q", out)
+	}
+}
+
+// TestCheckLinks: an image whose prismctl is missing, a file of its own or a
+// link elsewhere fails the check.
+func TestCheckLinks(t *testing.T) {
+	t.Parallel()
+	spec := testSpec(t, t.TempDir())
+	for _, tc := range []struct {
+		name  string
+		files []file
+		ok    bool
+	}{
+		{"relative link", []file{{path: binDir + "/prism", mode: 0o755, data: []byte("x")}, {path: binDir + "/prismctl", mode: 0o777, link: "prism"}}, true},
+		{"absolute link", []file{{path: binDir + "/prism", mode: 0o755, data: []byte("x")}, {path: binDir + "/prismctl", mode: 0o777, link: "/" + binDir + "/prism"}}, true},
+		{"no prismctl", []file{{path: binDir + "/prism", mode: 0o755, data: []byte("x")}}, false},
+		{"prismctl a copy", []file{{path: binDir + "/prism", mode: 0o755, data: []byte("x")}, {path: binDir + "/prismctl", mode: 0o755, data: []byte("x")}}, false},
+		{"link elsewhere", []file{{path: binDir + "/prism", mode: 0o755, data: []byte("x")}, {path: binDir + "/prismctl", mode: 0o777, link: "/bin/prism"}}, false},
+		{"no prism", []file{{path: binDir + "/prismctl", mode: 0o777, link: "prism"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l, err := layer(tc.files, spec.Created)
+			if err != nil {
+				t.Fatal(err)
+			}
+			img, err := mutate.AppendLayers(empty.Image, l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := CheckLinks(img); (err == nil) != tc.ok {
+				t.Errorf("CheckLinks = %v, want ok=%v", err, tc.ok)
+			}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 // Command image builds Prism's OCI image without a container engine or a base
 // image (`make image`): FROM scratch, a layer of users, CA certificates and
-// directories, a layer with the static prism and prismctl binaries, one image
+// directories, a layer with the static prism binary and prismctl, a symbolic
+// link to it (prism is prismctl when run by that name), one image
 // per platform under an image index, written as a tar that both OCI tools and
 // docker load read. The same inputs give the same digest.
 //
@@ -56,7 +57,7 @@ func buildCmd(args []string) error {
 	var refs, platforms list
 	out := fs.String("out", "bin/prism-image.tar", "the archive to write")
 	fs.Var(&refs, "ref", "repository:tag to name the image (repeatable; the first is the main one)")
-	fs.Var(&platforms, "platform", "os/arch[/variant]=DIR, DIR holding that platform's prism and prismctl (repeatable)")
+	fs.Var(&platforms, "platform", "os/arch[/variant]=DIR, DIR holding that platform's prism (repeatable)")
 	ca := fs.String("ca", "/etc/ssl/certs/ca-certificates.crt", "PEM bundle of CA certificates to ship")
 	created := fs.String("created", os.Getenv("SOURCE_DATE_EPOCH"), "creation time, seconds since the epoch (default $SOURCE_DATE_EPOCH)")
 	version := fs.String("version", "dev", "org.opencontainers.image.version")
@@ -146,6 +147,19 @@ func checkCmd(args []string) error {
 			return fmt.Errorf("the chart %s runs %s by default, but the archive is named %s", *chart, want, strings.Join(l.Refs, ", "))
 		}
 	}
+	im, err := l.Index.IndexManifest()
+	if err != nil {
+		return err
+	}
+	for _, d := range im.Manifests {
+		pimg, err := l.Index.Image(d.Digest)
+		if err != nil {
+			return err
+		}
+		if err := CheckLinks(pimg); err != nil {
+			return fmt.Errorf("%s: %w", d.Platform, err)
+		}
+	}
 	img, err := PlatformImage(l.Index, runtime.GOOS, runtime.GOARCH)
 	if err != nil {
 		return fmt.Errorf("cannot run this machine's binary: %w", err)
@@ -158,7 +172,7 @@ func checkCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s: %s %s reads as an OCI layout and a docker archive; its %s/%s prism runs: %s\n",
+	fmt.Printf("%s: %s %s reads as an OCI layout and a docker archive; its %s/%s prism runs, as itself and as prismctl: %s\n",
 		*archive, *ref, d, runtime.GOOS, runtime.GOARCH, out)
 	return nil
 }
