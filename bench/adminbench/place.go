@@ -132,6 +132,12 @@ func placeWith(ctx context.Context, c *prismCluster, node int, names []string, r
 	}
 	// Read the placement back after the whole batch: a namespace created
 	// early may have been placed before the last registration was applied.
+	// From the leader as it is now (on a loaded machine leadership may have
+	// moved): a follower would forward, and its forward takes no answer
+	// over gRPC's default 4 MiB.
+	if l, err := c.leader(ctx, -1); err == nil {
+		cc = c.conns.operator(l)
+	}
 	list, err := adminv1.NewAdminClient(cc).ListNamespaces(ctx,
 		&adminv1.ListNamespacesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE},
 		grpc.MaxCallRecvMsgSize(256<<20))
