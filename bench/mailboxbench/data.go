@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -11,6 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/prism-mesh/prism/bench/internal/payload"
 )
 
 // The data set is a pure function of the item number, so the Badger store and the SQLite baseline get the same
@@ -20,12 +21,16 @@ const (
 	numPrincipals = 10_000
 	corrGroup     = 4   // consecutive items sharing a correlation id (request, reply, retries)
 	traceGroup    = 10  // consecutive items sharing a trace id
-	payloadBytes  = 704 // a multiple of 8: filled with 64-bit random words
+	payloadBytes  = 704 // a multiple of 8: random payloads are 64-bit random words
 	// Items are about 86 ms apart (1M per day) with up to 200 ms of jitter, so timestamps collide and arrive
 	// slightly out of order, as they do from several producers.
 	stepMillis   = 86
 	jitterMillis = 200
 )
+
+// payloadKind is what envelopes carry (-payload): JSON audit events by default, as users store; random bytes are
+// an encrypted body, which no compression shrinks.
+var payloadKind = payload.JSON
 
 var baseMillis = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
 
@@ -70,15 +75,12 @@ func headersOf(i int) headers {
 	}
 }
 
-// itemOf builds item i: a marshaled PrismEnvelope (about 1 KiB, payload random like an encrypted body) and the
-// headers extracted from it as mailbox/envelope's ExtractMailboxItem does.
+// itemOf builds item i: a marshaled PrismEnvelope (about 1 KiB, payload of payloadKind) and the headers extracted
+// from it as mailbox/envelope's ExtractMailboxItem does.
 func itemOf(i int) *mailboxv1.MailboxItem {
 	h := headersOf(i)
 	r := rand.New(rand.NewPCG(uint64(i), 43))
-	payload := make([]byte, payloadBytes)
-	for j := 0; j < len(payload); j += 8 {
-		binary.LittleEndian.PutUint64(payload[j:], r.Uint64())
-	}
+	body := payloadKind.Make(r, payloadBytes)
 	id := fmt.Sprintf("msg-%08d-%08x", i, r.Uint32())
 	spanID := fmt.Sprintf("%016x", r.Uint64())
 	env := &envelopev1.PrismEnvelope{
@@ -88,14 +90,11 @@ func itemOf(i int) *mailboxv1.MailboxItem {
 			Topic:         h.topic,
 			Namespace:     "audit-logs",
 			PublishedAt:   timestamppb.New(time.UnixMilli(h.ts)),
-			ContentType:   "application/protobuf",
+			ContentType:   "application/json",
 			CorrelationId: h.corr,
 		},
-		Payload: &anypb.Any{TypeUrl: "type.googleapis.com/acme.audit.v1.UserUpdated", Value: payload},
-		Security: &envelopev1.SecurityContext{
-			PublisherId: h.principal,
-			Encryption:  &envelopev1.EncryptionInfo{Algorithm: "AES-256-GCM", KeyId: "kms://audit/key-7", Iv: payload[:12]},
-		},
+		Payload:  &anypb.Any{TypeUrl: "type.googleapis.com/acme.audit.v1.UserUpdated", Value: body},
+		Security: &envelopev1.SecurityContext{PublisherId: h.principal},
 		Observability: &envelopev1.ObservabilityContext{
 			TraceId: h.trace, SpanId: spanID, Sampled: true,
 			Labels: map[string]string{"region": "eu-west-1", "service": h.topic[:5]},
@@ -107,6 +106,12 @@ func itemOf(i int) *mailboxv1.MailboxItem {
 		},
 		Extensions: map[string][]byte{"tenant": []byte("acme"), "source": []byte("ingest-gw-3")},
 	}
+	encryption := ""
+	if payloadKind == payload.Random { // an encrypted protobuf body
+		encryption = "AES-256-GCM"
+		env.Metadata.ContentType = "application/protobuf"
+		env.Security.Encryption = &envelopev1.EncryptionInfo{Algorithm: encryption, KeyId: "kms://audit/key-7", Iv: body[:12]}
+	}
 	blob, err := proto.Marshal(env)
 	if err != nil {
 		panic(err) // a fixed, valid message
@@ -115,10 +120,10 @@ func itemOf(i int) *mailboxv1.MailboxItem {
 		MessageId:     id,
 		Timestamp:     h.ts,
 		Topic:         h.topic,
-		ContentType:   "application/protobuf",
+		ContentType:   env.GetMetadata().GetContentType(),
 		SchemaUrl:     env.GetSchema().GetSchemaUrl(),
 		SchemaVersion: env.GetSchema().GetSchemaVersion(),
-		Encryption:    "AES-256-GCM",
+		Encryption:    encryption,
 		CorrelationId: h.corr,
 		Principal:     h.principal,
 		Namespace:     "audit-logs",
