@@ -13,6 +13,7 @@ package adminv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -34,6 +35,12 @@ type Command struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Leader wall clock when it proposed the command.
 	Now *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=now,proto3" json:"now,omitempty"`
+	// On a proxy_heartbeat only: how long a namespace the proxy reports
+	// open_failed stays off it, the proposing leader's
+	// --open-failure-exclusion. Carried in the entry so every replica, and a
+	// replay of the log on a node started with another flag, excludes for the
+	// same time; absent (entries written before the field): 10 minutes.
+	OpenFailureExclusion *durationpb.Duration `protobuf:"bytes,2,opt,name=open_failure_exclusion,json=openFailureExclusion,proto3" json:"open_failure_exclusion,omitempty"`
 	// Types that are valid to be assigned to Body:
 	//
 	//	*Command_RegisterProxy
@@ -97,6 +104,13 @@ func (*Command) Descriptor() ([]byte, []int) {
 func (x *Command) GetNow() *timestamppb.Timestamp {
 	if x != nil {
 		return x.Now
+	}
+	return nil
+}
+
+func (x *Command) GetOpenFailureExclusion() *durationpb.Duration {
+	if x != nil {
+		return x.OpenFailureExclusion
 	}
 	return nil
 }
@@ -1301,9 +1315,10 @@ var File_prism_admin_v1_command_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\n" +
-	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\x9f\x0e\n" +
+	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\xf0\x0e\n" +
 	"\aCommand\x12,\n" +
-	"\x03now\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12M\n" +
+	"\x03now\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12O\n" +
+	"\x16open_failure_exclusion\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x14openFailureExclusion\x12M\n" +
 	"\x0eregister_proxy\x18\n" +
 	" \x01(\v2$.prism.admin.v1.RegisterProxyRequestH\x00R\rregisterProxy\x12P\n" +
 	"\x0fproxy_heartbeat\x18\v \x01(\v2%.prism.admin.v1.ProxyHeartbeatRequestH\x00R\x0eproxyHeartbeat\x12W\n" +
@@ -1420,64 +1435,66 @@ var file_prism_admin_v1_command_proto_goTypes = []any{
 	(*RebalanceCommand)(nil),        // 14: prism.admin.v1.RebalanceCommand
 	(*CordonProxyCommand)(nil),      // 15: prism.admin.v1.CordonProxyCommand
 	(*timestamppb.Timestamp)(nil),   // 16: google.protobuf.Timestamp
-	(*RegisterProxyRequest)(nil),    // 17: prism.admin.v1.RegisterProxyRequest
-	(*ProxyHeartbeatRequest)(nil),   // 18: prism.admin.v1.ProxyHeartbeatRequest
-	(*CreateNamespaceRequest)(nil),  // 19: prism.admin.v1.CreateNamespaceRequest
-	(*DeleteNamespaceRequest)(nil),  // 20: prism.admin.v1.DeleteNamespaceRequest
-	(*AcquireLeaseRequest)(nil),     // 21: prism.admin.v1.AcquireLeaseRequest
-	(*ReleaseLeaseRequest)(nil),     // 22: prism.admin.v1.ReleaseLeaseRequest
-	(*OpenSessionRequest)(nil),      // 23: prism.admin.v1.OpenSessionRequest
-	(*CloseSessionRequest)(nil),     // 24: prism.admin.v1.CloseSessionRequest
-	(*AcquireLeasesRequest)(nil),    // 25: prism.admin.v1.AcquireLeasesRequest
-	(*ReleaseLeasesRequest)(nil),    // 26: prism.admin.v1.ReleaseLeasesRequest
-	(*DrainProxyRequest)(nil),       // 27: prism.admin.v1.DrainProxyRequest
-	(*LeaseStats)(nil),              // 28: prism.admin.v1.LeaseStats
-	(*MemberAddress)(nil),           // 29: prism.admin.v1.MemberAddress
-	(MoveReason)(0),                 // 30: prism.admin.v1.MoveReason
-	(MoveAbandonReason)(0),          // 31: prism.admin.v1.MoveAbandonReason
+	(*durationpb.Duration)(nil),     // 17: google.protobuf.Duration
+	(*RegisterProxyRequest)(nil),    // 18: prism.admin.v1.RegisterProxyRequest
+	(*ProxyHeartbeatRequest)(nil),   // 19: prism.admin.v1.ProxyHeartbeatRequest
+	(*CreateNamespaceRequest)(nil),  // 20: prism.admin.v1.CreateNamespaceRequest
+	(*DeleteNamespaceRequest)(nil),  // 21: prism.admin.v1.DeleteNamespaceRequest
+	(*AcquireLeaseRequest)(nil),     // 22: prism.admin.v1.AcquireLeaseRequest
+	(*ReleaseLeaseRequest)(nil),     // 23: prism.admin.v1.ReleaseLeaseRequest
+	(*OpenSessionRequest)(nil),      // 24: prism.admin.v1.OpenSessionRequest
+	(*CloseSessionRequest)(nil),     // 25: prism.admin.v1.CloseSessionRequest
+	(*AcquireLeasesRequest)(nil),    // 26: prism.admin.v1.AcquireLeasesRequest
+	(*ReleaseLeasesRequest)(nil),    // 27: prism.admin.v1.ReleaseLeasesRequest
+	(*DrainProxyRequest)(nil),       // 28: prism.admin.v1.DrainProxyRequest
+	(*LeaseStats)(nil),              // 29: prism.admin.v1.LeaseStats
+	(*MemberAddress)(nil),           // 30: prism.admin.v1.MemberAddress
+	(MoveReason)(0),                 // 31: prism.admin.v1.MoveReason
+	(MoveAbandonReason)(0),          // 32: prism.admin.v1.MoveAbandonReason
 }
 var file_prism_admin_v1_command_proto_depIdxs = []int32{
 	16, // 0: prism.admin.v1.Command.now:type_name -> google.protobuf.Timestamp
-	17, // 1: prism.admin.v1.Command.register_proxy:type_name -> prism.admin.v1.RegisterProxyRequest
-	18, // 2: prism.admin.v1.Command.proxy_heartbeat:type_name -> prism.admin.v1.ProxyHeartbeatRequest
-	6,  // 3: prism.admin.v1.Command.mark_proxies_stale:type_name -> prism.admin.v1.MarkProxiesStaleCommand
-	19, // 4: prism.admin.v1.Command.create_namespace:type_name -> prism.admin.v1.CreateNamespaceRequest
-	20, // 5: prism.admin.v1.Command.delete_namespace:type_name -> prism.admin.v1.DeleteNamespaceRequest
-	21, // 6: prism.admin.v1.Command.acquire_lease:type_name -> prism.admin.v1.AcquireLeaseRequest
-	22, // 7: prism.admin.v1.Command.release_lease:type_name -> prism.admin.v1.ReleaseLeaseRequest
-	2,  // 8: prism.admin.v1.Command.expire_leases:type_name -> prism.admin.v1.ExpireLeasesCommand
-	4,  // 9: prism.admin.v1.Command.checkpoint_leases:type_name -> prism.admin.v1.CheckpointLeasesCommand
-	7,  // 10: prism.admin.v1.Command.put_members:type_name -> prism.admin.v1.PutMembersCommand
-	8,  // 11: prism.admin.v1.Command.remove_member:type_name -> prism.admin.v1.RemoveMemberCommand
-	23, // 12: prism.admin.v1.Command.open_session:type_name -> prism.admin.v1.OpenSessionRequest
-	24, // 13: prism.admin.v1.Command.close_session:type_name -> prism.admin.v1.CloseSessionRequest
-	25, // 14: prism.admin.v1.Command.acquire_leases:type_name -> prism.admin.v1.AcquireLeasesRequest
-	26, // 15: prism.admin.v1.Command.release_leases:type_name -> prism.admin.v1.ReleaseLeasesRequest
-	9,  // 16: prism.admin.v1.Command.expire_sessions:type_name -> prism.admin.v1.ExpireSessionsCommand
-	10, // 17: prism.admin.v1.Command.start_move:type_name -> prism.admin.v1.StartMoveCommand
-	11, // 18: prism.admin.v1.Command.switch_move:type_name -> prism.admin.v1.SwitchMoveCommand
-	12, // 19: prism.admin.v1.Command.end_handoff:type_name -> prism.admin.v1.EndHandoffCommand
-	13, // 20: prism.admin.v1.Command.abandon_move:type_name -> prism.admin.v1.AbandonMoveCommand
-	14, // 21: prism.admin.v1.Command.rebalance:type_name -> prism.admin.v1.RebalanceCommand
-	15, // 22: prism.admin.v1.Command.cordon_proxy:type_name -> prism.admin.v1.CordonProxyCommand
-	27, // 23: prism.admin.v1.Command.drain_proxy:type_name -> prism.admin.v1.DrainProxyRequest
-	1,  // 24: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
-	16, // 25: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
-	16, // 26: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	28, // 27: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
-	3,  // 28: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
-	16, // 29: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
-	5,  // 30: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
-	29, // 31: prism.admin.v1.PutMembersCommand.members:type_name -> prism.admin.v1.MemberAddress
-	30, // 32: prism.admin.v1.StartMoveCommand.reason:type_name -> prism.admin.v1.MoveReason
-	16, // 33: prism.admin.v1.SwitchMoveCommand.handoff_until:type_name -> google.protobuf.Timestamp
-	16, // 34: prism.admin.v1.EndHandoffCommand.handoff_until:type_name -> google.protobuf.Timestamp
-	31, // 35: prism.admin.v1.AbandonMoveCommand.reason:type_name -> prism.admin.v1.MoveAbandonReason
-	36, // [36:36] is the sub-list for method output_type
-	36, // [36:36] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	17, // 1: prism.admin.v1.Command.open_failure_exclusion:type_name -> google.protobuf.Duration
+	18, // 2: prism.admin.v1.Command.register_proxy:type_name -> prism.admin.v1.RegisterProxyRequest
+	19, // 3: prism.admin.v1.Command.proxy_heartbeat:type_name -> prism.admin.v1.ProxyHeartbeatRequest
+	6,  // 4: prism.admin.v1.Command.mark_proxies_stale:type_name -> prism.admin.v1.MarkProxiesStaleCommand
+	20, // 5: prism.admin.v1.Command.create_namespace:type_name -> prism.admin.v1.CreateNamespaceRequest
+	21, // 6: prism.admin.v1.Command.delete_namespace:type_name -> prism.admin.v1.DeleteNamespaceRequest
+	22, // 7: prism.admin.v1.Command.acquire_lease:type_name -> prism.admin.v1.AcquireLeaseRequest
+	23, // 8: prism.admin.v1.Command.release_lease:type_name -> prism.admin.v1.ReleaseLeaseRequest
+	2,  // 9: prism.admin.v1.Command.expire_leases:type_name -> prism.admin.v1.ExpireLeasesCommand
+	4,  // 10: prism.admin.v1.Command.checkpoint_leases:type_name -> prism.admin.v1.CheckpointLeasesCommand
+	7,  // 11: prism.admin.v1.Command.put_members:type_name -> prism.admin.v1.PutMembersCommand
+	8,  // 12: prism.admin.v1.Command.remove_member:type_name -> prism.admin.v1.RemoveMemberCommand
+	24, // 13: prism.admin.v1.Command.open_session:type_name -> prism.admin.v1.OpenSessionRequest
+	25, // 14: prism.admin.v1.Command.close_session:type_name -> prism.admin.v1.CloseSessionRequest
+	26, // 15: prism.admin.v1.Command.acquire_leases:type_name -> prism.admin.v1.AcquireLeasesRequest
+	27, // 16: prism.admin.v1.Command.release_leases:type_name -> prism.admin.v1.ReleaseLeasesRequest
+	9,  // 17: prism.admin.v1.Command.expire_sessions:type_name -> prism.admin.v1.ExpireSessionsCommand
+	10, // 18: prism.admin.v1.Command.start_move:type_name -> prism.admin.v1.StartMoveCommand
+	11, // 19: prism.admin.v1.Command.switch_move:type_name -> prism.admin.v1.SwitchMoveCommand
+	12, // 20: prism.admin.v1.Command.end_handoff:type_name -> prism.admin.v1.EndHandoffCommand
+	13, // 21: prism.admin.v1.Command.abandon_move:type_name -> prism.admin.v1.AbandonMoveCommand
+	14, // 22: prism.admin.v1.Command.rebalance:type_name -> prism.admin.v1.RebalanceCommand
+	15, // 23: prism.admin.v1.Command.cordon_proxy:type_name -> prism.admin.v1.CordonProxyCommand
+	28, // 24: prism.admin.v1.Command.drain_proxy:type_name -> prism.admin.v1.DrainProxyRequest
+	1,  // 25: prism.admin.v1.ExpireLeasesCommand.leases:type_name -> prism.admin.v1.LeaseRef
+	16, // 26: prism.admin.v1.LeaseCheckpoint.expires_at:type_name -> google.protobuf.Timestamp
+	16, // 27: prism.admin.v1.LeaseCheckpoint.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	29, // 28: prism.admin.v1.LeaseCheckpoint.stats:type_name -> prism.admin.v1.LeaseStats
+	3,  // 29: prism.admin.v1.CheckpointLeasesCommand.checkpoints:type_name -> prism.admin.v1.LeaseCheckpoint
+	16, // 30: prism.admin.v1.ProxyRef.last_seen:type_name -> google.protobuf.Timestamp
+	5,  // 31: prism.admin.v1.MarkProxiesStaleCommand.proxies:type_name -> prism.admin.v1.ProxyRef
+	30, // 32: prism.admin.v1.PutMembersCommand.members:type_name -> prism.admin.v1.MemberAddress
+	31, // 33: prism.admin.v1.StartMoveCommand.reason:type_name -> prism.admin.v1.MoveReason
+	16, // 34: prism.admin.v1.SwitchMoveCommand.handoff_until:type_name -> google.protobuf.Timestamp
+	16, // 35: prism.admin.v1.EndHandoffCommand.handoff_until:type_name -> google.protobuf.Timestamp
+	32, // 36: prism.admin.v1.AbandonMoveCommand.reason:type_name -> prism.admin.v1.MoveAbandonReason
+	37, // [37:37] is the sub-list for method output_type
+	37, // [37:37] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_command_proto_init() }
