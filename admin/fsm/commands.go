@@ -158,7 +158,7 @@ func applyProxyHeartbeat(tx *txn, cmd *adminv1.Command) (any, error) {
 		p.RunnerNotReady = hb.GetRunnerNotReady()
 	}
 	var exclusions bool
-	p.NamespaceHealth, exclusions = tx.st.storedHealth(prev.GetNamespaceHealth(), hb.GetNamespaceHealth(), tx.now)
+	p.NamespaceHealth, exclusions = tx.st.storedHealth(prev.GetNamespaceHealth(), hb.GetNamespaceHealth(), tx.now, openFailureExclusion(cmd))
 	tx.putProxy(p)
 	if placeable(prev) != placeable(p) || exclusions {
 		tx.replace()

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"time"
 
@@ -13,9 +14,12 @@ import (
 
 // A proxy whose runner cannot open a namespace's mailbox store (damaged,
 // out of space: issue 12) says so in its heartbeat (NamespaceHealth
-// open_failed), and placement keeps that namespace off it for
-// OpenFailureExclusion from the last such report, the rest of its
-// namespaces untouched. The exclusion is the admin's excluded_until on the
+// open_failed), and placement keeps that namespace off it for the
+// exclusion window from the last such report, the rest of its namespaces
+// untouched. The window is the proposing leader's --open-failure-exclusion,
+// carried in the heartbeat's entry (Command.open_failure_exclusion), never
+// a value a replica reads at apply time: replicas, and a log replayed on a
+// node started with another flag, all exclude until the same instant. The exclusion is the admin's excluded_until on the
 // proxy's own stored NamespaceHealth entry, so it is replicated and
 // snapshotted with the proxy; it lasts while the proxy stops reporting the
 // namespace (it stops as soon as it no longer hosts it) and is dropped by
@@ -31,11 +35,58 @@ import (
 // handoff: the proxy catches up before it serves, so a store that still
 // cannot open is reported again and the move abandoned, never a gap.
 
-// OpenFailureExclusion is how long a namespace stays off a proxy after the
-// proxy last reported it could not open its mailbox. Long enough for an
-// operator to rebuild the store or free space, short enough that a
-// transient failure does not keep a proxy's share elsewhere for good.
-const OpenFailureExclusion = 10 * time.Minute
+// DefaultOpenFailureExclusion is how long a namespace stays off a proxy
+// after the proxy last reported it could not open its mailbox, unless the
+// leader's flag says otherwise, and for every entry written before the
+// window was carried in it. Long enough for an operator to rebuild the
+// store or free space, short enough that a transient failure does not keep
+// a proxy's share elsewhere for good.
+const DefaultOpenFailureExclusion = 10 * time.Minute
+
+// MinOpenFailureExclusion and MaxOpenFailureExclusion bound the window an
+// entry may carry: under a second a failing store would be retried on
+// every heartbeat, past a week a proxy's share stays elsewhere long after
+// anyone looked.
+const (
+	MinOpenFailureExclusion = time.Second
+	MaxOpenFailureExclusion = 7 * 24 * time.Hour
+)
+
+// ValidOpenFailureExclusion refuses a window outside the bounds, for the
+// flag and for an entry.
+func ValidOpenFailureExclusion(d time.Duration) error {
+	if d < MinOpenFailureExclusion || d > MaxOpenFailureExclusion {
+		return fmt.Errorf("open failure exclusion %v: want %v to %v", d, MinOpenFailureExclusion, MaxOpenFailureExclusion)
+	}
+	return nil
+}
+
+// checkOpenFailureExclusion refuses a command carrying a window that is not
+// a proxy heartbeat's or is out of bounds.
+func checkOpenFailureExclusion(cmd *adminv1.Command) error {
+	w := cmd.GetOpenFailureExclusion()
+	if w == nil {
+		return nil
+	}
+	if cmd.GetProxyHeartbeat() == nil {
+		return invalid("open_failure_exclusion", "only a proxy heartbeat carries it")
+	}
+	if err := w.CheckValid(); err != nil {
+		return invalid("open_failure_exclusion", "%v", err)
+	}
+	if err := ValidOpenFailureExclusion(w.AsDuration()); err != nil {
+		return invalid("open_failure_exclusion", "%v", err)
+	}
+	return nil
+}
+
+// openFailureExclusion is the window cmd excludes for.
+func openFailureExclusion(cmd *adminv1.Command) time.Duration {
+	if w := cmd.GetOpenFailureExclusion(); w != nil {
+		return w.AsDuration()
+	}
+	return DefaultOpenFailureExclusion
+}
 
 // maxOpenFailureLen bounds the runner's error a heartbeat may carry.
 const maxOpenFailureLen = 1024
@@ -78,13 +129,13 @@ func (s *state) ownerOf(n *adminv1.Namespace) string {
 // storedHealth is what a proxy's record keeps of its heartbeat's report at
 // now, given the record's previous entries prev: the report, sorted, with
 // the admin's excluded_until (a sidecar's own value is ignored) set to
-// now + OpenFailureExclusion for an existing namespace reported
+// now + window for an existing namespace reported
 // open_failed, kept from prev while it has not passed (an entry holding
 // only the exclusion for a namespace no longer reported), and dropped once
 // it has. changed says whether the set of excluded namespaces differs from
 // prev's, which changes placement.
-func (s *state) storedHealth(prev, report []*adminv1.NamespaceHealth, now time.Time) (out []*adminv1.NamespaceHealth, changed bool) {
-	until := timestamppb.New(now.Add(OpenFailureExclusion))
+func (s *state) storedHealth(prev, report []*adminv1.NamespaceHealth, now time.Time, window time.Duration) (out []*adminv1.NamespaceHealth, changed bool) {
+	until := timestamppb.New(now.Add(window))
 	before := map[string]*timestamppb.Timestamp{}
 	for _, h := range prev {
 		if h.GetExcludedUntil() != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -50,7 +51,7 @@ func TestOpenFailureMovesTheNamespaceAtOnce(t *testing.T) {
 	if !maps.Equal(after, before) {
 		t.Fatalf("other namespaces moved: %v, want %v", after, before)
 	}
-	if want := at(time.Minute + OpenFailureExclusion); !excludedUntil(h, "p1", ns).AsTime().Equal(want.AsTime()) {
+	if want := at(time.Minute + DefaultOpenFailureExclusion); !excludedUntil(h, "p1", ns).AsTime().Equal(want.AsTime()) {
 		t.Fatalf("p1 excluded from %s until %v, want %v", ns, excludedUntil(h, "p1", ns), want)
 	}
 	if moves, _ := h.f.Moves(); len(moves) != 0 {
@@ -85,7 +86,7 @@ func TestOpenFailureExclusionEnds(t *testing.T) {
 	h.must(c(time.Minute, openFailed("p1", ns)))
 	second := ownerOf(ns, "p2", "p3")
 
-	h.must(c(time.Minute+OpenFailureExclusion-time.Second, &adminv1.ProxyHeartbeatRequest{ProxyId: "p1"}))
+	h.must(c(time.Minute+DefaultOpenFailureExclusion-time.Second, &adminv1.ProxyHeartbeatRequest{ProxyId: "p1"}))
 	if excludedUntil(h, "p1", ns) == nil {
 		t.Fatalf("exclusion dropped before its end")
 	}
@@ -93,21 +94,21 @@ func TestOpenFailureExclusionEnds(t *testing.T) {
 		t.Fatalf("%d moves pending while p1 is excluded", pending)
 	}
 
-	h.must(c(time.Minute+OpenFailureExclusion, &adminv1.ProxyHeartbeatRequest{ProxyId: "p1"}))
+	h.must(c(time.Minute+DefaultOpenFailureExclusion, &adminv1.ProxyHeartbeatRequest{ProxyId: "p1"}))
 	if u := excludedUntil(h, "p1", ns); u != nil {
 		t.Fatalf("exclusion kept past its end: %v", u)
 	}
 	if n, _, _ := h.f.Namespace(ns); n.GetAssignedProxyId() != second {
 		t.Fatalf("%s on %s, want it still served by %s until a handoff", ns, n.GetAssignedProxyId(), second)
 	}
-	res := h.must(c(time.Minute+OpenFailureExclusion+2*time.Second, &adminv1.RebalanceCommand{MaxConcurrentMoves: 4})).(*RebalanceResult)
+	res := h.must(c(time.Minute+DefaultOpenFailureExclusion+2*time.Second, &adminv1.RebalanceCommand{MaxConcurrentMoves: 4})).(*RebalanceResult)
 	if n, _, _ := h.f.Namespace(ns); len(res.Started) != 1 || n.GetIncomingProxyId() != "p1" {
 		t.Fatalf("rebalance started %v, %s incoming %q; want the move back to p1", res.Started, ns, n.GetIncomingProxyId())
 	}
 
 	rec := &recordingMoves{}
 	h.f.moves = rec
-	h.must(c(time.Minute+OpenFailureExclusion+time.Minute, openFailed("p1", ns)))
+	h.must(c(time.Minute+DefaultOpenFailureExclusion+time.Minute, openFailed("p1", ns)))
 	n, _, _ := h.f.Namespace(ns)
 	if n.GetIncomingProxyId() != "" || n.GetAssignedProxyId() != second {
 		t.Fatalf("after p1 failed again while catching up: assigned %q incoming %q, want %s and no move", n.GetAssignedProxyId(), n.GetIncomingProxyId(), second)
@@ -161,5 +162,93 @@ func TestOpenFailureTooLongRefused(t *testing.T) {
 	hb.NamespaceHealth[0].OpenFailure = string(make([]byte, maxOpenFailureLen+1))
 	if err := Validate(c(0, hb)); err == nil {
 		t.Fatalf("an open_failure of %d bytes was accepted", maxOpenFailureLen+1)
+	}
+}
+
+// withWindow is cmd carrying the leader's exclusion window w.
+func withWindow(cmd *adminv1.Command, w time.Duration) *adminv1.Command {
+	cmd.OpenFailureExclusion = durationpb.New(w)
+	return cmd
+}
+
+// The window is the entry's: two replicas applying the same entries exclude
+// until the same instant whatever they were started with, an entry without
+// a window (written before it was carried) keeps the 10 minutes, and the
+// exclusion ends when the entry's window says.
+func TestOpenFailureExclusionWindowIsTheEntrys(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		window time.Duration // 0: an entry without the field
+		want   time.Duration
+	}{
+		{"old entry", 0, DefaultOpenFailureExclusion},
+		{"two minutes", 2 * time.Minute, 2 * time.Minute},
+		{"an hour", time.Hour, time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var replicas []*harness
+			for range 2 {
+				h := movesHarness(t, 0)
+				ns := nsOn("bad", "p1", "p1", "p2", "p3")
+				h.must(c(time.Second, createNS(ns, "t")))
+				cmd := c(time.Minute, openFailed("p1", ns))
+				if tc.window != 0 {
+					cmd = withWindow(cmd, tc.window)
+				}
+				h.must(cmd)
+				if got := excludedUntil(h, "p1", ns); !got.AsTime().Equal(at(time.Minute + tc.want).AsTime()) {
+					t.Fatalf("excluded until %v, want %v", got.AsTime(), at(time.Minute+tc.want).AsTime())
+				}
+				h.must(c(time.Minute+tc.want-time.Second, &adminv1.ProxyHeartbeatRequest{ProxyId: "p1"}))
+				if excludedUntil(h, "p1", ns) == nil {
+					t.Fatalf("exclusion dropped a second before its window ended")
+				}
+				h.must(c(time.Minute+tc.want, &adminv1.ProxyHeartbeatRequest{ProxyId: "p1"}))
+				if u := excludedUntil(h, "p1", ns); u != nil {
+					t.Fatalf("exclusion kept past its window: %v", u.AsTime())
+				}
+				replicas = append(replicas, h)
+			}
+			if !bytes.Equal(dump(t, replicas[0].f), dump(t, replicas[1].f)) {
+				t.Fatalf("replicas applying the same entries differ")
+			}
+		})
+	}
+}
+
+func TestOpenFailureExclusionWindowRefused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		cmd  *adminv1.Command
+	}{
+		{"zero", withWindow(c(0, openFailed("p1", "a")), 0)},
+		{"negative", withWindow(c(0, openFailed("p1", "a")), -time.Minute)},
+		{"under a second", withWindow(c(0, openFailed("p1", "a")), MinOpenFailureExclusion-1)},
+		{"over a week", withWindow(c(0, openFailed("p1", "a")), MaxOpenFailureExclusion+1)},
+		{"not a heartbeat", withWindow(c(0, register("p1")), time.Minute)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if err := Validate(tc.cmd); err == nil {
+				t.Fatalf("window %v accepted", tc.cmd.GetOpenFailureExclusion().AsDuration())
+			}
+			h := newHarness(t)
+			h.must(c(0, register("p1")))
+			before := tables(t, h.f)
+			if _, ok := h.apply(tc.cmd).(error); !ok {
+				t.Fatalf("an entry with window %v applied", tc.cmd.GetOpenFailureExclusion().AsDuration())
+			}
+			if !bytes.Equal(before, tables(t, h.f)) {
+				t.Fatalf("a refused entry changed state")
+			}
+		})
+	}
+	for _, d := range []time.Duration{MinOpenFailureExclusion, DefaultOpenFailureExclusion, MaxOpenFailureExclusion} {
+		if err := Validate(withWindow(c(0, openFailed("p1", "a")), d)); err != nil {
+			t.Fatalf("window %v refused: %v", d, err)
+		}
 	}
 }

@@ -192,6 +192,9 @@ func check(cmd *adminv1.Command) (handler, error) {
 	if err := cmd.GetNow().CheckValid(); err != nil {
 		return handler{}, invalid("now", "%v", err)
 	}
+	if err := checkOpenFailureExclusion(cmd); err != nil {
+		return handler{}, err
+	}
 	if err := h.validate(cmd); err != nil {
 		return handler{}, err
 	}

@@ -48,6 +48,8 @@ type NodeConfig struct {
 	// GetClusterStatus.
 	Version         string
 	StaleProxyAfter time.Duration
+	// OpenFailureExclusion: Config's.
+	OpenFailureExclusion time.Duration
 	// XDS serves the routes to Envoy and grpc-go clients (ADS, plus the
 	// not-found MailboxQuery) on the gRPC listener; GatewayAddr is the Envoy
 	// gateway's query listener put into the listener resource.
@@ -203,7 +205,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	}
 	n.Server, err = New(Config{
 		Node: n.Raft, FSM: n.FSM, Lessor: n.Lessor, GRPCAddrs: addrs, Version: cfg.Version, Clock: cfg.Clock,
-		StaleProxyAfter: cfg.StaleProxyAfter, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas, Admission: cfg.Admission, RunnerNetworks: cfg.RunnerNetworks,
+		StaleProxyAfter: cfg.StaleProxyAfter, OpenFailureExclusion: cfg.OpenFailureExclusion, Logger: cfg.Logger, TLS: cfg.TLS, Quotas: cfg.Quotas, Admission: cfg.Admission, RunnerNetworks: cfg.RunnerNetworks,
 		Registry: reg, Metrics: m, Disk: disk, Moves: cfg.Moves,
 		// Half the promotion extension: the other half and the grace are
 		// the margin for clock drift (admin/leadership).

@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/utils/clock"
 
@@ -72,6 +73,11 @@ type Config struct {
 	// StaleProxyAfter is how long a proxy may go without a heartbeat before
 	// the leader marks it stale and its namespaces move (default 30s).
 	StaleProxyAfter time.Duration
+	// OpenFailureExclusion is how long a namespace stays off a proxy that
+	// reported it could not open its mailbox, stamped into the heartbeat
+	// entries this node proposes as leader (default
+	// fsm.DefaultOpenFailureExclusion).
+	OpenFailureExclusion time.Duration
 	// ExpiryInterval is how often the leader asks the lessor for due leases
 	// (default 100ms); CheckpointInterval how often renewals are committed
 	// (default 1s); ProxyCheckInterval how often proxies are checked (1s).
@@ -126,6 +132,9 @@ func (c *Config) withDefaults() error {
 	}
 	if c.StaleProxyAfter == 0 {
 		c.StaleProxyAfter = 30 * time.Second
+	}
+	if c.OpenFailureExclusion == 0 {
+		c.OpenFailureExclusion = fsm.DefaultOpenFailureExclusion
 	}
 	if c.ExpiryInterval == 0 {
 		c.ExpiryInterval = 100 * time.Millisecond
@@ -497,7 +506,8 @@ func (s *Server) markStaleProxies(ctx context.Context) {
 	}
 }
 
-// propose stamps the leader's clock into cmd and commits it. It returns the
+// propose stamps the leader's clock (and, into a proxy heartbeat, its
+// open-failure exclusion window) into cmd and commits it. It returns the
 // FSM's answer or an error: raftnode.ErrNotLeader when this node cannot
 // propose, an fsm error when the command was refused.
 //
@@ -515,6 +525,9 @@ func (s *Server) propose(ctx context.Context, cmd *adminv1.Command) (any, error)
 // proposeAt is propose that also says the entry's Raft index.
 func (s *Server) proposeAt(ctx context.Context, cmd *adminv1.Command) (any, uint64, error) {
 	cmd.Now = timestamppb.New(s.cfg.Clock.Now())
+	if cmd.GetProxyHeartbeat() != nil {
+		cmd.OpenFailureExclusion = durationpb.New(s.cfg.OpenFailureExclusion)
+	}
 	data, err := fsm.Encode(cmd)
 	if err != nil {
 		return nil, 0, err
