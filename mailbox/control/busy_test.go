@@ -2,7 +2,9 @@ package control
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,7 +50,7 @@ func TestStatsDoNotWaitForSlowCalls(t *testing.T) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for _, id := range []string{"opening@p", "activating@p", "draining@p"} {
-			if e, ok := s.mailboxes[id]; !ok || e.busy.Load() == nil {
+			if e, ok := s.mailboxes[id]; !ok || !e.pub.Load().busy {
 				return false
 			}
 		}
@@ -116,5 +118,109 @@ func TestStatsDoNotWaitForSlowCalls(t *testing.T) {
 	}
 	if st := stateOf(t, s, "draining@p"); !st.GetDrained() {
 		t.Errorf("draining@p after its drain: %v, want drained", st)
+	}
+}
+
+// The probe of the whole runner reads each mailbox's published lifecycle
+// and the runner's record of all of them once: it takes no mailbox's lock
+// and asks the runner nothing per mailbox. With a thousand mailboxes, half
+// of them opening and the rest locked by transitions in progress (as an
+// ExtendMailboxes walks them), it answers within a small bound, where
+// waiting for any one lock would hang it.
+func TestStatsOfManyBusyMailboxesReadTheRunnerOnce(t *testing.T) {
+	t.Parallel()
+	const half = 500
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	active := func(i int) string { return fmt.Sprintf("active-%03d@p", i) }
+	opening := func(i int) string { return fmt.Sprintf("opening-%03d@p", i) }
+	for i := range half {
+		if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: active(i), Config: cfg, Epoch: 1, ValidFor: vf}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := make(chan struct{})
+	h.mu.Lock()
+	h.gates = map[string]chan struct{}{}
+	for i := range half {
+		h.gates["prepare "+opening(i)] = release
+	}
+	h.mu.Unlock()
+	var opens sync.WaitGroup
+	for i := range half {
+		opens.Go(func() {
+			if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: opening(i), Config: cfg}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	defer opens.Wait()
+	defer close(release)
+	waitFor(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.mailboxes) == 2*half
+	})
+	s.mu.Lock()
+	var held []*entry
+	for i := range half {
+		held = append(held, s.mailboxes[active(i)])
+	}
+	s.mu.Unlock()
+	for _, e := range held {
+		e.mu.Lock()
+	}
+	h.mu.Lock()
+	h.reads.one, h.reads.all = 0, 0
+	h.mu.Unlock()
+
+	type answer struct {
+		resp  *runnerv1.GetStatsResponse
+		err   error
+		took  time.Duration
+		ready error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		resp, err := s.GetStats(ctx, &runnerv1.GetStatsRequest{})
+		answered <- answer{resp, err, time.Since(start), s.Ready()}
+	}()
+	var got answer
+	select {
+	case got = <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("GetStats waited for a mailbox's lock")
+	}
+	for _, e := range held {
+		e.mu.Unlock()
+	}
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	t.Logf("GetStats of %d mailboxes, %d of them opening and %d locked: %v", 2*half, half, half, got.took)
+	// A few milliseconds here; a bound far above that, below the
+	// sidecar's 500 ms probe timeout, for a loaded machine under -race.
+	if got.took > 400*time.Millisecond {
+		t.Errorf("GetStats took %v, want well under the sidecar's probe timeout", got.took)
+	}
+	h.mu.Lock()
+	reads := h.reads
+	h.mu.Unlock()
+	if reads.one != 0 || reads.all != 2 {
+		t.Errorf("GetStats and Ready read the runner %d times per mailbox and %d times in all, want 0 and once each", reads.one, reads.all)
+	}
+	if n := len(got.resp.GetMailboxes()); n != 2*half {
+		t.Fatalf("stats of %d mailboxes, want %d", n, 2*half)
+	}
+	for _, st := range got.resp.GetMailboxes() {
+		wantActive := strings.HasPrefix(st.GetMailboxId(), "active-")
+		if wantActive != (st.GetState() == runnerv1.MailboxState_MAILBOX_STATE_ACTIVE) || wantActive != st.GetConsuming() ||
+			wantActive != (st.GetValidFor() != nil) || !wantActive && st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_OPEN {
+			t.Fatalf("%s: %v", st.GetMailboxId(), st)
+		}
+	}
+	if got.ready == nil || !strings.Contains(got.ready.Error(), opening(0)+" busy") || strings.Contains(got.ready.Error(), "active-") {
+		t.Errorf("Ready() = %v, want the opening mailboxes busy and the active ones not named", got.ready)
 	}
 }

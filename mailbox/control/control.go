@@ -34,11 +34,14 @@
 // the runner (opening a store, draining a consumer), which may take long,
 // so mailboxes move independently. The order is entry first, then Server:
 // s.mu may be taken while holding an entry's mu, never the reverse, and
-// s.mu is never held across a call to the runner. While an entry's mu is
-// held across such work, the entry's busy holds the status it had before:
-// GetStats and Ready report that instead of waiting, so a probe of the
-// whole runner answers at once even while hundreds of stores open (a
-// sidecar judges its runner dead by that probe's timeout).
+// s.mu is never held across a call to the runner. Every transition
+// publishes the entry's lifecycle (pub) before it unlocks, marked busy
+// while such work is in progress:
+// GetStats and Ready read only that and the runner's own record of what it
+// serves (Host.Statuses, read at once), never an entry's lock, so a probe of
+// the whole runner costs the same with a thousand mailboxes, hundreds of
+// them opening or starting, as with one (a sidecar judges its runner dead by
+// that probe's timeout).
 package control
 
 import (
@@ -61,10 +64,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/mailbox/envelope"
-	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
-	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
@@ -76,16 +77,13 @@ type Host interface {
 	CloseMailbox(id string) error
 	Drain(id string) error
 	SetEpoch(id string, epoch uint64) error
-	Stats(ctx context.Context, id string) (*mailboxv1.MailboxStats, error)
-	Consuming(id string) bool
-	// QueriesServed counts the queries answered for mailbox id.
-	QueriesServed(id string) int64
-	// Lag is the records mailbox id's consumer is behind, summed over its
-	// partitions; known is false until it has reported every partition.
-	Lag(id string) (lag int64, known bool)
-	// Positions are mailbox id's stored positions, the offset after its
-	// last durably stored record per topic-partition; known as for Lag.
-	Positions(id string) ([]ingest.Position, bool)
+	// Status is what the runner's goroutines last recorded of mailbox id
+	// (its consumer, store and queries); false if the runner does not
+	// serve id. Neither waits for a store opening or a consumer starting
+	// or stopping.
+	Status(id string) (runner.Status, bool)
+	// Statuses is Status of every mailbox the runner serves, read at once.
+	Statuses() map[string]runner.Status
 }
 
 // Config of a Server. Host is required.
@@ -128,33 +126,37 @@ type entry struct {
 	gen         uint64      // tells a stale timer from the current one
 	fenceReason string
 
-	// busy is the mailbox's status from before the slow call on the
-	// runner in progress under mu (see slowLocked), nil when none is.
-	busy atomic.Pointer[runnerv1.MailboxStatus]
+	// pub is the lifecycle above as of the last transition, published
+	// under mu before mu is released; never nil once e is in the map.
+	pub atomic.Pointer[published]
 }
 
-// slowLocked records e's present status as busy until the returned func is
-// called, around a call on the runner that may take long (opening a store,
-// starting or stopping a consumer); e.mu must be held throughout.
+// published is an entry's lifecycle as GetStats and Ready read it, without
+// the entry's lock.
+type published struct {
+	state       state
+	epoch       uint64
+	fenceReason string
+	deadline    time.Time
+	// busy: a call on the runner that may take long (opening a store,
+	// starting or stopping a consumer) is in progress under the entry's
+	// lock; the rest is from before it.
+	busy bool
+}
+
+// publishLocked publishes e's lifecycle and returns it; e.mu must be held.
+func (e *entry) publishLocked(busy bool) *published {
+	p := &published{state: e.state, epoch: e.epoch, fenceReason: e.fenceReason, deadline: e.deadline, busy: busy}
+	e.pub.Store(p)
+	return p
+}
+
+// slowLocked publishes e's present lifecycle as busy until the returned
+// func publishes it anew, around a call on the runner that may take long;
+// e.mu must be held throughout.
 func (e *entry) slowLocked() (done func()) {
-	ws, drained := e.state.wire()
-	e.busy.Store(&runnerv1.MailboxStatus{MailboxId: e.id, State: ws, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: drained})
-	return func() { e.busy.Store(nil) }
-}
-
-// peekLocked locks e unless a slow call holds it: then it returns the
-// status from before that call and false (e is not locked).
-func (e *entry) peekLocked() (*runnerv1.MailboxStatus, bool) {
-	if e.mu.TryLock() {
-		return nil, true
-	}
-	if st := e.busy.Load(); st != nil {
-		return proto.CloneOf(st), false
-	}
-	// Held for a quick transition (or a slow one just starting, which
-	// publishes busy right after it locks).
-	e.mu.Lock()
-	return nil, true
+	e.publishLocked(true)
+	return func() { e.publishLocked(false) }
 }
 
 // New makes a server hosting no mailbox.
@@ -194,30 +196,24 @@ func (s *Server) Register(g *grpc.Server) { runnerv1.RegisterRunnerControlServer
 func (s *Server) Ready() error {
 	s.mu.Lock()
 	draining := s.draining
-	entries := make([]*entry, 0, len(s.mailboxes))
-	for _, e := range s.mailboxes {
-		entries = append(entries, e)
-	}
+	pubs := s.publishedLocked()
 	s.mu.Unlock()
 	if draining {
 		return errors.New("draining")
 	}
+	hosted := s.host.Statuses()
 	var waiting []string
-	for _, e := range entries {
-		if _, locked := e.peekLocked(); !locked {
-			// Its store opening, or its consumer starting or stopping.
-			waiting = append(waiting, e.id+" busy")
-			continue
-		}
-		st, id := e.state, e.id
-		e.mu.Unlock()
-		ws, _ := st.wire()
+	for id, p := range pubs {
+		ws, _ := p.state.wire()
 		switch {
-		case st == stateClosed:
+		case p.busy:
+			// Its store opening, or its consumer starting or stopping.
+			waiting = append(waiting, id+" busy")
+		case p.state == stateClosed:
 			// Closed since the map was read: no longer asked for.
 		case ws != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE:
 			waiting = append(waiting, id+" "+strings.ToLower(strings.TrimPrefix(ws.String(), "MAILBOX_STATE_")))
-		case !s.host.Consuming(id):
+		case !hosted[id].Consuming:
 			waiting = append(waiting, id+" not consuming yet")
 		}
 	}
@@ -229,8 +225,8 @@ func (s *Server) Ready() error {
 }
 
 // OpenMailbox implements RunnerControl.
-func (s *Server) OpenMailbox(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*runnerv1.OpenMailboxResponse, error) {
-	st, err := s.open(ctx, req)
+func (s *Server) OpenMailbox(_ context.Context, req *runnerv1.OpenMailboxRequest) (*runnerv1.OpenMailboxResponse, error) {
+	st, err := s.open(req)
 	s.count("OpenMailbox", err)
 	if err != nil {
 		return nil, err
@@ -238,7 +234,7 @@ func (s *Server) OpenMailbox(ctx context.Context, req *runnerv1.OpenMailboxReque
 	return &runnerv1.OpenMailboxResponse{Status: st}, nil
 }
 
-func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*runnerv1.MailboxStatus, error) {
+func (s *Server) open(req *runnerv1.OpenMailboxRequest) (*runnerv1.MailboxStatus, error) {
 	id := req.GetMailboxId()
 	if err := validateID(id); err != nil {
 		return nil, err
@@ -298,14 +294,15 @@ func (s *Server) open(ctx context.Context, req *runnerv1.OpenMailboxRequest) (*r
 		}
 	}
 	if req.GetEpoch() == 0 {
-		return s.status(ctx, e), nil
+		hs, ok := s.host.Status(id)
+		return statusOf(id, e.pub.Load(), hs, ok, s.clock.Now()), nil
 	}
-	return s.activate(ctx, id, req.GetEpoch(), req.GetValidFor())
+	return s.activate(id, req.GetEpoch(), req.GetValidFor())
 }
 
 // ActivateMailbox implements RunnerControl.
-func (s *Server) ActivateMailbox(ctx context.Context, req *runnerv1.ActivateMailboxRequest) (*runnerv1.ActivateMailboxResponse, error) {
-	st, err := s.activate(ctx, req.GetMailboxId(), req.GetEpoch(), req.GetValidFor())
+func (s *Server) ActivateMailbox(_ context.Context, req *runnerv1.ActivateMailboxRequest) (*runnerv1.ActivateMailboxResponse, error) {
+	st, err := s.activate(req.GetMailboxId(), req.GetEpoch(), req.GetValidFor())
 	s.count("ActivateMailbox", err)
 	if err != nil {
 		return nil, err
@@ -313,7 +310,7 @@ func (s *Server) ActivateMailbox(ctx context.Context, req *runnerv1.ActivateMail
 	return &runnerv1.ActivateMailboxResponse{Status: st}, nil
 }
 
-func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *durationpb.Duration) (*runnerv1.MailboxStatus, error) {
+func (s *Server) activate(id string, epoch uint64, vf *durationpb.Duration) (*runnerv1.MailboxStatus, error) {
 	if epoch == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "activate %s: epoch: must be non-zero (a lease epoch)", id)
 	}
@@ -348,6 +345,7 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 			log.Info("mailbox epoch advanced", "previous_epoch", e.epoch)
 			e.epoch = epoch
 		}
+		defer e.publishLocked(false)
 	} else {
 		mc, err := toRunnerConfig(id, e.cfg, epoch)
 		if err != nil {
@@ -373,17 +371,18 @@ func (s *Server) activate(ctx context.Context, id string, epoch uint64, vf *dura
 	}
 	e.state = to
 	s.setDeadlineLocked(e, d)
-	return s.statusLocked(ctx, e), nil
+	return s.statusLocked(e), nil
 }
 
 // ExtendMailbox implements RunnerControl.
-func (s *Server) ExtendMailbox(ctx context.Context, req *runnerv1.ExtendMailboxRequest) (*runnerv1.ExtendMailboxResponse, error) {
-	st, err := s.extend(ctx, req)
+func (s *Server) ExtendMailbox(_ context.Context, req *runnerv1.ExtendMailboxRequest) (*runnerv1.ExtendMailboxResponse, error) {
+	p, err := s.extend(req)
 	s.count("ExtendMailbox", err)
 	if err != nil {
 		return nil, err
 	}
-	return &runnerv1.ExtendMailboxResponse{Status: st}, nil
+	hs, ok := s.host.Status(req.GetMailboxId())
+	return &runnerv1.ExtendMailboxResponse{Status: statusOf(req.GetMailboxId(), p, hs, ok, s.clock.Now())}, nil
 }
 
 // maxExtendBatch bounds one ExtendMailboxes: the admin's bulk bound, a
@@ -393,23 +392,26 @@ const maxExtendBatch = 10_000
 // ExtendMailboxes implements RunnerControl: ExtendMailbox for each listed
 // mailbox, each answered on its own, so that a sidecar extends every
 // mailbox of its session in one call after a keepalive. Each mailbox is
-// counted as an ExtendMailbox too.
-func (s *Server) ExtendMailboxes(ctx context.Context, req *runnerv1.ExtendMailboxesRequest) (*runnerv1.ExtendMailboxesResponse, error) {
+// counted as an ExtendMailbox too. The runner's record of the mailboxes is
+// read once for the batch, as GetStats reads it.
+func (s *Server) ExtendMailboxes(_ context.Context, req *runnerv1.ExtendMailboxesRequest) (*runnerv1.ExtendMailboxesResponse, error) {
 	if n := len(req.GetMailboxes()); n > maxExtendBatch {
 		err := status.Errorf(codes.InvalidArgument, "extend: %d mailboxes in one call, at most %d", n, maxExtendBatch)
 		s.count("ExtendMailboxes", err)
 		return nil, err
 	}
 	out := &runnerv1.ExtendMailboxesResponse{Results: make([]*runnerv1.ExtendMailboxResult, len(req.GetMailboxes()))}
+	hosted := s.host.Statuses()
 	for i, m := range req.GetMailboxes() {
 		r := &runnerv1.ExtendMailboxResult{MailboxId: m.GetMailboxId()}
-		st, err := s.extend(ctx, m)
+		p, err := s.extend(m)
 		s.count("ExtendMailbox", err)
 		if err != nil {
 			se := status.Convert(err)
 			r.Code, r.Message = uint32(se.Code()), se.Message()
 		} else {
-			r.Status = st
+			hs, ok := hosted[m.GetMailboxId()]
+			r.Status = statusOf(m.GetMailboxId(), p, hs, ok, s.clock.Now())
 		}
 		out.Results[i] = r
 	}
@@ -417,7 +419,9 @@ func (s *Server) ExtendMailboxes(ctx context.Context, req *runnerv1.ExtendMailbo
 	return out, nil
 }
 
-func (s *Server) extend(ctx context.Context, req *runnerv1.ExtendMailboxRequest) (*runnerv1.MailboxStatus, error) {
+// extend moves mailbox req's deadline and returns the lifecycle it
+// published.
+func (s *Server) extend(req *runnerv1.ExtendMailboxRequest) (*published, error) {
 	id := req.GetMailboxId()
 	d, err := validFor(id, req.GetValidFor())
 	if err != nil {
@@ -436,7 +440,7 @@ func (s *Server) extend(ctx context.Context, req *runnerv1.ExtendMailboxRequest)
 		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: epoch %d is not the active epoch %d", id, req.GetEpoch(), e.epoch)
 	}
 	s.setDeadlineLocked(e, d)
-	return s.statusLocked(ctx, e), nil
+	return e.publishLocked(false), nil
 }
 
 // setDeadlineLocked arms e's self-fencing timer d from now.
@@ -470,8 +474,8 @@ func (s *Server) deadlinePassed(id string, gen uint64) {
 }
 
 // FenceMailbox implements RunnerControl.
-func (s *Server) FenceMailbox(ctx context.Context, req *runnerv1.FenceMailboxRequest) (*runnerv1.FenceMailboxResponse, error) {
-	st, err := s.fence(ctx, req.GetMailboxId(), req.GetReason())
+func (s *Server) FenceMailbox(_ context.Context, req *runnerv1.FenceMailboxRequest) (*runnerv1.FenceMailboxResponse, error) {
+	st, err := s.fence(req.GetMailboxId(), req.GetReason())
 	s.count("FenceMailbox", err)
 	if err != nil {
 		return nil, err
@@ -479,7 +483,7 @@ func (s *Server) FenceMailbox(ctx context.Context, req *runnerv1.FenceMailboxReq
 	return &runnerv1.FenceMailboxResponse{Status: st}, nil
 }
 
-func (s *Server) fence(ctx context.Context, id, reason string) (*runnerv1.MailboxStatus, error) {
+func (s *Server) fence(id, reason string) (*runnerv1.MailboxStatus, error) {
 	if reason == "" {
 		reason = "unspecified"
 	}
@@ -492,7 +496,7 @@ func (s *Server) fence(ctx context.Context, id, reason string) (*runnerv1.Mailbo
 	if err := s.fenceLocked(e, reason); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "fence %s: %v", id, err)
 	}
-	return s.statusLocked(ctx, e), nil
+	return s.statusLocked(e), nil
 }
 
 // fenceLocked stops serving and consuming e if it is served; fencing a
@@ -630,27 +634,36 @@ func (s *Server) drain(e *entry) (string, error) {
 	return e.id, nil
 }
 
-// GetStats implements RunnerControl.
-func (s *Server) GetStats(ctx context.Context, req *runnerv1.GetStatsRequest) (*runnerv1.GetStatsResponse, error) {
-	var entries []*entry
+// GetStats implements RunnerControl. It reads the mailboxes' published
+// lifecycles and the runner's record of what it serves, never a mailbox's
+// lock (see the package documentation).
+func (s *Server) GetStats(_ context.Context, req *runnerv1.GetStatsRequest) (*runnerv1.GetStatsResponse, error) {
+	// The runner's record is read after the lifecycles: a mailbox
+	// published active was opened on the runner before, so it is there.
+	var pubs map[string]*published
+	var hosted map[string]runner.Status
 	if id := req.GetMailboxId(); id != "" {
 		e, err := s.lookup(id)
 		if err != nil {
 			s.count("GetStats", err)
 			return nil, err
 		}
-		entries = []*entry{e}
+		pubs = map[string]*published{id: e.pub.Load()}
+		if hs, ok := s.host.Status(id); ok {
+			hosted = map[string]runner.Status{id: hs}
+		}
 	} else {
 		s.mu.Lock()
-		for _, e := range s.mailboxes {
-			entries = append(entries, e)
-		}
+		pubs = s.publishedLocked()
 		s.mu.Unlock()
+		hosted = s.host.Statuses()
 	}
-	out := &runnerv1.GetStatsResponse{}
-	for _, e := range entries {
-		st := s.status(ctx, e)
-		st.QueriesServed = s.host.QueriesServed(e.id)
+	now := s.clock.Now()
+	out := &runnerv1.GetStatsResponse{Mailboxes: make([]*runnerv1.MailboxStatus, 0, len(pubs))}
+	for id, p := range pubs {
+		hs, ok := hosted[id]
+		st := statusOf(id, p, hs, ok, now)
+		st.QueriesServed = hs.QueriesServed
 		out.Mailboxes = append(out.Mailboxes, st)
 	}
 	slices.SortFunc(out.Mailboxes, func(a, b *runnerv1.MailboxStatus) int { return strings.Compare(a.GetMailboxId(), b.GetMailboxId()) })
@@ -658,37 +671,44 @@ func (s *Server) GetStats(ctx context.Context, req *runnerv1.GetStatsRequest) (*
 	return out, nil
 }
 
-// status is e's status, or, while a slow call on the runner holds e, the
-// one from before that call.
-func (s *Server) status(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
-	busy, locked := e.peekLocked()
-	if !locked {
-		return busy
+// publishedLocked is every mailbox's published lifecycle; s.mu must be held.
+func (s *Server) publishedLocked() map[string]*published {
+	pubs := make(map[string]*published, len(s.mailboxes))
+	for id, e := range s.mailboxes {
+		pubs[id] = e.pub.Load()
 	}
-	defer e.mu.Unlock()
-	return s.statusLocked(ctx, e)
+	return pubs
 }
 
-func (s *Server) statusLocked(ctx context.Context, e *entry) *runnerv1.MailboxStatus {
-	ws, drained := e.state.wire()
-	st := &runnerv1.MailboxStatus{MailboxId: e.id, State: ws, Epoch: e.epoch, FenceReason: e.fenceReason, Drained: drained}
-	if !e.state.serving() {
+// statusLocked is e's status now; e.mu must be held.
+func (s *Server) statusLocked(e *entry) *runnerv1.MailboxStatus {
+	hs, ok := s.host.Status(e.id)
+	p := published{state: e.state, epoch: e.epoch, fenceReason: e.fenceReason, deadline: e.deadline}
+	return statusOf(e.id, &p, hs, ok, s.clock.Now())
+}
+
+// statusOf is mailbox id's status at now from its lifecycle p and hs, the
+// runner's record of it (hosted: the runner serves it). A busy mailbox
+// reports only its lifecycle from before its slow call.
+func statusOf(id string, p *published, hs runner.Status, hosted bool, now time.Time) *runnerv1.MailboxStatus {
+	ws, drained := p.state.wire()
+	st := &runnerv1.MailboxStatus{MailboxId: id, State: ws, Epoch: p.epoch, FenceReason: p.fenceReason, Drained: drained}
+	if p.busy || !p.state.serving() {
 		return st
 	}
-	st.ValidFor = durationpb.New(max(0, e.deadline.Sub(s.clock.Now())))
-	st.Consuming = s.host.Consuming(e.id)
-	if lag, known := s.host.Lag(e.id); known {
-		st.Lag = proto.Int64(lag)
+	st.ValidFor = durationpb.New(max(0, p.deadline.Sub(now)))
+	if !hosted {
+		return st
 	}
-	if ps, known := s.host.Positions(e.id); known {
-		for _, p := range ps {
-			st.StoredPositions = append(st.StoredPositions, &runnerv1.StoredPosition{Topic: p.Topic, Partition: p.Partition, NextOffset: p.Next})
-		}
+	st.Consuming = hs.Consuming
+	if hs.LagKnown {
+		st.Lag = proto.Int64(hs.Lag)
 	}
-	if ms, err := s.host.Stats(ctx, e.id); err == nil {
-		st.EventsStored, st.StorageBytes = ms.GetTotalEvents(), ms.GetTotalBytes()
-	} else {
-		s.log.Warn("mailbox stats unavailable", "mailbox_id", e.id, "epoch", e.epoch, "err", err)
+	for _, pos := range hs.Positions {
+		st.StoredPositions = append(st.StoredPositions, &runnerv1.StoredPosition{Topic: pos.Topic, Partition: pos.Partition, NextOffset: pos.Next})
+	}
+	if hs.StoreKnown {
+		st.EventsStored, st.StorageBytes = hs.Events, hs.Bytes
 	}
 	return st
 }

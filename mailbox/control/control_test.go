@@ -21,7 +21,6 @@ import (
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/runner"
-	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
@@ -39,6 +38,8 @@ type fakeHost struct {
 	// gates hold the calls named as calls records them ("prepare a@p")
 	// until their channel is closed.
 	gates map[string]chan struct{}
+	// reads counts Status and Statuses calls.
+	reads struct{ one, all int }
 }
 
 // gate waits until the gate of call, if any, is open.
@@ -125,41 +126,45 @@ func (h *fakeHost) SetEpoch(id string, epoch uint64) error {
 	return nil
 }
 
-func (h *fakeHost) Stats(_ context.Context, id string) (*mailboxv1.MailboxStats, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	mc, ok := h.open[id]
-	if !ok {
-		return nil, runner.ErrNotOpen
-	}
-	return &mailboxv1.MailboxStats{MailboxId: id, TotalEvents: 7, TotalBytes: 700, Epoch: mc.Epoch}, nil
-}
-
+// Consuming is whether the fake consumes mailbox id.
 func (h *fakeHost) Consuming(id string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.consumingLocked(id)
+}
+
+func (h *fakeHost) consumingLocked(id string) bool {
 	_, ok := h.open[id]
 	return ok && !h.drained[id]
 }
 
-func (h *fakeHost) QueriesServed(id string) int64 {
+func (h *fakeHost) Status(id string) (runner.Status, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.queries[id]
+	h.reads.one++
+	return h.statusLocked(id)
 }
 
-func (h *fakeHost) Lag(id string) (int64, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	lag, ok := h.lags[id]
-	return lag, ok
+func (h *fakeHost) statusLocked(id string) (runner.Status, bool) {
+	if _, ok := h.open[id]; !ok {
+		return runner.Status{}, false
+	}
+	lag, lagKnown := h.lags[id]
+	return runner.Status{
+		Consuming: h.consumingLocked(id), Lag: lag, LagKnown: lagKnown, Positions: h.positions[id],
+		Events: 7, Bytes: 700, StoreKnown: true, QueriesServed: h.queries[id],
+	}, true
 }
 
-func (h *fakeHost) Positions(id string) ([]ingest.Position, bool) {
+func (h *fakeHost) Statuses() map[string]runner.Status {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	ps, ok := h.positions[id]
-	return ps, ok
+	h.reads.all++
+	out := make(map[string]runner.Status, len(h.open))
+	for id := range h.open {
+		out[id], _ = h.statusLocked(id)
+	}
+	return out
 }
 
 func (h *fakeHost) takeCalls() []string {

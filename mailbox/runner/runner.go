@@ -626,10 +626,6 @@ func (r *Runner) Consuming(id string) bool {
 	return ok && mb.ingest.Consuming()
 }
 
-// QueriesServed is the number of queries answered for mailbox id since it
-// was opened here.
-func (r *Runner) QueriesServed(id string) int64 { return r.queryM.Served(id) }
-
 // IDs lists the open mailboxes, sorted.
 func (r *Runner) IDs() []string {
 	r.mu.RLock()

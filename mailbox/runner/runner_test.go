@@ -141,6 +141,20 @@ func TestRunnerLifecycle(t *testing.T) {
 		b, errB := r.Stats(context.Background(), "$b@p1")
 		return errA == nil && errB == nil && a.TotalEvents == 10 && b.TotalEvents == 11
 	})
+	// The control API's view, read at once: what each mailbox's consumer
+	// and store last recorded.
+	waitFor(t, "both mailboxes' statuses", func() bool {
+		all := r.Statuses()
+		a, b := all["a@p1"], all["$b@p1"]
+		return len(all) == 2 && a.StoreKnown && a.Events == 10 && b.Events == 11 && a.Consuming && b.Consuming &&
+			a.LagKnown && a.Lag == 0 && len(a.Positions) == 2 && a.Positions[0].Topic == "a.events"
+	})
+	if st, ok := r.Status("$b@p1"); !ok || st.Events != 11 {
+		t.Fatalf("Status($b@p1) = %+v, %v", st, ok)
+	}
+	if _, ok := r.Status("zz@p1"); ok {
+		t.Fatal("Status of a mailbox not open here")
+	}
 
 	if err := r.SetEpoch("$b@p1", 42); err != nil {
 		t.Fatal(err)
