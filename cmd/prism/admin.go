@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
 	"github.com/prism-mesh/prism/xds/ir"
@@ -58,6 +59,9 @@ type adminFlags struct {
 	tls            tlsFlags
 	disk           diskFlags
 	backup         backupFlags
+
+	// openFailureExclusion: zero is fsm.DefaultOpenFailureExclusion.
+	openFailureExclusion time.Duration
 }
 
 func adminCommand() *cobra.Command {
@@ -111,6 +115,7 @@ plaintext with no authorization.`,
 	fs.DurationVar(&f.diskStallTimeout, "disk-stall-timeout", 10*time.Second, fmt.Sprintf("exit with code %d (for the supervisor to restart the node) once a raft log or stable store write has been blocked this long, so that a node whose disk stalls stops leading and another node takes over; 0 disables", raftnode.ExitDiskStall))
 	fs.BoolVar(&f.acceptLogLoss, "accept-log-loss", false, "start even though the raft log ends before the commit index this node acknowledged (lost entries: it refuses to start otherwise); for one start, after checking the other members")
 	fs.DurationVar(&f.staleProxyAfter, "stale-proxy-after", 30*time.Second, "a proxy without heartbeats this long loses its namespaces")
+	fs.DurationVar(&f.openFailureExclusion, "open-failure-exclusion", fsm.DefaultOpenFailureExclusion, fmt.Sprintf("a namespace whose store a proxy's runner cannot open stays off that proxy this long after its last report (%v to %v); the leader's value is recorded with each report, so every node applies the same", fsm.MinOpenFailureExclusion, fsm.MaxOpenFailureExclusion))
 	fs.BoolVar(&f.xds, "xds", true, "serve the routes over xDS (ADS) on the gRPC address, from this node's state")
 	fs.StringVar(&f.gatewayAddr, "gateway-addr", "0.0.0.0:8080", "IP:port the Envoy gateway listens on for queries (its listener resource)")
 	fs.StringVar(&f.lookupTarget, "lookup-target", "", `gRPC target grpc-go gateways dial for namespace lookups (RLS, served by every admin node with xDS), e.g. dns:///prism-admin-headless.prism.svc:7001 (default: "dns:///" and this node's --peers gRPC address, else --grpc-addr)`)
@@ -276,6 +281,11 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	} else if f.bootstrapExpect > 0 {
 		bootPeers = peers[:f.bootstrapExpect]
 	}
+	if w := f.openFailureExclusion; w != 0 {
+		if err := fsm.ValidOpenFailureExclusion(w); err != nil {
+			return cfg, fmt.Errorf("--open-failure-exclusion: %w", err)
+		}
+	}
 	minFree, err := f.disk.watermark()
 	if err != nil {
 		return cfg, err
@@ -296,7 +306,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 			AcceptLogLoss: f.acceptLogLoss, DiskStallTimeout: f.diskStallTimeout,
 		},
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, Pprof: f.enablePprof, GRPCAddrs: grpcAddrs, Version: version,
-		StaleProxyAfter: f.staleProxyAfter, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
+		StaleProxyAfter: f.staleProxyAfter, OpenFailureExclusion: f.openFailureExclusion, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
 		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups, Moves: f.moves,
 	}, nil

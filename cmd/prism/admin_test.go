@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/internal/pkitest"
@@ -67,6 +68,8 @@ func TestAdminFlagValidation(t *testing.T) {
 		{func(f *adminFlags) { f.runnerNetworks = "10.0.0.0/33" }, "--runner-networks"},
 		{func(f *adminFlags) { f.runnerNetworks = " , " }, "--runner-networks"},
 		{func(f *adminFlags) { f.lookupTarget = "xds:///admin" }, "--lookup-target"},
+		{func(f *adminFlags) { f.openFailureExclusion = time.Millisecond }, "--open-failure-exclusion"},
+		{func(f *adminFlags) { f.openFailureExclusion = 8 * 24 * time.Hour }, "--open-failure-exclusion"},
 		{func(f *adminFlags) { f.lookupTarget = "dns:///" }, "--lookup-target"},
 		{func(f *adminFlags) { f.lookupTarget = "admin:8981" }, "--lookup-target"},
 		{func(f *adminFlags) { f.xds = true }, "query authentication for the Envoy gateway is required"},
@@ -97,6 +100,11 @@ func TestAdminFlagValidation(t *testing.T) {
 	f.lookupTarget = "dns:///prism-admin.prism.svc:8981"
 	if cfg, err := f.nodeConfig(log); err != nil || cfg.LookupTarget != f.lookupTarget {
 		t.Fatalf("--lookup-target: %q, %v", cfg.LookupTarget, err)
+	}
+	f = base
+	f.openFailureExclusion = 3 * time.Minute
+	if cfg, err := f.nodeConfig(log); err != nil || cfg.OpenFailureExclusion != 3*time.Minute {
+		t.Fatalf("--open-failure-exclusion: %v, %v", cfg.OpenFailureExclusion, err)
 	}
 	f = base
 	f.peers = "a=127.0.0.1:7=127.0.0.1:8,b=127.0.0.1:9=127.0.0.1:10"
