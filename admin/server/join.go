@@ -36,11 +36,14 @@ import (
 const joinMaxLag = 1024
 
 // Retry timing of a node asking to join: the cluster may not have a leader
-// yet, or be another new node that is still joining itself.
+// yet, or be another new node that is still joining itself. Asking again is
+// safe (the leader looks at the configuration first), so one ask is cut
+// short rather than wait on a member whose connection is still being set
+// up while another could answer.
 const (
 	joinFirstRetry = 100 * time.Millisecond
 	joinMaxRetry   = 5 * time.Second
-	joinCallWait   = 10 * time.Second
+	joinCallWait   = 3 * time.Second
 )
 
 // joinRule lets only admin/<id> ask for id to be made a member: a node
