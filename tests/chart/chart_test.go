@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -44,7 +45,7 @@ const (
 // listener the admin nodes announce over xDS, read as the Envoy pods' node id with their identity, is the
 // port of Envoy's container and of the gateway Service. Envoy itself runs only when on PATH. With three
 // admin nodes the StatefulSet is then grown to five: the two new pods, started with the new render's
-// arguments beside the three running ones, become voters.
+// arguments beside the three running ones, join by themselves and become voters.
 func TestChartRuns(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -406,10 +407,9 @@ func (c *cluster) mountedFile(p *pod, ctr corev1.Container, path string) []byte 
 
 // growAdmins renders the chart again with five admin nodes and starts the two new pods with that render's
 // arguments beside the three running ones (a rolling update would restart those with the new --peers too;
-// on their data they keep their state either way). The new nodes cannot join by themselves: an empty data
-// dir bootstraps the --peers voters, which the running cluster, not counting them, never hears. They are
-// added as docs/operations.md says, `prismctl member add` with the addresses of their --peers entries (the
-// Admin API call prismctl makes), and must become voters and ready.
+// on their data they keep their state either way). Nobody calls member add: the render keeps
+// --bootstrap-expect=3, so the new pods, not among the first three of --peers, ask the running cluster to
+// add them, and must become voters at the addresses of their --peers entries, and ready.
 func growAdmins(t *testing.T, c *cluster, files []string, before *rendered) {
 	r := render(t, files...)
 	if str(value(t, "tls.mode", files...)) == "secret" {
@@ -419,55 +419,65 @@ func growAdmins(t *testing.T, c *cluster, files []string, before *rendered) {
 	if len(added) != 2 {
 		t.Fatalf("growing to 5 added %d admin pods", len(added))
 	}
-	c.writeHosts(r)
-	for _, p := range added {
-		c.run(p)
-	}
-	peers := map[string][]string{}
-	for _, a := range mustGet(t, r.statefulSets, adminName).Spec.Template.Spec.Containers[0].Args {
+	sts := mustGet(t, r.statefulSets, adminName)
+	peers := map[string]string{}
+	for _, a := range sts.Spec.Template.Spec.Containers[0].Args {
 		if v, ok := strings.CutPrefix(a, "--peers="); ok {
 			for _, e := range strings.Split(v, ",") {
 				f := strings.Split(e, "=")
-				peers[f[0]] = f[1:]
+				peers[f[0]] = f[1]
 			}
 		}
+	}
+	if was, is := bootstrapExpect(t, before), bootstrapExpect(t, r); was != "3" || is != was {
+		t.Fatalf("--bootstrap-expect %q, then %q when grown: want 3 both times, or the new pods bootstrap a cluster of their own", was, is)
+	}
+	c.writeHosts(r)
+	began := time.Now()
+	for _, p := range added {
+		c.run(p)
 	}
 	cc := c.operator(c.podNamed(adminName + "-0"))
 	defer cc.Close()
 	admin := adminv1.NewAdminClient(cc)
-	for _, p := range added {
-		addrs, ok := peers[p.name]
-		if !ok || len(addrs) != 2 {
-			t.Fatalf("--peers has no entry for %s: %v", p.name, peers)
-		}
-		c.await("member add "+p.name, 30*time.Second, func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_, err := admin.AddVoter(ctx, &adminv1.AddVoterRequest{Id: p.name, RaftAddress: addrs[0], GrpcAddress: addrs[1]})
-			return err
-		})
+	want := map[string]string{}
+	for i := range 5 {
+		id := fmt.Sprintf("%s-%d", adminName, i)
+		want[id] = peers[id]
 	}
-	c.await("five voters", 30*time.Second, func() error {
+	c.await("five voters at their --peers addresses", 60*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		st, err := admin.GetClusterStatus(ctx, &adminv1.GetClusterStatusRequest{})
 		if err != nil {
 			return err
 		}
-		var voters []string
+		voters := map[string]string{}
 		for _, m := range st.GetMembers() {
 			if m.GetSuffrage() == adminv1.MemberSuffrage_MEMBER_SUFFRAGE_VOTER {
-				voters = append(voters, m.GetId())
+				voters[m.GetId()] = m.GetRaftAddress()
 			}
 		}
-		slices.Sort(voters)
-		if want := []string{adminName + "-0", adminName + "-1", adminName + "-2", adminName + "-3", adminName + "-4"}; !slices.Equal(voters, want) {
+		if !maps.Equal(voters, want) {
 			return fmt.Errorf("voters %v, want %v", voters, want)
 		}
 		return nil
 	})
+	t.Logf("the new admin pods voters %v after they started", time.Since(began).Round(time.Millisecond))
 	c.awaitReady(added, 30*time.Second)
+	t.Logf("and ready %v after they started", time.Since(began).Round(time.Millisecond))
 	c.checkLiveness(added)
+}
+
+// bootstrapExpect is the admin StatefulSet's --bootstrap-expect in r.
+func bootstrapExpect(t *testing.T, r *rendered) string {
+	t.Helper()
+	for _, a := range mustGet(t, r.statefulSets, adminName).Spec.Template.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, "--bootstrap-expect="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 func (c *cluster) podNamed(name string) *pod {

@@ -63,6 +63,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- join "," $peers -}}
 {{- end -}}
 
+{{/* --bootstrap-expect: admin.bootstrapExpect, which must not change for
+the release's life (growing admin.replicas keeps it, so new pods join), and
+which a cluster of fewer nodes could never reach. */}}
+{{- define "prism.admin.bootstrapExpect" -}}
+{{- $n := int .Values.admin.bootstrapExpect -}}
+{{- if gt $n (int .Values.admin.replicas) -}}
+{{- fail (printf "admin.bootstrapExpect (%d) is more than admin.replicas (%d): the first admin.bootstrapExpect pods bootstrap the cluster, so a release of %d admin nodes needs admin.bootstrapExpect=%d, kept at that when admin.replicas grows (docs/operations.md#adding-admin-nodes-to-the-chart)" $n (int .Values.admin.replicas) (int .Values.admin.replicas) (int .Values.admin.replicas)) -}}
+{{- end -}}
+{{- $n -}}
+{{- end -}}
+
 {{/* Admin gRPC endpoints the sidecars and tools dial; any node works. */}}
 {{- define "prism.admin.endpoints" -}}
 {{- $eps := list -}}
