@@ -1,13 +1,17 @@
-// Command mixedbench measures queries while a mailbox ingests (issue 18): an
-// in-process mailbox runner (mailbox/runner: ingest, store, query servers on
-// loopback, no sidecar and no TLS) drains a backlog pre-produced into an
-// in-process kfake broker while a paced loop sends indexed HTTP queries and
-// another asks for stats. After the drain the same loop runs again, over HTTP
-// and over gRPC, against the full store. It prints BENCH lines; -cpuprofile,
-// -blockprofile, -mutexprofile and -trace record the ingest phase.
+// Command mixedbench measures queries while a mailbox ingests (issue 18): a
+// `prism runner` process with its `prism sidecar` and one `prism admin` node
+// (plaintext, on loopback) drains a backlog pre-produced into an in-process
+// kfake broker once the namespace's lease is granted, while a paced loop sends
+// indexed HTTP queries and another asks for stats; the runner's peak RSS under
+// its --memory-budget is followed from /proc. After the drain the same loop
+// runs again, over HTTP and over gRPC, against the full store. It prints BENCH
+// lines. -in-process runs the runner inside this process instead (mailbox/runner,
+// no sidecar), where -cpuprofile, -blockprofile, -mutexprofile and -trace
+// record the ingest phase.
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,6 +30,8 @@ import (
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,8 +41,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/bench/internal/payload"
 	"github.com/prism-mesh/prism/mailbox/envelope/demo"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/runner"
@@ -44,13 +52,13 @@ import (
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-const (
-	topic     = "bench.events"
-	mailboxID = "bench@proxy-01"
-)
+const topic = "bench.events"
 
 type options struct {
 	n, size, partitions int
+	payload             payload.Kind
+	inProcess           bool
+	budget, prism, dir  string
 	qps, statsQPS       float64
 	after               time.Duration
 	cpu, block, mutex   string
@@ -61,8 +69,14 @@ type options struct {
 
 func main() {
 	var o options
-	flag.IntVar(&o.n, "n", 300_000, "envelopes in the backlog")
+	o.payload = payload.JSON
+	flag.IntVar(&o.n, "n", 1_000_000, "envelopes in the backlog")
 	flag.IntVar(&o.size, "size", 1024, "approximate envelope size in bytes")
+	flag.Var(&o.payload, "payload", "envelope payloads: json (audit events as services log them) or random (encrypted-looking, incompressible)")
+	flag.BoolVar(&o.inProcess, "in-process", false, "run the runner in this process (no sidecar, no admin, no budget), as the profiles need")
+	flag.StringVar(&o.budget, "memory-budget", "1GiB", "the runner process's --memory-budget (empty: none given, so the product default)")
+	flag.StringVar(&o.dir, "dir", "", "scratch directory for the stores and the processes' logs, kept (default: a new temp dir, removed afterwards)")
+	flag.StringVar(&o.prism, "prism", "", "the prism binary (default: built from this checkout)")
 	flag.IntVar(&o.partitions, "partitions", 3, "partitions of the topic")
 	flag.Float64Var(&o.qps, "qps", 200, "queries per second during and after ingest (0: ingest alone)")
 	flag.Float64Var(&o.statsQPS, "stats-qps", 20, "stats requests per second during ingest")
@@ -74,6 +88,10 @@ func main() {
 	flag.DurationVar(&o.target, "query-latency-target", 10*time.Millisecond, "the runner's query latency target, which ingest gives way to (negative: never)")
 	flag.DurationVar(&o.traceFor, "trace-for", 3*time.Second, "length of the trace, started 5 s into ingest")
 	flag.Parse()
+	if !o.inProcess && (o.cpu != "" || o.block != "" || o.mutex != "" || o.trace != "") {
+		fmt.Fprintln(os.Stderr, "mixedbench: the profiles record this process: they need -in-process")
+		os.Exit(2)
+	}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "mixedbench:", err)
 		os.Exit(1)
@@ -87,33 +105,25 @@ func run(o options) error {
 	}
 	defer cluster.Close()
 	start := time.Now()
-	total, err := preProduce(cluster.ListenAddrs(), o.n, o.size)
+	total, err := preProduce(cluster.ListenAddrs(), o.n, o.size, o.payload)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "# produced %d envelopes (%d bytes each) on %d partitions in %v\n", o.n, total/int64(o.n), o.partitions, time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "# produced %d envelopes (%d bytes each, %s payloads) on %d partitions in %v\n", o.n, total/int64(o.n), o.payload, o.partitions, time.Since(start).Round(time.Millisecond))
 
-	dir, err := os.MkdirTemp("", "mixedbench-")
+	dir := o.dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "mixedbench-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+	}
+	t, err := startTarget(o, cluster.ListenAddrs(), dir)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	r, err := runner.New(runner.Config{DataDir: dir, Brokers: cluster.ListenAddrs(), Logger: quiet, QueryLatencyTarget: o.target})
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	qlis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	hlis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	r.Serve(qlis, hlis)
-	base := "http://" + qlis.Addr().String() + "/v1/mailboxes/" + url.PathEscape(mailboxID)
+	failed := true
+	defer func() { t.close(failed) }()
 	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 
 	stopProfiles, err := startProfiles(o)
@@ -121,104 +131,207 @@ func run(o options) error {
 		return err
 	}
 	sched0 := readMetrics()
-	start = time.Now()
-	if err := r.Open(runner.MailboxConfig{ID: mailboxID, Topics: []string{topic}}); err != nil {
-		return err
-	}
+	start = t.opened
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if t.pid != 0 {
+		mem := followRSS(ctx, t.pid)
+		defer func() {
+			if failed {
+				return
+			}
+			mem.report(o.budget)
+			if n := t.fences(); n > 0 {
+				fmt.Fprintf(os.Stderr, "# WARNING: the sidecar fenced the runner %d times (its control API unanswered past --runner-dead-after): queries failed and ingest restarted meanwhile, so this run's figures are the machine's, not the runner's\n", n)
+			}
+		}()
+	}
 	var (
 		wg         sync.WaitGroup
 		qlat, slat latencies
 		pool       idPool
 	)
+	qctx, qcancel := context.WithCancel(ctx)
 	if o.qps > 0 {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			pace(ctx, o.qps, func(due time.Time) { qlat.time(due, func() error { return httpQuery(cl, base, &pool) }) })
+			pace(qctx, o.qps, func(due time.Time) { qlat.time(due, func() error { return httpQuery(cl, t.base, &pool) }) })
 		}()
 		go func() {
 			defer wg.Done()
-			pace(ctx, o.statsQPS, func(due time.Time) { slat.time(due, func() error { return get(cl, base+"/stats", nil) }) })
+			pace(qctx, o.statsQPS, func(due time.Time) { slat.time(due, func() error { return get(cl, t.base+"/stats", nil) }) })
 		}()
 	}
-	deadline := time.Now().Add(10 * time.Minute)
+	deadline := time.Now().Add(30 * time.Minute)
 	for {
-		st, err := r.Stats(context.Background(), mailboxID)
+		n, err := t.stored()
 		if err != nil {
-			cancel()
+			qcancel()
 			return err
 		}
-		if st.GetTotalEvents() >= int64(o.n) {
+		if n >= int64(o.n) {
 			break
 		}
 		if time.Now().After(deadline) {
-			cancel()
-			return fmt.Errorf("only %d of %d stored after 10 minutes", st.GetTotalEvents(), o.n)
+			qcancel()
+			return fmt.Errorf("only %d of %d stored after 30 minutes", n, o.n)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
-	cancel()
+	qcancel()
 	wg.Wait()
 	sched1 := readMetrics()
 	stopProfiles()
-	fmt.Fprintf(os.Stderr, "# drained %d in %v with %.0f queries/s and %.0f stats/s beside\n", o.n, elapsed.Round(time.Millisecond), o.qps, o.statsQPS)
-	fmt.Fprintf(os.Stderr, "# runtime during ingest: scheduler latency p50 %.3f ms p99 %.3f ms max %.1f ms; GC %.1f%% of CPU\n",
+	if t.pid != 0 {
+		fmt.Fprintf(os.Stderr, "# namespace created to its mailbox open at the runner (lease granted): %v\n", t.opened.Sub(t.created).Round(time.Millisecond))
+	}
+	fmt.Fprintf(os.Stderr, "# drained %d in %v from the mailbox's open with %.0f queries/s and %.0f stats/s beside\n", o.n, elapsed.Round(time.Millisecond), o.qps, o.statsQPS)
+	who := "the load generator"
+	if o.inProcess {
+		who = "the runner and the load generator"
+	}
+	fmt.Fprintf(os.Stderr, "# runtime of this process (%s) during ingest: scheduler latency p50 %.3f ms p99 %.3f ms max %.1f ms; GC %.1f%% of CPU\n", who,
 		1e3*sched1.schedQuantile(sched0, 0.5), 1e3*sched1.schedQuantile(sched0, 0.99), 1e3*sched1.schedQuantile(sched0, 1), 100*sched1.gcShare(sched0))
 	suffix := "_with_queries"
 	if o.qps == 0 {
 		suffix = ""
 	}
 	fmt.Printf("BENCH mixed.ingest_events_per_s%s %.0f events/s\n", suffix, float64(o.n)/elapsed.Seconds())
-	if held, writes, ok := heldBack(r); ok {
+	if held, writes, ok := heldBack(cl, t.metrics); ok {
 		fmt.Fprintf(os.Stderr, "# ingest gave way to queries (target %v): %d store writes held back, %.1f s held in all (summed over partitions) in a %.1f s drain\n",
 			o.target, writes, held, elapsed.Seconds())
 	}
 	if o.qps == 0 {
+		failed = false
 		return nil
 	}
 	qlat.report("mixed.query_p%s_ms_during_ingest")
 	slat.report("mixed.stats_p%s_ms_during_ingest")
 	if o.after <= 0 {
+		failed = false
 		return nil
 	}
 
 	var after latencies
-	ctx, cancel = context.WithTimeout(context.Background(), o.after)
-	pace(ctx, o.qps, func(due time.Time) { after.time(due, func() error { return httpQuery(cl, base, &pool) }) })
-	cancel()
+	actx, acancel := context.WithTimeout(ctx, o.after)
+	pace(actx, o.qps, func(due time.Time) { after.time(due, func() error { return httpQuery(cl, t.base, &pool) }) })
+	acancel()
 	after.report(fmt.Sprintf("mixed.query_p%%s_ms_after_%dk_http", o.n/1000))
 
-	conn, err := grpc.NewClient(qlis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(t.queryAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	qc := mailboxv1.NewMailboxQueryClient(conn)
 	var g latencies
-	ctx, cancel = context.WithTimeout(context.Background(), o.after)
-	pace(ctx, o.qps, func(due time.Time) { g.time(due, func() error { return grpcQuery(qc, &pool) }) })
-	cancel()
+	gctx, gcancel := context.WithTimeout(ctx, o.after)
+	pace(gctx, o.qps, func(due time.Time) { g.time(due, func() error { return grpcQuery(qc, t.mailbox, &pool) }) })
+	gcancel()
 	g.report(fmt.Sprintf("mixed.query_p%%s_ms_after_%dk_grpc", o.n/1000))
+	failed = false
 	return nil
 }
 
-// heldBack reads the runner's ingest governor counters: seconds store writes waited for queries, and how many.
-func heldBack(r *runner.Runner) (float64, int, bool) {
-	mfs, err := r.Registry().Gather()
+// target is the runner under test, opened on the backlog.
+type target struct {
+	base, metrics, queryAddr, mailbox string
+	// pid is the runner process's, 0 in process.
+	pid int
+	// created is when the namespace was created (process mode), opened when its mailbox answered or, in
+	// process, when it was opened.
+	created, opened time.Time
+	stored          func() (int64, error)
+	close           func(failed bool)
+	// fences is how many times the runner was fenced so far (process mode; nil in process).
+	fences func() int
+}
+
+func startTarget(o options, brokers []string, dir string) (*target, error) {
+	if o.inProcess {
+		return startInProcess(o, brokers, dir)
+	}
+	m, err := startProcs(o, brokers, dir)
+	if err != nil {
+		return nil, err
+	}
+	cl := &http.Client{Timeout: 5 * time.Second}
+	t := &target{base: m.queryURL(), metrics: "http://" + m.httpAddr + "/metrics", queryAddr: m.queryAddr, mailbox: mailboxID,
+		pid: m.runner.cmd.Process.Pid, created: m.created, opened: m.leaseOpened, close: m.close, fences: m.fences}
+	t.stored = func() (int64, error) {
+		var st struct {
+			TotalEvents int64 `json:"total_events"`
+		}
+		err := get(cl, t.base+"/stats", &st)
+		if err != nil && m.runner.alive() {
+			return 0, nil // a slow answer under load: ask again
+		}
+		return st.TotalEvents, err
+	}
+	return t, nil
+}
+
+// startInProcess runs mailbox/runner here: ingest, store and both query servers on loopback, no sidecar and no
+// TLS, and opens the mailbox.
+func startInProcess(o options, brokers []string, dir string) (*target, error) {
+	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r, err := runner.New(runner.Config{DataDir: dir, Brokers: brokers, Logger: quiet, QueryLatencyTarget: o.target})
+	if err != nil {
+		return nil, err
+	}
+	qlis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	hlis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	r.Serve(qlis, hlis)
+	t := &target{base: "http://" + qlis.Addr().String() + "/v1/mailboxes/" + url.PathEscape(mailboxID), metrics: "http://" + hlis.Addr().String() + "/metrics",
+		queryAddr: qlis.Addr().String(), mailbox: mailboxID, opened: time.Now(), close: func(bool) { r.Close() }}
+	t.stored = func() (int64, error) {
+		st, err := r.Stats(context.Background(), mailboxID)
+		return st.GetTotalEvents(), err
+	}
+	if err := r.Open(runner.MailboxConfig{ID: mailboxID, Topics: []string{topic}}); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+// heldBack reads the runner's ingest governor counters from its /metrics: seconds store writes waited for
+// queries, and how many.
+func heldBack(cl *http.Client, metricsURL string) (float64, int, bool) {
+	resp, err := cl.Get(metricsURL)
 	if err != nil {
 		return 0, 0, false
 	}
+	defer resp.Body.Close()
 	var held float64
 	var writes int
 	found := false
-	for _, mf := range mfs {
-		switch mf.GetName() {
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		name, _, _ = strings.Cut(name, "{")
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			continue
+		}
+		switch name {
 		case "prism_mailbox_ingest_held_back_seconds_total":
-			held, found = mf.GetMetric()[0].GetCounter().GetValue(), true
+			held, found = held+f, true
 		case "prism_mailbox_ingest_held_back_writes_total":
-			writes = int(mf.GetMetric()[0].GetCounter().GetValue())
+			writes += int(f)
 		}
 	}
 	return held, writes, found
@@ -385,8 +498,8 @@ func httpQuery(cl *http.Client, base string, pool *idPool) error {
 	return nil
 }
 
-func grpcQuery(qc mailboxv1.MailboxQueryClient, pool *idPool) error {
-	ctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, mailboxID)
+func grpcQuery(qc mailboxv1.MailboxQueryClient, mailbox string, pool *idPool) error {
+	ctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, mailbox)
 	f := &mailboxv1.EventFilter{Limit: 100}
 	switch k := rand.IntN(7); k {
 	case 0:
@@ -536,9 +649,9 @@ func (s runtimeSample) schedQuantile(before runtimeSample, q float64) float64 {
 	return math.Inf(1)
 }
 
-// preProduce writes n demo envelopes padded to about size bytes, round-robin
-// over the partitions, and returns the bytes produced.
-func preProduce(brokers []string, n, size int) (int64, error) {
+// preProduce writes n demo envelopes padded to about size bytes, their payloads of kind, round-robin over the
+// partitions, and returns the bytes produced.
+func preProduce(brokers []string, n, size int, kind payload.Kind) (int64, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond),
 		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.MaxBufferedRecords(20_000))
 	if err != nil {
@@ -547,14 +660,26 @@ func preProduce(brokers []string, n, size int) (int64, error) {
 	defer cl.Close()
 	probe := demo.New(demo.Options{PayloadSize: 1})
 	_, b := probe.NextBytes(topic)
-	gen := demo.New(demo.Options{Seed: 1, IDPrefix: "bench", PayloadSize: max(1, size-len(b))})
+	payloadSize := max(1, size-len(b))
+	gen := demo.New(demo.Options{Seed: 1, IDPrefix: "bench", PayloadSize: payloadSize})
+	r := rand.New(rand.NewPCG(1, 2))
 	ctx := context.Background()
 	var total int64
 	var produceErr atomic.Pointer[error]
 	for range n {
-		id, v := gen.NextBytes(topic)
+		// The demo's payloads are random bytes, a third of them marked encrypted: -payload random as it is.
+		env := gen.Next(topic)
+		if kind == payload.JSON {
+			env.Payload.Value = kind.Make(r, payloadSize)
+			env.Metadata.ContentType = "application/json"
+			env.Security.Encryption = nil
+		}
+		v, err := proto.Marshal(env)
+		if err != nil {
+			return 0, err
+		}
 		total += int64(len(v))
-		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: v}, func(_ *kgo.Record, err error) {
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(env.GetMetadata().GetMessageId()), Value: v}, func(_ *kgo.Record, err error) {
 			if err != nil {
 				produceErr.CompareAndSwap(nil, &err)
 			}

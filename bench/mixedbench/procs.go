@@ -1,0 +1,318 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/prism-mesh/prism/internal/testbin"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+)
+
+// The mesh of one run: `prism admin` (one node), `prism runner` and its `prism sidecar`, each a process on
+// loopback in plaintext, as a user would start them with product defaults; the namespace is created once the
+// sidecar has registered, so its lease is granted as in production.
+const (
+	namespace = "bench"
+	proxyID   = "proxy-01"
+	mailboxID = namespace + "@" + proxyID
+)
+
+// proc is one prism process, its output in a log file.
+type proc struct {
+	name, log string
+	cmd       *exec.Cmd
+	done      chan struct{}
+}
+
+func startProc(bin, dir, name string, args ...string) (*proc, error) {
+	p := &proc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
+	f, err := os.Create(p.log)
+	if err != nil {
+		return nil, err
+	}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if err := p.cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *proc) alive() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop asks p to stop (SIGTERM) and kills it after 5 s.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// tail prints the last lines of p's log, for a run that failed.
+func (p *proc) tail() {
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		return
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	fmt.Fprintf(os.Stderr, "# --- last lines of %s (%s)\n", p.name, p.log)
+	for _, l := range lines[max(0, len(lines)-20):] {
+		fmt.Fprintln(os.Stderr, "#", l)
+	}
+}
+
+// freeAddr is a loopback host:port nothing listened on a moment ago.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// procs is the processes of a run.
+type procs struct {
+	all                  []*proc
+	runner               *proc
+	queryAddr, httpAddr  string
+	adminConn            *grpc.ClientConn
+	created, leaseOpened time.Time
+}
+
+func (m *procs) close(failed bool) {
+	if m.adminConn != nil {
+		m.adminConn.Close()
+	}
+	for i := len(m.all) - 1; i >= 0; i-- {
+		if failed {
+			m.all[i].tail()
+		}
+		m.all[i].stop()
+	}
+}
+
+// startProcs starts the admin node, the runner (under budget, "" for none) and its sidecar, creates the
+// namespace on topic and waits for its mailbox to answer at the runner: its lease was granted and the store
+// opened. Logs go under dir.
+func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
+	bin := o.prism
+	if bin == "" {
+		if bin, err = testbin.Path("prism"); err != nil {
+			return nil, err
+		}
+	}
+	m := &procs{}
+	defer func() {
+		if err != nil {
+			m.close(true)
+		}
+	}()
+	addrs := make([]string, 7)
+	for i := range addrs {
+		if addrs[i], err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	raftAddr, adminGRPC, adminHTTP, control, sidecarHTTP := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4]
+	m.queryAddr, m.httpAddr = addrs[5], addrs[6]
+	for _, d := range []string{"admin", "runner"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	start := func(name string, args ...string) error {
+		p, err := startProc(bin, dir, name, args...)
+		if err == nil {
+			m.all = append(m.all, p)
+		}
+		return err
+	}
+	if err := start("admin", "admin", "--node-id", "admin-1", "--bootstrap", "--insecure", "--raft-addr", raftAddr,
+		"--grpc-addr", adminGRPC, "--http-addr", adminHTTP, "--data-dir", filepath.Join(dir, "admin"), "--gateway-no-query-auth", "--log-format", "text"); err != nil {
+		return nil, err
+	}
+	runnerArgs := []string{"runner", "--insecure", "--kafka", strings.Join(brokers, ","), "--data-dir", filepath.Join(dir, "runner"),
+		"--grpc-addr", m.queryAddr, "--http-addr", m.httpAddr, "--control-addr", control,
+		"--query-latency-target", o.target.String(), "--log-format", "text", "--log-level", "warn"}
+	if o.budget != "" {
+		runnerArgs = append(runnerArgs, "--memory-budget", o.budget)
+	}
+	if err := start("runner", runnerArgs...); err != nil {
+		return nil, err
+	}
+	m.runner = m.all[len(m.all)-1]
+	if err := start("sidecar", "sidecar", "--insecure", "--proxy-id", proxyID, "--runner-id", proxyID, "--admin-endpoints", adminGRPC,
+		"--runner-addr", control, "--advertise-addr", m.queryAddr, "--http-addr", sidecarHTTP, "--log-format", "text"); err != nil {
+		return nil, err
+	}
+	if m.adminConn, err = grpc.NewClient(adminGRPC, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return nil, err
+	}
+	admin := adminv1.NewAdminClient(m.adminConn)
+	if err := m.await(time.Minute, "the sidecar registered with the admin", func(ctx context.Context) error {
+		r, err := admin.ListProxies(ctx, &adminv1.ListProxiesRequest{})
+		if err == nil && len(r.GetProxies()) == 0 {
+			err = errors.New("no proxy yet")
+		}
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	cp := adminv1.NewControlPlaneClient(m.adminConn)
+	if err := m.await(30*time.Second, "namespace created", func(ctx context.Context) error {
+		_, err := cp.CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{Namespace: namespace, Config: &adminv1.NamespaceConfig{Topics: []string{topic}}})
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	m.created = time.Now()
+	cl := &http.Client{Timeout: 2 * time.Second}
+	if err := m.await(time.Minute, "the mailbox open at the runner", func(context.Context) error {
+		return get(cl, m.queryURL()+"/stats", nil)
+	}); err != nil {
+		return nil, err
+	}
+	m.leaseOpened = time.Now()
+	return m, nil
+}
+
+func (m *procs) queryURL() string { return "http://" + m.queryAddr + "/v1/mailboxes/" + mailboxID }
+
+// fences counts the runner's "mailbox fenced" log lines: its sidecar fences it when the runner's control API
+// goes unanswered past --runner-dead-after (a starved machine does that), and the mailbox reopens on a new lease.
+func (m *procs) fences() int {
+	b, err := os.ReadFile(m.runner.log)
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), "mailbox fenced")
+}
+
+// await retries f every 100 ms until it succeeds or d passes, failing early if a process exited.
+func (m *procs) await(d time.Duration, what string, f func(context.Context) error) error {
+	deadline := time.Now().Add(d)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := f(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		for _, p := range m.all {
+			if !p.alive() {
+				return fmt.Errorf("waiting for %s: %s exited: %v", what, p.name, p.cmd.ProcessState)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// rss follows a process's resident memory from /proc: the kernel's high-water mark, and at the largest sample
+// taken how much of it was anonymous (the Go heap, stacks) and how much file pages (Badger's mapped tables and
+// value log).
+type rss struct {
+	pid  int
+	mu   sync.Mutex
+	peak map[string]int64 // kB: VmRSS, RssAnon, RssFile at the largest VmRSS seen
+}
+
+func followRSS(ctx context.Context, pid int) *rss {
+	r := &rss{pid: pid}
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if s, err := r.read(); err == nil {
+				r.mu.Lock()
+				if s["VmRSS"] > r.peak["VmRSS"] {
+					r.peak = s
+				}
+				r.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return r
+}
+
+func (r *rss) read() (map[string]int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", r.pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "VmHWM", "VmRSS", "RssAnon", "RssFile":
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %q: %w", k, v, err)
+			}
+			out[k] = n
+		}
+	}
+	return out, sc.Err()
+}
+
+// report prints the high-water mark as mixed.runner_rss_peak_mb and the split of the largest sample.
+func (r *rss) report(budget string) {
+	s, err := r.read()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "# runner RSS:", err)
+		return
+	}
+	r.mu.Lock()
+	peak := r.peak
+	r.mu.Unlock()
+	if budget == "" {
+		budget = "none"
+	}
+	fmt.Fprintf(os.Stderr, "# runner RSS peak %.0f MiB under --memory-budget %s; largest sample %.0f MiB: %.0f MiB anonymous, %.0f MiB file pages\n",
+		float64(s["VmHWM"])/1024, budget, float64(peak["VmRSS"])/1024, float64(peak["RssAnon"])/1024, float64(peak["RssFile"])/1024)
+	fmt.Printf("BENCH mixed.runner_rss_peak_mb %.0f MiB\n", float64(s["VmHWM"])/1024)
+}
