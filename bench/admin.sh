@@ -18,7 +18,7 @@
 # by one KeepAliveOnce. Failover with 100k leases held in 100 sessions (adminbench -only failover-sessions): leader
 # kill -9 -> first acknowledged write (admin.failover_p99_ms_100k) and the leases lost across the kills
 # (admin.failover_leases_lost_100k, must be 0).
-#   ADMIN_BENCH_ARGS   extra flags for bench/adminbench (go run ./bench/adminbench -h)
+#   ADMIN_BENCH_ARGS   extra flags for bench/adminbench (cd bench && go run ./adminbench -h)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +36,7 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go build -o "$tmp/prism" ./cmd/prism
-go build -o "$tmp/adminbench" ./bench/adminbench
+go -C bench build -o "$tmp/adminbench" ./adminbench
 # shellcheck disable=SC2086
 "$tmp/adminbench" -prism "$tmp/prism" -etcd "$(command -v etcd)" -redis "$(command -v redis-server)" \
   -concurrency 16 -phase 3s -kills "${ADMIN_BENCH_KILLS:-20}" ${ADMIN_BENCH_ARGS:-}
