@@ -157,6 +157,9 @@ func Open(opts Options) (*Store, error) {
 		if err := checkTables(opts.Dir, bo); err != nil {
 			return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
 		}
+		if err := checkValueLogs(opts.Dir); err != nil {
+			return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
+		}
 	}
 	db, err := badger.Open(bo)
 	if err != nil {
