@@ -38,8 +38,8 @@ import (
 //     at its last entry, so every byte must belong to an entry that checks:
 //     a flipped byte, a file cut short inside an entry, garbage appended, a
 //     file shorter than its header are all found. A file cut exactly at an
-//     entry boundary looks whole (nothing records where it ended) and is
-//     found on read only.
+//     entry boundary looks whole (nothing records where it ended); a query
+//     reading a value past its end fails ("corrupt record").
 //   - The newest file: closed cleanly, Badger truncated it at its last
 //     entry, so the same rule holds. Left by a crash it is preallocated and
 //     zero past the last write, and its last write may be torn (a kill -9
@@ -58,9 +58,10 @@ import (
 // store took 162 ms reading every file, 81 ms with the record below.
 // A sealed file that checked is recorded with its size in vlogVerifiedFile
 // and on later opens only its size is compared (a cut is found, a flip in
-// the middle is not: read finds it), so an open reads the newest file and
-// the one sealed since the last open, at most two files of 128 MiB, however
-// large the store. A lost or unreadable record just means a full read.
+// the middle is not, and Badger checks no value's CRC on read: a query
+// finds it only if the record no longer decodes), so an open reads the
+// newest file and the one sealed since the last open, at most two files of
+// 128 MiB, however large the store. A lost or unreadable record just means a full read.
 
 // vlogVerifiedFile lists the sealed value-log files that checked, "<fid>
 // <size>" per line.
