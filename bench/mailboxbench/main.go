@@ -30,6 +30,7 @@ type config struct {
 	dir        string
 	skipSQLite bool
 	sqliteRate int
+	rebuild    bool
 }
 
 func main() {
@@ -42,6 +43,7 @@ func main() {
 	flag.StringVar(&c.dir, "dir", "", "scratch directory (default: a new temp dir, removed afterwards)")
 	flag.BoolVar(&c.skipSQLite, "skip-sqlite", false, "skip the SQLite baseline")
 	flag.IntVar(&c.sqliteRate, "sqlite-rate-items", 200_000, "SQLite items loaded in 100-row transactions to measure its ingest rate; the rest are bulk-loaded to reach -n")
+	flag.BoolVar(&c.rebuild, "rebuild", false, "measure only mailbox.rebuild_s_1m: a mailbox of -n events dropped by prism runner rebuild's code and re-ingested from Kafka until it answers -n events again")
 	flag.Var(&payloadKind, "payload", "envelope payloads: json (audit events as services log them) or random (an encrypted body: incompressible)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
@@ -77,6 +79,9 @@ func run(c config) error {
 		}
 		defer os.RemoveAll(d)
 		dir = d
+	}
+	if c.rebuild {
+		return benchRebuild(c, rebuildDir(dir))
 	}
 	queries := makeQueries(c)
 	if err := benchStore(c, filepath.Join(dir, "badger"), queries); err != nil {
