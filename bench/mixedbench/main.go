@@ -187,7 +187,11 @@ func run(o options) error {
 	if t.pid != 0 {
 		fmt.Fprintf(os.Stderr, "# namespace created to its mailbox open at the runner (lease granted): %v\n", t.opened.Sub(t.created).Round(time.Millisecond))
 	}
-	fmt.Fprintf(os.Stderr, "# drained %d in %v from the mailbox's open with %.0f queries/s and %.0f stats/s beside\n", o.n, elapsed.Round(time.Millisecond), o.qps, o.statsQPS)
+	beside := "nothing"
+	if o.qps > 0 {
+		beside = fmt.Sprintf("%.0f queries/s and %.0f stats/s", o.qps, o.statsQPS)
+	}
+	fmt.Fprintf(os.Stderr, "# drained %d in %v from the mailbox's open with %s beside\n", o.n, elapsed.Round(time.Millisecond), beside)
 	who := "the load generator"
 	if o.inProcess {
 		who = "the runner and the load generator"
