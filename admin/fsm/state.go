@@ -93,16 +93,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	return slices.Sorted(maps.Keys(m))
 }
 
-func (s *state) liveProxyIDs() []string {
-	var ids []string
-	for _, id := range sortedKeys(s.proxies) {
-		if s.proxies[id].GetStatus() == adminv1.ProxyStatus_PROXY_STATUS_LIVE {
-			ids = append(ids, id)
-		}
-	}
-	return ids
-}
-
 // placeable reports whether p may own partitions: live, its runner not
 // given up on by its sidecar, and neither cordoned nor draining
 // (unschedulable). A proxy whose runner died while its sidecar heartbeats
