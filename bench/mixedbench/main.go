@@ -177,7 +177,7 @@ func run(o options) error {
 			qcancel()
 			return fmt.Errorf("only %d of %d stored after 30 minutes", n, o.n)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
 	qcancel()
@@ -262,17 +262,17 @@ func startTarget(o options, brokers []string, dir string) (*target, error) {
 		return nil, err
 	}
 	cl := &http.Client{Timeout: 5 * time.Second}
+	rp := m.runner
 	t := &target{base: m.queryURL(), metrics: "http://" + m.httpAddr + "/metrics", queryAddr: m.queryAddr, mailbox: mailboxID,
-		pid: m.runner.cmd.Process.Pid, created: m.created, opened: m.leaseOpened, close: m.close, fences: m.fences}
+		pid: rp.cmd.Process.Pid, created: m.created, opened: m.leaseOpened, close: m.close, fences: m.fences}
+	// Progress is read from /metrics, not the stats API: the governor hears query and stats latencies, and the
+	// bench's own polls must not make ingest give way.
 	t.stored = func() (int64, error) {
-		var st struct {
-			TotalEvents int64 `json:"total_events"`
-		}
-		err := get(cl, t.base+"/stats", &st)
-		if err != nil && m.runner.alive() {
+		m, err := scrape(cl, t.metrics)
+		if err != nil && rp.alive() {
 			return 0, nil // a slow answer under load: ask again
 		}
-		return st.TotalEvents, err
+		return int64(m["prism_mailbox_stored_events"]), err
 	}
 	return t, nil
 }
@@ -312,33 +312,40 @@ func startInProcess(o options, brokers []string, dir string) (*target, error) {
 // heldBack reads the runner's ingest governor counters from its /metrics: seconds store writes waited for
 // queries, and how many.
 func heldBack(cl *http.Client, metricsURL string) (float64, int, bool) {
-	resp, err := cl.Get(metricsURL)
+	m, err := scrape(cl, metricsURL)
 	if err != nil {
 		return 0, 0, false
 	}
+	held, found := m["prism_mailbox_ingest_held_back_seconds_total"]
+	return held, int(m["prism_mailbox_ingest_held_back_writes_total"]), found
+}
+
+// scrape reads a Prometheus text exposition: each metric's value, summed over its label sets.
+func scrape(cl *http.Client, url string) (map[string]float64, error) {
+	resp, err := cl.Get(url)
+	if err != nil {
+		return nil, err
+	}
 	defer resp.Body.Close()
-	var held float64
-	var writes int
-	found := false
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		name, v, ok := strings.Cut(sc.Text(), " ")
-		if !ok {
+		if !ok || strings.HasPrefix(name, "#") {
 			continue
 		}
-		name, _, _ = strings.Cut(name, "{")
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			continue
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			// Label values may hold spaces: the value is after the last one.
+			name, v = name[:i], sc.Text()[strings.LastIndexByte(sc.Text(), ' ')+1:]
 		}
-		switch name {
-		case "prism_mailbox_ingest_held_back_seconds_total":
-			held, found = held+f, true
-		case "prism_mailbox_ingest_held_back_writes_total":
-			writes += int(f)
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			out[name] += f
 		}
 	}
-	return held, writes, found
+	return out, sc.Err()
 }
 
 // maxInFlight bounds the requests a loop has outstanding, so a stalled
