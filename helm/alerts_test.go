@@ -14,6 +14,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/sidecar/inject"
 )
 
@@ -361,8 +362,8 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 // dashboard file, labelled for Grafana's sidecar.
 func TestMonitoringObjects(t *testing.T) {
 	t.Parallel()
-	if r := render(t, valueSets["defaults"]); len(r.monitors)+len(r.rules) != 0 || r.configMaps["prism-dashboard"] != nil {
-		t.Fatalf("monitoring objects rendered by default: %d ServiceMonitors, %d PrometheusRules", len(r.monitors), len(r.rules))
+	if r := render(t, valueSets["defaults"]); len(r.Monitors)+len(r.Rules) != 0 || r.ConfigMaps["prism-dashboard"] != nil {
+		t.Fatalf("monitoring objects rendered by default: %d ServiceMonitors, %d PrometheusRules", len(r.Monitors), len(r.Rules))
 	}
 	on := withQueryAuth(map[string]any{"metrics": map[string]any{
 		"serviceMonitor":   map[string]any{"enabled": true, "labels": map[string]any{"release": "kube-prometheus"}},
@@ -378,7 +379,7 @@ func TestMonitoringObjects(t *testing.T) {
 		"prism-gateway": {"gateway", "stats", "/stats/prometheus"},
 	}
 	jobs := map[string]bool{}
-	for name, sm := range r.monitors {
+	for name, sm := range r.Monitors {
 		if sm.Metadata.Labels["release"] != "kube-prometheus" {
 			t.Errorf("ServiceMonitor %s lacks metrics.serviceMonitor.labels", name)
 		}
@@ -402,7 +403,7 @@ func TestMonitoringObjects(t *testing.T) {
 			t.Errorf("%s: scrapes port %q path %q, want %q %q", job, ep.Port, ep.Path, want.port, want.path)
 		}
 		var selected []string
-		for svcName, svc := range r.services {
+		for svcName, svc := range r.Services {
 			if !labelsMatch(sm.Spec.Selector.MatchLabels, svc.Labels) {
 				continue
 			}
@@ -427,22 +428,22 @@ func TestMonitoringObjects(t *testing.T) {
 	}
 	// The quorum loss alert counts every admin node, so the admin job
 	// scrapes the Service that publishes unready nodes.
-	if svc := mustGet(t, r.services, adminPeers); !svc.Spec.PublishNotReadyAddresses || svc.Labels["prism.io/metrics"] != "true" {
+	if svc := chartrender.MustGet(t, r.Services, adminPeers); !svc.Spec.PublishNotReadyAddresses || svc.Labels["prism.io/metrics"] != "true" {
 		t.Errorf("admin nodes are scraped through %s, which must publish unready nodes", adminPeers)
 	}
 	// Envoys are scraped ready or not (one that never got its configuration
 	// is the one to look at), on their container's stats listener port.
-	stats := mustGet(t, r.services, gatewayName+"-stats")
-	proxy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
+	stats := chartrender.MustGet(t, r.Services, gatewayName+"-stats")
+	proxy := container(t, chartrender.MustGet(t, r.Deployments, gatewayName).Spec.Template.Spec, "envoy")
 	if !stats.Spec.PublishNotReadyAddresses || len(stats.Spec.Ports) != 1 || stats.Spec.Ports[0].TargetPort.String() != "stats" ||
 		stats.Spec.Ports[0].Port != containerPort(proxy, "stats") || containerPort(proxy, "stats") == 0 {
 		t.Errorf("gateway stats Service %s: publishes unready %v, ports %v; want every Envoy's stats port %d", stats.Name, stats.Spec.PublishNotReadyAddresses, stats.Spec.Ports, containerPort(proxy, "stats"))
 	}
 	// The sidecar's Service port reaches the port the injector gives it.
-	runnerSpec := r.injected(t, mustGet(t, r.statefulSets, runnerName).Spec.Template)
+	runnerSpec := r.injected(t, chartrender.MustGet(t, r.StatefulSets, runnerName).Spec.Template)
 	sidecar := runnerSpec.InitContainers[len(runnerSpec.InitContainers)-1]
 	var sidecarPort bool
-	for _, p := range mustGet(t, r.services, runnerName).Spec.Ports {
+	for _, p := range chartrender.MustGet(t, r.Services, runnerName).Spec.Ports {
 		if p.Name != "sidecar-http" {
 			continue
 		}
@@ -459,8 +460,8 @@ func TestMonitoringObjects(t *testing.T) {
 		t.Errorf("runner Service %s has no sidecar-http port for the sidecar ServiceMonitor", runnerName)
 	}
 
-	if len(r.rules) != 1 {
-		t.Fatalf("%d PrometheusRules, want 1", len(r.rules))
+	if len(r.Rules) != 1 {
+		t.Fatalf("%d PrometheusRules, want 1", len(r.Rules))
 	}
 	b, err := os.ReadFile(rulesFile)
 	if err != nil {
@@ -470,7 +471,7 @@ func TestMonitoringObjects(t *testing.T) {
 	if err := yaml.Unmarshal(b, &want); err != nil {
 		t.Fatal(err)
 	}
-	for name, pr := range r.rules {
+	for name, pr := range r.Rules {
 		if !reflect.DeepEqual(pr.Spec, want) {
 			t.Errorf("PrometheusRule %s's spec is not %s", name, rulesFile)
 		}
@@ -479,7 +480,7 @@ func TestMonitoringObjects(t *testing.T) {
 		}
 	}
 
-	cm := mustGet(t, r.configMaps, "prism-dashboard")
+	cm := chartrender.MustGet(t, r.ConfigMaps, "prism-dashboard")
 	dash, err := os.ReadFile(dashboardFile)
 	if err != nil {
 		t.Fatal(err)

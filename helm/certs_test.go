@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki/kube"
 )
@@ -25,7 +26,7 @@ import (
 // certsJob is the hook Job of tls.mode generate: the one running prism
 // certs kube-secrets.
 func (r *rendered) certsJob() (*batchv1.Job, bool) {
-	for _, j := range r.jobs {
+	for _, j := range r.Jobs {
 		if cs := j.Spec.Template.Spec.Containers; len(cs) == 1 && len(cs[0].Args) > 1 && cs[0].Args[0] == "certs" && cs[0].Args[1] == "kube-secrets" {
 			return j, true
 		}
@@ -117,7 +118,7 @@ func TestGeneratedCertificatesJob(t *testing.T) {
 	r := render(t, generateMode)
 	job, ok := r.certsJob()
 	if !ok {
-		t.Fatalf("no certs Job; jobs %v", r.jobs)
+		t.Fatalf("no certs Job; jobs %v", r.Jobs)
 	}
 	jobWeight := checkHook(t, "Job", job.ObjectMeta)
 	spec := job.Spec.Template.Spec
@@ -127,7 +128,7 @@ func TestGeneratedCertificatesJob(t *testing.T) {
 	if spec.RestartPolicy != corev1.RestartPolicyNever && spec.RestartPolicy != corev1.RestartPolicyOnFailure {
 		t.Errorf("restart policy %s", spec.RestartPolicy)
 	}
-	sa := mustGet(t, r.accounts, spec.ServiceAccountName)
+	sa := chartrender.MustGet(t, r.Accounts, spec.ServiceAccountName)
 	if w := checkHook(t, "ServiceAccount", sa.ObjectMeta); w >= jobWeight {
 		t.Errorf("ServiceAccount weight %d not below the Job's %d: it may not exist when the Job starts", w, jobWeight)
 	}
@@ -136,7 +137,7 @@ func TestGeneratedCertificatesJob(t *testing.T) {
 		t.Fatalf("the Job writes %v, want the CA, admin, runner, gateway and operator Secrets", written)
 	}
 	var bound int
-	for _, rb := range r.roleBindings {
+	for _, rb := range r.RoleBindings {
 		if w := checkHook(t, "RoleBinding", rb.ObjectMeta); w >= jobWeight {
 			t.Errorf("RoleBinding weight %d not below the Job's %d", w, jobWeight)
 		}
@@ -148,7 +149,7 @@ func TestGeneratedCertificatesJob(t *testing.T) {
 		if rb.RoleRef.Kind != "Role" {
 			t.Fatalf("RoleBinding %s binds %s %s, want a namespaced Role", rb.Name, rb.RoleRef.Kind, rb.RoleRef.Name)
 		}
-		role := mustGet(t, r.roles, rb.RoleRef.Name)
+		role := chartrender.MustGet(t, r.Roles, rb.RoleRef.Name)
 		if w := checkHook(t, "Role", role.ObjectMeta); w >= jobWeight {
 			t.Errorf("Role weight %d not below the Job's %d", w, jobWeight)
 		}
@@ -187,8 +188,8 @@ func TestGeneratedCertificatesJob(t *testing.T) {
 
 	for name, vals := range map[string]map[string]any{"cert-manager": valueSets["defaults"], "secret": secretMode, "insecure": insecureMode} {
 		r := render(t, vals)
-		if len(r.jobs) != 0 || len(r.roles) != 0 || len(r.roleBindings) != 0 {
-			t.Errorf("%s mode renders jobs %v roles %v bindings %v", name, r.jobs, r.roles, r.roleBindings)
+		if len(r.Jobs) != 0 || len(r.Roles) != 0 || len(r.RoleBindings) != 0 {
+			t.Errorf("%s mode renders jobs %v roles %v bindings %v", name, r.Jobs, r.Roles, r.RoleBindings)
 		}
 	}
 }
@@ -258,14 +259,14 @@ func TestGeneratedCertificatesAreWhatPodsLoad(t *testing.T) {
 		checkLeaf(t, who, certPEM, keyPEM, roots, want)
 	}
 
-	admins := mustGet(t, r.statefulSets, adminName)
+	admins := chartrender.MustGet(t, r.StatefulSets, adminName)
 	for i := range int(*admins.Spec.Replicas) {
 		pod := admins.Name + "-" + strconv.Itoa(i)
 		c := container(t, admins.Spec.Template.Spec, "admin")
 		files := tlsFiles(c, pod)
 		loads(pod, checkIdentity(t, admins.Spec.Template.Spec, c, pod, files), files, identity.Identity{TrustDomain: td, Role: identity.Admin, Name: pod})
 	}
-	runners := mustGet(t, r.statefulSets, runnerName)
+	runners := chartrender.MustGet(t, r.StatefulSets, runnerName)
 	for i := range int(*runners.Spec.Replicas) {
 		pod := injectedRunnerNamed(t, r, runners.Name+"-"+strconv.Itoa(i))
 		for _, c := range []corev1.Container{container(t, pod.Spec, "runner"), sidecarOf(t, pod)} {
@@ -273,20 +274,20 @@ func TestGeneratedCertificatesAreWhatPodsLoad(t *testing.T) {
 			loads(pod.Name+"/"+c.Name, checkIdentity(t, pod.Spec, c, pod.Name, files), files, identity.Identity{TrustDomain: td, Role: identity.Proxy, Name: pod.Name})
 		}
 	}
-	gateway := mustGet(t, r.deployments, gatewayName).Spec.Template.Spec
+	gateway := chartrender.MustGet(t, r.Deployments, gatewayName).Spec.Template.Spec
 	files := envoyFiles(t, r)
 	loads("gateway", checkIdentity(t, gateway, container(t, gateway, "envoy"), "", files), files, identity.Identity{TrustDomain: td, Role: identity.Gateway, Name: gatewayName})
 
 	// The operator Secret NOTES.txt tells the user to read.
-	m := regexp.MustCompile(`kubectl get secret -n \S+ (\S+) -o jsonpath='\{\.data\.tls\\\.crt\}'`).FindStringSubmatch(r.notes)
+	m := regexp.MustCompile(`kubectl get secret -n \S+ (\S+) -o jsonpath='\{\.data\.tls\\\.crt\}'`).FindStringSubmatch(r.Notes)
 	if m == nil {
-		t.Fatalf("NOTES.txt does not say where the operator certificate is:\n%s", r.notes)
+		t.Fatalf("NOTES.txt does not say where the operator certificate is:\n%s", r.Notes)
 	}
 	op := secret(m[1])
 	checkLeaf(t, "operator", op.Data["tls.crt"], op.Data["tls.key"], roots, identity.Identity{TrustDomain: td, Role: identity.Operator, Name: "prismctl"})
 	for _, want := range []string{"Secret " + p.CASecret, "helm upgrade", "admin.replicas or runner.replicas", "prism.io/tls-secret"} {
-		if !strings.Contains(r.notes, want) {
-			t.Errorf("NOTES.txt lacks %q:\n%s", want, r.notes)
+		if !strings.Contains(r.Notes, want) {
+			t.Errorf("NOTES.txt lacks %q:\n%s", want, r.Notes)
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/sidecar/inject"
 )
 
@@ -121,7 +122,7 @@ func TestChartLints(t *testing.T) {
 	for name, vals := range valueSets {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			linter := lint.AllWithKubeVersion(chartDir, vals, namespace, &kubeVersion)
+			linter := lint.AllWithKubeVersion(chartDir, vals, namespace, &chartrender.KubeVersion)
 			for _, m := range linter.Messages {
 				// INFO (e.g. "icon is recommended") is advice; anything
 				// from WARNING up is a defect.
@@ -153,14 +154,14 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, vals)
-			for wl, tmpl := range r.podTemplates() {
+			for wl, tmpl := range r.PodTemplates() {
 				spec := tmpl.Spec
 				for k, v := range tmpl.Labels {
 					if msgs := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(msgs) > 0 {
 						t.Errorf("%s: label %s=%q: %v", wl, k, v, msgs)
 					}
 				}
-				if _, ok := r.accounts[spec.ServiceAccountName]; !ok {
+				if _, ok := r.Accounts[spec.ServiceAccountName]; !ok {
 					t.Errorf("%s: service account %q not rendered", wl, spec.ServiceAccountName)
 				}
 				if spec.SecurityContext == nil || spec.SecurityContext.RunAsNonRoot == nil || !*spec.SecurityContext.RunAsNonRoot {
@@ -187,7 +188,7 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 				for _, v := range spec.Volumes {
 					switch {
 					case v.ConfigMap != nil:
-						if _, ok := r.configMaps[v.ConfigMap.Name]; !ok && !userConfigMaps(vals)[v.ConfigMap.Name] {
+						if _, ok := r.ConfigMaps[v.ConfigMap.Name]; !ok && !userConfigMaps(vals)[v.ConfigMap.Name] {
 							t.Errorf("%s: volume %s: ConfigMap %s not rendered", wl, v.Name, v.ConfigMap.Name)
 						}
 					case v.Secret != nil:
@@ -197,12 +198,12 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 					}
 				}
 			}
-			for _, pdb := range r.pdbs {
+			for _, pdb := range r.PDBs {
 				if _, ok := r.selected(pdb.Spec.Selector.MatchLabels); !ok {
 					t.Errorf("PDB %s selects no workload", pdb.Name)
 				}
 			}
-			for sn, svc := range r.services {
+			for sn, svc := range r.Services {
 				if msgs := validation.IsDNS1035Label(sn); len(msgs) > 0 {
 					t.Errorf("service name %s: %v", sn, msgs)
 				}
@@ -226,13 +227,13 @@ func TestRenderedObjectsAreSound(t *testing.T) {
 }
 
 func (r *rendered) makesSecret(name string) bool {
-	if _, ok := r.secrets[name]; ok {
+	if _, ok := r.Secrets[name]; ok {
 		return true
 	}
 	if _, ok := r.certsJobSecrets()[name]; ok {
 		return true
 	}
-	for _, c := range r.certificates {
+	for _, c := range r.Certificates {
 		if c.Spec.SecretName == name {
 			return true
 		}
@@ -242,7 +243,7 @@ func (r *rendered) makesSecret(name string) bool {
 
 // selected returns the pod template a Service selector matches.
 func (r *rendered) selected(sel map[string]string) (corev1.PodTemplateSpec, bool) {
-	for _, tmpl := range r.podTemplates() {
+	for _, tmpl := range r.PodTemplates() {
 		match := len(sel) > 0
 		for k, v := range sel {
 			if tmpl.Labels[k] != v {
@@ -259,7 +260,7 @@ func (r *rendered) selected(sel map[string]string) (corev1.PodTemplateSpec, bool
 // injected is the pod spec of tmpl as the chart's injector makes it.
 func (r *rendered) injected(t *testing.T, tmpl corev1.PodTemplateSpec) corev1.PodSpec {
 	t.Helper()
-	injector := container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector")
+	injector := container(t, chartrender.MustGet(t, r.Deployments, injectorName).Spec.Template.Spec, "injector")
 	pod := &corev1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
 	pod.Name = runnerName + "-0"
 	if err := inject.Mutate(pod, injectorOptions(t, injector)); err != nil {
@@ -300,7 +301,7 @@ func TestAdminCluster(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, tc.vals)
-			sts := mustGet(t, r.statefulSets, adminName)
+			sts := chartrender.MustGet(t, r.StatefulSets, adminName)
 			if sts.Spec.Replicas == nil || int(*sts.Spec.Replicas) != tc.replicas {
 				t.Fatalf("admin replicas %v, want %d", sts.Spec.Replicas, tc.replicas)
 			}
@@ -310,7 +311,7 @@ func TestAdminCluster(t *testing.T) {
 			if len(sts.Spec.VolumeClaimTemplates) != 1 || sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests.Storage().IsZero() {
 				t.Errorf("admin has no sized PVC template")
 			}
-			headless := mustGet(t, r.services, adminPeers)
+			headless := chartrender.MustGet(t, r.Services, adminPeers)
 			if sts.Spec.ServiceName != adminPeers || headless.Spec.ClusterIP != "None" || !headless.Spec.PublishNotReadyAddresses {
 				t.Errorf("admin serviceName %q; headless service %s", sts.Spec.ServiceName, toYAML(headless.Spec))
 			}
@@ -350,7 +351,7 @@ func TestAdminCluster(t *testing.T) {
 			if hard := len(aff.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) == 1; hard != tc.hard {
 				t.Errorf("hard anti-affinity %v, want %v", hard, tc.hard)
 			}
-			pdb, ok := r.pdbs[adminName]
+			pdb, ok := r.PDBs[adminName]
 			if tc.pdbMin == "" {
 				if ok {
 					t.Errorf("a PDB on a single admin node blocks every drain")
@@ -391,7 +392,7 @@ func TestRunnerAndKafka(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, tc.vals)
-			sts := mustGet(t, r.statefulSets, runnerName)
+			sts := chartrender.MustGet(t, r.StatefulSets, runnerName)
 			if sts.Spec.Template.Labels[inject.LabelInject] != "true" {
 				t.Errorf("runner pods not labelled for injection: %v", sts.Spec.Template.Labels)
 			}
@@ -455,7 +456,7 @@ func TestBadValuesRejected(t *testing.T) {
 			t.Parallel()
 			ch := loadChart(t)
 			caps := chartutil.DefaultCapabilities.Copy()
-			caps.KubeVersion = kubeVersion
+			caps.KubeVersion = chartrender.KubeVersion
 			vals, err := chartutil.ToRenderValues(ch, tc.vals, chartutil.ReleaseOptions{Name: releaseName, Namespace: namespace, IsInstall: true}, caps)
 			if err == nil {
 				_, err = engine.Render(ch, vals)
@@ -490,14 +491,14 @@ func TestInjectorWebhook(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, vals)
-			if len(r.webhooks) != 1 {
-				t.Fatalf("%d webhook configurations, want 1", len(r.webhooks))
+			if len(r.Webhooks) != 1 {
+				t.Fatalf("%d webhook configurations, want 1", len(r.Webhooks))
 			}
 			var cfg *admissionregistrationv1.MutatingWebhookConfiguration
-			for _, c := range r.webhooks {
+			for _, c := range r.Webhooks {
 				cfg = c
 			}
-			svc := mustGet(t, r.services, injectorName)
+			svc := chartrender.MustGet(t, r.Services, injectorName)
 			paths := map[string]bool{}
 			for _, w := range cfg.Webhooks {
 				cc := w.ClientConfig.Service
@@ -531,22 +532,22 @@ func TestInjectorWebhook(t *testing.T) {
 			}
 			secretName := injectorName + "-tls"
 			if certManager {
-				cert := mustGet(t, r.certificates, injectorName)
+				cert := chartrender.MustGet(t, r.Certificates, injectorName)
 				if cert.Spec.SecretName != secretName || cfg.Annotations["cert-manager.io/inject-ca-from"] != namespace+"/"+injectorName {
 					t.Errorf("certificate secret %q, inject-ca-from %q", cert.Spec.SecretName, cfg.Annotations["cert-manager.io/inject-ca-from"])
 				}
 				if !contains(cert.Spec.DNSNames, injectorName+"."+namespace+".svc") {
 					t.Errorf("certificate names %v lack the service", cert.Spec.DNSNames)
 				}
-				if _, ok := r.issuers[cert.Spec.IssuerRef.Name]; !ok {
+				if _, ok := r.Issuers[cert.Spec.IssuerRef.Name]; !ok {
 					t.Errorf("issuer %s not rendered", cert.Spec.IssuerRef.Name)
 				}
-				if len(r.secrets) != 0 {
-					t.Errorf("chart renders Secrets %v that cert-manager owns", r.secrets)
+				if len(r.Secrets) != 0 {
+					t.Errorf("chart renders Secrets %v that cert-manager owns", r.Secrets)
 				}
 				return
 			}
-			secret := mustGet(t, r.secrets, secretName)
+			secret := chartrender.MustGet(t, r.Secrets, secretName)
 			verifyServingCert(t, secret, cfg.Webhooks[0].ClientConfig.CABundle, injectorName+"."+namespace+".svc")
 			for _, w := range cfg.Webhooks[1:] {
 				if string(w.ClientConfig.CABundle) != string(cfg.Webhooks[0].ClientConfig.CABundle) {
@@ -617,13 +618,13 @@ func TestNotes(t *testing.T) {
 			t.Parallel()
 			r := render(t, tc.vals)
 			for _, w := range tc.want {
-				if !strings.Contains(r.notes, w) {
-					t.Errorf("NOTES.txt lacks %q:\n%s", w, r.notes)
+				if !strings.Contains(r.Notes, w) {
+					t.Errorf("NOTES.txt lacks %q:\n%s", w, r.Notes)
 				}
 			}
 			for _, w := range tc.notWant {
-				if strings.Contains(r.notes, w) {
-					t.Errorf("NOTES.txt says %q:\n%s", w, r.notes)
+				if strings.Contains(r.Notes, w) {
+					t.Errorf("NOTES.txt says %q:\n%s", w, r.Notes)
 				}
 			}
 		})

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/sidecar/inject"
 )
@@ -28,13 +29,13 @@ func TestChartArgsParseWithPrism(t *testing.T) {
 		"cert-manager": valueSets["custom kafka and static topics"], "secret": secretMode, "insecure": insecureMode, "generate": generateMode,
 	} {
 		r := render(t, vals)
-		injector := container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector")
-		runnerPod := &corev1.Pod{Spec: *mustGet(t, r.statefulSets, runnerName).Spec.Template.Spec.DeepCopy()}
+		injector := container(t, chartrender.MustGet(t, r.Deployments, injectorName).Spec.Template.Spec, "injector")
+		runnerPod := &corev1.Pod{Spec: *chartrender.MustGet(t, r.StatefulSets, runnerName).Spec.Template.Spec.DeepCopy()}
 		runnerPod.Name = runnerName + "-0"
 		if err := inject.Mutate(runnerPod, injectorOptions(t, injector)); err != nil {
 			t.Fatal(err)
 		}
-		cases[mode+"/admin"] = kubeletArgs(container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin"))
+		cases[mode+"/admin"] = kubeletArgs(container(t, chartrender.MustGet(t, r.StatefulSets, adminName).Spec.Template.Spec, "admin"))
 		cases[mode+"/runner"] = kubeletArgs(container(t, runnerPod.Spec, "runner"))
 		cases[mode+"/injector"] = kubeletArgs(injector)
 		cases[mode+"/sidecar"] = kubeletArgs(runnerPod.Spec.InitContainers[len(runnerPod.Spec.InitContainers)-1])
@@ -48,7 +49,7 @@ func TestChartArgsParseWithPrism(t *testing.T) {
 	// Each way of checking query tokens gives prism admin other flags.
 	for _, set := range []string{"query auth disabled", "query auth from a ConfigMap", "query auth with a CA and port"} {
 		r := render(t, valueSets[set])
-		cases[set+"/admin"] = kubeletArgs(container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin"))
+		cases[set+"/admin"] = kubeletArgs(container(t, chartrender.MustGet(t, r.StatefulSets, adminName).Spec.Template.Spec, "admin"))
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -122,13 +123,13 @@ func TestNotesCommandParsesWithPrismctl(t *testing.T) {
 	}
 	r := render(t, valueSets["defaults"])
 	var line string
-	for _, l := range strings.Split(r.notes, "\n") {
+	for _, l := range strings.Split(r.Notes, "\n") {
 		if f := strings.TrimSpace(l); strings.HasPrefix(f, "prismctl ") {
 			line = f
 		}
 	}
 	if line == "" {
-		t.Fatalf("NOTES.txt has no prismctl command:\n%s", r.notes)
+		t.Fatalf("NOTES.txt has no prismctl command:\n%s", r.Notes)
 	}
 	args := append(strings.Fields(line)[1:], "--help")
 	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {

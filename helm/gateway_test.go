@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/prism-mesh/prism/envoy"
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
 )
@@ -139,7 +140,7 @@ func containerPort(c corev1.Container, name string) int32 {
 func TestGatewayBootstrap(t *testing.T) {
 	t.Parallel()
 	r := render(t, valueSets["defaults"])
-	cm := mustGet(t, r.configMaps, gatewayName+"-bootstrap")
+	cm := chartrender.MustGet(t, r.ConfigMaps, gatewayName+"-bootstrap")
 	b := parseBootstrap(t, "chart bootstrap", []byte(cm.Data["bootstrap.yaml"]))
 	addr, statsPort := checkADSOnly(t, "chart bootstrap", b)
 	if addr.GetAddress() != adminPeers+"."+namespace+".svc" || addr.GetPortValue() != 7001 {
@@ -151,7 +152,7 @@ func TestGatewayBootstrap(t *testing.T) {
 	if b.GetNode().GetCluster() != gatewayName {
 		t.Errorf("node.cluster %q", b.GetNode().GetCluster())
 	}
-	dep := mustGet(t, r.deployments, gatewayName)
+	dep := chartrender.MustGet(t, r.Deployments, gatewayName)
 	proxy := container(t, dep.Spec.Template.Spec, "envoy")
 	if a := args(proxy); a["--service-node"] != "$(POD_NAME)" && a["--service-node"] != gatewayName+"/$(POD_NAME)" || a["--config-path"] != "/etc/envoy/bootstrap.yaml" {
 		t.Errorf("envoy args %v: each Envoy needs its own node id and the mounted bootstrap", proxy.Args)
@@ -178,7 +179,7 @@ func TestGatewayBootstrapIsEnvoyBootstrap(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, vals)
-			chart := parseBootstrap(t, "chart bootstrap", []byte(mustGet(t, r.configMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
+			chart := parseBootstrap(t, "chart bootstrap", []byte(chartrender.MustGet(t, r.ConfigMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
 			want, err := envoy.Bootstrap(envoyConfig(t, vals))
 			if err != nil {
 				t.Fatal(err)
@@ -303,12 +304,12 @@ func TestHelmTestQueriesGateway(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, tc.vals)
-			pod := mustGet(t, r.pods, gatewayName+"-test")
+			pod := chartrender.MustGet(t, r.Pods, gatewayName+"-test")
 			if pod.Annotations["helm.sh/hook"] != "test" || pod.Spec.RestartPolicy != "Never" {
 				t.Errorf("test pod hook %q restartPolicy %q", pod.Annotations["helm.sh/hook"], pod.Spec.RestartPolicy)
 			}
 			script := strings.Join(pod.Spec.Containers[0].Args, "\n")
-			svc := mustGet(t, r.services, gatewayName)
+			svc := chartrender.MustGet(t, r.Services, gatewayName)
 			for _, want := range append([]string{fmt.Sprintf("http://%s:%d/v1/mailboxes/", svc.Name, svc.Spec.Ports[0].Port)}, tc.want...) {
 				if !strings.Contains(script, want) {
 					t.Errorf("test script lacks %q:\n%s", want, script)
@@ -369,7 +370,7 @@ func TestGatewayQueryAuth(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, tc.vals)
-			admin := container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")
+			admin := container(t, chartrender.MustGet(t, r.StatefulSets, adminName).Spec.Template.Spec, "admin")
 			got := map[string]string{}
 			for k, v := range args(admin) {
 				if strings.HasPrefix(k, "--gateway-j") {
@@ -382,7 +383,7 @@ func TestGatewayQueryAuth(t *testing.T) {
 			if noAuth := slices.Contains(admin.Args, "--gateway-no-query-auth"); noAuth != tc.noAuth {
 				t.Errorf("--gateway-no-query-auth %v, want %v", noAuth, tc.noAuth)
 			}
-			spec := mustGet(t, r.deployments, gatewayName).Spec.Template.Spec
+			spec := chartrender.MustGet(t, r.Deployments, gatewayName).Spec.Template.Spec
 			var mounted string
 			for _, v := range spec.Volumes {
 				if v.ConfigMap == nil || v.ConfigMap.Name != tc.configMap {
@@ -425,9 +426,9 @@ func TestGatewayListenerIsWhatTheChartProbes(t *testing.T) {
 				overrides = withQueryAuth(map[string]any{"gateway": ports})
 			}
 			r := render(t, overrides)
-			admin := container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")
+			admin := container(t, chartrender.MustGet(t, r.StatefulSets, adminName).Spec.Template.Spec, "admin")
 			listen := args(admin)["--gateway-addr"]
-			proxy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
+			proxy := container(t, chartrender.MustGet(t, r.Deployments, gatewayName).Spec.Template.Spec, "envoy")
 			http, stats := containerPort(proxy, "http"), containerPort(proxy, "stats")
 			if want := fmt.Sprintf("0.0.0.0:%d", http); http == 0 || listen != want {
 				t.Fatalf("admin announces the gateway listener at %q; Envoy's http port is %d (want %q)", listen, http, want)
@@ -435,14 +436,14 @@ func TestGatewayListenerIsWhatTheChartProbes(t *testing.T) {
 			if ports != nil && (http != int32(ports["port"].(int)) || stats != int32(ports["statsPort"].(int))) {
 				t.Fatalf("envoy http and stats ports %d and %d, want gateway.port %v and gateway.statsPort %v", http, stats, ports["port"], ports["statsPort"])
 			}
-			b := parseBootstrap(t, "chart bootstrap", []byte(mustGet(t, r.configMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
+			b := parseBootstrap(t, "chart bootstrap", []byte(chartrender.MustGet(t, r.ConfigMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
 			if _, listener := checkADSOnly(t, "chart bootstrap", b); stats == 0 || uint32(stats) != listener {
 				t.Errorf("envoy stats port %d, the bootstrap's stats listener is on %d", stats, listener)
 			}
 			if p := proxy.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "stats" || p.HTTPGet.Path != "/ready" {
 				t.Errorf("readiness probe %s, want GET /ready on the stats port", toYAML(p))
 			}
-			svc := mustGet(t, r.services, gatewayName)
+			svc := chartrender.MustGet(t, r.Services, gatewayName)
 			if tp := svc.Spec.Ports[0].TargetPort.String(); tp != "http" {
 				t.Errorf("Service targetPort %q, want the http port", tp)
 			}
@@ -469,7 +470,7 @@ func TestGatewayNodeIDMatchesIdentity(t *testing.T) {
 		{"secret", secretMode, func(*rendered) string { return gatewayName + "/$(POD_NAME)" }},
 		{"secret with a named identity", withName, func(*rendered) string { return "edge/$(POD_NAME)" }},
 		{"generate", generateMode, func(r *rendered) string {
-			for _, j := range r.jobs {
+			for _, j := range r.Jobs {
 				for _, c := range j.Spec.Template.Spec.Containers {
 					if n := args(c)["--gateway-name"]; n != "" {
 						return n + "/$(POD_NAME)"
@@ -481,7 +482,7 @@ func TestGatewayNodeIDMatchesIdentity(t *testing.T) {
 		}},
 	} {
 		r := render(t, tc.vals)
-		proxy := container(t, mustGet(t, r.deployments, gatewayName).Spec.Template.Spec, "envoy")
+		proxy := container(t, chartrender.MustGet(t, r.Deployments, gatewayName).Spec.Template.Spec, "envoy")
 		if got, want := args(proxy)["--service-node"], tc.want(r); got != want {
 			t.Errorf("%s: Envoy's node id %q, want %q", tc.name, got, want)
 		}
@@ -494,8 +495,8 @@ func TestGatewayNodeIDMatchesIdentity(t *testing.T) {
 func TestLookupTargetIsTheAdminService(t *testing.T) {
 	t.Parallel()
 	r := render(t, valueSets["defaults"])
-	admin := container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")
-	svc := mustGet(t, r.services, adminName)
+	admin := container(t, chartrender.MustGet(t, r.StatefulSets, adminName).Spec.Template.Spec, "admin")
+	svc := chartrender.MustGet(t, r.Services, adminName)
 	var grpcPort int32
 	for _, p := range svc.Spec.Ports {
 		if p.Name == "grpc" {

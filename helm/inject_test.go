@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/sidecar/inject"
 )
 
@@ -84,8 +85,8 @@ func TestInjectorOnRenderedRunnerPod(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, tc.vals)
-			sts := mustGet(t, r.statefulSets, runnerName)
-			injector := container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector")
+			sts := chartrender.MustGet(t, r.StatefulSets, runnerName)
+			injector := container(t, chartrender.MustGet(t, r.Deployments, injectorName).Spec.Template.Spec, "injector")
 			opts := injectorOptions(t, injector)
 			reg := prometheus.NewRegistry()
 			wh, err := inject.NewWebhook(opts, slog.New(slog.DiscardHandler), reg, clock.RealClock{})

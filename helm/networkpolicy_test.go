@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/prism-mesh/prism/helm/chartrender"
 )
 
 // endpoint is one side of a flow: a pod's labels and, as a destination,
@@ -82,7 +84,7 @@ func portMatches(ports []networkingv1.NetworkPolicyPort, p corev1.ContainerPort)
 // selecting src must allow it (no policy selecting a side allows all).
 func allowed(r *rendered, src, dst endpoint, p corev1.ContainerPort) bool {
 	in, out := true, true
-	for _, pol := range r.policies {
+	for _, pol := range r.Policies {
 		if matchesAll(pol.Spec.PodSelector.MatchLabels, dst.labels) && contains(policyTypes(pol), "Ingress") {
 			ok := false
 			for _, rule := range pol.Spec.Ingress {
@@ -129,11 +131,11 @@ func TestNetworkPoliciesAllowOnlyTheMeshFlows(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, tc.vals)
-			if len(r.policies) != 4 {
-				t.Fatalf("%d NetworkPolicies, want admin, runner, gateway, injector", len(r.policies))
+			if len(r.Policies) != 4 {
+				t.Fatalf("%d NetworkPolicies, want admin, runner, gateway, injector", len(r.Policies))
 			}
 			pod := func(name string) endpoint {
-				tmpl := r.podTemplates()[name]
+				tmpl := r.PodTemplates()[name]
 				return endpoint{labels: tmpl.Labels, spec: tmpl.Spec}
 			}
 			admin, gateway, injector := pod(adminName), pod(gatewayName), pod(injectorName)
@@ -181,7 +183,7 @@ func TestNetworkPoliciesAllowOnlyTheMeshFlows(t *testing.T) {
 				}
 			}
 			// Every port a policy names is a port of the pods on that side.
-			for name, pol := range r.policies {
+			for name, pol := range r.Policies {
 				var own []endpoint
 				for _, e := range []endpoint{admin, gateway, injector, runner} {
 					if matchesAll(pol.Spec.PodSelector.MatchLabels, e.labels) {
@@ -229,7 +231,7 @@ func TestNetworkPolicyKafkaPorts(t *testing.T) {
 		"kafka":         map[string]any{"brokers": []any{"b-1.kafka:9094", "b-2.kafka:9094", "b-3.kafka:19094"}},
 		"networkPolicy": map[string]any{"kafka": []any{map[string]any{"ipBlock": map[string]any{"cidr": "10.20.0.0/16"}}}},
 	}))
-	pol := mustGet(t, r.policies, runnerName)
+	pol := chartrender.MustGet(t, r.Policies, runnerName)
 	var ports []string
 	for _, rule := range pol.Spec.Egress {
 		if len(rule.To) == 1 && rule.To[0].IPBlock != nil && rule.To[0].IPBlock.CIDR == "10.20.0.0/16" {
@@ -241,8 +243,8 @@ func TestNetworkPolicyKafkaPorts(t *testing.T) {
 	if strings.Join(ports, ",") != "9094,19094" {
 		t.Errorf("kafka egress ports %v, want 9094,19094 to 10.20.0.0/16", ports)
 	}
-	if off := render(t, valueSets["no network policies"]); len(off.policies) != 0 {
-		t.Errorf("networkPolicy.enabled=false still renders %d policies", len(off.policies))
+	if off := render(t, valueSets["no network policies"]); len(off.Policies) != 0 {
+		t.Errorf("networkPolicy.enabled=false still renders %d policies", len(off.Policies))
 	}
 }
 
@@ -268,7 +270,7 @@ func TestNetworkPolicyJWKSPort(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			pol := mustGet(t, render(t, tc.vals).policies, gatewayName)
+			pol := chartrender.MustGet(t, render(t, tc.vals).Policies, gatewayName)
 			var got []string
 			for _, rule := range pol.Spec.Egress {
 				if len(rule.To) > 0 && rule.To[0].PodSelector != nil {

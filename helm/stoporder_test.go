@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/sidecar/inject"
 )
@@ -37,7 +38,7 @@ func TestRunnerPreStopDrains(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, tc.vals)
-			spec := mustGet(t, r.statefulSets, runnerName).Spec.Template.Spec
+			spec := chartrender.MustGet(t, r.StatefulSets, runnerName).Spec.Template.Spec
 			runner := container(t, spec, "runner")
 			if runner.Lifecycle == nil || runner.Lifecycle.PreStop == nil || runner.Lifecycle.PreStop.Exec == nil {
 				t.Fatalf("runner has no preStop exec hook: %+v", runner.Lifecycle)
@@ -58,7 +59,7 @@ func TestRunnerPreStopDrains(t *testing.T) {
 			// the injector makes of this one.
 			pod := &corev1.Pod{Spec: *spec.DeepCopy()}
 			pod.Name = runnerName + "-0"
-			injector := container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector")
+			injector := container(t, chartrender.MustGet(t, r.Deployments, injectorName).Spec.Template.Spec, "injector")
 			if err := inject.Mutate(pod, injectorOptions(t, injector)); err != nil {
 				t.Fatal(err)
 			}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/envoy"
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/sidecar/inject"
 )
 
@@ -37,8 +38,8 @@ func injectedRunner(t *testing.T, r *rendered) *corev1.Pod {
 // injector has run on it.
 func injectedRunnerNamed(t *testing.T, r *rendered, podName string) *corev1.Pod {
 	t.Helper()
-	sts := mustGet(t, r.statefulSets, runnerName)
-	opts := injectorOptions(t, container(t, mustGet(t, r.deployments, injectorName).Spec.Template.Spec, "injector"))
+	sts := chartrender.MustGet(t, r.StatefulSets, runnerName)
+	opts := injectorOptions(t, container(t, chartrender.MustGet(t, r.Deployments, injectorName).Spec.Template.Spec, "injector"))
 	if _, err := inject.NewWebhook(opts, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), clock.RealClock{}); err != nil {
 		t.Fatalf("injector refuses the chart's flags: %v", err)
 	}
@@ -168,8 +169,8 @@ func TestTLSIdentities(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := render(t, tc.vals)
-			admin := mustGet(t, r.statefulSets, adminName).Spec.Template.Spec
-			gateway := mustGet(t, r.deployments, gatewayName).Spec.Template.Spec
+			admin := chartrender.MustGet(t, r.StatefulSets, adminName).Spec.Template.Spec
+			gateway := chartrender.MustGet(t, r.Deployments, gatewayName).Spec.Template.Spec
 			runner := injectedRunner(t, r)
 			type member struct {
 				role, podName string
@@ -252,7 +253,7 @@ func checkEnvoyTLS(t *testing.T, r *rendered, c corev1.Container, trustDomain st
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := parseBootstrap(t, "chart bootstrap", []byte(mustGet(t, r.configMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
+	got := parseBootstrap(t, "chart bootstrap", []byte(chartrender.MustGet(t, r.ConfigMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
 	gotSecrets, wantSecrets := got.GetStaticResources().GetSecrets(), want.GetStaticResources().GetSecrets()
 	if len(gotSecrets) != len(wantSecrets) {
 		t.Fatalf("bootstrap secrets %v, want %v", gotSecrets, wantSecrets)
@@ -276,7 +277,7 @@ func checkEnvoyTLS(t *testing.T, r *rendered, c corev1.Container, trustDomain st
 // envoyFiles are the files the chart's bootstrap has Envoy read.
 func envoyFiles(t *testing.T, r *rendered) map[string]string {
 	t.Helper()
-	b := parseBootstrap(t, "chart bootstrap", []byte(mustGet(t, r.configMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
+	b := parseBootstrap(t, "chart bootstrap", []byte(chartrender.MustGet(t, r.ConfigMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
 	out := map[string]string{}
 	for _, s := range b.GetStaticResources().GetSecrets() {
 		if c := s.GetTlsCertificate(); c != nil {
@@ -295,28 +296,28 @@ func envoyFiles(t *testing.T, r *rendered) map[string]string {
 func checkIssuers(t *testing.T, r *rendered, issuer, kind, trustDomain string) {
 	t.Helper()
 	if kind == "Issuer" {
-		ca := mustGet(t, r.issuers, issuer)
+		ca := chartrender.MustGet(t, r.Issuers, issuer)
 		ref, _ := ca.Spec["ca"].(map[string]any)
-		caCert := mustGet(t, r.certificates, issuer)
+		caCert := chartrender.MustGet(t, r.Certificates, issuer)
 		if ref == nil || ref["secretName"] != caCert.Spec.SecretName || !caCert.Spec.IsCA {
 			t.Errorf("issuer %s: %v, CA certificate %+v", issuer, ca.Spec, caCert.Spec)
 		}
-		self := mustGet(t, r.issuers, caCert.Spec.IssuerRef.Name)
+		self := chartrender.MustGet(t, r.Issuers, caCert.Spec.IssuerRef.Name)
 		if _, ok := self.Spec["selfSigned"]; !ok {
 			t.Errorf("CA certificate signed by %s %v, want a self-signed issuer", self.Metadata.Name, self.Spec)
 		}
-	} else if len(r.issuers) != 0 {
-		t.Errorf("issuers %v rendered next to the user's %s", r.issuers, issuer)
+	} else if len(r.Issuers) != 0 {
+		t.Errorf("issuers %v rendered next to the user's %s", r.Issuers, issuer)
 	}
-	op := mustGet(t, r.certificates, "prism-operator")
+	op := chartrender.MustGet(t, r.Certificates, "prism-operator")
 	if want := "spiffe://" + trustDomain + "/operator/prismctl"; len(op.Spec.URIs) != 1 || op.Spec.URIs[0] != want {
 		t.Errorf("operator uris %v, want %s", op.Spec.URIs, want)
 	}
 	if op.Spec.IssuerRef.Name != issuer || op.Spec.IssuerRef.Kind != kind || !contains(op.Spec.Usages, "client auth") {
 		t.Errorf("operator certificate %+v", op.Spec)
 	}
-	if !strings.Contains(r.notes, op.Spec.SecretName) || !strings.Contains(r.notes, "--cacert") {
-		t.Errorf("NOTES.txt does not say how to use Secret %s with prismctl:\n%s", op.Spec.SecretName, r.notes)
+	if !strings.Contains(r.Notes, op.Spec.SecretName) || !strings.Contains(r.Notes, "--cacert") {
+		t.Errorf("NOTES.txt does not say how to use Secret %s with prismctl:\n%s", op.Spec.SecretName, r.Notes)
 	}
 }
 
@@ -325,30 +326,30 @@ func checkIssuers(t *testing.T, r *rendered, issuer, kind, trustDomain string) {
 func TestInsecureMode(t *testing.T) {
 	t.Parallel()
 	r := render(t, insecureMode)
-	admin := container(t, mustGet(t, r.statefulSets, adminName).Spec.Template.Spec, "admin")
+	admin := container(t, chartrender.MustGet(t, r.StatefulSets, adminName).Spec.Template.Spec, "admin")
 	runnerPod := injectedRunner(t, r)
 	for _, c := range []corev1.Container{admin, container(t, runnerPod.Spec, "runner"), sidecarOf(t, runnerPod)} {
 		if !contains(c.Args, "--insecure") || len(tlsFiles(c, "p")) != 0 {
 			t.Errorf("%s: args %v env %v, want --insecure and no TLS files", c.Name, c.Args, c.Env)
 		}
 	}
-	for wl, tmpl := range r.podTemplates() {
+	for wl, tmpl := range r.PodTemplates() {
 		for _, v := range tmpl.Spec.Volumes {
 			if v.CSI != nil || v.Name == inject.TLSVolumeName {
 				t.Errorf("%s: identity volume %s in insecure mode", wl, v.Name)
 			}
 		}
 	}
-	if len(r.certificates) != 0 || len(r.issuers) != 0 {
-		t.Errorf("certificates %v issuers %v in insecure mode", r.certificates, r.issuers)
+	if len(r.Certificates) != 0 || len(r.Issuers) != 0 {
+		t.Errorf("certificates %v issuers %v in insecure mode", r.Certificates, r.Issuers)
 	}
-	b := parseBootstrap(t, "chart bootstrap", []byte(mustGet(t, r.configMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
+	b := parseBootstrap(t, "chart bootstrap", []byte(chartrender.MustGet(t, r.ConfigMaps, gatewayName+"-bootstrap").Data["bootstrap.yaml"]))
 	if b.GetStaticResources().GetClusters()[0].GetTransportSocket() != nil || len(b.GetStaticResources().GetSecrets()) != 0 {
 		t.Errorf("insecure bootstrap has TLS")
 	}
 	for _, want := range []string{"WARNING", "plaintext", "--insecure namespace create"} {
-		if !strings.Contains(r.notes, want) {
-			t.Errorf("NOTES.txt lacks %q:\n%s", want, r.notes)
+		if !strings.Contains(r.Notes, want) {
+			t.Errorf("NOTES.txt lacks %q:\n%s", want, r.Notes)
 		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+
+	"github.com/prism-mesh/prism/helm/chartrender"
 )
 
 // secretsProvider answers the chart's lookup calls from a fake cluster
@@ -27,7 +29,7 @@ func (p secretsProvider) GetClientFor(apiVersion, kind string) (dynamic.Namespac
 func TestGeneratedTLSKeptAcrossUpgrades(t *testing.T) {
 	t.Parallel()
 	first := render(t, valueSets["defaults"])
-	installed := mustGet(t, first.secrets, injectorName+"-tls")
+	installed := chartrender.MustGet(t, first.Secrets, injectorName+"-tls")
 	caFirst := string(firstCABundle(first))
 
 	// Without a cluster every render generates a new CA; this is what lookup
@@ -49,7 +51,7 @@ func TestGeneratedTLSKeptAcrossUpgrades(t *testing.T) {
 		t.Fatalf("upgrade render: %v", err)
 	}
 	upgraded := decodeAll(t, files)
-	kept := mustGet(t, upgraded.secrets, injectorName+"-tls")
+	kept := chartrender.MustGet(t, upgraded.Secrets, injectorName+"-tls")
 	for _, k := range []string{"ca.crt", "tls.crt", "tls.key"} {
 		if string(kept.Data[k]) != string(installed.Data[k]) {
 			t.Errorf("upgrade replaced %s", k)
@@ -62,7 +64,7 @@ func TestGeneratedTLSKeptAcrossUpgrades(t *testing.T) {
 }
 
 func firstCABundle(r *rendered) []byte {
-	for _, cfg := range r.webhooks {
+	for _, cfg := range r.Webhooks {
 		return cfg.Webhooks[0].ClientConfig.CABundle
 	}
 	return nil
