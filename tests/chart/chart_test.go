@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -69,7 +70,7 @@ func TestChartRuns(t *testing.T) {
 
 // runChart renders the chart with files and runs it: admin nodes, injectors (and Envoy when on PATH) at
 // once, the runner pods once an injector is ready to inject them, as the API server would have it call.
-func runChart(t *testing.T, files []string, bench string) (*cluster, *rendered) {
+func runChart(t *testing.T, files []string, bench string) (*cluster, *chartrender.Objects) {
 	began := time.Now()
 	defer func() { t.Logf("ran and checked in %v", time.Since(began).Round(time.Millisecond)) }()
 	r := render(t, files...)
@@ -122,8 +123,8 @@ func runChart(t *testing.T, files []string, bench string) (*cluster, *rendered) 
 }
 
 // injectedBy says whether one of the release's webhooks selects p's pod (the runners).
-func (c *cluster) injectedBy(r *rendered, p *pod) bool {
-	for _, cfg := range r.webhooks {
+func (c *cluster) injectedBy(r *chartrender.Objects, p *pod) bool {
+	for _, cfg := range r.Webhooks {
 		for _, w := range cfg.Webhooks {
 			if w.ObjectSelector != nil && selects(w.ObjectSelector.MatchLabels, p.labels) {
 				return true
@@ -136,7 +137,7 @@ func (c *cluster) injectedBy(r *rendered, p *pod) bool {
 // userSecrets makes the Secrets of tls.mode secret as the values name them and values.yaml describes them:
 // ca.crt in each, <pod>.crt and .key for every admin and runner pod, tls.crt and tls.key of the gateway's
 // one identity (tls.secret.gatewayName, else the gateway's name).
-func (c *cluster) userSecrets(r *rendered, files []string) {
+func (c *cluster) userSecrets(r *chartrender.Objects, files []string) {
 	c.t.Helper()
 	ca := c.caPEM()
 	for _, role := range []struct {
@@ -144,7 +145,7 @@ func (c *cluster) userSecrets(r *rendered, files []string) {
 		role          identity.Role
 	}{{"admin", adminName, identity.Admin}, {"runner", releaseName + "-runner", identity.Proxy}} {
 		data := map[string][]byte{"ca.crt": ca}
-		s := mustGet(c.t, r.statefulSets, role.workload)
+		s := chartrender.MustGet(c.t, r.StatefulSets, role.workload)
 		for i := range int(*s.Spec.Replicas) {
 			name := fmt.Sprintf("%s-%d", role.workload, i)
 			data[name+".crt"], data[name+".key"] = c.issue(role.role, name)
@@ -202,10 +203,10 @@ func (c *cluster) checkLiveness(pods []*pod) {
 
 // checkServices: every port of every Service names a port of the pods it selects, and something listens
 // there on each pod whose container runs. Envoy's ports are judged against its bootstrap and xDS instead.
-func (c *cluster) checkServices(r *rendered, pods []*pod) {
+func (c *cluster) checkServices(r *chartrender.Objects, pods []*pod) {
 	c.t.Helper()
-	for _, name := range sortedKeys(r.services) {
-		svc := r.services[name]
+	for _, name := range sortedKeys(r.Services) {
+		svc := r.Services[name]
 		var selected int
 		for _, p := range pods {
 			if !selects(svc.Spec.Selector, p.labels) {
@@ -248,7 +249,7 @@ func (c *cluster) checkServices(r *rendered, pods []*pod) {
 // identity mounted in the Envoy pod and its node id, the listener the admin nodes send, and checks it is on
 // the port of Envoy's http container port, which the gateway Service targets. Envoy's readiness probe
 // (Envoy's /ready on the stats listener) is judged by helm/'s bootstrap tests and, with envoy on PATH, run.
-func (c *cluster) checkGatewayListener(r *rendered, pods []*pod) {
+func (c *cluster) checkGatewayListener(r *chartrender.Objects, pods []*pod) {
 	c.t.Helper()
 	if _, err := exec.LookPath("envoy"); err != nil {
 		c.t.Log("envoy not on PATH: the gateway pods' Envoy is not started; its listener is checked over xDS")
@@ -357,7 +358,7 @@ func (c *cluster) checkGatewayListener(r *rendered, pods []*pod) {
 	if len(ports) != 1 || ports[0] != uint32(httpPort) {
 		c.t.Errorf("the admin nodes send node %s listeners on ports %v; Envoy's container port http is %d", nodeID, ports, httpPort)
 	}
-	svc := mustGet(c.t, r.services, gatewayName)
+	svc := chartrender.MustGet(c.t, r.Services, gatewayName)
 	for _, sp := range svc.Spec.Ports {
 		if port, ok := gw.port([]corev1.Container{envoyCtr}, sp.TargetPort); !ok || len(ports) != 1 || uint32(port) != ports[0] {
 			c.t.Errorf("gateway Service port %s targets %s (%d); the announced listener is on %v", sp.Name, sp.TargetPort.String(), port, ports)
@@ -410,16 +411,16 @@ func (c *cluster) mountedFile(p *pod, ctr corev1.Container, path string) []byte 
 // on their data they keep their state either way). Nobody calls member add: the render keeps
 // --bootstrap-expect=3, so the new pods, not among the first three of --peers, ask the running cluster to
 // add them, and must become voters at the addresses of their --peers entries, and ready.
-func growAdmins(t *testing.T, c *cluster, files []string, before *rendered) {
+func growAdmins(t *testing.T, c *cluster, files []string, before *chartrender.Objects) {
 	r := render(t, files...)
 	if str(value(t, "tls.mode", files...)) == "secret" {
 		c.userSecrets(r, files)
 	}
-	added := c.addPods(r, int(*before.statefulSets[adminName].Spec.Replicas), adminName)
+	added := c.addPods(r, int(*before.StatefulSets[adminName].Spec.Replicas), adminName)
 	if len(added) != 2 {
 		t.Fatalf("growing to 5 added %d admin pods", len(added))
 	}
-	sts := mustGet(t, r.statefulSets, adminName)
+	sts := chartrender.MustGet(t, r.StatefulSets, adminName)
 	peers := map[string]string{}
 	for _, a := range sts.Spec.Template.Spec.Containers[0].Args {
 		if v, ok := strings.CutPrefix(a, "--peers="); ok {
@@ -470,9 +471,9 @@ func growAdmins(t *testing.T, c *cluster, files []string, before *rendered) {
 }
 
 // bootstrapExpect is the admin StatefulSet's --bootstrap-expect in r.
-func bootstrapExpect(t *testing.T, r *rendered) string {
+func bootstrapExpect(t *testing.T, r *chartrender.Objects) string {
 	t.Helper()
-	for _, a := range mustGet(t, r.statefulSets, adminName).Spec.Template.Spec.Containers[0].Args {
+	for _, a := range chartrender.MustGet(t, r.StatefulSets, adminName).Spec.Template.Spec.Containers[0].Args {
 		if v, ok := strings.CutPrefix(a, "--bootstrap-expect="); ok {
 			return v
 		}

@@ -33,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/prism-mesh/prism/helm/chartrender"
 	"github.com/prism-mesh/prism/internal/podproc"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/mesh/identity"
@@ -181,8 +182,8 @@ func (c *cluster) issue(role identity.Role, name string) (crt, key []byte) {
 }
 
 // addRendered takes the release's own Secrets and ConfigMaps, which pods mount.
-func (c *cluster) addRendered(r *rendered) {
-	for name, s := range r.secrets {
+func (c *cluster) addRendered(r *chartrender.Objects) {
+	for name, s := range r.Secrets {
 		data := map[string][]byte{}
 		for k, v := range s.Data {
 			data[k] = v
@@ -192,19 +193,19 @@ func (c *cluster) addRendered(r *rendered) {
 		}
 		c.secrets[name] = data
 	}
-	for name, cm := range r.configMaps {
+	for name, cm := range r.ConfigMaps {
 		c.config[name] = cm.Data
 	}
 }
 
 // addPods makes the pods of every rendered StatefulSet and Deployment named in workloads (all when empty),
 // ordinals from..replicas-1 of a StatefulSet, with their network namespaces.
-func (c *cluster) addPods(r *rendered, from int, workloads ...string) []*pod {
+func (c *cluster) addPods(r *chartrender.Objects, from int, workloads ...string) []*pod {
 	c.t.Helper()
 	var out []*pod
 	want := func(name string) bool { return len(workloads) == 0 || slices.Contains(workloads, name) }
-	for _, name := range sortedKeys(r.statefulSets) {
-		s := r.statefulSets[name]
+	for _, name := range sortedKeys(r.StatefulSets) {
+		s := r.StatefulSets[name]
 		if !want(name) {
 			continue
 		}
@@ -219,8 +220,8 @@ func (c *cluster) addPods(r *rendered, from int, workloads ...string) []*pod {
 			out = append(out, p)
 		}
 	}
-	for _, name := range sortedKeys(r.deployments) {
-		d := r.deployments[name]
+	for _, name := range sortedKeys(r.Deployments) {
+		d := r.Deployments[name]
 		if !want(name) {
 			continue
 		}
@@ -240,7 +241,7 @@ func (c *cluster) addPods(r *rendered, from int, workloads ...string) []*pod {
 // writeHosts writes the hosts file every container sees: each StatefulSet pod's name under its Service,
 // each Service's names (all forms a pod's search path completes) to the pods it selects, and the brokers.
 // Rewritten in place, it reaches containers already running (Go re-reads /etc/hosts when it changes).
-func (c *cluster) writeHosts(r *rendered) {
+func (c *cluster) writeHosts(r *chartrender.Objects) {
 	c.t.Helper()
 	var b strings.Builder
 	b.WriteString("127.0.0.1\tlocalhost\n")
@@ -256,8 +257,8 @@ func (c *cluster) writeHosts(r *rendered) {
 			line(p.net.IP, p.host, p.host+".cluster.local")
 		}
 	}
-	for _, name := range sortedKeys(r.services) {
-		svc := r.services[name]
+	for _, name := range sortedKeys(r.Services) {
+		svc := r.Services[name]
 		for _, p := range pods {
 			if selects(svc.Spec.Selector, p.labels) {
 				fqdn := fmt.Sprintf("%s.%s.svc", name, namespace)
@@ -659,10 +660,10 @@ func (p *pod) probe(ctr corev1.Container, pr *corev1.Probe) error {
 
 // inject sends p to the injector pod inj as the API server would for a pod create, through the webhook's
 // Service port and the caBundle it trusts, and applies the answer's patch to p's spec.
-func (c *cluster) inject(inj *pod, r *rendered, p *pod) {
+func (c *cluster) inject(inj *pod, r *chartrender.Objects, p *pod) {
 	c.t.Helper()
 	var hook *admissionregistrationv1.MutatingWebhook
-	for _, cfg := range r.webhooks {
+	for _, cfg := range r.Webhooks {
 		for i := range cfg.Webhooks {
 			w := &cfg.Webhooks[i]
 			if sel := w.ObjectSelector; sel != nil && selects(sel.MatchLabels, p.labels) {
@@ -673,7 +674,7 @@ func (c *cluster) inject(inj *pod, r *rendered, p *pod) {
 	if hook == nil {
 		return
 	}
-	svc := mustGet(c.t, r.services, hook.ClientConfig.Service.Name)
+	svc := chartrender.MustGet(c.t, r.Services, hook.ClientConfig.Service.Name)
 	var target intstr.IntOrString
 	for _, sp := range svc.Spec.Ports {
 		if hook.ClientConfig.Service.Port == nil || sp.Port == *hook.ClientConfig.Service.Port {
