@@ -73,11 +73,11 @@ func TestElectionForwardingAndPrismctl(t *testing.T) {
 		return string(out)
 	}
 	var st struct {
-		NodeID   string `json:"nodeId"`
-		LeaderID string `json:"leaderId"`
+		NodeID   string `json:"node_id"`
+		LeaderID string `json:"leader_id"`
 		Members  []struct {
 			ID          string `json:"id"`
-			GrpcAddress string `json:"grpcAddress"`
+			GrpcAddress string `json:"grpc_address"`
 		} `json:"members"`
 	}
 	if err := json.Unmarshal([]byte(prismctl("cluster", "status", "--format", "json")), &st); err != nil {
