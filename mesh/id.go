@@ -23,11 +23,19 @@ func invalid(field, format string, args ...any) error {
 // ValidateID checks an identifier: non-empty, at most MaxIDLen bytes of
 // UTF-8 with no whitespace or control characters. Errors name field.
 func ValidateID(field, id string) error {
+	return validateID(field, id, MaxIDLen)
+}
+
+// MaxMailboxIDLen is the longest mailbox id: a namespace and a proxy id of
+// MaxIDLen bytes each, and the '@' between them.
+const MaxMailboxIDLen = 2*MaxIDLen + 1
+
+func validateID(field, id string, maxLen int) error {
 	switch {
 	case id == "":
 		return invalid(field, "empty")
-	case len(id) > MaxIDLen:
-		return invalid(field, "%d bytes, at most %d", len(id), MaxIDLen)
+	case len(id) > maxLen:
+		return invalid(field, "%d bytes, at most %d", len(id), maxLen)
 	case !utf8.ValidString(id):
 		return invalid(field, "not UTF-8")
 	case strings.IndexFunc(id, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
@@ -91,7 +99,7 @@ func NewMailboxID(namespace, proxyID string) (MailboxID, error) {
 // ParseMailboxID splits "{namespace}@{proxy_id}", checking the whole id and
 // both parts are well formed; CheckMailboxID also applies the name rules.
 func ParseMailboxID(s string) (MailboxID, error) {
-	if err := ValidateID("mailbox_id", s); err != nil {
+	if err := validateID("mailbox_id", s, MaxMailboxIDLen); err != nil {
 		return MailboxID{}, err
 	}
 	namespace, proxyID, ok := strings.Cut(s, "@")

@@ -10,7 +10,7 @@ import (
 
 func TestParseMailboxID(t *testing.T) {
 	t.Parallel()
-	long := strings.Repeat("n", 199) + "@" + strings.Repeat("p", 53) // MaxIDLen bytes
+	long := strings.Repeat("n", MaxIDLen) + "@" + strings.Repeat("p", MaxIDLen) // MaxMailboxIDLen bytes: a namespace and a proxy id of MaxIDLen each
 	cases := []struct {
 		in   string
 		want MailboxID
@@ -20,9 +20,9 @@ func TestParseMailboxID(t *testing.T) {
 		{in: "$admin@proxy-01", want: MailboxID{"$admin", "proxy-01"}},
 		{in: "ns@p.default.svc", want: MailboxID{"ns", "p.default.svc"}},
 		{in: "ünï@cödé", want: MailboxID{"ünï", "cödé"}},
-		{in: long, want: MailboxID{strings.Repeat("n", 199), strings.Repeat("p", 53)}},
+		{in: long, want: MailboxID{strings.Repeat("n", MaxIDLen), strings.Repeat("p", MaxIDLen)}},
 		{in: "", err: `invalid argument: mailbox_id: empty`},
-		{in: long + "p", err: `invalid argument: mailbox_id: 254 bytes, at most 253`},
+		{in: long + "p", err: `invalid argument: mailbox_id: 508 bytes, at most 507`},
 		{in: "ns@\xff", err: `invalid argument: mailbox_id: not UTF-8`},
 		{in: "a b@p", err: `invalid argument: mailbox_id: "a b@p" contains whitespace or control characters`},
 		{in: "ns@p\x00", err: `invalid argument: mailbox_id: "ns@p\x00" contains whitespace or control characters`},
