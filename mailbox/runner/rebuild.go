@@ -124,6 +124,9 @@ func StoredIDs(dataDir string) ([]string, error) {
 			continue
 		}
 		id, err := url.PathUnescape(e.Name())
+		if b, rerr := os.ReadFile(filepath.Join(dataDir, "mailboxes", e.Name(), idFile)); rerr == nil {
+			id, err = string(b), nil
+		}
 		if err != nil || Dir(dataDir, id) != filepath.Join(dataDir, "mailboxes", e.Name()) {
 			continue // not a directory Dir names
 		}

@@ -6,6 +6,8 @@ package runner
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -251,9 +254,29 @@ func validID(id string) error {
 	return nil
 }
 
-// Dir is where the store of mailbox id lives under dataDir.
+// maxDirName is the longest file name Linux file systems take (NAME_MAX).
+const maxDirName = 255
+
+// idFile, in the store directory of a mailbox whose id is too long to be
+// its directory's name, holds the id, so StoredIDs still finds it.
+const idFile = "prism-mailbox-id"
+
+// Dir is where the store of mailbox id lives under dataDir: the id, escaped,
+// as the directory's name. A namespace and a proxy id may each be 253 bytes,
+// so an id can be longer than a file name may be; such a directory is named
+// by the id's start and a hash of the whole id.
 func Dir(dataDir, id string) string {
-	return filepath.Join(dataDir, "mailboxes", url.PathEscape(id))
+	return filepath.Join(dataDir, "mailboxes", dirName(id))
+}
+
+func dirName(id string) string {
+	name := url.PathEscape(id)
+	if len(name) <= maxDirName {
+		return name
+	}
+	sum := sha256.Sum256([]byte(id))
+	tag := hex.EncodeToString(sum[:16])
+	return name[:maxDirName-len(tag)-1] + "~" + tag
 }
 
 // Prepare opens mailbox mc's store ahead of Open, which then only starts
@@ -320,6 +343,12 @@ func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error)
 		}()
 		st, err = r.openStore(store.Options{Dir: dir, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Memory: mem, Logger: r.log.With("mailbox_id", mc.ID)})
 	}()
+	if err == nil && dirName(mc.ID) != url.PathEscape(mc.ID) {
+		if werr := os.WriteFile(filepath.Join(dir, idFile), []byte(mc.ID), 0o600); werr != nil {
+			_ = st.Close()
+			st, err = nil, fmt.Errorf("record the id of %s: %w", dir, werr)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err == nil {
