@@ -359,7 +359,11 @@ func TestStopAfterDrainWithoutRunner(t *testing.T) {
 	h.assignRoles(1, roled{"a", serving})
 	h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 1 })
 	h.assignRoles(2)
-	h.waitFor("a handed off", func() bool { return len(h.agent.Leases()) == 0 })
+	h.waitFor("a handed off: closed in the runner and released", func() bool {
+		_, _, closed := h.ev.find(0, "runner close a@p1")
+		_, _, released := h.ev.find(0, "admin release")
+		return len(h.agent.Leases()) == 0 && closed && released
+	})
 	h.runner.setDown(true)
 	if err := h.stop(); err != nil {
 		t.Fatalf("stop with nothing held and the runner gone: %v\n%s", err, h.ev)
