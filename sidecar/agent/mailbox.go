@@ -514,7 +514,7 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration, giveUpAt time.T
 		sentAt := w.a.cfg.Clock.Now()
 		probedAt := sentAt
 		if runnerErr != nil {
-			probedAt = failedBy(probeSent, w.probeTimeout(interval), sentAt)
+			probedAt = failedBy(probeSent, w.a.probeTimeout(interval), sentAt)
 		}
 		if runnerErr != nil && !probedAt.Before(giveUpAt) {
 			ch <- hbResult{runnerErr: runnerErr, probedAt: probedAt}
@@ -526,9 +526,9 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration, giveUpAt time.T
 	return ch
 }
 
-// probeTimeout bounds one stats probe of the runner.
-func (w *worker) probeTimeout(interval time.Duration) time.Duration {
-	return min(w.a.cfg.RPCTimeout/2, interval)
+// probeTimeout bounds one stats probe of the runner made every interval.
+func (a *Agent) probeTimeout(interval time.Duration) time.Duration {
+	return min(a.cfg.RPCTimeout/2, interval)
 }
 
 // probe asks the runner for the mailbox's stats: whether it still serves
@@ -536,7 +536,7 @@ func (w *worker) probeTimeout(interval time.Duration) time.Duration {
 // answer (nil if it did, NotFound included).
 func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration) (stats *adminv1.LeaseStats, lost bool, runnerErr error) {
 	stats = &adminv1.LeaseStats{Health: adminv1.RunnerHealth_RUNNER_HEALTH_HEALTHY}
-	rctx, rcancel := context.WithTimeout(ctx, w.probeTimeout(interval))
+	rctx, rcancel := context.WithTimeout(ctx, w.a.probeTimeout(interval))
 	sr, err := w.a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{MailboxId: w.id})
 	rcancel()
 	switch {

@@ -36,7 +36,7 @@ func (c *Config) proxyRunnerDeadAfter() time.Duration {
 // A failed probe counts as the runner's silence only up to its timeout
 // (failedBy).
 func (a *Agent) judgeRunner(ctx context.Context, lastOK time.Time) (time.Time, *runnerv1.GetStatsResponse) {
-	timeout := min(a.cfg.RPCTimeout/2, a.cfg.HeartbeatInterval)
+	timeout := a.probeTimeout(a.cfg.HeartbeatInterval)
 	sentAt := a.cfg.Clock.Now()
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	stats, err := a.cfg.Runner.GetStats(pctx, &runnerv1.GetStatsRequest{})

@@ -780,7 +780,7 @@ func (s *sessions) probes(ctx context.Context, interval time.Duration) {
 	a := s.a
 	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(interval)) {
 		sentAt := a.cfg.Clock.Now()
-		timeout := min(a.cfg.RPCTimeout/2, interval)
+		timeout := a.probeTimeout(interval)
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		resp, err := a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{})
 		cancel()
