@@ -343,7 +343,7 @@ func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error)
 		}()
 		st, err = r.openStore(store.Options{Dir: dir, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Memory: mem, Logger: r.log.With("mailbox_id", mc.ID)})
 	}()
-	if err == nil && dirName(mc.ID) != url.PathEscape(mc.ID) {
+	if err == nil && filepath.Base(dir) != url.PathEscape(mc.ID) {
 		if werr := os.WriteFile(filepath.Join(dir, idFile), []byte(mc.ID), 0o600); werr != nil {
 			_ = st.Close()
 			st, err = nil, fmt.Errorf("record the id of %s: %w", dir, werr)
