@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -46,6 +47,12 @@ type runnerFlags struct {
 	mem      memoryFlags
 	// queryTarget is the query latency ingest gives way to.
 	queryTarget time.Duration
+	// enablePprof serves net/http/pprof and runtime/metrics on --http-addr;
+	// blockRate and mutexFraction turn on the block and mutex profiles,
+	// which cost time on every contended lock and channel, so only with it.
+	enablePprof   bool
+	blockRate     int
+	mutexFraction int
 }
 
 // defaultControlAddr is where the injected sidecar looks for the runner
@@ -66,6 +73,9 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.IntVar(&f.batchSize, "batch-size", 0, "records per durable store write (0: default)")
 	fs.DurationVar(&f.batchWait, "batch-wait", 0, "longest a partial batch waits for more records (0: default)")
 	fs.DurationVar(&f.queryTarget, "query-latency-target", 10*time.Millisecond, "query latency ingest gives way to: while answers are slower, store writes wait (each at most 250ms, so ingest never starves) and batches decode on one core; negative: never")
+	fs.BoolVar(&f.enablePprof, "enable-pprof", false, "also serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ and runtime/metrics under /debug/runtime-metrics on --http-addr, as prism admin --enable-pprof; that listener is plaintext and unauthenticated, so only where it is reachable by operators alone")
+	fs.IntVar(&f.blockRate, "block-profile-rate", 0, "with --enable-pprof, record one blocking event per this many nanoseconds blocked in the block profile (runtime.SetBlockProfileRate; 1: every event; 0: off)")
+	fs.IntVar(&f.mutexFraction, "mutex-profile-fraction", 0, "with --enable-pprof, record one in this many mutex contentions in the mutex profile (runtime.SetMutexProfileFraction; 0: off)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", defaults.logFormat, "log format: json or text")
 	fs.StringVar(&f.controlAddr, "control-addr", defaults.controlAddr,
@@ -96,8 +106,11 @@ func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
 func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Config, error) {
 	cfg := node.Config{
 		Runner: runner.Config{DataDir: f.dataDir, Brokers: brokers, BatchSize: f.batchSize, BatchWait: f.batchWait,
-			QueryLatencyTarget: f.queryTarget},
+			QueryLatencyTarget: f.queryTarget, Pprof: f.enablePprof},
 		QueryAddr: f.grpcAddr, HTTPAddr: f.httpAddr, ControlAddr: f.controlAddr, Logger: log,
+	}
+	if !f.enablePprof && (f.blockRate != 0 || f.mutexFraction != 0) {
+		return cfg, errors.New("--block-profile-rate and --mutex-profile-fraction need --enable-pprof, which serves their profiles")
 	}
 	sc, err := f.kafkaSec.saramaConfig(log)
 	if err != nil {
@@ -173,6 +186,8 @@ SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 				return err
 			}
 			f.mem.apply(log, cfg.Runner.MemoryBudget)
+			runtime.SetBlockProfileRate(f.blockRate)
+			runtime.SetMutexProfileFraction(f.mutexFraction)
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			n, err := node.Start(cfg)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -44,6 +45,47 @@ func TestRunnerAndSidecarRefuseToStart(t *testing.T) {
 			t.Parallel()
 			if err := execute(tc.cmd, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("%v = %v, want it to say %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestRunnerPprofFlag: the runner serves profiles only with --enable-pprof,
+// and the block and mutex profiles' rates are refused without it.
+func TestRunnerPprofFlag(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		wantPprof bool
+		wantErr   string
+	}{
+		{"off by default", nil, false, ""},
+		{"on with the flag", []string{"--enable-pprof"}, true, ""},
+		{"rates with it", []string{"--enable-pprof", "--block-profile-rate", "1000", "--mutex-profile-fraction", "10"}, true, ""},
+		{"block rate without it", []string{"--block-profile-rate", "1000"}, false, "need --enable-pprof"},
+		{"mutex fraction without it", []string{"--mutex-profile-fraction", "10"}, false, "need --enable-pprof"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var f runnerFlags
+			cmd := &cobra.Command{}
+			f.register(cmd, runnerFlags{})
+			if err := cmd.Flags().Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := f.nodeConfig(slog.New(slog.DiscardHandler), []string{"127.0.0.1:1"})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("nodeConfig(%v) = %v, want it to say %q", tc.args, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Runner.Pprof != tc.wantPprof {
+				t.Errorf("nodeConfig(%v).Runner.Pprof = %v, want %v", tc.args, cfg.Runner.Pprof, tc.wantPprof)
 			}
 		})
 	}

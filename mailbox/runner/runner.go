@@ -98,6 +98,9 @@ type Config struct {
 	// QueryHoldMax is the longest one store write waits for queries to be
 	// fast again; 0 = the ingest default (250ms).
 	QueryHoldMax time.Duration
+	// Pprof also serves Go's runtime profiles and runtime/metrics under
+	// /debug/ on the plaintext HTTP port (withPprof).
+	Pprof bool
 }
 
 // MailboxConfig names a mailbox, its topics and its store limits.
@@ -838,6 +841,9 @@ func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 		// the caller rather than a failed handshake.
 		r.query.TLSConfig = r.cfg.TLS.ServerConfig(pki.Any)
 		r.http.Handler = r.probeHandler()
+	}
+	if r.cfg.Pprof {
+		r.http.Handler = withPprof(r.http.Handler)
 	}
 	for _, s := range []struct {
 		srv *http.Server
