@@ -16,22 +16,39 @@ import (
 )
 
 // Admission bounds the work the leader takes on, so that when it cannot
-// keep up it refuses new work before a renewal is lost (issue 20): past a
-// bound, a write that adds state (an acquire, an open, a registration, a
+// keep up it refuses new work before a renewal is lost (issue 20), and it
+// decides by the queues it measures, not by a rate guessed in advance.
+//
+// Renewals (MailboxHeartbeat, KeepAliveSession) have their own budget, the
+// renewal gate (renewalgate.go): at most MaxRenewalsInFlight past it at
+// once, the rest waiting with their receipts open, so they count from
+// their arrival however long they wait (admin/lease, arrival.go). They are
+// never refused for load. New work (an acquire, an open, a registration, a
 // namespace, an operator's write) is refused RESOURCE_EXHAUSTED with a
 // retry hint (errdetails.RetryInfo, which grpc-go clients read with
-// status.Details). Renewals (MailboxHeartbeat, KeepAliveSession) never pass
-// through admission, and the writes in essentialWrites are counted but
-// never refused. The renewals themselves count from their arrival however
-// long they wait (admin/lease, arrival.go), so the shedding is about
-// keeping their wait short, not about their safety.
+// status.Details) while MaxInFlightWrites proposals are in flight, while a
+// renewal has waited at the gate longer than ShedAfterRenewalWait, and for
+// RetryAfter after one reached the lessor that late. The writes in
+// essentialWrites are counted but never refused.
 type Admission struct {
 	// MaxInFlightWrites bounds the Raft writes the leader has proposed
 	// and not yet seen applied (default 1000).
 	MaxInFlightWrites int
-	// ShedAfterRenewalWait: a renewal that waited longer than this between
-	// its arrival and the lessor (the leader is behind) sheds new writes
-	// for RetryAfter (default 1s).
+	// MaxRenewalsInFlight bounds the renewals past the gate at once, in
+	// the leadership check or the lessor (default 64).
+	MaxRenewalsInFlight int
+	// MaxRenewalsPerSecond, if positive, is the most renewals the leader
+	// lets past the gate a second (default 0: no bound; the CPU is). A
+	// bound below what the machine can do keeps CPU for Raft's heartbeats
+	// and the leadership rounds when renewals alone would take all of it
+	// (a leader starved of them is deposed, and then every renewal fails):
+	// past it renewals wait, counted from their arrival, and new work is
+	// shed.
+	MaxRenewalsPerSecond float64
+	// ShedAfterRenewalWait: new writes are shed while a renewal has waited
+	// longer than this at the gate, and for RetryAfter after one reached
+	// the lessor this late; past it the gate also serves the newest
+	// renewals first (default 1s).
 	ShedAfterRenewalWait time.Duration
 	// RetryAfter is the retry hint; each refusal adds up to half of it
 	// again at random so refused callers do not come back in step
@@ -43,6 +60,9 @@ func (a Admission) withDefaults() Admission {
 	if a.MaxInFlightWrites <= 0 {
 		a.MaxInFlightWrites = 1000
 	}
+	if a.MaxRenewalsInFlight <= 0 {
+		a.MaxRenewalsInFlight = 64
+	}
 	if a.ShedAfterRenewalWait <= 0 {
 		a.ShedAfterRenewalWait = time.Second
 	}
@@ -52,10 +72,11 @@ func (a Admission) withDefaults() Admission {
 	return a
 }
 
-// admission is the leader's count of writes in flight and how long new
-// ones are shed for.
+// admission is the leader's count of writes in flight, its renewal gate
+// and how long new writes are shed for.
 type admission struct {
 	inFlight atomic.Int64
+	renewals *renewalGate
 	// shedUntil is the leader clock's UnixNano until which new writes are
 	// refused because a renewal waited too long.
 	shedUntil atomic.Int64
@@ -70,11 +91,14 @@ func (s *Server) admit(method string) (release func(), err error) {
 		return release, nil
 	}
 	a := s.cfg.Admission
+	now := s.cfg.Clock.Now()
 	var why string
-	switch {
+	switch waited, waiting := s.admission.renewals.oldestWait(now); {
 	case n > int64(a.MaxInFlightWrites):
 		why = fmt.Sprintf("%d writes in flight on the leader (limit %d)", n-1, a.MaxInFlightWrites)
-	case s.cfg.Clock.Now().UnixNano() < s.admission.shedUntil.Load():
+	case waited > a.ShedAfterRenewalWait:
+		why = fmt.Sprintf("%d renewals waiting on the leader, the oldest for %s", waiting, waited.Round(time.Millisecond))
+	case now.UnixNano() < s.admission.shedUntil.Load():
 		why = fmt.Sprintf("renewals are waiting longer than %s on the leader", a.ShedAfterRenewalWait)
 	default:
 		return release, nil
@@ -91,16 +115,23 @@ func (s *Server) admit(method string) (release func(), err error) {
 }
 
 // renewalWait is what a renewal waits for between its receipt and the
-// lessor: the quorum's confirmation that this node still leads, taken after
-// the arrival. A renewal that waited long says the leader is behind: new
-// writes are shed for a while so renewals get the leader's time.
-func (s *Server) renewalWait(ctx context.Context, rc *lease.Receipt) error {
+// lessor: its turn at the renewal gate, then the quorum's confirmation that
+// this node still leads, taken after the arrival. The returned leave ends
+// the turn; call it once the lessor has answered. A renewal that waited
+// long says the leader is behind: new writes are shed for a while so
+// renewals get the leader's time.
+func (s *Server) renewalWait(ctx context.Context, rc *lease.Receipt) (leave func(), err error) {
 	if h := s.hooks.renewalReceived.Load(); h != nil {
 		(*h)(rc)
 	}
+	leave, err = s.admission.renewals.enter(ctx, rc.At())
+	if err != nil {
+		return nil, err
+	}
 	if err := s.leader.Lease(ctx); err != nil {
+		leave()
 		s.metrics.leaderUnconfirmed.Inc()
-		return fmt.Errorf("%w: %v", raftnode.ErrNotLeader, err)
+		return nil, fmt.Errorf("%w: %v", raftnode.ErrNotLeader, err)
 	}
 	now := s.cfg.Clock.Now()
 	waited := now.Sub(rc.At())
@@ -108,5 +139,5 @@ func (s *Server) renewalWait(ctx context.Context, rc *lease.Receipt) error {
 	if waited > s.cfg.Admission.ShedAfterRenewalWait {
 		s.admission.shedUntil.Store(now.Add(s.cfg.Admission.RetryAfter).UnixNano())
 	}
-	return nil
+	return leave, nil
 }

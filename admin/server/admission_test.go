@@ -195,3 +195,53 @@ func TestDelayedHeartbeatCountsFromArrival(t *testing.T) {
 		t.Fatalf("expirations = %v, want 0", v)
 	}
 }
+
+// A renewal waiting at the renewal gate longer than ShedAfterRenewalWait
+// sheds new work while it waits; it is served once a turn frees, and new
+// work is taken again once no renewal waits that long.
+func TestWaitingRenewalShedsNewWork(t *testing.T) {
+	t.Parallel()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	a := Admission{MaxRenewalsInFlight: 1, ShedAfterRenewalWait: 500 * time.Millisecond, RetryAfter: 2 * time.Second}
+	n, cp, ss, sid := startAdmitting(t, clk, a)
+	c := ctx(t)
+	gate := n.Server.admission.renewals
+	busy, err := gate.enter(c, clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		ka  *adminv1.KeepAliveSessionResponse
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ka, err := ss.KeepAliveSession(c, &adminv1.KeepAliveSessionRequest{ProxyId: "p", SessionId: sid})
+		done <- result{ka, err}
+	}()
+	awaitState(t, "the keepalive to wait at the gate", func() bool { _, n := gate.oldestWait(clk.Now()); return n == 1 })
+	if _, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "c@p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"}); err != nil {
+		t.Fatalf("acquire while a renewal waits briefly: %v", err)
+	}
+	clk.Step(a.ShedAfterRenewalWait + time.Millisecond)
+	if v := scrapeValue(t, n, "prism_admin_renewals_waiting"); v != 1 {
+		t.Fatalf("renewals waiting = %v, want 1", v)
+	}
+	_, err = ss.AcquireLeases(c, &adminv1.AcquireLeasesRequest{ProxyId: "p", SessionId: sid, MailboxIds: []string{"d@p"}})
+	shed(t, "acquire while a renewal waits too long", err)
+	if v := scrapeValue(t, n, `prism_admin_shed_total{method="AcquireLeases"}`); v != 1 {
+		t.Fatalf("AcquireLeases shed = %v, want 1", v)
+	}
+	busy()
+	r := <-done
+	if r.err != nil || !r.ka.GetRenewed() {
+		t.Fatalf("the waiting keepalive: %v, %v", r.ka, r.err)
+	}
+	// It reached the lessor late, so new work stays shed for RetryAfter.
+	_, err = cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "d@p", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"})
+	shed(t, "acquire just after a late renewal", err)
+	clk.Step(a.RetryAfter)
+	if _, err := ss.AcquireLeases(c, &adminv1.AcquireLeasesRequest{ProxyId: "p", SessionId: sid, MailboxIds: []string{"a@p"}}); err != nil {
+		t.Fatalf("acquire once no renewal waits: %v", err)
+	}
+}

@@ -207,9 +207,11 @@ func (s *Server) MailboxHeartbeat(ctx context.Context, req *adminv1.MailboxHeart
 		}
 		rc := s.lessor.ReceiveHeartbeat(req.GetMailboxId())
 		defer rc.Close()
-		if err := s.renewalWait(ctx, rc); err != nil {
+		leave, err := s.renewalWait(ctx, rc)
+		if err != nil {
 			return nil, err
 		}
+		defer leave()
 		r := s.lessor.Renew(rc, req)
 		if r.GetRefusal().GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER || !s.node.IsRaftLeader() {
 			return nil, raftnode.ErrNotLeader

@@ -64,7 +64,7 @@ func NewMetrics() *Metrics {
 		}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_admin_shed_total",
-			Help: "Writes the leader refused RESOURCE_EXHAUSTED for load (too many in flight, or renewals waiting too long), by method.",
+			Help: "New work the leader refused RESOURCE_EXHAUSTED for load (too many writes in flight, or renewals waiting too long), by method.",
 		}, []string{"method"}),
 		renewalWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "prism_admin_renewal_wait_seconds", Buckets: latencyBuckets,
@@ -107,6 +107,14 @@ func (m *Metrics) register(reg prometheus.Registerer, s *Server) error {
 		m.commit, m.fsmApply, m.expirations, m.expiryScans, m.leaderUnconfirmed, m.shed, m.renewalWait, m.forwards, m.forwardTime, m.rpcs, m.rpcTime,
 		stat("prism_admin_writes_in_flight", "Raft writes this node, as leader, has proposed for clients and not yet seen applied.", func() float64 {
 			return float64(s.admission.inFlight.Load())
+		}),
+		stat("prism_admin_renewals_waiting", "Renewals waiting at the leader's renewal gate for their turn (counted from their arrival meanwhile).", func() float64 {
+			_, n := s.admission.renewals.oldestWait(s.cfg.Clock.Now())
+			return float64(n)
+		}),
+		stat("prism_admin_renewal_queue_age_seconds", "How long the oldest renewal waiting at the leader's renewal gate has waited; past --shed-after-renewal-wait new work is shed.", func() float64 {
+			d, _ := s.admission.renewals.oldestWait(s.cfg.Clock.Now())
+			return d.Seconds()
 		}),
 		stat("prism_admin_raft_term", "Current raft term.", func() float64 { return float64(s.node.Stats().Term) }),
 		stat("prism_admin_raft_commit_index", "Raft commit index.", func() float64 { return float64(s.node.Stats().CommitIndex) }),

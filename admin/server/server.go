@@ -239,6 +239,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.leader = leader
+	s.admission.renewals = newRenewalGate(cfg.Admission, cfg.Clock)
 	s.metrics = cfg.Metrics
 	if err := s.metrics.register(cfg.Registry, s); err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)

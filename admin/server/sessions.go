@@ -97,9 +97,11 @@ func (x sessions) KeepAliveSession(ctx context.Context, req *adminv1.KeepAliveSe
 		}
 		rc := s.lessor.ReceiveKeepAlive(req.GetSessionId())
 		defer rc.Close()
-		if err := s.renewalWait(ctx, rc); err != nil {
+		leave, err := s.renewalWait(ctx, rc)
+		if err != nil {
 			return nil, err
 		}
+		defer leave()
 		r, err := s.lessor.KeepAlive(rc, req)
 		if err != nil {
 			return nil, err
