@@ -63,12 +63,14 @@
 // the lease. Probes ride on heartbeats, so a dead runner is noticed within
 // RunnerDeadAfter plus one interval and one probe timeout of its last
 // answer, and the lease is released at the latest ttl after that answer.
-// A failed probe shows the runner silent only until its timeout, not until
-// the sidecar saw it fail: a sidecar stopped with a probe in flight (SIGSTOP,
-// a stalled machine) does not blame its own pause on the runner, so a pause
-// shorter than ttl keeps every lease as long as an interval plus a probe
-// timeout stays under the bound (the defaults reach it only unjittered:
-// 5s + 2.5s against 7.5s).
+// The silence is counted only over time the sidecar was running to see it
+// (silence.go): a probe that failed because the sidecar was stopped while
+// it was in flight (SIGSTOP, a GC or a stalled machine: it took more than
+// twice its timeout) counts for nothing, a failed probe for at most its
+// timeout, and the wait before one for at most the interval, however late
+// the sidecar's timer fired. So a pause of the sidecar, wherever it falls,
+// adds nothing to the runner's silence, and a pause shorter than ttl keeps
+// every lease.
 //
 // The proxy heartbeat judges the runner the same way for the proxy as a
 // whole (runner.go): it probes the runner's control API before each proxy
@@ -392,10 +394,10 @@ func (a *Agent) register(ctx context.Context) bool {
 // carries the verdict (runner.go), in either lease mode: the proxy
 // heartbeat, not the session keepalive, is what keeps a proxy in placement.
 func (a *Agent) proxyHeartbeats(ctx context.Context) {
-	lastOK := a.cfg.Clock.Now()
+	// Each probe follows the last heartbeat by one interval, jittered.
+	sil := newSilence(a.cfg.Clock.Now(), a.probeTimeout(a.cfg.HeartbeatInterval), a.cfg.HeartbeatInterval)
 	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(a.cfg.HeartbeatInterval)) {
-		var stats *runnerv1.GetStatsResponse
-		lastOK, stats = a.judgeRunner(ctx, lastOK)
+		stats := a.judgeRunner(ctx, &sil)
 		if ctx.Err() != nil {
 			return
 		}

@@ -237,6 +237,8 @@ type fakeRunner struct {
 	// fail DeadlineExceeded: the sidecar stopped (SIGSTOP) while its probe
 	// was in flight, and its timeout fired before it read the answer.
 	stall time.Duration
+	// stallID, when set, keeps the stall for a probe of that mailbox.
+	stallID string
 }
 
 // failOpen makes every open of mailbox id fail with err (nil: succeed).
@@ -421,7 +423,7 @@ func (r *fakeRunner) GetStats(_ context.Context, in *runnerv1.GetStatsRequest, _
 	if err := r.unreachable("stats"); err != nil {
 		return nil, err
 	}
-	if d := r.stall; d > 0 {
+	if d := r.stall; d > 0 && (r.stallID == "" || r.stallID == in.GetMailboxId()) {
 		r.stall = 0
 		r.ev.add("runner stats stalled %v", d)
 		r.ev.clk.Step(d)

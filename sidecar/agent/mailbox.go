@@ -302,9 +302,10 @@ type hbResult struct {
 	err        error
 	runnerLost bool // the runner no longer serves the mailbox actively
 	// runnerErr is why the runner's control API did not answer the stats
-	// probe (nil if it did, NotFound included), known at probedAt.
+	// probe (nil if it did, NotFound included).
 	runnerErr error
-	probedAt  time.Time
+	// silence is hold's judgment of the runner with this probe counted.
+	silence silence
 }
 
 // holdEnd is why hold returned.
@@ -354,8 +355,8 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 	if !w.activate(epoch, until) {
 		return leaseEnded
 	}
-	// runnerOK is when the runner last answered a probe.
-	runnerOK := clk.Now()
+	// The activation was the runner's last answer.
+	sil := newSilence(clk.Now(), w.a.probeTimeout(interval), interval)
 	unheld := w.serving()
 	defer unheld()
 	log.Info("runner serving under the lease")
@@ -375,7 +376,7 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 			return leaseEnded
 		}
 		if inflight == nil && !now.Before(nextHB) {
-			inflight = w.heartbeat(epoch, interval, runnerOK.Add(deadAfter))
+			inflight = w.heartbeat(epoch, interval, sil, deadAfter)
 			continue
 		}
 		wake := fenceAt
@@ -397,9 +398,8 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 		case r := <-inflight:
 			t.Stop()
 			inflight = nil
-			if r.runnerErr == nil {
-				runnerOK = r.probedAt
-			} else if down := r.probedAt.Sub(runnerOK); down >= deadAfter {
+			sil = r.silence
+			if down := sil.down(); r.runnerErr != nil && down >= deadAfter {
 				unheld()
 				w.giveUp(epoch, down, deadAfter, r.runnerErr)
 				return runnerGone
@@ -502,9 +502,10 @@ func refusalReason(ref *adminv1.LeaseRefusal) string {
 
 // heartbeat sends one heartbeat with the runner's stats, in the background.
 // A slow runner delays it by at most one interval: its stats are not worth
-// the lease. A runner still failing the probe at giveUpAt gets no heartbeat:
-// hold gives the lease up instead.
-func (w *worker) heartbeat(epoch uint64, interval time.Duration, giveUpAt time.Time) chan hbResult {
+// the lease. A runner that has failed its probes for deadAfter, this one
+// counted into sil (hold's, handed over until the result comes back), gets
+// no heartbeat: hold gives the lease up instead.
+func (w *worker) heartbeat(epoch uint64, interval time.Duration, sil silence, deadAfter time.Duration) chan hbResult {
 	ch := make(chan hbResult, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
@@ -512,16 +513,12 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration, giveUpAt time.T
 		probeSent := w.a.cfg.Clock.Now()
 		stats, lost, runnerErr := w.probe(ctx, epoch, interval)
 		sentAt := w.a.cfg.Clock.Now()
-		probedAt := sentAt
-		if runnerErr != nil {
-			probedAt = failedBy(probeSent, w.a.probeTimeout(interval), sentAt)
-		}
-		if runnerErr != nil && !probedAt.Before(giveUpAt) {
-			ch <- hbResult{runnerErr: runnerErr, probedAt: probedAt}
+		if down := sil.observe(probeSent, sentAt, runnerErr); runnerErr != nil && down >= deadAfter {
+			ch <- hbResult{runnerErr: runnerErr, silence: sil}
 			return
 		}
 		resp, err := w.a.cfg.Admin.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch, Stats: stats})
-		ch <- hbResult{sentAt: sentAt, resp: resp, err: err, runnerLost: lost, runnerErr: runnerErr, probedAt: probedAt}
+		ch <- hbResult{sentAt: sentAt, resp: resp, err: err, runnerLost: lost, runnerErr: runnerErr, silence: sil}
 	}()
 	return ch
 }

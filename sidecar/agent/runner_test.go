@@ -63,9 +63,9 @@ func TestProxyReportsRunnerReadiness(t *testing.T) {
 
 // A probe that fails because the sidecar itself was stopped while it was
 // in flight (SIGCONT 8s later, past the 5s bound, with the probe's 1s
-// timeout fired first) shows the runner silent only until that timeout
-// (t0+7s, 4s after its last answer): the runner stays ready, where counting
-// the pause would have reported it not ready and moved every namespace.
+// timeout fired first) counts for nothing (silence.go): the runner stays
+// ready, where counting the pause would have reported it not ready and
+// moved every namespace.
 func TestRunnerProbeDiscountsSidecarPause(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *Config) { c.RPCTimeout = 2 * time.Second })

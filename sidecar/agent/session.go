@@ -105,12 +105,13 @@ type heldMailbox struct {
 	epoch uint64
 }
 
-// probeResult is one stats probe of every mailbox of the runner: at is
-// when it answered, or for a failed probe failedBy.
+// probeResult is one stats probe of every mailbox of the runner, and the
+// runner's silence with it counted (nil err: it answered).
 type probeResult struct {
-	sentAt, at time.Time
-	mailboxes  map[string]*runnerv1.MailboxStatus
-	err        error
+	sentAt    time.Time
+	silence   silence
+	mailboxes map[string]*runnerv1.MailboxStatus
+	err       error
 }
 
 func newSessions(a *Agent) *sessions {
@@ -680,10 +681,9 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 	if !w.activate(epoch, until) {
 		return leaseEnded
 	}
-	// runnerOK is when the runner last answered a probe; a probe sent
-	// before activatedAt cannot show the mailbox active.
-	runnerOK := clk.Now()
-	activatedAt := runnerOK
+	// The activation is the runner's latest answer the probes may not
+	// have seen; a probe sent before it cannot show the mailbox active.
+	activatedAt := clk.Now()
 	serving := w.serving()
 	w.a.sess.hold(w, st, epoch)
 	unheld := func() {
@@ -758,9 +758,7 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 			t.Stop()
 			var p probeResult
 			p, probed = w.a.sess.lastProbe()
-			if p.err == nil {
-				runnerOK = p.at
-			} else if down := p.at.Sub(runnerOK); down >= deadAfter {
+			if down := p.silence.since(activatedAt); p.err != nil && down >= deadAfter {
 				unheld()
 				w.giveUp(epoch, down, deadAfter, p.err)
 				return runnerGone
@@ -778,19 +776,20 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 // runner's control API per sidecar, not per mailbox.
 func (s *sessions) probes(ctx context.Context, interval time.Duration) {
 	a := s.a
+	timeout := a.probeTimeout(interval)
+	// Until the first probe the runner counts as having answered now; each
+	// worker counts from its own activation at the earliest.
+	sil := newSilence(a.cfg.Clock.Now(), timeout, interval)
 	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(interval)) {
 		sentAt := a.cfg.Clock.Now()
-		timeout := a.probeTimeout(interval)
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		resp, err := a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{})
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		r := probeResult{sentAt: sentAt, at: a.cfg.Clock.Now(), err: err}
-		if err != nil {
-			r.at = failedBy(sentAt, timeout, r.at)
-		}
+		sil.observe(sentAt, a.cfg.Clock.Now(), err)
+		r := probeResult{sentAt: sentAt, silence: sil, err: err}
 		if err == nil {
 			r.mailboxes = make(map[string]*runnerv1.MailboxStatus, len(resp.GetMailboxes()))
 			for _, m := range resp.GetMailboxes() {
