@@ -75,9 +75,20 @@ func (g *renewalGate) enter(ctx context.Context, at time.Time) (leave func(), er
 		}
 	}
 	if g.limit != nil {
-		if err := g.limit.Wait(ctx); err != nil {
-			g.leave()
-			return nil, fmt.Errorf("wait for the renewals' rate: %w", err)
+		// Not limit.Wait: it gives up at once, with an error of its own,
+		// when the wait would pass ctx's deadline, and the caller would
+		// hear Unavailable instead of its deadline.
+		r := g.limit.Reserve()
+		if d := r.Delay(); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				r.Cancel()
+				g.leave()
+				return nil, fmt.Errorf("wait for the renewals' rate: %w", ctx.Err())
+			}
 		}
 	}
 	return sync.OnceFunc(g.leave), nil

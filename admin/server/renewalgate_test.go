@@ -104,4 +104,23 @@ func TestRenewalGateRate(t *testing.T) {
 	if took := time.Since(start); took < 190*time.Millisecond {
 		t.Fatalf("21 renewals at 100/s took %s, want >= 200 ms", took)
 	}
+	// A caller whose deadline comes before its turn at the rate hears its
+	// deadline (not a refusal of the gate's own), and gives the turn back.
+	for range 100 {
+		dc, cancel := context.WithTimeout(c, time.Millisecond)
+		leave, err := g.enter(dc, time.Now())
+		cancel()
+		if err == nil {
+			leave()
+			continue
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a renewal past its deadline at the rate: %v, want DeadlineExceeded", err)
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.busy != 0 {
+		t.Fatalf("%d turns still taken", g.busy)
+	}
 }
