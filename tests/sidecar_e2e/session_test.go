@@ -14,7 +14,9 @@ import (
 	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
 // sessionLeases are the leases of proxyID as n lists them (linearizable).
@@ -51,6 +53,72 @@ func proxyRoutes(n *e2e.AdminNode) (int, uint64, error) {
 	return count, resp.GetIndex(), nil
 }
 
+// proxySession is proxyID's one open session as n lists it (linearizable).
+func proxySession(n *e2e.AdminNode) (*adminv1.Session, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := n.Admin().ListSessions(ctx, &adminv1.ListSessionsRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, ProxyId: proxyID})
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.GetSessions()) != 1 {
+		return nil, fmt.Errorf("%d sessions of %s: %v", len(resp.GetSessions()), proxyID, resp.GetSessions())
+	}
+	return resp.GetSessions()[0], nil
+}
+
+// leasesValid checks on n that every mailbox in epochs is leased in session
+// under its epoch, and that the session holds them all and, on the leader
+// (whose lessor has the live expiry), is renewed: it expires ahead of now.
+func leasesValid(n *e2e.AdminNode, session uint64, epochs map[string]uint64) error {
+	ls, err := sessionLeases(n)
+	if err != nil || len(ls) != len(epochs) {
+		return fmt.Errorf("%d leases (err %v), want %d", len(ls), err, len(epochs))
+	}
+	for _, l := range ls {
+		if l.GetSessionId() != session || l.GetEpoch() != epochs[l.GetMailboxId()] {
+			return fmt.Errorf("lease %v, want session %d epoch %d", l, session, epochs[l.GetMailboxId()])
+		}
+	}
+	st, err := proxySession(n)
+	if err != nil {
+		return err
+	}
+	if st.GetId() != session || int(st.GetLeaseCount()) != len(epochs) || !st.GetExpiresAt().AsTime().After(time.Now()) {
+		return fmt.Errorf("session %v, want %d holding %d leases and expiring ahead of now", st, session, len(epochs))
+	}
+	return nil
+}
+
+// runnerServes checks that r serves every mailbox in epochs actively under
+// its epoch, asking its control API for the stats of all, as the sidecar's
+// probe does.
+func runnerServes(t *testing.T, r *e2e.Runner, epochs map[string]uint64) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cc := e2e.Dial(t, r.PKI, r.ControlAddr, identity.Proxy, r.ProxyID)
+	resp, err := runnerv1.NewRunnerControlClient(cc).GetStats(ctx, &runnerv1.GetStatsRequest{})
+	if err != nil {
+		return fmt.Errorf("runner stats: %w", err)
+	}
+	active := 0
+	for _, m := range resp.GetMailboxes() {
+		want, ok := epochs[m.GetMailboxId()]
+		if !ok {
+			continue
+		}
+		if m.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || m.GetEpoch() != want {
+			return fmt.Errorf("runner has %s %v under epoch %d, want active under %d", m.GetMailboxId(), m.GetState(), m.GetEpoch(), want)
+		}
+		active++
+	}
+	if active != len(epochs) {
+		return fmt.Errorf("runner serves %d of the %d mailboxes", active, len(epochs))
+	}
+	return nil
+}
+
 // adminCalls is how many calls of method the admin node served, any code.
 func adminCalls(n *e2e.AdminNode, method string) float64 {
 	v, _ := web.Metric("http://"+n.HTTPAddr, "prism_admin_grpc_requests_total", method+`"`)
@@ -64,12 +132,20 @@ func adminCalls(n *e2e.AdminNode, method string) float64 {
 // expiry, which takes their routes away together (never seen in part).
 func TestSidecarSession200Mailboxes(t *testing.T) { sessionMailboxes(t, 200) }
 
+// The same with 1,000 mailboxes, a proxy's whole share (issue 20): still
+// one keepalive per interval on the wire, every lease valid throughout,
+// all kept across a SIGSTOP of the sidecar shorter than ttl with the
+// runner serving each under its epoch, and after kill -9 all 1,000 ended
+// in the one Raft entry of the session's expiry, within ttl + grace, with
+// no xDS update for them at all (routes are per proxy, issue 13).
+func TestSidecarSession1000Mailboxes(t *testing.T) { sessionMailboxes(t, 1000) }
+
 // createNamespaces creates ns-000 … ns-(n-1) on admin, 16 at a time (one at
 // a time, a thousand take 20 s of fsyncs on a loaded machine).
 func createNamespaces(t *testing.T, admin *e2e.AdminNode, n int) {
 	t.Helper()
 	cfg := &adminv1.NamespaceConfig{Topics: []string{topic}, Lease: lease.Config()}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), max(60*time.Second, time.Duration(n)*120*time.Millisecond))
 	defer cancel()
 	names := make(chan string, n)
 	for i := range n {
@@ -165,6 +241,12 @@ func sessionMailboxes(t *testing.T, n int) {
 	if len(epochs) != n {
 		t.Errorf("%d distinct mailboxes leased", len(epochs))
 	}
+	// The gateway's view: a delta-ADS stream, read from here on.
+	xw := watchXDS(t, admin)
+	testwait.For(t, 10*time.Second, "the xDS stream's first responses", func() (bool, string) {
+		c, err := xw.count()
+		return c > 0, fmt.Sprintf("%d responses, stream err %v", c, err)
+	})
 
 	// One keepalive per interval (jittered down by up to 20%) on the wire,
 	// and no per-mailbox heartbeat.
@@ -175,6 +257,9 @@ func sessionMailboxes(t *testing.T, n int) {
 	tl.mark("%v keepalives and %v mailbox heartbeats in %v", ka, hb, window)
 	if lo, hi := float64(window/interval)-2, float64(window)/float64(interval*8/10)+2; ka < lo || ka > hi || hb != 0 {
 		t.Errorf("%v keepalives and %v heartbeats in %v for %d mailboxes, want %v..%v and 0", ka, hb, window, n, lo, hi)
+	}
+	if err := leasesValid(admin, session, epochs); err != nil {
+		t.Errorf("after %v of keepalives: %v", window, err)
 	}
 
 	// A pause of the sidecar shorter than ttl: every lease kept, same epochs.
@@ -202,6 +287,16 @@ func sessionMailboxes(t *testing.T, n int) {
 	if v, _ := web.Metric(sidecar.HTTPURL(), "prism_sidecar_lease_losses_total"); v != 0 {
 		t.Fatalf("%v losses after a pause shorter than ttl", v)
 	}
+	if err := leasesValid(admin, session, epochs); err != nil {
+		t.Fatalf("after a %v pause: %v", pause, err)
+	}
+	if rel, closed, opened := adminCalls(admin, "ReleaseLeases"), adminCalls(admin, "CloseSession"), adminCalls(admin, "OpenSession"); rel != 0 || closed != 0 || opened != 1 {
+		t.Errorf("after a %v pause the admin served %v ReleaseLeases, %v CloseSession and %v OpenSession, want 0, 0 and 1", pause, rel, closed, opened)
+	}
+	if err := runnerServes(t, runner, epochs); err != nil {
+		t.Fatalf("after a %v pause of the sidecar: %v", pause, err)
+	}
+	tl.mark("all %d leases kept and served under their epochs", n)
 
 	// kill -9: nothing renews the session; it expires ttl + grace after the
 	// last keepalive, with all its leases in one entry, so the routes are
@@ -224,7 +319,26 @@ func sessionMailboxes(t *testing.T, n int) {
 		}
 		return false, fmt.Sprintf("%d routes", count)
 	})
+	// Anything the session's expiry sent the gateway would have come by
+	// now: xDS is built at once from a changed state.
+	time.Sleep(time.Second)
+	ups, xerr := xw.since(killed)
+	tl.mark("%d xDS responses since the kill (stream err %v)", len(ups), xerr)
 	t.Logf("timeline:\n%s", tl)
+	if xerr != nil {
+		t.Errorf("xDS stream broke: %v", xerr)
+	}
+	if len(ups) > 0 {
+		t.Errorf("the session's expiry sent the gateway %d xDS responses, want none (routes are per proxy):\n%v", len(ups), ups)
+	}
+	// One expiry, one entry: the admin ended one session with all n
+	// leases in the command it committed.
+	if v, err := web.Metric("http://"+admin.HTTPAddr, "prism_admin_sessions_ended_total", `reason="expired"`); err != nil || v != 1 {
+		t.Errorf("sessions expired %v (err %v), want 1", v, err)
+	}
+	if v, err := web.Metric("http://"+admin.HTTPAddr, "prism_admin_session_leases_ended_total", `reason="expired"`); err != nil || v != float64(n) {
+		t.Errorf("leases ended with the expired session %v (err %v), want %d", v, err, n)
+	}
 	if len(partial) > 0 {
 		t.Errorf("routes seen in part while the session expired: %s", strings.Join(partial, "; "))
 	}
