@@ -70,7 +70,9 @@
 // timeout, and the wait before one for at most the interval, however late
 // the sidecar's timer fired. So a pause of the sidecar, wherever it falls,
 // adds nothing to the runner's silence, and a pause shorter than ttl keeps
-// every lease.
+// every lease. The runner's answer to any other call (an open, an extend)
+// ends its silence as a probe's answer does: a runner too busy to answer
+// its stats in time, opening a thousand stores at once, is alive.
 //
 // The proxy heartbeat judges the runner the same way for the proxy as a
 // whole (runner.go): it probes the runner's control API before each proxy
@@ -281,6 +283,9 @@ type Agent struct {
 	reg  prometheus.Gatherer
 	sess *sessions
 
+	// heardAt is when the runner last answered any call (heardRunner).
+	heardAt atomic.Pointer[time.Time]
+
 	registered atomic.Bool
 	// runnerNotReady is the proxy's judgment of its runner (runner.go),
 	// reported with every registration and proxy heartbeat.
@@ -323,6 +328,7 @@ func New(cfg Config) (*Agent, error) {
 	if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
 		a.reg = g
 	}
+	a.cfg.Runner = heardRunner{RunnerControlClient: cfg.Runner, a: a}
 	a.sess = newSessions(a)
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

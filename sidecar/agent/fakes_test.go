@@ -239,6 +239,9 @@ type fakeRunner struct {
 	stall time.Duration
 	// stallID, when set, keeps the stall for a probe of that mailbox.
 	stallID string
+	// statsErr, when set, fails every GetStats with it, the runner
+	// answering its other calls: too busy to answer its stats in time.
+	statsErr error
 }
 
 // failOpen makes every open of mailbox id fail with err (nil: succeed).
@@ -422,6 +425,10 @@ func (r *fakeRunner) GetStats(_ context.Context, in *runnerv1.GetStatsRequest, _
 	defer r.mu.Unlock()
 	if err := r.unreachable("stats"); err != nil {
 		return nil, err
+	}
+	if r.statsErr != nil {
+		r.ev.add("runner stats failed")
+		return nil, r.statsErr
 	}
 	if d := r.stall; d > 0 && (r.stallID == "" || r.stallID == in.GetMailboxId()) {
 		r.stall = 0

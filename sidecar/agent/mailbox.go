@@ -513,7 +513,7 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration, sil silence, de
 		probeSent := w.a.cfg.Clock.Now()
 		stats, lost, runnerErr := w.probe(ctx, epoch, interval)
 		sentAt := w.a.cfg.Clock.Now()
-		if down := sil.observe(probeSent, sentAt, runnerErr); runnerErr != nil && down >= deadAfter {
+		if down := sil.observe(probeSent, sentAt, runnerErr, w.a.heard()); runnerErr != nil && down >= deadAfter {
 			ch <- hbResult{runnerErr: runnerErr, silence: sil}
 			return
 		}

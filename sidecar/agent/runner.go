@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -43,7 +44,7 @@ func (a *Agent) judgeRunner(ctx context.Context, sil *silence) *runnerv1.GetStat
 		if was := sil.down(); a.runnerNotReady.Swap(false) {
 			a.log.Info("runner answers again; reporting it ready, so the proxy takes namespaces again", "down_for", was)
 		}
-		sil.observe(sentAt, now, nil)
+		sil.observe(sentAt, now, nil, time.Time{})
 		a.m.runnerReady.Set(1)
 		return stats
 	}
@@ -51,10 +52,82 @@ func (a *Agent) judgeRunner(ctx context.Context, sil *silence) *runnerv1.GetStat
 		return nil
 	}
 	bound := a.cfg.proxyRunnerDeadAfter()
-	if down := sil.observe(sentAt, now, err); down >= bound && !a.runnerNotReady.Swap(true) {
+	if down := sil.observe(sentAt, now, err, a.heard()); down >= bound && !a.runnerNotReady.Swap(true) {
 		a.m.runnerReady.Set(0)
 		a.log.Warn("runner unreachable past the bound; reporting it not ready, so the proxy's namespaces move to other proxies",
 			"down_for", down, "runner_dead_after", bound, "err", err)
 	}
 	return nil
+}
+
+// heardRunner is the runner's control client noting when the runner last
+// answered a call of any kind (Agent.heardAt): proof of life that ends its
+// silence (silence.heard), as a probe's answer does. An answer is what a
+// probe takes for one: success, or NotFound from the runner itself.
+type heardRunner struct {
+	runnerv1.RunnerControlClient
+	a *Agent
+}
+
+func (r heardRunner) note(err error) {
+	if err == nil || status.Code(err) == codes.NotFound {
+		now := r.a.cfg.Clock.Now()
+		r.a.heardAt.Store(&now)
+	}
+}
+
+// heard is when the runner last answered any call (zero if never).
+func (a *Agent) heard() time.Time {
+	if t := a.heardAt.Load(); t != nil {
+		return *t
+	}
+	return time.Time{}
+}
+
+func (r heardRunner) OpenMailbox(ctx context.Context, in *runnerv1.OpenMailboxRequest, opts ...grpc.CallOption) (*runnerv1.OpenMailboxResponse, error) {
+	resp, err := r.RunnerControlClient.OpenMailbox(ctx, in, opts...)
+	r.note(err)
+	return resp, err
+}
+
+func (r heardRunner) ActivateMailbox(ctx context.Context, in *runnerv1.ActivateMailboxRequest, opts ...grpc.CallOption) (*runnerv1.ActivateMailboxResponse, error) {
+	resp, err := r.RunnerControlClient.ActivateMailbox(ctx, in, opts...)
+	r.note(err)
+	return resp, err
+}
+
+func (r heardRunner) ExtendMailbox(ctx context.Context, in *runnerv1.ExtendMailboxRequest, opts ...grpc.CallOption) (*runnerv1.ExtendMailboxResponse, error) {
+	resp, err := r.RunnerControlClient.ExtendMailbox(ctx, in, opts...)
+	r.note(err)
+	return resp, err
+}
+
+func (r heardRunner) ExtendMailboxes(ctx context.Context, in *runnerv1.ExtendMailboxesRequest, opts ...grpc.CallOption) (*runnerv1.ExtendMailboxesResponse, error) {
+	resp, err := r.RunnerControlClient.ExtendMailboxes(ctx, in, opts...)
+	r.note(err)
+	return resp, err
+}
+
+func (r heardRunner) FenceMailbox(ctx context.Context, in *runnerv1.FenceMailboxRequest, opts ...grpc.CallOption) (*runnerv1.FenceMailboxResponse, error) {
+	resp, err := r.RunnerControlClient.FenceMailbox(ctx, in, opts...)
+	r.note(err)
+	return resp, err
+}
+
+func (r heardRunner) CloseMailbox(ctx context.Context, in *runnerv1.CloseMailboxRequest, opts ...grpc.CallOption) (*runnerv1.CloseMailboxResponse, error) {
+	resp, err := r.RunnerControlClient.CloseMailbox(ctx, in, opts...)
+	r.note(err)
+	return resp, err
+}
+
+func (r heardRunner) Drain(ctx context.Context, in *runnerv1.DrainRequest, opts ...grpc.CallOption) (*runnerv1.DrainResponse, error) {
+	resp, err := r.RunnerControlClient.Drain(ctx, in, opts...)
+	r.note(err)
+	return resp, err
+}
+
+func (r heardRunner) GetStats(ctx context.Context, in *runnerv1.GetStatsRequest, opts ...grpc.CallOption) (*runnerv1.GetStatsResponse, error) {
+	resp, err := r.RunnerControlClient.GetStats(ctx, in, opts...)
+	r.note(err)
+	return resp, err
 }

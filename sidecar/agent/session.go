@@ -788,7 +788,7 @@ func (s *sessions) probes(ctx context.Context, interval time.Duration) {
 		if ctx.Err() != nil {
 			return
 		}
-		sil.observe(sentAt, a.cfg.Clock.Now(), err)
+		sil.observe(sentAt, a.cfg.Clock.Now(), err, a.heard())
 		r := probeResult{sentAt: sentAt, silence: sil, err: err}
 		if err == nil {
 			r.mailboxes = make(map[string]*runnerv1.MailboxStatus, len(resp.GetMailboxes()))

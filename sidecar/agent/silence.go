@@ -20,7 +20,10 @@ import "time"
 // A probe that took far longer than its timeout (pausedAfter) failed
 // because the sidecar was stopped while it was in flight, perhaps with the
 // runner's answer unread: it counts for nothing, nor does the wait before
-// it. An answer ends the silence.
+// it. An answer ends the silence: the probe's, or the runner's answer to
+// any other call (heard), so a runner too busy to answer its stats in time
+// (opening a thousand stores on two cores) but answering its opens is not
+// taken for dead.
 type silence struct {
 	timeout, spacing time.Duration
 	// from is when the silence began, moved later by every stretch not
@@ -44,21 +47,32 @@ func newSilence(answeredAt time.Time, timeout, spacing time.Duration) silence {
 func pausedAfter(timeout time.Duration) time.Duration { return 2 * timeout }
 
 // observe judges a probe sent at sentAt that ended at end; err is why the
-// runner did not answer (nil: it did). It returns how long the runner has
-// now been silent.
-func (s *silence) observe(sentAt, end time.Time, err error) time.Duration {
-	defer func() { s.last = end }()
+// runner did not answer (nil: it did), heard when it last answered any call
+// (Agent.heard). It returns how long the runner has now been silent.
+func (s *silence) observe(sentAt, end time.Time, err error, heard time.Time) time.Duration {
 	if err == nil {
-		s.from, s.at = end, end
+		s.from, s.at, s.last = end, end, end
 		return 0
 	}
 	down := s.down()
 	if took := end.Sub(sentAt); took <= pausedAfter(s.timeout) {
-		down += min(max(sentAt.Sub(s.last), 0), s.spacing) + min(took, s.timeout)
+		// From the send, or from a later answer to another call.
+		silentFrom := later(sentAt, s.last)
+		down += min(max(sentAt.Sub(s.last), 0), s.spacing) + max(earlier(end, sentAt.Add(s.timeout)).Sub(silentFrom), 0)
 	}
-	s.at = end
+	s.at, s.last = end, end
 	s.from = end.Add(-down)
-	return down
+	s.heard(heard)
+	return s.down()
+}
+
+// heard ends the silence at t, when the runner answered another call; it
+// only ever shortens the silence, never counting time before a pause.
+func (s *silence) heard(t time.Time) {
+	if !t.After(s.from) {
+		return
+	}
+	s.from, s.at, s.last = t, later(s.at, t), later(s.last, t)
 }
 
 // down is the silence known so far: 0 if the runner answered last.
@@ -73,6 +87,13 @@ func (s *silence) since(answeredAt time.Time) time.Duration {
 
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
 		return a
 	}
 	return b

@@ -3,10 +3,15 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
 // The runner's silence, with probes of a 1s timeout every 3s (the end of
@@ -18,6 +23,7 @@ func TestSilenceCountsOnlyTheSidecarsRunningTime(t *testing.T) {
 	type probe struct {
 		sent, end float64
 		failed    bool
+		heard     float64 // the runner's last answer to any call, if > 0
 		want      float64 // seconds of silence after it
 	}
 	for _, tc := range []struct {
@@ -51,6 +57,13 @@ func TestSilenceCountsOnlyTheSidecarsRunningTime(t *testing.T) {
 		{name: "an answer after a pause ends the silence", probes: []probe{
 			{sent: 3, end: 3, failed: true, want: 3}, {sent: 6, end: 30, want: 0}, {sent: 33, end: 33, failed: true, want: 3},
 		}},
+		{name: "stats time out but the runner answers other calls: silent only since", probes: []probe{
+			{sent: 3, end: 4, failed: true, heard: 3.5, want: 0.5}, {sent: 7, end: 8, failed: true, heard: 7.5, want: 0.5},
+			{sent: 11, end: 12, failed: true, heard: 7.5, want: 4.5},
+		}},
+		{name: "an answer before a pause does not count the pause", probes: []probe{
+			{sent: 3, end: 3, failed: true, heard: 1, want: 2}, {sent: 20, end: 20, failed: true, heard: 1, want: 5},
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -62,8 +75,12 @@ func TestSilenceCountsOnlyTheSidecarsRunningTime(t *testing.T) {
 				if p.failed {
 					err = errDown
 				}
+				var heard time.Time
+				if p.heard > 0 {
+					heard = at(p.heard)
+				}
 				want := time.Duration(p.want * float64(time.Second))
-				if got := sil.observe(at(p.sent), at(p.end), err); got != want || sil.down() != want {
+				if got := sil.observe(at(p.sent), at(p.end), err, heard); got != want || sil.down() != want {
 					t.Fatalf("probe %d %+v: silence %v (down %v), want %v", i, p, got, sil.down(), want)
 				}
 			}
@@ -77,8 +94,8 @@ func TestSilenceSinceActivation(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
 	sil := newSilence(t0, time.Second, 3*time.Second)
-	sil.observe(t0.Add(3*time.Second), t0.Add(3*time.Second), errors.New("down"))
-	sil.observe(t0.Add(6*time.Second), t0.Add(6*time.Second), errors.New("down"))
+	sil.observe(t0.Add(3*time.Second), t0.Add(3*time.Second), errors.New("down"), time.Time{})
+	sil.observe(t0.Add(6*time.Second), t0.Add(6*time.Second), errors.New("down"), time.Time{})
 	for _, tc := range []struct {
 		activated time.Duration
 		want      time.Duration
@@ -202,5 +219,42 @@ func TestSessionProbeIgnoresSidecarPause(t *testing.T) {
 	}
 	if n := h.ev.count("runner down fence") + h.ev.count("runner fence") + h.ev.count("admin release"); n != 0 {
 		t.Fatalf("the sidecar's own pause cost a live runner its lease:\n%s", h.ev)
+	}
+}
+
+// A runner too busy to answer its stats in time (DeadlineExceeded from
+// t0+3s on, as when it opens a thousand stores on two cores) but answering
+// the sidecar's other calls (each heartbeat's extend) is not taken for
+// dead: silent only since its last answer to any call, it keeps the lease
+// and the proxy reports it ready, where counting the stats alone gave the
+// lease up at t0+6s and reported it not ready at t0+9s.
+func TestBusyRunnerAnsweringOtherCallsKeepsLease(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.assign(1, "audit")
+	h.waitEvent(0, "runner activate audit@p1 5 valid_for=10s")
+	h.runner.mu.Lock()
+	h.runner.statsErr = status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+	h.runner.mu.Unlock()
+	for i := 1; i <= 4; i++ {
+		h.settle(2)
+		h.clk.Step(testInterval)
+		sent := h.t0.Add(time.Duration(i) * testInterval)
+		h.waitFor(fmt.Sprintf("heartbeat at t0+%v acknowledged and extended", time.Duration(i)*testInterval), func() bool {
+			return h.lease("audit@p1").LastAckSent.Equal(sent) && h.ev.count("runner extend audit@p1") == i
+		})
+		h.waitFor(fmt.Sprintf("proxy heartbeat %d", i), func() bool {
+			hbs, _ := h.admin.proxyReports()
+			return len(hbs) >= i
+		})
+	}
+	if hbs, _ := h.admin.proxyReports(); slices.ContainsFunc(hbs, (*adminv1.ProxyHeartbeatRequest).GetRunnerNotReady) {
+		t.Fatalf("a busy runner answering its other calls reported not ready: %v", hbs)
+	}
+	if v := h.lease("audit@p1"); v.State != StateActive || v.Epoch != 5 {
+		t.Fatalf("lease %+v, want active at epoch 5", v)
+	}
+	if n := h.ev.count("runner fence") + h.ev.count("admin release"); n != 0 || h.ev.count("runner stats failed") < 8 {
+		t.Fatalf("a busy runner answering its other calls lost its lease, or was not probed:\n%s", h.ev)
 	}
 }
