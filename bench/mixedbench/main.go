@@ -1,23 +1,24 @@
 // Command mixedbench measures queries while a mailbox ingests (issue 18): a
-// `prism runner` process with its `prism sidecar` and one `prism admin` node
-// (plaintext, on loopback) drains a backlog pre-produced into an in-process
-// kfake broker once the namespace's lease is granted, while a paced loop sends
-// indexed HTTP queries and another asks for stats; the runner's peak RSS under
-// its --memory-budget is followed from /proc. After the drain the same loop
-// runs again, over HTTP and over gRPC, against the full store. It prints BENCH
-// lines. -in-process runs the runner inside this process instead (mailbox/runner,
-// no sidecar), where -cpuprofile, -blockprofile, -mutexprofile and -trace
-// record the ingest phase.
+// `prism runner` process with its `prism sidecar`, one `prism admin` node and
+// a `prism gateway` routed by the admin's xDS (plaintext, on loopback) drain a
+// backlog pre-produced into an in-process kfake broker once the namespace's
+// lease is granted, while a paced loop sends indexed HTTP queries and another
+// asks for stats, half of each directly to the runner and half through the
+// gateway; the runner's peak RSS under its --memory-budget is followed from
+// /proc. After the drain the same loop runs again, over HTTP and over gRPC,
+// against the full store, then a loop at -after-qps (1,000/s) over both. It
+// prints BENCH lines, each loop's whole and, with the gateway, its _direct and
+// _gateway halves. -in-process runs the runner inside this process instead
+// (mailbox/runner, no sidecar, no gateway), where -cpuprofile, -blockprofile,
+// -mutexprofile and -trace record the ingest phase.
 package main
 
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -40,15 +41,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/bench/internal/payload"
 	"github.com/prism-mesh/prism/mailbox/envelope/demo"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/runner"
-	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -57,10 +55,11 @@ const topic = "bench.events"
 type options struct {
 	n, size, partitions int
 	payload             payload.Kind
-	inProcess           bool
+	inProcess, gateway  bool
 	budget, prism, dir  string
 	qps, statsQPS       float64
-	after               time.Duration
+	afterQPS            float64
+	after, timeout      time.Duration
 	cpu, block, mutex   string
 	trace               string
 	traceFor            time.Duration
@@ -80,7 +79,10 @@ func main() {
 	flag.IntVar(&o.partitions, "partitions", 3, "partitions of the topic")
 	flag.Float64Var(&o.qps, "qps", 200, "queries per second during and after ingest (0: ingest alone)")
 	flag.Float64Var(&o.statsQPS, "stats-qps", 20, "stats requests per second during ingest")
-	flag.DurationVar(&o.after, "after", 10*time.Second, "how long each query loop runs after the drain (HTTP, then gRPC); 0 skips it")
+	flag.BoolVar(&o.gateway, "gateway", true, "start a prism gateway too and send half of every loop's requests through it (not with -in-process)")
+	flag.DurationVar(&o.after, "after", 10*time.Second, "how long each query loop runs after the drain (HTTP, then gRPC at -qps, then both at -after-qps); 0 skips them")
+	flag.Float64Var(&o.afterQPS, "after-qps", 1000, "queries per second of the last loop after the drain, half over HTTP and half over gRPC (0 skips it)")
+	flag.DurationVar(&o.timeout, "query-timeout", 10*time.Second, "how long after it was due a request is given up (it counts at that latency)")
 	flag.StringVar(&o.cpu, "cpuprofile", "", "write a CPU profile of the ingest phase here")
 	flag.StringVar(&o.block, "blockprofile", "", "write a block profile of the ingest phase here")
 	flag.StringVar(&o.mutex, "mutexprofile", "", "write a mutex profile of the ingest phase here")
@@ -88,6 +90,9 @@ func main() {
 	flag.DurationVar(&o.target, "query-latency-target", 10*time.Millisecond, "the runner's query latency target, which ingest gives way to (negative: never)")
 	flag.DurationVar(&o.traceFor, "trace-for", 3*time.Second, "length of the trace, started 5 s into ingest")
 	flag.Parse()
+	if o.inProcess {
+		o.gateway = false
+	}
 	if !o.inProcess && (o.cpu != "" || o.block != "" || o.mutex != "" || o.trace != "") {
 		fmt.Fprintln(os.Stderr, "mixedbench: the profiles record this process: they need -in-process")
 		os.Exit(2)
@@ -124,7 +129,7 @@ func run(o options) error {
 	}
 	failed := true
 	defer func() { t.close(failed) }()
-	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: maxInFlight}}
 
 	stopProfiles, err := startProfiles(o)
 	if err != nil {
@@ -146,21 +151,33 @@ func run(o options) error {
 			}
 		}()
 	}
+	doors, closeDoors, err := t.doors()
+	if err != nil {
+		return err
+	}
+	defer closeDoors()
 	var (
-		wg         sync.WaitGroup
-		qlat, slat latencies
-		pool       idPool
+		wg   sync.WaitGroup
+		qlat = newSplit(doors)
+		slat = newSplit(doors)
+		pool idPool
 	)
 	qctx, qcancel := context.WithCancel(ctx)
 	if o.qps > 0 {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			pace(qctx, o.qps, func(due time.Time) { qlat.time(due, func() error { return httpQuery(cl, t.base, &pool) }) })
+			pace(qctx, o.qps, 0, o.timeout, func(ctx context.Context, i int, due time.Time) {
+				d := doors[i%len(doors)]
+				qlat.time(d, due, func() error { return httpQuery(ctx, cl, d.base, &pool) })
+			})
 		}()
 		go func() {
 			defer wg.Done()
-			pace(qctx, o.statsQPS, func(due time.Time) { slat.time(due, func() error { return get(cl, t.base+"/stats", nil) }) })
+			pace(qctx, o.statsQPS, 0, o.timeout, func(ctx context.Context, i int, due time.Time) {
+				d := doors[i%len(doors)]
+				slat.time(d, due, func() error { return fetch(ctx, cl, d.base+"/stats", nil) })
+			})
 		}()
 	}
 	deadline := time.Now().Add(30 * time.Minute)
@@ -186,6 +203,9 @@ func run(o options) error {
 	stopProfiles()
 	if t.pid != 0 {
 		fmt.Fprintf(os.Stderr, "# namespace created to its mailbox open at the runner (lease granted): %v\n", t.opened.Sub(t.created).Round(time.Millisecond))
+		if !t.routed.IsZero() {
+			fmt.Fprintf(os.Stderr, "# the gateway routed the mailbox %v after its open (the queries during ingest started then, half of them through it)\n", t.routed.Sub(t.opened).Round(time.Millisecond))
+		}
 	}
 	beside := "nothing"
 	if o.qps > 0 {
@@ -211,46 +231,101 @@ func run(o options) error {
 		failed = false
 		return nil
 	}
-	qlat.report("mixed.query_p%s_ms_during_ingest")
-	slat.report("mixed.stats_p%s_ms_during_ingest")
-	if o.after <= 0 {
-		failed = false
-		return nil
+	qlat.report("mixed.query_p%s_ms_during_ingest", doors)
+	slat.report("mixed.stats_p%s_ms_during_ingest", doors)
+	if o.after > 0 {
+		afterLoops(ctx, o, cl, doors, &pool, t.pids)
 	}
-
-	var after latencies
-	actx, acancel := context.WithTimeout(ctx, o.after)
-	pace(actx, o.qps, func(due time.Time) { after.time(due, func() error { return httpQuery(cl, t.base, &pool) }) })
-	acancel()
-	after.report(fmt.Sprintf("mixed.query_p%%s_ms_after_%dk_http", o.n/1000))
-
-	conn, err := grpc.NewClient(t.queryAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	qc := mailboxv1.NewMailboxQueryClient(conn)
-	var g latencies
-	gctx, gcancel := context.WithTimeout(ctx, o.after)
-	pace(gctx, o.qps, func(due time.Time) { g.time(due, func() error { return grpcQuery(qc, t.mailbox, &pool) }) })
-	gcancel()
-	g.report(fmt.Sprintf("mixed.query_p%%s_ms_after_%dk_grpc", o.n/1000))
 	failed = false
 	return nil
+}
+
+// afterLoops queries the drained store: for o.after over HTTP, then over gRPC, at -qps; then for o.after at
+// -after-qps, half over each, every loop spread evenly over the doors.
+func afterLoops(ctx context.Context, o options, cl *http.Client, doors []door, pool *idPool, pids []namedPID) {
+	type protocol func(ctx context.Context, d door) error
+	overHTTP := func(ctx context.Context, d door) error { return httpQuery(ctx, cl, d.base, pool) }
+	overGRPC := func(ctx context.Context, d door) error { return grpcQuery(ctx, d.qc, mailboxID, pool) }
+	loop := func(rate float64, protocols ...protocol) (*split, *paced) {
+		s := newSplit(doors)
+		lctx, cancel := context.WithTimeout(ctx, o.after)
+		defer cancel()
+		p := pace(lctx, rate, int(rate*o.after.Seconds()), o.timeout, func(ctx context.Context, i int, due time.Time) {
+			d := doors[i%len(doors)]
+			q := protocols[i/len(doors)%len(protocols)]
+			s.time(d, due, func() error { return q(ctx, d) })
+		})
+		return s, p
+	}
+	s, _ := loop(o.qps, overHTTP)
+	s.report(fmt.Sprintf("mixed.query_p%%s_ms_after_%dk_http", o.n/1000), doors)
+	s, _ = loop(o.qps, overGRPC)
+	s.report(fmt.Sprintf("mixed.query_p%%s_ms_after_%dk_grpc", o.n/1000), doors)
+	if o.afterQPS <= 0 {
+		return
+	}
+	name := fmt.Sprintf("mixed.query_p%%s_ms_%.0fqps_after", o.afterQPS)
+	cpu0 := cpuTimes(pids)
+	answers0 := httpAnswers.Load()
+	bytes0 := httpBytes.Load()
+	began := time.Now()
+	s, p := loop(o.afterQPS, overHTTP, overGRPC)
+	took := time.Since(began)
+	fmt.Fprintf(os.Stderr, "# %s, half HTTP/JSON and half gRPC, over %v: %v\n", fmt.Sprintf(name, "*"), o.after, p)
+	if n := httpAnswers.Load() - answers0; n > 0 {
+		fmt.Fprintf(os.Stderr, "# %s: HTTP answers of %.0f KiB on average\n", fmt.Sprintf(name, "*"), float64(httpBytes.Load()-bytes0)/float64(n)/1024)
+	}
+	fmt.Fprintf(os.Stderr, "# %s: CPU seconds used in the %.1f s from its start to its last answer (%d cores): %s\n",
+		fmt.Sprintf(name, "*"), took.Seconds(), runtime.NumCPU(), cpuTimes(pids).since(cpu0))
+	for _, w := range p.warnings(int(o.afterQPS * o.after.Seconds())) {
+		fmt.Fprintf(os.Stderr, "# WARNING: %s did not keep its rate: %s\n", fmt.Sprintf(name, "*"), w)
+	}
+	s.report(name, doors)
 }
 
 // target is the runner under test, opened on the backlog.
 type target struct {
 	base, metrics, queryAddr, mailbox string
+	// gatewayBase and gatewayGRPC are prism gateway's URL of the mailbox and gRPC address, empty without one.
+	gatewayBase, gatewayGRPC string
 	// pid is the runner process's, 0 in process.
 	pid int
 	// created is when the namespace was created (process mode), opened when its mailbox answered or, in
 	// process, when it was opened.
 	created, opened time.Time
-	stored          func() (int64, error)
-	close           func(failed bool)
+	// pids are the processes whose CPU the 1,000 queries/s loop reports: this one, and in process mode the
+	// mesh's.
+	pids []namedPID
+	// routed is when the gateway first answered for the mailbox (zero without one).
+	routed time.Time
+	stored func() (int64, error)
+	close  func(failed bool)
 	// fences is how many times the runner was fenced so far (process mode; nil in process).
 	fences func() int
+}
+
+// doors are the ways to the mailbox's queries the target has: the runner, and the gateway if one runs.
+func (t *target) doors() (_ []door, closeAll func(), err error) {
+	var conns []*grpc.ClientConn
+	closeAll = func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	var doors []door
+	for _, d := range []struct{ name, base, grpcAddr string }{{"direct", t.base, t.queryAddr}, {"gateway", t.gatewayBase, t.gatewayGRPC}} {
+		if d.base == "" {
+			continue
+		}
+		conn, err := grpc.NewClient(d.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("%s: %w", d.name, err)
+		}
+		conns = append(conns, conn)
+		doors = append(doors, door{name: d.name, base: d.base, qc: mailboxv1.NewMailboxQueryClient(conn)})
+	}
+	return doors, closeAll, nil
 }
 
 func startTarget(o options, brokers []string, dir string) (*target, error) {
@@ -264,7 +339,8 @@ func startTarget(o options, brokers []string, dir string) (*target, error) {
 	cl := &http.Client{Timeout: 5 * time.Second}
 	rp := m.runner
 	t := &target{base: m.queryURL(), metrics: "http://" + m.httpAddr + "/metrics", queryAddr: m.queryAddr, mailbox: mailboxID,
-		pid: rp.cmd.Process.Pid, created: m.created, opened: m.leaseOpened, close: m.close, fences: m.fences}
+		gatewayBase: m.gatewayURL(), gatewayGRPC: m.gatewayGRPC, routed: m.gatewayRouted, pid: rp.cmd.Process.Pid,
+		pids: append([]namedPID{{"load generator", os.Getpid()}}, m.pids()...), created: m.created, opened: m.leaseOpened, close: m.close, fences: m.fences}
 	// Progress is read from /metrics, not the stats API: the governor hears query and stats latencies, and the
 	// bench's own polls must not make ingest give way.
 	t.stored = func() (int64, error) {
@@ -297,7 +373,8 @@ func startInProcess(o options, brokers []string, dir string) (*target, error) {
 	}
 	r.Serve(qlis, hlis)
 	t := &target{base: "http://" + qlis.Addr().String() + "/v1/mailboxes/" + url.PathEscape(mailboxID), metrics: "http://" + hlis.Addr().String() + "/metrics",
-		queryAddr: qlis.Addr().String(), mailbox: mailboxID, opened: time.Now(), close: func(bool) { r.Close() }}
+		queryAddr: qlis.Addr().String(), mailbox: mailboxID, opened: time.Now(), close: func(bool) { r.Close() },
+		pids: []namedPID{{"runner and load generator", os.Getpid()}}}
 	t.stored = func() (int64, error) {
 		st, err := r.Stats(context.Background(), mailboxID)
 		return st.GetTotalEvents(), err
@@ -346,213 +423,6 @@ func scrape(cl *http.Client, url string) (map[string]float64, error) {
 		}
 	}
 	return out, sc.Err()
-}
-
-// maxInFlight bounds the requests a loop has outstanding, so a stalled
-// server slows the loop instead of exhausting file descriptors; latency is
-// still counted from when a request was due, so the wait is not hidden.
-const maxInFlight = 256
-
-// pace calls fn rate times a second, each in its own goroutine, with the
-// time the call was due, until ctx ends, then waits for the calls it
-// started. An open loop: a slow answer does not slow the arrivals, as with
-// independent clients.
-func pace(ctx context.Context, rate float64, fn func(due time.Time)) {
-	if rate <= 0 {
-		return
-	}
-	slots := make(chan struct{}, maxInFlight)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	interval := time.Duration(float64(time.Second) / rate)
-	next := time.Now()
-	for {
-		next = next.Add(interval)
-		t := time.NewTimer(time.Until(next))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		wg.Add(1)
-		due := next
-		go func() {
-			defer wg.Done()
-			slots <- struct{}{}
-			defer func() { <-slots }()
-			fn(due)
-		}()
-	}
-}
-
-type latencies struct {
-	mu   sync.Mutex
-	d    []time.Duration
-	errs int
-}
-
-// time runs fn, a request due at due, and records how long after due it answered.
-func (l *latencies) time(due time.Time, fn func() error) {
-	err := fn()
-	d := time.Since(due)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err != nil {
-		l.errs++
-		if l.errs <= 3 {
-			fmt.Fprintln(os.Stderr, "# request failed:", err)
-		}
-		return
-	}
-	l.d = append(l.d, d)
-}
-
-func (l *latencies) report(name string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	slices.Sort(l.d)
-	q := func(p float64) float64 {
-		if len(l.d) == 0 {
-			return math.NaN()
-		}
-		return float64(l.d[min(len(l.d)-1, int(p*float64(len(l.d))))]) / 1e6
-	}
-	fmt.Fprintf(os.Stderr, "# %s: %d answered, %d failed, p50 %.2f ms, max %.1f ms\n", fmt.Sprintf(name, "*"), len(l.d), l.errs, q(0.5), q(1))
-	fmt.Printf("BENCH "+name+" %.2f ms\n", "99", q(0.99))
-}
-
-// idPool keeps ids seen in answers, so id lookups ask for what exists.
-type idPool struct {
-	mu                  sync.Mutex
-	msg, corr, trace, p []string
-}
-
-func (p *idPool) add(it itemJSON) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	keep := func(s *[]string, v string) {
-		if v == "" {
-			return
-		}
-		if len(*s) < 256 {
-			*s = append(*s, v)
-		} else {
-			(*s)[rand.IntN(len(*s))] = v
-		}
-	}
-	keep(&p.msg, it.MessageID)
-	keep(&p.corr, it.CorrelationID)
-	keep(&p.trace, it.TraceID)
-	keep(&p.p, it.Principal)
-}
-
-func (p *idPool) pick(kind int) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	s := [][]string{p.msg, p.corr, p.trace, p.p}[kind]
-	if len(s) == 0 {
-		return ""
-	}
-	return s[rand.IntN(len(s))]
-}
-
-type itemJSON struct {
-	MessageID     string `json:"message_id"`
-	CorrelationID string `json:"correlation_id"`
-	TraceID       string `json:"trace_id"`
-	Principal     string `json:"principal"`
-}
-
-// httpQuery sends one of the realistic queries: the latest page, latest by
-// topic, a time window, by principal, correlation id, trace id, or one event
-// by id. Pages are of 100.
-func httpQuery(cl *http.Client, base string, pool *idPool) error {
-	q := url.Values{"limit": {"100"}}
-	path := "/events"
-	switch k := rand.IntN(7); k {
-	case 0:
-	case 1:
-		q.Set("topic", topic)
-	case 2:
-		now := time.Now()
-		q.Set("start", fmt.Sprint(now.Add(-2*time.Second).UnixMilli()))
-		q.Set("end", fmt.Sprint(now.UnixMilli()))
-	default:
-		v := pool.pick(k - 3)
-		if v == "" {
-			break
-		}
-		switch k {
-		case 3:
-			path = "/events/" + url.PathEscape(v)
-		case 4:
-			q.Set("correlation_id", v)
-		case 5:
-			q.Set("trace_id", v)
-		case 6:
-			q.Set("principal", v)
-		}
-	}
-	var out struct {
-		Items []itemJSON `json:"items"`
-		Item  *itemJSON  `json:"item"`
-	}
-	if err := get(cl, base+path+"?"+q.Encode(), &out); err != nil {
-		return err
-	}
-	for i, it := range out.Items {
-		if i%10 == 0 {
-			pool.add(it)
-		}
-	}
-	return nil
-}
-
-func grpcQuery(qc mailboxv1.MailboxQueryClient, mailbox string, pool *idPool) error {
-	ctx := metadata.AppendToOutgoingContext(context.Background(), mesh.HeaderMailboxID, mailbox)
-	f := &mailboxv1.EventFilter{Limit: 100}
-	switch k := rand.IntN(7); k {
-	case 0:
-	case 1:
-		f.Topics = []string{topic}
-	case 2:
-		now := time.Now()
-		f.StartTime, f.EndTime = timestamppb.New(now.Add(-2*time.Second)), timestamppb.New(now)
-	default:
-		v := pool.pick(k - 3)
-		switch {
-		case v == "":
-		case k == 3:
-			_, err := qc.GetEvent(ctx, &mailboxv1.GetEventRequest{MessageId: v})
-			return err
-		case k == 4:
-			f.CorrelationId = v
-		case k == 5:
-			f.TraceId = v
-		case k == 6:
-			f.Principals = []string{v}
-		}
-	}
-	_, err := qc.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{Filter: f})
-	return err
-}
-
-func get(cl *http.Client, u string, out any) error {
-	resp, err := cl.Get(u)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("GET %s: %s: %s", u, resp.Status, b)
-	}
-	if out == nil {
-		_, err = io.Copy(io.Discard, resp.Body)
-		return err
-	}
-	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 func startProfiles(o options) (stop func(), err error) {

@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -23,9 +25,10 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
-// The mesh of one run: `prism admin` (one node), `prism runner` and its `prism sidecar`, each a process on
-// loopback in plaintext, as a user would start them with product defaults; the namespace is created once the
-// sidecar has registered, so its lease is granted as in production.
+// The mesh of one run: `prism admin` (one node), `prism runner` and its `prism sidecar`, and `prism gateway`
+// (unless -gateway=false) routed by the admin's xDS, each a process on loopback in plaintext, as a user would
+// start them with product defaults; the namespace is created once the sidecar has registered, so its lease is
+// granted as in production.
 const (
 	namespace = "bench"
 	proxyID   = "proxy-01"
@@ -110,6 +113,10 @@ type procs struct {
 	queryAddr, httpAddr  string
 	adminConn            *grpc.ClientConn
 	created, leaseOpened time.Time
+	// gatewayHTTP and gatewayGRPC are the gateway's listeners, empty without one; gatewayRouted is when it
+	// first answered for the mailbox.
+	gatewayHTTP, gatewayGRPC string
+	gatewayRouted            time.Time
 }
 
 func (m *procs) close(failed bool) {
@@ -124,9 +131,9 @@ func (m *procs) close(failed bool) {
 	}
 }
 
-// startProcs starts the admin node, the runner (under budget, "" for none) and its sidecar, creates the
-// namespace on topic and waits for its mailbox to answer at the runner: its lease was granted and the store
-// opened. Logs go under dir.
+// startProcs starts the admin node, the runner (under budget, "" for none), its sidecar and, with o.gateway,
+// a gateway; creates the namespace on topic and waits for its mailbox to answer at the runner (its lease was
+// granted and the store opened), then through the gateway (its xDS routes name the runner). Logs go under dir.
 func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 	bin := o.prism
 	if bin == "" {
@@ -140,7 +147,7 @@ func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 			m.close(true)
 		}
 	}()
-	addrs := make([]string, 7)
+	addrs := make([]string, 9)
 	for i := range addrs {
 		if addrs[i], err = freeAddr(); err != nil {
 			return nil, err
@@ -148,6 +155,9 @@ func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 	}
 	raftAddr, adminGRPC, adminHTTP, control, sidecarHTTP := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4]
 	m.queryAddr, m.httpAddr = addrs[5], addrs[6]
+	if o.gateway {
+		m.gatewayHTTP, m.gatewayGRPC = addrs[7], addrs[8]
+	}
 	for _, d := range []string{"admin", "runner"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, err
@@ -178,6 +188,12 @@ func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 		"--runner-addr", control, "--advertise-addr", m.queryAddr, "--http-addr", sidecarHTTP, "--log-format", "text"); err != nil {
 		return nil, err
 	}
+	if o.gateway {
+		if err := start("gateway", "gateway", "--insecure", "--no-query-auth", "--admin", adminGRPC, "--node-id", "bench-gateway",
+			"--http-addr", m.gatewayHTTP, "--grpc-addr", m.gatewayGRPC, "--log-format", "text", "--log-level", "warn"); err != nil {
+			return nil, err
+		}
+	}
 	if m.adminConn, err = grpc.NewClient(adminGRPC, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		return nil, err
 	}
@@ -200,16 +216,32 @@ func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 	}
 	m.created = time.Now()
 	cl := &http.Client{Timeout: 2 * time.Second}
-	if err := m.await(time.Minute, "the mailbox open at the runner", func(context.Context) error {
-		return get(cl, m.queryURL()+"/stats", nil)
+	if err := m.await(time.Minute, "the mailbox open at the runner", func(ctx context.Context) error {
+		return fetch(ctx, cl, m.queryURL()+"/stats", nil)
 	}); err != nil {
 		return nil, err
 	}
 	m.leaseOpened = time.Now()
+	if o.gateway {
+		if err := m.await(time.Minute, "the gateway routing the mailbox", func(ctx context.Context) error {
+			return fetch(ctx, cl, m.gatewayURL()+"/stats", nil)
+		}); err != nil {
+			return nil, err
+		}
+		m.gatewayRouted = time.Now()
+	}
 	return m, nil
 }
 
 func (m *procs) queryURL() string { return "http://" + m.queryAddr + "/v1/mailboxes/" + mailboxID }
+
+// gatewayURL is the mailbox's URL at the gateway, empty without one.
+func (m *procs) gatewayURL() string {
+	if m.gatewayHTTP == "" {
+		return ""
+	}
+	return "http://" + m.gatewayHTTP + "/v1/mailboxes/" + mailboxID
+}
 
 // fences counts the runner's "mailbox fenced" log lines: its sidecar fences it when the runner's control API
 // goes unanswered past --runner-dead-after (a starved machine does that), and the mailbox reopens on a new lease.
@@ -316,4 +348,64 @@ func (r *rss) report(budget string) {
 	fmt.Fprintf(os.Stderr, "# runner RSS peak %.0f MiB under --memory-budget %s; largest sample %.0f MiB: %.0f MiB anonymous, %.0f MiB file pages\n",
 		float64(s["VmHWM"])/1024, budget, float64(peak["VmRSS"])/1024, float64(peak["RssAnon"])/1024, float64(peak["RssFile"])/1024)
 	fmt.Printf("BENCH mixed.runner_rss_peak_mb %.0f MiB\n", float64(s["VmHWM"])/1024)
+}
+
+// namedPID is a process whose CPU time a loop reports.
+type namedPID struct {
+	name string
+	pid  int
+}
+
+func (m *procs) pids() []namedPID {
+	var out []namedPID
+	for _, p := range m.all {
+		out = append(out, namedPID{p.name, p.cmd.Process.Pid})
+	}
+	return out
+}
+
+// cpuSample is the CPU time (user and system) each process had used when it was taken.
+type cpuSample struct {
+	names []string
+	secs  []float64
+}
+
+// clockTick is the unit of /proc/<pid>/stat's times (USER_HZ, 100 on Linux everywhere).
+const clockTick = 100
+
+func cpuTimes(pids []namedPID) cpuSample {
+	s := cpuSample{}
+	for _, p := range pids {
+		s.names = append(s.names, p.name)
+		s.secs = append(s.secs, procCPU(p.pid))
+	}
+	return s
+}
+
+// procCPU is pid's utime+stime in seconds from /proc, NaN if unreadable.
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return math.NaN()
+	}
+	// The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return math.NaN()
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return math.NaN()
+	}
+	return (utime + stime) / clockTick
+}
+
+// since says what each process used between before and s.
+func (s cpuSample) since(before cpuSample) string {
+	parts := make([]string, len(s.names))
+	for i, n := range s.names {
+		parts[i] = fmt.Sprintf("%s %.1f", n, s.secs[i]-before.secs[i])
+	}
+	return strings.Join(parts, ", ")
 }
