@@ -5,13 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,12 +27,12 @@ import (
 
 type loadResult struct {
 	Sent     int64            `json:"sent"`
-	Skipped  int64            `json:"skipped"`
 	Renewed  int64            `json:"renewed"`
 	Refused  int64            `json:"refused"`
 	Errors   map[string]int64 `json:"errors"`
 	Seconds  float64          `json:"seconds"`
 	Refusals []string         `json:"refusals"`
+	MaxGapMs float64          `json:"max_gap_ms"`
 }
 
 // buildRenewLoad builds ./internal/renewload without the race detector.
@@ -64,37 +65,49 @@ func runRenewLoad(ctx context.Context, t *testing.T, bin string, args ...string)
 
 // TestSessionOverload: renewals at 3x what the leader answers, for 30 s
 // (issue 20). A ramp (closed-loop, 256 callers, 3 s) measures the
-// keepalives the leader answers a second, C; then a load program built
-// without the race detector sends 3C a second open-loop for 30 s, spread
-// over 50 sessions holding 20 leases each (every session gets far more
-// than one keepalive per ttl: every holder keeps sending on time). Checked:
-// no keepalive is refused and no session or lease expires; new work (an
-// AcquireLeases of a free mailbox) is refused RESOURCE_EXHAUSTED with a
-// RetryInfo hint during the load; once the load stops the same acquire is
-// granted within 20 s, without operator action.
+// keepalives the leader answers a second, C; then renewload, built without
+// the race detector, sends 3C a second open-loop for 30 s, spread over 50
+// sessions holding 20 leases each and the probe's session (every session
+// gets far more than one keepalive per ttl: every holder keeps sending on
+// time), while each session's holder also keeps alive every ttl/4 from this
+// process, as its sidecar would. Checked: the load really was 3C; no
+// keepalive is refused, and every session had a renewed keepalive sent
+// within ttl of the last (its holder never had to stop serving; logged, not
+// failed, if a stall of the machine changed the leader); no session
+// or lease expires (a linearizable GetSession and ListSessions after, and
+// the leader's expirations); new work (an AcquireLeases of a free mailbox)
+// is refused RESOURCE_EXHAUSTED with a RetryInfo hint during the load and
+// counted in prism_admin_shed_total; once the load stops the same acquire
+// is granted within 10 s, without operator action.
+//
+// The ceiling is lowered on purpose: the admins run with
+// --max-renewals-per-second 600. The machine's own ceiling (15-25k
+// keepalives/s on 2 cores, the three admins and the generator sharing
+// them) cannot be driven at 3x from the same cores, and a leader driven at
+// it loses the CPU race to its own Raft heartbeats and is deposed, again
+// and again (the first runs of this test: renewals answered fell from
+// 14.5k/s to 1.7k/s, acquires timed out instead of being shed). The bound
+// is the production knob for exactly that, and what the test checks is
+// the leader's behaviour past its ceiling, whatever sets it. For the same
+// reason the nodes run raft's default timing (a 1 s heartbeat timeout), as
+// in production, not the harness's 150 ms "fast" one: on a CI machine
+// shared with the race-built test process a 150 ms scheduling stall is an
+// election, and elections are not what this test is about.
 func TestSessionOverload(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process overload test")
 	}
-	// Not yet trustworthy, so not run in CI: in its first runs (C = 14.5k/s)
-	// the open-loop generator filled its 30,000 in-flight calls and sent
-	// only 0.4x C, renewals answered fell to 1.7k/s, no acquire was shed
-	// with RESOURCE_EXHAUSTED (they timed out), and the probe was not granted
-	// within 20 s after the load, possibly because the probe's own session
-	// expired while its sequential keepalives timed out. See the report on
-	// issue 20 before enabling it.
-	if os.Getenv("PRISM_OVERLOAD_TEST") == "" {
-		t.Skip("set PRISM_OVERLOAD_TEST=1: the overload test is still being made trustworthy")
-	}
 	const (
-		nSessions = 50
-		perSess   = 20
-		ttl       = 3 * time.Second
-		loadFor   = 30 * time.Second
+		nSessions    = 50
+		perSess      = 20
+		ttl          = 3 * time.Second
+		loadFor      = 30 * time.Second
+		renewalBound = 600
 	)
 	bin := buildRenewLoad(t)
-	c := e2e.StartAdmins(t, e2e.AdminOptions{Size: 3, Insecure: true, Args: []string{"--stale-proxy-after", "10m"}})
-	ctx, cancel := context.WithTimeout(context.Background(), 170*time.Second)
+	c := e2e.StartAdmins(t, e2e.AdminOptions{Size: 3, Insecure: true, Args: []string{"--stale-proxy-after", "10m",
+		"--max-renewals-per-second", strconv.Itoa(renewalBound), "--shed-after-renewal-wait", "250ms", "--raft-timing", "default"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 85*time.Second)
 	defer cancel()
 	lead := c.AwaitLeader()
 	leader := c.Nodes[lead]
@@ -121,7 +134,6 @@ func TestSessionOverload(t *testing.T) {
 		n     int
 	}
 	var hs []held
-	var list []string
 	open := func(p string) uint64 {
 		r, err := leader.SessionsAs(p).OpenSession(ctx, &adminv1.OpenSessionRequest{ProxyId: p, RunnerId: p, RunnerAddress: "127.0.0.1:9000", Ttl: durationpb.New(ttl)})
 		if err != nil || r.GetSession() == nil {
@@ -141,28 +153,43 @@ func TestSessionOverload(t *testing.T) {
 			t.Fatalf("acquire in session %d: %v %v", id, err, r.GetRefusal())
 		}
 		hs = append(hs, held{p, id, len(mbs)})
-		list = append(list, p+":"+strconv.FormatUint(id, 10))
 	}
 	probeID := open(probeProxy)
-	sessionsArg := strings.Join(list, ",")
-	// Keep every session (the probe's too) alive through the test, as the
-	// holders' sidecars would, besides the load's keepalives.
-	keep := func(ctx context.Context) {
-		for ctx.Err() == nil {
-			for _, h := range append(hs, held{probeProxy, probeID, 0}) {
-				kctx, kcancel := context.WithTimeout(ctx, time.Second)
-				_, _ = leader.SessionsAs(h.proxy).KeepAliveSession(kctx, &adminv1.KeepAliveSessionRequest{ProxyId: h.proxy, SessionId: h.id})
-				kcancel()
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(ttl / 4):
-			}
-		}
+	all := append(slices.Clone(hs), held{probeProxy, probeID, 0})
+	var list []string
+	for _, h := range all {
+		list = append(list, h.proxy+":"+strconv.FormatUint(h.id, 10))
 	}
+	sessionsArg := strings.Join(list, ",")
+	// Every holder keeps its session alive every ttl/4, as its sidecar
+	// would, besides the load's keepalives; a refusal is counted.
+	var keepRefused atomic.Int64
 	kctx, stopKeep := context.WithCancel(ctx)
+	var keepers sync.WaitGroup
+	defer keepers.Wait()
 	defer stopKeep()
-	go keep(kctx)
+	for _, h := range all {
+		keepers.Add(1)
+		go func() {
+			defer keepers.Done()
+			tick := time.NewTicker(ttl / 4)
+			defer tick.Stop()
+			for {
+				cctx, ccancel := context.WithTimeout(kctx, ttl/2)
+				r, err := leader.SessionsAs(h.proxy).KeepAliveSession(cctx, &adminv1.KeepAliveSessionRequest{ProxyId: h.proxy, SessionId: h.id})
+				ccancel()
+				if err == nil && !r.GetRenewed() {
+					keepRefused.Add(1)
+					t.Errorf("keepalive of session %d refused: %v", h.id, r.GetRefusal())
+				}
+				select {
+				case <-kctx.Done():
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+	}
 
 	ramp := runRenewLoad(ctx, t, bin, "-addr", leader.GRPCAddr, "-sessions", sessionsArg, "-rate", "0", "-workers", "256", "-for", "3s", "-timeout", "2s")
 	ceiling := float64(ramp.Renewed) / ramp.Seconds
@@ -170,6 +197,7 @@ func TestSessionOverload(t *testing.T) {
 	if ramp.Refused > 0 || ceiling < 100 {
 		t.Fatalf("the ramp: %d refused, %.0f/s renewed; refusals: %v", ramp.Refused, ceiling, ramp.Refusals)
 	}
+	termBefore := metricValue(t, leader, "prism_admin_raft_term")
 
 	// The probe: an acquire of a free mailbox every 250 ms through the
 	// leader, during the load and after it until granted.
@@ -179,28 +207,21 @@ func TestSessionOverload(t *testing.T) {
 		code codes.Code
 		hint time.Duration
 	}
-	var (
-		mu     sync.Mutex
-		probes []probe
-	)
+	var probes []probe
 	loadStart := time.Now()
 	loadDone := make(chan loadResult, 1)
 	go func() {
 		loadDone <- runRenewLoad(ctx, t, bin, "-addr", leader.GRPCAddr, "-sessions", sessionsArg, "-rate", strconv.Itoa(int(3*ceiling)),
-			"-for", loadFor.String(), "-timeout", "5s", "-inflight", "30000")
+			"-for", loadFor.String(), "-timeout", "2s")
 	}()
-	var granted time.Duration
-	var load loadResult
-	loadEnded := time.Duration(0)
-	for i := 0; granted == 0 && i < 400; i++ {
-		select {
-		case load = <-loadDone:
-			loadEnded = time.Since(loadStart)
-		default:
-		}
-		if loadEnded > 0 && time.Since(loadStart) > loadEnded+20*time.Second {
-			break
-		}
+	var (
+		granted   time.Duration
+		load      loadResult
+		loadEnded time.Duration
+	)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for granted == 0 && (loadEnded == 0 || time.Since(loadStart) < loadEnded+10*time.Second) {
 		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
 		at := time.Since(loadStart)
 		r, err := leader.SessionsAs(probeProxy).AcquireLeases(actx, &adminv1.AcquireLeasesRequest{ProxyId: probeProxy, SessionId: probeID, MailboxIds: []string{probeMailbox}})
@@ -213,11 +234,9 @@ func TestSessionOverload(t *testing.T) {
 				}
 			}
 		}
-		mu.Lock()
 		probes = append(probes, p)
-		mu.Unlock()
 		if err == nil && len(r.GetResults()) == 1 && r.GetResults()[0].GetOk() {
-			if loadEnded == 0 && at < loadFor {
+			if loadEnded == 0 {
 				// Granted under load: release it so the next probe is new work again.
 				rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
 				_, _ = leader.SessionsAs(probeProxy).ReleaseLeases(rctx, &adminv1.ReleaseLeasesRequest{ProxyId: probeProxy, SessionId: probeID, MailboxIds: []string{probeMailbox}})
@@ -226,38 +245,69 @@ func TestSessionOverload(t *testing.T) {
 				granted = at
 			}
 		}
-		time.Sleep(250 * time.Millisecond)
+		select {
+		case load = <-loadDone:
+			loadEnded = time.Since(loadStart)
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("the probe: %v", ctx.Err())
+		}
 	}
 	if loadEnded == 0 {
 		load = <-loadDone
 		loadEnded = time.Since(loadStart)
 	}
 	sentRate := float64(load.Sent) / load.Seconds
-	t.Logf("load: %.0f/s sent for %.1fs (%.1fx C), %d skipped at the in-flight bound, %d renewed (%.0f/s), %d refused, errors %v",
-		sentRate, load.Seconds, sentRate/ceiling, load.Skipped, load.Renewed, float64(load.Renewed)/load.Seconds, load.Refused, load.Errors)
+	t.Logf("load: %.0f/s sent for %.1fs (%.2fx C), %d renewed (%.0f/s), %d refused, errors %v; longest a session went between renewed sends %.0f ms",
+		sentRate, load.Seconds, sentRate/ceiling, load.Renewed, float64(load.Renewed)/load.Seconds, load.Refused, load.Errors, load.MaxGapMs)
 	shed, hinted := 0, 0
 	for _, p := range probes {
-		if p.code == codes.ResourceExhausted {
+		if p.at < loadEnded && p.code == codes.ResourceExhausted {
 			shed++
 			if p.hint > 0 {
 				hinted++
 			}
 		}
 	}
-	t.Logf("probe acquires: %d, %d refused RESOURCE_EXHAUSTED (%d with a retry hint); granted %s after the load began (it ended at %s)",
+	t.Logf("probe acquires: %d, %d refused RESOURCE_EXHAUSTED during the load (%d with a retry hint); granted %s after the load began (it ended at %s)",
 		len(probes), shed, hinted, granted.Round(time.Millisecond), loadEnded.Round(time.Millisecond))
+	stopKeep()
+	keepers.Wait()
 
-	if sentRate < 2*ceiling {
-		t.Errorf("the load reached only %.1fx the ceiling: the generator, not the leader, was the limit", sentRate/ceiling)
+	if sentRate < 2.7*ceiling {
+		t.Errorf("the load reached only %.2fx the ceiling: the generator, not the leader, was the limit", sentRate/ceiling)
 	}
-	if load.Refused > 0 {
-		t.Errorf("%d keepalives of live sessions refused under load: %v", load.Refused, load.Refusals)
+	if load.Refused > 0 || keepRefused.Load() > 0 {
+		t.Errorf("keepalives of live sessions refused under load: %d of the load's (%v), %d of the holders'", load.Refused, load.Refusals, keepRefused.Load())
+	}
+	// The holder's own view: it never went a ttl without a renewal it
+	// could count from. A leader change (a stall of the shared machine
+	// longer than raft's leader lease) makes that a failover figure, where
+	// the holder may rightly pause; its leases must still survive, as
+	// checked below.
+	termMoved := metricValue(t, leader, "prism_admin_raft_term") != termBefore
+	if gap := time.Duration(load.MaxGapMs * float64(time.Millisecond)); gap >= ttl {
+		if termMoved {
+			t.Logf("a session went %s between renewed sends, across a leader change", gap)
+		} else {
+			t.Errorf("a session went %s between the sends of renewed keepalives, past its ttl %s: its holder stopped serving", gap, ttl)
+		}
 	}
 	if shed == 0 || hinted != shed {
 		t.Errorf("%d new acquires refused RESOURCE_EXHAUSTED under load, %d with a retry hint: want some, all hinted", shed, hinted)
 	}
+	shedCounted := 0.0
+	for _, n := range c.Nodes {
+		shedCounted += metricValue(t, n, `prism_admin_shed_total{method="AcquireLeases"}`)
+	}
+	if shedCounted < float64(shed) {
+		t.Errorf("prism_admin_shed_total{method=\"AcquireLeases\"} = %v over the nodes, want >= %d", shedCounted, shed)
+	}
 	if granted == 0 {
-		t.Errorf("no acquire granted within 20 s after the load ended")
+		t.Errorf("no acquire granted within 10 s after the load ended")
+	}
+	if termMoved {
+		t.Logf("the raft term moved from %v under load", termBefore)
 	}
 	for _, h := range hs {
 		r, err := leader.Admin().GetSession(ctx, &adminv1.GetSessionRequest{SessionId: h.id, Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
@@ -265,7 +315,16 @@ func TestSessionOverload(t *testing.T) {
 			t.Errorf("session %d of %s after the load: %d leases (err %v), want %d", h.id, h.proxy, r.GetSession().GetLeaseCount(), err, h.n)
 		}
 	}
-	if v := metricValue(t, leader, "prism_admin_lease_expirations_total"); v != 0 {
-		t.Errorf("the leader expired %v leases under load", v)
+	ls, err := leader.Admin().ListSessions(ctx, &adminv1.ListSessionsRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	if err != nil {
+		t.Fatalf("list sessions: %v", err)
+	}
+	if got := len(ls.GetSessions()); got != len(all) {
+		t.Errorf("%d sessions after the load, want %d", got, len(all))
+	}
+	for _, n := range c.Nodes {
+		if v := metricValue(t, n, "prism_admin_lease_expirations_total"); v != 0 {
+			t.Errorf("%s expired %v leases under load", n.ID, v)
+		}
 	}
 }

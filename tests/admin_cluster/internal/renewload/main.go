@@ -3,9 +3,15 @@
 // the load generator is not what limits the rate. With -rate 0 it runs
 // closed-loop with -workers callers (the ramp that measures what the
 // leader answers); otherwise it sends -rate keepalives a second open-loop,
-// whatever the answers, at most -inflight outstanding (a send that finds
-// them all taken is counted as skipped, not sent). Every call is bounded by
-// -timeout and the run by -for. It prints its counts as JSON on stdout.
+// whatever the answers: each millisecond it starts as many calls as the
+// rate owes since the start (a late tick catches up, it is not lost), on
+// enough connections that gRPC's per-connection stream limit never holds a
+// call back on the client (-conns is raised to -rate x -timeout / 500),
+// with no bound on calls outstanding. Every call is bounded by -timeout and
+// the run by -for. It prints its counts as JSON on stdout, with, per
+// session, the longest time between the sends of two keepalives that were
+// renewed (a sidecar counts its validity from the send): the longest a
+// holder went without a renewal it could use.
 package main
 
 import (
@@ -29,12 +35,14 @@ import (
 
 type result struct {
 	Sent     int64            `json:"sent"`
-	Skipped  int64            `json:"skipped"`
 	Renewed  int64            `json:"renewed"`
 	Refused  int64            `json:"refused"`
 	Errors   map[string]int64 `json:"errors"`
 	Seconds  float64          `json:"seconds"`
 	Refusals []string         `json:"refusals"`
+	// MaxGapMs is the longest, over sessions, between the sends of two
+	// renewed keepalives of a session, its start and end included.
+	MaxGapMs float64 `json:"max_gap_ms"`
 }
 
 func main() {
@@ -42,8 +50,7 @@ func main() {
 	sessions := flag.String("sessions", "", "proxy:session_id,...")
 	rate := flag.Int("rate", 0, "keepalives a second, open-loop; 0: closed-loop with -workers")
 	workers := flag.Int("workers", 256, "closed-loop callers")
-	inflight := flag.Int("inflight", 20000, "open-loop outstanding calls at most")
-	conns := flag.Int("conns", 8, "gRPC connections")
+	conns := flag.Int("conns", 8, "gRPC connections at least")
 	timeout := flag.Duration("timeout", 5*time.Second, "per call")
 	dur := flag.Duration("for", 3*time.Second, "run length")
 	flag.Parse()
@@ -61,8 +68,11 @@ func main() {
 		}
 		ss = append(ss, sess{proxy, n})
 	}
+	// Every connection takes 1,000 concurrent streams (the admin's
+	// default); keep the calls a connection may hold at half that.
+	n := max(*conns, int(float64(*rate)*timeout.Seconds()/500)+1)
 	var clients []adminv1.SessionsClient
-	for range *conns {
+	for range n {
 		cc, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -78,17 +88,34 @@ func main() {
 		next     atomic.Int64
 		renewed  atomic.Int64
 		refused  atomic.Int64
-		skipped  atomic.Int64
 		wg       sync.WaitGroup
-		deadline = time.Now().Add(*dur)
+		start    = time.Now()
+		deadline = start.Add(*dur)
+		// lastRenewed[i] is the send time of session i's latest renewed
+		// keepalive; maxGap[i] the longest between two.
+		lastRenewed = make([]time.Time, len(ss))
+		maxGap      = make([]time.Duration, len(ss))
 	)
+	for i := range lastRenewed {
+		lastRenewed[i] = start
+	}
 	call := func() {
 		i := next.Add(1)
-		s := ss[int(i)%len(ss)]
+		si := int(i) % len(ss)
+		s := ss[si]
 		ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 		defer cancel()
 		sent.Add(1)
+		at := time.Now()
 		r, err := clients[int(i)%len(clients)].KeepAliveSession(ctx, &adminv1.KeepAliveSessionRequest{ProxyId: s.proxy, SessionId: s.id})
+		if err == nil && r.GetRenewed() {
+			mu.Lock()
+			if at.After(lastRenewed[si]) {
+				maxGap[si] = max(maxGap[si], at.Sub(lastRenewed[si]))
+				lastRenewed[si] = at
+			}
+			mu.Unlock()
+		}
 		switch {
 		case err != nil:
 			mu.Lock()
@@ -105,7 +132,6 @@ func main() {
 			mu.Unlock()
 		}
 	}
-	start := time.Now()
 	if *rate == 0 {
 		for range *workers {
 			wg.Add(1)
@@ -118,34 +144,32 @@ func main() {
 		}
 		wg.Wait()
 	} else {
-		slots := make(chan struct{}, *inflight)
 		tick := time.NewTicker(time.Millisecond)
-		per := float64(*rate) / 1000
-		var owed float64
+		var started int64
 		for now := range tick.C {
 			if now.After(deadline) {
-				break
+				now = deadline
 			}
-			owed += per
-			for ; owed >= 1; owed-- {
-				select {
-				case slots <- struct{}{}:
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						defer func() { <-slots }()
-						call()
-					}()
-				default:
-					skipped.Add(1)
-				}
+			for owed := int64(now.Sub(start).Seconds() * float64(*rate)); started < owed; started++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					call()
+				}()
+			}
+			if now.Equal(deadline) {
+				break
 			}
 		}
 		tick.Stop()
 	}
 	elapsed := time.Since(start)
 	wg.Wait()
-	res.Sent, res.Renewed, res.Refused, res.Skipped = sent.Load(), renewed.Load(), refused.Load(), skipped.Load()
+	res.Sent, res.Renewed, res.Refused = sent.Load(), renewed.Load(), refused.Load()
 	res.Seconds = elapsed.Seconds()
+	for i := range ss {
+		gap := max(maxGap[i], deadline.Sub(lastRenewed[i]))
+		res.MaxGapMs = max(res.MaxGapMs, float64(gap)/float64(time.Millisecond))
+	}
 	_ = json.NewEncoder(os.Stdout).Encode(res)
 }
