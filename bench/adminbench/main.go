@@ -43,6 +43,8 @@ type options struct {
 	failoverKills      int
 	bulk               int
 	bulkReps           int
+	overloadBound      float64
+	overloadFor        time.Duration
 }
 
 func main() {
@@ -58,7 +60,7 @@ func main() {
 	flag.IntVar(&o.scaleLeases, "scale-leases", 10000, "leases in the heartbeat scale run")
 	flag.DurationVar(&o.scaleFor, "scale-for", 10*time.Second, "length of the heartbeat scale run")
 	flag.BoolVar(&o.scaleXDS, "scale-xds", true, "serve xDS during the scale run, as a production admin node does")
-	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, handshake, sessions, failover-sessions, etcd, redis")
+	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, handshake, sessions, failover-sessions, overload, etcd, redis")
 	flag.StringVar(&o.security, "security", modeBoth, "prism admin over plaintext (--insecure), mtls (figures suffixed _mtls), or both: "+
 		"every part in plaintext plus the 3-node latency, the scale run and the handshake over mutual TLS, with mtls/plaintext ratios")
 	flag.IntVar(&o.handshakes, "handshakes", 200, "fresh connections timed per mode in the handshake run")
@@ -82,6 +84,8 @@ func main() {
 	flag.IntVar(&o.failoverKills, "failover-kills", 5, "leader kills in the failover-sessions run (each waits ttl + grace after the kill to count the leases held)")
 	flag.IntVar(&o.bulk, "bulk", 1000, "mailboxes of the one AcquireLeases the bulk grant times")
 	flag.IntVar(&o.bulkReps, "bulk-reps", 10, "repetitions of the bulk grant")
+	flag.Float64Var(&o.overloadBound, "overload-bound", 1000, "--max-renewals-per-second of the overload run's 3x admins (overload.go says why)")
+	flag.DurationVar(&o.overloadFor, "overload-for", 30*time.Second, "length of the overload run's 3x load")
 	flag.Parse()
 	if o.prism == "" {
 		log.Fatal("adminbench: -prism is required")
@@ -191,6 +195,14 @@ func runParts(o options, dir string, mtlsModes []bool) {
 			return err
 		}
 		return failoverSessions(ctx, o, filepath.Join(dir, "failover-sessions"), cs)
+	})
+	run("overload", func() error {
+		// Over mTLS like the sessions run: sidecars' identities.
+		cs, err := certsFor(o.security != modePlaintext)
+		if err != nil {
+			return err
+		}
+		return overloadBench(ctx, o, filepath.Join(dir, "overload"), cs)
 	})
 }
 
