@@ -19,22 +19,26 @@ import (
 //	                                  compactions; key-only index walks stay in the block cache).
 //	'm' message_id                 -> pos: dedup on write (one point lookup, mostly answered by bloom filters)
 //	                                  and Get by message id.
-//	'i' kind uvarint(len) value pos -> nothing: one secondary index entry per indexed header. kind is one of
-//	                                  topic, principal, correlation id, trace id. A query seeks to
-//	                                  'i' kind len value pos(end of the time range, or the cursor) and walks
-//	                                  forward key-only (PrefetchValues=false) until the start of the time range,
-//	                                  so it touches only matching keys and never earlier pages.
-//	'!' "meta"                     -> counters (events, envelope bytes, last sequence) and the retention floor,
-//	                                  rewritten in the same transaction as every write and retention pass so
-//	                                  Stats never scans and never drifts.
+//	'p' kind uvarint(len) value F  -> the positions of one write batch's items with that indexed header (a
+//	                                  posting block, posting.go), F the first (newest) of them. kind is one of
+//	                                  topic, principal, correlation id, trace id. A batch repeats a topic tens of
+//	                                  times and a trace id about ten, so one block per (kind, value) and batch
+//	                                  instead of an entry per item and index saves most of the writes. A query
+//	                                  seeks to 'p' kind len value (its start, less meta.span) and merges the
+//	                                  blocks in order (blockCursor), so it reads only matching positions and
+//	                                  never earlier pages.
+//	'!' "meta"                     -> the layout version, counters (events, envelope bytes, last sequence), the
+//	                                  retention floor and the widest block span, rewritten in the same
+//	                                  transaction as every write and retention pass so Stats never scans and
+//	                                  never drifts.
 //
 // The time index is the primary order itself. Retention deletes by raising the floor (retention.go): every read
 // bounds its walk at the floor, which costs nothing since all orders end in the position, and a sweep removes
 // the keys below it later.
 const (
-	prefixItem  = 'e'
-	prefixMsgID = 'm'
-	prefixIndex = 'i'
+	prefixItem    = 'e'
+	prefixMsgID   = 'm'
+	prefixPosting = 'p'
 
 	posLen = 16
 )
@@ -103,47 +107,37 @@ func msgIDKey[T string | []byte](id T) []byte {
 	return k
 }
 
-// indexPrefix is the prefix of every index entry of (kind, value).
+// indexPrefix is the prefix of every posting block of (kind, value).
 func indexPrefix[T string | []byte](kind byte, value T) []byte {
 	k := make([]byte, 0, 2+binary.MaxVarintLen64+len(value)+posLen)
-	k = append(k, prefixIndex, kind)
+	k = append(k, prefixPosting, kind)
 	k = binary.AppendUvarint(k, uint64(len(value)))
 	return append(k, value...)
 }
 
-// itemKeys returns every key of an item, carved out of one allocation: its primary key, its message-id key, then
-// its index keys. Topic and principal are indexed even when empty so a filter for the empty value is still an
-// index lookup; correlation and trace ids only when set, since an empty filter value means "no filter" for them.
-func itemKeys[T string | []byte](p pos, msgID, topic, principal, corr, trace T) [][]byte {
-	vals := [...]T{topic, principal, corr, trace}
-	kinds := [...]byte{kindTopic, kindPrincipal, kindCorrelation, kindTrace}
-	size := 2*(1+posLen) + len(msgID)
-	for _, v := range vals {
-		size += 2 + binary.MaxVarintLen64 + len(v) + posLen
-	}
-	// buf never grows past its capacity, so the keys sliced from it stay valid.
-	buf := make([]byte, 0, size)
-	keys := make([][]byte, 0, 2+len(vals))
-	cut := func(start int) { keys = append(keys, buf[start:len(buf):len(buf)]) }
+// itemKeys returns an item's own keys, carved out of one allocation: its primary key and its message-id key.
+func itemKeys[T string | []byte](p pos, msgID T) [][]byte {
+	buf := make([]byte, 0, 2+posLen+len(msgID))
 	buf = append(buf, prefixItem)
 	buf = append(buf, p[:]...)
-	cut(0)
-	start := len(buf)
 	buf = append(buf, prefixMsgID)
 	buf = append(buf, msgID...)
-	cut(start)
-	for i, v := range vals {
-		if len(v) == 0 && (kinds[i] == kindCorrelation || kinds[i] == kindTrace) {
-			continue
-		}
-		start = len(buf)
-		buf = append(buf, prefixIndex, kinds[i])
-		buf = binary.AppendUvarint(buf, uint64(len(v)))
-		buf = append(buf, v...)
-		buf = append(buf, p[:]...)
-		cut(start)
+	return [][]byte{buf[: 1+posLen : 1+posLen], buf[1+posLen:]}
+}
+
+// indexPrefixes returns the posting-list prefixes an item belongs to. Topic and principal are indexed even when
+// empty so a filter for the empty value is still an index lookup; correlation and trace ids only when set,
+// since an empty filter value means "no filter" for them.
+func indexPrefixes[T string | []byte](topic, principal, corr, trace T) [][]byte {
+	out := make([][]byte, 0, 4)
+	out = append(out, indexPrefix(kindTopic, topic), indexPrefix(kindPrincipal, principal))
+	if len(corr) > 0 {
+		out = append(out, indexPrefix(kindCorrelation, corr))
 	}
-	return keys
+	if len(trace) > 0 {
+		out = append(out, indexPrefix(kindTrace, trace))
+	}
+	return out
 }
 
 // Page tokens are base64url(version byte, pos of the last item returned). The version lets the format change

@@ -183,25 +183,20 @@ func (pl *plan) raiseStart(ts int64) {
 	}
 }
 
-// cursor walks one ordered range of positions: an index range (key-only) or the primary order.
+// cursor walks the primary order from pl.from on.
 type cursor struct {
-	it     *badger.Iterator
-	prefix []byte
-	cur    pos
-	ok     bool
+	it  *badger.Iterator
+	cur pos
+	ok  bool
 }
 
-func (c *cursor) load(pl *plan) {
+func (c *cursor) load() {
 	c.ok = false
-	if !c.it.ValidForPrefix(c.prefix) {
+	if !c.it.ValidForPrefix([]byte{prefixItem}) {
 		return
 	}
-	k := c.it.Item().Key()
-	if len(k) != len(c.prefix)+posLen {
-		return // cannot happen with the length-prefixed layout; stop rather than misread
-	}
-	copy(c.cur[:], k[len(c.prefix):])
-	c.ok = bytes.Compare(c.cur[:8], pl.last[:]) <= 0
+	copy(c.cur[:], c.it.Item().Key()[1:])
+	c.ok = true
 }
 
 // Query returns items matching f, newest first (timestamp desc, then latest write first), at most clamp(f.Limit)
@@ -221,7 +216,7 @@ func (s *Store) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1
 	}
 	err = s.view(func(txn *badger.Txn, m meta) error {
 		pl.raiseStart(m.floor())
-		return s.run(ctx, txn, pl, resp)
+		return s.run(ctx, txn, pl, m.span, resp)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("query: %w", err)
@@ -229,26 +224,32 @@ func (s *Store) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1
 	return resp, nil
 }
 
-func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailboxv1.QueryEventsResponse) error {
-	primary := len(pl.ranges) == 0
-	prefixes := pl.ranges
-	if primary {
-		prefixes = [][]byte{{prefixItem}}
-	}
-	curs := make([]*cursor, 0, len(prefixes))
+func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, span uint64, resp *mailboxv1.QueryEventsResponse) error {
+	// Values are read inline, not prefetched: Badger prefetches on helper goroutines that the query then waits for
+	// (in ValueCopy and again in Close), a hand-off that costs a scheduling delay each time the cores are busy
+	// with ingest, for a page read from the memory-mapped value log either way.
+	var primary *cursor
+	var curs []*blockCursor
 	defer func() {
+		if primary != nil {
+			primary.it.Close()
+		}
 		for _, c := range curs {
 			c.it.Close()
 		}
 	}()
-	for _, pr := range prefixes {
-		// Values are read inline, not prefetched: Badger prefetches on helper goroutines that the query then
-		// waits for (in ValueCopy and again in Close), a hand-off that costs a scheduling delay each time the
-		// cores are busy with ingest, for a page read from the memory-mapped value log either way.
-		c := &cursor{it: txn.NewIterator(badger.IteratorOptions{Prefix: pr}), prefix: pr}
+	if len(pl.ranges) == 0 {
+		primary = &cursor{it: txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixItem}})}
+		primary.it.Seek(itemKey(pl.from))
+		primary.load()
+	}
+	for _, pr := range pl.ranges {
+		c := &blockCursor{it: txn.NewIterator(badger.IteratorOptions{Prefix: pr}), prefix: pr, span: span, from: pl.from}
 		curs = append(curs, c)
-		c.it.Seek(append(bytes.Clone(pr), pl.from[:]...))
-		c.load(pl)
+		c.start()
+		if c.err != nil {
+			return c.err
+		}
 	}
 	var lastPos pos
 	var buf []byte // compressed records are decompressed into it, one at a time
@@ -261,19 +262,24 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 		}
 		// Merge: the cursor at the smallest position is the newest candidate. An item has one topic and one
 		// principal, so no position appears in two ranges.
-		var best *cursor
+		var best *blockCursor
 		for _, c := range curs {
-			if c.ok && (best == nil || bytes.Compare(c.cur[:], best.cur[:]) < 0) {
+			if c.ok && (best == nil || comparePos(c.cur, best.cur) < 0) {
 				best = c
 			}
 		}
-		if best == nil {
+		var p pos
+		var item *badger.Item
+		switch {
+		case primary != nil && primary.ok:
+			p, item = primary.cur, primary.it.Item()
+		case best != nil:
+			p = best.cur
+		default:
 			return nil
 		}
-		p := best.cur
-		var item *badger.Item
-		if primary {
-			item = best.it.Item()
+		if bytes.Compare(p[:8], pl.last[:]) > 0 {
+			return nil // older than the start of the range, as is everything after it
 		}
 		// The record is read in place (Badger's buffer, valid in the callback) and decoded once: decodeItem
 		// copies out what the item keeps, so no copy of the whole record is made first.
@@ -312,8 +318,12 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, resp *mailbo
 				return fmt.Errorf("read %x: %w", p, err)
 			}
 		}
-		best.it.Next()
-		best.load(pl)
+		if primary != nil {
+			primary.it.Next()
+			primary.load()
+		} else if best.advance(); best.err != nil {
+			return best.err
+		}
 		if !matched {
 			continue
 		}

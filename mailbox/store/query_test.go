@@ -32,20 +32,35 @@ var (
 	propTrace      = []string{"", "t1", "t2", "t3", "t4"}
 )
 
+// shape is how random data is made: batches of up to batch items (small batches repeat a value a few times,
+// big ones tens of times, as ingest's do), with timestamps of a few milliseconds times scale (a scale wider than
+// maxBlockSpan splits a batch's values into several posting blocks and makes walks reach back across them).
+type shape struct {
+	batch int
+	scale int64
+}
+
+var smallBatches = shape{batch: 20, scale: 1}
+
 // genItems writes random items with ids starting with prefix in random batches (with redeliveries) and returns
 // what the store must hold.
 func genItems(t *testing.T, r *rand.Rand, s *Store, prefix string) []stored {
 	t.Helper()
-	n := r.Intn(150)
+	return genShaped(t, r, s, prefix, smallBatches)
+}
+
+func genShaped(t *testing.T, r *rand.Rand, s *Store, prefix string, sh shape) []stored {
+	t.Helper()
+	n := r.Intn(150 * sh.batch / smallBatches.batch)
 	var model []stored
 	ids := map[string]bool{}
 	for len(model) < n {
-		batch := make([]*mailboxv1.MailboxItem, 1+r.Intn(20))
+		batch := make([]*mailboxv1.MailboxItem, 1+r.Intn(sh.batch))
 		for i := range batch {
 			id := fmt.Sprintf("%s-%d", prefix, r.Intn(n+10))
 			batch[i] = &mailboxv1.MailboxItem{
 				MessageId:     id,
-				Timestamp:     int64(r.Intn(40)) - 5, // few distinct timestamps: many ties, some negative
+				Timestamp:     (int64(r.Intn(40)) - 5) * sh.scale, // few distinct timestamps: many ties, some negative
 				Topic:         pick(r, propTopics),
 				Principal:     pick(r, propPrincipals),
 				CorrelationId: pick(r, propCorr),
@@ -103,15 +118,15 @@ func randSubset(r *rand.Rand, vals []string) []string {
 }
 
 // randTime is a time near the item timestamps, sometimes between two milliseconds.
-func randTime(r *rand.Rand) *timestamppb.Timestamp {
-	t := time.UnixMilli(int64(r.Intn(50)) - 10)
+func randTime(r *rand.Rand, scale int64) *timestamppb.Timestamp {
+	t := time.UnixMilli((int64(r.Intn(50)) - 10) * scale)
 	if r.Intn(3) == 0 {
 		t = t.Add(time.Duration(r.Intn(1_000_000)))
 	}
 	return timestamppb.New(t)
 }
 
-func randFilter(r *rand.Rand) *mailboxv1.EventFilter {
+func randFilter(r *rand.Rand, scale int64) *mailboxv1.EventFilter {
 	f := &mailboxv1.EventFilter{
 		Topics:     randSubset(r, propTopics),
 		Principals: randSubset(r, propPrincipals),
@@ -123,10 +138,10 @@ func randFilter(r *rand.Rand) *mailboxv1.EventFilter {
 		f.TraceId = pick(r, propTrace[1:])
 	}
 	if r.Intn(2) == 0 {
-		f.StartTime = randTime(r)
+		f.StartTime = randTime(r, scale)
 	}
 	if r.Intn(2) == 0 {
-		f.EndTime = randTime(r)
+		f.EndTime = randTime(r, scale)
 	}
 	if f.StartTime != nil && f.EndTime != nil && !f.StartTime.AsTime().Before(f.EndTime.AsTime()) {
 		f.StartTime, f.EndTime = f.EndTime, f.StartTime
@@ -193,29 +208,84 @@ func effectiveLimit(l int32) int {
 // TestQueryMatchesBruteForce compares random filters, paged to the end, with a scan of the same random items.
 func TestQueryMatchesBruteForce(t *testing.T) {
 	t.Parallel()
-	const datasets, filters = 40, 150
-	for d := range datasets {
+	for d := range 40 {
 		t.Run(fmt.Sprintf("dataset-%d", d), func(t *testing.T) {
 			t.Parallel()
-			r := rand.New(rand.NewSource(int64(d)))
-			s := openMem(t, Options{MaxAge: time.Millisecond})
-			model := genItems(t, r, s, "id")
-			if d%2 == 1 {
-				// Half the datasets have had a retention pass, half of those its sweep too: queries must
-				// bound every walk at the floor whether or not the keys below it are gone.
-				floor := int64(r.Intn(40)) - 5
-				if _, err := s.RetainOnce(context.Background(), time.UnixMilli(floor).Add(time.Millisecond)); err != nil {
-					t.Fatal(err)
-				}
-				if d%4 == 1 {
-					if _, err := s.Sweep(context.Background()); err != nil {
-						t.Fatal(err)
-					}
-				}
-				model = slices.DeleteFunc(model, func(x stored) bool { return x.it.GetTimestamp() < floor })
-			}
-			checkQueries(t, r, s, model, filters)
+			bruteForceDataset(t, d, smallBatches)
 		})
+	}
+}
+
+// TestQueryMatchesBruteForceBigBatches is the same with ingest-sized batches, each value repeated many times in
+// a posting block, and with timestamps spread so wide that a batch's values split into several blocks.
+func TestQueryMatchesBruteForceBigBatches(t *testing.T) {
+	t.Parallel()
+	for d := range 24 {
+		sh := shape{batch: 300, scale: 1}
+		if d >= 12 {
+			sh.scale = maxBlockSpan / 8
+		}
+		t.Run(fmt.Sprintf("dataset-%d-scale-%d", d, sh.scale), func(t *testing.T) {
+			t.Parallel()
+			bruteForceDataset(t, d, sh)
+		})
+	}
+}
+
+// bruteForceDataset writes dataset d of shape sh and checks random queries on it against the brute force.
+func bruteForceDataset(t *testing.T, d int, sh shape) {
+	const filters = 150
+	r := rand.New(rand.NewSource(int64(d)))
+	s := openMem(t, Options{MaxAge: time.Millisecond})
+	model := genShaped(t, r, s, "id", sh)
+	if d%2 == 1 {
+		// Half the datasets have had a retention pass, half of those its sweep too: queries must
+		// bound every walk at the floor whether or not the keys below it are gone.
+		floor := (int64(r.Intn(40)) - 5) * sh.scale
+		if _, err := s.RetainOnce(context.Background(), time.UnixMilli(floor).Add(time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		if d%4 == 1 {
+			if _, err := s.Sweep(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		model = slices.DeleteFunc(model, func(x stored) bool { return x.it.GetTimestamp() < floor })
+		if d%4 == 1 {
+			checkPostings(t, s, model, floor)
+		}
+	}
+	checkQueriesScaled(t, r, s, model, filters, sh.scale)
+}
+
+// checkPostings asserts that after a sweep to floor the posting blocks list exactly the positions of the items
+// of model (those not below the floor), each once per index it is in.
+func checkPostings(t *testing.T, s *Store, model []stored, floor int64) {
+	t.Helper()
+	want := 0
+	for _, x := range model {
+		want += 2 // topic and principal, always indexed
+		if x.it.GetCorrelationId() != "" {
+			want++
+		}
+		if x.it.GetTraceId() != "" {
+			want++
+		}
+	}
+	live := map[pos]bool{}
+	for _, k := range rawKeys(t, s)[prefixItem] {
+		var p pos
+		copy(p[:], k[1:])
+		live[p] = p.ts() >= floor
+	}
+	refs := postingRefs(t, s)
+	for _, p := range refs {
+		if !live[p] {
+			t.Errorf("a posting block lists %x (at %d), no item above the floor %d", p, p.ts(), floor)
+		}
+	}
+	if len(refs) != want {
+		t.Errorf("%d positions in posting lists, want %d", len(refs), want)
 	}
 }
 
@@ -223,8 +293,14 @@ func TestQueryMatchesBruteForce(t *testing.T) {
 // model.
 func checkQueries(t *testing.T, r *rand.Rand, s *Store, model []stored, n int) {
 	t.Helper()
+	checkQueriesScaled(t, r, s, model, n, 1)
+}
+
+// checkQueriesScaled is checkQueries with the filters' times scaled like the items' (shape.scale).
+func checkQueriesScaled(t *testing.T, r *rand.Rand, s *Store, model []stored, n int, scale int64) {
+	t.Helper()
 	for q := range n {
-		f := randFilter(r)
+		f := randFilter(r, scale)
 		want := bruteForce(model, f)
 		limit := effectiveLimit(f.GetLimit())
 		var got []*mailboxv1.MailboxItem

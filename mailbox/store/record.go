@@ -408,6 +408,9 @@ type meta struct {
 	seq           uint64
 	// floorBits is the retention floor with its sign bit flipped, so the zero value is math.MinInt64: no floor.
 	floorBits uint64
+	// span is the widest time span, in milliseconds, of any posting block written (posting.go): a walk starting
+	// at a position reads the blocks starting up to span before it. It only grows.
+	span uint64
 	// oldest and newest are the timestamps of the oldest and newest items not below the floor, oldest > newest
 	// when there is none. They are not stored: Open finds them (setBounds), writes widen them and retention
 	// passes raise oldest, so Stats reads no key.
@@ -429,22 +432,30 @@ func (m meta) floor() int64 { return int64(m.floorBits ^ signBit) }
 
 func (m *meta) setFloor(ts int64) { m.floorBits = uint64(ts) ^ signBit }
 
-// Version 1 had no floor; it decodes as "no floor".
-const metaVersion = 2
+// Versions 1 (no floor) and 2 are stores with an index entry per item and index instead of posting blocks: Open
+// refuses them (ErrOldLayout) rather than read their indexes as empty.
+const metaVersion = 3
+
+// ErrOldLayout is wrapped by Open's error for a store written with per-item index entries (before posting
+// blocks). Nothing in it is lost or changed: rebuilding it from Kafka (prism runner rebuild) writes it anew.
+var ErrOldLayout = errors.New("store written in an older layout (per-item index entries): rebuild it from Kafka with prism runner rebuild")
 
 func (m meta) encode() []byte {
 	b := []byte{metaVersion}
 	b = binary.AppendVarint(b, m.events)
 	b = binary.AppendVarint(b, m.bytes)
 	b = binary.AppendUvarint(b, m.seq)
-	return binary.AppendUvarint(b, m.floorBits)
+	b = binary.AppendUvarint(b, m.floorBits)
+	return binary.AppendUvarint(b, m.span)
 }
 
 func decodeMeta(b []byte) (meta, error) {
-	if len(b) == 0 || (b[0] != 1 && b[0] != metaVersion) {
+	if len(b) > 0 && (b[0] == 1 || b[0] == 2) {
+		return meta{}, ErrOldLayout
+	}
+	if len(b) == 0 || b[0] != metaVersion {
 		return meta{}, fmt.Errorf("meta: unknown version")
 	}
-	version := b[0]
 	b = b[1:]
 	var m meta
 	var w int
@@ -459,12 +470,13 @@ func decodeMeta(b []byte) (meta, error) {
 	if m.seq, w = binary.Uvarint(b); w <= 0 {
 		return meta{}, fmt.Errorf("meta: bad sequence")
 	}
-	if version == 1 {
-		return m, nil
-	}
 	b = b[w:]
 	if m.floorBits, w = binary.Uvarint(b); w <= 0 {
 		return meta{}, fmt.Errorf("meta: bad retention floor")
+	}
+	b = b[w:]
+	if m.span, w = binary.Uvarint(b); w <= 0 || m.span > maxBlockSpan {
+		return meta{}, fmt.Errorf("meta: bad block span")
 	}
 	return m, nil
 }

@@ -5,22 +5,25 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
 	"k8s.io/utils/clock"
 )
 
-// retentionChunk is how many items one sweep transaction removes at most. Each item is up to 6 keys; a chunk
-// that still exceeds Badger's transaction limit is halved. Small chunks keep the reader and Badger's write
+// retentionChunk is how many items one sweep transaction removes at most. Each item is 2 keys, plus the
+// posting blocks it is the first below the floor to be in; a chunk that still exceeds Badger's transaction
+// limit is halved. Small chunks keep the reader and Badger's write
 // goroutine busy at the same time (the first commit starts after 1k items are read, not 10k, and the last one
 // trails the read by as little): removing 100k items took 1.11-1.14 s with chunks of 1000 against 1.57-1.63 s
 // with 10,000 and 1.82-1.93 s with 50,000 (2-core machine, paired runs), the extra fsyncs notwithstanding.
 const retentionChunk = 1000
 
 type victim struct {
-	p    pos
-	keys [][]byte // every key of the item: primary, message id, index entries
+	p     pos
+	keys  [][]byte // the item's own keys: primary, message id
+	index [][]byte // the prefixes of the posting lists it is in
 }
 
 // RetainOnce runs one retention pass at time now: it deletes every item older than MaxAge and then the oldest
@@ -189,8 +192,11 @@ func (s *Store) countBetween(ctx context.Context, from, floor int64) (RetentionR
 	return res, err
 }
 
-// Sweep removes the keys of the items below the retention floor: primary key, message-id entry and index
-// entries, in transactions of up to retentionChunk items. One read snapshot walks them oldest first and hands
+// Sweep removes the keys of the items below the retention floor: primary key, message-id entry and their
+// positions in the posting lists, in transactions of up to retentionChunk items. The first chunk holding an
+// item of a posting list trims the whole list, in the same transaction: blocks wholly below the floor are
+// deleted, a block straddling it is rewritten with its positions from the floor on. Until that commit every
+// item of the list below the floor is still stored, so a sweep cut short finds the list again when it resumes. One read snapshot walks them oldest first and hands
 // chunks to a committer, so reading the next chunk overlaps with Badger writing the tombstones of the previous
 // one; the committer takes the write lock per chunk, so a long sweep never stalls ingestion. It returns how many
 // items it removed. Until it runs, deleted items cost disk space but are invisible.
@@ -209,12 +215,13 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 	committed := make(chan struct{})
 	go func() {
 		defer close(committed)
+		trimmed := map[string]struct{}{} // posting lists already trimmed to the floor
 		for vs := range chunks {
 			if commitErr != nil {
 				continue // the reader stops at its next chunk
 			}
 			s.wmu.Lock()
-			commitErr = s.deleteChunk(vs)
+			commitErr = s.deleteChunk(vs, floor, trimmed)
 			s.wmu.Unlock()
 			if commitErr != nil {
 				cancel()
@@ -251,12 +258,12 @@ func (s *Store) collectVictims(ctx context.Context, floor int64, out chan<- []vi
 		if err != nil {
 			return false, err
 		}
-		// itemKeys copies what it takes from rec, which buf's next item overwrites.
+		// itemKeys and indexPrefixes copy what they take from rec, which buf's next item overwrites.
 		x, err := parseIndexed(rec)
 		if err != nil {
 			return false, err
 		}
-		vs = append(vs, victim{p: p, keys: itemKeys(p, x.msgID, x.topic, x.principal, x.corr, x.trace)})
+		vs = append(vs, victim{p: p, keys: itemKeys(p, x.msgID), index: indexPrefixes(x.topic, x.principal, x.corr, x.trace)})
 		if len(vs) == s.chunk {
 			out <- vs
 			vs = make([]victim, 0, s.chunk)
@@ -270,35 +277,111 @@ func (s *Store) collectVictims(ctx context.Context, floor int64, out chan<- []vi
 }
 
 // deleteChunk deletes vs in one transaction, halving it while Badger finds it too big.
-func (s *Store) deleteChunk(vs []victim) error {
-	err := s.deleteTxn(vs)
+func (s *Store) deleteChunk(vs []victim, floor int64, trimmed map[string]struct{}) error {
+	err := s.deleteTxn(vs, floor, trimmed)
 	if !errors.Is(err, badger.ErrTxnTooBig) || len(vs) < 2 {
 		return err
 	}
 	half := len(vs) / 2
-	if err := s.deleteChunk(vs[:half]); err != nil {
+	if err := s.deleteChunk(vs[:half], floor, trimmed); err != nil {
 		return err
 	}
-	return s.deleteChunk(vs[half:])
+	return s.deleteChunk(vs[half:], floor, trimmed)
 }
 
-// deleteTxn removes the keys of items already deleted by the floor (and so already out of the counters).
-func (s *Store) deleteTxn(vs []victim) error {
+// deleteTxn removes the keys of items already deleted by the floor (and so already out of the counters), and
+// trims the posting lists they are in that no earlier chunk trimmed, adding those to trimmed once committed.
+func (s *Store) deleteTxn(vs []victim, floor int64, trimmed map[string]struct{}) error {
 	s.settle()
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
+	var lists []string
+	seen := map[string]struct{}{}
 	for _, v := range vs {
 		for _, k := range v.keys {
 			if err := txn.Delete(k); err != nil {
 				return fmt.Errorf("delete %x: %w", v.p, err)
 			}
 		}
+		for _, pr := range v.index {
+			if _, done := trimmed[string(pr)]; done {
+				continue
+			}
+			if _, dup := seen[string(pr)]; dup {
+				continue
+			}
+			seen[string(pr)] = struct{}{}
+			lists = append(lists, string(pr))
+		}
+	}
+	for _, pr := range lists {
+		if err := trimList(txn, []byte(pr), floor, s.wm.span); err != nil {
+			return err
+		}
 	}
 	if err := txn.Commit(); err != nil {
 		return fmt.Errorf("commit deletes: %w", err)
 	}
+	for _, pr := range lists {
+		trimmed[pr] = struct{}{}
+	}
 	// The deleted keys were already invisible; a new snapshot lets compaction drop them.
 	s.publish(s.meta())
+	return nil
+}
+
+// trimList removes, in txn, the positions below floor from the posting list prefix, whose blocks span at most
+// span: blocks wholly below it go, a block straddling it keeps its first positions.
+func trimList(txn *badger.Txn, prefix []byte, floor int64, span uint64) error {
+	type edit struct {
+		key  []byte
+		keep []pos // nil: delete
+	}
+	var edits []edit
+	// A position below floor is after bound; a block holding one starts at most span before it.
+	bound := makePos(floor, 0)
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+	for it.Seek(blockKey(prefix, seekBack(bound, span))); it.ValidForPrefix(prefix); it.Next() {
+		item := it.Item()
+		k := item.KeyCopy(nil)
+		if len(k) != len(prefix)+posLen {
+			it.Close()
+			return fmt.Errorf("posting block key %x: %w", k, errCorruptBlock)
+		}
+		var first pos
+		copy(first[:], k[len(prefix):])
+		var ps []pos
+		err := item.Value(func(v []byte) error {
+			var err error
+			ps, err = decodeBlock(nil, first, v, span)
+			return err
+		})
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("posting block %x: %w", k, err)
+		}
+		// Positions from the floor on sort before bound (at the floor, bound is the last position possible).
+		n, _ := slices.BinarySearchFunc(ps, bound, comparePos)
+		switch {
+		case n == len(ps):
+		case n == 0:
+			edits = append(edits, edit{key: k})
+		default:
+			edits = append(edits, edit{key: k, keep: ps[:n]})
+		}
+	}
+	it.Close()
+	for _, e := range edits {
+		var err error
+		if e.keep == nil {
+			err = txn.Delete(e.key)
+		} else {
+			err = txn.Set(e.key, encodeBlock(e.keep))
+		}
+		if err != nil {
+			return fmt.Errorf("trim posting block %x: %w", e.key, err)
+		}
+	}
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	badger "github.com/dgraph-io/badger/v4"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"google.golang.org/protobuf/proto"
@@ -533,27 +534,28 @@ func TestGroupAfterAFailedFlightFails(t *testing.T) {
 	}
 }
 
-// TestMetaEncoding: counters and floor round-trip, a zero meta has no floor, and meta written before the floor
-// existed (version 1) decodes as having none.
+// TestMetaEncoding: counters, floor and span round-trip, a zero meta has no floor, and meta written by the
+// layout before posting lists (versions 1 and 2) is refused as such.
 func TestMetaEncoding(t *testing.T) {
 	t.Parallel()
 	if f := (meta{}).floor(); f != math.MinInt64 {
 		t.Errorf("zero meta floor %d, want none (MinInt64)", f)
 	}
 	for _, floor := range []int64{math.MinInt64, -5, 0, 1_700_000_000_000, math.MaxInt64} {
-		m := meta{events: 3, bytes: -1, seq: 9}
+		m := meta{events: 3, bytes: -1, seq: 9, span: 86_200}
 		m.setFloor(floor)
 		got, err := decodeMeta(m.encode())
 		if err != nil || got != m || got.floor() != floor {
 			t.Errorf("floor %d: decoded %+v (floor %d), %v; want %+v", floor, got, got.floor(), err, m)
 		}
 	}
-	v1 := []byte{1, 6, 20, 7} // events 3, bytes 10, seq 7
-	got, err := decodeMeta(v1)
-	if err != nil || got.events != 3 || got.bytes != 10 || got.seq != 7 || got.floor() != math.MinInt64 {
-		t.Errorf("version 1: %+v (floor %d), %v", got, got.floor(), err)
+	for _, old := range [][]byte{{1, 6, 20, 7}, {2, 6, 20, 7, 0}} {
+		if _, err := decodeMeta(old); !errors.Is(err, ErrOldLayout) {
+			t.Errorf("decodeMeta(%v): %v, want ErrOldLayout", old, err)
+		}
 	}
-	for _, bad := range [][]byte{nil, {3}, {2, 6, 20, 7}} {
+	wide := meta{span: maxBlockSpan + 1}
+	for _, bad := range [][]byte{nil, {3}, {4, 6, 20, 7, 0, 0}, {3, 6, 20, 7, 0}, wide.encode()} {
 		if _, err := decodeMeta(bad); err == nil {
 			t.Errorf("decodeMeta(%v) accepted", bad)
 		}
@@ -570,5 +572,27 @@ func TestWriteAfterCloseFails(t *testing.T) {
 	}
 	if _, err := s.Write(context.Background(), []*mailboxv1.MailboxItem{item("b", 2)}); err == nil {
 		t.Fatal("write after close succeeded")
+	}
+}
+
+// TestOpenRefusesOldLayout: a store written with per-item index entries (meta version 2) is refused with
+// ErrOldLayout, which names the way out, rather than opened with indexes that read as empty.
+func TestOpenRefusesOldLayout(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "mbox")
+	s := openDir(t, dir, Options{})
+	mustWrite(t, s, item("a", 1))
+	v2 := []byte{2, 2, 2, 1, 0} // events 1, bytes 1, seq 1, no floor
+	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Set(metaKey, v2) }); err != nil {
+		t.Fatal(err)
+	}
+	must(t, s.Close())
+	s, err := Open(Options{Dir: dir, Logger: quiet})
+	if err == nil {
+		s.Close()
+		t.Fatal("a store in the old layout opened")
+	}
+	if !errors.Is(err, ErrOldLayout) || !strings.Contains(err.Error(), "prism runner rebuild") || !strings.Contains(err.Error(), dir) {
+		t.Errorf("open: %v; want ErrOldLayout naming the store and prism runner rebuild", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	badger "github.com/dgraph-io/badger/v4"
 	"github.com/klauspost/compress/s2"
@@ -53,7 +54,7 @@ func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (Writ
 		}
 		enc = encodeItems(items, true, dict)
 	}
-	req := &writeReq{items: items, enc: enc}
+	req := &writeReq{items: items, enc: enc, groups: groupValues(enc)}
 	s.qmu.Lock()
 	s.queue = append(s.queue, req)
 	s.qmu.Unlock()
@@ -78,21 +79,48 @@ func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (Writ
 // writeReq is one queued Write. taken, res, err and f are set by whichever Write takes it into a group, with wmu
 // held; the result stands once f (if set) is done.
 type writeReq struct {
-	items []*mailboxv1.MailboxItem
-	enc   []encoded
-	taken bool
-	res   WriteResult
-	err   error
-	f     *flight
+	items  []*mailboxv1.MailboxItem
+	enc    []encoded
+	groups []valueGroup
+	taken  bool
+	res    WriteResult
+	err    error
+	f      *flight
 }
 
-// encoded is an item's stored record (compressed where that pays, record.go) and keys, built before the write
-// lock, on the writer's goroutine; the keys' position bytes are filled in under it, once the item's sequence
-// number is known.
+// encoded is an item's stored record (compressed where that pays, record.go), keys and posting-list prefixes,
+// built before the write lock, on the writer's goroutine; the primary key's position bytes are filled in under
+// it, once the item's sequence number is known.
 type encoded struct {
 	rec    []byte
 	format byte
-	keys   [][]byte
+	keys   [][]byte // primary, message id
+	index  [][]byte // indexPrefixes
+}
+
+// valueGroup is the items of a batch (indexes into it) with one indexed value: one posting block, or more if
+// they span more than maxBlockSpan.
+type valueGroup struct {
+	prefix []byte
+	items  []int
+}
+
+// groupValues groups a batch's items by posting-list prefix, in order of first appearance.
+func groupValues(enc []encoded) []valueGroup {
+	var groups []valueGroup
+	at := make(map[string]int, 2*len(enc))
+	for i, e := range enc {
+		for _, pr := range e.index {
+			g, ok := at[string(pr)]
+			if !ok {
+				g = len(groups)
+				at[string(pr)] = g
+				groups = append(groups, valueGroup{prefix: pr})
+			}
+			groups[g].items = append(groups[g].items, i)
+		}
+	}
+	return groups
 }
 
 func encodeItems(items []*mailboxv1.MailboxItem, compress bool, dict *s2.Dict) []encoded {
@@ -105,7 +133,8 @@ func encodeItems(items []*mailboxv1.MailboxItem, compress bool, dict *s2.Dict) [
 		enc[i] = encoded{
 			rec:    rec,
 			format: format,
-			keys:   itemKeys(pos{}, it.GetMessageId(), it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId()),
+			keys:   itemKeys(pos{}, it.GetMessageId()),
+			index:  indexPrefixes(it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId()),
 		}
 	}
 	return enc
@@ -133,15 +162,6 @@ func (s *Store) dictionary(items []*mailboxv1.MailboxItem) (*s2.Dict, error) {
 	}
 	s.dict.Store(d)
 	return d, nil
-}
-
-// setPos writes p into the keys built by itemKeys: after the prefix of the primary key, and at the end of every
-// index key.
-func setPos(keys [][]byte, p pos) {
-	copy(keys[0][1:], p[:])
-	for _, k := range keys[2:] {
-		copy(k[len(k)-posLen:], p[:])
-	}
 }
 
 // flight is a group sent to Badger. done closes once it is durable (err nil) or failed.
@@ -235,11 +255,14 @@ func (s *Store) settle() {
 }
 
 // fill drops group's items older than floor, dedups the others (against each other, the flight prev that txn
-// cannot see, and txn) and sets the keys of the new ones in txn, advancing m and recording their ids in ids.
+// cannot see, and txn) and sets the keys of the new ones in txn, with a posting block per batch and indexed
+// value, advancing m and recording their ids in ids.
 func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta, ids map[string]struct{}) ([]WriteResult, int, error) {
 	res := make([]WriteResult, len(group))
 	stored := 0
 	for b, r := range group {
+		// ps[i] is item i's position, zero (no item's: its sequence would be the largest) if it is not stored.
+		ps := make([]pos, len(r.items))
 		for i, it := range r.items {
 			if it.GetTimestamp() < floor {
 				res[b].Expired++
@@ -267,21 +290,14 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			ids[id] = struct{}{}
 			m.seq++
 			p := makePos(it.GetTimestamp(), m.seq)
+			ps[i] = p
 			e := r.enc[i]
-			setPos(e.keys, p)
-			for k, key := range e.keys {
-				var err error
-				switch k {
-				case 0:
-					err = txn.SetEntry(badger.NewEntry(key, e.rec).WithMeta(e.format))
-				case 1:
-					err = txn.Set(key, p[:])
-				default:
-					err = txn.Set(key, nil)
-				}
-				if err != nil {
-					return nil, 0, fmt.Errorf("write %q: %w", id, err)
-				}
+			copy(e.keys[0][1:], p[:])
+			if err := txn.SetEntry(badger.NewEntry(e.keys[0], e.rec).WithMeta(e.format)); err != nil {
+				return nil, 0, fmt.Errorf("write %q: %w", id, err)
+			}
+			if err := txn.Set(e.keys[1], p[:]); err != nil {
+				return nil, 0, fmt.Errorf("write %q: %w", id, err)
 			}
 			m.events++
 			m.bytes += int64(len(it.GetEnvelopeBlob()))
@@ -289,8 +305,36 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			res[b].Stored++
 			stored++
 		}
+		if err := setBlocks(txn, r.groups, ps, m); err != nil {
+			return nil, 0, err
+		}
 	}
 	return res, stored, nil
+}
+
+// setBlocks sets the posting blocks of one batch whose items are at ps (zero: not stored), widening m.span.
+func setBlocks(txn *badger.Txn, groups []valueGroup, ps []pos, m *meta) error {
+	var refs []pos
+	for _, g := range groups {
+		refs = refs[:0]
+		for _, i := range g.items {
+			if ps[i] != (pos{}) {
+				refs = append(refs, ps[i])
+			}
+		}
+		slices.SortFunc(refs, comparePos)
+		err := splitBlocks(refs, func(run []pos) error {
+			m.span = max(m.span, blockSpan(run))
+			if err := txn.Set(blockKey(g.prefix, run[0]), encodeBlock(run)); err != nil {
+				return fmt.Errorf("write posting block: %w", err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeEach commits the batches of a group too big for one transaction one by one; it must be called with wmu
@@ -307,11 +351,11 @@ func (s *Store) writeChunk(r *writeReq) (WriteResult, error) {
 		return res, err
 	}
 	half := len(r.items) / 2
-	a, err := s.writeChunk(&writeReq{items: r.items[:half], enc: r.enc[:half]})
+	a, err := s.writeChunk(&writeReq{items: r.items[:half], enc: r.enc[:half], groups: groupValues(r.enc[:half])})
 	if err != nil {
 		return a, err
 	}
-	b, err := s.writeChunk(&writeReq{items: r.items[half:], enc: r.enc[half:]})
+	b, err := s.writeChunk(&writeReq{items: r.items[half:], enc: r.enc[half:], groups: groupValues(r.enc[half:])})
 	return WriteResult{Stored: a.Stored + b.Stored, Duplicates: a.Duplicates + b.Duplicates, Expired: a.Expired + b.Expired}, err
 }
 
