@@ -34,7 +34,7 @@ type door struct {
 	qc   mailboxv1.MailboxQueryClient
 }
 
-// maxInFlight bounds the requests a loop has outstanding, so a stalled
+// maxInFlight bounds the requests a loop's lane has outstanding, so a stalled
 // server slows the loop instead of exhausting file descriptors; latency is
 // still counted from when a request was due, so the wait is not hidden.
 const maxInFlight = 256
@@ -54,7 +54,7 @@ func (p *paced) String() string {
 		s += fmt.Sprintf(" (start after due: p99 %.2f ms, max %.1f ms)", ms(p.lag[len(p.lag)*99/100]), ms(p.lag[len(p.lag)-1]))
 	}
 	if p.slotWaits > 0 {
-		s += fmt.Sprintf(", %d waited for one of %d in-flight slots", p.slotWaits, maxInFlight)
+		s += fmt.Sprintf(", %d waited for one of their lane's %d in-flight slots", p.slotWaits, maxInFlight)
 	}
 	return s
 }
@@ -68,7 +68,7 @@ func (p *paced) warnings(want int) []string {
 		w = append(w, fmt.Sprintf("only %d of the %d requests meant fell due: this process's pacing could not keep the rate", p.due, want))
 	}
 	if behind := p.due - p.sent + p.slotWaits; behind > p.due/100 {
-		w = append(w, fmt.Sprintf("the servers fell behind: %d of %d requests waited for one of %d in-flight slots, %d of them past their timeout (not sent)",
+		w = append(w, fmt.Sprintf("the servers fell behind: %d of %d requests waited for one of their lane's %d in-flight slots, %d of them past their timeout (not sent)",
 			behind, p.due, maxInFlight, p.due-p.sent))
 	}
 	if len(p.lag) > 0 {
@@ -83,15 +83,19 @@ func (p *paced) warnings(want int) []string {
 // pace calls fn rate times a second, each call in its own goroutine, with its sequence number, the time it
 // was due and a context that ends timeout after that, until ctx ends (or, when limit > 0, limit calls were
 // due); then it waits for the calls it started. An open loop: a slow answer does not slow the arrivals, as
-// with independent clients. A call that found no free slot before its deadline still gets fn, with the
-// context already ended, so its failure is counted where the others are.
-func pace(ctx context.Context, rate float64, limit int, timeout time.Duration, fn func(ctx context.Context, i int, due time.Time)) *paced {
+// with independent clients. Calls whose numbers are equal modulo lanes share maxInFlight slots (a lane per
+// door: the gateway's clients do not queue behind the runner's). A call that found no free slot before its
+// deadline still gets fn, with the context already ended, so its failure is counted where the others are.
+func pace(ctx context.Context, rate float64, lanes, limit int, timeout time.Duration, fn func(ctx context.Context, i int, due time.Time)) *paced {
 	p := &paced{}
 	if rate <= 0 {
 		return p
 	}
 	var mu sync.Mutex
-	slots := make(chan struct{}, maxInFlight)
+	slots := make([]chan struct{}, max(lanes, 1))
+	for k := range slots {
+		slots[k] = make(chan struct{}, maxInFlight)
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	interval := time.Duration(float64(time.Second) / rate)
@@ -111,13 +115,14 @@ func pace(ctx context.Context, rate float64, limit int, timeout time.Duration, f
 			defer wg.Done()
 			rctx, cancel := context.WithDeadline(context.Background(), due.Add(timeout))
 			defer cancel()
+			lane := slots[i%len(slots)]
 			waited, sent := false, true
 			select {
-			case slots <- struct{}{}:
+			case lane <- struct{}{}:
 			default:
 				waited = true
 				select {
-				case slots <- struct{}{}:
+				case lane <- struct{}{}:
 				case <-rctx.Done():
 					sent = false
 				}
@@ -134,7 +139,7 @@ func pace(ctx context.Context, rate float64, limit int, timeout time.Duration, f
 			}
 			mu.Unlock()
 			if sent {
-				defer func() { <-slots }()
+				defer func() { <-lane }()
 			}
 			fn(rctx, i, due)
 		}(i, next)

@@ -77,21 +77,24 @@ func TestPaceSendsWhatFallsDue(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name       string
+		lanes      int
 		limit      int
 		hold       time.Duration // how long each call takes
 		timeout    time.Duration
 		wantSent   int
 		wantBehind bool
 	}{
-		{"quick answers", 200, 0, time.Minute, 200, false},
-		// Every call outlives the loop and every deadline, so all but the first maxInFlight wait for a slot and
-		// give up.
-		{"stalled server", maxInFlight + 50, time.Second, 100 * time.Millisecond, maxInFlight, true},
+		{"quick answers", 1, 200, 0, time.Minute, 200, false},
+		// Every call outlives the loop and every deadline, so all but the first maxInFlight of a lane wait for a
+		// slot and give up.
+		{"stalled server", 1, maxInFlight + 50, time.Second, 100 * time.Millisecond, maxInFlight, true},
+		{"stalled server, two lanes", 2, 2*maxInFlight + 50, time.Second, 100 * time.Millisecond, 2 * maxInFlight, true},
+		{"two lanes, room in each", 2, 2 * maxInFlight, time.Second, 100 * time.Millisecond, 2 * maxInFlight, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var calls, expired atomic.Int64
-			p := pace(context.Background(), 2000, tc.limit, tc.timeout, func(ctx context.Context, _ int, _ time.Time) {
+			p := pace(context.Background(), 2000, tc.lanes, tc.limit, tc.timeout, func(ctx context.Context, _ int, _ time.Time) {
 				calls.Add(1)
 				if ctx.Err() != nil {
 					expired.Add(1)

@@ -129,7 +129,7 @@ func run(o options) error {
 	}
 	failed := true
 	defer func() { t.close(failed) }()
-	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: maxInFlight}}
+	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: maxInFlight}} // per host: a lane's
 
 	stopProfiles, err := startProfiles(o)
 	if err != nil {
@@ -167,14 +167,14 @@ func run(o options) error {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			pace(qctx, o.qps, 0, o.timeout, func(ctx context.Context, i int, due time.Time) {
+			pace(qctx, o.qps, len(doors), 0, o.timeout, func(ctx context.Context, i int, due time.Time) {
 				d := doors[i%len(doors)]
 				qlat.time(d, due, func() error { return httpQuery(ctx, cl, d.base, &pool) })
 			})
 		}()
 		go func() {
 			defer wg.Done()
-			pace(qctx, o.statsQPS, 0, o.timeout, func(ctx context.Context, i int, due time.Time) {
+			pace(qctx, o.statsQPS, len(doors), 0, o.timeout, func(ctx context.Context, i int, due time.Time) {
 				d := doors[i%len(doors)]
 				slat.time(d, due, func() error { return fetch(ctx, cl, d.base+"/stats", nil) })
 			})
@@ -250,7 +250,7 @@ func afterLoops(ctx context.Context, o options, cl *http.Client, doors []door, p
 		s := newSplit(doors)
 		lctx, cancel := context.WithTimeout(ctx, o.after)
 		defer cancel()
-		p := pace(lctx, rate, int(rate*o.after.Seconds()), o.timeout, func(ctx context.Context, i int, due time.Time) {
+		p := pace(lctx, rate, len(doors), int(rate*o.after.Seconds()), o.timeout, func(ctx context.Context, i int, due time.Time) {
 			d := doors[i%len(doors)]
 			q := protocols[i/len(doors)%len(protocols)]
 			s.time(d, due, func() error { return q(ctx, d) })
