@@ -39,38 +39,49 @@ import (
 //
 // Renewals are never refused for load; the server sheds new work (acquires,
 // opens, registrations, namespace writes) with RESOURCE_EXHAUSTED and a
-// retry hint instead (admin/server, admission). Let C be the renewals per
-// second the leader can process.
+// retry hint instead (admin/server, admission.go), as soon as a renewal has
+// waited longer than --shed-after-renewal-wait. Renewals have their own
+// budget on the leader, the renewal gate (admin/server, renewalgate.go):
+// past it they wait with their receipts open, in arrival order while the
+// queue is young and, once the leader is behind, most urgent first (the
+// lease or session whose expiry is nearest, its newest waiter). Let C be
+// the renewals a second the leader can process. Measured with
+// bench/adminbench -only overload (3 admins over mTLS and the client on one
+// 2-core machine, load average 3.6-4.4, BENCHMARKS.md): C = 24k session
+// keepalives a second, which at the sidecar's defaults (ttl 15 s, a
+// keepalive every 5 s) is about 120k sidecars, whatever their mailboxes.
 //
-// At 2x C the leader still processes C a second and the rest wait in its
-// handlers (a receipt is taken on entry, so each waits as an open receipt).
-// Answers come back late, by up to the caller's deadline; a renewal whose
-// caller gave up is still counted from its arrival when it is processed.
-// New acquires and opens are refused with the retry hint. The admin expires
-// no lease or session that received a renewal in time. A holder (heartbeat
-// every ttl/3) keeps serving while one renewal per ttl is acknowledged
-// within ttl of its sending; one whose acknowledgements all come later stops
-// serving by its own clock and resumes on the next timely answer, its
-// lease still held at the admin, so nothing moves.
+// At 2x C the leader still processes C a second and the rest wait at the
+// gate. It renews every holder about once per 2/3 ttl (each sends three per
+// ttl and half are processed, the most urgent holder's first), so a holder
+// keeps a renewal it can count from within every ttl: it keeps serving,
+// with answers late by up to its call's deadline and about half its calls
+// timing out; no lease or session expires, and new acquires and opens are
+// refused with the retry hint until the load falls.
 //
-// At 10x C the same holds for every renewal that reaches a handler, but
-// most of the excess waits before it: in gRPC's per-connection stream limit
-// and the sockets, where it is not yet received, and callers give up on
-// much of it there. A renewal that never reaches the handler is silence. So
-// holders mostly stop serving by their own clocks, and a lease whose holder
-// got no renewal into the process for ttl + grace expires; the rest are
-// kept. Load that high is for the callers to back off from (the sidecar's
-// retry backoff), and sessions exist to keep it from arising: one renewal
-// per proxy, not per mailbox.
+// At 10x C, if the excess reaches the gate, the leader can renew each
+// holder about once per 3 1/3 ttl: holders stop serving by their own clocks
+// between renewals, and since the most urgent go first, about (ttl + grace)
+// / ttl x 3/10 of them (40 % at the defaults) are renewed before ttl +
+// grace and kept, the others expire. Where the CPU is the limit most of the
+// excess waits before the gate instead, in gRPC's per-connection stream
+// limit and the sockets, not yet received, and a renewal that never reaches
+// the handler is silence. Load that high is for the callers to back off
+// from (the sidecar's retry backoff), and sessions exist to keep it from
+// arising: one renewal per proxy, not per mailbox.
 
 // Receipt is a renewal's arrival at this node. Take it with
 // ReceiveHeartbeat or ReceiveKeepAlive before waiting for anything, pass it
 // to Renew or KeepAlive, and Close it when the call is done (answered or
 // not): until then it holds off the expiry it arrived in time to prevent.
 type Receipt struct {
-	l      *Lessor
-	key    arrivalKey
-	at     time.Time
+	l   *Lessor
+	key arrivalKey
+	at  time.Time
+	// due and ttl are the lease's or session's expiry and ttl as the
+	// renewal found them on arrival (zero if this lessor has no entry).
+	due    time.Time
+	ttl    time.Duration
 	closed bool // guarded by l.mu
 }
 
@@ -82,6 +93,19 @@ type arrivalKey struct {
 
 // At is when the renewal arrived, on the lessor's clock.
 func (r *Receipt) At() time.Time { return r.at }
+
+// Key names what the renewal renews (a lease or a session): receipts of
+// the same key have equal keys.
+func (r *Receipt) Key() any { return r.key }
+
+// Due is when the holder's lease or session expired as of the renewal's
+// arrival (expires, before grace: when its holder stops serving unless a
+// renewal is answered), zero if unknown. A server ordering waiting
+// renewals serves the most urgent first.
+func (r *Receipt) Due() time.Time { return r.due }
+
+// TTL is the lease's or session's ttl as of the arrival (see Due).
+func (r *Receipt) TTL() time.Duration { return r.ttl }
 
 // ReceiveHeartbeat records a heartbeat for mailboxID arriving now.
 func (l *Lessor) ReceiveHeartbeat(mailboxID string) *Receipt {
@@ -97,6 +121,13 @@ func (l *Lessor) receive(k arrivalKey) *Receipt {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := &Receipt{l: l, key: k, at: l.cfg.Clock.Now()}
+	if k.session != 0 {
+		if e, ok := l.sessions[k.session]; ok {
+			r.due, r.ttl = e.expires, e.session.GetTtl().AsDuration()
+		}
+	} else if e, ok := l.leases[k.mailbox]; ok {
+		r.due, r.ttl = e.expires, e.lease.GetTtl().AsDuration()
+	}
 	l.arrivals[k] = append(l.arrivals[k], r.at)
 	return r
 }

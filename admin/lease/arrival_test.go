@@ -171,3 +171,21 @@ func TestNoOnTimeRenewalExpiresUnderDelays(t *testing.T) {
 		}
 	}
 }
+
+// A receipt carries the holder's expiry and ttl as of its arrival, which
+// the server orders waiting renewals by; one for a lease this lessor does
+// not know carries none.
+func TestReceiptDue(t *testing.T) {
+	t.Parallel()
+	l, _ := primaryWith(t)
+	rc := l.ReceiveHeartbeat("a@p")
+	defer rc.Close()
+	if want := t0.Add(ttl); !rc.Due().Equal(want) || rc.TTL() != ttl {
+		t.Fatalf("due %s, ttl %s; want %s, %s", rc.Due(), rc.TTL(), want, ttl)
+	}
+	other := l.ReceiveHeartbeat("b@p")
+	defer other.Close()
+	if !other.Due().IsZero() || other.TTL() != 0 || other.Key() == rc.Key() {
+		t.Fatalf("unknown lease: due %s, ttl %s, key %v (a@p's %v)", other.Due(), other.TTL(), other.Key(), rc.Key())
+	}
+}

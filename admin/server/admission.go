@@ -47,8 +47,8 @@ type Admission struct {
 	MaxRenewalsPerSecond float64
 	// ShedAfterRenewalWait: new writes are shed while a renewal has waited
 	// longer than this at the gate, and for RetryAfter after one reached
-	// the lessor this late; past it the gate also serves the newest
-	// renewals first (default 1s).
+	// the lessor this late; past it the gate also serves the most urgent
+	// renewals first, not the oldest (default 1s).
 	ShedAfterRenewalWait time.Duration
 	// RetryAfter is the retry hint; each refusal adds up to half of it
 	// again at random so refused callers do not come back in step
@@ -124,7 +124,7 @@ func (s *Server) renewalWait(ctx context.Context, rc *lease.Receipt) (leave func
 	if h := s.hooks.renewalReceived.Load(); h != nil {
 		(*h)(rc)
 	}
-	leave, err = s.admission.renewals.enter(ctx, rc.At())
+	leave, err = s.admission.renewals.enter(ctx, rc)
 	if err != nil {
 		return nil, err
 	}

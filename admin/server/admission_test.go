@@ -206,7 +206,9 @@ func TestWaitingRenewalShedsNewWork(t *testing.T) {
 	n, cp, ss, sid := startAdmitting(t, clk, a)
 	c := ctx(t)
 	gate := n.Server.admission.renewals
-	busy, err := gate.enter(c, clk.Now())
+	hold := n.Lessor.ReceiveHeartbeat("a@p")
+	defer hold.Close()
+	busy, err := gate.enter(c, hold)
 	if err != nil {
 		t.Fatal(err)
 	}
