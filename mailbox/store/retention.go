@@ -314,10 +314,17 @@ func (s *Store) deleteTxn(vs []victim, floor int64, trimmed map[string]struct{})
 			lists = append(lists, string(pr))
 		}
 	}
-	for _, pr := range lists {
-		if err := trimList(txn, []byte(pr), floor, s.wm.span); err != nil {
-			return err
+	if len(lists) > 0 {
+		// The lists are read in a read-only transaction: one opened in txn would copy and sort txn's pending
+		// writes for every list. With the write lock held and nothing in flight, it reads what txn changes.
+		rt := s.db.NewTransaction(false)
+		for _, pr := range lists {
+			if err := trimList(rt, txn, []byte(pr), floor, s.wm.span); err != nil {
+				rt.Discard()
+				return err
+			}
 		}
+		rt.Discard()
 	}
 	if err := txn.Commit(); err != nil {
 		return fmt.Errorf("commit deletes: %w", err)
@@ -330,9 +337,9 @@ func (s *Store) deleteTxn(vs []victim, floor int64, trimmed map[string]struct{})
 	return nil
 }
 
-// trimList removes, in txn, the positions below floor from the posting list prefix, whose blocks span at most
-// span: blocks wholly below it go, a block straddling it keeps its first positions.
-func trimList(txn *badger.Txn, prefix []byte, floor int64, span uint64) error {
+// trimList removes, in txn, the positions below floor from the posting list prefix as read reads it, whose blocks
+// span at most span: blocks wholly below it go, a block straddling it keeps its first positions.
+func trimList(read, txn *badger.Txn, prefix []byte, floor int64, span uint64) error {
 	type edit struct {
 		key  []byte
 		keep []pos // nil: delete
@@ -340,7 +347,7 @@ func trimList(txn *badger.Txn, prefix []byte, floor int64, span uint64) error {
 	var edits []edit
 	// A position below floor is after bound; a block holding one starts at most span before it.
 	bound := makePos(floor, 0)
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+	it := read.NewIterator(badger.IteratorOptions{Prefix: prefix})
 	for it.Seek(blockKey(prefix, seekBack(bound, span))); it.ValidForPrefix(prefix); it.Next() {
 		item := it.Item()
 		k := item.KeyCopy(nil)
