@@ -47,9 +47,9 @@ import (
 // lease or session whose expiry is nearest, its newest waiter). Let C be
 // the renewals a second the leader can process. Measured with
 // bench/adminbench -only overload (3 admins over mTLS and the client on one
-// 2-core machine, load average 3.6-4.4, BENCHMARKS.md): C = 24k session
+// 2-core machine, load average 2.0-4.4, BENCHMARKS.md): C = 24-28k session
 // keepalives a second, which at the sidecar's defaults (ttl 15 s, a
-// keepalive every 5 s) is about 120k sidecars, whatever their mailboxes.
+// keepalive every 5 s) is 120-140k sidecars, whatever their mailboxes.
 //
 // At 2x C the leader still processes C a second and the rest wait at the
 // gate. It renews every holder about once per 2/3 ttl (each sends three per
