@@ -48,10 +48,16 @@ var shapes = map[string]map[protowire.Number]fieldShape{
 // wireGen writes random messages of the envelope's schema, mostly well-formed,
 // with the oddities protobuf-go has rules for: repeated fields, wrong wire
 // types, unknown fields and groups, invalid UTF-8, malformed bytes.
-type wireGen struct{ r *rand.Rand }
+type wireGen struct {
+	r     *rand.Rand
+	words []string // the strings it writes; nil = a few ids and bad UTF-8
+}
 
 func (g wireGen) text() []byte {
-	words := []string{"", "m-1", "audit.events", "ns", "user-1", "AES-256-GCM", "t", "\xff", "a\xc3", "é"}
+	words := g.words
+	if words == nil {
+		words = []string{"", "m-1", "audit.events", "ns", "user-1", "AES-256-GCM", "t", "\xff", "a\xc3", "é"}
+	}
 	return []byte(words[g.r.IntN(len(words))])
 }
 

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
@@ -32,7 +33,9 @@ import (
 // payload's type is usually not known here, and its bytes are often
 // encrypted). A page is {"mailbox_id", "items", "next_page_token"}. Items are
 // written straight into the answer's buffer, not through an intermediate
-// struct and encoding/json's reflection: a page holds up to a thousand.
+// struct and encoding/json's reflection: a page holds up to a thousand; the
+// envelope is written from its wire bytes by envelope.AppendJSON, not decoded
+// and marshalled by protojson, unless it is a shape AppendJSON leaves to them.
 
 type statsJSON struct {
 	MailboxID   string `json:"mailbox_id"`
@@ -87,24 +90,44 @@ func appendItem(b []byte, it *mailboxv1.MailboxItem) []byte {
 	}
 	b = append(b, `,"envelope_blob":`...)
 	b = appendBytes(b, it.GetEnvelopeBlob())
-	env := &envelopev1.PrismEnvelope{}
-	if proto.Unmarshal(it.GetEnvelopeBlob(), env) == nil {
-		p := env.GetPayload()
-		env.Payload = nil
-		if ej, err := envelopeJSON.Marshal(env); err == nil {
-			// As protojson writes it: valid JSON whose spacing protojson varies from build to build on
-			// purpose. Compacting it cost a fifth of the page.
-			b = append(b, `,"envelope":`...)
-			b = append(b, ej...)
+	n := len(b)
+	if eb, p, ok := envelope.AppendJSON(append(b, `,"envelope":`...), it.GetEnvelopeBlob()); ok {
+		b = eb
+		if p.Present {
+			b = appendPayload(b, string(p.TypeURL), p.Value)
 		}
-		if p != nil {
-			b = append(b, `,"payload":{"type_url":`...)
-			b = appendString(b, p.GetTypeUrl())
-			b = append(b, `,"value":`...)
-			b = appendBytes(b, p.GetValue())
-			b = append(b, '}')
-		}
+		return append(b, '}')
 	}
+	return append(appendDecodedEnvelope(b[:n], it.GetEnvelopeBlob()), '}')
+}
+
+// appendDecodedEnvelope appends the envelope and payload as protojson writes
+// the decoded envelope, for the blobs envelope.AppendJSON leaves to the
+// decoder (repeated messages, which proto merges; blobs that do not decode or
+// that protojson refuses, shown without the envelope).
+func appendDecodedEnvelope(b, blob []byte) []byte {
+	env := &envelopev1.PrismEnvelope{}
+	if proto.Unmarshal(blob, env) != nil {
+		return b
+	}
+	p := env.GetPayload()
+	env.Payload = nil
+	if ej, err := envelopeJSON.Marshal(env); err == nil {
+		// As protojson writes it: valid JSON whose spacing protojson varies from build to build on purpose.
+		b = append(b, `,"envelope":`...)
+		b = append(b, ej...)
+	}
+	if p != nil {
+		b = appendPayload(b, p.GetTypeUrl(), p.GetValue())
+	}
+	return b
+}
+
+func appendPayload(b []byte, typeURL string, value []byte) []byte {
+	b = append(b, `,"payload":{"type_url":`...)
+	b = appendString(b, typeURL)
+	b = append(b, `,"value":`...)
+	b = appendBytes(b, value)
 	return append(b, '}')
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/envelope/demo"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
@@ -94,6 +95,45 @@ func items(t *testing.T) []*mailboxv1.MailboxItem {
 	return append(out, &mailboxv1.MailboxItem{}, &mailboxv1.MailboxItem{MessageId: "only", Timestamp: -62135596800001})
 }
 
+// declinedItems are items whose blobs envelope.AppendJSON leaves to the
+// decoder and protojson: envelopes given twice (which proto merges), and one
+// whose published_at protojson refuses (shown with its payload but without
+// the envelope).
+func declinedItems(t *testing.T) []*mailboxv1.MailboxItem {
+	t.Helper()
+	gen := demo.New(demo.Options{Seed: 9, IDPrefix: "d"})
+	var out []*mailboxv1.MailboxItem
+	for range 3 {
+		blob, err := proto.Marshal(gen.Next("audit.events"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, &mailboxv1.MailboxItem{MessageId: "merged", EnvelopeBlob: append(blob, blob...)})
+	}
+	env := gen.Next("audit.events")
+	env.Metadata.PublishedAt.Seconds = 253402300800 // year 10000
+	blob, err := proto.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(out, &mailboxv1.MailboxItem{MessageId: "bad-time", EnvelopeBlob: blob})
+}
+
+// TestDeclinedItemsAreReal: the items the fallback test relies on are
+// declined by envelope.AppendJSON, and the reference shows each as it should.
+func TestDeclinedItemsAreReal(t *testing.T) {
+	t.Parallel()
+	for _, it := range declinedItems(t) {
+		if _, _, ok := envelope.AppendJSON(nil, it.GetEnvelopeBlob()); ok {
+			t.Fatalf("%s: envelope.AppendJSON took it", it.GetMessageId())
+		}
+		ref := refJSON(it)
+		if (ref.Envelope != nil) != (it.GetMessageId() == "merged") || ref.Payload == nil {
+			t.Fatalf("%s: reference envelope %s, payload %v", it.GetMessageId(), ref.Envelope, ref.Payload)
+		}
+	}
+}
+
 func decode(t *testing.T, b []byte) any {
 	t.Helper()
 	var v any
@@ -117,6 +157,7 @@ func TestEventsAsEncodingJSON(t *testing.T) {
 	}{
 		{name: "page", resp: &mailboxv1.QueryEventsResponse{Items: its, NextPageToken: "tok<&>"}},
 		{name: "empty page", resp: &mailboxv1.QueryEventsResponse{}},
+		{name: "page left to the decoder", resp: &mailboxv1.QueryEventsResponse{Items: append(declinedItems(t), its...)}},
 		{name: "event", write: func(w *httptest.ResponseRecorder) { WriteEvent(w, "a@p", its[1]) },
 			ref: map[string]any{"mailbox_id": "a@p", "item": refJSON(its[1])}},
 	} {
