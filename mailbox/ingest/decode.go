@@ -37,8 +37,8 @@ const minDecodeRun = 256
 // decodes on every core instead of one. The runs write to their own slots and
 // are joined before anything is handed on, so what the writer gets, and so
 // what is stored, dead-lettered and committed, is what one goroutine going
-// through the batch would make. While ingest gives way to queries (Config.Governor)
-// the batch is decoded on one goroutine.
+// through the batch would make. While queries are answered (Config.Governor)
+// the batch is decoded on one goroutine, in a turn on the governor's lanes.
 func (i *Ingester) decode(batch []*sarama.ConsumerMessage) decoded {
 	i.cfg.Metrics.consumed.WithLabelValues(i.cfg.MailboxID).Add(float64(len(batch)))
 	items := make([]*mailboxv1.MailboxItem, len(batch))
@@ -52,7 +52,9 @@ func (i *Ingester) decode(batch []*sarama.ConsumerMessage) decoded {
 	if runs == 0 {
 		runs = runtime.GOMAXPROCS(0)
 	}
-	if i.cfg.Governor.Held() {
+	end, took := i.cfg.Governor.lane(i.runCtx)
+	defer end()
+	if took || i.cfg.Governor.Held() {
 		runs = 1 // leave the other cores to the queries ingest gives way to
 	}
 	runs = min(runs, len(batch)/minDecodeRun)

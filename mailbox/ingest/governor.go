@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -23,13 +24,24 @@ type GovernorConfig struct {
 	// to be fast again. Under constant query pressure every claim still
 	// writes a batch per MaxHold. Default 250ms.
 	MaxHold time.Duration
+	// Lanes is how many of ingest's decodes and store writes, over every
+	// claim and mailbox, may run at once while queries are being answered
+	// (an answer within the last Linger, fast or slow). Default one core
+	// fewer than GOMAXPROCS, at least one: a query always finds a core that
+	// ingest leaves free, instead of queueing behind ingest's goroutines for
+	// Go's 10ms preemption slice, once per hand-off of the request.
+	Lanes int
 	// Clock measures Linger and MaxHold (default the real clock).
 	Clock clock.WithTicker
 }
 
 // Governor puts queries before ingest on a runner whose cores both serve.
-// The query servers report every answer's latency (Observe); while one was
-// over the target within the last Linger, ingest is held back: each claim
+// The query servers report every answer's latency (Observe). While answers
+// come (one within the last Linger), ingest's decodes and store writes take
+// turns on Lanes cores, so the others are left to the queries: Go's
+// scheduler has no priorities, and a handler woken behind goroutines that
+// compute would wait for one to be preempted. While an answer was over the
+// target within the last Linger, ingest is also held back: each claim
 // waits before its next store write, until answers are fast again or MaxHold
 // has passed, and decodes its batches on one core instead of every core. A
 // held claim's writer queue stays full, so the claim fetches nothing more
@@ -38,10 +50,13 @@ type GovernorConfig struct {
 // are committed. One Governor serves every mailbox of a runner: they share
 // the cores. A nil *Governor never holds ingest back.
 type Governor struct {
-	cfg       GovernorConfig
-	slowUntil atomic.Int64 // clock time, in Unix nanoseconds, until which ingest is held back
-	holds     prometheus.Counter
-	heldFor   prometheus.Counter
+	cfg         GovernorConfig
+	slowUntil   atomic.Int64 // clock time, in Unix nanoseconds, until which ingest is held back
+	activeUntil atomic.Int64 // clock time, in Unix nanoseconds, until which ingest takes turns on the lanes
+	lanes       chan struct{}
+	holds       prometheus.Counter
+	heldFor     prometheus.Counter
+	laneWait    prometheus.Counter
 }
 
 // NewGovernor makes a Governor and registers its metrics on reg.
@@ -55,11 +70,19 @@ func NewGovernor(cfg GovernorConfig, reg prometheus.Registerer) *Governor {
 	if cfg.MaxHold <= 0 {
 		cfg.MaxHold = 250 * time.Millisecond
 	}
+	if cfg.Lanes <= 0 {
+		cfg.Lanes = max(1, runtime.GOMAXPROCS(0)-1)
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
 	g := &Governor{
-		cfg: cfg,
+		cfg:   cfg,
+		lanes: make(chan struct{}, cfg.Lanes),
+		laneWait: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prism_mailbox_ingest_lane_wait_seconds_total",
+			Help: "Time ingest's decodes and store writes waited for their turn on the cores queries leave to ingest while they are answered, summed over claims.",
+		}),
 		holds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prism_mailbox_ingest_held_back_writes_total",
 			Help: "Store writes that waited because queries were slower than the query latency target.",
@@ -83,19 +106,27 @@ func NewGovernor(cfg GovernorConfig, reg prometheus.Registerer) *Governor {
 		Help: "The query latency ingest gives way to (--query-latency-target).",
 	})
 	target.Set(cfg.Target.Seconds())
-	reg.MustRegister(g.holds, g.heldFor, held, target)
+	reg.MustRegister(g.holds, g.heldFor, g.laneWait, held, target)
 	return g
 }
 
 // Observe takes the latency of one answer into account.
 func (g *Governor) Observe(d time.Duration) {
-	if g == nil || d <= g.cfg.Target {
+	if g == nil {
 		return
 	}
 	until := g.cfg.Clock.Now().Add(g.cfg.Linger).UnixNano()
+	raise(&g.activeUntil, until)
+	if d > g.cfg.Target {
+		raise(&g.slowUntil, until)
+	}
+}
+
+// raise sets v to until unless it is already later.
+func raise(v *atomic.Int64, until int64) {
 	for {
-		cur := g.slowUntil.Load()
-		if cur >= until || g.slowUntil.CompareAndSwap(cur, until) {
+		cur := v.Load()
+		if cur >= until || v.CompareAndSwap(cur, until) {
 			return
 		}
 	}
@@ -105,6 +136,39 @@ func (g *Governor) Observe(d time.Duration) {
 func (g *Governor) Held() bool {
 	return g != nil && g.cfg.Clock.Now().UnixNano() < g.slowUntil.Load()
 }
+
+// active reports whether ingest takes turns on the lanes now: queries were
+// answered within the last Linger.
+func (g *Governor) active() bool {
+	return g != nil && g.cfg.Clock.Now().UnixNano() < g.activeUntil.Load()
+}
+
+// lane waits, while queries are being answered, for a turn on one of the
+// Lanes cores ingest's decodes and store writes share, and returns what
+// ends the turn; otherwise, or once ctx ends (a closing ingester drains
+// without waiting), it returns at once, and ending is a no-op. It reports
+// whether it took a turn. A turn is never held across anything but the
+// work it admits, so every claim gets one in its order of asking.
+func (g *Governor) lane(ctx context.Context) (end func(), took bool) {
+	if !g.active() {
+		return func() {}, false
+	}
+	select {
+	case g.lanes <- struct{}{}:
+		return g.leave, true
+	default:
+	}
+	start := g.cfg.Clock.Now()
+	defer func() { g.laneWait.Add(g.cfg.Clock.Since(start).Seconds()) }()
+	select {
+	case g.lanes <- struct{}{}:
+		return g.leave, true
+	case <-ctx.Done():
+		return func() {}, false
+	}
+}
+
+func (g *Governor) leave() { <-g.lanes }
 
 // hold waits, before a store write, while ingest is held back, for at most
 // MaxHold or until ctx ends (a closing ingester drains without waiting).

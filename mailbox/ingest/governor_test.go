@@ -177,3 +177,53 @@ func TestIngestFinishesUnderConstantQueryPressure(t *testing.T) {
 		t.Fatalf("%v held writes, want one per batch (%d)", n, records/batch)
 	}
 }
+
+// TestLanesWhileQueriesAreAnswered: any answer, fast or slow, makes ingest's
+// decodes and writes take turns on Lanes cores until Linger has passed
+// without one; a turn waits for one to end, and a closing ingester's does
+// not wait at all.
+func TestLanesWhileQueriesAreAnswered(t *testing.T) {
+	t.Parallel()
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	reg := prometheus.NewRegistry()
+	g := NewGovernor(GovernorConfig{Target: 10 * time.Millisecond, Linger: time.Second, Lanes: 1, Clock: clk}, reg)
+	ctx := context.Background()
+	if end, took := g.lane(ctx); took {
+		end()
+		t.Fatal("a turn was taken before any answer")
+	}
+	g.Observe(time.Millisecond)
+	if g.Held() {
+		t.Fatal("a fast answer held ingest back")
+	}
+	end, took := g.lane(ctx)
+	if !took {
+		t.Fatal("no turn taken while queries are answered")
+	}
+	second := make(chan bool)
+	go func() {
+		end2, took2 := g.lane(ctx)
+		end2()
+		second <- took2
+	}()
+	select {
+	case <-second:
+		t.Fatal("a second turn on one lane did not wait for the first to end")
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if end3, took3 := g.lane(cancelled); took3 {
+		end3()
+		t.Fatal("a closing ingester's turn waited for a lane")
+	}
+	end()
+	if !<-second {
+		t.Fatal("the second turn was not taken once the first ended")
+	}
+	clk.Step(time.Second)
+	if end, took := g.lane(ctx); took {
+		end()
+		t.Fatal("turns still taken a Linger after the last answer")
+	}
+}

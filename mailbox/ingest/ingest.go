@@ -657,9 +657,11 @@ func (i *Ingester) write(at position, items []*mailboxv1.MailboxItem, from, limi
 }
 
 func (i *Ingester) writeOnce(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
+	end, _ := i.cfg.Governor.lane(ctx)
 	start := time.Now()
 	r, err := i.w.Write(ctx, items)
 	i.cfg.Metrics.batchWrite.WithLabelValues(i.cfg.MailboxID).Observe(time.Since(start).Seconds())
+	end()
 	if err != nil && i.cfg.Space != nil && diskfree.IsNoSpace(err) {
 		i.cfg.Space.Full(err)
 		return r, fmt.Errorf("%w: %w", errNoSpace, err)
