@@ -157,7 +157,7 @@ func Open(opts Options) (*Store, error) {
 		if err := checkTables(opts.Dir, bo); err != nil {
 			return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
 		}
-		if err := checkValueLogs(opts.Dir); err != nil {
+		if err := checkValueLogs(opts.Dir, 2*bo.ValueLogFileSize); err != nil {
 			return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
 		}
 	}

@@ -41,14 +41,20 @@ import (
 //     entry boundary looks whole (nothing records where it ended); a query
 //     reading a value past its end fails ("corrupt record").
 //   - The newest file: closed cleanly, Badger truncated it at its last
-//     entry, so the same rule holds. Left by a crash it is preallocated and
-//     zero past the last write, and its last write may be torn (a kill -9
-//     inside the copy into the mapping, a power loss before the write's
-//     fsync, never acknowledged): entries must check up to a point, and past
-//     it at most tornTail bytes of anything before zeros to the end. A
-//     flipped byte within tornTail of the end of a crashed file's data is
-//     taken for a torn write and dropped by Badger, as raft-wal does with
-//     its last commit.
+//     entry, so the same rule holds. Left by a crash it is still at the size
+//     Badger created it with, twice the value-log file size (or more, when a
+//     write outgrew it), zero past the last write, and its last write may be
+//     torn (a kill -9 inside the copy into the mapping, a power loss before
+//     the write's fsync, never acknowledged): entries must check up to a
+//     point, and past it at most tornTail bytes of anything before zeros to
+//     the end. A flipped byte within tornTail of the end of a crashed file's
+//     data is taken for a torn write and dropped by Badger, as raft-wal does
+//     with its last commit. The size, not trailing zeros, tells a crashed
+//     file: a cleanly closed one ends in its last entry's CRC, whose last
+//     byte is zero once in 256 files, and would be taken for a crashed file
+//     whose flipped byte was a torn write. (A cleanly closed file reaches
+//     the crashed size only if one write was larger than a value-log file,
+//     128 MiB; it is then read as a crashed one.)
 //   - The memtable logs (.mem) are not read here: Badger replays them on
 //     open the same way, truncating at the first bad entry.
 //
@@ -82,8 +88,9 @@ const (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // checkValueLogs checks every value-log file of the store at dir (see
-// above) and records the sealed ones that checked.
-func checkValueLogs(dir string) error {
+// above) and records the sealed ones that checked. prealloc is the size
+// Badger creates a value-log file with, twice ValueLogFileSize.
+func checkValueLogs(dir string, prealloc int64) error {
 	names, err := filepath.Glob(filepath.Join(dir, "*.vlog"))
 	if err != nil {
 		return fmt.Errorf("list value logs in %s: %w", dir, err)
@@ -119,7 +126,7 @@ func checkValueLogs(dir string) error {
 			checked[f.fid] = size
 			continue
 		}
-		if err := checkValueLog(f.path, newest); err != nil {
+		if err := checkValueLog(f.path, newest, prealloc); err != nil {
 			return fmt.Errorf("%w: value log %s: %v", ErrDamaged, f.path, err)
 		}
 		if !newest {
@@ -132,9 +139,9 @@ func checkValueLogs(dir string) error {
 	return nil
 }
 
-// checkValueLog reads one value-log file's entries; newest allows a crash's
-// torn tail.
-func checkValueLog(path string, newest bool) error {
+// checkValueLog reads one value-log file's entries; the newest, when at
+// least prealloc bytes (left by a crash), may end in a torn write.
+func checkValueLog(path string, newest bool, prealloc int64) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -158,7 +165,7 @@ func checkValueLog(path string, newest bool) error {
 	if end == size {
 		return nil
 	}
-	if !newest {
+	if !newest || size < prealloc {
 		return fmt.Errorf("entry at offset %d does not check (bytes %d to %d are no entries)", end, end, size)
 	}
 	data, err := dataEnd(f, end, size)
