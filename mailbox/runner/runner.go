@@ -91,9 +91,11 @@ type Config struct {
 	MaxStreams  uint32
 	IdleTimeout time.Duration
 	// QueryLatencyTarget is the query latency every mailbox's ingest gives
-	// way to (ingest.Governor): while answers are slower, store writes wait
-	// (at most QueryHoldMax each, the floor) and batches decode on one core.
-	// 0 = 10ms; negative: ingest never gives way.
+	// way to (ingest.Governor): while queries are answered, ingest's decodes
+	// and store writes keep to GOMAXPROCS-1 cores (at least one); while
+	// answers are slower, store writes also wait (at most QueryHoldMax each,
+	// the floor) and batches decode on one core. 0 = 10ms; negative: ingest
+	// never gives way.
 	QueryLatencyTarget time.Duration
 	// QueryHoldMax is the longest one store write waits for queries to be
 	// fast again; 0 = the ingest default (250ms).
