@@ -236,9 +236,7 @@ func TestAppendJSONOddWire(t *testing.T) {
 // takes is rendered as protojson renders its decoding.
 func TestAppendJSONWireEdges(t *testing.T) {
 	t.Parallel()
-	tag := func(b []byte, num protowire.Number, typ protowire.Type) []byte {
-		return protowire.AppendTag(b, num, typ)
-	}
+	tag := protowire.AppendTag
 	varint := func(num protowire.Number, v uint64) []byte {
 		return protowire.AppendVarint(tag(nil, num, protowire.VarintType), v)
 	}
