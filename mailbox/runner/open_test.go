@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -125,15 +127,16 @@ func TestCloseWaitsForAnOpenInFlight(t *testing.T) {
 }
 
 // TestOpenFailureIsTheMailboxs: a mailbox whose store fails to open (a
-// truncated table, a full disk, a panic in the open) gets an error naming
-// why, counted by reason and listed by /readyz and a gauge, while the
-// runner's other mailbox goes on answering and the runner stays ready; a
-// later open that succeeds clears it.
+// truncated table, a full disk, a panic in the open, a store of the old
+// layout) gets an error naming why, counted by reason, logged and listed by
+// /readyz with it and by a gauge, while the runner's other mailbox goes on
+// answering and the runner stays ready; a later open that succeeds clears it.
 func TestOpenFailureIsTheMailboxs(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.Start(t, kafkatest.Topics(1, "a.events", "b.events"))
 	dataDir := t.TempDir()
-	r, err := New(Config{DataDir: dataDir, Brokers: c.Brokers})
+	var logs lockedBuffer
+	r, err := New(Config{DataDir: dataDir, Brokers: c.Brokers, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +172,9 @@ func TestOpenFailureIsTheMailboxs(t *testing.T) {
 			return nil, fmt.Errorf("open store %s: %w", o.Dir, &os.PathError{Op: "write", Path: filepath.Join(o.Dir, "000001.vlog"), Err: syscall.ENOSPC})
 		case "d@p":
 			panic("index out of range [4] with length 3")
+		case "e@p":
+			// As store.Open refuses a store written before posting lists.
+			return nil, fmt.Errorf("open store %s: read counters: %w", o.Dir, store.ErrOldLayout)
 		}
 		return store.Open(o)
 	}
@@ -179,6 +185,7 @@ func TestOpenFailureIsTheMailboxs(t *testing.T) {
 		{"b@p", "damaged", store.ErrDamaged},
 		{"c@p", "no_space", syscall.ENOSPC},
 		{"d@p", "damaged", store.ErrDamaged},
+		{"e@p", "old_layout", store.ErrOldLayout},
 	}
 	for _, tc := range cases {
 		err := r.Open(MailboxConfig{ID: tc.id, Topics: []string{"b.events"}})
@@ -188,11 +195,14 @@ func TestOpenFailureIsTheMailboxs(t *testing.T) {
 		if _, _, ok := r.Mailbox(tc.id); ok {
 			t.Fatalf("%s served after its open failed", tc.id)
 		}
+		if want := "mailbox_id=" + tc.id + " reason=" + tc.reason; !strings.Contains(logs.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, logs.String())
+		}
 	}
 	if err := r.Prepare(MailboxConfig{ID: "c@p"}); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("prepare c@p: %v, want ENOSPC", err)
 	}
-	for reason, want := range map[string]float64{"damaged": 2, "no_space": 2, "other": 0} {
+	for reason, want := range map[string]float64{"damaged": 2, "no_space": 2, "old_layout": 1, "other": 0} {
 		if got := testutil.ToFloat64(r.openFailures.WithLabelValues(reason)); got != want {
 			t.Errorf("open failures %s = %v, want %v", reason, got, want)
 		}
@@ -218,10 +228,13 @@ func TestOpenFailureIsTheMailboxs(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("/readyz %d %q: one mailbox's failure must not take the runner out of routing", code, body)
 	}
-	for _, id := range []string{"b@p", "c@p", "d@p"} {
-		if !strings.Contains(body, "mailbox "+id+": store failed to open") {
-			t.Errorf("/readyz %q does not name %s", body, id)
+	for _, tc := range cases {
+		if want := "mailbox " + tc.id + ": store failed to open (" + tc.reason + "): "; !strings.Contains(body, want) {
+			t.Errorf("/readyz %q does not say %q", body, want)
 		}
+	}
+	if !strings.Contains(body, "prism runner rebuild") {
+		t.Errorf("/readyz %q does not name the way out of the old layout", body)
 	}
 	if _, metrics := get("/metrics"); !strings.Contains(metrics, `prism_mailbox_open_failed{mailbox="c@p"} 1`) {
 		t.Error("/metrics has no prism_mailbox_open_failed for c@p")
@@ -237,4 +250,22 @@ func TestOpenFailureIsTheMailboxs(t *testing.T) {
 	if _, body := get("/readyz"); strings.Contains(body, "mailbox c@p: store failed") {
 		t.Errorf("/readyz %q still names c@p", body)
 	}
+}
+
+// lockedBuffer is an io.Writer a logger and a test may share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -215,10 +215,10 @@ func New(cfg Config) (*Runner, error) {
 		openStore:  store.Open,
 		openFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_mailbox_open_failures_total",
-			Help: "Mailbox store opens that failed, by reason: damaged (a file of the store is unreadable; rebuild it), no_space, other.",
+			Help: "Mailbox store opens that failed, by reason: damaged (a file of the store is unreadable; rebuild it), old_layout (written by an older version; rebuild it with prism runner rebuild), no_space, other.",
 		}, []string{"reason"}),
 	}
-	for _, reason := range []string{"damaged", "no_space", "other"} {
+	for _, reason := range []string{"damaged", "old_layout", "no_space", "other"} {
 		r.openFailures.WithLabelValues(reason)
 	}
 	cfg.Registry.MustRegister(storeCollector{r}, r.openFailures)
@@ -360,17 +360,26 @@ func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error)
 		delete(r.failed, mc.ID)
 		return st, nil
 	}
-	reason := "other"
-	switch {
-	case errors.Is(err, store.ErrDamaged):
-		reason = "damaged"
-	case errors.Is(err, syscall.ENOSPC):
-		reason = "no_space"
-	}
+	reason := openFailureReason(err)
 	r.failed[mc.ID] = err
 	r.openFailures.WithLabelValues(reason).Inc()
 	r.log.Error("mailbox store failed to open; the runner's other mailboxes are unaffected", "mailbox_id", mc.ID, "reason", reason, "dir", dir, "err", err)
 	return nil, err
+}
+
+// openFailureReason is the reason label, /readyz's and the log's, of a
+// store open that failed with err: each names what an operator does next
+// (rebuild a damaged store or one of the old layout, free space).
+func openFailureReason(err error) string {
+	switch {
+	case errors.Is(err, store.ErrDamaged):
+		return "damaged"
+	case errors.Is(err, store.ErrOldLayout):
+		return "old_layout"
+	case errors.Is(err, syscall.ENOSPC):
+		return "no_space"
+	}
+	return "other"
 }
 
 // OpenFailures says, for each mailbox whose last store open failed, why.
@@ -731,7 +740,7 @@ func (r *Runner) probes(mux *http.ServeMux) {
 		var failed strings.Builder
 		fs := r.OpenFailures()
 		for _, id := range slices.Sorted(maps.Keys(fs)) {
-			fmt.Fprintf(&failed, "mailbox %s: store failed to open: %v\n", mesh.Echo(id), fs[id])
+			fmt.Fprintf(&failed, "mailbox %s: store failed to open (%s): %v\n", mesh.Echo(id), openFailureReason(fs[id]), fs[id])
 		}
 		if err := r.cfg.Ready(); err != nil {
 			http.Error(w, "not ready: "+err.Error()+"\n"+failed.String(), http.StatusServiceUnavailable)
