@@ -26,6 +26,7 @@ type options struct {
 	scaleLeases        int
 	scaleFor           time.Duration
 	scaleXDS           bool
+	scaleOneConn       bool
 	only               string
 	security           string
 	handshakes         int
@@ -60,6 +61,8 @@ func main() {
 	flag.IntVar(&o.scaleLeases, "scale-leases", 10000, "leases in the heartbeat scale run")
 	flag.DurationVar(&o.scaleFor, "scale-for", 10*time.Second, "length of the heartbeat scale run")
 	flag.BoolVar(&o.scaleXDS, "scale-xds", true, "serve xDS during the scale run, as a production admin node does")
+	flag.BoolVar(&o.scaleOneConn, "scale-one-conn", false, "plaintext scale run only: every proxy's heartbeats on one connection to the leader, "+
+		"the layout of adminbench before cf6fda3, to compare with binaries measured then (BENCHMARKS.md, issue 10)")
 	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, handshake, sessions, failover-sessions, overload, etcd, redis")
 	flag.StringVar(&o.security, "security", modeBoth, "prism admin over plaintext (--insecure), mtls (figures suffixed _mtls), or both: "+
 		"every part in plaintext plus the 3-node latency, the scale run and the handshake over mutual TLS, with mtls/plaintext ratios")
