@@ -32,19 +32,22 @@ const (
 // MemoryFor divides budget, the bytes a runner may use, among stores open stores: Badger gets half of it (the
 // rest is the Go heap's: batches in flight, query pages, Kafka's buffers), and each store an equal share:
 // 3 memtables take 40% of a share, the block cache 35% and the index cache 25%. A budget of 0 (or less) is no
-// budget: Badger's defaults. Memtables are never smaller than 4 MiB, so a tight budget over many stores is
-// exceeded rather than made unusable; GOMEMLIMIT (which the runner sets to the budget) then makes the Go
-// heap give way.
+// budget: Badger's defaults. Memtables are never smaller than 4 MiB: where that floor takes more than 40% of a
+// share, the caches get what is left of it (in the same proportion), so a store stays within its share down to
+// the floors of all three; a tight budget over many stores is exceeded rather than made unusable, and
+// GOMEMLIMIT (which the runner sets to the budget) then makes the Go heap give way.
 func MemoryFor(budget int64, stores int) Memory {
 	if budget <= 0 {
 		return Memory{}
 	}
 	share := budget / 2 / int64(max(stores, 1))
+	memTable := min(max(share*4/10/memtables, minMemTable), maxMemTable)
+	rest := share - memtables*memTable
 	return Memory{
-		MemTableSize:   min(max(share*4/10/memtables, minMemTable), maxMemTable),
+		MemTableSize:   memTable,
 		NumMemtables:   memtables,
-		BlockCacheSize: max(share*35/100, minCache),
-		IndexCacheSize: max(share*25/100, minCache),
+		BlockCacheSize: max(min(share*35/100, rest*35/60), minCache),
+		IndexCacheSize: max(min(share*25/100, rest*25/60), minCache),
 	}
 }
 

@@ -26,6 +26,8 @@ func TestMemoryFor(t *testing.T) {
 		{1 << 30, 4, Memory{MemTableSize: 17895697, NumMemtables: 3, BlockCacheSize: 46976204, IndexCacheSize: 33554432}},
 		{64 << 20, 0, Memory{MemTableSize: 4473924, NumMemtables: 3, BlockCacheSize: 11744051, IndexCacheSize: 8 << 20}},
 		{64 << 20, 100, Memory{MemTableSize: 4 << 20, NumMemtables: 3, BlockCacheSize: 1 << 20, IndexCacheSize: 1 << 20}},
+		// The memtables' floor takes more than 40% of the share: the caches get the rest.
+		{256 << 20, 5, Memory{MemTableSize: 4 << 20, NumMemtables: 3, BlockCacheSize: 8318702, IndexCacheSize: 5941930}},
 	}
 	for _, tc := range tests {
 		if got := MemoryFor(tc.budget, tc.stores); got != tc.want {
