@@ -45,6 +45,9 @@ type runnerFlags struct {
 	kafkaSec kafkaFlags
 	disk     diskFlags
 	mem      memoryFlags
+	// expectedMailboxes is how many mailboxes the memory budget is
+	// divided among (runner.Config.ExpectedMailboxes).
+	expectedMailboxes int
 	// queryTarget is the query latency ingest gives way to.
 	queryTarget time.Duration
 	// enablePprof serves net/http/pprof and runtime/metrics on --http-addr;
@@ -84,6 +87,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	f.kafkaSec.register(fs)
 	f.disk.register(fs, "every mailbox's ingest holds its next batch back, uncommitted, and /readyz answers 503 saying why")
 	f.mem.register(fs)
+	fs.IntVar(&f.expectedMailboxes, "expected-mailboxes", 0, "with a memory budget, how many mailboxes each store's share of it is planned for (0: the ones open and opening; a sidecar opens its mailboxes together). A store keeps the sizes it opened with and takes no more than the open stores leave free, so set it where mailboxes open one at a time, or the first take the most")
 }
 
 func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
@@ -123,6 +127,10 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 	if cfg.Runner.MemoryBudget, err = f.mem.bytes(); err != nil {
 		return cfg, err
 	}
+	if f.expectedMailboxes < 0 {
+		return cfg, fmt.Errorf("--expected-mailboxes: %d is negative", f.expectedMailboxes)
+	}
+	cfg.Runner.ExpectedMailboxes = f.expectedMailboxes
 	if f.mailbox == "" {
 		if cfg.ControlAddr == "" {
 			cfg.ControlAddr = defaultControlAddr

@@ -65,10 +65,21 @@ type Config struct {
 	MinFree           diskfree.Watermark
 	DiskCheckInterval time.Duration
 	ShutdownTimeout   time.Duration // bound on draining ingest and in-flight queries; default 10s
-	// MemoryBudget is the bytes the runner may use (0: no budget): each
-	// store opened is sized from it and the number of stores open with it
-	// (store.MemoryFor). Stores opened earlier keep their size.
+	// MemoryBudget is the bytes the runner may use (0: no budget). Half of
+	// it is for the stores' Badger memtables and caches, whose sizes are
+	// fixed when a store opens: each store opened gets an equal share of
+	// that half among the mailboxes planned (ExpectedMailboxes, or more if
+	// more are open and opening: a sidecar's opens arrive together), never
+	// more than the open stores leave free, so what open stores hold stays
+	// within the half however many open and in whatever order. Only when
+	// the stores' floor (store.MemoryFor's smallest sizes) times their
+	// number exceeds the half does the runner go over it, and it logs so.
 	MemoryBudget int64
+	// ExpectedMailboxes is how many mailboxes the runner plans for when
+	// sizing a store from MemoryBudget (0: the ones open and opening): a
+	// runner whose mailboxes open one at a time gives the first ones no
+	// larger share than the later ones.
+	ExpectedMailboxes int
 
 	Registry *prometheus.Registry // nil = a new one with Go and process collectors
 	Logger   *slog.Logger         // nil = slog.Default()
@@ -161,6 +172,13 @@ type Runner struct {
 
 	openFailures *prometheus.CounterVec
 
+	// memory is the bytes of the budget's Badger half each store open or
+	// opening holds (its memtables and caches), by mailbox id, and
+	// memoryHeld their sum; under mu. A store's share returns when it
+	// closes.
+	memory     map[string]int64
+	memoryHeld int64
+
 	// storeOpens bounds the stores opening at once to a few per core (an
 	// open is mostly CPU, with some fsyncs): a thousand at once (a sidecar
 	// acquiring a proxy's whole share) take no less time all told but
@@ -211,6 +229,7 @@ func New(cfg Config) (*Runner, error) {
 		prepared:   map[string]*store.Store{},
 		opening:    map[string]chan struct{}{},
 		failed:     map[string]error{},
+		memory:     map[string]int64{},
 		storeOpens: make(chan struct{}, 4*runtime.GOMAXPROCS(0)),
 		openStore:  store.Open,
 		openFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -320,7 +339,7 @@ func (r *Runner) Prepare(mc MailboxConfig) error {
 		err = fmt.Errorf("prepare %s: %w", mc.ID, err)
 	case closed:
 		// Before end: Close waits for this store too.
-		err = errors.Join(fmt.Errorf("prepare %s: runner closed", mc.ID), st.Close())
+		err = errors.Join(fmt.Errorf("prepare %s: runner closed", mc.ID), r.closeStore(mc.ID, st))
 	}
 	r.mu.Lock()
 	r.end(mc.ID)
@@ -337,9 +356,9 @@ func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error)
 	dir := Dir(r.cfg.DataDir, mc.ID)
 	r.storeOpens <- struct{}{}
 	defer func() { <-r.storeOpens }()
-	r.mu.RLock()
-	mem := store.MemoryFor(r.cfg.MemoryBudget, len(r.mailboxes)+len(r.prepared)+1)
-	r.mu.RUnlock()
+	r.mu.Lock()
+	mem := r.reserveMemory(mc.ID)
+	r.mu.Unlock()
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
@@ -360,11 +379,62 @@ func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error)
 		delete(r.failed, mc.ID)
 		return st, nil
 	}
+	r.releaseMemory(mc.ID)
 	reason := openFailureReason(err)
 	r.failed[mc.ID] = err
 	r.openFailures.WithLabelValues(reason).Inc()
 	r.log.Error("mailbox store failed to open; the runner's other mailboxes are unaffected", "mailbox_id", mc.ID, "reason", reason, "dir", dir, "err", err)
 	return nil, err
+}
+
+// reserveMemory sizes the store of mailbox id from the memory budget and
+// holds its share until releaseMemory; r.mu held. The share is the budget's
+// Badger half divided among the mailboxes planned, at most what the stores
+// already holding a share leave free: stores keep the sizes they opened
+// with, so a share given now cannot be taken back when more mailboxes come.
+func (r *Runner) reserveMemory(id string) store.Memory {
+	if r.cfg.MemoryBudget <= 0 {
+		return store.Memory{}
+	}
+	half := r.cfg.MemoryBudget / 2
+	// Every store open or about to be, this one included, counted once:
+	// an id is in opening from Open's or Prepare's start to its end, then
+	// in mailboxes or prepared.
+	planned := max(r.cfg.ExpectedMailboxes, len(r.mailboxes)+len(r.prepared)+len(r.opening))
+	share := max(min(half/int64(planned), half-r.memoryHeld), 1)
+	// MemoryFor divides its budget's half among its stores: this is one
+	// store's share.
+	mem := store.MemoryFor(2*share, 1)
+	held := footprint(mem)
+	r.memory[id] = held
+	r.memoryHeld += held
+	if r.memoryHeld > half {
+		r.log.Warn("the mailbox stores' Badger memory is over the memory budget's half: each store takes at least its smallest sizes, so this many stores need more; the runner slows down (GC) rather than fails",
+			"mailbox_id", id, "memory_budget", r.cfg.MemoryBudget, "badger_bytes", r.memoryHeld, "stores", len(r.memory), "store_bytes", held)
+	}
+	return mem
+}
+
+// releaseMemory returns the share of mailbox id's store, closed or never
+// opened, to the budget; r.mu held.
+func (r *Runner) releaseMemory(id string) {
+	r.memoryHeld -= r.memory[id]
+	delete(r.memory, id)
+}
+
+// footprint is what a store sized m holds in memory at most, beside the
+// files it maps: its memtables and its caches.
+func footprint(m store.Memory) int64 {
+	return int64(m.NumMemtables)*m.MemTableSize + m.BlockCacheSize + m.IndexCacheSize
+}
+
+// closeStore closes mailbox id's store and returns its memory share.
+func (r *Runner) closeStore(id string, st *store.Store) error {
+	err := st.Close()
+	r.mu.Lock()
+	r.releaseMemory(id)
+	r.mu.Unlock()
+	return err
 }
 
 // openFailureReason is the reason label, /readyz's and the log's, of a
@@ -439,7 +509,7 @@ func (r *Runner) Discard(id string) error {
 	if !ok {
 		return nil
 	}
-	if err := st.Close(); err != nil {
+	if err := r.closeStore(id, st); err != nil {
 		return fmt.Errorf("discard %s: %w", id, err)
 	}
 	return nil
@@ -508,7 +578,7 @@ func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
 	}
 	ing, err := ingest.Start(icfg, st)
 	if err != nil {
-		st.Close()
+		_ = r.closeStore(mc.ID, st)
 		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -544,7 +614,7 @@ func (r *Runner) closeMailbox(mb *mailbox) error {
 	mb.stopRetain()
 	<-mb.retainExited
 	mb.reads.close()
-	errStore := mb.store.Close()
+	errStore := r.closeStore(mb.cfg.ID, mb.store)
 	r.queryM.Forget(mb.cfg.ID)
 	r.log.Info("mailbox closed", "mailbox_id", mb.cfg.ID, "epoch", mb.epoch.Load())
 	if err := errors.Join(errIngest, errStore); err != nil {
@@ -961,7 +1031,7 @@ func (r *Runner) Close() error {
 		errs = append(errs, r.closeMailbox(mb))
 	}
 	for id, st := range prepared {
-		if err := st.Close(); err != nil {
+		if err := r.closeStore(id, st); err != nil {
 			errs = append(errs, fmt.Errorf("close prepared %s: %w", id, err))
 		}
 	}
