@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 )
 
 // Key layout. Every item has a 16-byte position pos = invTs(8) | invSeq(8), big endian, where invTs is the
@@ -109,35 +110,71 @@ func msgIDKey[T string | []byte](id T) []byte {
 
 // indexPrefix is the prefix of every posting block of (kind, value).
 func indexPrefix[T string | []byte](kind byte, value T) []byte {
-	k := make([]byte, 0, 2+binary.MaxVarintLen64+len(value)+posLen)
-	k = append(k, prefixPosting, kind)
-	k = binary.AppendUvarint(k, uint64(len(value)))
-	return append(k, value...)
+	return appendIndexPrefix(make([]byte, 0, 2+binary.MaxVarintLen64+len(value)+posLen), kind, value)
 }
 
-// itemKeys returns an item's own keys, carved out of one allocation: its primary key and its message-id key.
-func itemKeys[T string | []byte](p pos, msgID T) [][]byte {
-	buf := make([]byte, 0, 2+posLen+len(msgID))
+func appendIndexPrefix[T string | []byte](b []byte, kind byte, value T) []byte {
+	b = append(b, prefixPosting, kind)
+	b = binary.AppendUvarint(b, uint64(len(value)))
+	return append(b, value...)
+}
+
+// arenaIndexPrefix is indexPrefix carved out of a (nil: allocated on its own).
+func arenaIndexPrefix[T string | []byte](a *arena, kind byte, value T) []byte {
+	n := 2 + (bits.Len64(uint64(len(value))|1)+6)/7 + len(value) // the length's uvarint takes 7 bits a byte
+	return appendIndexPrefix(a.alloc(n)[:0], kind, value)
+}
+
+// itemKeys returns an item's own keys, carved out of one slice of a (nil: allocated on its own): its primary key
+// and its message-id key.
+func itemKeys[T string | []byte](a *arena, p pos, msgID T) [2][]byte {
+	buf := a.alloc(2 + posLen + len(msgID))[:0]
 	buf = append(buf, prefixItem)
 	buf = append(buf, p[:]...)
 	buf = append(buf, prefixMsgID)
 	buf = append(buf, msgID...)
-	return [][]byte{buf[: 1+posLen : 1+posLen], buf[1+posLen:]}
+	return [2][]byte{buf[: 1+posLen : 1+posLen], buf[1+posLen:]}
 }
 
-// indexPrefixes returns the posting-list prefixes an item belongs to. Topic and principal are indexed even when
-// empty so a filter for the empty value is still an index lookup; correlation and trace ids only when set,
-// since an empty filter value means "no filter" for them.
-func indexPrefixes[T string | []byte](topic, principal, corr, trace T) [][]byte {
-	out := make([][]byte, 0, 4)
-	out = append(out, indexPrefix(kindTopic, topic), indexPrefix(kindPrincipal, principal))
+// indexPrefixes appends to dst the posting-list prefixes an item belongs to, carved out of a (nil: allocated
+// each on its own). Topic and principal are indexed even when empty so a filter for the empty value is still an
+// index lookup; correlation and trace ids only when set, since an empty filter value means "no filter" for them.
+func indexPrefixes[T string | []byte](dst [][]byte, a *arena, topic, principal, corr, trace T) [][]byte {
+	dst = append(dst, arenaIndexPrefix(a, kindTopic, topic), arenaIndexPrefix(a, kindPrincipal, principal))
 	if len(corr) > 0 {
-		out = append(out, indexPrefix(kindCorrelation, corr))
+		dst = append(dst, arenaIndexPrefix(a, kindCorrelation, corr))
 	}
 	if len(trace) > 0 {
-		out = append(out, indexPrefix(kindTrace, trace))
+		dst = append(dst, arenaIndexPrefix(a, kindTrace, trace))
 	}
-	return out
+	return dst
+}
+
+// arena hands out byte slices carved from blocks of arenaBlock bytes, so that a write batch's records and keys
+// take an allocation per block instead of several per item. A block stays in memory as long as any slice of it
+// is referenced: an arena serves what lives and dies together (a batch, until its Write returns).
+type arena struct{ free []byte }
+
+const arenaBlock = 64 << 10
+
+// alloc returns n bytes; a nil arena allocates them on their own.
+func (a *arena) alloc(n int) []byte {
+	if a == nil || n > arenaBlock/8 {
+		return make([]byte, n)
+	}
+	if n > cap(a.free) {
+		a.free = make([]byte, 0, arenaBlock)
+	}
+	b := a.free[:n:n]
+	a.free = a.free[n:n]
+	return b
+}
+
+// copy returns a copy of b in a.
+func (a *arena) copy(b []byte) []byte {
+	c := a.alloc(len(b))
+	copy(c, b)
+	return c
 }
 
 // Page tokens are base64url(version byte, pos of the last item returned). The version lets the format change

@@ -48,7 +48,11 @@ func blockSpan(ps []pos) uint64 { return ps[len(ps)-1].invTs() - ps[0].invTs() }
 
 // encodeBlock encodes ps, sorted and distinct, as a block's value; ps[0] is the block's key.
 func encodeBlock(ps []pos) []byte {
-	b := make([]byte, 0, binary.MaxVarintLen64+3*(len(ps)-1))
+	return appendBlock(make([]byte, 0, binary.MaxVarintLen64+3*(len(ps)-1)), ps)
+}
+
+// appendBlock appends encodeBlock(ps) to b.
+func appendBlock(b []byte, ps []pos) []byte {
 	b = binary.AppendUvarint(b, uint64(len(ps)-1))
 	for i := 1; i < len(ps); i++ {
 		dts, dseq := ps[i].invTs()-ps[i-1].invTs(), ps[i].invSeq()-ps[i-1].invSeq()
@@ -119,10 +123,12 @@ func splitBlocks(ps []pos, fn func(run []pos) error) error {
 	return nil
 }
 
-func blockKey(prefix []byte, first pos) []byte {
-	k := make([]byte, 0, len(prefix)+posLen)
-	k = append(k, prefix...)
-	return append(k, first[:]...)
+// blockKey is the key of the block of prefix's list starting at first, carved out of a (nil: allocated on its
+// own).
+func blockKey(a *arena, prefix []byte, first pos) []byte {
+	k := a.alloc(len(prefix) + posLen)
+	copy(k[copy(k, prefix):], first[:])
+	return k
 }
 
 // seekBack is the smallest block key position whose block can hold p or a later position: a block starts at
@@ -153,7 +159,7 @@ type blockCursor struct {
 
 // start seeks to the first block that can hold from or a later position and loads the first position.
 func (c *blockCursor) start() {
-	c.it.Seek(blockKey(c.prefix, seekBack(c.from, c.span)))
+	c.it.Seek(blockKey(nil, c.prefix, seekBack(c.from, c.span)))
 	c.advance()
 }
 

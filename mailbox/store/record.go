@@ -65,12 +65,16 @@ func makeDict(items []*mailboxv1.MailboxItem) *s2.Dict {
 }
 
 // storeRecord returns the value to store for rec, an encodeRecord of an item with a blob of blobLen bytes, and
-// its format; dict, when not nil, is the store's dictionary.
-func storeRecord(rec []byte, blobLen int, dict *s2.Dict) ([]byte, byte) {
+// its format; dict, when not nil, is the store's dictionary. A compressed value is written into dst if it has
+// room for storedMaxLen(len(rec)) bytes (a writer reuses one buffer for a batch), else into a new slice.
+func storeRecord(dst, rec []byte, blobLen int, dict *s2.Dict) ([]byte, byte) {
 	if len(rec) < compressMin {
 		return rec, formatPlain
 	}
-	v := make([]byte, binary.MaxVarintLen64+s2.MaxEncodedLen(len(rec)))
+	v := dst[:cap(dst)]
+	if need := storedMaxLen(len(rec)); len(v) < need {
+		v = make([]byte, need)
+	}
 	n := binary.PutUvarint(v, uint64(blobLen))
 	format := formatS2
 	if dict != nil {
@@ -84,6 +88,9 @@ func storeRecord(rec []byte, blobLen int, dict *s2.Dict) ([]byte, byte) {
 	}
 	return v[:n:n], format
 }
+
+// storedMaxLen is the most bytes storeRecord writes for a record of recLen bytes.
+func storedMaxLen(recLen int) int { return binary.MaxVarintLen64 + s2.MaxEncodedLen(recLen) }
 
 // itemValue is a primary key's value as Badger holds it: the bytes, their format (the entry's user meta) and the
 // store's dictionary (nil if it has none).
@@ -264,13 +271,17 @@ func appendHeaders(b []byte, it *mailboxv1.MailboxItem) []byte {
 	return b
 }
 
-func encodeRecord(it *mailboxv1.MailboxItem) []byte {
-	hdr := appendHeaders(make([]byte, 0, 512), it)
-	blob := it.GetEnvelopeBlob()
-	rec := make([]byte, 0, binary.MaxVarintLen64+len(hdr)+len(blob))
-	rec = binary.AppendUvarint(rec, uint64(len(hdr)))
-	rec = append(rec, hdr...)
-	return append(rec, blob...)
+func encodeRecord(it *mailboxv1.MailboxItem) []byte { return appendRecord(nil, it) }
+
+// appendRecord appends it's record to b.
+func appendRecord(b []byte, it *mailboxv1.MailboxItem) []byte {
+	// The header goes after room for its length, then moves back to follow the length's actual bytes.
+	start := len(b)
+	b = appendHeaders(append(b, make([]byte, binary.MaxVarintLen64)...), it)
+	n := len(b) - start - binary.MaxVarintLen64
+	w := binary.PutUvarint(b[start:], uint64(n))
+	copy(b[start+w:], b[start+binary.MaxVarintLen64:])
+	return append(b[:start+w+n], it.GetEnvelopeBlob()...)
 }
 
 var errCorruptRecord = errors.New("corrupt record")

@@ -58,7 +58,7 @@ func TestStoreRecordFormats(t *testing.T) {
 			it := item("m-1", 7)
 			it.EnvelopeBlob = tc.blob
 			rec := encodeRecord(it)
-			v, format := storeRecord(rec, len(tc.blob), d)
+			v, format := storeRecord(nil, rec, len(tc.blob), d)
 			if format != tc.want {
 				t.Fatalf("format %d, want %d", format, tc.want)
 			}

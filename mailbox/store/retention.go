@@ -22,8 +22,8 @@ const retentionChunk = 1000
 
 type victim struct {
 	p     pos
-	keys  [][]byte // the item's own keys: primary, message id
-	index [][]byte // the prefixes of the posting lists it is in
+	keys  [2][]byte // the item's own keys: primary, message id
+	index [][]byte  // the prefixes of the posting lists it is in
 }
 
 // RetainOnce runs one retention pass at time now: it deletes every item older than MaxAge and then the oldest
@@ -263,7 +263,7 @@ func (s *Store) collectVictims(ctx context.Context, floor int64, out chan<- []vi
 		if err != nil {
 			return false, err
 		}
-		vs = append(vs, victim{p: p, keys: itemKeys(p, x.msgID), index: indexPrefixes(x.topic, x.principal, x.corr, x.trace)})
+		vs = append(vs, victim{p: p, keys: itemKeys(nil, p, x.msgID), index: indexPrefixes(nil, nil, x.topic, x.principal, x.corr, x.trace)})
 		if len(vs) == s.chunk {
 			out <- vs
 			vs = make([]victim, 0, s.chunk)
@@ -348,7 +348,7 @@ func trimList(read, txn *badger.Txn, prefix []byte, floor int64, span uint64) er
 	// A position below floor is after bound; a block holding one starts at most span before it.
 	bound := makePos(floor, 0)
 	it := read.NewIterator(badger.IteratorOptions{Prefix: prefix})
-	for it.Seek(blockKey(prefix, seekBack(bound, span))); it.ValidForPrefix(prefix); it.Next() {
+	for it.Seek(blockKey(nil, prefix, seekBack(bound, span))); it.ValidForPrefix(prefix); it.Next() {
 		item := it.Item()
 		k := item.KeyCopy(nil)
 		if len(k) != len(prefix)+posLen {

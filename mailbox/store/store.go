@@ -359,9 +359,12 @@ func (s *Store) Get(ctx context.Context, messageID string) (*mailboxv1.MailboxIt
 	return out, nil
 }
 
-func lookupMsgID(txn *badger.Txn, id string) (pos, bool, error) {
+func lookupMsgID(txn *badger.Txn, id string) (pos, bool, error) { return lookupPos(txn, msgIDKey(id)) }
+
+// lookupPos reads the position a message-id key holds.
+func lookupPos(txn *badger.Txn, key []byte) (pos, bool, error) {
 	var p pos
-	it, err := txn.Get(msgIDKey(id))
+	it, err := txn.Get(key)
 	if errors.Is(err, badger.ErrKeyNotFound) {
 		return p, false, nil
 	}

@@ -94,8 +94,8 @@ type writeReq struct {
 type encoded struct {
 	rec    []byte
 	format byte
-	keys   [][]byte // primary, message id
-	index  [][]byte // indexPrefixes
+	keys   [2][]byte // primary, message id
+	index  [][]byte  // indexPrefixes
 }
 
 // valueGroup is the items of a batch (indexes into it) with one indexed value: one posting block, or more if
@@ -123,18 +123,28 @@ func groupValues(enc []encoded) []valueGroup {
 	return groups
 }
 
+// encodeItems encodes a batch: each record is built and compressed in buffers reused from item to item, and what
+// is kept (the stored value, keys and prefixes) is carved out of an arena, a few allocations per batch instead
+// of nine per item.
 func encodeItems(items []*mailboxv1.MailboxItem, compress bool, dict *s2.Dict) []encoded {
 	enc := make([]encoded, len(items))
+	index := make([][]byte, 0, 4*len(items))
+	var a arena
+	var rec, comp []byte
 	for i, it := range items {
-		rec, format := encodeRecord(it), formatPlain
+		rec = appendRecord(rec[:0], it)
+		v, format := rec, formatPlain
 		if compress {
-			rec, format = storeRecord(rec, len(it.GetEnvelopeBlob()), dict)
+			comp = slices.Grow(comp[:0], storedMaxLen(len(rec)))
+			v, format = storeRecord(comp, rec, len(it.GetEnvelopeBlob()), dict)
 		}
+		start := len(index)
+		index = indexPrefixes(index, &a, it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId())
 		enc[i] = encoded{
-			rec:    rec,
+			rec:    a.copy(v),
 			format: format,
-			keys:   itemKeys(pos{}, it.GetMessageId()),
-			index:  indexPrefixes(it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId()),
+			keys:   itemKeys(&a, pos{}, it.GetMessageId()),
+			index:  index[start:len(index):len(index)],
 		}
 	}
 	return enc
@@ -185,7 +195,11 @@ func (s *Store) sendGroup(group []*writeReq) {
 		prev, txn = nil, s.db.NewTransaction(true)
 	}
 	m := s.wm
-	f := &flight{ids: map[string]struct{}{}, done: make(chan struct{})}
+	n := 0
+	for _, r := range group {
+		n += len(r.items)
+	}
+	f := &flight{ids: make(map[string]struct{}, n), done: make(chan struct{})}
 	res, stored, err := fill(txn, group, prev, s.wfloor, &m, f.ids)
 	if err == nil && stored > 0 {
 		err = txn.Set(metaKey, m.encode())
@@ -260,6 +274,7 @@ func (s *Store) settle() {
 func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta, ids map[string]struct{}) ([]WriteResult, int, error) {
 	res := make([]WriteResult, len(group))
 	stored := 0
+	var blocks blockWriter
 	for b, r := range group {
 		// ps[i] is item i's position, zero (no item's: its sequence would be the largest) if it is not stored.
 		ps := make([]pos, len(r.items))
@@ -279,7 +294,8 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 					continue
 				}
 			}
-			_, found, err := lookupMsgID(txn, id)
+			e := r.enc[i]
+			_, found, err := lookupPos(txn, e.keys[1])
 			if err != nil {
 				return nil, 0, fmt.Errorf("write: dedup %q: %w", id, err)
 			}
@@ -291,7 +307,6 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			m.seq++
 			p := makePos(it.GetTimestamp(), m.seq)
 			ps[i] = p
-			e := r.enc[i]
 			copy(e.keys[0][1:], p[:])
 			if err := txn.SetEntry(badger.NewEntry(e.keys[0], e.rec).WithMeta(e.format)); err != nil {
 				return nil, 0, fmt.Errorf("write %q: %w", id, err)
@@ -305,27 +320,34 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			res[b].Stored++
 			stored++
 		}
-		if err := setBlocks(txn, r.groups, ps, m); err != nil {
+		if err := blocks.set(txn, r.groups, ps, m); err != nil {
 			return nil, 0, err
 		}
 	}
 	return res, stored, nil
 }
 
-// setBlocks sets the posting blocks of one batch whose items are at ps (zero: not stored), widening m.span.
-func setBlocks(txn *badger.Txn, groups []valueGroup, ps []pos, m *meta) error {
-	var refs []pos
+// blockWriter sets the posting blocks of a group's batches, their keys and values carved out of one arena.
+type blockWriter struct {
+	a    arena
+	refs []pos
+	buf  []byte
+}
+
+// set sets the posting blocks of one batch whose items are at ps (zero: not stored), widening m.span.
+func (w *blockWriter) set(txn *badger.Txn, groups []valueGroup, ps []pos, m *meta) error {
 	for _, g := range groups {
-		refs = refs[:0]
+		w.refs = w.refs[:0]
 		for _, i := range g.items {
 			if ps[i] != (pos{}) {
-				refs = append(refs, ps[i])
+				w.refs = append(w.refs, ps[i])
 			}
 		}
-		slices.SortFunc(refs, comparePos)
-		err := splitBlocks(refs, func(run []pos) error {
+		slices.SortFunc(w.refs, comparePos)
+		err := splitBlocks(w.refs, func(run []pos) error {
 			m.span = max(m.span, blockSpan(run))
-			if err := txn.Set(blockKey(g.prefix, run[0]), encodeBlock(run)); err != nil {
+			w.buf = appendBlock(w.buf[:0], run)
+			if err := txn.Set(blockKey(&w.a, g.prefix, run[0]), w.a.copy(w.buf)); err != nil {
 				return fmt.Errorf("write posting block: %w", err)
 			}
 			return nil
