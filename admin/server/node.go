@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -109,6 +110,11 @@ func (cfg NodeConfig) limits() []grpc.ServerOption {
 	}
 	return []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(streams),
+		// Handlers run on reused goroutines: a fresh goroutine per RPC grew
+		// its stack on every call, 11 % of a busy leader's CPU (BENCHMARKS.md,
+		// "The leadership check on renewals"). A call finding every worker busy
+		// still gets a goroutine of its own, so this never queues.
+		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: pingEvery, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle}),
 	}
