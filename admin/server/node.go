@@ -24,6 +24,7 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/internal/debughttp"
 	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
@@ -40,8 +41,8 @@ type NodeConfig struct {
 	// an empty HTTPAddr serves no HTTP.
 	GRPCAddr string
 	HTTPAddr string
-	// Pprof also serves net/http/pprof under /debug/pprof/ on HTTPAddr
-	// (withPprof).
+	// Pprof also serves Go's runtime profiles and runtime/metrics under
+	// /debug/ on HTTPAddr (debughttp.With).
 	Pprof bool
 	// GRPCAddrs maps raft server ids to admin gRPC addresses, for forwarding.
 	GRPCAddrs map[string]string
@@ -271,7 +272,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 	if n.httpLn != nil {
 		h := n.Server.HTTPHandler()
 		if cfg.Pprof {
-			h = withPprof(h)
+			h = debughttp.With(h)
 		}
 		n.http = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 		n.wg.Add(1)

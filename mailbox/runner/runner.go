@@ -35,6 +35,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/internal/debughttp"
 	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
@@ -112,7 +113,7 @@ type Config struct {
 	// fast again; 0 = the ingest default (250ms).
 	QueryHoldMax time.Duration
 	// Pprof also serves Go's runtime profiles and runtime/metrics under
-	// /debug/ on the plaintext HTTP port (withPprof).
+	// /debug/ on the plaintext HTTP port (debughttp.With).
 	Pprof bool
 }
 
@@ -924,7 +925,7 @@ func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 		r.http.Handler = r.probeHandler()
 	}
 	if r.cfg.Pprof {
-		r.http.Handler = withPprof(r.http.Handler)
+		r.http.Handler = debughttp.With(r.http.Handler)
 	}
 	for _, s := range []struct {
 		srv *http.Server

@@ -1,4 +1,10 @@
-package runner
+// Package debughttp serves what an operator needs to see where a Prism
+// process's time goes: Go's runtime profiles (net/http/pprof) and every
+// runtime/metrics sample. `prism admin` and `prism runner` mount it on their
+// plaintext HTTP port only with --enable-pprof, as etcd does: that port is
+// unauthenticated, and a profile names the code and holds a core for its
+// duration.
+package debughttp
 
 import (
 	"fmt"
@@ -7,14 +13,9 @@ import (
 	"runtime/metrics"
 )
 
-// withPprof serves Go's runtime profiles (net/http/pprof) under
-// /debug/pprof/ beside h, as `prism admin --enable-pprof` does, and every
-// runtime/metrics sample under /debug/runtime-metrics: the way to see where
-// a runner's time goes while it ingests and answers (CPU, blocking, the
-// scheduler's latencies, GC assists). Off by default: the plaintext port is
-// unauthenticated, and a profile names the code and holds a core for its
-// duration.
-func withPprof(h http.Handler) http.Handler {
+// With serves the profiles under /debug/pprof/ and the runtime metrics under
+// /debug/runtime-metrics beside h, which keeps every other path.
+func With(h http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
