@@ -100,7 +100,7 @@ plaintext with no authorization.`,
 	fs.StringVar(&f.raftAdvertise, "raft-advertise", "", "raft address peers dial (default: --raft-addr, or this node's --peers entry)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:7001", "gRPC listen address (ControlPlane, Admin, health)")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:7002", "HTTP listen address (/metrics, /healthz, /readyz); empty disables")
-	fs.BoolVar(&f.enablePprof, "enable-pprof", false, "also serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on --http-addr, as etcd's --enable-pprof; that listener is plaintext and unauthenticated, so only where it is reachable by operators alone")
+	fs.BoolVar(&f.enablePprof, "enable-pprof", false, "also serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ and runtime/metrics under /debug/runtime-metrics on --http-addr, as etcd's --enable-pprof; that listener is plaintext and unauthenticated, so only where it is reachable by operators alone")
 	fs.StringVar(&f.dataDir, "data-dir", "", "directory for the raft WAL and snapshots (required unless --in-memory)")
 	fs.BoolVar(&f.inMemory, "in-memory", false, "keep raft state in memory only (single node, lost on exit)")
 	fs.BoolVar(&f.bootstrap, "bootstrap", false, "start a new single-node cluster if the data dir is empty")
