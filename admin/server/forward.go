@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/prism-mesh/prism/admin/client"
@@ -21,6 +22,28 @@ import (
 // forwardedKey marks a call a follower re-issued on the leader, so the
 // leader never forwards it again (one hop).
 const forwardedKey = "x-prism-forwarded-by"
+
+// The admin gRPC server's message limits (NodeConfig.limits). A request may
+// be up to gRPC's default 4 MiB; an answer may be as large as gRPC can frame,
+// since the List calls answer whole tables, unpaged: a caller listing a
+// large cluster raises its own receive limit (prismctl does).
+const (
+	maxRequestBytes  = 4 << 20
+	maxResponseBytes = math.MaxInt32
+)
+
+// forwardDialOptions are the options of a follower's connections to the
+// leader. Their call limits are the server's, so a forwarded call succeeds
+// exactly when the leader would answer it directly: with gRPC's default 4 MiB
+// receive limit a list of ~10k namespaces failed ResourceExhausted on the
+// follower. TrackSent lets a forward learn whether a failed call ever left
+// this node (retryableForward).
+func forwardDialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		client.TrackSent(),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes), grpc.MaxCallSendMsgSize(maxRequestBytes)),
+	}
+}
 
 func forwarded(ctx context.Context) bool {
 	md, ok := metadata.FromIncomingContext(ctx)

@@ -111,6 +111,8 @@ func (cfg NodeConfig) limits() []grpc.ServerOption {
 	}
 	return []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(streams),
+		grpc.MaxRecvMsgSize(maxRequestBytes),
+		grpc.MaxSendMsgSize(maxResponseBytes),
 		// Handlers run on reused goroutines: a fresh goroutine per RPC grew
 		// its stack on every call, 11 % of a busy leader's CPU (BENCHMARKS.md,
 		// "The leadership check on renewals"). A call finding every worker busy

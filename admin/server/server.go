@@ -44,7 +44,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/utils/clock"
 
-	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/leadership"
 	"github.com/prism-mesh/prism/admin/lease"
@@ -223,8 +222,7 @@ func New(cfg Config) (*Server, error) {
 		health:   health.NewServer(),
 		addrs:    map[string]string{},
 		draining: make(chan struct{}),
-		// Forwards learn whether a failed call ever left this node.
-		pool: grpcpool.Pool{Options: []grpc.DialOption{client.TrackSent()}},
+		pool:     grpcpool.Pool{Options: forwardDialOptions()},
 	}
 	if cfg.TLS != nil {
 		// Replaces the pool's plaintext credentials (the last one wins).
