@@ -2,8 +2,10 @@ package ctl
 
 import (
 	"errors"
+	"math"
 	"time"
 
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/prism-mesh/prism/admin/client"
@@ -14,7 +16,10 @@ import (
 // endpoints, each try bounded by attempt, going round them until the
 // command's --timeout: an operator would rather wait for an election than
 // retry by hand. When none accepts a connection for unreachableAfter it
-// gives up: nothing is listening there. A nil tls talks plaintext.
+// gives up: nothing is listening there. A nil tls talks plaintext. The
+// admin answers a list whole, unpaged, in a message as large as gRPC frames
+// (math.MaxInt32); gRPC's default 4 MiB receive limit failed listing ~10k
+// namespaces, so prismctl takes what the admin may send.
 func newClient(admin string, attempt time.Duration, tls *pki.Source) (*client.Client, error) {
 	eps := splitList(admin)
 	if len(eps) == 0 {
@@ -26,5 +31,6 @@ func newClient(admin string, attempt time.Duration, tls *pki.Source) (*client.Cl
 		TLS:              tls,
 		Backoff:          wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 100, Cap: 2 * time.Second},
 		UnreachableAfter: unreachableAfter,
+		DialOptions:      []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(math.MaxInt32))},
 	})
 }
