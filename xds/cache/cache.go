@@ -3,9 +3,10 @@
 //
 // All clients share one routing state: the routing table is global. Envoy
 // and grpc-go get one snapshot each (the node hash tells them apart by user
-// agent), the same resources but for the clusters under upstream TLS, where
-// each data plane takes its certificates its own way, and Envoy's gateway
-// listener and route table under query auth (translator.Resources.Envoy*).
+// agent): the same endpoints, each its own listener and the route table it
+// names (Envoy the socket listener, grpc-go the API listener: Envoy skips
+// an api_listener with a warning, and a client binds no socket), and each
+// its own clusters (translator.Resources.ForEnvoy, ForGRPC).
 // Each resource type is versioned with the IR version (the Raft applied
 // index) at which it last changed, so admin nodes label the same state
 // alike, and a state-of-the-world client is sent only the types that
@@ -43,16 +44,16 @@ import (
 )
 
 // Snapshot keys: every Envoy hashes to EnvoyNodeKey, every other client
-// (grpc-go) to NodeKey. Both snapshots hold the same resources except the
-// clusters under upstream TLS and the gateway listener and routes under
-// query auth (translator.Resources.EnvoyClusters, EnvoyListeners,
-// EnvoyRoutes).
+// (grpc-go) to NodeKey; translator.Resources.ForEnvoy and ForGRPC are what
+// each is served.
 const (
 	NodeKey      = "prism"
 	EnvoyNodeKey = "prism-envoy"
 )
 
-// envoyUserAgent is the user_agent_name every Envoy reports in its node.
+// envoyUserAgent is the user_agent_name every Envoy reports in its node;
+// grpc-go reports "gRPC Go", whatever its bootstrap says (the bootstrap sets
+// the node's id, cluster, metadata and locality, not its user agent).
 const envoyUserAgent = "envoy"
 
 type sharedHash struct{}
@@ -155,7 +156,7 @@ func (c *Cache) Set(ctx context.Context, version uint64, res *translator.Resourc
 	// the snapshot cache must be told.
 	snapshotChanged := c.prev == nil
 	for _, key := range keys {
-		byType := res.ByType()
+		byType := res.ForGRPC()
 		if key == EnvoyNodeKey {
 			byType = res.ForEnvoy()
 		}

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/xds/ir"
@@ -42,14 +44,20 @@ func TestEqualAgreesWithProtoEqual(t *testing.T) {
 		}
 		prev = res
 	}
-	for i := range states {
-		for j := range states {
-			for typ, items := range states[i].ByType() {
-				other := states[j].ByType()[typ]
-				for k := range min(len(items), len(other)) {
-					a, b := items[k], other[k]
-					if got, want := equal(a.ProtoReflect(), b.ProtoReflect()), proto.Equal(a, b); got != want {
-						t.Fatalf("states %d/%d %s[%d]: equal = %v, proto.Equal = %v", i, j, typ, k, got, want)
+	variants := map[string]func(*translator.Resources) map[resource.Type][]types.Resource{
+		"grpc-go": (*translator.Resources).ForGRPC,
+		"envoy":   (*translator.Resources).ForEnvoy,
+	}
+	for name, variant := range variants {
+		for i := range states {
+			for j := range states {
+				for typ, items := range variant(states[i]) {
+					other := variant(states[j])[typ]
+					for k := range min(len(items), len(other)) {
+						a, b := items[k], other[k]
+						if got, want := equal(a.ProtoReflect(), b.ProtoReflect()), proto.Equal(a, b); got != want {
+							t.Fatalf("%s states %d/%d %s[%d]: equal = %v, proto.Equal = %v", name, i, j, typ, k, got, want)
+						}
 					}
 				}
 			}

@@ -30,13 +30,15 @@ import (
 
 const (
 	testListener = "mailbox-query"
+	testGateway  = "gateway"
 	testRoutes   = "mailbox-routes"
 )
 
 // proxyState is a routing state of n proxies built directly, not by the
-// translator, so the test holds whatever shape the IR takes: a listener on
-// one route table with a route per proxy, and per proxy an EDS cluster and
-// its ClusterLoadAssignment; moved gives proxy i another port.
+// translator, so the test holds whatever shape the IR takes: one route
+// table with a route per proxy, named by a listener of each kind (Envoy's
+// socket listener, grpc-go's API listener), and per proxy an EDS cluster
+// and its ClusterLoadAssignment; moved gives proxy i another port.
 func proxyState(t *testing.T, n int, moved map[int]uint32) *translator.Resources {
 	t.Helper()
 	hcm, err := anypb.New(&hcmv3.HttpConnectionManager{
@@ -49,10 +51,15 @@ func proxyState(t *testing.T, n int, moved map[int]uint32) *translator.Resources
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each data plane is served its own kind of listener, both on the one
+	// table here.
 	res := &translator.Resources{
-		Listeners: []*listenerv3.Listener{{Name: testListener, FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
-			Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm},
-		}}}}}},
+		Listeners: []*listenerv3.Listener{
+			{Name: testGateway, FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
+				Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm},
+			}}}}},
+			{Name: testListener, ApiListener: &listenerv3.ApiListener{ApiListener: hcm}},
+		},
 	}
 	vh := &routev3.VirtualHost{Name: "mailboxes", Domains: []string{"*"}}
 	for i := range n {

@@ -26,9 +26,9 @@ type sharedMarshal struct {
 
 	mu sync.Mutex
 	// memo holds, by type URL and snapshot key, the marshaled form of the
-	// resources being served. Clusters and listeners of one name differ
-	// between the Envoy and grpc-go snapshots (upstream TLS, query auth),
-	// so the key is part of it; prune drops what is no longer served.
+	// resources being served. Clusters of one name differ between the
+	// Envoy and grpc-go snapshots (upstream TLS), so the key is part of
+	// it; prune drops what is no longer served.
 	memo map[memoKey]map[string]*memoEntry
 }
 

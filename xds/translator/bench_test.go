@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/xds/ir"
@@ -48,10 +50,7 @@ func TestResponsesFitAt1kProxies(t *testing.T) {
 		if n := len(res.Clusters); n != 2*1000+2 {
 			t.Fatalf("%s: grpc-go is served %d clusters, want a proxy cluster and its lookup aggregate per proxy, and prism/admin and its", c.name, n)
 		}
-		for variant, byType := range map[string]map[string][]proto.Message{
-			"grpc-go": {"listeners": msgs(res.Listeners), "routes": msgs(res.Routes), "clusters": msgs(res.Clusters), "endpoints": msgs(res.Endpoints)},
-			"envoy":   {"clusters": msgs(variant(res.EnvoyClusters, res.Clusters))},
-		} {
+		for variant, byType := range map[string]map[resource.Type][]types.Resource{"grpc-go": res.ForGRPC(), "envoy": res.ForEnvoy()} {
 			for typ, list := range byType {
 				n := 0
 				for _, m := range list {
@@ -65,14 +64,6 @@ func TestResponsesFitAt1kProxies(t *testing.T) {
 			}
 		}
 	}
-}
-
-// variant is Envoy's list when it has its own.
-func variant[T any](envoy, shared []T) []T {
-	if envoy != nil {
-		return envoy
-	}
-	return shared
 }
 
 // BenchmarkTranslate1k is a translation of 1,000 proxies from scratch, what

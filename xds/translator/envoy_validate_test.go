@@ -17,6 +17,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/go-jose/go-jose/v4"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -77,20 +78,20 @@ func TestEnvoyAcceptsResources(t *testing.T) {
 // gateway identity's files as the static secrets the TLS clusters name.
 func staticBootstrap(t *testing.T, res *Resources, files pki.Files) *bootstrapv3.Bootstrap {
 	t.Helper()
+	served := res.ForEnvoy()
 	routes := map[string]*routev3.RouteConfiguration{}
-	for _, rc := range res.Routes {
+	for _, r := range served[resource.RouteType] {
+		rc := r.(*routev3.RouteConfiguration)
 		routes[rc.Name] = rc
 	}
 	endpoints := map[string]*endpointv3.ClusterLoadAssignment{}
-	for _, la := range res.Endpoints {
+	for _, r := range served[resource.EndpointType] {
+		la := r.(*endpointv3.ClusterLoadAssignment)
 		endpoints[la.ClusterName] = la
 	}
 	static := &bootstrapv3.Bootstrap_StaticResources{}
-	for _, l := range res.Listeners {
-		if l.GetApiListener() != nil {
-			continue // grpc-go's
-		}
-		l = proto.Clone(l).(*listenerv3.Listener)
+	for _, r := range served[resource.ListenerType] {
+		l := proto.Clone(r).(*listenerv3.Listener)
 		f := l.FilterChains[0].Filters[0]
 		hcm := &hcmv3.HttpConnectionManager{}
 		if err := f.GetTypedConfig().UnmarshalTo(hcm); err != nil {
@@ -104,8 +105,8 @@ func staticBootstrap(t *testing.T, res *Resources, files pki.Files) *bootstrapv3
 		f.ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
 		static.Listeners = append(static.Listeners, l)
 	}
-	for _, c := range variant(res.EnvoyClusters, res.Clusters) {
-		c = proto.Clone(c).(*clusterv3.Cluster)
+	for _, r := range served[resource.ClusterType] {
+		c := proto.Clone(r).(*clusterv3.Cluster)
 		if c.GetType() == clusterv3.Cluster_EDS {
 			c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC}
 			c.EdsClusterConfig = nil

@@ -25,12 +25,13 @@
 //   - Envoy's table "gateway-routes", named by the socket listener
 //     "gateway", with ext_authz and, under query auth, jwt_authn before it.
 //
-// Both data planes are served the same listeners, tables and endpoints (each
-// asks only for what it uses). Clusters differ, hence
-// Resources.EnvoyClusters: grpc-go's carry only what grpc-go reads (see
-// grpcCluster) and the lookup aggregates, Envoy's its connection settings,
-// health checks and prism/jwks, and under ir.UpstreamTLS each its own form
-// of TLS (see CertProviderInstance).
+// Each data plane is served its own listener and the table it names
+// (Resources.ForEnvoy, ForGRPC): Envoy the socket listener "gateway",
+// grpc-go the API listener "mailbox-query". Both are served the same
+// endpoints. Clusters differ, hence Resources.EnvoyClusters: grpc-go's carry
+// only what grpc-go reads (see grpcCluster) and the lookup aggregates,
+// Envoy's its connection settings, health checks and prism/jwks, and under
+// ir.UpstreamTLS each its own form of TLS (see CertProviderInstance).
 //
 // grpc-go's table, first match wins:
 //  1. per proxy P, header x-mailbox-id with suffix "@P" → proxy/P;
@@ -83,10 +84,12 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
@@ -120,6 +123,8 @@ const (
 func ClusterName(proxyID string) string { return ir.ProxyCluster(proxyID) }
 
 // Resources is the translator's output, each list sorted by name.
+// Listeners and Routes hold both data planes' (ForEnvoy and ForGRPC part
+// them by listener kind).
 type Resources struct {
 	Listeners []*listenerv3.Listener
 	Routes    []*routev3.RouteConfiguration
@@ -131,27 +136,46 @@ type Resources struct {
 	EnvoyClusters []*clusterv3.Cluster
 }
 
-// ByType returns the resources keyed by xDS type URL, as snapshots want
-// them: grpc-go's variant.
-func (r *Resources) ByType() map[resource.Type][]types.Resource {
-	return r.byType(r.Clusters)
+// ForGRPC is what grpc-go clients are served, keyed by xDS type URL as
+// snapshots want them: the API listeners, the route tables they name, and
+// Clusters. A socket listener is of no use to a client (grpc-go binds none:
+// its xDS servers ask for listeners by a name template Prism never serves).
+func (r *Resources) ForGRPC() map[resource.Type][]types.Resource {
+	return r.byType(isAPIListener, r.Clusters)
 }
 
-// ForEnvoy is ByType with Envoy's clusters where they differ.
+// ForEnvoy is what Envoy is served: the socket listeners, the route tables
+// they name, and EnvoyClusters (Clusters when nil). Envoy binds only
+// listeners with an address and skips an api_listener from LDS with a
+// warning, so it is not sent one.
 func (r *Resources) ForEnvoy() map[resource.Type][]types.Resource {
+	clusters := r.Clusters
 	if r.EnvoyClusters != nil {
-		return r.byType(r.EnvoyClusters)
+		clusters = r.EnvoyClusters
 	}
-	return r.byType(r.Clusters)
+	return r.byType(func(l *listenerv3.Listener) bool { return !isAPIListener(l) }, clusters)
 }
 
-func (r *Resources) byType(clusters []*clusterv3.Cluster) map[resource.Type][]types.Resource {
+func isAPIListener(l *listenerv3.Listener) bool { return l.GetApiListener() != nil }
+
+// byType keeps the listeners mine says are the client's and leaves out the
+// route tables only the other listeners name; a table no listener names
+// (built by hand, as in tests) goes to both.
+func (r *Resources) byType(mine func(*listenerv3.Listener) bool, clusters []*clusterv3.Cluster) map[resource.Type][]types.Resource {
 	out := map[resource.Type][]types.Resource{}
+	named, others := map[string]bool{}, map[string]bool{}
 	for _, l := range r.Listeners {
-		out[resource.ListenerType] = append(out[resource.ListenerType], l)
+		if mine(l) {
+			out[resource.ListenerType] = append(out[resource.ListenerType], l)
+			addTables(named, l)
+		} else {
+			addTables(others, l)
+		}
 	}
 	for _, rc := range r.Routes {
-		out[resource.RouteType] = append(out[resource.RouteType], rc)
+		if named[rc.GetName()] || !others[rc.GetName()] {
+			out[resource.RouteType] = append(out[resource.RouteType], rc)
+		}
 	}
 	for _, c := range clusters {
 		out[resource.ClusterType] = append(out[resource.ClusterType], c)
@@ -160,6 +184,27 @@ func (r *Resources) byType(clusters []*clusterv3.Cluster) map[resource.Type][]ty
 		out[resource.EndpointType] = append(out[resource.EndpointType], e)
 	}
 	return out
+}
+
+// addTables adds the route tables l's connection managers name over RDS.
+// A configuration that does not unmarshal names none, so its table goes to
+// both variants rather than to neither.
+func addTables(into map[string]bool, l *listenerv3.Listener) {
+	configs := []*anypb.Any{l.GetApiListener().GetApiListener()}
+	for _, fc := range l.GetFilterChains() {
+		for _, f := range fc.GetFilters() {
+			configs = append(configs, f.GetTypedConfig())
+		}
+	}
+	for _, a := range configs {
+		hcm := &hcmv3.HttpConnectionManager{}
+		if !a.MessageIs(hcm) || a.UnmarshalTo(hcm) != nil {
+			continue
+		}
+		if name := hcm.GetRds().GetRouteConfigName(); name != "" {
+			into[name] = true
+		}
+	}
 }
 
 type validator interface {

@@ -52,7 +52,9 @@ func TestTranslateGolden(t *testing.T) {
 			golden(t, name+".endpoints.yaml", toYAML(t, res.Endpoints))
 			golden(t, name+".envoy-clusters.yaml", variantYAML(t, res.EnvoyClusters))
 
-			for _, byType := range []map[resource.Type][]types.Resource{res.ByType(), res.ForEnvoy()} {
+			golden(t, name+".served.yaml", served(t, res))
+
+			for _, byType := range []map[resource.Type][]types.Resource{res.ForGRPC(), res.ForEnvoy()} {
 				if err := consistent(byType); err != nil {
 					t.Errorf("resources not consistent: %v", err)
 				}
@@ -85,6 +87,33 @@ func variantYAML[M proto.Message](t *testing.T, msgs []M) []byte {
 		return nil
 	}
 	return toYAML(t, msgs)
+}
+
+// served names, by data plane and type, what each kind of client is sent:
+// the golden that shows a listener or table going to the wrong one.
+func served(t *testing.T, res *Resources) []byte {
+	t.Helper()
+	kinds := map[string]map[resource.Type][]types.Resource{"envoy": res.ForEnvoy(), "grpc-go": res.ForGRPC()}
+	short := map[resource.Type]string{
+		resource.ListenerType: "listeners", resource.RouteType: "routes",
+		resource.ClusterType: "clusters", resource.EndpointType: "endpoints",
+	}
+	out := map[string]map[string][]string{}
+	for kind, byType := range kinds {
+		out[kind] = map[string][]string{}
+		for typ, name := range short {
+			names := []string{}
+			for _, r := range byType[typ] {
+				names = append(names, cachev3.GetResourceName(r))
+			}
+			out[kind][name] = names
+		}
+	}
+	y, err := yaml.Marshal(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return y
 }
 
 func errorText(err error) []byte {
