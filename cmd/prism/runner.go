@@ -84,7 +84,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.StringVar(&f.controlAddr, "control-addr", defaults.controlAddr,
 		"serve the sidecar's control API (prism.runner.v1.RunnerControl) here, loopback only, over mutual TLS to this runner's own identity (its sidecar's); without --mailbox it defaults to "+defaultControlAddr+" and the sidecar opens the mailboxes")
 	f.tls.register(fs)
-	f.kafkaSec.register(fs)
+	f.kafkaSec.Register(fs)
 	f.disk.register(fs, "every mailbox's ingest holds its next batch back, uncommitted, and /readyz answers 503 saying why")
 	f.mem.register(fs)
 	fs.IntVar(&f.expectedMailboxes, "expected-mailboxes", 0, "with a memory budget, how many mailboxes each store's share of it is planned for (0: the ones open and opening; a sidecar opens its mailboxes together). A store keeps the sizes it opened with and takes no more than the open stores leave free, so set it where mailboxes open one at a time, or the first take the most")
@@ -271,6 +271,6 @@ leaves an empty store that resumes past its records.`,
 	fs.StringVar(&dataDir, "data-dir", "data", "the runner's --data-dir")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: json or text")
-	kafkaSec.register(fs)
+	kafkaSec.Register(fs)
 	return cmd
 }

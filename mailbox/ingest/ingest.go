@@ -40,6 +40,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/internal/diskfree"
+	"github.com/prism-mesh/prism/internal/kafkasec"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/store"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
@@ -254,7 +255,7 @@ func Start(cfg Config, w Writer) (*Ingester, error) {
 	cfg.Sarama = &sc
 	client, err := sarama.NewClient(cfg.Brokers, cfg.Sarama)
 	if err != nil {
-		return nil, fmt.Errorf("ingest %s: kafka client (%s): %w%s", cfg.MailboxID, connection(cfg.Sarama), err, closedHint(err))
+		return nil, fmt.Errorf("ingest %s: kafka client (%s): %w%s", cfg.MailboxID, kafkasec.Describe(cfg.Sarama), err, kafkasec.ClosedHint(err))
 	}
 	ensureDLQTopics(client, cfg.Topics, log)
 	if limit, err := dlqMessageLimit(client, cfg.Topics); err != nil {
@@ -280,7 +281,7 @@ func Start(cfg Config, w Writer) (*Ingester, error) {
 	i.drainCtx, i.stopDrain = context.WithCancel(context.Background())
 	go i.logErrors()
 	go i.run()
-	log.Info("ingest started", "topics", cfg.Topics, "brokers", cfg.Brokers, "kafka_connection", connection(cfg.Sarama), "validation", string(cfg.Mode))
+	log.Info("ingest started", "topics", cfg.Topics, "brokers", cfg.Brokers, "kafka_connection", kafkasec.Describe(cfg.Sarama), "validation", string(cfg.Mode))
 	return i, nil
 }
 

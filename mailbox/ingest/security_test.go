@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/internal/kafkasec"
 	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/store"
@@ -26,21 +27,21 @@ func TestSecureIngest(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		cluster []kafkatest.Option
-		sec     func(c *kafkatest.Cluster) Security
+		sec     func(c *kafkatest.Cluster) kafkasec.Security
 	}{
 		{"scram-sha-256", []kafkatest.Option{kafkatest.SASL(kafkatest.ScramSHA256, "runner", "s3cret")},
-			func(*kafkatest.Cluster) Security {
-				return Security{SASL: &SASL{Mechanism: SASLScramSHA256, User: "runner", Password: "s3cret"}}
+			func(*kafkatest.Cluster) kafkasec.Security {
+				return kafkasec.Security{SASL: &kafkasec.SASL{Mechanism: kafkasec.SASLScramSHA256, User: "runner", Password: "s3cret"}}
 			}},
 		{"plain over tls", []kafkatest.Option{kafkatest.TLS(), kafkatest.SASL(kafkatest.Plain, "runner", "s3cret")},
-			func(c *kafkatest.Cluster) Security {
-				return Security{TLS: &TLS{CAFile: c.TLS.CA}, SASL: &SASL{Mechanism: SASLPlain, User: "runner", Password: "s3cret"}}
+			func(c *kafkatest.Cluster) kafkasec.Security {
+				return kafkasec.Security{TLS: &kafkasec.TLS{CAFile: c.TLS.CA}, SASL: &kafkasec.SASL{Mechanism: kafkasec.SASLPlain, User: "runner", Password: "s3cret"}}
 			}},
 		{"scram-sha-512 over mutual tls", []kafkatest.Option{kafkatest.MutualTLS(), kafkatest.SASL(kafkatest.ScramSHA512, "runner", "s3cret")},
-			func(c *kafkatest.Cluster) Security {
-				return Security{
-					TLS:  &TLS{CAFile: c.TLS.CA, CertFile: c.TLS.ClientCert, KeyFile: c.TLS.ClientKey, ServerName: "localhost"},
-					SASL: &SASL{Mechanism: SASLScramSHA512, User: "runner", Password: "s3cret"},
+			func(c *kafkatest.Cluster) kafkasec.Security {
+				return kafkasec.Security{
+					TLS:  &kafkasec.TLS{CAFile: c.TLS.CA, CertFile: c.TLS.ClientCert, KeyFile: c.TLS.ClientKey, ServerName: "localhost"},
+					SASL: &kafkasec.SASL{Mechanism: kafkasec.SASLScramSHA512, User: "runner", Password: "s3cret"},
 				}
 			}},
 	} {
@@ -91,30 +92,32 @@ func TestSecureIngestRefused(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		cluster []kafkatest.Option
-		sec     func(c *kafkatest.Cluster) Security
+		sec     func(c *kafkatest.Cluster) kafkasec.Security
 		want    string // in Start's error
 	}{
 		{"wrong scram password", []kafkatest.Option{kafkatest.SASL(kafkatest.ScramSHA256, "runner", "s3cret")},
-			func(*kafkatest.Cluster) Security {
-				return Security{SASL: &SASL{Mechanism: SASLScramSHA256, User: "runner", Password: "guess"}}
+			func(*kafkatest.Cluster) kafkasec.Security {
+				return kafkasec.Security{SASL: &kafkasec.SASL{Mechanism: kafkasec.SASLScramSHA256, User: "runner", Password: "guess"}}
 			}, "(plaintext, sasl SCRAM-SHA-256 as \"runner\"): kafka: client has run out of available brokers to talk to: EOF (the broker closed the connection: check the SASL mechanism, user and password"},
 		{"wrong plain password", []kafkatest.Option{kafkatest.TLS(), kafkatest.SASL(kafkatest.Plain, "runner", "s3cret")},
-			func(c *kafkatest.Cluster) Security {
-				return Security{TLS: &TLS{CAFile: c.TLS.CA}, SASL: &SASL{Mechanism: SASLPlain, User: "runner", Password: "guess"}}
+			func(c *kafkatest.Cluster) kafkasec.Security {
+				return kafkasec.Security{TLS: &kafkasec.TLS{CAFile: c.TLS.CA}, SASL: &kafkasec.SASL{Mechanism: kafkasec.SASLPlain, User: "runner", Password: "guess"}}
 			}, "(tls, sasl PLAIN as \"runner\")"},
 		{"no sasl against a sasl broker", []kafkatest.Option{kafkatest.SASL(kafkatest.ScramSHA256, "runner", "s3cret")},
-			func(*kafkatest.Cluster) Security { return Security{} }, "(plaintext, unauthenticated)"},
+			func(*kafkatest.Cluster) kafkasec.Security { return kafkasec.Security{} }, "(plaintext, unauthenticated)"},
 		{"tls broker, plaintext client", []kafkatest.Option{kafkatest.TLS()},
-			func(*kafkatest.Cluster) Security { return Security{} }, "(plaintext, unauthenticated)"},
+			func(*kafkatest.Cluster) kafkasec.Security { return kafkasec.Security{} }, "(plaintext, unauthenticated)"},
 		{"tls broker, client without its ca", []kafkatest.Option{kafkatest.TLS()},
-			func(*kafkatest.Cluster) Security { return Security{TLS: &TLS{}} }, "x509: certificate signed by unknown authority"},
+			func(*kafkatest.Cluster) kafkasec.Security { return kafkasec.Security{TLS: &kafkasec.TLS{}} }, "x509: certificate signed by unknown authority"},
 		{"tls broker, wrong server name", []kafkatest.Option{kafkatest.TLS()},
-			func(c *kafkatest.Cluster) Security {
-				return Security{TLS: &TLS{CAFile: c.TLS.CA, ServerName: "kafka.example"}}
+			func(c *kafkatest.Cluster) kafkasec.Security {
+				return kafkasec.Security{TLS: &kafkasec.TLS{CAFile: c.TLS.CA, ServerName: "kafka.example"}}
 			},
 			"not kafka.example"},
 		{"mutual tls broker, client without a certificate", []kafkatest.Option{kafkatest.MutualTLS()},
-			func(c *kafkatest.Cluster) Security { return Security{TLS: &TLS{CAFile: c.TLS.CA}} }, "tls: certificate required"},
+			func(c *kafkatest.Cluster) kafkasec.Security {
+				return kafkasec.Security{TLS: &kafkasec.TLS{CAFile: c.TLS.CA}}
+			}, "tls: certificate required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -140,47 +143,6 @@ func TestSecureIngestRefused(t *testing.T) {
 			}
 			if took := time.Since(start); took > 20*time.Second {
 				t.Errorf("Start took %v to fail", took)
-			}
-		})
-	}
-}
-
-// TestSecurityApply: configurations that cannot work are refused before any
-// connection, and a valid one sets the client the way sarama expects.
-func TestSecurityApply(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		sec  Security
-		want string // "" = accepted
-	}{
-		{"plaintext", Security{}, ""},
-		{"scram without tls", Security{SASL: &SASL{Mechanism: SASLScramSHA512, User: "u", Password: "p"}}, ""},
-		{"plain without tls", Security{SASL: &SASL{Mechanism: SASLPlain, User: "u", Password: "p"}}, "in clear"},
-		{"unknown mechanism", Security{SASL: &SASL{Mechanism: "GSSAPI", User: "u", Password: "p"}}, "GSSAPI"},
-		{"no password", Security{SASL: &SASL{Mechanism: SASLScramSHA256, User: "u"}}, "password"},
-		{"missing ca file", Security{TLS: &TLS{CAFile: "/nonexistent/ca.pem"}}, "kafka tls ca"},
-		{"cert without key", Security{TLS: &TLS{CertFile: "c.pem"}}, "cert and key"},
-		{"missing client certificate", Security{TLS: &TLS{CertFile: "/nonexistent/c.pem", KeyFile: "/nonexistent/k.pem"}}, "client certificate"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			sc := SaramaConfig()
-			err := tc.sec.Apply(sc)
-			if tc.want != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.want) {
-					t.Fatalf("Apply = %v, want an error saying %q", err, tc.want)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := sc.Validate(); err != nil {
-				t.Fatalf("sarama refuses the applied config: %v", err)
-			}
-			if sc.Net.TLS.Enable != (tc.sec.TLS != nil) || sc.Net.SASL.Enable != (tc.sec.SASL != nil) {
-				t.Fatalf("tls %v sasl %v, want %v %v", sc.Net.TLS.Enable, sc.Net.SASL.Enable, tc.sec.TLS != nil, tc.sec.SASL != nil)
 			}
 		})
 	}

@@ -1,4 +1,8 @@
-package ingest
+// Package kafkasec is how Prism's Kafka clients reach the brokers: TLS,
+// SASL, both or neither (Security), and the --kafka-tls* and --kafka-sasl*
+// flags that describe it (Flags). prism runner's ingest and prismctl's topic
+// check share both, so one set of flags means one thing everywhere.
+package kafkasec
 
 import (
 	"crypto/sha256"
@@ -23,10 +27,9 @@ const (
 	SASLScramSHA512 = "SCRAM-SHA-512"
 )
 
-// Security is how ingest reaches Kafka. The consumer group, the dead-letter
-// producer and the requests that create and describe the DLQ topics share one
-// client, so Apply on the config they are given covers them all. The zero
-// value is plaintext without authentication.
+// Security is how a client reaches Kafka; Apply sets it on the client's
+// sarama config (ingest's consumer group, dead-letter producer and topic
+// requests share one). The zero value is plaintext without authentication.
 type Security struct {
 	TLS  *TLS  // nil = plaintext
 	SASL *SASL // nil = no authentication
@@ -76,9 +79,9 @@ func (s Security) Apply(c *sarama.Config) error {
 	return nil
 }
 
-// connection says how c reaches the brokers, for logs and errors; never the
+// Describe says how c reaches the brokers, for logs and errors; never the
 // password.
-func connection(c *sarama.Config) string {
+func Describe(c *sarama.Config) string {
 	var parts []string
 	switch {
 	case !c.Net.TLS.Enable:
@@ -96,10 +99,10 @@ func connection(c *sarama.Config) string {
 	return strings.Join(parts, ", ")
 }
 
-// closedHint explains a connection the broker closed without an answer,
+// ClosedHint explains a connection the broker closed without an answer,
 // which is how brokers meet credentials or a mechanism they refuse, and a
-// plaintext client on a TLS listener.
-func closedHint(err error) string {
+// plaintext client on a TLS listener; "" for any other error.
+func ClosedHint(err error) string {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return " (the broker closed the connection: check the SASL mechanism, user and password, and whether its listener expects TLS)"
 	}
