@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/admin/client"
+	"github.com/prism-mesh/prism/internal/kafkasec"
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/spf13/cobra"
@@ -184,6 +185,9 @@ func namespaceCommand(g *globals) *cobra.Command {
 With Kafka brokers (--kafka-brokers, ` + envKafka + `, or the config file prism dev
 writes) prismctl first looks the topics (and --dead-letter-topic) up and
 refuses, exit 3, when one does not exist; --create-topic creates it instead.
+It reaches them as prism runner does: --kafka-tls* and --kafka-sasl* are the
+runner's flags (the password from a file or ` + kafkasec.EnvSASLPassword + `); brokers
+it cannot reach or that refuse it fail the command, exit 4.
 Without brokers it says the topics were not checked.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := mesh.CheckNamespace(args[0]); err != nil {

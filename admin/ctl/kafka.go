@@ -13,6 +13,8 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/internal/kafkasec"
 )
 
 // envKafka names the Kafka brokers namespace create checks topics against.
@@ -20,10 +22,12 @@ const envKafka = "PRISM_KAFKA_BROKERS"
 
 // kafkaOptions are namespace create's view of Kafka: where the brokers are
 // (flag, PRISM_KAFKA_BROKERS, else the config file prism dev writes, when
-// prismctl calls that file's admin) and whether to create the topics that
-// are missing.
+// prismctl calls that file's admin), how to reach them (prism runner's
+// --kafka-tls* and --kafka-sasl* flags) and whether to create the topics
+// that are missing.
 type kafkaOptions struct {
 	brokers    string
+	sec        kafkasec.Flags
 	create     bool
 	skip       bool
 	partitions int32
@@ -31,11 +35,12 @@ type kafkaOptions struct {
 }
 
 func (o *kafkaOptions) register(fs *pflag.FlagSet) {
-	fs.StringVar(&o.brokers, "kafka-brokers", os.Getenv(envKafka), "Kafka brokers, host:port,..., to check the topics exist on, in plaintext (env "+envKafka+"; default: the config file's)")
+	fs.StringVar(&o.brokers, "kafka-brokers", os.Getenv(envKafka), "Kafka brokers, host:port,..., to check the topics exist on, reached as --kafka-tls* and --kafka-sasl* say (env "+envKafka+"; default: the config file's)")
 	fs.BoolVar(&o.create, "create-topic", false, "create the topics that do not exist yet (needs Kafka brokers)")
 	fs.BoolVar(&o.skip, "skip-topic-check", false, "create the namespace without looking for its topics in Kafka")
 	fs.Int32Var(&o.partitions, "partitions", 0, "partitions of a topic --create-topic creates (0: the brokers' num.partitions)")
 	fs.Int16Var(&o.replicas, "replication-factor", 0, "replication factor of a topic --create-topic creates (0: the brokers' default.replication.factor)")
+	o.sec.Register(fs)
 }
 
 // kafkaTimeout bounds each of the check's and the creation's calls to Kafka.
@@ -80,14 +85,25 @@ func (g *globals) checkTopics(cmd *cobra.Command, topics []string) error {
 	conf.Admin.Retry.Max = 1
 	conf.Admin.Timeout = kafkaTimeout
 	conf.Net.DialTimeout, conf.Net.ReadTimeout, conf.Net.WriteTimeout = kafkaTimeout, kafkaTimeout, kafkaTimeout
+	sec, err := o.sec.Security()
+	if err != nil {
+		return &usageError{cmd, err}
+	}
+	if err := sec.Apply(conf); err != nil {
+		return &usageError{cmd, err}
+	}
+	unreachable := func(err error) error {
+		return describe(status.Errorf(codes.Unavailable, "checking topics on Kafka at %s (%s): %v%s (--skip-topic-check creates the namespace without)",
+			brokers, kafkasec.Describe(conf), err, kafkasec.ClosedHint(err)))
+	}
 	admin, err := sarama.NewClusterAdmin(addrs, conf)
 	if err != nil {
-		return describe(status.Errorf(codes.Unavailable, "checking topics on Kafka at %s: %v (--skip-topic-check creates the namespace without)", brokers, err))
+		return unreachable(err)
 	}
 	defer admin.Close()
 	md, err := admin.DescribeTopics(topics)
 	if err != nil {
-		return describe(status.Errorf(codes.Unavailable, "checking topics on Kafka at %s: %v (--skip-topic-check creates the namespace without)", brokers, err))
+		return unreachable(err)
 	}
 	var missing []string
 	for _, t := range md {

@@ -2,15 +2,19 @@ package ctl
 
 import (
 	"bytes"
+	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/prism-mesh/prism/admin/client"
+	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 )
@@ -142,6 +146,70 @@ func TestTopicCheckBrokersFromEnvAndConfig(t *testing.T) {
 				if _, err := prismctl(t, append(slices.Clone(a.as(identity.Operator, "ops")), "namespace", "delete", "typo")...); err != nil {
 					t.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// namespace create reaches brokers that require TLS and SASL the way prism
+// runner does (the same --kafka-tls* and --kafka-sasl* flags), and a client
+// the brokers refuse fails within the check's timeout saying how it
+// connected and what to check, not just EOF.
+func TestNamespaceCreateChecksTopicsOverTLS(t *testing.T) {
+	t.Parallel()
+	a := startAdmin(t)
+	k := kafkatest.Start(t, kafkatest.Topics(1, "audit.events"), kafkatest.TLS(), kafkatest.SASL(kafkatest.ScramSHA256, "ops", "s3cret"))
+	brokers := strings.Join(k.Brokers, ",")
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wrongPW := filepath.Join(t.TempDir(), "wrong")
+	if err := os.WriteFile(wrongPW, []byte("guess\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sasl := []string{"--kafka-sasl-mechanism", "SCRAM-SHA-256", "--kafka-sasl-user", "ops", "--kafka-sasl-password-file", pw}
+	cases := []struct {
+		name    string
+		flags   []string
+		topic   string
+		code    int
+		want    string // printed
+		created bool
+	}{
+		{"tls with its ca, scram", append([]string{"--kafka-tls-ca", k.TLS.CA}, sasl...), "audit.events", 0, "tls-ok", true},
+		{"topic missing over tls", append([]string{"--kafka-tls-ca", k.TLS.CA}, sasl...), "audit.evnts", exitNotFound,
+			"topic audit.evnts does not exist on Kafka at " + brokers, false},
+		{"plaintext client", sasl, "audit.events", exitUnavailable,
+			"checking topics on Kafka at " + brokers + ` (plaintext, sasl SCRAM-SHA-256 as "ops"): kafka: client has run out of available brokers to talk to: EOF (the broker closed the connection: check the SASL mechanism, user and password, and whether its listener expects TLS)`, false},
+		{"tls without the ca", append([]string{"--kafka-tls"}, sasl...), "audit.events", exitUnavailable, "x509: certificate signed by unknown authority", false},
+		{"wrong password", []string{"--kafka-tls-ca", k.TLS.CA, "--kafka-sasl-mechanism", "SCRAM-SHA-256", "--kafka-sasl-user", "ops", "--kafka-sasl-password-file", wrongPW},
+			"audit.events", exitUnavailable, `(tls, sasl SCRAM-SHA-256 as "ops")`, false},
+		{"plain without tls", []string{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "ops", "--kafka-sasl-password-file", pw}, "audit.events", exitUsage, "in clear", false},
+		{"missing ca file", []string{"--kafka-tls-ca", "/nonexistent/ca.pem"}, "audit.events", exitUsage, "kafka tls ca", false},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ns := fmt.Sprintf("tls-%d", i)
+			if tc.created {
+				ns = "tls-ok"
+			}
+			args := append(append(a.as(identity.Operator, "ops"), "--timeout", "20s", "namespace", "create", ns, "--topic", tc.topic, "--kafka-brokers", brokers), tc.flags...)
+			start := time.Now()
+			out, err := prismctl(t, args...)
+			took := time.Since(start)
+			var stderr bytes.Buffer
+			if code := exit(err, &stderr); code != tc.code || !strings.Contains(out+stderr.String(), tc.want) {
+				t.Errorf("exit %d, printed\n%s%s\nwant exit %d and %q", code, out, stderr.String(), tc.code, tc.want)
+			}
+			// Each call to Kafka is bounded by kafkaTimeout, tried twice.
+			if limit := 4 * kafkaTimeout; took > limit {
+				t.Errorf("took %v, want under %v", took, limit)
+			}
+			_, err = prismctl(t, append(a.as(identity.Operator, "ops"), "namespace", "get", ns)...)
+			if created := err == nil; created != tc.created {
+				t.Errorf("namespace %s created %v, want %v (%v)", ns, created, tc.created, err)
 			}
 		})
 	}
