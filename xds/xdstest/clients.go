@@ -15,7 +15,9 @@ import (
 var Types = []string{resource.ClusterType, resource.EndpointType, resource.ListenerType, resource.RouteType}
 
 // DeltaClient is a raw incremental ADS client subscribed to every resource of
-// every type. It ACKs each response it returns.
+// every type. It ACKs each response it returns. Its node names no user
+// agent, so it is served grpc-go's variant (the API listener, not the
+// gateway's).
 type DeltaClient struct {
 	conn   *grpc.ClientConn
 	stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
@@ -60,7 +62,8 @@ func (d *DeltaClient) Next() (*discoveryv3.DeltaDiscoveryResponse, error) {
 func (d *DeltaClient) Close() { d.conn.Close() }
 
 // SotWClient is a raw state-of-the-world ADS client asking for every
-// resource of every type. It ACKs each response it returns.
+// resource of every type, served grpc-go's variant as DeltaClient is. It
+// ACKs each response it returns.
 type SotWClient struct {
 	conn   *grpc.ClientConn
 	stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
