@@ -32,13 +32,6 @@ func TestForwardedAnswerOverDefaultMessageLimit(t *testing.T) {
 	follower, followerCC := startNodeConn(t, NodeConfig{Raft: raftnode.Config{ID: "b", DataDir: t.TempDir(), Listener: listen()}})
 	c := ctx(t)
 	awaitState(t, "a to lead", func() bool { l, _ := lead.Raft.Leadership(); return l.IsLeader && lead.Lessor.Primary() })
-	if _, err := lead.Server.AddVoter(c, &adminv1.AddVoterRequest{Id: "b", RaftAddress: follower.Raft.Addr(), GrpcAddress: follower.GRPCAddr()}); err != nil {
-		t.Fatal(err)
-	}
-	awaitState(t, "b to follow a", func() bool {
-		l, _ := follower.Raft.Leadership()
-		return l.LeaderID == "a" && follower.FSM.MemberAddress("a") != ""
-	})
 
 	// Namespaces as large as validation allows, so a few hundred fill what
 	// ~10k ordinary ones would.
@@ -53,6 +46,15 @@ func TestForwardedAnswerOverDefaultMessageLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// b joins only now: a cluster of one cannot lose its leader to a loaded
+	// machine halfway through the writes, and b catches up from a's log.
+	if _, err := lead.Server.AddVoter(c, &adminv1.AddVoterRequest{Id: "b", RaftAddress: follower.Raft.Addr(), GrpcAddress: follower.GRPCAddr()}); err != nil {
+		t.Fatal(err)
+	}
+	awaitState(t, "b to follow a", func() bool {
+		l, _ := follower.Raft.Leadership()
+		return l.LeaderID == "a" && follower.FSM.MemberAddress("a") != ""
+	})
 
 	for name, cc := range map[string]*grpc.ClientConn{"leader": leadCC, "follower": followerCC} {
 		resp, err := adminv1.NewAdminClient(cc).ListNamespaces(c,
