@@ -61,42 +61,8 @@ func TestCrashChild(t *testing.T) {
 func TestKill9(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "mbox")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	acked := -1
-	var batchTime time.Duration // between the last two acknowledgements
-	last := time.Now()
-	lines := bufio.NewScanner(out)
-	read := func(until int) {
-		for acked < until && lines.Scan() {
-			f := strings.Fields(lines.Text())
-			if len(f) == 2 && f[0] == "acked" {
-				acked, _ = strconv.Atoi(f[1])
-				batchTime, last = time.Since(last), time.Now()
-			} else if len(f) > 0 && f[0] == "error" {
-				t.Errorf("child: %s", lines.Text())
-			}
-		}
-	}
-	read(15) // the child exits by itself after crashMaxBatch batches, which bounds this wait
-	// A random moment within the next Write, so kills land before, between and after its sub-transactions.
-	time.Sleep(rand.N(batchTime))
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	read(crashMaxBatch) // what the child acknowledged before it died
-	_ = cmd.Wait()
-	if acked < 0 {
-		t.Fatal("child acknowledged no batch")
-	}
+	// The child exits by itself after crashMaxBatch batches, which bounds the wait for 15.
+	acked := killWriterMidBatch(t, "TestCrashChild", crashChildEnv, dir, 15, crashMaxBatch)
 
 	s := openDir(t, dir, Options{})
 	defer s.Close()
@@ -185,41 +151,7 @@ func TestPostingCrashChild(t *testing.T) {
 func TestKill9Postings(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "mbox")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestPostingCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), postingChildEnv+"="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	acked := -1
-	var batchTime time.Duration
-	last := time.Now()
-	lines := bufio.NewScanner(out)
-	read := func(until int) {
-		for acked < until && lines.Scan() {
-			f := strings.Fields(lines.Text())
-			if len(f) == 2 && f[0] == "acked" {
-				acked, _ = strconv.Atoi(f[1])
-				batchTime, last = time.Since(last), time.Now()
-			} else if len(f) > 0 && f[0] == "error" {
-				t.Errorf("child: %s", lines.Text())
-			}
-		}
-	}
-	read(10)
-	time.Sleep(rand.N(batchTime))
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	read(postingMaxBatches)
-	_ = cmd.Wait()
-	if acked < 0 {
-		t.Fatal("child acknowledged no batch")
-	}
+	acked := killWriterMidBatch(t, "TestPostingCrashChild", postingChildEnv, dir, 10, postingMaxBatches)
 
 	s := openDir(t, dir, Options{})
 	defer s.Close()
@@ -258,4 +190,47 @@ func TestKill9Postings(t *testing.T) {
 	checkPostings(t, s, model, math.MinInt64)
 	checkQueriesScaled(t, mrand.New(mrand.NewSource(1)), s, model, 150, 1)
 	t.Logf("killed after %d acknowledged batches; the next was stored: %v", acked+1, found > 0)
+}
+
+// killWriterMidBatch runs test child (a writer printing "acked <batch>" after each Write returns) with env=dir, waits
+// for batch after, kills it with SIGKILL at a random moment within the next Write (so kills land before, between
+// and after its sub-transactions), and returns the last batch it acknowledged; the child writes at most last.
+func killWriterMidBatch(t *testing.T, child, env, dir string, after, last int) int {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+child+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	acked := -1
+	var batchTime time.Duration // between the last two acknowledgements
+	prev := time.Now()
+	lines := bufio.NewScanner(out)
+	read := func(until int) {
+		for acked < until && lines.Scan() {
+			f := strings.Fields(lines.Text())
+			if len(f) == 2 && f[0] == "acked" {
+				acked, _ = strconv.Atoi(f[1])
+				batchTime, prev = time.Since(prev), time.Now()
+			} else if len(f) > 0 && f[0] == "error" {
+				t.Errorf("child: %s", lines.Text())
+			}
+		}
+	}
+	read(after)
+	time.Sleep(rand.N(batchTime))
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	read(last) // what the child acknowledged before it died
+	_ = cmd.Wait()
+	if acked < 0 {
+		t.Fatal("child acknowledged no batch")
+	}
+	return acked
 }
