@@ -75,7 +75,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.StringVar(&f.maxSize, "max-size", "0", "retention: bound on stored envelope bytes, e.g. 10GiB (0 is unbounded)")
 	fs.IntVar(&f.batchSize, "batch-size", 0, "records per durable store write (0: default)")
 	fs.DurationVar(&f.batchWait, "batch-wait", 0, "longest a partial batch waits for more records (0: default)")
-	fs.DurationVar(&f.queryTarget, "query-latency-target", 10*time.Millisecond, "query latency ingest gives way to: while queries are being answered (one within the last second), ingest's decodes and store writes keep to GOMAXPROCS-1 cores (at least one), so a query finds a core free; while answers are slower than this, store writes also wait (each at most 250ms, so ingest never starves) and batches decode on one core; negative: ingest never gives way, on all cores")
+	fs.DurationVar(&f.queryTarget, "query-latency-target", 10*time.Millisecond, "query latency ingest gives way to: while queries are being answered (one within the last second), ingest's decodes and store writes keep to one core fewer than the machine's (at least one), and the runtime gets a P more than the cores unless GOMAXPROCS or a CPU limit sets it, so a query finds a P and a core free; while answers are slower than this, store writes also wait (each at most 250ms, so ingest never starves) and batches decode on one core; negative: ingest never gives way, on all cores")
 	fs.BoolVar(&f.enablePprof, "enable-pprof", false, "also serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ and runtime/metrics under /debug/runtime-metrics on --http-addr, as prism admin --enable-pprof; that listener is plaintext and unauthenticated, so only where it is reachable by operators alone")
 	fs.IntVar(&f.blockRate, "block-profile-rate", 0, "with --enable-pprof, record one blocking event per this many nanoseconds blocked in the block profile (runtime.SetBlockProfileRate; 1: every event; 0: off)")
 	fs.IntVar(&f.mutexFraction, "mutex-profile-fraction", 0, "with --enable-pprof, record one in this many mutex contentions in the mutex profile (runtime.SetMutexProfileFraction; 0: off)")
@@ -148,6 +148,27 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 	return cfg, nil
 }
 
+// queryProcs is the GOMAXPROCS prism runner runs with, given the runtime's
+// default procs on a machine of cpus, and the lanes its ingest keeps to while
+// queries are answered (0: the governor's default, GOMAXPROCS-1). Go's
+// scheduler has no priorities: with a P per core, a query handler woken while
+// ingest and Badger's own goroutines (its writer, memtable flushes,
+// compactions) hold every P waits for one of them to be preempted, 10 ms,
+// and the network poller is not looked at meanwhile. One P more than the
+// cores, with ingest's decodes and writes kept to cores-1 lanes, leaves a P
+// idle in the poller that takes the handler at once; the kernel then shares
+// the cores among the threads, favouring the one just woken. Only with the
+// governor on, GOMAXPROCS not set in the environment, and no CPU limit
+// (cgroup quota) holding the runtime below the cores: under a quota a P
+// beyond it spends the quota faster and the process is throttled for the
+// rest of each period.
+func queryProcs(target time.Duration, envSet bool, procs, cpus int) (gomaxprocs, lanes int) {
+	if target < 0 || envSet || procs != cpus {
+		return procs, 0
+	}
+	return procs + 1, max(1, procs-1)
+}
+
 func splitBrokers(s string) []string {
 	var out []string
 	for _, b := range strings.Split(s, ",") {
@@ -194,6 +215,12 @@ SIGTERM or SIGINT stops fetching, flushes, commits and exits.`,
 				return err
 			}
 			f.mem.apply(log, cfg.Runner.MemoryBudget)
+			procs, lanes := queryProcs(cfg.Runner.QueryLatencyTarget, os.Getenv("GOMAXPROCS") != "", runtime.GOMAXPROCS(0), runtime.NumCPU())
+			if lanes > 0 {
+				runtime.GOMAXPROCS(procs)
+				cfg.Runner.IngestLanes = lanes
+				log.Info("a P more than the cores, so a query handler finds one idle beside ingest", "GOMAXPROCS", procs, "ingest_lanes", lanes)
+			}
 			runtime.SetBlockProfileRate(f.blockRate)
 			runtime.SetMutexProfileFraction(f.mutexFraction)
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -120,5 +121,34 @@ func TestRunnerExpectedMailboxesFlag(t *testing.T) {
 		if err != nil || cfg.Runner.ExpectedMailboxes != tc.want {
 			t.Errorf("nodeConfig(%v).Runner.ExpectedMailboxes = %d, %v; want %d", tc.args, cfg.Runner.ExpectedMailboxes, err, tc.want)
 		}
+	}
+}
+
+// TestQueryProcs: prism runner gives the runtime a P more than the cores, and
+// keeps ingest's lanes a core short of them, only where the governor is on
+// and neither GOMAXPROCS nor a CPU limit chose the procs.
+func TestQueryProcs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name             string
+		target           time.Duration
+		envSet           bool
+		procs, cpus      int
+		wantProcs, lanes int
+	}{
+		{"two cores", 10 * time.Millisecond, false, 2, 2, 3, 1},
+		{"the default target", 0, false, 8, 8, 9, 7},
+		{"one core keeps one lane", 10 * time.Millisecond, false, 1, 1, 2, 1},
+		{"governor off", -1, false, 2, 2, 2, 0},
+		{"GOMAXPROCS in the environment", 10 * time.Millisecond, true, 2, 2, 2, 0},
+		{"a CPU limit below the cores", 10 * time.Millisecond, false, 2, 16, 2, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			procs, lanes := queryProcs(tc.target, tc.envSet, tc.procs, tc.cpus)
+			if procs != tc.wantProcs || lanes != tc.lanes {
+				t.Errorf("queryProcs(%v, %v, %d, %d) = %d, %d; want %d, %d", tc.target, tc.envSet, tc.procs, tc.cpus, procs, lanes, tc.wantProcs, tc.lanes)
+			}
+		})
 	}
 }

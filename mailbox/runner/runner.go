@@ -112,6 +112,12 @@ type Config struct {
 	// QueryHoldMax is the longest one store write waits for queries to be
 	// fast again; 0 = the ingest default (250ms).
 	QueryHoldMax time.Duration
+	// IngestLanes is how many of ingest's decodes and store writes run at
+	// once while queries are answered (ingest.GovernorConfig.Lanes);
+	// 0 = GOMAXPROCS-1, at least one. prism runner sets it to one fewer than
+	// the cores when it gives the runtime a P more than the cores, so that a
+	// woken query handler finds an idle P.
+	IngestLanes int
 	// Pprof also serves Go's runtime profiles and runtime/metrics under
 	// /debug/ on the plaintext HTTP port (debughttp.With).
 	Pprof bool
@@ -243,7 +249,7 @@ func New(cfg Config) (*Runner, error) {
 	}
 	cfg.Registry.MustRegister(storeCollector{r}, r.openFailures)
 	if cfg.QueryLatencyTarget >= 0 {
-		r.governor = ingest.NewGovernor(ingest.GovernorConfig{Target: cfg.QueryLatencyTarget, MaxHold: cfg.QueryHoldMax}, cfg.Registry)
+		r.governor = ingest.NewGovernor(ingest.GovernorConfig{Target: cfg.QueryLatencyTarget, MaxHold: cfg.QueryHoldMax, Lanes: cfg.IngestLanes}, cfg.Registry)
 		r.queryM.ReportTo(r.governor)
 	}
 	disk, err := diskfree.New(diskfree.Config{Name: "runner data dir", Dir: cfg.DataDir, Watermark: cfg.MinFree,
