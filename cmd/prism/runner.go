@@ -161,7 +161,8 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 // governor on, GOMAXPROCS not set in the environment, and no CPU limit
 // (cgroup quota) holding the runtime below the cores: under a quota a P
 // beyond it spends the quota faster and the process is throttled for the
-// rest of each period.
+// rest of each period. Once set, the runtime no longer follows a CPU limit
+// that changes while the runner runs; a restart picks the new one up.
 func queryProcs(target time.Duration, envSet bool, procs, cpus int) (gomaxprocs, lanes int) {
 	if target < 0 || envSet || procs != cpus {
 		return procs, 0
