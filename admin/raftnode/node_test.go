@@ -229,6 +229,23 @@ func (c *testCluster) start(i int, ln net.Listener) {
 	c.nodes[i] = n
 }
 
+// applyIdempotent applies cmd through whichever node leads, again after a
+// lost leadership: a cluster just elected on a loaded machine may elect once
+// more, and an idempotent cmd applied twice is the same as once.
+func (c *testCluster) applyIdempotent(ctx context.Context, cmd []byte) {
+	c.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, _, err := c.nodes[c.leader()].Apply(ctx, cmd)
+		if err == nil {
+			return
+		}
+		if (!errors.Is(err, ErrLeadershipLost) && !errors.Is(err, ErrNotLeader)) || time.Now().After(deadline) {
+			c.t.Fatalf("apply %s: %v", cmd, err)
+		}
+	}
+}
+
 func (c *testCluster) leader() int {
 	c.t.Helper()
 	idx := -1

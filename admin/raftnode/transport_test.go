@@ -85,12 +85,10 @@ func TestTLSClusterRefusesOutsiders(t *testing.T) {
 	p := pkitest.New(t)
 	c := startCluster(&testCluster{t: t, pki: p}, 3)
 	ctx := context.Background()
-	lead := c.leader()
 	for k := range 10 {
-		if _, _, err := c.nodes[lead].Apply(ctx, fmt.Appendf(nil, "k%d=%d", k, k)); err != nil {
-			t.Fatal(err)
-		}
+		c.applyIdempotent(ctx, fmt.Appendf(nil, "k%d=%d", k, k))
 	}
+	lead := c.leader()
 	for i := range c.nodes {
 		c.waitValue(i, "k9", "9")
 	}
