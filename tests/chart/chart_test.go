@@ -347,7 +347,8 @@ func (c *cluster) checkGatewayListener(r *chartrender.Objects, pods []*pod) {
 			c.t.Errorf("listener %s: %v", l.GetName(), err)
 		}
 		if l.GetApiListener() != nil {
-			continue // grpc-go's; Envoy binds only listeners with an address
+			c.t.Errorf("node %s (Envoy) is sent listener %s, grpc-go's API listener: Envoy skips it with a warning", nodeID, l.GetName())
+			continue
 		}
 		ports = append(ports, l.GetAddress().GetSocketAddress().GetPortValue())
 	}
