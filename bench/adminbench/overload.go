@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prism-mesh/prism/internal/loadgen"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -256,7 +257,6 @@ func keepAliveLoad(ss []*session, rate float64, d time.Duration) loadCounts {
 		res                    = loadCounts{errors: map[codes.Code]int64{}}
 		mu                     sync.Mutex
 		next, sent, ok, refuse atomic.Int64
-		wg                     sync.WaitGroup
 		start                  = time.Now()
 		deadline               = start.Add(d)
 		last                   = make([]time.Time, len(ss))
@@ -288,33 +288,7 @@ func keepAliveLoad(ss []*session, rate float64, d time.Duration) loadCounts {
 			refuse.Add(1)
 		}
 	}
-	if rate == 0 {
-		for range 256 {
-			wg.Go(func() {
-				for time.Now().Before(deadline) {
-					call()
-				}
-			})
-		}
-		wg.Wait()
-	} else {
-		tick := time.NewTicker(time.Millisecond)
-		var started int64
-		for now := range tick.C {
-			if now.After(deadline) {
-				now = deadline
-			}
-			for owed := int64(now.Sub(start).Seconds() * rate); started < owed; started++ {
-				wg.Go(call)
-			}
-			if now.Equal(deadline) {
-				break
-			}
-		}
-		tick.Stop()
-	}
-	res.seconds = time.Since(start).Seconds()
-	wg.Wait()
+	res.seconds = loadgen.Run(start, deadline, rate, 256, call).Seconds()
 	res.sent, res.renewed, res.refused = sent.Load(), ok.Load(), refuse.Load()
 	for i := range ss {
 		res.maxGap = max(res.maxGap, gap[i], deadline.Sub(last[i]))

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/internal/loadgen"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -88,7 +89,6 @@ func main() {
 		next     atomic.Int64
 		renewed  atomic.Int64
 		refused  atomic.Int64
-		wg       sync.WaitGroup
 		start    = time.Now()
 		deadline = start.Add(*dur)
 		// lastRenewed[i] is the send time of session i's latest renewed
@@ -132,39 +132,7 @@ func main() {
 			mu.Unlock()
 		}
 	}
-	if *rate == 0 {
-		for range *workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for time.Now().Before(deadline) {
-					call()
-				}
-			}()
-		}
-		wg.Wait()
-	} else {
-		tick := time.NewTicker(time.Millisecond)
-		var started int64
-		for now := range tick.C {
-			if now.After(deadline) {
-				now = deadline
-			}
-			for owed := int64(now.Sub(start).Seconds() * float64(*rate)); started < owed; started++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					call()
-				}()
-			}
-			if now.Equal(deadline) {
-				break
-			}
-		}
-		tick.Stop()
-	}
-	elapsed := time.Since(start)
-	wg.Wait()
+	elapsed := loadgen.Run(start, deadline, float64(*rate), *workers, call)
 	res.Sent, res.Renewed, res.Refused = sent.Load(), renewed.Load(), refused.Load()
 	res.Seconds = elapsed.Seconds()
 	for i := range ss {
