@@ -11,10 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 	testingclock "k8s.io/utils/clock/testing"
@@ -67,6 +70,18 @@ func hangs(ctx context.Context) (*adminv1.MailboxHeartbeatResponse, error) {
 	return nil, ctx.Err()
 }
 
+// exhausted answers RESOURCE_EXHAUSTED with detail, as the admin's leader
+// sheds work (RetryInfo) and its quotas refuse (QuotaFailure).
+func exhausted(detail protoadapt.MessageV1) func(context.Context) (*adminv1.MailboxHeartbeatResponse, error) {
+	return func(context.Context) (*adminv1.MailboxHeartbeatResponse, error) {
+		st, err := status.New(codes.ResourceExhausted, "scripted").WithDetails(detail)
+		if err != nil {
+			panic(err)
+		}
+		return nil, st.Err()
+	}
+}
+
 func refuses(reason adminv1.LeaseRefusalReason, leader string) func(context.Context) (*adminv1.MailboxHeartbeatResponse, error) {
 	return func(context.Context) (*adminv1.MailboxHeartbeatResponse, error) {
 		return nil, mesh.RefusalError(&adminv1.LeaseRefusal{Reason: reason, LeaderAddress: leader})
@@ -112,6 +127,7 @@ func TestDo(t *testing.T) {
 		want   codes.Code
 		calls  []int32 // calls each listening node saw
 		reason adminv1.LeaseRefusalReason
+		detail bool // the node's error details reach the caller
 	}{
 		{name: "unreachable node: any call moves on", nodes: nodes(nil, ok), r: Once, want: codes.OK, calls: []int32{-1, 1}},
 		{name: "Unavailable: any call moves on", nodes: nodes(fails(codes.Unavailable), ok), r: Once, want: codes.OK, calls: []int32{1, 1}},
@@ -119,7 +135,10 @@ func TestDo(t *testing.T) {
 		{name: "timeout: a call that must not run twice comes back", nodes: nodes(hangs, ok), r: Once, want: codes.DeadlineExceeded, calls: []int32{1, 0}},
 		{name: "Unknown: an idempotent call moves on", nodes: nodes(fails(codes.Unknown), ok), r: Idempotent, want: codes.OK, calls: []int32{1, 1}},
 		{name: "Unknown: a call that must not run twice comes back", nodes: nodes(fails(codes.Unknown), ok), r: Once, want: codes.Unknown, calls: []int32{1, 0}},
-		{name: "ResourceExhausted: an idempotent call moves on", nodes: nodes(fails(codes.ResourceExhausted), ok), r: Idempotent, want: codes.OK, calls: []int32{1, 1}},
+		{name: "ResourceExhausted of one node: an idempotent call moves on", nodes: nodes(fails(codes.ResourceExhausted), ok), r: Idempotent, want: codes.OK, calls: []int32{1, 1}},
+		{name: "ResourceExhausted of one node: a call that must not run twice comes back", nodes: nodes(fails(codes.ResourceExhausted), ok), r: Once, want: codes.ResourceExhausted, calls: []int32{1, 0}},
+		{name: "the leader shedding (RetryInfo) is the cluster's answer, its delay kept", nodes: nodes(exhausted(&errdetails.RetryInfo{RetryDelay: durationpb.New(700 * time.Millisecond)}), ok), r: Idempotent, want: codes.ResourceExhausted, calls: []int32{1, 0}, detail: true},
+		{name: "a quota (QuotaFailure) is the cluster's answer", nodes: nodes(exhausted(&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "leases"}}}), ok), r: Idempotent, want: codes.ResourceExhausted, calls: []int32{1, 0}, detail: true},
 		{name: "Aborted: a call that must not run twice comes back", nodes: nodes(fails(codes.Aborted), ok), r: Once, want: codes.Aborted, calls: []int32{1, 0}},
 		{name: "Canceled by the node: an idempotent call moves on", nodes: nodes(fails(codes.Canceled), ok), r: Idempotent, want: codes.OK, calls: []int32{1, 1}},
 		{name: "a lease refusal is the cluster's answer",
@@ -161,6 +180,9 @@ func TestDo(t *testing.T) {
 				if n != nil && n.calls.Load() != tc.calls[i] {
 					t.Errorf("node %d saw %d calls, want %d", i, n.calls.Load(), tc.calls[i])
 				}
+			}
+			if tc.detail && len(status.Convert(err).Details()) == 0 {
+				t.Errorf("error %v lost its details", err)
 			}
 			if r, ok := mesh.RefusalFrom(err); tc.reason != 0 && (!ok || r.GetReason() != tc.reason) {
 				t.Errorf("refusal %v, want %v kept in %v", r, tc.reason, err)

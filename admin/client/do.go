@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -58,12 +59,32 @@ func retried(err error, r Repeatable) bool {
 		// context still alive: the node is blackholed or paused (move on),
 		// or slow and still applying the call (which must not run twice).
 		return bool(r)
-	case codes.ResourceExhausted, codes.Aborted, codes.Unknown, codes.Canceled:
+	case codes.Aborted, codes.Unknown, codes.Canceled:
 		// Idempotent calls only. The node or the transport gave up on the
-		// call (overload, flow control, a handler that panicked or was
-		// cancelled by its server's shutdown) at a point that may be after
-		// it ran; another node may do better.
+		// call (a handler that panicked or was cancelled by its server's
+		// shutdown) at a point that may be after it ran; another node may
+		// do better.
 		return bool(r)
+	case codes.ResourceExhausted:
+		// Idempotent calls only, and only a node's own refusal (a follower
+		// short of disk space refuses before it forwards). A refusal with
+		// RetryInfo (the leader shedding work) or QuotaFailure (a quota) is
+		// the cluster's: another node forwards to the same leader or holds
+		// the same state, and rounds of retries would turn the caller's
+		// retry hint into Unavailable at the end of its deadline.
+		return bool(r) && !clusterExhausted(err)
+	}
+	return false
+}
+
+// clusterExhausted reports whether err is a RESOURCE_EXHAUSTED that carries
+// the cluster's reason: google.rpc.RetryInfo or QuotaFailure.
+func clusterExhausted(err error) bool {
+	for _, d := range status.Convert(err).Details() {
+		switch d.(type) {
+		case *errdetails.RetryInfo, *errdetails.QuotaFailure:
+			return true
+		}
 	}
 	return false
 }

@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/admin/raftnode"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -64,11 +66,24 @@ func TestQuotasBoundTheTables(t *testing.T) {
 		{"the lease again (a reconnect)", func() error { return acquire("ns@p1") }, codes.OK},
 	}
 	for _, tc := range cases {
-		wantCode(t, tc.name, tc.call(), tc.code)
+		err := tc.call()
+		wantCode(t, tc.name, err, tc.code)
+		if tc.code == codes.ResourceExhausted && !hasQuotaFailure(err) {
+			t.Errorf("%s: %v carries no QuotaFailure, so a client would retry it on every node", tc.name, err)
+		}
 	}
 	if got := n.FSM.Counts(); got.Proxies != 1 || got.Namespaces != 1 || got.Leases != 1 {
 		t.Fatalf("tables after refusals: %+v, want one of each", got)
 	}
+}
+
+func hasQuotaFailure(err error) bool {
+	for _, d := range status.Convert(err).Details() {
+		if q, ok := d.(*errdetails.QuotaFailure); ok && len(q.GetViolations()) > 0 && q.GetViolations()[0].GetSubject() != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // A connection carries at most MaxStreams calls at once; the next waits

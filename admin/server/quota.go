@@ -1,9 +1,13 @@
 package server
 
 import (
-	"github.com/prism-mesh/prism/mesh"
+	"fmt"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/mesh"
 )
 
 // Quotas bound how many proxies, namespaces and leases the cluster holds,
@@ -50,7 +54,22 @@ func overQuota(what string, have, limit int) error {
 	if have < limit {
 		return nil
 	}
-	return status.Errorf(codes.ResourceExhausted, "%s: the cluster holds %d, its quota (prism admin --max-%s)", what, have, what)
+	return quotaExceeded(what, "%s: the cluster holds %d, its quota (prism admin --max-%s)", what, have, what)
+}
+
+// quotaExceeded is a quota's refusal: RESOURCE_EXHAUSTED with a
+// google.rpc.QuotaFailure naming the quota, which tells a client that this
+// is the cluster's answer and not one node's trouble (admin/client does not
+// retry it on another node: they all hold the same state).
+func quotaExceeded(subject, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(&errdetails.QuotaFailure{
+		Violations: []*errdetails.QuotaFailure_Violation{{Subject: subject, Description: msg}},
+	})
+	if err != nil {
+		return status.Error(codes.ResourceExhausted, msg)
+	}
+	return st.Err()
 }
 
 // admitProxy refuses registering a new proxy past the quota.
@@ -82,7 +101,7 @@ func (s *Server) admitLease(mailboxID string) error {
 	// A malformed id is the write's to refuse (InvalidArgument), not the quota's.
 	if id, err := mesh.ParseMailboxID(mailboxID); err == nil {
 		if have := s.fsm.ProxyLeases(id.Proxy); have >= s.cfg.Quotas.LeasesPerProxy {
-			return status.Errorf(codes.ResourceExhausted, "leases of proxy %s: it holds %d, its quota (prism admin --max-leases-per-proxy)", id.Proxy, have)
+			return quotaExceeded("leases-per-proxy", "leases of proxy %s: it holds %d, its quota (prism admin --max-leases-per-proxy)", id.Proxy, have)
 		}
 	}
 	return nil
@@ -91,7 +110,7 @@ func (s *Server) admitLease(mailboxID string) error {
 // admitSession refuses a proxy's session past its quota.
 func (s *Server) admitSession(proxyID string) error {
 	if have := s.fsm.ProxySessions(proxyID); have >= s.cfg.Quotas.SessionsPerProxy {
-		return status.Errorf(codes.ResourceExhausted, "sessions of proxy %s: it has %d open, its quota; close one or let it expire", proxyID, have)
+		return quotaExceeded("sessions-per-proxy", "sessions of proxy %s: it has %d open, its quota; close one or let it expire", proxyID, have)
 	}
 	return nil
 }
@@ -110,10 +129,10 @@ func (s *Server) admitLeases(proxyID string, mailboxIDs []string) error {
 		return nil
 	}
 	if have := s.fsm.Counts().Leases; have+fresh > s.cfg.Quotas.Leases {
-		return status.Errorf(codes.ResourceExhausted, "leases: the cluster holds %d, %d more would pass its quota %d (prism admin --max-leases)", have, fresh, s.cfg.Quotas.Leases)
+		return quotaExceeded("leases", "leases: the cluster holds %d, %d more would pass its quota %d (prism admin --max-leases)", have, fresh, s.cfg.Quotas.Leases)
 	}
 	if have := s.fsm.ProxyLeases(proxyID); have+fresh > s.cfg.Quotas.LeasesPerProxy {
-		return status.Errorf(codes.ResourceExhausted, "leases of proxy %s: it holds %d, %d more would pass its quota %d (prism admin --max-leases-per-proxy)", proxyID, have, fresh, s.cfg.Quotas.LeasesPerProxy)
+		return quotaExceeded("leases-per-proxy", "leases of proxy %s: it holds %d, %d more would pass its quota %d (prism admin --max-leases-per-proxy)", proxyID, have, fresh, s.cfg.Quotas.LeasesPerProxy)
 	}
 	return nil
 }
