@@ -4,8 +4,9 @@ import (
 	badger "github.com/dgraph-io/badger/v4"
 )
 
-// Memory is what one store's Badger may hold in memory, beside the value log and tables it maps (page cache,
-// which the kernel reclaims). Badger keeps up to NumMemtables memtables (the one written and those waiting
+// Memory is what one Badger database may hold in memory, beside the value log and tables it maps (page cache,
+// which the kernel reclaims). A runner has one database (DB) for all its mailboxes and gives it
+// MemoryFor(budget, 1); Open alone gives its private database the Options' Memory. Badger keeps up to NumMemtables memtables (the one written and those waiting
 // to be flushed), so memtables take NumMemtables × MemTableSize.
 type Memory struct {
 	MemTableSize int64 // bytes per memtable; Badger's default 64 MiB

@@ -34,8 +34,10 @@ var (
 	ErrInvalidFilter = errors.New("invalid filter")
 )
 
-// Options configure a Store.
+// Options configure a Store. Through a DB (DB.Open) only ID, MaxAge, MaxSize and Logger apply; Open alone (a
+// private database holding one mailbox, which the Store's Close closes) takes Dir, InMemory and Memory too.
 type Options struct {
+	ID       string        // the mailbox id; DB.Open's key
 	Dir      string        // data directory (created 0700); ignored when InMemory
 	InMemory bool          // for unit tests
 	MaxAge   time.Duration // retention: items older than this are deleted; 0 = keep forever
@@ -108,6 +110,8 @@ type Store struct {
 
 	// Since Open: items and bytes deleted by retention passes, and items whose keys the sweep removed.
 	deleted, deletedBytes, swept atomic.Int64
+
+	owner *DB // the database that opened it, nil for Open alone
 }
 
 const (
@@ -292,6 +296,9 @@ func (s *Store) Close() error {
 	s.live.Wait()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close store %s: %w", s.opts.Dir, err)
+	}
+	if s.owner != nil {
+		s.owner.forget(s)
 	}
 	return s.fixModes()
 }
