@@ -34,8 +34,12 @@ func failoverSessions(ctx context.Context, o options, dir string, certs *certs) 
 	total := nSessions * failoverSessionLeases
 	size := sizeName(total)
 	limit := total + 3*o.failoverKills + 1000
-	c, err := startPrism(o.prism, dir, 3, false, certs, "--max-namespaces", strconv.Itoa(limit), "--max-leases", strconv.Itoa(limit),
-		"--max-leases-per-proxy", strconv.Itoa(failoverSessionLeases+o.failoverKills))
+	args := []string{"--max-namespaces", strconv.Itoa(limit), "--max-leases", strconv.Itoa(limit),
+		"--max-leases-per-proxy", strconv.Itoa(failoverSessionLeases + o.failoverKills)}
+	if o.failoverTrace {
+		args = append(args, "--log-level", "info")
+	}
+	c, err := startPrism(o.prism, dir, 3, false, certs, append(args, o.sessionAdminArgs...)...)
 	if err != nil {
 		return err
 	}
@@ -155,6 +159,19 @@ func failoverSessions(ctx context.Context, o options, dir string, certs *certs) 
 		}
 		fmt.Fprintf(os.Stderr, "# failover-sessions: kill %d of node %d: first write %.1f ms, %d leases held %.1fs after the kill\n",
 			k, lead, ms(took), now, time.Since(killed).Seconds())
+		if o.failoverTrace {
+			var logs []string
+			for i, n := range c.nodes {
+				if i != lead {
+					logs = append(logs, n.log)
+				}
+			}
+			t, err := traceFailover(logs, killed)
+			if err != nil {
+				return fmt.Errorf("kill %d: trace: %w", k, err)
+			}
+			fmt.Fprintf(os.Stderr, "# failover-sessions: kill %d: %s, first write %.1f ms\n", k, t, ms(took))
+		}
 		lost += held - now
 		held = now
 	}

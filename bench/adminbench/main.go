@@ -42,6 +42,7 @@ type options struct {
 	sessionGrace       time.Duration
 	failoverLeases     int
 	failoverKills      int
+	failoverTrace      bool
 	bulk               int
 	bulkReps           int
 	overloadBound      float64
@@ -77,7 +78,7 @@ func main() {
 	flag.DurationVar(&o.sessionFor, "session-for", 20*time.Second, "length of the timed keepalive window of the sessions run")
 	flag.DurationVar(&o.sessionSetup, "session-setup", 2*time.Minute, "bound on the sessions run's setup: namespaces, registrations, grants")
 	flag.BoolVar(&o.sessionXDS, "session-xds", false, "serve xDS during the sessions run")
-	flag.Func("session-admin-arg", "a flag for the sessions run's prism admin nodes (repeat for several)", func(v string) error {
+	flag.Func("session-admin-arg", "a flag for the sessions and failover-sessions runs' prism admin nodes (repeat for several)", func(v string) error {
 		o.sessionAdminArgs = append(o.sessionAdminArgs, v)
 		return nil
 	})
@@ -85,6 +86,8 @@ func main() {
 	flag.DurationVar(&o.sessionGrace, "session-grace", 0, "lease grace of the sessions run's namespaces (config.lease.grace; 0: the admin's default, 5s); a session expires ttl + grace after its last keepalive")
 	flag.IntVar(&o.failoverLeases, "failover-leases", 100000, "leases held (in sessions of 1,000) in the failover-sessions run")
 	flag.IntVar(&o.failoverKills, "failover-kills", 5, "leader kills in the failover-sessions run (each waits ttl + grace after the kill to count the leases held)")
+	flag.BoolVar(&o.failoverTrace, "failover-trace", false, "start the failover-sessions run's nodes at --log-level info and print each kill's phases from their logs "+
+		"(heartbeat timeouts, election, barrier, promotion)")
 	flag.IntVar(&o.bulk, "bulk", 1000, "mailboxes of the one AcquireLeases the bulk grant times")
 	flag.IntVar(&o.bulkReps, "bulk-reps", 10, "repetitions of the bulk grant")
 	flag.Float64Var(&o.overloadBound, "overload-bound", 1000, "--max-renewals-per-second of the overload run's 3x admins (overload.go says why)")
