@@ -9,7 +9,13 @@ import (
 	"math/bits"
 )
 
-// Key layout. Every item has a 16-byte position pos = invTs(8) | invSeq(8), big endian, where invTs is the
+// Key layout. One Badger database (DB, db.go) holds every mailbox of a runner: each mailbox's keys start with its
+// number, box (boxLen bytes, big endian), allocated from a counter when the mailbox is first opened and never
+// reused, so the leftover keys of a dropped mailbox can never be read as another's. Number 0 is the database's
+// own (db.go: layout version, counter, catalog of mailbox ids, drops in progress). Below, every key of a mailbox
+// is box followed by what is shown.
+//
+// Every item has a 16-byte position pos = invTs(8) | invSeq(8), big endian, where invTs is the
 // item's timestamp with the sign bit flipped and then all bits inverted, and invSeq is the inverted store-wide
 // write sequence. Byte order of pos is therefore newest first, and among equal timestamps the later write
 // first, so every "newest first" read is a plain forward iteration and a cursor is just the last pos returned.
@@ -32,7 +38,9 @@ import (
 //	                                  retention floor and the widest block span, rewritten in the same
 //	                                  transaction as every write and retention pass so Stats never scans and
 //	                                  never drifts.
+//	'!' "dict"                     -> the compression dictionary (record.go).
 //
+// Every iterator is bounded by a prefix that starts with box, so no read of one mailbox ever walks another's keys.
 // The time index is the primary order itself. Retention deletes by raising the floor (retention.go): every read
 // bounds its walk at the floor, which costs nothing since all orders end in the position, and a sweep removes
 // the keys below it later.
@@ -44,18 +52,47 @@ const (
 	posLen = 16
 )
 
-var metaKey = []byte("!meta")
+// boxLen is the length of a mailbox's number, the first bytes of all its keys.
+const boxLen = 4
 
-// afterLastItem sorts after every primary key: a reverse iteration seeks here to start at the oldest item.
-var afterLastItem = append([]byte{prefixItem}, bytes.Repeat([]byte{0xff}, posLen+1)...)
+// box is a mailbox's number as its keys start with it.
+type box [boxLen]byte
+
+func boxOf(n uint32) box {
+	var b box
+	binary.BigEndian.PutUint32(b[:], n)
+	return b
+}
+
+func (b box) num() uint32 { return binary.BigEndian.Uint32(b[:]) }
+
+// key is b followed by rest.
+func (b box) key(rest ...byte) []byte {
+	k := make([]byte, 0, boxLen+len(rest))
+	return append(append(k, b[:]...), rest...)
+}
+
+func (b box) metaKey() []byte { return b.key([]byte("!meta")...) }
+
+func (b box) dictKey() []byte { return b.key([]byte("!dict")...) }
+
+// itemPrefix is the prefix of every primary key.
+func (b box) itemPrefix() []byte { return b.key(prefixItem) }
+
+// posOfItem is the position of primary key k.
+func posOfItem(k []byte) pos {
+	var p pos
+	copy(p[:], k[boxLen+1:])
+	return p
+}
 
 // oldestFrom is where a reverse iteration of the primary order seeks to start at the oldest item not older
-// than ts: the largest position an item at ts can have.
-func oldestFrom(ts int64) []byte {
+// than ts: the largest position an item at ts can have, or past every primary key.
+func (b box) oldestFrom(ts int64) []byte {
 	if ts == math.MinInt64 {
-		return afterLastItem
+		return b.key(append([]byte{prefixItem}, bytes.Repeat([]byte{0xff}, posLen+1)...)...)
 	}
-	return itemKey(makePos(ts, 0))
+	return b.itemKey(makePos(ts, 0))
 }
 
 // Index kinds; the byte values are part of the on-disk format.
@@ -94,58 +131,57 @@ func (p pos) next() (pos, bool) {
 	return p, false
 }
 
-func itemKey(p pos) []byte {
-	k := make([]byte, 1+posLen)
-	k[0] = prefixItem
-	copy(k[1:], p[:])
-	return k
+func (b box) itemKey(p pos) []byte { return b.key(append([]byte{prefixItem}, p[:]...)...) }
+
+func msgIDKey[T string | []byte](b box, id T) []byte {
+	k := make([]byte, 0, boxLen+1+len(id))
+	k = append(append(k, b[:]...), prefixMsgID)
+	return append(k, id...)
 }
 
-func msgIDKey[T string | []byte](id T) []byte {
-	k := make([]byte, 1+len(id))
-	k[0] = prefixMsgID
-	copy(k[1:], id)
-	return k
+// indexPrefix is the prefix of every posting block of (kind, value) in mailbox b.
+func indexPrefix[T string | []byte](b box, kind byte, value T) []byte {
+	return appendIndexPrefix(make([]byte, 0, boxLen+2+binary.MaxVarintLen64+len(value)+posLen), b, kind, value)
 }
 
-// indexPrefix is the prefix of every posting block of (kind, value).
-func indexPrefix[T string | []byte](kind byte, value T) []byte {
-	return appendIndexPrefix(make([]byte, 0, 2+binary.MaxVarintLen64+len(value)+posLen), kind, value)
-}
-
-func appendIndexPrefix[T string | []byte](b []byte, kind byte, value T) []byte {
-	b = append(b, prefixPosting, kind)
-	b = binary.AppendUvarint(b, uint64(len(value)))
-	return append(b, value...)
+func appendIndexPrefix[T string | []byte](dst []byte, b box, kind byte, value T) []byte {
+	dst = append(dst, b[:]...)
+	dst = append(dst, prefixPosting, kind)
+	dst = binary.AppendUvarint(dst, uint64(len(value)))
+	return append(dst, value...)
 }
 
 // arenaIndexPrefix is indexPrefix carved out of a (nil: allocated on its own).
-func arenaIndexPrefix[T string | []byte](a *arena, kind byte, value T) []byte {
-	n := 2 + (bits.Len64(uint64(len(value))|1)+6)/7 + len(value) // the length's uvarint takes 7 bits a byte
-	return appendIndexPrefix(a.alloc(n)[:0], kind, value)
+func arenaIndexPrefix[T string | []byte](a *arena, b box, kind byte, value T) []byte {
+	n := boxLen + 2 + (bits.Len64(uint64(len(value))|1)+6)/7 + len(value) // the length's uvarint takes 7 bits a byte
+	return appendIndexPrefix(a.alloc(n)[:0], b, kind, value)
 }
 
-// itemKeys returns an item's own keys, carved out of one slice of a (nil: allocated on its own): its primary key
-// and its message-id key.
-func itemKeys[T string | []byte](a *arena, p pos, msgID T) [2][]byte {
-	buf := a.alloc(2 + posLen + len(msgID))[:0]
+// itemKeys returns an item's own keys in mailbox b, carved out of one slice of a (nil: allocated on its own): its
+// primary key and its message-id key.
+func itemKeys[T string | []byte](a *arena, b box, p pos, msgID T) [2][]byte {
+	const primary = boxLen + 1 + posLen
+	buf := a.alloc(primary + boxLen + 1 + len(msgID))[:0]
+	buf = append(buf, b[:]...)
 	buf = append(buf, prefixItem)
 	buf = append(buf, p[:]...)
+	buf = append(buf, b[:]...)
 	buf = append(buf, prefixMsgID)
 	buf = append(buf, msgID...)
-	return [2][]byte{buf[: 1+posLen : 1+posLen], buf[1+posLen:]}
+	return [2][]byte{buf[:primary:primary], buf[primary:]}
 }
 
-// indexPrefixes appends to dst the posting-list prefixes an item belongs to, carved out of a (nil: allocated
-// each on its own). Topic and principal are indexed even when empty so a filter for the empty value is still an
-// index lookup; correlation and trace ids only when set, since an empty filter value means "no filter" for them.
-func indexPrefixes[T string | []byte](dst [][]byte, a *arena, topic, principal, corr, trace T) [][]byte {
-	dst = append(dst, arenaIndexPrefix(a, kindTopic, topic), arenaIndexPrefix(a, kindPrincipal, principal))
+// indexPrefixes appends to dst the posting-list prefixes in mailbox b an item belongs to, carved out of a (nil:
+// allocated each on its own). Topic and principal are indexed even when empty so a filter for the empty value is
+// still an index lookup; correlation and trace ids only when set, since an empty filter value means "no filter"
+// for them.
+func indexPrefixes[T string | []byte](dst [][]byte, a *arena, b box, topic, principal, corr, trace T) [][]byte {
+	dst = append(dst, arenaIndexPrefix(a, b, kindTopic, topic), arenaIndexPrefix(a, b, kindPrincipal, principal))
 	if len(corr) > 0 {
-		dst = append(dst, arenaIndexPrefix(a, kindCorrelation, corr))
+		dst = append(dst, arenaIndexPrefix(a, b, kindCorrelation, corr))
 	}
 	if len(trace) > 0 {
-		dst = append(dst, arenaIndexPrefix(a, kindTrace, trace))
+		dst = append(dst, arenaIndexPrefix(a, b, kindTrace, trace))
 	}
 	return dst
 }

@@ -92,7 +92,7 @@ func sortedKeys(m map[string]struct{}) []string {
 // of items), else the principals (thousands of values, few items each), else the topics (few values, many items
 // each), else the primary time order. The chosen index's predicate is dropped from the residual filters; the
 // time range always bounds the walk because every index key ends with the position.
-func planQuery(f *mailboxv1.EventFilter) (*plan, error) {
+func planQuery(b box, f *mailboxv1.EventFilter) (*plan, error) {
 	pl := &plan{limit: mesh.DefaultQueryLimit, corr: f.GetCorrelationId(), trace: f.GetTraceId()}
 	switch l := f.GetLimit(); {
 	case l < 0:
@@ -152,19 +152,19 @@ func planQuery(f *mailboxv1.EventFilter) (*plan, error) {
 	}
 	switch {
 	case pl.corr != "":
-		pl.ranges = [][]byte{indexPrefix(kindCorrelation, pl.corr)}
+		pl.ranges = [][]byte{indexPrefix(b, kindCorrelation, pl.corr)}
 		pl.corr = ""
 	case pl.trace != "":
-		pl.ranges = [][]byte{indexPrefix(kindTrace, pl.trace)}
+		pl.ranges = [][]byte{indexPrefix(b, kindTrace, pl.trace)}
 		pl.trace = ""
 	case pl.principals != nil:
 		for _, v := range sortedKeys(pl.principals) {
-			pl.ranges = append(pl.ranges, indexPrefix(kindPrincipal, v))
+			pl.ranges = append(pl.ranges, indexPrefix(b, kindPrincipal, v))
 		}
 		pl.principals = nil
 	case pl.topics != nil:
 		for _, v := range sortedKeys(pl.topics) {
-			pl.ranges = append(pl.ranges, indexPrefix(kindTopic, v))
+			pl.ranges = append(pl.ranges, indexPrefix(b, kindTopic, v))
 		}
 		pl.topics = nil
 	}
@@ -183,7 +183,7 @@ func (pl *plan) raiseStart(ts int64) {
 	}
 }
 
-// cursor walks the primary order from pl.from on.
+// cursor walks a mailbox's primary order from pl.from on.
 type cursor struct {
 	it  *badger.Iterator
 	cur pos
@@ -191,12 +191,10 @@ type cursor struct {
 }
 
 func (c *cursor) load() {
-	c.ok = false
-	if !c.it.ValidForPrefix([]byte{prefixItem}) {
-		return
+	c.ok = c.it.Valid() // the iterator's prefix is the mailbox's primary order
+	if c.ok {
+		c.cur = posOfItem(c.it.Item().Key())
 	}
-	copy(c.cur[:], c.it.Item().Key()[1:])
-	c.ok = true
 }
 
 // Query returns items matching f, newest first (timestamp desc, then latest write first), at most clamp(f.Limit)
@@ -206,7 +204,7 @@ func (s *Store) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1
 	if f == nil {
 		f = &mailboxv1.EventFilter{}
 	}
-	pl, err := planQuery(f)
+	pl, err := planQuery(s.box, f)
 	if err != nil {
 		return nil, err
 	}
@@ -239,8 +237,8 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, span uint64,
 		}
 	}()
 	if len(pl.ranges) == 0 {
-		primary = &cursor{it: txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixItem}})}
-		primary.it.Seek(itemKey(pl.from))
+		primary = &cursor{it: txn.NewIterator(badger.IteratorOptions{Prefix: s.box.itemPrefix()})}
+		primary.it.Seek(s.box.itemKey(pl.from))
 		primary.load()
 	}
 	for _, pr := range pl.ranges {
@@ -288,7 +286,7 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, span uint64,
 		if pl.needsHeaders() || len(resp.Items) < pl.limit {
 			if item == nil {
 				var err error
-				if item, err = txn.Get(itemKey(p)); err != nil {
+				if item, err = txn.Get(s.box.itemKey(p)); err != nil {
 					return fmt.Errorf("read %x: %w", p, err)
 				}
 			}

@@ -421,6 +421,9 @@ func FuzzPageToken(f *testing.F) {
 
 // TestPlannerPicksMostSelectiveIndex pins the planner's choice; the property test proves the answers right,
 // this proves they come from an index range rather than a walk of the whole mailbox.
+// testBox is the mailbox number of plans made without a store.
+var testBox = boxOf(7)
+
 func TestPlannerPicksMostSelectiveIndex(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -428,16 +431,16 @@ func TestPlannerPicksMostSelectiveIndex(t *testing.T) {
 		f      *mailboxv1.EventFilter
 		ranges [][]byte
 	}{
-		{"correlation id first", &mailboxv1.EventFilter{CorrelationId: "c", TraceId: "t", Principals: []string{"p"}, Topics: []string{"x"}}, [][]byte{indexPrefix(kindCorrelation, "c")}},
-		{"then trace id", &mailboxv1.EventFilter{TraceId: "t", Principals: []string{"p"}, Topics: []string{"x"}}, [][]byte{indexPrefix(kindTrace, "t")}},
-		{"then principals, merged", &mailboxv1.EventFilter{Principals: []string{"q", "p", "q"}, Topics: []string{"x"}}, [][]byte{indexPrefix(kindPrincipal, "p"), indexPrefix(kindPrincipal, "q")}},
-		{"then topics", &mailboxv1.EventFilter{Topics: []string{"x"}, StartTime: timestamppb.New(time.UnixMilli(1))}, [][]byte{indexPrefix(kindTopic, "x")}},
+		{"correlation id first", &mailboxv1.EventFilter{CorrelationId: "c", TraceId: "t", Principals: []string{"p"}, Topics: []string{"x"}}, [][]byte{indexPrefix(testBox, kindCorrelation, "c")}},
+		{"then trace id", &mailboxv1.EventFilter{TraceId: "t", Principals: []string{"p"}, Topics: []string{"x"}}, [][]byte{indexPrefix(testBox, kindTrace, "t")}},
+		{"then principals, merged", &mailboxv1.EventFilter{Principals: []string{"q", "p", "q"}, Topics: []string{"x"}}, [][]byte{indexPrefix(testBox, kindPrincipal, "p"), indexPrefix(testBox, kindPrincipal, "q")}},
+		{"then topics", &mailboxv1.EventFilter{Topics: []string{"x"}, StartTime: timestamppb.New(time.UnixMilli(1))}, [][]byte{indexPrefix(testBox, kindTopic, "x")}},
 		{"time range alone walks the primary order", &mailboxv1.EventFilter{StartTime: timestamppb.New(time.UnixMilli(1))}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			pl, err := planQuery(tc.f)
+			pl, err := planQuery(testBox, tc.f)
 			if err != nil {
 				t.Fatal(err)
 			}

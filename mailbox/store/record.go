@@ -18,7 +18,7 @@ import (
 //
 //	formatPlain  (0): the record.
 //	formatS2     (1): uvarint(len(blob)) then the record as one S2 block (github.com/klauspost/compress/s2).
-//	formatS2Dict (2): the same, the block compressed against the store's dictionary (dictKey).
+//	formatS2Dict (2): the same, the block compressed against the store's dictionary (box.dictKey).
 //
 // The record is compressed whole, not the blob alone: the header repeats the envelope's strings (message id,
 // topic, trace id, ...), which the compressor then finds as matches. A record alone is too short for much else to
@@ -40,13 +40,11 @@ const (
 const compressMin = 256
 
 // Dictionary: made from at least dictMinSample bytes of the first records written (at most dictMaxSample, more
-// helps little), kept under dictKey.
+// helps little), kept under the mailbox's dictKey.
 const (
 	dictMinSample = 4 << 10
 	dictMaxSample = 32 << 10
 )
-
-var dictKey = []byte("!dict")
 
 // makeDict makes a dictionary from the records of items, nil if they are too few.
 func makeDict(items []*mailboxv1.MailboxItem) *s2.Dict {
@@ -447,9 +445,10 @@ func (m *meta) setFloor(ts int64) { m.floorBits = uint64(ts) ^ signBit }
 // refuses them (ErrOldLayout) rather than read their indexes as empty.
 const metaVersion = 3
 
-// ErrOldLayout is wrapped by Open's error for a store written with per-item index entries (before posting
-// blocks). Nothing in it is lost or changed: rebuilding it from Kafka (prism runner rebuild) writes it anew.
-var ErrOldLayout = errors.New("store written in an older layout (per-item index entries): rebuild it from Kafka with prism runner rebuild")
+// ErrOldLayout is wrapped by OpenDB's error for a store written before the one-database layout (a Badger per
+// mailbox, keys.go), and by DB.Open's for a mailbox written with per-item index entries (before posting blocks).
+// Nothing in it is lost or changed: rebuilding it from Kafka (prism runner rebuild) writes it anew.
+var ErrOldLayout = errors.New("store written in an older layout: rebuild it from Kafka with prism runner rebuild")
 
 func (m meta) encode() []byte {
 	b := []byte{metaVersion}

@@ -96,7 +96,7 @@ func formats(t *testing.T, s *Store) map[byte]int {
 	t.Helper()
 	out := map[byte]int{}
 	err := s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{prefixItem}})
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: s.box.itemPrefix()})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			out[it.Item().UserMeta()]++

@@ -80,12 +80,15 @@ func (s *Store) RetainOnce(ctx context.Context, now time.Time) (RetentionResult,
 	s.deleted.Add(int64(res.Deleted))
 	s.deletedBytes.Add(res.DeletedBytes)
 	if res.Deleted > 0 {
-		s.log.Info("retention pass", "deleted", res.Deleted, "deleted_bytes", res.DeletedBytes, "floor", floor, "dir", s.opts.Dir)
+		s.log.Info("retention pass", "deleted", res.Deleted, "deleted_bytes", res.DeletedBytes, "floor", floor)
 	}
 	return res, nil
 }
 
 func (s *Store) commitFloor(floor int64, res RetentionResult) error {
+	if err := s.ready(); err != nil {
+		return err
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	s.settle()
@@ -93,29 +96,33 @@ func (s *Store) commitFloor(floor int64, res RetentionResult) error {
 	m.events -= int64(res.Deleted)
 	m.bytes -= res.DeletedBytes
 	m.setFloor(floor)
-	txn := s.db.NewTransaction(true)
-	defer txn.Discard()
+	txn, done, err := s.begin(true)
+	if err != nil {
+		return err
+	}
+	defer done()
 	// Nothing is in flight and the commit below changes no item, so txn reads the items as they will stand.
-	m.setBounds(txn)
-	if err := txn.Set(metaKey, m.encode()); err != nil {
+	m.setBounds(txn, s.box)
+	if err := txn.Set(s.box.metaKey(), m.encode()); err != nil {
 		return fmt.Errorf("write floor: %w", err)
 	}
-	if err := txn.Commit(); err != nil {
+	ts := s.owner.nextTs()
+	if err := txn.CommitAt(ts, nil); err != nil {
 		return fmt.Errorf("commit floor: %w", err)
 	}
 	s.wm = m
-	s.publish(m)
+	s.publish(m, ts)
 	return nil
 }
 
 // walkOldest calls fn with the items from the oldest not older than from, oldest first, and their records,
-// until fn returns false.
+// until fn returns false. It reads the current snapshot: every commit of the store applied when it starts.
 func (s *Store) walkOldest(ctx context.Context, from int64, fn func(p pos, v itemValue) (bool, error)) error {
 	dict := s.dict.Load()
-	return s.db.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: []byte{prefixItem}, PrefetchValues: true, PrefetchSize: 256})
+	return s.view(func(txn *badger.Txn, _ meta) error {
+		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: s.box.itemPrefix(), PrefetchValues: true, PrefetchSize: 256})
 		defer it.Close()
-		for n, seek := 0, oldestFrom(from); ; n++ {
+		for n, seek := 0, s.box.oldestFrom(from); ; n++ {
 			if n%1024 == 0 {
 				if err := ctx.Err(); err != nil {
 					return err
@@ -130,8 +137,7 @@ func (s *Store) walkOldest(ctx context.Context, from int64, fn func(p pos, v ite
 				return nil
 			}
 			item := it.Item()
-			var p pos
-			copy(p[:], item.Key()[1:])
+			p := posOfItem(item.Key())
 			more := true
 			err := item.Value(func(v []byte) error {
 				var err error
@@ -240,7 +246,7 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 	if readErr != nil {
 		return swept, fmt.Errorf("sweep: %w", readErr)
 	}
-	if err := s.fixModes(); err != nil {
+	if err := s.owner.fixModes(); err != nil {
 		return swept, fmt.Errorf("sweep: %w", err)
 	}
 	return swept, nil
@@ -263,7 +269,7 @@ func (s *Store) collectVictims(ctx context.Context, floor int64, out chan<- []vi
 		if err != nil {
 			return false, err
 		}
-		vs = append(vs, victim{p: p, keys: itemKeys(nil, p, x.msgID), index: indexPrefixes(nil, nil, x.topic, x.principal, x.corr, x.trace)})
+		vs = append(vs, victim{p: p, keys: itemKeys(nil, s.box, p, x.msgID), index: indexPrefixes(nil, nil, s.box, x.topic, x.principal, x.corr, x.trace)})
 		if len(vs) == s.chunk {
 			out <- vs
 			vs = make([]victim, 0, s.chunk)
@@ -293,8 +299,11 @@ func (s *Store) deleteChunk(vs []victim, floor int64, trimmed map[string]struct{
 // trims the posting lists they are in that no earlier chunk trimmed, adding those to trimmed once committed.
 func (s *Store) deleteTxn(vs []victim, floor int64, trimmed map[string]struct{}) error {
 	s.settle()
-	txn := s.db.NewTransaction(true)
-	defer txn.Discard()
+	txn, done, err := s.begin(true)
+	if err != nil {
+		return err
+	}
+	defer done()
 	var lists []string
 	seen := map[string]struct{}{}
 	for _, v := range vs {
@@ -317,23 +326,27 @@ func (s *Store) deleteTxn(vs []victim, floor int64, trimmed map[string]struct{})
 	if len(lists) > 0 {
 		// The lists are read in a read-only transaction: one opened in txn would copy and sort txn's pending
 		// writes for every list. With the write lock held and nothing in flight, it reads what txn changes.
-		rt := s.db.NewTransaction(false)
+		rt, rdone, err := s.begin(false)
+		if err != nil {
+			return err
+		}
 		for _, pr := range lists {
 			if err := trimList(rt, txn, []byte(pr), floor, s.wm.span); err != nil {
-				rt.Discard()
+				rdone()
 				return err
 			}
 		}
-		rt.Discard()
+		rdone()
 	}
-	if err := txn.Commit(); err != nil {
+	ts := s.owner.nextTs()
+	if err := txn.CommitAt(ts, nil); err != nil {
 		return fmt.Errorf("commit deletes: %w", err)
 	}
 	for _, pr := range lists {
 		trimmed[pr] = struct{}{}
 	}
 	// The deleted keys were already invisible; a new snapshot lets compaction drop them.
-	s.publish(s.meta())
+	s.publish(s.meta(), ts)
 	return nil
 }
 
@@ -392,9 +405,9 @@ func trimList(read, txn *badger.Txn, prefix []byte, floor int64, span uint64) er
 	return nil
 }
 
-// RunRetention runs RetainOnce and Sweep every interval of clk, at clk's time, until ctx ends, and after a sweep that removed something
-// runs Badger's value-log GC until it finds nothing more to rewrite, so deleted envelopes give their disk space
-// back.
+// RunRetention runs RetainOnce and Sweep every interval of clk, at clk's time, until ctx ends, and after a sweep
+// that removed something runs the database's value-log GC (DB.collectGarbage, one run at a time per database),
+// so deleted envelopes give their disk space back.
 // It returns once ctx is done and its pass has stopped; callers cancel ctx and wait for it before Close.
 func (s *Store) RunRetention(ctx context.Context, interval time.Duration, clk clock.WithTicker) {
 	t := clk.NewTicker(interval)
@@ -407,7 +420,7 @@ func (s *Store) RunRetention(ctx context.Context, interval time.Duration, clk cl
 		}
 		if _, err := s.RetainOnce(ctx, clk.Now()); err != nil {
 			if ctx.Err() == nil {
-				s.log.Error("retention pass failed", "dir", s.opts.Dir, "err", err)
+				s.log.Error("retention pass failed", "err", err)
 			}
 			continue
 		}
@@ -415,34 +428,12 @@ func (s *Store) RunRetention(ctx context.Context, interval time.Duration, clk cl
 		swept, err := s.Sweep(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
-				s.log.Error("retention sweep failed", "dir", s.opts.Dir, "err", err)
+				s.log.Error("retention sweep failed", "err", err)
 			}
 			continue
 		}
 		if swept > 0 {
-			s.collectGarbage(ctx)
-		}
-	}
-}
-
-// maxGCRounds bounds one GC run; each round rewrites at most one value-log file.
-const maxGCRounds = 100
-
-func (s *Store) collectGarbage(ctx context.Context) {
-	if s.opts.InMemory {
-		return
-	}
-	for range maxGCRounds {
-		if ctx.Err() != nil {
-			return
-		}
-		err := s.db.RunValueLogGC(0.5)
-		if errors.Is(err, badger.ErrNoRewrite) {
-			return
-		}
-		if err != nil {
-			s.log.Warn("value-log GC", "dir", s.opts.Dir, "err", err)
-			return
+			s.owner.collectGarbage(ctx)
 		}
 	}
 }

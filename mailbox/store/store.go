@@ -6,8 +6,6 @@
 package store
 
 import (
-	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,20 +66,31 @@ type RetentionResult struct {
 	DeletedBytes int64
 }
 
-// Store is one mailbox's event store. It is safe for concurrent use; writes are serialized (there is one ingest
-// path per mailbox anyway), reads run concurrently on Badger snapshots.
+// Store is one mailbox's event store, its keys under the mailbox's number in a database shared with the
+// runner's other mailboxes (DB). It is safe for concurrent use; writes are serialized (there is one ingest path
+// per mailbox anyway), reads run concurrently on Badger snapshots.
 type Store struct {
-	opts Options
-	log  *slog.Logger
-	db   *badger.DB
+	opts  Options
+	log   *slog.Logger
+	db    *badger.DB
+	owner *DB
+	box   box // the mailbox's number: the first bytes of all its keys
+	// private is set for a store opened by Open alone: its Close closes the database too.
+	private bool
+	// created, for a mailbox new to the database, is the commit of its catalog entry, which its first write waits
+	// for (DB.create).
+	created *flight
+	// closed is set by Close under wmu; writes after it fail.
+	closed atomic.Bool
 
 	// wmu serializes Write and retention's delete transactions: dedup checks and counters are only correct with
 	// one writer. It also guards the write pipeline (write.go): wm, the counters as of the last group sent (m is
 	// as of the last one durable), the flight Badger is writing, and the spare transaction opened before it.
-	wmu      sync.Mutex
-	wm       meta
-	inflight *flight
-	spare    *badger.Txn
+	wmu       sync.Mutex
+	wm        meta
+	inflight  *flight
+	spare     *badger.Txn
+	spareDone func()
 	// wfloor is the floor writes obey, guarded by wmu: a retention pass raises it before it counts what it
 	// deletes, so nothing lands below the floor between the count and the commit (retention.go).
 	wfloor int64
@@ -90,11 +99,12 @@ type Store struct {
 	// qmu guards queue: Writes waiting for wmu, committed together by the next holder.
 	qmu   sync.Mutex
 	queue []*writeReq
-	// mmu guards m and snap, and is held for nothing longer than a pointer swap or a reference count: reads
-	// take it to find what to read, writes to publish what is durable.
-	mmu  sync.Mutex
-	m    meta
-	snap *snapshot // nil once closed
+	// mmu guards m, applied and snap, and is held for nothing longer than a pointer swap or a reference count:
+	// reads take it to find what to read, writes to publish what is durable.
+	mmu     sync.Mutex
+	m       meta
+	applied uint64    // the timestamp of the store's last applied commit, which reads read at
+	snap    *snapshot // nil once closed
 	// live counts the snapshots not yet discarded, so Close waits for the reads still using one.
 	live sync.WaitGroup
 	// heldCommit, when set (tests only), is called by a write group's commit once Badger has applied it and
@@ -110,8 +120,6 @@ type Store struct {
 
 	// Since Open: items and bytes deleted by retention passes, and items whose keys the sweep removed.
 	deleted, deletedBytes, swept atomic.Int64
-
-	owner *DB // the database that opened it, nil for Open alone
 }
 
 const (
@@ -119,134 +127,112 @@ const (
 	fileMode fs.FileMode = 0o600
 )
 
-// Open opens (or creates) the store described by opts.
+// Open opens (or creates) the store described by opts in a database of its own at opts.Dir (or in memory),
+// holding this one mailbox (opts.ID, which may be empty); the store's Close closes the database.
 func Open(opts Options) (*Store, error) {
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	bo := badger.DefaultOptions(opts.Dir).
-		WithLogger(badgerLogger{log}).
-		// Write calls are serialized by the store, so Badger's conflict tracking is pure overhead.
-		WithDetectConflicts(false).
-		// Every commit is fsynced: a returned Write must survive a crash of the process or the machine, since
-		// the Kafka offsets covering it are committed next. (An explicit DB.Sync after the commit would spare
-		// retention's deletes their fsyncs, but it syncs only the newest value-log file: a commit that rotated
-		// the log would leave its values unsynced in the previous one.)
-		WithSyncWrites(true).
-		WithNumCompactors(2).
-		WithMetricsEnabled(false)
-	bo = opts.Memory.apply(bo)
-	if opts.InMemory {
-		bo = bo.WithDir("").WithValueDir("").WithInMemory(true).WithMemTableSize(16 << 20).WithBlockCacheSize(8 << 20)
-	} else {
-		// Envelopes (about 1 KiB) go to the value log; the LSM tree holds only keys and small values. (In memory
-		// there is no value log, so values stay in the tree.)
-		bo = bo.WithValueThreshold(256).
-			// Value-log GC rewrites a whole file once half of it is garbage: files of 128 MiB (not Badger's
-			// 1 GiB) let retention give space back in steps proportionate to a mailbox.
-			WithValueLogFileSize(cmp.Or(opts.vlogFileSize, 128<<20))
-		if opts.l0Tables > 0 {
-			bo = bo.WithNumLevelZeroTables(opts.l0Tables)
-		}
-		if opts.Dir == "" {
-			return nil, errors.New("open store: Dir is empty")
-		}
-		if err := os.MkdirAll(opts.Dir, dirMode); err != nil {
-			return nil, fmt.Errorf("open store: %w", err)
-		}
-		if err := fixModes(opts.Dir); err != nil {
-			return nil, fmt.Errorf("open store: %w", err)
-		}
-		if err := checkTables(opts.Dir, bo); err != nil {
-			return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
-		}
-		if err := checkValueLogs(opts.Dir, 2*bo.ValueLogFileSize); err != nil {
-			return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
-		}
-	}
-	db, err := badger.Open(bo)
+	db, err := OpenDB(DBOptions{
+		Dir: opts.Dir, InMemory: opts.InMemory, Memory: opts.Memory, Logger: opts.Logger,
+		vlogFileSize: opts.vlogFileSize, l0Tables: opts.l0Tables,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", opts.Dir, err)
+		return nil, err
 	}
-	s := &Store{opts: opts, log: log, db: db, chunk: retentionChunk}
-	if err := db.View(func(txn *badger.Txn) error {
-		it, err := txn.Get(metaKey)
-		if errors.Is(err, badger.ErrKeyNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		return it.Value(func(v []byte) error {
-			s.m, err = decodeMeta(v)
-			return err
-		})
-	}); err != nil {
+	so := opts
+	so.Dir, so.InMemory, so.Memory = "", false, Memory{}
+	s, err := db.Open(so)
+	if err != nil {
 		_ = db.Close()
-		return nil, fmt.Errorf("open store %s: read counters: %w", opts.Dir, err)
+		return nil, err
 	}
-	if err := db.View(func(txn *badger.Txn) error {
-		s.m.setBounds(txn)
-		return nil
-	}); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("open store %s: read bounds: %w", opts.Dir, err)
-	}
-	if err := db.View(func(txn *badger.Txn) error {
-		it, err := txn.Get(dictKey)
-		if errors.Is(err, badger.ErrKeyNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		return it.Value(func(v []byte) error {
-			d := s2.NewDict(bytes.Clone(v))
-			if d == nil {
-				return fmt.Errorf("%w: invalid dictionary", errCorruptRecord)
-			}
-			s.dict.Store(d)
-			return nil
-		})
-	}); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("open store %s: read compression dictionary: %w", opts.Dir, err)
-	}
-	s.wm = s.m
-	s.wfloor = s.m.floor()
-	if err := s.fixModes(); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("open store: %w", err)
-	}
-	s.publish(s.m)
+	s.private = true
 	return s, nil
 }
 
-// snapshot is what every read uses: a Badger read transaction opened when nothing was in flight, and the
-// counters, floor and bounds as of the same commit. Badger's read transactions wait, when opened, for every
-// commit already sent to be applied (its fsync included), so a query opening its own while ingest has a batch
-// in flight would wait for that batch; sharing a transaction opened between commits never waits. Badger's
-// read-only transactions are safe for concurrent Gets and iterators.
-type snapshot struct {
-	txn  *badger.Txn
-	m    meta
-	refs int // guarded by Store.mmu; the store holds one while the snapshot is current
+// newStore reads the state of mailbox b as its last commit left it.
+func newStore(db *DB, opts Options, b box) (*Store, error) {
+	log := opts.Logger
+	if log == nil {
+		log = db.log
+	}
+	s := &Store{opts: opts, log: log, db: db.bdb, owner: db, box: b, chunk: retentionChunk}
+	// Nothing of the mailbox is in flight: it was not open.
+	ts, unpin := db.pinLatest()
+	defer unpin()
+	txn := db.bdb.NewTransactionAt(ts, false)
+	defer txn.Discard()
+	v, err := getValue(txn, b.metaKey())
+	if err == nil {
+		s.m, err = decodeMeta(v)
+	}
+	if err != nil && !errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, fmt.Errorf("open store %q: read counters: %w", opts.ID, err)
+	}
+	s.m.setBounds(txn, b)
+	v, err = getValue(txn, b.dictKey())
+	if err == nil {
+		d := s2.NewDict(v)
+		if d == nil {
+			err = fmt.Errorf("%w: invalid dictionary", errCorruptRecord)
+		}
+		s.dict.Store(d)
+	}
+	if err != nil && !errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, fmt.Errorf("open store %q: read compression dictionary: %w", opts.ID, err)
+	}
+	s.wm = s.m
+	s.wfloor = s.m.floor()
+	s.publish(s.m, ts)
+	return s, nil
 }
 
-// publish makes the store's state as it stands on disk, with counters m, what reads see from now on. It is
-// called after every commit is applied, with none in flight, so opening the transaction does not wait.
-func (s *Store) publish(m meta) {
-	sn := &snapshot{txn: s.db.NewTransaction(false), m: m, refs: 1}
+// snapshot is what every read uses: a Badger read transaction at the timestamp of the store's last applied
+// commit, and the counters, floor and bounds as of the same commit. In managed mode (DB) opening it never waits;
+// it is shared, so a query opens no transaction at all. Badger's read-only transactions are safe for concurrent
+// Gets and iterators.
+type snapshot struct {
+	txn   *badger.Txn
+	unpin func()
+	m     meta
+	refs  int // guarded by Store.mmu; the store holds one while the snapshot is current
+}
+
+// publish makes the store's state as of its commit at ts, with counters m, what reads see from now on. It is
+// called once that commit is applied, with none of the store's own in flight.
+func (s *Store) publish(m meta, ts uint64) {
+	sn := &snapshot{unpin: s.owner.pin(ts), txn: s.db.NewTransactionAt(ts, false), m: m, refs: 1}
 	s.live.Add(1)
 	s.mmu.Lock()
 	s.m = m
+	s.applied = ts
 	old := s.snap
 	s.snap = sn
 	s.mmu.Unlock()
 	if old != nil {
 		s.release(old)
 	}
+}
+
+// begin opens a transaction reading the store as of its last applied commit, pinned until done is called. It is
+// for the writer (wmu held, nothing in flight), and fails once the store is closed.
+func (s *Store) begin(update bool) (txn *badger.Txn, done func(), err error) {
+	if s.closed.Load() {
+		return nil, nil, badger.ErrDBClosed
+	}
+	s.mmu.Lock()
+	ts := s.applied
+	unpin := s.owner.pin(ts)
+	s.mmu.Unlock()
+	txn = s.db.NewTransactionAt(ts, update)
+	return txn, func() { txn.Discard(); unpin() }, nil
+}
+
+// ready waits for the commit that created the mailbox, if it is new, and says if that failed.
+func (s *Store) ready() error {
+	if s.created == nil {
+		return nil
+	}
+	<-s.created.done
+	return s.created.err
 }
 
 // acquire returns the current snapshot, referenced until release, or nil once the store is closed.
@@ -267,6 +253,7 @@ func (s *Store) release(sn *snapshot) {
 	s.mmu.Unlock()
 	if last {
 		sn.txn.Discard()
+		sn.unpin()
 		s.live.Done()
 	}
 }
@@ -281,10 +268,12 @@ func (s *Store) view(fn func(txn *badger.Txn, m meta) error) error {
 	return fn(sn.txn, sn.m)
 }
 
-// Close releases the store.
+// Close releases the store, after its write in flight and its reads in progress; a store opened by Open alone
+// closes its database too.
 func (s *Store) Close() error {
 	s.wmu.Lock()
 	s.settle()
+	s.closed.Store(true)
 	s.wmu.Unlock()
 	s.mmu.Lock()
 	sn := s.snap
@@ -294,20 +283,11 @@ func (s *Store) Close() error {
 		s.release(sn)
 	}
 	s.live.Wait()
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("close store %s: %w", s.opts.Dir, err)
+	s.owner.forget(s)
+	if s.private {
+		return s.owner.Close()
 	}
-	if s.owner != nil {
-		s.owner.forget(s)
-	}
-	return s.fixModes()
-}
-
-func (s *Store) fixModes() error {
-	if s.opts.InMemory {
-		return nil
-	}
-	return fixModes(s.opts.Dir)
+	return nil
 }
 
 // fixModes makes dir 0700 and every file in it 0600. Badger creates its tables, memtables and value logs with
@@ -350,14 +330,14 @@ func (s *Store) Get(ctx context.Context, messageID string) (*mailboxv1.MailboxIt
 	}
 	var out *mailboxv1.MailboxItem
 	err := s.view(func(txn *badger.Txn, m meta) error {
-		p, ok, err := lookupMsgID(txn, messageID)
+		p, ok, err := lookupPos(txn, msgIDKey(s.box, messageID))
 		if err != nil {
 			return err
 		}
 		if !ok || p.ts() < m.floor() {
 			return ErrNotFound
 		}
-		out, err = readItem(txn, p, s.dict.Load())
+		out, err = readItem(txn, s.box, p, s.dict.Load())
 		return err
 	})
 	if err != nil {
@@ -365,8 +345,6 @@ func (s *Store) Get(ctx context.Context, messageID string) (*mailboxv1.MailboxIt
 	}
 	return out, nil
 }
-
-func lookupMsgID(txn *badger.Txn, id string) (pos, bool, error) { return lookupPos(txn, msgIDKey(id)) }
 
 // lookupPos reads the position a message-id key holds.
 func lookupPos(txn *badger.Txn, key []byte) (pos, bool, error) {
@@ -388,8 +366,8 @@ func lookupPos(txn *badger.Txn, key []byte) (pos, bool, error) {
 	return p, err == nil, err
 }
 
-func readItem(txn *badger.Txn, p pos, dict *s2.Dict) (*mailboxv1.MailboxItem, error) {
-	it, err := txn.Get(itemKey(p))
+func readItem(txn *badger.Txn, b box, p pos, dict *s2.Dict) (*mailboxv1.MailboxItem, error) {
+	it, err := txn.Get(b.itemKey(p))
 	if err != nil {
 		return nil, fmt.Errorf("read item: %w", err)
 	}
@@ -446,21 +424,19 @@ func (s *Store) Stats(ctx context.Context) (*mailboxv1.MailboxStats, error) {
 	return st, nil
 }
 
-// setBounds finds oldest and newest in txn: the first live key at either end of the primary order.
-func (m *meta) setBounds(txn *badger.Txn) {
+// setBounds finds oldest and newest of mailbox b in txn: the first live key at either end of its primary order.
+func (m *meta) setBounds(txn *badger.Txn, b box) {
 	m.oldest, m.newest = math.MaxInt64, math.MinInt64
 	floor := m.floor()
 	for _, reverse := range []bool{false, true} {
-		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: false, Reverse: reverse, Prefix: []byte{prefixItem}})
-		seek := []byte{prefixItem}
+		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: false, Reverse: reverse, Prefix: b.itemPrefix()})
+		seek := b.itemPrefix()
 		if reverse {
-			seek = oldestFrom(floor)
+			seek = b.oldestFrom(floor)
 		}
 		it.Seek(seek)
 		if it.Valid() {
-			var p pos
-			copy(p[:], it.Item().Key()[1:])
-			if ts := p.ts(); ts >= floor {
+			if ts := posOfItem(it.Item().Key()).ts(); ts >= floor {
 				if reverse {
 					m.oldest = ts
 				} else {

@@ -426,8 +426,8 @@ func FuzzDecodeRecord(f *testing.F) {
 	})
 }
 
-func req(items ...*mailboxv1.MailboxItem) *writeReq {
-	return &writeReq{items: items, enc: encodeItems(items, true, nil)}
+func req(s *Store, items ...*mailboxv1.MailboxItem) *writeReq {
+	return &writeReq{items: items, enc: encodeItems(items, s.box, true, nil)}
 }
 
 // sendAndWait sends group as one flight, with wmu held as Write holds it, and waits for it.
@@ -451,9 +451,9 @@ func TestWriteGroup(t *testing.T) {
 	s := openMem(t, Options{})
 	mustWrite(t, s, item("stored", 1))
 	group := []*writeReq{
-		req(item("a", 2), item("stored", 1)),
-		req(item("a", 2), item("b", 3), item("b", 3)),
-		req(item("c", 4)),
+		req(s, item("a", 2), item("stored", 1)),
+		req(s, item("a", 2), item("b", 3), item("b", 3)),
+		req(s, item("c", 4)),
 	}
 	sendAndWait(s, group...)
 	want := []WriteResult{{Stored: 1, Duplicates: 1}, {Stored: 1, Duplicates: 2}, {Stored: 1}}
@@ -472,7 +472,7 @@ func TestWriteGroup(t *testing.T) {
 func TestPipelinedGroupDedupsTheGroupInFlight(t *testing.T) {
 	t.Parallel()
 	s := openMem(t, Options{})
-	first, second := req(item("a", 1), item("b", 2)), req(item("b", 2), item("c", 3))
+	first, second := req(s, item("a", 1), item("b", 2)), req(s, item("b", 2), item("c", 3))
 	s.wmu.Lock()
 	s.sendGroup([]*writeReq{first})
 	if s.spare == nil || s.inflight != first.f {
@@ -513,7 +513,8 @@ func TestGroupAfterAFailedFlightFails(t *testing.T) {
 	close(failed.done)
 	s.wmu.Lock()
 	s.settle()
-	s.inflight, s.spare = failed, s.db.NewTransaction(true)
+	s.inflight = failed
+	s.spare, s.spareDone, _ = s.begin(true)
 	s.wm.events++
 	s.wm.seq++
 	s.wmu.Unlock()
@@ -575,24 +576,55 @@ func TestWriteAfterCloseFails(t *testing.T) {
 	}
 }
 
-// TestOpenRefusesOldLayout: a store written with per-item index entries (meta version 2) is refused with
-// ErrOldLayout, which names the way out, rather than opened with indexes that read as empty.
+// TestOpenRefusesOldLayout: a store written before the one-database layout (a Badger per mailbox, its keys
+// without a mailbox number, no layout version) or with a newer layout version is refused with ErrOldLayout,
+// which names the directory and the way out, rather than opened as empty; so is a mailbox whose meta says it
+// was written with per-item index entries.
 func TestOpenRefusesOldLayout(t *testing.T) {
 	t.Parallel()
-	dir := filepath.Join(t.TempDir(), "mbox")
-	s := openDir(t, dir, Options{})
-	mustWrite(t, s, item("a", 1))
-	v2 := []byte{2, 2, 2, 1, 0} // events 1, bytes 1, seq 1, no floor
-	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Set(metaKey, v2) }); err != nil {
-		t.Fatal(err)
-	}
-	must(t, s.Close())
-	s, err := Open(Options{Dir: dir, Logger: quiet})
-	if err == nil {
-		s.Close()
-		t.Fatal("a store in the old layout opened")
-	}
-	if !errors.Is(err, ErrOldLayout) || !strings.Contains(err.Error(), "prism runner rebuild") || !strings.Contains(err.Error(), dir) {
-		t.Errorf("open: %v; want ErrOldLayout naming the store and prism runner rebuild", err)
-	}
+	t.Run("a Badger per mailbox", func(t *testing.T) {
+		t.Parallel()
+		dir := filepath.Join(t.TempDir(), "mbox")
+		bdb, err := badger.Open(badger.DefaultOptions(dir).WithLogger(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v3 := []byte{3, 2, 2, 1, 0, 0} // events 1, bytes 1, seq 1, no floor, no span
+		must(t, bdb.Update(func(txn *badger.Txn) error { return txn.Set([]byte("!meta"), v3) }))
+		must(t, bdb.Close())
+		s, err := Open(Options{Dir: dir, Logger: quiet})
+		if err == nil {
+			s.Close()
+			t.Fatal("a store in the old layout opened")
+		}
+		if !errors.Is(err, ErrOldLayout) || !strings.Contains(err.Error(), "prism runner rebuild") || !strings.Contains(err.Error(), dir) {
+			t.Errorf("open: %v; want ErrOldLayout naming the store and prism runner rebuild", err)
+		}
+	})
+	t.Run("per-item index entries", func(t *testing.T) {
+		t.Parallel()
+		dir := filepath.Join(t.TempDir(), "mbox")
+		s := openDir(t, dir, Options{ID: "a@p"})
+		mustWrite(t, s, item("a", 1))
+		v2 := []byte{2, 2, 2, 1, 0} // events 1, bytes 1, seq 1, no floor
+		setRaw(t, s, s.box.metaKey(), v2)
+		must(t, s.Close())
+		s, err := Open(Options{Dir: dir, ID: "a@p", Logger: quiet})
+		if err == nil {
+			s.Close()
+			t.Fatal("a store in the old layout opened")
+		}
+		if !errors.Is(err, ErrOldLayout) || !strings.Contains(err.Error(), "prism runner rebuild") || !strings.Contains(err.Error(), "a@p") {
+			t.Errorf("open: %v; want ErrOldLayout naming the mailbox and prism runner rebuild", err)
+		}
+	})
+}
+
+// setRaw sets key to v in s's database, as a write of s would.
+func setRaw(t *testing.T, s *Store, key, v []byte) {
+	t.Helper()
+	txn := s.db.NewTransactionAt(0, true)
+	defer txn.Discard()
+	must(t, txn.Set(key, v))
+	must(t, txn.CommitAt(s.owner.nextTs(), nil))
 }

@@ -44,15 +44,18 @@ func (s *Store) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (Writ
 	if err := ctx.Err(); err != nil {
 		return WriteResult{}, err
 	}
+	if err := s.ready(); err != nil {
+		return WriteResult{}, fmt.Errorf("write: %w", err)
+	}
 	var enc []encoded
 	if s.opts.plainRecords {
-		enc = encodeItems(items, false, nil)
+		enc = encodeItems(items, s.box, false, nil)
 	} else {
 		dict, err := s.dictionary(items)
 		if err != nil {
 			return WriteResult{}, err
 		}
-		enc = encodeItems(items, true, dict)
+		enc = encodeItems(items, s.box, true, dict)
 	}
 	req := &writeReq{items: items, enc: enc, groups: groupValues(enc)}
 	s.qmu.Lock()
@@ -123,10 +126,10 @@ func groupValues(enc []encoded) []valueGroup {
 	return groups
 }
 
-// encodeItems encodes a batch: each record is built and compressed in buffers reused from item to item, and what
+// encodeItems encodes a batch for mailbox b: each record is built and compressed in buffers reused from item to item, and what
 // is kept (the stored value, keys and prefixes) is carved out of an arena, a few allocations per batch instead
 // of nine per item.
-func encodeItems(items []*mailboxv1.MailboxItem, compress bool, dict *s2.Dict) []encoded {
+func encodeItems(items []*mailboxv1.MailboxItem, b box, compress bool, dict *s2.Dict) []encoded {
 	enc := make([]encoded, len(items))
 	index := make([][]byte, 0, 4*len(items))
 	var a arena
@@ -139,11 +142,11 @@ func encodeItems(items []*mailboxv1.MailboxItem, compress bool, dict *s2.Dict) [
 			v, format = storeRecord(comp, rec, len(it.GetEnvelopeBlob()), dict)
 		}
 		start := len(index)
-		index = indexPrefixes(index, &a, it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId())
+		index = indexPrefixes(index, &a, b, it.GetTopic(), it.GetPrincipal(), it.GetCorrelationId(), it.GetTraceId())
 		enc[i] = encoded{
 			rec:    a.copy(v),
 			format: format,
-			keys:   itemKeys(&a, pos{}, it.GetMessageId()),
+			keys:   itemKeys(&a, b, pos{}, it.GetMessageId()),
 			index:  index[start:len(index):len(index)],
 		}
 	}
@@ -166,8 +169,17 @@ func (s *Store) dictionary(items []*mailboxv1.MailboxItem) (*s2.Dict, error) {
 	if d == nil {
 		return nil, nil
 	}
-	// Synced (SyncWrites) like every commit; a crash before the first record using it leaves it unused.
-	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Set(dictKey, d.Bytes()) }); err != nil {
+	// Synced (SyncWrites) like every commit; a crash before the first record using it leaves it unused. The
+	// transaction reads nothing: its read timestamp does not matter.
+	if s.closed.Load() {
+		return nil, fmt.Errorf("write: %w", badger.ErrDBClosed)
+	}
+	txn := s.db.NewTransactionAt(0, true)
+	defer txn.Discard()
+	if err := txn.Set(s.box.dictKey(), d.Bytes()); err != nil {
+		return nil, fmt.Errorf("write: store the compression dictionary: %w", err)
+	}
+	if err := txn.CommitAt(s.owner.nextTs(), nil); err != nil {
 		return nil, fmt.Errorf("write: store the compression dictionary: %w", err)
 	}
 	s.dict.Store(d)
@@ -187,13 +199,20 @@ func (s *Store) sendGroup(group []*writeReq) {
 	for _, r := range group {
 		r.taken = true
 	}
-	prev, txn := s.inflight, s.spare
-	s.spare = nil
+	prev, txn, done := s.inflight, s.spare, s.spareDone
+	s.spare, s.spareDone = nil, nil
 	if txn == nil {
-		// Without a spare, a new transaction waits for every commit sent, so nothing is in flight any more.
 		s.settle()
-		prev, txn = nil, s.db.NewTransaction(true)
+		var err error
+		if txn, done, err = s.begin(true); err != nil {
+			for _, r := range group {
+				r.err = fmt.Errorf("write: %w", err)
+			}
+			return
+		}
+		prev = nil
 	}
+	defer done()
 	m := s.wm
 	n := 0
 	for _, r := range group {
@@ -202,10 +221,9 @@ func (s *Store) sendGroup(group []*writeReq) {
 	f := &flight{ids: make(map[string]struct{}, n), done: make(chan struct{})}
 	res, stored, err := fill(txn, group, prev, s.wfloor, &m, f.ids)
 	if err == nil && stored > 0 {
-		err = txn.Set(metaKey, m.encode())
+		err = txn.Set(s.box.metaKey(), m.encode())
 	}
 	if errors.Is(err, badger.ErrTxnTooBig) {
-		txn.Discard()
 		s.settle()
 		s.writeEach(group)
 		return
@@ -220,7 +238,6 @@ func (s *Store) sendGroup(group []*writeReq) {
 		}
 	}
 	if err != nil || stored == 0 {
-		txn.Discard()
 		for i, r := range group {
 			if err != nil {
 				r.err = err
@@ -230,15 +247,21 @@ func (s *Store) sendGroup(group []*writeReq) {
 		}
 		return
 	}
-	// Every commit sent so far is applied, so this does not wait; it will not see the group sent next.
-	s.spare = s.db.NewTransaction(true)
+	// Opened before the group is sent, at the store's last applied commit: it will not see the group.
+	if s.spare, s.spareDone, err = s.begin(true); err != nil {
+		for _, r := range group {
+			r.err = fmt.Errorf("write: %w", err)
+		}
+		return
+	}
 	s.wm = m
 	s.inflight = f
 	for i, r := range group {
 		r.res, r.f = res[i], f
 	}
 	hold := s.heldCommit
-	txn.CommitWith(func(err error) {
+	ts := s.owner.nextTs()
+	_ = txn.CommitAt(ts, func(err error) {
 		if err != nil {
 			f.err = fmt.Errorf("write: commit: %w", err)
 		} else {
@@ -246,7 +269,7 @@ func (s *Store) sendGroup(group []*writeReq) {
 				hold()
 			}
 			// Nothing else is in flight: the next group waits for done, retention and Close for settle.
-			s.publish(m)
+			s.publish(m, ts)
 		}
 		close(f.done)
 	})
@@ -263,8 +286,8 @@ func (s *Store) settle() {
 		}
 	}
 	if s.spare != nil {
-		s.spare.Discard()
-		s.spare = nil
+		s.spareDone()
+		s.spare, s.spareDone = nil, nil
 	}
 }
 
@@ -307,7 +330,7 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			m.seq++
 			p := makePos(it.GetTimestamp(), m.seq)
 			ps[i] = p
-			copy(e.keys[0][1:], p[:])
+			copy(e.keys[0][boxLen+1:], p[:])
 			if err := txn.SetEntry(badger.NewEntry(e.keys[0], e.rec).WithMeta(e.format)); err != nil {
 				return nil, 0, fmt.Errorf("write %q: %w", id, err)
 			}
@@ -384,8 +407,11 @@ func (s *Store) writeChunk(r *writeReq) (WriteResult, error) {
 // writeTxn writes one batch in one synchronous transaction; it must be called with wmu held and nothing in
 // flight.
 func (s *Store) writeTxn(r *writeReq) (WriteResult, error) {
-	txn := s.db.NewTransaction(true)
-	defer txn.Discard()
+	txn, done, err := s.begin(true)
+	if err != nil {
+		return WriteResult{}, fmt.Errorf("write: %w", err)
+	}
+	defer done()
 	m := s.wm
 	res, stored, err := fill(txn, []*writeReq{r}, nil, s.wfloor, &m, map[string]struct{}{})
 	if err != nil {
@@ -394,14 +420,15 @@ func (s *Store) writeTxn(r *writeReq) (WriteResult, error) {
 	if stored == 0 {
 		return res[0], nil
 	}
-	if err := txn.Set(metaKey, m.encode()); err != nil {
+	if err := txn.Set(s.box.metaKey(), m.encode()); err != nil {
 		return WriteResult{}, fmt.Errorf("write counters: %w", err)
 	}
-	if err := txn.Commit(); err != nil {
+	ts := s.owner.nextTs()
+	if err := txn.CommitAt(ts, nil); err != nil {
 		return WriteResult{}, fmt.Errorf("write: commit: %w", err)
 	}
 	s.wm = m
-	s.publish(m)
+	s.publish(m, ts)
 	return res[0], nil
 }
 
