@@ -155,6 +155,15 @@ func TestKill9Postings(t *testing.T) {
 
 	s := openDir(t, dir, Options{})
 	defer s.Close()
+	found := checkPostingsCrash(t, s, acked)
+	t.Logf("killed after %d acknowledged batches; the next was stored: %v", acked+1, found)
+}
+
+// checkPostingsCrash checks s after its writer of postingBatch batches was killed once it had acknowledged batch
+// acked: the batches up to it are there, the next whole or not at all (it says which), the counters, posting
+// blocks and queries exact.
+func checkPostingsCrash(t *testing.T, s *Store, acked int) bool {
+	t.Helper()
 	ctx := context.Background()
 	var model []stored
 	add := func(items []*mailboxv1.MailboxItem) {
@@ -189,7 +198,68 @@ func TestKill9Postings(t *testing.T) {
 	}
 	checkPostings(t, s, model, math.MinInt64)
 	checkQueriesScaled(t, mrand.New(mrand.NewSource(1)), s, model, 150, 1)
-	t.Logf("killed after %d acknowledged batches; the next was stored: %v", acked+1, found > 0)
+	return found > 0
+}
+
+const (
+	mailboxesChildEnv = "PRISM_STORE_MAILBOXES_CRASH_CHILD_DIR"
+	crashMailboxes    = 3
+)
+
+// TestMailboxesCrashChild is the writer process of TestKill9Mailboxes; it does nothing in a normal run.
+func TestMailboxesCrashChild(t *testing.T) {
+	dir := os.Getenv(mailboxesChildEnv)
+	if dir == "" {
+		t.Skip("only run as TestKill9Mailboxes' child process")
+	}
+	fail := func(err error) {
+		fmt.Println("error", err)
+		os.Exit(2)
+	}
+	db, err := OpenDB(DBOptions{Dir: dir, Logger: quiet})
+	if err != nil {
+		fail(err)
+	}
+	stores := make([]*Store, crashMailboxes)
+	for i := range stores {
+		if stores[i], err = db.Open(Options{ID: fmt.Sprintf("m%d@p", i), Logger: quiet}); err != nil {
+			fail(err)
+		}
+	}
+	for b := range postingMaxBatches {
+		errs := make(chan error, len(stores))
+		for _, s := range stores {
+			go func() {
+				_, err := s.Write(context.Background(), postingBatch(b))
+				errs <- err
+			}()
+		}
+		for range stores {
+			if err := <-errs; err != nil {
+				fail(err)
+			}
+		}
+		fmt.Println("acked", b) // every mailbox has stored batch b
+	}
+	os.Exit(0)
+}
+
+// TestKill9Mailboxes is TestKill9Postings with several mailboxes of one database writing at once, their commits
+// interleaved in one Badger: after the kill each mailbox holds every acknowledged batch, its batch in flight
+// whole or not at all (each on its own), and answers exactly its own items.
+func TestKill9Mailboxes(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "db")
+	acked := killWriterMidBatch(t, "TestMailboxesCrashChild", mailboxesChildEnv, dir, 10, postingMaxBatches)
+
+	db := openDB(t, dir)
+	defer db.Close()
+	var found []bool
+	for i := range crashMailboxes {
+		s := openIn(t, db, fmt.Sprintf("m%d@p", i))
+		found = append(found, checkPostingsCrash(t, s, acked))
+	}
+	t.Logf("killed after %d acknowledged batches; the next was stored in mailboxes: %v", acked+1, found)
 }
 
 // killWriterMidBatch runs test child (a writer printing "acked <batch>" after each Write returns) with env=dir, waits

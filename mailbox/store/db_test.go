@@ -2,8 +2,16 @@ package store
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math/rand"
 	"slices"
+	"sync"
 	"testing"
+	"time"
+
+	badger "github.com/dgraph-io/badger/v4"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
 func openDB(t *testing.T, dir string) *DB {
@@ -81,6 +89,305 @@ func TestDBMailboxes(t *testing.T) {
 		}
 		if st := s.Usage(); st.Events != int64(len(tc.want)) {
 			t.Errorf("%s counts %d events, want %d", tc.id, st.Events, len(tc.want))
+		}
+	}
+}
+
+// boxKeys counts the keys of mailbox b in db, whatever store they belong to.
+func boxKeys(t *testing.T, db *DB, b box) int {
+	t.Helper()
+	n := 0
+	err := db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: b[:], PrefetchValues: false})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// awaitNoKeys waits until mailbox b holds no key in db: its drop has run.
+func awaitNoKeys(t *testing.T, db *DB, b box) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); boxKeys(t, db, b) > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("mailbox number %d still holds %d keys after its drop", b.num(), boxKeys(t, db, b))
+		}
+	}
+}
+
+// TestQueryMatchesBruteForceSharedDB runs the brute-force property test on several mailboxes of one database at
+// once, their writes, retention passes and sweeps interleaved (the same message ids and indexed values in all
+// of them): each mailbox answers exactly what was written to it. Then one is dropped and opened again: it is
+// empty, its old keys go, and every other mailbox still answers exactly.
+func TestQueryMatchesBruteForceSharedDB(t *testing.T) {
+	t.Parallel()
+	db, err := OpenDB(DBOptions{InMemory: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const mailboxes = 6
+	stores := make([]*Store, mailboxes)
+	models := make([][]stored, mailboxes)
+	t.Run("interleaved", func(t *testing.T) {
+		for d := range mailboxes {
+			t.Run(fmt.Sprintf("mailbox-%d", d), func(t *testing.T) {
+				t.Parallel()
+				s, err := db.Open(Options{ID: fmt.Sprintf("m%d@p", d), MaxAge: time.Millisecond, Logger: quiet})
+				if err != nil {
+					t.Fatal(err)
+				}
+				stores[d] = s
+				sh := smallBatches
+				if d%3 == 2 {
+					sh = shape{batch: 300, scale: maxBlockSpan / 8}
+				}
+				models[d] = bruteForceOn(t, s, d, sh)
+			})
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	dropped := stores[0].box
+	if keys := boxKeys(t, db, dropped); keys == 0 && len(models[0]) > 0 {
+		t.Fatal("the mailbox to drop holds no key")
+	}
+	must(t, stores[0].Close())
+	must(t, db.Drop("m0@p"))
+	s, err := db.Open(Options{ID: "m0@p", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.box == dropped {
+		t.Fatalf("the mailbox opened again got its dropped number %d", dropped.num())
+	}
+	resp, err := s.Query(context.Background(), nil)
+	if err != nil || len(resp.GetItems()) != 0 || s.Usage().Events != 0 {
+		t.Errorf("the mailbox opened again after its drop: %v items, %d events, %v; want empty", ids(resp.GetItems()), s.Usage().Events, err)
+	}
+	if len(models[0]) > 0 {
+		if _, err := s.Get(context.Background(), models[0][0].it.GetMessageId()); !errors.Is(err, ErrNotFound) {
+			t.Errorf("get of a dropped item: %v, want ErrNotFound", err)
+		}
+	}
+	awaitNoKeys(t, db, dropped)
+	r := rand.New(rand.NewSource(99))
+	for d := 1; d < mailboxes; d++ {
+		sh := int64(1)
+		if d%3 == 2 {
+			sh = maxBlockSpan / 8
+		}
+		checkQueriesScaled(t, r, stores[d], models[d], 40, sh)
+	}
+}
+
+// TestDropResumesAfterACrash: a drop whose keys were not deleted yet (the process died right after Drop
+// returned) finishes on the next OpenDB, and the mailbox stays dropped.
+func TestDropResumesAfterACrash(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	db, err := OpenDB(DBOptions{Dir: dir, Logger: quiet, holdDrops: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, gone := openIn(t, db, "keep@p"), openIn(t, db, "gone@p")
+	mustWrite(t, keep, seqItems(50, 100)...)
+	mustWrite(t, gone, seqItems(500, 100)...)
+	b := gone.box
+	must(t, gone.Close())
+	must(t, db.Drop("gone@p"))
+	if n := boxKeys(t, db, b); n == 0 {
+		t.Fatal("the drop deleted keys while drops were held")
+	}
+	must(t, db.Close())
+
+	db = openDB(t, dir)
+	defer db.Close()
+	awaitNoKeys(t, db, b)
+	if listed, err := db.IDs(); err != nil || !slices.Equal(listed, []string{"keep@p"}) {
+		t.Errorf("IDs after the resumed drop: %v, %v; want only keep@p", listed, err)
+	}
+	keep = openIn(t, db, "keep@p")
+	if n := keep.Usage().Events; n != 50 {
+		t.Errorf("the mailbox kept holds %d events, want 50", n)
+	}
+	// The drop's record goes with its last keys: nothing is left to resume.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		err := db.bdb.View(func(txn *badger.Txn) error {
+			_, err := txn.Get(dropKey(b))
+			return err
+		})
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the drop's record is still there: %v", err)
+		}
+	}
+}
+
+// TestReadsDoNotWaitForAnotherMailbox holds mailbox A's write group after it took its commit timestamp and
+// before Badger has it (a commit in flight, which an unmanaged Badger makes every new read transaction wait
+// for), and checks that mailbox B's queries, Get and Stats answer, its writes and a retention pass complete and
+// are read back, and a mailbox opened meanwhile works, all within answerBound; A's write completes once released.
+func TestReadsDoNotWaitForAnotherMailbox(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	a, b := openIn(t, db, "a@p"), openIn(t, db, "b@p")
+	mustWrite(t, a, item("a-before", 1000))
+	mustWrite(t, b, item("b-before", 1000))
+
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	unhold := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unhold)
+	a.heldSend = func() {
+		close(held)
+		<-release
+	}
+	written := make(chan error, 1)
+	go func() {
+		_, err := a.Write(context.Background(), []*mailboxv1.MailboxItem{item("a-held", 2000)})
+		written <- err
+	}()
+	<-held
+
+	ctx := context.Background()
+	steps := []struct {
+		name string
+		run  func() error
+	}{
+		{"query b", func() error {
+			resp, err := b.Query(ctx, &mailboxv1.EventFilter{Topics: []string{"orders.created"}})
+			if got := ids(resp.GetItems()); err == nil && !slices.Equal(got, []string{"b-before@1000"}) {
+				return fmt.Errorf("got %v", got)
+			}
+			return err
+		}},
+		{"stats b", func() error {
+			st, err := b.Stats(ctx)
+			if err == nil && st.GetTotalEvents() != 1 {
+				return fmt.Errorf("stats %v", st)
+			}
+			return err
+		}},
+		{"write b", func() error {
+			_, err := b.Write(ctx, []*mailboxv1.MailboxItem{item("b-during", 3000)})
+			return err
+		}},
+		{"read b's write back", func() error {
+			resp, err := b.Query(ctx, nil)
+			if got := ids(resp.GetItems()); err == nil && !slices.Equal(got, []string{"b-during@3000", "b-before@1000"}) {
+				return fmt.Errorf("got %v", got)
+			}
+			return err
+		}},
+		{"retention pass on b", func() error {
+			b.opts.MaxAge = time.Second
+			res, err := b.RetainOnce(ctx, time.UnixMilli(2500))
+			if err == nil && res.Deleted != 1 {
+				return fmt.Errorf("deleted %d, want 1", res.Deleted)
+			}
+			if err == nil {
+				_, err = b.Sweep(ctx)
+			}
+			return err
+		}},
+		{"get on a", func() error {
+			if _, err := a.Get(ctx, "a-held"); !errors.Is(err, ErrNotFound) {
+				return fmt.Errorf("the held item is visible: %v", err)
+			}
+			_, err := a.Get(ctx, "a-before")
+			return err
+		}},
+		{"open, write and query c", func() error {
+			c, err := db.Open(Options{ID: "c@p", Logger: quiet})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if _, err := c.Write(ctx, []*mailboxv1.MailboxItem{item("c-1", 1)}); err != nil {
+				return err
+			}
+			resp, err := c.Query(ctx, nil)
+			if got := ids(resp.GetItems()); err == nil && !slices.Equal(got, []string{"c-1@1"}) {
+				return fmt.Errorf("got %v", got)
+			}
+			return err
+		}},
+	}
+	for _, st := range steps {
+		done := make(chan error, 1)
+		go func() { done <- st.run() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s while a's write is held: %v", st.name, err)
+			}
+		case <-time.After(answerBound):
+			t.Fatalf("%s did not complete within %v while a's write was held", st.name, answerBound)
+		}
+	}
+	unhold()
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Get(ctx, "a-held"); err != nil {
+		t.Errorf("a's held item after the release: %v", err)
+	}
+}
+
+// BenchmarkOpen1000 opens a database holding 1,000 mailboxes (a few items each) and all their stores, and closes
+// them: what a runner restarting with 1,000 mailboxes pays before serving them.
+func BenchmarkOpen1000(b *testing.B) {
+	const mailboxes = 1000
+	dir := b.TempDir()
+	db, err := OpenDB(DBOptions{Dir: dir, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range mailboxes {
+		s, err := db.Open(Options{ID: fmt.Sprintf("mailbox-%04d@p", i), Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.Write(context.Background(), seqItems(10, 512)); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		db, err := OpenDB(DBOptions{Dir: dir, Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids, err := db.IDs()
+		if err != nil || len(ids) != mailboxes {
+			b.Fatalf("%d mailboxes listed, %v", len(ids), err)
+		}
+		for _, id := range ids {
+			if _, err := db.Open(Options{ID: id, Logger: quiet}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := db.Close(); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

@@ -234,9 +234,13 @@ func TestQueryMatchesBruteForceBigBatches(t *testing.T) {
 
 // bruteForceDataset writes dataset d of shape sh and checks random queries on it against the brute force.
 func bruteForceDataset(t *testing.T, d int, sh shape) {
+	bruteForceOn(t, openMem(t, Options{MaxAge: time.Millisecond}), d, sh)
+}
+
+// bruteForceOn is bruteForceDataset on s, a store with a MaxAge of a millisecond, and returns what s holds.
+func bruteForceOn(t *testing.T, s *Store, d int, sh shape) []stored {
 	const filters = 150
 	r := rand.New(rand.NewSource(int64(d)))
-	s := openMem(t, Options{MaxAge: time.Millisecond})
 	model := genShaped(t, r, s, "id", sh)
 	if d%2 == 1 {
 		// Half the datasets have had a retention pass, half of those its sweep too: queries must
@@ -256,6 +260,7 @@ func bruteForceDataset(t *testing.T, d int, sh shape) {
 		}
 	}
 	checkQueriesScaled(t, r, s, model, filters, sh.scale)
+	return model
 }
 
 // checkPostings asserts that after a sweep to floor the posting blocks list exactly the positions of the items

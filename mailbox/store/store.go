@@ -110,6 +110,9 @@ type Store struct {
 	// heldCommit, when set (tests only), is called by a write group's commit once Badger has applied it and
 	// before the store publishes it or its Write returns: a batch held mid-commit.
 	heldCommit func()
+	// heldSend, when set (tests only), is called by a write group once it has its commit timestamp and before it
+	// is sent to Badger: a commit in flight.
+	heldSend func()
 
 	chunk int // items per retention transaction; retentionChunk except in tests
 

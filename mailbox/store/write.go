@@ -261,6 +261,9 @@ func (s *Store) sendGroup(group []*writeReq) {
 	}
 	hold := s.heldCommit
 	ts := s.owner.nextTs()
+	if s.heldSend != nil {
+		s.heldSend()
+	}
 	_ = txn.CommitAt(ts, func(err error) {
 		if err != nil {
 			f.err = fmt.Errorf("write: commit: %w", err)
