@@ -22,6 +22,7 @@ import (
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
@@ -199,6 +200,9 @@ type Node struct {
 
 	// startedEmpty: the stores held no raft state when the node started.
 	startedEmpty bool
+
+	gaps    prometheus.Histogram // contact.go
+	checkMu sync.Mutex           // one checkHeartbeatNow at a time
 }
 
 // New opens (or creates) the node's stores, starts Raft, and bootstraps when
@@ -215,6 +219,7 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 		obsCh:    make(chan raft.Observation, 64),
 		stop:     make(chan struct{}),
 		changed:  make(chan struct{}),
+		gaps:     newContactGaps(),
 	}
 	level := hclog.Info
 	if n.log.Enabled(context.Background(), slog.LevelDebug) {
@@ -314,8 +319,9 @@ func New(cfg Config, fsm raft.FSM) (*Node, error) {
 			cleanup()
 			return nil, err
 		}
-		n.trans = tr
-		closers = append(closers, tr.Close)
+		wt := newWatchedTransport(tr, n.newContactWatch(cfg.Timing.HeartbeatTimeout))
+		n.trans = wt
+		closers = append(closers, wt.Close)
 		if cfg.Advertise == "" {
 			cfg.Advertise = string(tr.LocalAddr())
 		}

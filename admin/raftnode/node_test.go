@@ -1,6 +1,7 @@
 package raftnode
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -166,6 +167,8 @@ type testCluster struct {
 	peers []Peer
 	fsms  []*kvFSM
 	nodes []*Node
+	// timing overrides FastTiming for some nodes, by index.
+	timing map[int]Timing
 }
 
 func listen(t *testing.T) net.Listener {
@@ -216,7 +219,7 @@ func (c *testCluster) start(i int, ln net.Listener) {
 	c.fsms[i] = newKV()
 	cfg := Config{
 		ID: c.peers[i].ID, DataDir: c.dirs[i], Listener: ln, Peers: c.peers,
-		Timing: FastTiming(), SnapshotThreshold: 16, TrailingLogs: 8, SnapshotInterval: 100 * time.Millisecond,
+		Timing: cmp.Or(c.timing[i], FastTiming()), SnapshotThreshold: 16, TrailingLogs: 8, SnapshotInterval: 100 * time.Millisecond,
 		Logger: quietLogger(),
 	}
 	if c.pki != nil {

@@ -120,6 +120,7 @@ func (m *Metrics) register(reg prometheus.Registerer, s *Server) error {
 		stat("prism_admin_raft_commit_index", "Raft commit index.", func() float64 { return float64(s.node.Stats().CommitIndex) }),
 		stat("prism_admin_raft_applied_index", "Index the FSM applied.", func() float64 { return float64(s.node.Stats().AppliedIndex) }),
 		s.node.LogCollector(),
+		s.node.ContactGaps(),
 		stat("prism_admin_raft_leader", "1 while this node is the established leader.", func() float64 {
 			if l, _ := s.node.Leadership(); l.IsLeader {
 				return 1

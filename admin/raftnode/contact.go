@@ -1,0 +1,248 @@
+package raftnode
+
+import (
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// contactWatch sits between raft's TCP transport and raft, on the RPCs this
+// node receives, for two things.
+//
+// It times the gaps between a leader's AppendEntries (heartbeats included),
+// which are what a follower's heartbeat timeout waits on: how close the
+// cluster runs to an election nobody wanted
+// (prism_admin_raft_leader_contact_gap_seconds).
+//
+// And it ends the wait for a dead leader at the first follower's timeout,
+// not the last one's. hashicorp/raft refuses a vote or pre-vote while it
+// knows a leader, and forgets the leader only at its own heartbeat check,
+// which runs at randomized ticks of HeartbeatTimeout to twice that: a
+// follower that lost the leader HeartbeatTimeout ago still refuses the
+// first candidate until its next tick. With two followers left the
+// election so waited for the later of their two ticks (the failover
+// benchmark's traces, BENCHMARKS.md). Raft's own rule (Ongaro's thesis,
+// §4.2.3; etcd's raft) refuses only within the minimum election timeout of
+// hearing from a leader. So after raft refuses a vote or pre-vote, if this
+// follower has not heard from its leader for HeartbeatTimeout, the watch
+// has raft run its heartbeat check now (or at the moment the silence
+// reaches HeartbeatTimeout), the check raft's own tick would run: it
+// forgets the leader and stands. The refused candidate waits out its
+// election timer meanwhile, so it grants this node's pre-vote and vote
+// rather than splitting the vote with it. A follower that still hears
+// from its leader (a candidate cut off from it alone) is never hurried.
+type contactWatch struct {
+	timeout time.Duration
+	// lastContact and follower read raft; nil-safe before raft runs.
+	lastContact func() time.Time
+	follower    func() bool
+	// check has raft run its heartbeat check now.
+	check func()
+	gaps  prometheus.Histogram
+	stop  chan struct{}
+
+	mu         sync.Mutex
+	prev       time.Time
+	prevLeader string
+	pending    *time.Timer
+}
+
+// contactGapBuckets resolve the gaps around the fast timing's 100-150 ms
+// heartbeat timeout and the default's 1 s, and the 10-15 ms between
+// heartbeats.
+var contactGapBuckets = []float64{.005, .01, .015, .02, .03, .04, .05, .06, .075, .1, .125, .15, .2, .3, .5, .75, 1, 2, 5}
+
+func newContactGaps() prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "prism_admin_raft_leader_contact_gap_seconds",
+		Help: "Time between consecutive AppendEntries (heartbeats included) this follower received from its leader; " +
+			"a gap past the heartbeat timeout (--raft-timing) starts an election.",
+		Buckets: contactGapBuckets,
+	})
+}
+
+// contact notes an AppendEntries from leader.
+func (w *contactWatch) contact(leader string) {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if leader == w.prevLeader && !w.prev.IsZero() {
+		w.gaps.Observe(now.Sub(w.prev).Seconds())
+	}
+	w.prev, w.prevLeader = now, leader
+}
+
+// refused is called after raft refused a vote or pre-vote.
+func (w *contactWatch) refused() {
+	if !w.follower() {
+		return
+	}
+	silent := time.Since(w.lastContact())
+	if silent >= w.timeout {
+		w.check()
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pending != nil {
+		return
+	}
+	// The leader's last word came just before the candidate's request:
+	// raft's own check would forget it at a tick from now.
+	w.pending = time.AfterFunc(w.timeout-silent, func() {
+		w.mu.Lock()
+		w.pending = nil
+		w.mu.Unlock()
+		select {
+		case <-w.stop:
+			return
+		default:
+		}
+		if w.follower() && time.Since(w.lastContact()) >= w.timeout {
+			w.check()
+		}
+	})
+}
+
+func (w *contactWatch) close() {
+	close(w.stop)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pending != nil {
+		w.pending.Stop()
+	}
+}
+
+// watchedTransport is raft's TCP transport with a contactWatch on what it
+// delivers.
+type watchedTransport struct {
+	*raft.NetworkTransport
+	w    *contactWatch
+	out  chan raft.RPC
+	once sync.Once
+}
+
+func newWatchedTransport(tr *raft.NetworkTransport, w *contactWatch) *watchedTransport {
+	t := &watchedTransport{NetworkTransport: tr, w: w, out: make(chan raft.RPC)}
+	go t.pump(tr.Consumer())
+	return t
+}
+
+func (t *watchedTransport) Consumer() <-chan raft.RPC { return t.out }
+
+// SetHeartbeatHandler sees the heartbeats, which the transport hands to
+// raft directly, not through Consumer.
+func (t *watchedTransport) SetHeartbeatHandler(cb func(raft.RPC)) {
+	if cb == nil {
+		t.NetworkTransport.SetHeartbeatHandler(nil)
+		return
+	}
+	t.NetworkTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		t.note(&rpc)
+		cb(rpc)
+	})
+}
+
+func (t *watchedTransport) Close() error {
+	t.once.Do(t.w.close)
+	return t.NetworkTransport.Close()
+}
+
+func (t *watchedTransport) pump(in <-chan raft.RPC) {
+	for {
+		select {
+		case <-t.w.stop:
+			return
+		case rpc := <-in:
+			t.note(&rpc)
+			select {
+			case t.out <- rpc:
+			case <-t.w.stop:
+				return
+			}
+		}
+	}
+}
+
+// note records a leader's contact, and on a vote or pre-vote request
+// routes raft's answer through the watch, which acts once raft has answered:
+// hurrying the check before would make this node a candidate that grants
+// the request and splits the vote with it.
+func (t *watchedTransport) note(rpc *raft.RPC) {
+	switch req := rpc.Command.(type) {
+	case *raft.AppendEntriesRequest:
+		t.w.contact(string(req.ID))
+	case *raft.RequestVoteRequest, *raft.RequestPreVoteRequest:
+		answer := rpc.RespChan
+		mine := make(chan raft.RPCResponse, 1)
+		rpc.RespChan = mine
+		go func() {
+			select {
+			case <-t.w.stop:
+			case resp := <-mine:
+				answer <- resp
+				if !granted(resp.Response) {
+					t.w.refused()
+				}
+			}
+		}()
+	}
+}
+
+func granted(resp any) bool {
+	switch r := resp.(type) {
+	case *raft.RequestVoteResponse:
+		return r.Granted
+	case *raft.RequestPreVoteResponse:
+		return r.Granted
+	}
+	return false
+}
+
+func (n *Node) newContactWatch(timeout time.Duration) *contactWatch {
+	return &contactWatch{
+		timeout: timeout,
+		lastContact: func() time.Time {
+			if r := n.current.Load(); r != nil {
+				return r.LastContact()
+			}
+			return time.Now()
+		},
+		follower: func() bool {
+			r := n.current.Load()
+			return r != nil && r.State() == raft.Follower
+		},
+		check: n.checkHeartbeatNow,
+		gaps:  n.gaps,
+		stop:  make(chan struct{}),
+	}
+}
+
+// checkHeartbeatNow has raft run its follower heartbeat check at once: raft
+// runs it when its reloadable HeartbeatTimeout drops, so the timeout drops
+// by a nanosecond and is put back. Raft compares the silence with whichever
+// it reads, the same timeout to a nanosecond.
+func (n *Node) checkHeartbeatNow() {
+	r := n.current.Load()
+	if r == nil {
+		return
+	}
+	n.checkMu.Lock()
+	defer n.checkMu.Unlock()
+	rc := r.ReloadableConfig()
+	rc.HeartbeatTimeout = n.cfg.Timing.HeartbeatTimeout - time.Nanosecond
+	if err := r.ReloadConfig(rc); err != nil {
+		n.log.Warn("raft heartbeat check", "err", err)
+		return
+	}
+	rc.HeartbeatTimeout = n.cfg.Timing.HeartbeatTimeout
+	if err := r.ReloadConfig(rc); err != nil {
+		n.log.Error("restore raft heartbeat timeout", "timeout", rc.HeartbeatTimeout, "err", err)
+	}
+}
+
+// ContactGaps exports prism_admin_raft_leader_contact_gap_seconds (empty on
+// an in-memory node, whose transport has no watch).
+func (n *Node) ContactGaps() prometheus.Collector { return n.gaps }
