@@ -41,21 +41,25 @@ func benchRebuild(c config, dir string) error {
 
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	start = time.Now()
-	st, err := store.Open(store.Options{Dir: runner.Dir(dir, id), Logger: quiet})
+	db, err := store.OpenDB(store.DBOptions{Dir: runner.StoreDir(dir), Logger: quiet})
 	if err != nil {
 		return err
+	}
+	st, err := db.Open(store.Options{ID: id, Logger: quiet})
+	if err != nil {
+		return errors.Join(err, db.Close())
 	}
 	ctx := context.Background()
 	if err := forBatches(0, c.n, c.batch, func(b []*mailboxv1.MailboxItem) error {
 		_, err := st.Write(ctx, b)
 		return err
 	}); err != nil {
-		return errors.Join(err, st.Close())
+		return errors.Join(err, st.Close(), db.Close())
 	}
-	if err := st.Close(); err != nil {
+	if err := errors.Join(st.Close(), db.Close()); err != nil {
 		return err
 	}
-	size, _ := dirSize(runner.Dir(dir, id))
+	size, _ := dirSize(runner.StoreDir(dir))
 	note("first store: %d events written directly in %v, %d MiB on disk", c.n, time.Since(start).Round(time.Millisecond), size>>20)
 
 	start = time.Now()

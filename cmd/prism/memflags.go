@@ -24,7 +24,7 @@ type memoryFlags struct {
 
 func (f *memoryFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.budget, "memory-budget", "",
-		"memory the runner may use, e.g. 1GiB: it sets GOMEMLIMIT (unless that variable is set) and sizes each mailbox store's Badger memtables and caches from it and the number of open mailboxes; "+
+		"memory the runner may use, e.g. 1GiB: it sets GOMEMLIMIT (unless that variable is set) and gives half of it to the Badger memtables and caches of the runner's one store, which every mailbox shares; "+
 			"over it the runner slows down (GC, smaller caches) rather than fail. Empty: 90% of the container's (cgroup's) memory limit if it has one, else no budget; 0: no budget")
 }
 

@@ -45,8 +45,7 @@ type runnerFlags struct {
 	kafkaSec kafkaFlags
 	disk     diskFlags
 	mem      memoryFlags
-	// expectedMailboxes is how many mailboxes the memory budget is
-	// divided among (runner.Config.ExpectedMailboxes).
+	// expectedMailboxes is --expected-mailboxes, deprecated and ignored.
 	expectedMailboxes int
 	// queryTarget is the query latency ingest gives way to.
 	queryTarget time.Duration
@@ -67,7 +66,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	fs.StringVar(&f.mailbox, "mailbox", defaults.mailbox, "mailbox id to host, {namespace}@{proxy_id}")
 	fs.StringVar(&f.kafka, "kafka", defaults.kafka, "Kafka bootstrap brokers, comma-separated host:port")
 	fs.StringArrayVar(&f.topics, "topic", defaults.topics, "topic to consume (repeatable)")
-	fs.StringVar(&f.dataDir, "data-dir", defaults.dataDir, "directory for the mailbox stores")
+	fs.StringVar(&f.dataDir, "data-dir", defaults.dataDir, "directory for the runner's store (<data-dir>/store: one Badger database, every mailbox a key prefix in it)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", defaults.grpcAddr, "query listen address: gRPC (MailboxQuery, health) and the HTTP query API on one port, the address the sidecar advertises; mutual TLS (h2 and HTTP/1.1) for gateway, operator and reader identities, gRPC health for any identity (HTTP/1.1 and h2c in plaintext with --insecure)")
 	fs.StringVar(&f.httpAddr, "http-addr", defaults.httpAddr, "plaintext HTTP listen address for probes and scrapers: /metrics, /healthz, /readyz (HTTP/1.1 and h2c); the HTTP query API only with --insecure, with TLS it is on --grpc-addr alone")
 	fs.StringVar(&f.validation, "validation", "strict", "envelope validation: strict, warn or disabled")
@@ -87,7 +86,10 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	f.kafkaSec.Register(fs)
 	f.disk.register(fs, "every mailbox's ingest holds its next batch back, uncommitted, and /readyz answers 503 saying why")
 	f.mem.register(fs)
-	fs.IntVar(&f.expectedMailboxes, "expected-mailboxes", 0, "with a memory budget, how many mailboxes each store's share of it is planned for (0: the ones open and opening; a sidecar opens its mailboxes together). A store keeps the sizes it opened with and takes no more than the open stores leave free, so set it where mailboxes open one at a time, or the first take the most")
+	// Kept so that a runner upgraded with its old command line still
+	// starts: the budget no longer depends on how many mailboxes open.
+	fs.IntVar(&f.expectedMailboxes, "expected-mailboxes", 0, "ignored")
+	_ = fs.MarkDeprecated("expected-mailboxes", "it is ignored: the runner's mailboxes share one store, sized from --memory-budget alone")
 }
 
 func (f *runnerFlags) mailboxConfig() (runner.MailboxConfig, error) {
@@ -127,10 +129,6 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 	if cfg.Runner.MemoryBudget, err = f.mem.bytes(); err != nil {
 		return cfg, err
 	}
-	if f.expectedMailboxes < 0 {
-		return cfg, fmt.Errorf("--expected-mailboxes: %d is negative", f.expectedMailboxes)
-	}
-	cfg.Runner.ExpectedMailboxes = f.expectedMailboxes
 	if f.mailbox == "" {
 		if cfg.ControlAddr == "" {
 			cfg.ControlAddr = defaultControlAddr
@@ -186,7 +184,8 @@ func runnerCommand() *cobra.Command {
 		Use:   "runner",
 		Short: "Consume a mailbox's Kafka topics into its store and serve queries",
 		Long: `runner hosts mailboxes: for each it consumes its topics from --kafka with consumer group = mailbox id,
-stores envelopes in Badger under --data-dir (committing offsets only after durable writes),
+stores envelopes in the runner's one Badger database under --data-dir (committing offsets only after
+durable writes),
 dead-letters invalid ones to <topic>.dlq, and serves the query API over gRPC and HTTP, both on
 --grpc-addr (the address routes point at) and HTTP alone on --http-addr.
 
@@ -244,28 +243,36 @@ func runnerRebuildCommand() *cobra.Command {
 	var (
 		kafka, dataDir, logLevel, logFormat string
 		mailboxes                           []string
-		all                                 bool
+		all, oldLayout                      bool
 		kafkaSec                            kafkaFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "rebuild (--mailbox ID ... | --all)",
-		Short: "Drop mailbox stores and reset their consumer groups, so their next open re-ingests them from Kafka",
-		Long: `rebuild repairs a mailbox whose store is damaged (or that answers other than Kafka holds): it drops
-the store under --data-dir and deletes the mailbox's consumer group (its committed offsets), so the next
+		Use:   "rebuild (--mailbox ID ... | --all | --old-layout)",
+		Short: "Drop mailboxes' stored data and reset their consumer groups, so their next open re-ingests them from Kafka",
+		Long: `rebuild repairs a mailbox that answers other than Kafka holds, or whose store an older version wrote: it
+drops the mailbox's data under --data-dir and deletes its consumer group (its committed offsets), so the next
 open of the mailbox, by prism runner --mailbox or by the sidecar, re-ingests it from the earliest offset
 Kafka retains. Records already gone from Kafka by its retention are gone from the rebuilt mailbox too.
 
-Run it with the runner stopped: a store still open in a runner, or a consumer group with live members, is
-refused and left as it is. The group is reset before the store is dropped, so an interrupted rebuild never
-leaves an empty store that resumes past its records.`,
+A mailbox in the runner's store (<data-dir>/store) is dropped from it, which needs the runner stopped: its
+store open in a running runner is refused and left as it is. A mailbox whose store an older version left
+(<data-dir>/mailboxes/<id>, one Badger per mailbox, which a runner refuses to open as old_layout) loses that
+directory, and that works while the runner serves its other mailboxes: --old-layout does it for every such
+directory, the upgrade's step. A consumer group with live members is refused either way. The group is reset
+before the data is dropped, so an interrupted rebuild never leaves an empty mailbox that resumes past its
+records.
+
+A damaged runner store (every open failing with reason damaged) cannot be opened to drop anything: move
+<data-dir>/store aside (never delete it before you know why) with the runner stopped, rebuild every mailbox
+it held with --mailbox, and start the runner: it creates an empty store and re-ingests them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel, logFormat)
 			if err != nil {
 				return err
 			}
-			if all == (len(mailboxes) > 0) {
-				return errors.New("give --mailbox (repeatable) or --all")
+			if n := btoi(all) + btoi(oldLayout) + btoi(len(mailboxes) > 0); n != 1 {
+				return errors.New("give one of --mailbox (repeatable), --all or --old-layout")
 			}
 			brokers := splitBrokers(kafka)
 			if len(brokers) == 0 {
@@ -276,8 +283,12 @@ leaves an empty store that resumes past its records.`,
 				return err
 			}
 			ids := mailboxes
-			if all {
-				if ids, err = runner.StoredIDs(dataDir); err != nil {
+			if all || oldLayout {
+				list := runner.StoredIDs
+				if oldLayout {
+					list = runner.OldLayoutIDs
+				}
+				if ids, err = list(dataDir); err != nil {
 					return err
 				}
 				if len(ids) == 0 {
@@ -294,11 +305,19 @@ leaves an empty store that resumes past its records.`,
 	}
 	fs := cmd.Flags()
 	fs.StringArrayVar(&mailboxes, "mailbox", nil, "mailbox id to rebuild (repeatable)")
-	fs.BoolVar(&all, "all", false, "rebuild every mailbox with a store under --data-dir")
+	fs.BoolVar(&all, "all", false, "rebuild every mailbox with data under --data-dir: in the runner's store (the runner stopped) and in stores of an older version")
+	fs.BoolVar(&oldLayout, "old-layout", false, "rebuild every mailbox whose store an older version left under --data-dir (<data-dir>/mailboxes); the runner may be running")
 	fs.StringVar(&kafka, "kafka", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated host:port")
 	fs.StringVar(&dataDir, "data-dir", "data", "the runner's --data-dir")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: json or text")
 	kafkaSec.Register(fs)
 	return cmd
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -92,35 +92,24 @@ func TestRunnerPprofFlag(t *testing.T) {
 	}
 }
 
-// TestRunnerExpectedMailboxesFlag: --expected-mailboxes reaches the
-// runner's config, and a negative count is refused.
+// TestRunnerExpectedMailboxesFlag: --expected-mailboxes, which sized the
+// stores of a runner with one per mailbox, is still accepted, so that a
+// runner upgraded with its old command line starts, but deprecated and
+// hidden: the runner's one store is sized from the budget alone.
 func TestRunnerExpectedMailboxesFlag(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		args    []string
-		want    int
-		wantErr string
-	}{
-		{nil, 0, ""},
-		{[]string{"--expected-mailboxes", "200"}, 200, ""},
-		{[]string{"--expected-mailboxes", "-1"}, 0, "is negative"},
-	} {
-		var f runnerFlags
-		cmd := &cobra.Command{}
-		f.register(cmd, runnerFlags{})
-		if err := cmd.Flags().Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := f.nodeConfig(slog.New(slog.DiscardHandler), []string{"127.0.0.1:1"})
-		if tc.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("nodeConfig(%v) = %v, want it to say %q", tc.args, err, tc.wantErr)
-			}
-			continue
-		}
-		if err != nil || cfg.Runner.ExpectedMailboxes != tc.want {
-			t.Errorf("nodeConfig(%v).Runner.ExpectedMailboxes = %d, %v; want %d", tc.args, cfg.Runner.ExpectedMailboxes, err, tc.want)
-		}
+	var f runnerFlags
+	cmd := &cobra.Command{}
+	f.register(cmd, runnerFlags{})
+	if err := cmd.Flags().Parse([]string{"--expected-mailboxes", "200", "--memory-budget", "1GiB"}); err != nil {
+		t.Fatalf("an old command line with --expected-mailboxes: %v", err)
+	}
+	if fl := cmd.Flags().Lookup("expected-mailboxes"); fl.Deprecated == "" || !fl.Hidden {
+		t.Errorf("--expected-mailboxes deprecated %q hidden %v, want deprecated and hidden", fl.Deprecated, fl.Hidden)
+	}
+	cfg, err := f.nodeConfig(slog.New(slog.DiscardHandler), []string{"127.0.0.1:1"})
+	if err != nil || cfg.Runner.MemoryBudget != 1<<30 {
+		t.Errorf("nodeConfig = budget %d, %v; want 1GiB", cfg.Runner.MemoryBudget, err)
 	}
 }
 

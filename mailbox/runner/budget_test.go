@@ -85,12 +85,12 @@ func TestLargeIngestUnderSmallMemoryBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	sizes := recordSizes(r)
+	opens := recordStoreOpens(r)
 	if err := r.Open(MailboxConfig{ID: id, Topics: []string{topic}}); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := sizes()[Dir(r.cfg.DataDir, id)], store.MemoryFor(budget, 1); got != want {
-		t.Fatalf("store sized %+v, want %+v from the budget", got, want)
+	if got, want := opens(), store.MemoryFor(budget, 1); len(got) != 1 || got[0].Memory != want {
+		t.Fatalf("store opened %+v, want once sized %+v from the budget", got, want)
 	}
 	waitFor(t, "every event stored", func() bool {
 		st, err := r.Stats(context.Background(), id)

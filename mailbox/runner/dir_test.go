@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,19 +11,20 @@ import (
 )
 
 // A mailbox id may be longer than a file name (a 253-byte namespace at a
-// 253-byte proxy): its store still opens, in a directory whose name fits,
-// distinct from a similar id's, and StoredIDs (prism runner rebuild --all)
-// still lists it by its id.
+// 253-byte proxy): it still opens in the runner's store, and StoredIDs
+// (prism runner rebuild --all) lists it by its id. The directory an older
+// version kept such a mailbox's store in has a name that fits, distinct
+// from a similar id's, and OldLayoutIDs finds it by the id file in it.
 func TestLongMailboxIDsGetAStore(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("n", 253) + "@" + strings.Repeat("p", 253)
 	similar := strings.Repeat("n", 253) + "@" + strings.Repeat("p", 252) + "q"
 	for _, id := range []string{long, similar, "short@p"} {
-		if name := filepath.Base(Dir("/data", id)); len(name) > maxDirName {
-			t.Errorf("Dir(%d-byte id) is a %d-byte name, longer than %d", len(id), len(name), maxDirName)
+		if name := filepath.Base(OldDir("/data", id)); len(name) > maxDirName {
+			t.Errorf("OldDir(%d-byte id) is a %d-byte name, longer than %d", len(id), len(name), maxDirName)
 		}
 	}
-	if Dir("/data", long) == Dir("/data", similar) {
+	if OldDir("/data", long) == OldDir("/data", similar) {
 		t.Fatal("two long ids that differ only at their end share a directory")
 	}
 	c := kafkatest.Start(t, kafkatest.Topics(1, "a.events", "b.events"))
@@ -37,9 +39,23 @@ func TestLongMailboxIDsGetAStore(t *testing.T) {
 	if err := r.Open(MailboxConfig{ID: "short@p", Topics: []string{"b.events"}}); err != nil {
 		t.Fatal(err)
 	}
-	r.Close()
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
 	ids, err := StoredIDs(dataDir)
 	if err != nil || !slices.Equal(ids, []string{long, "short@p"}) {
 		t.Fatalf("StoredIDs = %d ids %v, want the long id and short@p", len(ids), err)
+	}
+
+	// As an older runner left the store of the similar id.
+	old := OldDir(dataDir, similar)
+	if err := os.MkdirAll(old, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(old, idFile), []byte(similar), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := OldLayoutIDs(dataDir); err != nil || !slices.Equal(ids, []string{similar}) {
+		t.Fatalf("OldLayoutIDs = %d ids %v, want the similar id", len(ids), err)
 	}
 }

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,16 +25,16 @@ import (
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-// heldOpens makes r's store opens for the mailbox directory named held wait
-// until release closes; entered is told when one is waiting.
+// heldOpens makes r's store opens of mailbox held wait until release
+// closes; entered is told when one is waiting.
 func heldOpens(r *Runner, held string) (entered, release chan struct{}) {
 	entered, release = make(chan struct{}, 1), make(chan struct{})
-	r.openStore = func(o store.Options) (*store.Store, error) {
-		if filepath.Base(o.Dir) == held {
+	r.openView = func(db *store.DB, o store.Options) (*store.Store, error) {
+		if o.ID == held {
 			entered <- struct{}{}
 			<-release
 		}
-		return store.Open(o)
+		return db.Open(o)
 	}
 	return entered, release
 }
@@ -92,7 +95,8 @@ func TestQueriesAnswerWhileAnotherMailboxOpens(t *testing.T) {
 
 // TestCloseWaitsForAnOpenInFlight: a runner closed while a mailbox's store
 // is held mid-open refuses the open once the store opens, closes that store
-// (its directory is free again) and returns only after.
+// and then the runner's store (its directory is free again) and returns
+// only after.
 func TestCloseWaitsForAnOpenInFlight(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.Start(t, kafkatest.Topics(1, "b.events"))
@@ -112,12 +116,21 @@ func TestCloseWaitsForAnOpenInFlight(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
-	// Close has returned: the store opened across it must be closed already (Badger locks its directory).
-	st, err := store.Open(store.Options{Dir: Dir(dir, "b@p")})
+	// Close has returned: the stores opened across it must be closed already (Badger locks its directory).
+	if r.db != nil {
+		t.Fatal("the runner's store is still open after Close")
+	}
+	db, err := store.OpenDB(store.DBOptions{Dir: StoreDir(dir)})
+	if err != nil {
+		t.Fatalf("the runner's store was left open: %v", err)
+	}
+	st, err := db.Open(store.Options{ID: "b@p"})
 	if err != nil {
 		t.Fatalf("the store opened across Close was left open: %v", err)
 	}
-	st.Close()
+	if err := errors.Join(st.Close(), db.Close()); err != nil {
+		t.Fatal(err)
+	}
 	if err := <-opened; err == nil || !strings.Contains(err.Error(), "runner closed") {
 		t.Fatalf("Open across Close: %v, want refused as runner closed", err)
 	}
@@ -127,10 +140,12 @@ func TestCloseWaitsForAnOpenInFlight(t *testing.T) {
 }
 
 // TestOpenFailureIsTheMailboxs: a mailbox whose store fails to open (a
-// truncated table, a full disk, a panic in the open, a store of the old
-// layout) gets an error naming why, counted by reason, logged and listed by
-// /readyz with it and by a gauge, while the runner's other mailbox goes on
-// answering and the runner stays ready; a later open that succeeds clears it.
+// full disk, a panic in the open, a store of the old layout) gets an error
+// naming why, counted by reason, logged and listed by /readyz with it and by
+// a gauge, while the runner's other mailbox goes on answering and the runner
+// stays ready; a later open that succeeds clears it. The store of the old
+// layout is a real one, with its data: the mailbox is refused, never opened
+// empty beside it.
 func TestOpenFailureIsTheMailboxs(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.Start(t, kafkatest.Topics(1, "a.events", "b.events"))
@@ -145,44 +160,30 @@ func TestOpenFailureIsTheMailboxs(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A store for b@p with a table on disk, then its table truncated.
-	bdir := Dir(dataDir, "b@p")
-	st, err := store.Open(store.Options{Dir: bdir})
+	// As the previous version left e@p's store: a Badger of its own.
+	old, err := store.Open(store.Options{Dir: OldDir(dataDir, "e@p")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 100 {
-		if _, err := st.Write(t.Context(), []*mailboxv1.MailboxItem{{MessageId: fmt.Sprint("m", i), Timestamp: int64(i), EnvelopeBlob: []byte("x")}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := st.Close(); err != nil {
+	if _, err := old.Write(t.Context(), []*mailboxv1.MailboxItem{{MessageId: "m", Timestamp: 1, EnvelopeBlob: []byte("x")}}); err != nil {
 		t.Fatal(err)
 	}
-	ssts, _ := filepath.Glob(filepath.Join(bdir, "*.sst"))
-	if len(ssts) == 0 {
-		t.Fatal("no table written")
-	}
-	if err := os.Truncate(ssts[0], 10); err != nil {
+	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
-	r.openStore = func(o store.Options) (*store.Store, error) {
-		switch filepath.Base(o.Dir) {
+	r.openView = func(db *store.DB, o store.Options) (*store.Store, error) {
+		switch o.ID {
 		case "c@p":
-			return nil, fmt.Errorf("open store %s: %w", o.Dir, &os.PathError{Op: "write", Path: filepath.Join(o.Dir, "000001.vlog"), Err: syscall.ENOSPC})
+			return nil, fmt.Errorf("open store %s: %w", o.ID, &os.PathError{Op: "write", Path: "000001.vlog", Err: syscall.ENOSPC})
 		case "d@p":
 			panic("index out of range [4] with length 3")
-		case "e@p":
-			// As store.Open refuses a store written before posting lists.
-			return nil, fmt.Errorf("open store %s: read counters: %w", o.Dir, store.ErrOldLayout)
 		}
-		return store.Open(o)
+		return db.Open(o)
 	}
 	cases := []struct {
 		id, reason string
 		want       error
 	}{
-		{"b@p", "damaged", store.ErrDamaged},
 		{"c@p", "no_space", syscall.ENOSPC},
 		{"d@p", "damaged", store.ErrDamaged},
 		{"e@p", "old_layout", store.ErrOldLayout},
@@ -202,29 +203,25 @@ func TestOpenFailureIsTheMailboxs(t *testing.T) {
 	if err := r.Prepare(MailboxConfig{ID: "c@p"}); !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("prepare c@p: %v, want ENOSPC", err)
 	}
-	for reason, want := range map[string]float64{"damaged": 2, "no_space": 2, "old_layout": 1, "other": 0} {
+	for reason, want := range map[string]float64{"damaged": 1, "no_space": 2, "old_layout": 1, "other": 0} {
 		if got := testutil.ToFloat64(r.openFailures.WithLabelValues(reason)); got != want {
 			t.Errorf("open failures %s = %v, want %v", reason, got, want)
 		}
 	}
+	if ids, err := r.db.IDs(); err != nil || slices.Contains(ids, "e@p") {
+		t.Errorf("the runner's store holds %v (err %v): e@p was opened in it, empty, beside its old store", ids, err)
+	}
+	if _, err := os.Stat(OldDir(dataDir, "e@p")); err != nil {
+		t.Fatalf("the old layout's store was touched: %v", err)
+	}
 
 	srv := httptest.NewServer(r.HTTPHandler())
 	t.Cleanup(srv.Close)
-	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := http.Get(srv.URL + path)
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	if code, body := get("/v1/mailboxes/a@p/stats"); code != http.StatusOK {
+	if code, body := get(t, srv.URL+"/v1/mailboxes/a@p/stats"); code != http.StatusOK {
 		t.Fatalf("a@p stats beside the failed mailboxes: %d %s", code, body)
 	}
 	waitFor(t, "a@p consuming", func() bool { return r.Ready() == nil })
-	code, body := get("/readyz")
+	code, body := get(t, srv.URL+"/readyz")
 	if code != http.StatusOK {
 		t.Fatalf("/readyz %d %q: one mailbox's failure must not take the runner out of routing", code, body)
 	}
@@ -233,23 +230,35 @@ func TestOpenFailureIsTheMailboxs(t *testing.T) {
 			t.Errorf("/readyz %q does not say %q", body, want)
 		}
 	}
-	if !strings.Contains(body, "prism runner rebuild") {
+	if !strings.Contains(body, "prism runner rebuild --mailbox e@p") {
 		t.Errorf("/readyz %q does not name the way out of the old layout", body)
 	}
-	if _, metrics := get("/metrics"); !strings.Contains(metrics, `prism_mailbox_open_failed{mailbox="c@p"} 1`) {
+	if _, metrics := get(t, srv.URL+"/metrics"); !strings.Contains(metrics, `prism_mailbox_open_failed{mailbox="c@p"} 1`) {
 		t.Error("/metrics has no prism_mailbox_open_failed for c@p")
 	}
 
-	r.openStore = store.Open
+	r.openView = (*store.DB).Open
 	if err := r.Open(MailboxConfig{ID: "c@p", Topics: []string{"b.events"}}); err != nil {
 		t.Fatalf("open c@p once space returned: %v", err)
 	}
 	if _, ok := r.OpenFailures()["c@p"]; ok {
 		t.Error("c@p still listed failed after it opened")
 	}
-	if _, body := get("/readyz"); strings.Contains(body, "mailbox c@p: store failed") {
+	if _, body := get(t, srv.URL+"/readyz"); strings.Contains(body, "mailbox c@p: store failed") {
 		t.Errorf("/readyz %q still names c@p", body)
 	}
+}
+
+// get is the status and body of GET url.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // lockedBuffer is an io.Writer a logger and a test may share.
@@ -268,4 +277,118 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestDamagedRunnerStore: a runner whose store is damaged (a truncated
+// table) fails every mailbox's open and prepare with reason damaged, naming
+// the store, and stays up naming each in /readyz and the gauge, so that its
+// sidecar reports them all open_failed and the admin moves them. Moving the
+// store aside and rebuilding the mailboxes (their consumer groups reset)
+// recovers without a restart: the runner's next open creates a store, empty,
+// and re-ingests every mailbox from Kafka; the damaged store is left as it
+// was moved.
+func TestDamagedRunnerStore(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t, kafkatest.Topics(2, "a.events", "b.events"))
+	c.ProduceEnvelopes(t, "a.events", kafkatest.Envelopes("a.events", 30)...)
+	c.ProduceEnvelopes(t, "b.events", kafkatest.Envelopes("b.events", 20)...)
+	dataDir := t.TempDir()
+	var logs lockedBuffer
+	cfg := Config{DataDir: dataDir, Brokers: c.Brokers, BatchWait: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	want := map[string]int64{"a@p": 30, "b@p": 20}
+	open := func(r *Runner) []error {
+		var errs []error
+		for id := range want {
+			errs = append(errs, r.Open(MailboxConfig{ID: id, Topics: []string{id[:1] + ".events"}}))
+		}
+		return errs
+	}
+	filled := func(r *Runner) func() bool {
+		return func() bool {
+			for id, n := range want {
+				if s, err := r.Stats(t.Context(), id); err != nil || s.TotalEvents != n || c.Committed(t, id, id[:1]+".events") != n {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	first, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(open(first)...); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both mailboxes filled and committed", filled(first))
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var ssts []string
+	filepath.WalkDir(StoreDir(dataDir), func(path string, _ fs.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(path, ".sst") {
+			ssts = append(ssts, path)
+		}
+		return nil
+	})
+	if len(ssts) == 0 {
+		t.Fatal("no table written")
+	}
+	for _, sst := range ssts {
+		if err := os.Truncate(sst, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	srv := httptest.NewServer(r.HTTPHandler())
+	t.Cleanup(srv.Close)
+	for i, err := range open(r) {
+		if !errors.Is(err, store.ErrDamaged) || !strings.Contains(err.Error(), StoreDir(dataDir)) {
+			t.Fatalf("open %d on a damaged store: %v, want ErrDamaged naming %s", i, err, StoreDir(dataDir))
+		}
+	}
+	if err := r.Prepare(MailboxConfig{ID: "new@p"}); !errors.Is(err, store.ErrDamaged) {
+		t.Fatalf("prepare of a new mailbox on a damaged store: %v, want ErrDamaged", err)
+	}
+	if code, _ := get(t, srv.URL+"/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz %d: the runner must stay up", code)
+	}
+	_, body := get(t, srv.URL+"/readyz")
+	_, metrics := get(t, srv.URL+"/metrics")
+	for _, id := range []string{"a@p", "b@p", "new@p"} {
+		if want := "mailbox " + id + ": store failed to open (damaged): runner store " + StoreDir(dataDir); !strings.Contains(body, want) {
+			t.Errorf("/readyz %q does not say %q", body, want)
+		}
+		if !strings.Contains(metrics, `prism_mailbox_open_failed{mailbox="`+id+`"} 1`) {
+			t.Errorf("/metrics has no prism_mailbox_open_failed for %s", id)
+		}
+	}
+	if !strings.Contains(logs.String(), "the runner's store failed to open") {
+		t.Errorf("the log does not name the runner's store:\n%s", logs.String())
+	}
+
+	aside := StoreDir(dataDir) + ".damaged"
+	if err := os.Rename(StoreDir(dataDir), aside); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Rebuild(RebuildConfig{DataDir: dataDir, Brokers: c.Brokers}, slices.Sorted(maps.Keys(want))); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(open(r)...); err != nil {
+		t.Fatalf("open once the damaged store is aside: %v", err)
+	}
+	waitFor(t, "both mailboxes re-ingested from Kafka", filled(r))
+	if fs := r.OpenFailures(); len(fs) != 1 || fs["new@p"] == nil {
+		t.Errorf("open failures %v after the recovery, want new@p's alone (not opened since)", fs)
+	}
+	for _, sst := range ssts {
+		if _, err := os.Stat(strings.Replace(sst, StoreDir(dataDir), aside, 1)); err != nil {
+			t.Errorf("the damaged store moved aside lost %s: %v", sst, err)
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
@@ -17,7 +18,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -67,20 +67,10 @@ type Config struct {
 	DiskCheckInterval time.Duration
 	ShutdownTimeout   time.Duration // bound on draining ingest and in-flight queries; default 10s
 	// MemoryBudget is the bytes the runner may use (0: no budget). Half of
-	// it is for the stores' Badger memtables and caches, whose sizes are
-	// fixed when a store opens: each store opened gets an equal share of
-	// that half among the mailboxes planned (ExpectedMailboxes, or more if
-	// more are open and opening: a sidecar's opens arrive together), never
-	// more than the open stores leave free, so what open stores hold stays
-	// within the half however many open and in whatever order. Only when
-	// the stores' floor (store.MemoryFor's smallest sizes) times their
-	// number exceeds the half does the runner go over it, and it logs so.
+	// it is for the Badger memtables and caches of the runner's store, one
+	// database every mailbox shares (store.MemoryFor(budget, 1)), so it does
+	// not depend on how many mailboxes open or in what order.
 	MemoryBudget int64
-	// ExpectedMailboxes is how many mailboxes the runner plans for when
-	// sizing a store from MemoryBudget (0: the ones open and opening): a
-	// runner whose mailboxes open one at a time gives the first ones no
-	// larger share than the later ones.
-	ExpectedMailboxes int
 
 	Registry *prometheus.Registry // nil = a new one with Go and process collectors
 	Logger   *slog.Logger         // nil = slog.Default()
@@ -179,23 +169,20 @@ type Runner struct {
 
 	openFailures *prometheus.CounterVec
 
-	// memory is the bytes of the budget's Badger half each store open or
-	// opening holds (its memtables and caches), by mailbox id, and
-	// memoryHeld their sum; under mu. A store's share returns when it
-	// closes.
-	memory     map[string]int64
-	memoryHeld int64
+	// dbMu guards db, dbErr and dbTries: the runner's one store, every
+	// mailbox a prefix in it, opened by the first Open or Prepare and again
+	// by a later one while it fails (dbErr, each mailbox's open failing with
+	// it); dbTries counts the attempts, so the calls that waited on one
+	// take its answer instead of each trying again.
+	dbMu    sync.Mutex
+	db      *store.DB
+	dbErr   error
+	dbTries atomic.Uint64
 
-	// storeOpens bounds the stores opening at once to a few per core (an
-	// open is mostly CPU, with some fsyncs): a thousand at once (a sidecar
-	// acquiring a proxy's whole share) take no less time all told but
-	// leave every other call, the control API's included, waiting seconds
-	// for a core behind them; a sidecar whose stats probe times out for
-	// its bound judges the runner dead and has its namespaces moved.
-	storeOpens chan struct{}
-
-	// openStore opens a mailbox's store (store.Open); tests hold it.
-	openStore func(store.Options) (*store.Store, error)
+	// openDB opens the runner's store (store.OpenDB) and openView a
+	// mailbox in it (DB.Open); tests hold them.
+	openDB   func(store.DBOptions) (*store.DB, error)
+	openView func(*store.DB, store.Options) (*store.Store, error)
 }
 
 // New makes a runner hosting no mailbox yet.
@@ -226,22 +213,21 @@ func New(cfg Config) (*Runner, error) {
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	r := &Runner{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		reg:        cfg.Registry,
-		ingestM:    ingest.NewMetrics(cfg.Registry),
-		queryM:     query.NewMetrics(cfg.Registry),
-		health:     health.NewServer(),
-		mailboxes:  map[string]*mailbox{},
-		prepared:   map[string]*store.Store{},
-		opening:    map[string]chan struct{}{},
-		failed:     map[string]error{},
-		memory:     map[string]int64{},
-		storeOpens: make(chan struct{}, 4*runtime.GOMAXPROCS(0)),
-		openStore:  store.Open,
+		cfg:       cfg,
+		log:       cfg.Logger,
+		reg:       cfg.Registry,
+		ingestM:   ingest.NewMetrics(cfg.Registry),
+		queryM:    query.NewMetrics(cfg.Registry),
+		health:    health.NewServer(),
+		mailboxes: map[string]*mailbox{},
+		prepared:  map[string]*store.Store{},
+		opening:   map[string]chan struct{}{},
+		failed:    map[string]error{},
+		openDB:    store.OpenDB,
+		openView:  (*store.DB).Open,
 		openFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_mailbox_open_failures_total",
-			Help: "Mailbox store opens that failed, by reason: damaged (a file of the store is unreadable; rebuild it), old_layout (written by an older version; rebuild it with prism runner rebuild), no_space, other.",
+			Help: "Mailbox store opens that failed, by reason: damaged (a file of the runner's store is unreadable: every mailbox's open fails; move the store aside), old_layout (a mailbox's store written by an older version; rebuild it with prism runner rebuild), no_space, other.",
 		}, []string{"reason"}),
 	}
 	for _, reason := range []string{"damaged", "old_layout", "no_space", "other"} {
@@ -277,7 +263,7 @@ func New(cfg Config) (*Runner, error) {
 	return r, nil
 }
 
-// validID keeps a mailbox id usable as one directory name.
+// validID keeps a mailbox id usable as one directory name (OldDir).
 func validID(id string) error {
 	if !mesh.PathSafe(id) {
 		return fmt.Errorf("mailbox id %q: must be non-empty, not . or .., without / \\ or NUL", id)
@@ -285,18 +271,26 @@ func validID(id string) error {
 	return nil
 }
 
+// StoreDir is where the runner's store lives under dataDir: one Badger
+// database holding every mailbox of the runner, each under a key prefix.
+func StoreDir(dataDir string) string { return filepath.Join(dataDir, "store") }
+
 // maxDirName is the longest file name Linux file systems take (NAME_MAX).
 const maxDirName = 255
 
 // idFile, in the store directory of a mailbox whose id is too long to be
-// its directory's name, holds the id, so StoredIDs still finds it.
+// its directory's name, holds the id, so OldLayoutIDs still finds it.
 const idFile = "prism-mailbox-id"
 
-// Dir is where the store of mailbox id lives under dataDir: the id, escaped,
-// as the directory's name. A namespace and a proxy id may each be 253 bytes,
-// so an id can be longer than a file name may be; such a directory is named
-// by the id's start and a hash of the whole id.
-func Dir(dataDir, id string) string {
+// OldDir is where versions before the runner's one store kept the store of
+// mailbox id under dataDir, a Badger database per mailbox: the id, escaped,
+// as the directory's name. A namespace and a proxy id may each be 253
+// bytes, so an id can be longer than a file name may be; such a directory
+// is named by the id's start and a hash of the whole id. A runner refuses
+// to open a mailbox that still has one (ErrOldLayout): its Kafka offsets
+// are committed, so opening it empty in the runner's store would lose its
+// history; prism runner rebuild drops the directory and the offsets.
+func OldDir(dataDir, id string) string {
 	return filepath.Join(dataDir, "mailboxes", dirName(id))
 }
 
@@ -346,7 +340,7 @@ func (r *Runner) Prepare(mc MailboxConfig) error {
 		err = fmt.Errorf("prepare %s: %w", mc.ID, err)
 	case closed:
 		// Before end: Close waits for this store too.
-		err = errors.Join(fmt.Errorf("prepare %s: runner closed", mc.ID), r.closeStore(mc.ID, st))
+		err = errors.Join(fmt.Errorf("prepare %s: runner closed", mc.ID), st.Close())
 	}
 	r.mu.Lock()
 	r.end(mc.ID)
@@ -354,94 +348,87 @@ func (r *Runner) Prepare(mc MailboxConfig) error {
 	return err
 }
 
-// openMailboxStore opens mailbox mc's store, containing its failure to the
-// mailbox: a panic in the store's open is its error, never the process's,
-// and a failure is recorded (failed, the metric, the log) for /readyz while
-// the runner's other mailboxes go on serving. The caller sees the error;
-// the sidecar retries with backoff.
+// openMailboxStore opens mailbox mc in the runner's store, opening that
+// first if no open has yet, and contains a failure to the mailboxes: a panic
+// in the open is its error, never the process's, and a failure is recorded
+// (failed, the metric, the log) for /readyz while the runner's other
+// mailboxes go on serving. A failure of the runner's store is every
+// mailbox's, each reported with it, so the sidecar reports them all
+// open_failed and the admin moves them. The caller sees the error; the
+// sidecar retries with backoff, and its next open tries the store again.
 func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error) {
-	dir := Dir(r.cfg.DataDir, mc.ID)
-	r.storeOpens <- struct{}{}
-	defer func() { <-r.storeOpens }()
-	r.mu.Lock()
-	mem := r.reserveMemory(mc.ID)
-	r.mu.Unlock()
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
-				st, err = nil, fmt.Errorf("%w: panic opening %s: %v", store.ErrDamaged, dir, p)
+				st, err = nil, fmt.Errorf("%w: panic opening mailbox %s: %v", store.ErrDamaged, mc.ID, p)
 			}
 		}()
-		st, err = r.openStore(store.Options{Dir: dir, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Memory: mem, Logger: r.log.With("mailbox_id", mc.ID)})
+		st, err = r.openInStore(mc)
 	}()
-	if err == nil && filepath.Base(dir) != url.PathEscape(mc.ID) {
-		if werr := os.WriteFile(filepath.Join(dir, idFile), []byte(mc.ID), 0o600); werr != nil {
-			_ = st.Close()
-			st, err = nil, fmt.Errorf("record the id of %s: %w", dir, werr)
-		}
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err == nil {
 		delete(r.failed, mc.ID)
 		return st, nil
 	}
-	r.releaseMemory(mc.ID)
 	reason := openFailureReason(err)
 	r.failed[mc.ID] = err
 	r.openFailures.WithLabelValues(reason).Inc()
-	r.log.Error("mailbox store failed to open; the runner's other mailboxes are unaffected", "mailbox_id", mc.ID, "reason", reason, "dir", dir, "err", err)
+	r.log.Error("mailbox store failed to open", "mailbox_id", mc.ID, "reason", reason, "err", err)
 	return nil, err
 }
 
-// reserveMemory sizes the store of mailbox id from the memory budget and
-// holds its share until releaseMemory; r.mu held. The share is the budget's
-// Badger half divided among the mailboxes planned, at most what the stores
-// already holding a share leave free: stores keep the sizes they opened
-// with, so a share given now cannot be taken back when more mailboxes come.
-func (r *Runner) reserveMemory(id string) store.Memory {
-	if r.cfg.MemoryBudget <= 0 {
-		return store.Memory{}
+func (r *Runner) openInStore(mc MailboxConfig) (*store.Store, error) {
+	old := OldDir(r.cfg.DataDir, mc.ID)
+	switch _, err := os.Stat(old); {
+	case err == nil:
+		return nil, fmt.Errorf("%w: %s holds the mailbox's store of an older version (a Badger per mailbox), whose Kafka offsets are committed: "+
+			"opened empty here it would never get its history back; drop it and re-ingest it with prism runner rebuild --mailbox %s (or --old-layout for every such store)",
+			store.ErrOldLayout, old, mc.ID)
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("look for an older store of the mailbox: %w", err)
 	}
-	half := r.cfg.MemoryBudget / 2
-	// Every store open or about to be, this one included, counted once:
-	// an id is in opening from Open's or Prepare's start to its end, then
-	// in mailboxes or prepared.
-	planned := max(r.cfg.ExpectedMailboxes, len(r.mailboxes)+len(r.prepared)+len(r.opening))
-	share := max(min(half/int64(planned), half-r.memoryHeld), 1)
-	// MemoryFor divides its budget's half among its stores: this is one
-	// store's share.
-	mem := store.MemoryFor(2*share, 1)
-	held := footprint(mem)
-	r.memory[id] = held
-	r.memoryHeld += held
-	if r.memoryHeld > half {
-		r.log.Warn("the mailbox stores' Badger memory is over the memory budget's half: each store takes at least its smallest sizes, so this many stores need more; the runner slows down (GC) rather than fails",
-			"mailbox_id", id, "memory_budget", r.cfg.MemoryBudget, "badger_bytes", r.memoryHeld, "stores", len(r.memory), "store_bytes", held)
+	db, err := r.storeDB()
+	if err != nil {
+		return nil, err
 	}
-	return mem
+	return r.openView(db, store.Options{ID: mc.ID, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)})
 }
 
-// releaseMemory returns the share of mailbox id's store, closed or never
-// opened, to the budget; r.mu held.
-func (r *Runner) releaseMemory(id string) {
-	r.memoryHeld -= r.memory[id]
-	delete(r.memory, id)
-}
-
-// footprint is what a store sized m holds in memory at most, beside the
-// files it maps: its memtables and its caches.
-func footprint(m store.Memory) int64 {
-	return int64(m.NumMemtables)*m.MemTableSize + m.BlockCacheSize + m.IndexCacheSize
-}
-
-// closeStore closes mailbox id's store and returns its memory share.
-func (r *Runner) closeStore(id string, st *store.Store) error {
-	err := st.Close()
-	r.mu.Lock()
-	r.releaseMemory(id)
-	r.mu.Unlock()
-	return err
+// storeDB is the runner's store, opened now if no call has opened it yet.
+// While it fails to open (damaged, no space), each call tries again, except
+// those that waited for a try begun after they asked: they take its answer,
+// so a thousand opens arriving together try it at most twice.
+func (r *Runner) storeDB() (*store.DB, error) {
+	asked := r.dbTries.Load()
+	r.dbMu.Lock()
+	defer r.dbMu.Unlock()
+	if r.db != nil {
+		return r.db, nil
+	}
+	if r.dbTries.Load() != asked {
+		return nil, r.dbErr
+	}
+	r.dbTries.Add(1)
+	dir := StoreDir(r.cfg.DataDir)
+	db, err := func() (db *store.DB, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				db, err = nil, fmt.Errorf("%w: panic opening %s: %v", store.ErrDamaged, dir, p)
+			}
+		}()
+		return r.openDB(store.DBOptions{Dir: dir, Memory: store.MemoryFor(r.cfg.MemoryBudget, 1), Logger: r.log})
+	}()
+	if err != nil {
+		r.dbErr = fmt.Errorf("runner store %s: %w", dir, err)
+		r.log.Error("the runner's store failed to open: every mailbox's open fails with it until one opens it", "dir", dir, "reason", openFailureReason(err), "err", err)
+		return nil, r.dbErr
+	}
+	if r.dbErr != nil {
+		r.log.Info("the runner's store opened after failing", "dir", dir)
+	}
+	r.db, r.dbErr = db, nil
+	return db, nil
 }
 
 // openFailureReason is the reason label, /readyz's and the log's, of a
@@ -506,6 +493,8 @@ func (r *Runner) end(id string) {
 }
 
 // Discard closes the store of a prepared mailbox that will not be opened.
+// Its data stays in the runner's store, as its consumer group's offsets stay
+// in Kafka: a later open of the mailbox resumes where they both are.
 func (r *Runner) Discard(id string) error {
 	r.mu.Lock()
 	r.settle(id)
@@ -516,7 +505,7 @@ func (r *Runner) Discard(id string) error {
 	if !ok {
 		return nil
 	}
-	if err := r.closeStore(id, st); err != nil {
+	if err := st.Close(); err != nil {
 		return fmt.Errorf("discard %s: %w", id, err)
 	}
 	return nil
@@ -562,7 +551,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 	if err != nil {
 		return err
 	}
-	r.log.Info("mailbox opened", "mailbox_id", mc.ID, "epoch", mc.Epoch, "topics", mc.Topics, "dir", Dir(r.cfg.DataDir, mc.ID), "max_age", mc.MaxAge, "max_size", mc.MaxSize)
+	r.log.Info("mailbox opened", "mailbox_id", mc.ID, "epoch", mc.Epoch, "topics", mc.Topics, "max_age", mc.MaxAge, "max_size", mc.MaxSize)
 	return nil
 }
 
@@ -585,7 +574,7 @@ func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
 	}
 	ing, err := ingest.Start(icfg, st)
 	if err != nil {
-		_ = r.closeStore(mc.ID, st)
+		_ = st.Close()
 		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -621,7 +610,7 @@ func (r *Runner) closeMailbox(mb *mailbox) error {
 	mb.stopRetain()
 	<-mb.retainExited
 	mb.reads.close()
-	errStore := r.closeStore(mb.cfg.ID, mb.store)
+	errStore := mb.store.Close()
 	r.queryM.Forget(mb.cfg.ID)
 	r.log.Info("mailbox closed", "mailbox_id", mb.cfg.ID, "epoch", mb.epoch.Load())
 	if err := errors.Join(errIngest, errStore); err != nil {
@@ -987,7 +976,7 @@ func (r *Runner) watchHealth(ctx context.Context) {
 }
 
 // Close stops every mailbox's ingest (flush, commit), then the servers, then
-// the stores.
+// the mailboxes' stores, then the runner's store.
 func (r *Runner) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -1038,9 +1027,19 @@ func (r *Runner) Close() error {
 		errs = append(errs, r.closeMailbox(mb))
 	}
 	for id, st := range prepared {
-		if err := r.closeStore(id, st); err != nil {
+		if err := st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close prepared %s: %w", id, err))
 		}
 	}
+	// Last: every mailbox's Store is closed, so no read or write is left on
+	// it; no Open or Prepare can open it again (closed, and opens waited for).
+	r.dbMu.Lock()
+	if r.db != nil {
+		if err := r.db.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close the runner store: %w", err))
+		}
+		r.db = nil
+	}
+	r.dbMu.Unlock()
 	return errors.Join(errs...)
 }
