@@ -87,6 +87,9 @@ func run(c config) error {
 	if err := benchStore(c, filepath.Join(dir, "badger"), queries); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
+	if err := benchOpen(filepath.Join(dir, "open")); err != nil {
+		return fmt.Errorf("open: %w", err)
+	}
 	if c.skipSQLite {
 		return nil
 	}
