@@ -1,4 +1,5 @@
-// Package runner hosts a set of mailboxes (each a store fed by its own ingest)
+// Package runner hosts a set of mailboxes (each a store, a key prefix of the
+// runner's one Badger database, fed by its own ingest)
 // and serves them: the query APIs, /metrics, /healthz, /readyz and gRPC health.
 // Mailboxes are opened and closed by id while the runner runs, which is what
 // the sidecar's control API drives; `prism runner` opens one from its flags.
@@ -396,9 +397,10 @@ func (r *Runner) openInStore(mc MailboxConfig) (*store.Store, error) {
 }
 
 // storeDB is the runner's store, opened now if no call has opened it yet.
-// While it fails to open (damaged, no space), each call tries again, except
-// those that waited for a try begun after they asked: they take its answer,
-// so a thousand opens arriving together try it at most twice.
+// While it fails to open (damaged, no space), a call tries again unless a
+// try began after it asked, whose answer it takes: a thousand opens that
+// arrive while one try runs wait for it, and the first of them tries once
+// more for all the others, rather than each reading the store again.
 func (r *Runner) storeDB() (*store.DB, error) {
 	asked := r.dbTries.Load()
 	r.dbMu.Lock()
