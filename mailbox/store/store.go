@@ -2,7 +2,8 @@
 // (docs/architecture.md#mailbox-store): the
 // full envelope bytes with their indexed headers, secondary indexes so filtered
 // queries never scan the whole mailbox, cursor pagination, and retention.
-// The key layout is described in keys.go.
+// A runner keeps all its mailboxes in one Badger database (DB, db.go), each
+// under a key prefix of its own; the key layout is described in keys.go.
 package store
 
 import (
