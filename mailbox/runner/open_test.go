@@ -325,12 +325,15 @@ func TestDamagedRunnerStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ssts []string
-	filepath.WalkDir(StoreDir(dataDir), func(path string, _ fs.DirEntry, err error) error {
+	err = filepath.WalkDir(StoreDir(dataDir), func(path string, _ fs.DirEntry, err error) error {
 		if err == nil && strings.HasSuffix(path, ".sst") {
 			ssts = append(ssts, path)
 		}
-		return nil
+		return err
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(ssts) == 0 {
 		t.Fatal("no table written")
 	}
