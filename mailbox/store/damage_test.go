@@ -9,9 +9,10 @@ import (
 	"testing"
 )
 
-// TestOpenDamagedTable: a store whose table file was truncated or
-// overwritten fails to open with ErrDamaged naming the file, where Badger
-// alone panics on one of its own goroutines and takes the process down.
+// TestOpenDamagedTable: a database (several mailboxes' stores) whose table
+// file was truncated or overwritten fails to open with ErrDamaged naming the
+// file, where Badger alone panics on one of its own goroutines and takes the
+// process down; so does a store opened alone.
 func TestOpenDamagedTable(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -31,12 +32,16 @@ func TestOpenDamagedTable(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			dir := filepath.Join(t.TempDir(), "mbox")
-			s := openDir(t, dir, Options{})
-			for i := range 200 {
-				mustWrite(t, s, item(fmt.Sprint("id", i), int64(i)))
+			dir := filepath.Join(t.TempDir(), "db")
+			db := openDB(t, dir)
+			for m := range 3 {
+				s := openIn(t, db, fmt.Sprintf("m%d@p", m))
+				for i := range 70 {
+					mustWrite(t, s, item(fmt.Sprint("id", i), int64(i)))
+				}
+				must(t, s.Close())
 			}
-			must(t, s.Close())
+			must(t, db.Close())
 			ssts, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
 			if len(ssts) == 0 {
 				t.Fatal("no table file written")
@@ -44,13 +49,21 @@ func TestOpenDamagedTable(t *testing.T) {
 			fi, err := os.Stat(ssts[0])
 			must(t, err)
 			tc.damage(t, ssts[0], fi.Size())
-			s, err = Open(Options{Dir: dir, Logger: quiet})
+			db, err = OpenDB(DBOptions{Dir: dir, Logger: quiet})
 			if err == nil {
-				s.Close()
-				t.Fatal("a damaged store opened")
+				db.Close()
+				t.Fatal("a damaged database opened")
 			}
 			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), ssts[0]) {
-				t.Fatalf("open: %v, want ErrDamaged naming %s", err, ssts[0])
+				t.Fatalf("open the database: %v, want ErrDamaged naming %s", err, ssts[0])
+			}
+			s, err := Open(Options{Dir: dir, Logger: quiet})
+			if err == nil {
+				s.Close()
+				t.Fatal("a damaged store opened alone")
+			}
+			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), ssts[0]) {
+				t.Fatalf("open alone: %v, want ErrDamaged naming %s", err, ssts[0])
 			}
 		})
 	}
