@@ -398,3 +398,27 @@ func BenchmarkOpen1000(b *testing.B) {
 	}
 	b.ReportMetric(float64(openDB.Microseconds())/float64(b.N)/1000, "ms-opendb/op")
 }
+
+// TestDBCloseClosesItsStores: closing a database closes the stores still open in it first; their reads and
+// writes then fail instead of reaching a closed Badger, and closing them again is harmless.
+func TestDBCloseClosesItsStores(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, t.TempDir())
+	s := openIn(t, db, "a@p")
+	mustWrite(t, s, item("a", 1))
+	must(t, db.Close())
+	ctx := context.Background()
+	if _, err := s.Write(ctx, []*mailboxv1.MailboxItem{item("b", 2)}); err == nil {
+		t.Error("a write to a store of a closed database succeeded")
+	}
+	if _, err := s.Query(ctx, nil); err == nil {
+		t.Error("a query of a store of a closed database succeeded")
+	}
+	if _, err := s.Stats(ctx); err == nil {
+		t.Error("stats of a store of a closed database succeeded")
+	}
+	if _, err := db.Open(Options{ID: "b@p"}); err == nil {
+		t.Error("a store opened in a closed database")
+	}
+	must(t, s.Close())
+}
