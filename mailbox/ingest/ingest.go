@@ -145,6 +145,11 @@ type Config struct {
 	Sarama  *sarama.Config // nil = SaramaConfig(); must keep auto-commit off
 	Logger  *slog.Logger   // nil = slog.Default()
 	Metrics *Metrics       // nil = metrics on a private registry
+	// Kafka, when set, is the Kafka side this mailbox shares with the other
+	// mailboxes of its runner (NewKafka): Brokers and Sarama are its, and
+	// the dead-letter topics are checked once for all of them. Unset, Start
+	// connects and checks on its own.
+	Kafka *Kafka
 
 	// process turns a record's value into an item; tests replace it. nil = envelope.Process.
 	process func(raw []byte, mode envelope.Mode, log *slog.Logger) (*mailboxv1.MailboxItem, error)
@@ -241,7 +246,13 @@ type Ingester struct {
 
 // Start connects to Kafka, makes sure the dead-letter topics exist (best
 // effort: brokers that auto-create topics need nothing) and starts consuming.
+// With Config.Kafka set, the connection and the topic checks are the shared
+// ones, and the mailbox's own client connects when its group first consumes.
 func Start(cfg Config, w Writer) (*Ingester, error) {
+	shared := cfg.Kafka
+	if shared != nil {
+		cfg.Brokers, cfg.Sarama = shared.brokers, shared.sarama
+	}
 	cfg.setDefaults()
 	if cfg.MailboxID == "" || len(cfg.Brokers) == 0 || len(cfg.Topics) == 0 {
 		return nil, fmt.Errorf("ingest: mailbox id, brokers and topics are required")
@@ -253,17 +264,30 @@ func Start(cfg Config, w Writer) (*Ingester, error) {
 	// A copy: the DLQ limit below is this mailbox's, and callers share one config.
 	sc := *cfg.Sarama
 	cfg.Sarama = &sc
-	client, err := sarama.NewClient(cfg.Brokers, cfg.Sarama)
+	k := shared
+	if k == nil {
+		// Alone, the mailbox's client (on sc, so it sees the limit set
+		// below) checks the topics and then serves the group and producer.
+		k = NewKafka(cfg.Brokers, &sc)
+	}
+	client, limit, limitErr, err := k.prepare(cfg.Topics, log)
 	if err != nil {
 		return nil, fmt.Errorf("ingest %s: kafka client (%s): %w%s", cfg.MailboxID, kafkasec.Describe(cfg.Sarama), err, kafkasec.ClosedHint(err))
 	}
-	ensureDLQTopics(client, cfg.Topics, log)
-	if limit, err := dlqMessageLimit(client, cfg.Topics); err != nil {
+	if limitErr != nil {
 		log.Warn("dead-letter topics' max.message.bytes unknown; larger records are dead-lettered as references",
-			"err", err, "producer_max_message_bytes", sc.Producer.MaxMessageBytes)
+			"err", limitErr, "producer_max_message_bytes", sc.Producer.MaxMessageBytes)
 	} else {
 		// The broker measures the record batch; sarama its records.
 		sc.Producer.MaxMessageBytes = min(limit-recordBatchOverhead, int(sarama.MaxRequestSize)-1)
+	}
+	if shared != nil {
+		// The shared client checked the cluster is reachable; this one
+		// fetches metadata only for the topics it uses, when it uses them.
+		sc.Metadata.Full = false
+		if client, err = sarama.NewClient(cfg.Brokers, &sc); err != nil {
+			return nil, fmt.Errorf("ingest %s: kafka client (%s): %w", cfg.MailboxID, kafkasec.Describe(cfg.Sarama), err)
+		}
 	}
 	group, err := sarama.NewConsumerGroupFromClient(cfg.MailboxID, client)
 	if err != nil {
@@ -283,69 +307,6 @@ func Start(cfg Config, w Writer) (*Ingester, error) {
 	go i.run()
 	log.Info("ingest started", "topics", cfg.Topics, "brokers", cfg.Brokers, "kafka_connection", kafkasec.Describe(cfg.Sarama), "validation", string(cfg.Mode))
 	return i, nil
-}
-
-func ensureDLQTopics(client sarama.Client, topics []string, log *slog.Logger) {
-	broker, err := client.Controller()
-	if err != nil {
-		log.Warn("no controller to create dead-letter topics; relying on auto-creation", "err", err)
-		return
-	}
-	req := &sarama.CreateTopicsRequest{Version: 2, TopicDetails: map[string]*sarama.TopicDetail{}, Timeout: 10 * time.Second}
-	for _, t := range topics {
-		req.TopicDetails[t+DLQSuffix] = &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: min(3, int16(len(client.Brokers())))}
-	}
-	resp, err := broker.CreateTopics(req)
-	if err != nil {
-		log.Warn("create dead-letter topics; relying on auto-creation", "err", err)
-		return
-	}
-	for t, e := range resp.TopicErrors {
-		if e.Err != sarama.ErrNoError && e.Err != sarama.ErrTopicAlreadyExists {
-			log.Warn("create dead-letter topic; relying on auto-creation", "topic", t, "err", e)
-		}
-	}
-}
-
-// dlqMessageLimit is the smallest max.message.bytes of the topics' dead-letter
-// topics (each inherits the broker's message.max.bytes unless set): the
-// largest record batch every one of them accepts.
-func dlqMessageLimit(client sarama.Client, topics []string) (int, error) {
-	broker, err := client.Controller()
-	if err != nil {
-		return 0, fmt.Errorf("controller: %w", err)
-	}
-	req := &sarama.DescribeConfigsRequest{Version: 1}
-	for _, t := range topics {
-		req.Resources = append(req.Resources, &sarama.ConfigResource{
-			Type: sarama.TopicResource, Name: t + DLQSuffix, ConfigNames: []string{"max.message.bytes"}})
-	}
-	resp, err := broker.DescribeConfigs(req)
-	if err != nil {
-		return 0, fmt.Errorf("describe configs: %w", err)
-	}
-	limit := 0
-	for _, r := range resp.Resources {
-		if r.ErrorCode != 0 {
-			return 0, fmt.Errorf("describe %s: %w: %s", r.Name, sarama.KError(r.ErrorCode), r.ErrorMsg)
-		}
-		for _, e := range r.Configs {
-			if e.Name != "max.message.bytes" {
-				continue
-			}
-			v, err := strconv.Atoi(e.Value)
-			if err != nil || v <= recordBatchOverhead {
-				return 0, fmt.Errorf("%s max.message.bytes %q", r.Name, e.Value)
-			}
-			if limit == 0 || v < limit {
-				limit = v
-			}
-		}
-	}
-	if limit == 0 {
-		return 0, errors.New("no max.message.bytes in the answer")
-	}
-	return limit, nil
 }
 
 // Consuming reports whether the ingester is in an active consumer group
