@@ -155,6 +155,11 @@ type Runner struct {
 	disk      *diskfree.Guard // nil: no watermark
 	watchDone chan struct{}
 
+	// kafka is the Kafka side every mailbox's ingest shares (one client,
+	// the dead-letter topics checked once): the mailboxes all reach
+	// cfg.Brokers with cfg.Sarama. Closed after every ingest.
+	kafka *ingest.Kafka
+
 	// mu guards the maps, never a store's opening or an ingest's start:
 	// Open and Prepare do those outside it (see begin), so queries to every
 	// mailbox answer while another opens.
@@ -218,6 +223,7 @@ func New(cfg Config) (*Runner, error) {
 		log:       cfg.Logger,
 		reg:       cfg.Registry,
 		ingestM:   ingest.NewMetrics(cfg.Registry),
+		kafka:     ingest.NewKafka(cfg.Brokers, cfg.Sarama),
 		queryM:    query.NewMetrics(cfg.Registry),
 		health:    health.NewServer(),
 		mailboxes: map[string]*mailbox{},
@@ -567,8 +573,8 @@ func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
 		}
 	}
 	icfg := ingest.Config{
-		MailboxID: mc.ID, Brokers: r.cfg.Brokers, Topics: mc.Topics, Mode: mc.Mode,
-		BatchSize: r.cfg.BatchSize, BatchWait: r.cfg.BatchWait, Sarama: r.cfg.Sarama,
+		MailboxID: mc.ID, Kafka: r.kafka, Topics: mc.Topics, Mode: mc.Mode,
+		BatchSize: r.cfg.BatchSize, BatchWait: r.cfg.BatchWait,
 		DrainTimeout: r.cfg.ShutdownTimeout, Logger: r.log, Metrics: r.ingestM, Governor: r.governor,
 	}
 	if r.disk != nil {
@@ -978,7 +984,7 @@ func (r *Runner) watchHealth(ctx context.Context) {
 }
 
 // Close stops every mailbox's ingest (flush, commit), then the servers, then
-// the mailboxes' stores, then the runner's store.
+// the mailboxes' stores, then the runner's Kafka client and store.
 func (r *Runner) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -1033,6 +1039,8 @@ func (r *Runner) Close() error {
 			errs = append(errs, fmt.Errorf("close prepared %s: %w", id, err))
 		}
 	}
+	// Every ingest is closed, and no Open can start one (closed, and opens waited for).
+	errs = append(errs, r.kafka.Close())
 	// Last: every mailbox's Store is closed, so no read or write is left on
 	// it; no Open or Prepare can open it again (closed, and opens waited for).
 	r.dbMu.Lock()
