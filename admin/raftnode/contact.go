@@ -1,6 +1,7 @@
 package raftnode
 
 import (
+	"log/slog"
 	"sync"
 	"time"
 
@@ -41,11 +42,13 @@ type contactWatch struct {
 	// check has raft run its heartbeat check now.
 	check func()
 	gaps  prometheus.Histogram
+	log   *slog.Logger
 	stop  chan struct{}
 
 	mu         sync.Mutex
 	prev       time.Time
 	prevLeader string
+	prevTerm   uint64
 	pending    *time.Timer
 }
 
@@ -63,15 +66,21 @@ func newContactGaps() prometheus.Histogram {
 	})
 }
 
-// contact notes an AppendEntries from leader.
-func (w *contactWatch) contact(leader string) {
+// contact notes an AppendEntries from leader in term. Only gaps within
+// one leader's term are timed: across terms the silence is an election's.
+func (w *contactWatch) contact(leader string, term uint64) {
 	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if leader == w.prevLeader && !w.prev.IsZero() {
-		w.gaps.Observe(now.Sub(w.prev).Seconds())
+	if leader == w.prevLeader && term == w.prevTerm && !w.prev.IsZero() {
+		gap := now.Sub(w.prev)
+		w.gaps.Observe(gap.Seconds())
+		if gap >= w.timeout {
+			w.log.Warn("no word from the leader for longer than the heartbeat timeout", "leader", leader, "term", term,
+				"silent", gap, "heartbeat_timeout", w.timeout)
+		}
 	}
-	w.prev, w.prevLeader = now, leader
+	w.prev, w.prevLeader, w.prevTerm = now, leader, term
 }
 
 // refused is called after raft refused a vote or pre-vote.
@@ -173,7 +182,7 @@ func (t *watchedTransport) pump(in <-chan raft.RPC) {
 func (t *watchedTransport) note(rpc *raft.RPC) {
 	switch req := rpc.Command.(type) {
 	case *raft.AppendEntriesRequest:
-		t.w.contact(string(req.ID))
+		t.w.contact(string(req.ID), req.Term)
 	case *raft.RequestVoteRequest, *raft.RequestPreVoteRequest:
 		answer := rpc.RespChan
 		mine := make(chan raft.RPCResponse, 1)
@@ -216,6 +225,7 @@ func (n *Node) newContactWatch(timeout time.Duration) *contactWatch {
 		},
 		check: n.checkHeartbeatNow,
 		gaps:  n.gaps,
+		log:   n.log,
 		stop:  make(chan struct{}),
 	}
 }

@@ -31,6 +31,7 @@ func newFakeWatch(t *testing.T, timeout time.Duration) *fakeWatch {
 		follower:    f.follower.Load,
 		check:       func() { f.checks <- struct{}{} },
 		gaps:        newContactGaps(),
+		log:         quietLogger(),
 		stop:        make(chan struct{}),
 	}
 	t.Cleanup(f.close)
@@ -128,11 +129,15 @@ func TestWatchedTransportRoutesAnswers(t *testing.T) {
 		})
 	}
 
-	for _, leader := range []string{"a", "a", "a", "b"} {
-		rpc := raft.RPC{Command: &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte(leader)}}}
+	for _, c := range []struct {
+		leader string
+		term   uint64
+	}{{"a", 2}, {"a", 2}, {"a", 2}, {"b", 3}, {"a", 4}} {
+		rpc := raft.RPC{Command: &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte(c.leader)}, Term: c.term}}
 		tr.note(&rpc)
 	}
-	// Two gaps of leader a; none to b's first, whose predecessor was a's.
+	// Two gaps of leader a in term 2; none across terms: those silences
+	// were elections.
 	if n := testutil.CollectAndCount(f.gaps); n != 1 {
 		t.Fatalf("collected %d metrics, want the histogram", n)
 	}
