@@ -314,6 +314,7 @@ func scale(ctx context.Context, o options, dir string, certs *certs) (time.Durat
 	if err != nil {
 		return 0, err
 	}
+	term0 := maxTerm(c)
 	cps := make(map[string]adminv1.ControlPlaneClient, scaleProxies)
 	// The leases spread over scaleProxies proxies, each with its runner; the
 	// namespaces are created and their placement read back before the ramp,
@@ -443,5 +444,6 @@ func scale(ctx context.Context, o options, dir string, certs *certs) (time.Durat
 	if f := refused.Load(); f > 0 || late.Load() > 0 {
 		fmt.Fprintf(os.Stderr, "# scale%s: %d heartbeats failed or refused, %d rounds overran their second\n", sfx, f, late.Load())
 	}
+	raftStability(c, "scale_10k"+sfx, term0)
 	return r.pct(0.99), nil
 }

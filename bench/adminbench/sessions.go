@@ -88,6 +88,7 @@ func sessionsBench(ctx context.Context, o options, dir string, certs *certs) err
 	if err != nil {
 		return err
 	}
+	term0 := maxTerm(c)
 	proxies := owningProxies("ses-p", nProxies+1)
 	bulkProxy, proxies := proxies[0], proxies[1:]
 	runnerOf := make(map[string]string, len(proxies)+1)
@@ -236,6 +237,7 @@ func sessionsBench(ctx context.Context, o options, dir string, certs *certs) err
 	}
 	stopAll()
 	wg.Wait()
+	raftStability(c, "sessions_"+size, term0)
 	c.stop()
 	return etcdKeepAlive(ctx, o, dir+"-etcd")
 }
