@@ -16,7 +16,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -31,9 +33,9 @@ import (
 )
 
 var (
-	profile       string
-	discard       bool
-	maxProcessing time.Duration
+	profile, traceOut, blockProfile string
+	discard                         bool
+	maxProcessing                   time.Duration
 )
 
 func main() {
@@ -46,6 +48,8 @@ func main() {
 	flag.BoolVar(&discard, "discard", false, "drop items instead of storing them (measures Kafka consumption and decoding alone: mailbox.kafka_decode_events_per_s)")
 	maxProc := flag.Duration("max-processing", 0, "sarama Consumer.MaxProcessingTime (0: ingest default)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the ingest phase here")
+	flag.StringVar(&traceOut, "trace", "", "write an execution trace of the ingest phase here (go tool trace)")
+	flag.StringVar(&blockProfile, "blockprofile", "", "write a block profile of the ingest phase here (every blocking event is sampled)")
 	flag.Parse()
 	profile, maxProcessing = *cpuprofile, *maxProc
 	if err := run(*n, *size, *partitions, *batch, *fetch, *buffer); err != nil {
@@ -102,6 +106,26 @@ func run(n, size, partitions, batch, fetch, buffer int) error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if traceOut != "" {
+		f, err := os.Create(traceOut)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return err
+		}
+		defer trace.Stop()
+	}
+	if blockProfile != "" {
+		runtime.SetBlockProfileRate(1)
+		defer func() {
+			runtime.SetBlockProfileRate(0)
+			if err := writeProfile("block", blockProfile); err != nil {
+				fmt.Fprintln(os.Stderr, "ingestbench: block profile:", err)
+			}
+		}()
 	}
 	start = time.Now()
 	cpuStart := cpuTime()
@@ -220,6 +244,19 @@ func (c *countingWriter) Write(ctx context.Context, items []*mailboxv1.MailboxIt
 	}
 	c.written.Add(int64(res.Stored + res.Duplicates + res.Expired))
 	return res, nil
+}
+
+// writeProfile writes the named runtime profile to path.
+func writeProfile(name, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // cpuTime is the CPU time (user and system) this process has used so far.
