@@ -48,7 +48,7 @@ func main() {
 	flag.BoolVar(&discard, "discard", false, "drop items instead of storing them (measures Kafka consumption and decoding alone: mailbox.kafka_decode_events_per_s)")
 	maxProc := flag.Duration("max-processing", 0, "sarama Consumer.MaxProcessingTime (0: ingest default)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the ingest phase here")
-	flag.StringVar(&traceOut, "trace", "", "write an execution trace of the ingest phase here (go tool trace)")
+	flag.StringVar(&traceOut, "trace", "", "write an execution trace of the ingest phase here (go tool trace) and print where its goroutines waited")
 	flag.StringVar(&blockProfile, "blockprofile", "", "write a block profile of the ingest phase here (every blocking event is sampled)")
 	flag.Parse()
 	profile, maxProcessing = *cpuprofile, *maxProc
@@ -107,6 +107,7 @@ func run(n, size, partitions, batch, fetch, buffer int) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	stopTrace := func() error { return nil }
 	if traceOut != "" {
 		f, err := os.Create(traceOut)
 		if err != nil {
@@ -116,7 +117,11 @@ func run(n, size, partitions, batch, fetch, buffer int) error {
 		if err := trace.Start(f); err != nil {
 			return err
 		}
-		defer trace.Stop()
+		stopTrace = func() error {
+			trace.Stop()
+			return f.Close()
+		}
+		defer func() { _ = stopTrace() }()
 	}
 	if blockProfile != "" {
 		runtime.SetBlockProfileRate(1)
@@ -156,6 +161,17 @@ func run(n, size, partitions, batch, fetch, buffer int) error {
 	}
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpuStart
+	if traceOut != "" {
+		// The trace covers the ingest alone, not the drain and group leave of Close.
+		err := stopTrace()
+		stopTrace = func() error { return nil }
+		if err != nil {
+			return err
+		}
+		if err := printWaits(traceOut, os.Stderr); err != nil {
+			return err
+		}
+	}
 	if err := ing.Close(); err != nil {
 		return err
 	}
