@@ -52,16 +52,16 @@ type contactWatch struct {
 	pending    *time.Timer
 }
 
-// contactGapBuckets resolve the gaps around the fast timing's 100-150 ms
-// heartbeat timeout and the default's 1 s, and the 10-15 ms between
-// heartbeats.
+// contactGapBuckets resolve the gaps around the fast timing's 150 ms
+// heartbeat timeout and the default's 1 s, and the heartbeats' own
+// interval (a tenth of the timeout to a fifth: 15-30 ms under fast).
 var contactGapBuckets = []float64{.005, .01, .015, .02, .03, .04, .05, .06, .075, .1, .125, .15, .2, .3, .5, .75, 1, 2, 5}
 
 func newContactGaps() prometheus.Histogram {
 	return prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "prism_admin_raft_leader_contact_gap_seconds",
 		Help: "Time between consecutive AppendEntries (heartbeats included) this follower received from its leader; " +
-			"a gap past the heartbeat timeout (--raft-timing) starts an election.",
+			"a gap past the heartbeat timeout (--raft-timing) may start an election, and is then not counted (the next contact is of a new term).",
 		Buckets: contactGapBuckets,
 	})
 }
