@@ -40,16 +40,24 @@ func TestReadsDoNotWaitForAHeldCommit(t *testing.T) {
 		written <- err
 	}()
 	<-held
-	s.heldCommit = nil // read by the next group under the write lock, which the held Write no longer holds
+	s.wmu.Lock()
+	s.heldCommit = nil // read by the next group under the write lock
+	heldFlight := s.inflight
+	s.wmu.Unlock()
 	go func() {
 		_, err := s.Write(context.Background(), []*mailboxv1.MailboxItem{item("queued", 3000)})
 		written <- err
 	}()
-	// The queued Write takes the write lock and waits there for the held group to be durable.
-	for deadline := time.Now().Add(answerBound); s.wmu.TryLock(); {
+	// The queued Write's group is sent behind the held one and waits for it to be published.
+	for deadline := time.Now().Add(answerBound); ; {
+		s.wmu.Lock()
+		sent := s.inflight != heldFlight
 		s.wmu.Unlock()
+		if sent {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("the second Write never took the write lock")
+			t.Fatal("the second Write's group was never sent")
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -86,12 +86,11 @@ type Store struct {
 
 	// wmu serializes Write and retention's delete transactions: dedup checks and counters are only correct with
 	// one writer. It also guards the write pipeline (write.go): wm, the counters as of the last group sent (m is
-	// as of the last one durable), the flight Badger is writing, and the spare transaction opened before it.
-	wmu       sync.Mutex
-	wm        meta
-	inflight  *flight
-	spare     *badger.Txn
-	spareDone func()
+	// as of the last one durable), the last flight sent to Badger and the one before it, if not known durable.
+	wmu      sync.Mutex
+	wm       meta
+	inflight *flight
+	before   *flight
 	// wfloor is the floor writes obey, guarded by wmu: a retention pass raises it before it counts what it
 	// deletes, so nothing lands below the floor between the count and the commit (retention.go).
 	wfloor int64
@@ -217,7 +216,7 @@ func (s *Store) publish(m meta, ts uint64) {
 }
 
 // begin opens a transaction reading the store as of its last applied commit, pinned until done is called. It is
-// for the writer (wmu held, nothing in flight), and fails once the store is closed.
+// for the writer (wmu held; what it has in flight it cannot see), and fails once the store is closed.
 func (s *Store) begin(update bool) (txn *badger.Txn, done func(), err error) {
 	if s.closed.Load() {
 		return nil, nil, badger.ErrDBClosed

@@ -467,17 +467,17 @@ func TestWriteGroup(t *testing.T) {
 	}
 }
 
-// TestPipelinedGroupDedupsTheGroupInFlight: the group after a flight fills the spare transaction, opened before
-// that flight was sent and so blind to it; the flight's ids must still count as stored.
+// TestPipelinedGroupDedupsTheGroupInFlight: the group after a flight is filled while that flight may not be applied
+// yet (its transaction blind to it); the flight's ids must still count as stored.
 func TestPipelinedGroupDedupsTheGroupInFlight(t *testing.T) {
 	t.Parallel()
 	s := openMem(t, Options{})
 	first, second := req(s, item("a", 1), item("b", 2)), req(s, item("b", 2), item("c", 3))
 	s.wmu.Lock()
 	s.sendGroup([]*writeReq{first})
-	if s.spare == nil || s.inflight != first.f {
+	if s.inflight != first.f {
 		s.wmu.Unlock()
-		t.Fatalf("after a send: spare %v, inflight %p (want the first flight %p)", s.spare, s.inflight, first.f)
+		t.Fatalf("after a send: inflight %p, want the first flight %p", s.inflight, first.f)
 	}
 	s.sendGroup([]*writeReq{second})
 	s.wmu.Unlock()
@@ -509,12 +509,11 @@ func TestGroupAfterAFailedFlightFails(t *testing.T) {
 	s := openMem(t, Options{})
 	mustWrite(t, s, item("a", 1))
 	// The state a failed flight of item "b" leaves: its counters and id assumed, its commit failed.
-	failed := &flight{ids: map[string]struct{}{"b": {}}, done: make(chan struct{}), err: errors.New("disk gone")}
+	failed := &flight{ids: map[string]struct{}{"b": {}}, done: make(chan struct{}), err: errors.New("disk gone"), seq: 2}
 	close(failed.done)
 	s.wmu.Lock()
 	s.settle()
 	s.inflight = failed
-	s.spare, s.spareDone, _ = s.begin(true)
 	s.wm.events++
 	s.wm.seq++
 	s.wmu.Unlock()
@@ -532,6 +531,117 @@ func TestGroupAfterAFailedFlightFails(t *testing.T) {
 	}
 	if st.GetTotalEvents() != 3 || len(rawKeys(t, s)[prefixItem]) != 3 {
 		t.Errorf("stats %d events, %d items stored; want 3 and 3", st.GetTotalEvents(), len(rawKeys(t, s)[prefixItem]))
+	}
+}
+
+// TestGroupDedupsAFlightNotApplied: a group's items whose ids the flight before it stores are duplicates even
+// though its transaction cannot see them (that flight is not applied), and the group waits for it to be durable.
+func TestGroupDedupsAFlightNotApplied(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	mustWrite(t, s, item("a", 1))
+	// A flight of item "b" that Badger has not applied yet.
+	inBadger := &flight{ids: map[string]struct{}{"b": {}}, done: make(chan struct{}), seq: 2}
+	s.wmu.Lock()
+	s.inflight = inBadger
+	s.wm.events++
+	s.wm.seq++
+	s.wmu.Unlock()
+
+	type result struct {
+		res WriteResult
+		err error
+	}
+	written := make(chan result, 1)
+	go func() {
+		res, err := s.Write(context.Background(), []*mailboxv1.MailboxItem{item("b", 2), item("c", 3)})
+		written <- result{res, err}
+	}()
+	select {
+	case r := <-written:
+		t.Fatalf("the write returned %+v, %v before the flight it found duplicates in was durable", r.res, r.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(inBadger.done)
+	if r := <-written; r.err != nil || r.res != (WriteResult{Stored: 1, Duplicates: 1}) {
+		t.Fatalf("write after the flight: %+v, %v; want c stored and b a duplicate", r.res, r.err)
+	}
+	if _, err := s.Get(context.Background(), "b"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("get b: %v, want not found: the group must not store what the flight stores", err)
+	}
+}
+
+// TestGroupBehindAFailedFlight: a group sent behind a flight, sharing no id with it, is stored whole when that
+// flight then fails, but its Write fails (its counters counted the failed flight); the next write settles,
+// rewriting the counters to what is stored, and they survive a reopen.
+func TestGroupBehindAFailedFlight(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := openDir(t, dir, Options{})
+	mustWrite(t, s, item("a", 1))
+	// A flight of item "x" still in Badger, which will fail.
+	failing := &flight{ids: map[string]struct{}{"x": {}}, done: make(chan struct{}), seq: 2, span: 0}
+	s.wmu.Lock()
+	s.inflight = failing
+	s.wm.events++
+	s.wm.bytes += 100
+	s.wm.seq++
+	s.wmu.Unlock()
+
+	written := make(chan error, 1)
+	go func() {
+		_, err := s.Write(context.Background(), []*mailboxv1.MailboxItem{item("b", 2), item("c", 3)})
+		written <- err
+	}()
+	// The group is sent behind the failing flight, not held back by it.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		s.wmu.Lock()
+		sent := s.inflight != failing
+		s.wmu.Unlock()
+		if sent {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the group was never sent behind the flight")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	failing.err = errors.New("disk gone")
+	close(failing.done)
+	if err := <-written; err == nil || !strings.Contains(err.Error(), "disk gone") {
+		t.Fatalf("write behind a failed flight: %v, want the flight's error", err)
+	}
+	if n := len(rawKeys(t, s)[prefixItem]); n != 3 {
+		t.Errorf("%d items stored, want 3 (a, and b and c stored whole)", n)
+	}
+	if res := mustWrite(t, s, item("b", 2), item("c", 3), item("d", 4)); res != (WriteResult{Stored: 1, Duplicates: 2}) {
+		t.Errorf("redelivery %+v, want b and c duplicates, d stored", res)
+	}
+	want := func(s *Store, when string) {
+		t.Helper()
+		st, err := s.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetTotalEvents() != 4 || st.GetOldestEvent().AsTime().UnixMilli() != 1 || st.GetNewestEvent().AsTime().UnixMilli() != 4 {
+			t.Errorf("stats %s: %v, want 4 events from 1 to 4", when, st)
+		}
+		if blob := int64(len(item("a", 1).GetEnvelopeBlob())); st.GetTotalBytes() != 4*blob {
+			t.Errorf("stats %s: %d bytes, want %d", when, st.GetTotalBytes(), 4*blob)
+		}
+	}
+	want(s, "after the redelivery")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openDir(t, dir, Options{})
+	t.Cleanup(func() { _ = s.Close() })
+	want(s, "after a reopen")
+	if res := mustWrite(t, s, item("e", 5)); res != (WriteResult{Stored: 1}) {
+		t.Errorf("write after a reopen %+v, want e stored", res)
+	}
+	if n := len(rawKeys(t, s)[prefixItem]); n != 5 {
+		t.Errorf("%d items stored, want 5: a sequence number used twice would overwrite an item", n)
 	}
 }
 

@@ -20,14 +20,19 @@ import (
 // takes every queued batch into one transaction, so claims waiting on each other share one fsync. Each batch
 // stays all-or-nothing, and dedup runs across them in queue order.
 //
-// Groups are pipelined: Badger writes on a single goroutine, so while it writes and syncs one group the next
-// group's transaction is already being filled (records and keys are encoded before the lock, dedup lookups and
-// Sets under it), and is handed over the moment the previous one is durable. Two things make that safe:
-//   - a Badger transaction opened after another was sent waits until that one is applied, so the transaction for
-//     the next group (the spare) is opened before the current group is sent; its reads cannot see the group in
-//     flight, whose message ids the next group checks in memory instead;
-//   - a group is sent only once the previous one is durable, and fails if that one failed (its dedup assumed the
-//     previous group's items exist), so counters and dedup never build on a write that did not happen.
+// Groups are pipelined: Badger writes on a single goroutine, so a group is sent the moment it is filled (records
+// and keys encoded before the lock, dedup lookups and Sets under it), queued behind the one Badger is writing,
+// and Badger never waits for the store between two groups (it also syncs the groups it finds queued together).
+// What makes that safe:
+//   - a group's transaction reads the store as of its last applied commit, so the group is filled only once
+//     every flight but the last one sent is durable; that last flight's message ids it checks in memory;
+//   - a group with an item found among those ids (a duplicate of the flight) is sent only once that flight is
+//     durable, and fails if it failed, so dedup never builds on a write that did not happen;
+//   - Badger applies and syncs commits in the order they are sent, so after a crash a group is there only if the
+//     ones before it are;
+//   - a group sent behind a flight that then fails is stored whole, but its counters counted the failed flight's
+//     items: its Writes fail too (redelivery finds its items stored), and the next holder of the write lock
+//     settles, rewriting the counters from what Badger applied (settle).
 //
 // A group too big for one transaction falls back to one transaction per batch, and a batch too big on its own
 // (beyond 15% of Badger's 64 MiB memtable: tens of thousands of items) is split in halves committed in turn; a
@@ -186,31 +191,39 @@ func (s *Store) dictionary(items []*mailboxv1.MailboxItem) (*s2.Dict, error) {
 	return d, nil
 }
 
-// flight is a group sent to Badger. done closes once it is durable (err nil) or failed.
+// flight is a group sent to Badger. done closes once it is durable (err nil) or failed; applied says a failed one
+// was stored all the same (only the flight before it failed).
 type flight struct {
-	ids  map[string]struct{} // message ids it stores, for the dedup of the group after it
-	done chan struct{}
-	err  error
+	ids     map[string]struct{} // message ids it stores, for the dedup of the group after it
+	own     meta                // what it adds to the counters: events, bytes and bounds of its items
+	seq     uint64              // the last sequence number it uses
+	span    uint64              // the widest block span as of it
+	done    chan struct{}
+	err     error
+	applied bool
 }
 
-// sendGroup fills a transaction with group and sends it to Badger once the previous flight is durable; it must be
+// sendGroup fills a transaction with group and sends it to Badger behind the flight already there; it must be
 // called with wmu held.
 func (s *Store) sendGroup(group []*writeReq) {
 	for _, r := range group {
 		r.taken = true
 	}
-	prev, txn, done := s.inflight, s.spare, s.spareDone
-	s.spare, s.spareDone = nil, nil
-	if txn == nil {
-		s.settle()
-		var err error
-		if txn, done, err = s.begin(true); err != nil {
-			for _, r := range group {
-				r.err = fmt.Errorf("write: %w", err)
-			}
-			return
+	// The transaction reads as of the last applied commit: everything before the last flight sent must be in.
+	if b := s.before; b != nil {
+		<-b.done
+		s.before = nil
+		if b.err != nil {
+			s.settle()
 		}
-		prev = nil
+	}
+	prev := s.inflight
+	txn, done, err := s.begin(true)
+	if err != nil {
+		for _, r := range group {
+			r.err = fmt.Errorf("write: %w", err)
+		}
+		return
 	}
 	defer done()
 	m := s.wm
@@ -219,7 +232,7 @@ func (s *Store) sendGroup(group []*writeReq) {
 		n += len(r.items)
 	}
 	f := &flight{ids: make(map[string]struct{}, n), done: make(chan struct{})}
-	res, stored, err := fill(txn, group, prev, s.wfloor, &m, f.ids)
+	res, stored, overlap, err := fill(txn, group, prev, s.wfloor, &m, f)
 	if err == nil && stored > 0 {
 		err = txn.Set(s.box.metaKey(), m.encode())
 	}
@@ -228,12 +241,11 @@ func (s *Store) sendGroup(group []*writeReq) {
 		s.writeEach(group)
 		return
 	}
-	if err == nil && prev != nil {
-		// Badger is writing prev; ours is ready to follow it.
+	if err == nil && overlap {
+		// Items were counted as duplicates of prev's: the group stands only once prev is durable.
 		<-prev.done
-		s.inflight = nil
 		if prev.err != nil {
-			s.wm = s.m
+			s.settle()
 			err = fmt.Errorf("write: an earlier write this one depends on failed: %w", prev.err)
 		}
 	}
@@ -247,15 +259,9 @@ func (s *Store) sendGroup(group []*writeReq) {
 		}
 		return
 	}
-	// Opened before the group is sent, at the store's last applied commit: it will not see the group.
-	if s.spare, s.spareDone, err = s.begin(true); err != nil {
-		for _, r := range group {
-			r.err = fmt.Errorf("write: %w", err)
-		}
-		return
-	}
+	f.seq, f.span = m.seq, m.span
 	s.wm = m
-	s.inflight = f
+	s.before, s.inflight = prev, f
 	for i, r := range group {
 		r.res, r.f = res[i], f
 	}
@@ -265,41 +271,94 @@ func (s *Store) sendGroup(group []*writeReq) {
 		s.heldSend()
 	}
 	_ = txn.CommitAt(ts, func(err error) {
-		if err != nil {
+		if err == nil && hold != nil {
+			hold()
+		}
+		// Published in order: prev's counters and snapshot come first.
+		if prev != nil {
+			<-prev.done
+		}
+		switch {
+		case err != nil:
 			f.err = fmt.Errorf("write: commit: %w", err)
-		} else {
-			if hold != nil {
-				hold()
-			}
-			// Nothing else is in flight: the next group waits for done, retention and Close for settle.
+		case prev.failed():
+			f.applied = true
+			f.err = fmt.Errorf("write: an earlier write this one's counters include failed: %w", prev.err)
+		default:
 			s.publish(m, ts)
 		}
 		close(f.done)
 	})
 }
 
-// settle waits for the flight in progress and drops the spare transaction, so that what runs next under wmu
-// reads and writes the store as it is on disk; it must be called with wmu held.
+// failed says if f (nil: none) is done and failed.
+func (f *flight) failed() bool { return f != nil && f.err != nil }
+
+// settle waits for the flights in Badger, so that what runs next under wmu reads and writes the store as it is on
+// disk; it must be called with wmu held. After a failed flight the counters start again from the last durable
+// ones, plus what a flight sent behind it stored all the same (its items are there; its meta counted the failed
+// flight's too, so the corrected meta is written at once, and again by the next write). Sequence numbers are
+// never handed out twice, used or not.
 func (s *Store) settle() {
-	if f := s.inflight; f != nil {
-		<-f.done
-		s.inflight = nil
-		if f.err != nil {
-			s.wm = s.m
+	flights := [2]*flight{s.before, s.inflight}
+	s.before, s.inflight = nil, nil
+	last := flights[1]
+	if last == nil {
+		return
+	}
+	<-last.done // done after the flight before it
+	if last.err == nil {
+		return
+	}
+	wm := s.meta()
+	fix := false
+	for _, f := range flights {
+		if !f.failed() {
+			continue
+		}
+		wm.seq, wm.span = max(wm.seq, f.seq), max(wm.span, f.span)
+		if f.applied && f.own.events > 0 {
+			wm.events += f.own.events
+			wm.bytes += f.own.bytes
+			wm.widen(f.own.oldest)
+			wm.widen(f.own.newest)
+			fix = true
 		}
 	}
-	if s.spare != nil {
-		s.spareDone()
-		s.spare, s.spareDone = nil, nil
+	s.wm = wm
+	if fix {
+		if err := s.writeMeta(wm); err != nil {
+			s.log.Warn("rewrite the counters after a failed write", "err", err)
+		}
 	}
+}
+
+// writeMeta commits m as the store's meta and publishes it; it must be called with wmu held and nothing in
+// flight.
+func (s *Store) writeMeta(m meta) error {
+	txn, done, err := s.begin(true)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := txn.Set(s.box.metaKey(), m.encode()); err != nil {
+		return err
+	}
+	ts := s.owner.nextTs()
+	if err := txn.CommitAt(ts, nil); err != nil {
+		return err
+	}
+	s.publish(m, ts)
+	return nil
 }
 
 // fill drops group's items older than floor, dedups the others (against each other, the flight prev that txn
 // cannot see, and txn) and sets the keys of the new ones in txn, with a posting block per batch and indexed
-// value, advancing m and recording their ids in ids.
-func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta, ids map[string]struct{}) ([]WriteResult, int, error) {
-	res := make([]WriteResult, len(group))
-	stored := 0
+// value, advancing m and recording their ids and counts in f. overlap says an item was a duplicate of prev's.
+func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta, f *flight) (res []WriteResult, stored int, overlap bool, err error) {
+	res = make([]WriteResult, len(group))
+	ids := f.ids
+	f.own.oldest, f.own.newest = 1, 0 // no bounds yet
 	var blocks blockWriter
 	for b, r := range group {
 		// ps[i] is item i's position, zero (no item's: its sequence would be the largest) if it is not stored.
@@ -317,13 +376,14 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			if prev != nil {
 				if _, dup := prev.ids[id]; dup {
 					res[b].Duplicates++
+					overlap = true
 					continue
 				}
 			}
 			e := r.enc[i]
 			_, found, err := lookupPos(txn, e.keys[1])
 			if err != nil {
-				return nil, 0, fmt.Errorf("write: dedup %q: %w", id, err)
+				return nil, 0, false, fmt.Errorf("write: dedup %q: %w", id, err)
 			}
 			if found {
 				res[b].Duplicates++
@@ -335,22 +395,25 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			ps[i] = p
 			copy(e.keys[0][boxLen+1:], p[:])
 			if err := txn.SetEntry(badger.NewEntry(e.keys[0], e.rec).WithMeta(e.format)); err != nil {
-				return nil, 0, fmt.Errorf("write %q: %w", id, err)
+				return nil, 0, false, fmt.Errorf("write %q: %w", id, err)
 			}
 			if err := txn.Set(e.keys[1], p[:]); err != nil {
-				return nil, 0, fmt.Errorf("write %q: %w", id, err)
+				return nil, 0, false, fmt.Errorf("write %q: %w", id, err)
 			}
 			m.events++
 			m.bytes += int64(len(it.GetEnvelopeBlob()))
 			m.widen(it.GetTimestamp())
+			f.own.events++
+			f.own.bytes += int64(len(it.GetEnvelopeBlob()))
+			f.own.widen(it.GetTimestamp())
 			res[b].Stored++
 			stored++
 		}
 		if err := blocks.set(txn, r.groups, ps, m); err != nil {
-			return nil, 0, err
+			return nil, 0, false, err
 		}
 	}
-	return res, stored, nil
+	return res, stored, overlap, nil
 }
 
 // blockWriter sets the posting blocks of a group's batches, their keys and values carved out of one arena.
@@ -416,7 +479,7 @@ func (s *Store) writeTxn(r *writeReq) (WriteResult, error) {
 	}
 	defer done()
 	m := s.wm
-	res, stored, err := fill(txn, []*writeReq{r}, nil, s.wfloor, &m, map[string]struct{}{})
+	res, stored, _, err := fill(txn, []*writeReq{r}, nil, s.wfloor, &m, &flight{ids: map[string]struct{}{}})
 	if err != nil {
 		return WriteResult{}, err
 	}
