@@ -1,8 +1,11 @@
 package raftnode
 
 import (
+	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -34,6 +37,15 @@ import (
 // election timer meanwhile, so it grants this node's pre-vote and vote
 // rather than splitting the vote with it. A follower that still hears
 // from its leader (a candidate cut off from it alone) is never hurried.
+//
+// And it makes the first follower's timeout deterministic (standBy): raft's
+// own check runs at those randomized ticks, so a dead leader was noticed
+// HeartbeatTimeout to twice that after its last word (a p99 of ~370 ms
+// under --raft-timing fast, BENCHMARKS.md). The watch has raft run the
+// check once the silence reaches HeartbeatTimeout plus this follower's
+// stagger: its rank among the voters other than the leader, sorted by id,
+// times a third of HeartbeatTimeout (standOffset). A check is raft's: it
+// stands only if raft too has not heard from a leader for HeartbeatTimeout.
 type contactWatch struct {
 	timeout time.Duration
 	// lastContact and follower read raft; nil-safe before raft runs.
@@ -41,9 +53,21 @@ type contactWatch struct {
 	follower    func() bool
 	// check has raft run its heartbeat check now.
 	check func()
-	gaps  prometheus.Histogram
-	log   *slog.Logger
-	stop  chan struct{}
+	// self, leader and voters place this node among the voters for its
+	// stagger; voters asks raft, so it is asked once per leader.
+	self   string
+	leader func() string
+	voters func() ([]string, error)
+	gaps   prometheus.Histogram
+	log    *slog.Logger
+	stop   chan struct{}
+
+	// Owned by standBy's goroutine.
+	votersOf   string // the leader voters was read under
+	voterIDs   []string
+	votersRead bool
+	// hurried counts the checks standBy had raft run.
+	hurried atomic.Uint64
 
 	mu         sync.Mutex
 	prev       time.Time
@@ -115,6 +139,96 @@ func (w *contactWatch) refused() {
 	})
 }
 
+// standBy has raft check the heartbeat when this follower's silence reaches
+// HeartbeatTimeout plus its stagger, until the watch closes. It wakes about
+// once a HeartbeatTimeout: at the deadline the last contact set, which is
+// moved on if the leader spoke since.
+func (w *contactWatch) standBy() {
+	t := time.NewTimer(w.timeout)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+		}
+		t.Reset(w.standIfSilent())
+	}
+}
+
+// standIfSilent has raft check the heartbeat if this follower has been
+// without its leader for HeartbeatTimeout plus its stagger, and returns when
+// to look again.
+func (w *contactWatch) standIfSilent() time.Duration {
+	if !w.follower() {
+		return w.timeout
+	}
+	offset, ok := w.standOffset()
+	if !ok {
+		return w.timeout
+	}
+	due := w.timeout + offset
+	silent := time.Since(w.lastContact())
+	if silent < due {
+		return due - silent
+	}
+	w.hurried.Add(1)
+	w.log.Info("no word from the leader for the heartbeat timeout and this node's stagger: raft checks now",
+		"leader", w.votersOf, "silent", silent, "heartbeat_timeout", w.timeout, "stagger", offset)
+	w.check()
+	// Raft now stands, or keeps a leader it heard from meanwhile; either
+	// way the next deadline is at least a timeout away.
+	return w.timeout
+}
+
+// standOffset is how long past HeartbeatTimeout of silence this follower
+// waits before it has raft stand: its rank among the voters other than the
+// leader it knows (all of them without one), sorted by id, times a third of
+// HeartbeatTimeout (50 ms under --raft-timing fast). Not ok when this node
+// is not a voter (raft would not stand) or the voters cannot be read.
+//
+// Why the stagger, and why a third. With PreVote a pre-vote binds no one:
+// a follower that has itself stood knows no leader, so it grants any
+// pre-vote with a log as long as its own. Two followers standing within one
+// pre-vote round trip of each other would both pass the pre-vote, both vote
+// for themselves in the next term and split it, and the cluster would wait
+// out a randomized election timeout (150-300 ms more under fast) for a
+// second round. Staggered, the first survivor (rank 0, no offset: the
+// leader's death is noticed HeartbeatTimeout after its last word) stands
+// while the second still knows the leader, so the second refuses its
+// pre-vote; that refusal has the second stand at once (refused, above),
+// while the first, its pre-vote lost, waits out its election timer and so
+// grants the second's pre-vote and vote: one candidate. The second stands
+// on its own only a third of the timeout later, far past a pre-vote's round
+// trip (a loopback RPC: under a millisecond idle, tens of ms on this
+// 2-core machine at its worst, BENCHMARKS.md). What this cannot order is
+// raft's own randomized tick, which still runs and may stand the second
+// follower within that round trip of the first.
+func (w *contactWatch) standOffset() (time.Duration, bool) {
+	leader := w.leader()
+	if !w.votersRead || leader != w.votersOf {
+		ids, err := w.voters()
+		if err != nil {
+			w.log.Warn("raft configuration for the heartbeat stagger", "err", err)
+			return 0, false
+		}
+		w.voterIDs, w.votersOf, w.votersRead = ids, leader, true
+	}
+	return stagger(w.self, w.votersOf, w.voterIDs, w.timeout)
+}
+
+// stagger is self's offset among voters without leader: its rank, sorted
+// by id, times a third of timeout. Not ok when self is not among them.
+func stagger(self, leader string, voters []string, timeout time.Duration) (time.Duration, bool) {
+	others := slices.DeleteFunc(slices.Clone(voters), func(id string) bool { return id == leader })
+	slices.Sort(others)
+	rank := slices.Index(others, self)
+	if rank < 0 {
+		return 0, false
+	}
+	return time.Duration(rank) * timeout / 3, true
+}
+
 func (w *contactWatch) close() {
 	close(w.stop)
 	w.mu.Lock()
@@ -136,6 +250,7 @@ type watchedTransport struct {
 func newWatchedTransport(tr *raft.NetworkTransport, w *contactWatch) *watchedTransport {
 	t := &watchedTransport{NetworkTransport: tr, w: w, out: make(chan raft.RPC)}
 	go t.pump(tr.Consumer())
+	go w.standBy()
 	return t
 }
 
@@ -224,10 +339,38 @@ func (n *Node) newContactWatch(timeout time.Duration) *contactWatch {
 			return r != nil && r.State() == raft.Follower
 		},
 		check: n.checkHeartbeatNow,
-		gaps:  n.gaps,
-		log:   n.log,
-		stop:  make(chan struct{}),
+		self:  n.cfg.ID,
+		leader: func() string {
+			if r := n.current.Load(); r != nil {
+				_, id := r.LeaderWithID()
+				return string(id)
+			}
+			return ""
+		},
+		voters: n.voterIDs,
+		gaps:   n.gaps,
+		log:    n.log,
+		stop:   make(chan struct{}),
 	}
+}
+
+// voterIDs reads the voters of raft's latest configuration.
+func (n *Node) voterIDs() ([]string, error) {
+	r := n.current.Load()
+	if r == nil {
+		return nil, ErrShutdown
+	}
+	f := r.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, fmt.Errorf("read raft configuration: %w", err)
+	}
+	var ids []string
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			ids = append(ids, string(s.ID))
+		}
+	}
+	return ids, nil
 }
 
 // checkHeartbeatNow has raft run its follower heartbeat check at once: raft

@@ -169,6 +169,10 @@ type testCluster struct {
 	nodes []*Node
 	// timing overrides FastTiming for some nodes, by index.
 	timing map[int]Timing
+	// dial is each node's DialAddrs, by index; beforeStart, when set, runs
+	// once the peers' addresses are known (to fill dial).
+	dial        map[int]map[string]string
+	beforeStart func()
 }
 
 func listen(t *testing.T) net.Listener {
@@ -191,6 +195,9 @@ func startCluster(c *testCluster, size int) *testCluster {
 		lns[i] = listen(t)
 		c.dirs = append(c.dirs, t.TempDir())
 		c.peers = append(c.peers, Peer{ID: fmt.Sprintf("n%d", i), Addr: lns[i].Addr().String()})
+	}
+	if c.beforeStart != nil {
+		c.beforeStart()
 	}
 	c.fsms = make([]*kvFSM, size)
 	c.nodes = make([]*Node, size)
@@ -220,7 +227,7 @@ func (c *testCluster) start(i int, ln net.Listener) {
 	cfg := Config{
 		ID: c.peers[i].ID, DataDir: c.dirs[i], Listener: ln, Peers: c.peers,
 		Timing: cmp.Or(c.timing[i], FastTiming()), SnapshotThreshold: 16, TrailingLogs: 8, SnapshotInterval: 100 * time.Millisecond,
-		Logger: quietLogger(),
+		Logger: quietLogger(), DialAddrs: c.dial[i],
 	}
 	if c.pki != nil {
 		cfg.TLS = c.pki.Source(identity.Admin, cfg.ID)
