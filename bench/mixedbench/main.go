@@ -136,6 +136,7 @@ func run(o options) error {
 		return err
 	}
 	sched0 := readMetrics()
+	os0 := schedTimes(t.pids)
 	start = t.opened
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -200,6 +201,7 @@ func run(o options) error {
 	qcancel()
 	wg.Wait()
 	sched1 := readMetrics()
+	os1 := schedTimes(t.pids)
 	stopProfiles()
 	if t.pid != 0 {
 		fmt.Fprintf(os.Stderr, "# namespace created to its mailbox open at the runner (lease granted): %v\n", t.opened.Sub(t.created).Round(time.Millisecond))
@@ -218,6 +220,8 @@ func run(o options) error {
 	}
 	fmt.Fprintf(os.Stderr, "# runtime of this process (%s) during ingest: scheduler latency p50 %.3f ms p99 %.3f ms max %.1f ms; GC %.1f%% of CPU\n", who,
 		1e3*sched1.schedQuantile(sched0, 0.5), 1e3*sched1.schedQuantile(sched0, 0.99), 1e3*sched1.schedQuantile(sched0, 1), 100*sched1.gcShare(sched0))
+	fmt.Fprintf(os.Stderr, "# during ingest, per process, threads on a core / threads waiting in the kernel's run queue for one, on average (%d cores): %s\n",
+		runtime.NumCPU(), os1.since(os0))
 	suffix := "_with_queries"
 	if o.qps == 0 {
 		suffix = ""

@@ -409,3 +409,58 @@ func (s cpuSample) since(before cpuSample) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// schedSample is the time each process's threads had spent on a core and waiting in a run queue for one
+// (/proc/<pid>/task/*/schedstat, in seconds) when it was taken: a thread that exits in between is missed.
+type schedSample struct {
+	at         time.Time
+	names      []string
+	run, ready []float64
+}
+
+func schedTimes(pids []namedPID) schedSample {
+	s := schedSample{at: time.Now()}
+	for _, p := range pids {
+		run, ready := procSched(p.pid)
+		s.names = append(s.names, p.name)
+		s.run = append(s.run, run)
+		s.ready = append(s.ready, ready)
+	}
+	return s
+}
+
+// procSched sums pid's threads' schedstat: seconds on a core and seconds runnable in a run queue.
+func procSched(pid int) (run, ready float64) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(tasks) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread exited
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			continue
+		}
+		r, err1 := strconv.ParseFloat(f[0], 64)
+		w, err2 := strconv.ParseFloat(f[1], 64)
+		if err1 == nil && err2 == nil {
+			run += r / 1e9
+			ready += w / 1e9
+		}
+	}
+	return run, ready
+}
+
+// since says, per process, how many of its threads were on a core and how many waited for one, on average
+// between before and s: the second is what the kernel's scheduler, not Go's, made it wait.
+func (s schedSample) since(before schedSample) string {
+	secs := s.at.Sub(before.at).Seconds()
+	parts := make([]string, len(s.names))
+	for i, n := range s.names {
+		parts[i] = fmt.Sprintf("%s %.2f / %.2f", n, (s.run[i]-before.run[i])/secs, (s.ready[i]-before.ready[i])/secs)
+	}
+	return strings.Join(parts, ", ")
+}
