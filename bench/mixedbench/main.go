@@ -86,14 +86,14 @@ func main() {
 	flag.StringVar(&o.cpu, "cpuprofile", "", "write a CPU profile of the ingest phase here")
 	flag.StringVar(&o.block, "blockprofile", "", "write a block profile of the ingest phase here")
 	flag.StringVar(&o.mutex, "mutexprofile", "", "write a mutex profile of the ingest phase here")
-	flag.StringVar(&o.trace, "trace", "", "write an execution trace of part of the ingest phase here")
+	flag.StringVar(&o.trace, "trace", "", "write an execution trace of part of the ingest phase here: the runner's (it serves --enable-pprof), or with -in-process this process's; the runner's HTTP request cycles in it are summed up on stderr")
 	flag.DurationVar(&o.target, "query-latency-target", 10*time.Millisecond, "the runner's query latency target, which ingest gives way to (negative: never)")
 	flag.DurationVar(&o.traceFor, "trace-for", 3*time.Second, "length of the trace, started 5 s into ingest")
 	flag.Parse()
 	if o.inProcess {
 		o.gateway = false
 	}
-	if !o.inProcess && (o.cpu != "" || o.block != "" || o.mutex != "" || o.trace != "") {
+	if !o.inProcess && (o.cpu != "" || o.block != "" || o.mutex != "") {
 		fmt.Fprintln(os.Stderr, "mixedbench: the profiles record this process: they need -in-process")
 		os.Exit(2)
 	}
@@ -131,7 +131,7 @@ func run(o options) error {
 	defer func() { t.close(failed) }()
 	cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: maxInFlight}} // per host: a lane's
 
-	stopProfiles, err := startProfiles(o)
+	stopProfiles, err := startProfiles(o, t.pprof)
 	if err != nil {
 		return err
 	}
@@ -302,6 +302,8 @@ type target struct {
 	pids []namedPID
 	// routed is when the gateway first answered for the mailbox (zero without one).
 	routed time.Time
+	// pprof is the runner process's /debug/pprof URL, when it serves one (-trace).
+	pprof  string
 	stored func() (int64, error)
 	close  func(failed bool)
 	// fences is how many times the runner was fenced so far (process mode; nil in process).
@@ -345,6 +347,9 @@ func startTarget(o options, brokers []string, dir string) (*target, error) {
 	t := &target{base: m.queryURL(), metrics: "http://" + m.httpAddr + "/metrics", queryAddr: m.queryAddr, mailbox: mailboxID,
 		gatewayBase: m.gatewayURL(), gatewayGRPC: m.gatewayGRPC, routed: m.gatewayRouted, pid: rp.cmd.Process.Pid,
 		pids: append([]namedPID{{"load generator", os.Getpid()}}, m.pids()...), created: m.created, opened: m.leaseOpened, close: m.close, fences: m.fences}
+	if o.trace != "" {
+		t.pprof = "http://" + m.httpAddr + "/debug/pprof"
+	}
 	// Progress is read from /metrics, not the stats API: the governor hears query and stats latencies, and the
 	// bench's own polls must not make ingest give way.
 	t.stored = func() (int64, error) {
@@ -429,7 +434,9 @@ func scrape(cl *http.Client, url string) (map[string]float64, error) {
 	return out, sc.Err()
 }
 
-func startProfiles(o options) (stop func(), err error) {
+// startProfiles starts the profiles and the trace o asks for: this process's, or with runnerPprof (a runner
+// process's /debug/pprof) the runner's trace.
+func startProfiles(o options, runnerPprof string) (stop func(), err error) {
 	var stops []func()
 	stop = func() {
 		for _, s := range slices.Backward(stops) {
@@ -474,6 +481,12 @@ func startProfiles(o options) (stop func(), err error) {
 			defer close(done)
 			defer f.Close()
 			time.Sleep(5 * time.Second)
+			if runnerPprof != "" {
+				if err := runnerTrace(runnerPprof, o.traceFor, f); err != nil {
+					fmt.Fprintln(os.Stderr, "mixedbench: trace:", err)
+				}
+				return
+			}
 			if err := trace.Start(f); err != nil {
 				fmt.Fprintln(os.Stderr, "mixedbench: trace:", err)
 				return

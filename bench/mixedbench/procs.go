@@ -180,6 +180,9 @@ func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 	if o.budget != "" {
 		runnerArgs = append(runnerArgs, "--memory-budget", o.budget)
 	}
+	if o.trace != "" {
+		runnerArgs = append(runnerArgs, "--enable-pprof") // -trace records the runner's (/debug/pprof/trace)
+	}
 	if err := start("runner", runnerArgs...); err != nil {
 		return nil, err
 	}
