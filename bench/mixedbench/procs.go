@@ -96,14 +96,19 @@ func (p *proc) tail() {
 	}
 }
 
-// freeAddr is a loopback host:port nothing listened on a moment ago.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// freeAddrs are n distinct loopback host:ports nothing listened on a moment ago: each is held until all are
+// picked, so the kernel cannot hand out one twice (a run's gateway once got the admin's port and failed).
+func freeAddrs(n int) ([]string, error) {
+	addrs := make([]string, n)
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return addrs, nil
 }
 
 // procs is the processes of a run.
@@ -147,11 +152,9 @@ func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 			m.close(true)
 		}
 	}()
-	addrs := make([]string, 9)
-	for i := range addrs {
-		if addrs[i], err = freeAddr(); err != nil {
-			return nil, err
-		}
+	addrs, err := freeAddrs(9)
+	if err != nil {
+		return nil, err
 	}
 	raftAddr, adminGRPC, adminHTTP, control, sidecarHTTP := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4]
 	m.queryAddr, m.httpAddr = addrs[5], addrs[6]

@@ -28,3 +28,23 @@ func TestSchedTimes(t *testing.T) {
 		t.Errorf("since = %q; want each process named with its figures, NaN for the one unreadable", got)
 	}
 }
+
+func TestFreeAddrsAreDistinct(t *testing.T) {
+	t.Parallel()
+	for range 20 {
+		addrs, err := freeAddrs(9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, a := range addrs {
+			if seen[a] || !strings.HasPrefix(a, "127.0.0.1:") {
+				t.Fatalf("freeAddrs(9) = %v: want 9 distinct loopback addresses", addrs)
+			}
+			seen[a] = true
+		}
+		if len(seen) != 9 {
+			t.Fatalf("freeAddrs(9) = %v: want 9", addrs)
+		}
+	}
+}
