@@ -2,7 +2,6 @@ package xdsgrpc
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -12,6 +11,22 @@ import (
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/xdstest"
 )
+
+// The admins each test's xDS client dials, through a resolver of its own
+// scheme. The xDS client reaches its management server by a bootstrap URI,
+// so the resolver must be in grpc-go's global registry, which channels
+// read without a lock: it is written here, before any test runs, and never
+// while another test's channel may be resolving (a parallel test
+// registering its scheme raced every xDS client being built).
+var (
+	failoverAdmins = manual.NewBuilderWithScheme("prism-admins-failover")
+	laggingAdmins  = manual.NewBuilderWithScheme("prism-admins-lagging")
+)
+
+func init() {
+	resolver.Register(failoverAdmins)
+	resolver.Register(laggingAdmins)
+}
 
 // TestClientSurvivesLosingItsAdminNode runs three control planes fed the
 // same states, as three admin nodes applying the same Raft log. The grpc-go
@@ -54,13 +69,8 @@ func TestClientSurvivesLosingItsAdminNode(t *testing.T) {
 		}
 	}
 
-	// A resolver scheme of its own keeps this test's global registration
-	// from touching any other test.
-	scheme := fmt.Sprintf("prism-admins-%d", time.Now().UnixNano())
-	admins := manual.NewBuilderWithScheme(scheme)
-	admins.InitialState(resolver.State{Addresses: addrs})
-	resolver.Register(admins)
-	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(scheme+":///admins", "failover-client"))
+	failoverAdmins.InitialState(resolver.State{Addresses: addrs})
+	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(failoverAdmins.Scheme()+":///admins", "failover-client"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,11 +146,8 @@ func TestLaggingAdminNodeDoesNotRollClientsBack(t *testing.T) {
 		return x
 	}
 
-	scheme := fmt.Sprintf("prism-lagging-%d", time.Now().UnixNano())
-	admins := manual.NewBuilderWithScheme(scheme)
-	admins.InitialState(resolver.State{Addresses: addrs}) // pick_first: current first
-	resolver.Register(admins)
-	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(scheme+":///admins", "lagging-client"))
+	laggingAdmins.InitialState(resolver.State{Addresses: addrs}) // pick_first: current first
+	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(laggingAdmins.Scheme()+":///admins", "lagging-client"))
 	if err != nil {
 		t.Fatal(err)
 	}
