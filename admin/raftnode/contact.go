@@ -66,6 +66,13 @@ type contactWatch struct {
 	votersOf   string // the leader voters was read under
 	voterIDs   []string
 	votersRead bool
+	// quietFrom: the silence is counted from here when the leader's last
+	// word is older: when this node was last seen becoming a follower (at
+	// start, or after it stood and lost: its last contact is then the old
+	// leader's, and the new one has had no time to speak), or last
+	// hurried raft. Raft's own timer restarts at the same moments.
+	quietFrom   time.Time
+	wasFollower bool
 	// hurried counts the checks standBy had raft run.
 	hurried atomic.Uint64
 
@@ -160,15 +167,20 @@ func (w *contactWatch) standBy() {
 // without its leader for HeartbeatTimeout plus its stagger, and returns when
 // to look again.
 func (w *contactWatch) standIfSilent() time.Duration {
+	now := time.Now()
 	if !w.follower() {
+		w.wasFollower = false
 		return w.timeout
+	}
+	if !w.wasFollower {
+		w.wasFollower, w.quietFrom = true, now
 	}
 	offset, ok := w.standOffset()
 	if !ok {
 		return w.timeout
 	}
 	due := w.timeout + offset
-	silent := time.Since(w.lastContact())
+	silent := now.Sub(later(w.lastContact(), w.quietFrom))
 	if silent < due {
 		return due - silent
 	}
@@ -177,8 +189,16 @@ func (w *contactWatch) standIfSilent() time.Duration {
 		"leader", w.votersOf, "silent", silent, "heartbeat_timeout", w.timeout, "stagger", offset)
 	w.check()
 	// Raft now stands, or keeps a leader it heard from meanwhile; either
-	// way the next deadline is at least a timeout away.
-	return w.timeout
+	// way the count starts again, as raft's timer does.
+	w.quietFrom = now
+	return due
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // standOffset is how long past HeartbeatTimeout of silence this follower
