@@ -212,9 +212,10 @@ func (s *Store) sendGroup(group []*writeReq) {
 	// The transaction reads as of the last applied commit: everything before the last flight sent must be in.
 	if b := s.before; b != nil {
 		<-b.done
-		s.before = nil
 		if b.err != nil {
 			s.settle()
+		} else {
+			s.before = nil
 		}
 	}
 	prev := s.inflight
