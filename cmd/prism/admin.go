@@ -108,8 +108,8 @@ plaintext with no authorization.`,
 	fs.IntVar(&f.bootstrapExpect, "bootstrap-expect", 0, "the first N of --peers bootstrap the cluster with those N voters on an empty data dir; any other node with an empty data dir joins the running cluster by itself (a voter once caught up); keep N for the cluster's life (0: every node of --peers bootstraps with all of them)")
 	fs.BoolVar(&f.join, "join", false, "join a running cluster (someone runs `prismctl member add`): --peers only names the members' gRPC addresses, nothing is bootstrapped")
 	fs.StringVar(&f.peerDial, "peer-dial", "", "dial these raft addresses instead, id=addr,... (e.g. through a local proxy)")
-	fs.StringVar(&f.timing, "raft-timing", "default", "raft timeouts: default (1s heartbeat timeout, WAN-tolerant) or fast (150ms, for one host or a LAN: a dead leader is replaced in 0.15-0.45s, "+
-		"and a leader silent for 150ms, a stall included, is replaced too)")
+	fs.StringVar(&f.timing, "raft-timing", "default", "raft timeouts: default (1s heartbeat timeout, WAN-tolerant) or fast (150ms, for one host or a LAN: a follower stands when its leader has been silent "+
+		"that long, so a dead leader is replaced 0.15-0.2s after its last word, and so is a leader silent for 150ms, a stall included; see docs/operations.md)")
 	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 0, "how often raft checks whether to snapshot (0: raft default 2m)")
 	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 0, "log entries since the last snapshot that trigger one (0: raft default 8192)")
 	fs.Uint64Var(&f.trailingLogs, "trailing-logs", 0, "log entries kept after a snapshot for slow followers (0: raft default 10240)")
