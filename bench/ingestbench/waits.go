@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/exp/trace"
+
+	"github.com/prism-mesh/prism/bench/internal/tracestack"
 )
 
 // printWaits reads the execution trace at path and prints where the run's goroutines spent their time, in ms per
@@ -71,11 +73,11 @@ func printWaits(path string, w io.Writer) error {
 			g = &gor{since: t}
 			gors[id] = g
 			// A new goroutine's first transitions may carry no stack: name Badger's writes by their creator.
-			if creator := frameNames(ev.Stack()); from == trace.GoNotExist && len(creator) > 0 && strings.HasSuffix(creator[0], ".(*DB).doWrites") {
+			if creator := tracestack.Funcs(ev.Stack()); from == trace.GoNotExist && len(creator) > 0 && strings.HasSuffix(creator[0], ".(*DB).doWrites") {
 				g.kind = badgerWrite
 			}
 		}
-		if fs := frameNames(st.Stack); len(fs) > 0 && g.kind != badgerWrite {
+		if fs := tracestack.Funcs(st.Stack); len(fs) > 0 && g.kind != badgerWrite {
 			g.kind = fs[len(fs)-1]
 		}
 		if g.state != "" {
@@ -146,20 +148,9 @@ func printWaits(path string, w io.Writer) error {
 
 const badgerWrite = "badger/v4.(*DB).doWrites: a write"
 
-func frameNames(s trace.Stack) []string {
-	if s == trace.NoStack {
-		return nil
-	}
-	var out []string
-	for f := range s.Frames() {
-		out = append(out, f.Func)
-	}
-	return out
-}
-
 // innermost is the innermost frame outside the runtime and sync, where a goroutine blocked.
 func innermost(s trace.Stack) string {
-	for _, f := range frameNames(s) {
+	for _, f := range tracestack.Funcs(s) {
 		if !strings.HasPrefix(f, "runtime.") && !strings.HasPrefix(f, "sync.") && !strings.HasPrefix(f, "internal/") {
 			return shortName(f)
 		}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/exp/trace"
+
+	"github.com/prism-mesh/prism/bench/internal/tracestack"
 )
 
 // cycle is one request on an HTTP connection as the server's execution trace shows it: from the connection
@@ -75,7 +77,7 @@ func readCycles(r io.Reader) ([]cycle, map[int]time.Duration, error) {
 			g = &gor{since: t}
 			gors[id] = g
 		}
-		if fs := frameNames(st.Stack); len(fs) > 0 {
+		if fs := tracestack.Funcs(st.Stack); len(fs) > 0 {
 			g.root = fs[len(fs)-1]
 		}
 		if d := t.Sub(g.since); g.in {
@@ -168,21 +170,10 @@ func printCycles(w io.Writer, cycles []cycle, atOnce map[int]time.Duration, slow
 	}
 }
 
-func frameNames(s trace.Stack) []string {
-	if s == trace.NoStack {
-		return nil
-	}
-	var out []string
-	for f := range s.Frames() {
-		out = append(out, f.Func)
-	}
-	return out
-}
-
 // inner is a stack's n innermost frames outside the runtime, sync and internal packages.
 func inner(s trace.Stack, n int) []string {
 	var out []string
-	for _, f := range frameNames(s) {
+	for _, f := range tracestack.Funcs(s) {
 		if len(out) == n {
 			break
 		}
