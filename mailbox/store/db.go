@@ -151,6 +151,10 @@ func OpenDB(opts DBOptions) (*DB, error) {
 		gc: make(chan struct{}, 1),
 	}
 	db.ts.Store(bdb.MaxVersion())
+	// Nothing reads yet, so every version a newer one hides may go: without this the compactions Badger starts
+	// at open would run at discard timestamp 0 until followReaders' first tick, merging tombstones with what they
+	// delete while keeping both, and value-log GC would find no garbage there until a later compaction.
+	bdb.SetDiscardTs(bdb.MaxVersion())
 	drops, err := db.load()
 	if err == nil {
 		err = db.fixModes()
@@ -562,6 +566,10 @@ func (db *DB) Close() error {
 	}
 	db.cancel()
 	db.bg.Wait()
+	// Closing flushes the memtable and may compact the table it makes: at the discard timestamp of now, not of
+	// followReaders' last tick, which may predate the last deletes (they would be merged and kept with what they
+	// delete, their space not given back until a later compaction).
+	db.bdb.SetDiscardTs(db.discardTs())
 	if err := db.bdb.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("close store database %s: %w", db.opts.Dir, err))
 	} else {

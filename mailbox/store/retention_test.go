@@ -444,15 +444,24 @@ func TestRetentionGivesSpaceBack(t *testing.T) {
 	// Compaction is what hands Badger's GC the garbage, when it merges the tombstones with the keys they delete.
 	// As time would, the items reach a table of their own before retention runs (a close flushes the memtable),
 	// and the tombstones another one, which Flatten then compacts with the first.
-	reopen := func() {
+	reopen := func(opts Options) {
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
 		s = openDir(t, dir, opts)
 	}
-	reopen()
+	reopen(opts)
+	// The items' table leaves L0 (one L0 table is enough to compact here): Flatten below merges levels, and two
+	// tables both in L0 are one level to it, which it leaves as they are.
+	for deadline := time.Now().Add(30 * time.Second); inL0(s); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the items' table is still in L0 after 30s")
+		}
+	}
 	retain(t, s, time.UnixMilli(1500+1000)) // the oldest 1500 go
-	reopen()
+	// Badger's default L0 threshold now, so that no compaction at open merges the tombstones with the items
+	// before the loop below has set the discard timestamp: Flatten does it after.
+	reopen(Options{MaxAge: opts.MaxAge, vlogFileSize: opts.vlogFileSize})
 	defer s.Close()
 	// Badger's compactors may be merging the same tables in the background; retry until GC has had the whole
 	// picture, within a bound (a minute: under -race on a loaded 2-core machine 30 s was once not enough).
@@ -473,6 +482,16 @@ func TestRetentionGivesSpaceBack(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	checkOnlyNewest(t, s, items, 1500)
+}
+
+// inL0 says whether any of the store's tables is in Badger's level 0.
+func inL0(s *Store) bool {
+	for _, ti := range s.db.Tables() {
+		if ti.Level == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func vlogBytes(t *testing.T, dir string) int64 {
