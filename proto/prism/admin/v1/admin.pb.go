@@ -388,8 +388,12 @@ func (x *GetClusterStatusResponse) GetVersion() string {
 }
 
 type ListNamespacesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Consistency   Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Consistency Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
+	// At most this many items (see Paging above the service).
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A previous answer's next_page_token; "" for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -431,12 +435,28 @@ func (x *ListNamespacesRequest) GetConsistency() Consistency {
 	return Consistency_CONSISTENCY_UNSPECIFIED
 }
 
+func (x *ListNamespacesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListNamespacesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListNamespacesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sorted by name.
 	Namespaces []*Namespace `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
 	// Applied index the list was read at.
-	Index         uint64 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Index uint64 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// The page_token of the next page; "" on the last.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -483,6 +503,13 @@ func (x *ListNamespacesResponse) GetIndex() uint64 {
 		return x.Index
 	}
 	return 0
+}
+
+func (x *ListNamespacesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetNamespaceRequest struct {
@@ -663,8 +690,12 @@ func (x *ProxyInfo) GetNamespaces() []string {
 }
 
 type ListProxiesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Consistency   Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Consistency Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
+	// At most this many items (see Paging above the service).
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A previous answer's next_page_token; "" for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -706,11 +737,27 @@ func (x *ListProxiesRequest) GetConsistency() Consistency {
 	return Consistency_CONSISTENCY_UNSPECIFIED
 }
 
+func (x *ListProxiesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListProxiesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListProxiesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sorted by proxy id.
-	Proxies       []*ProxyInfo `protobuf:"bytes,1,rep,name=proxies,proto3" json:"proxies,omitempty"`
-	Index         uint64       `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Proxies []*ProxyInfo `protobuf:"bytes,1,rep,name=proxies,proto3" json:"proxies,omitempty"`
+	Index   uint64       `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// The page_token of the next page; "" on the last.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -757,6 +804,13 @@ func (x *ListProxiesResponse) GetIndex() uint64 {
 		return x.Index
 	}
 	return 0
+}
+
+func (x *ListProxiesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetProxyRequest struct {
@@ -867,8 +921,12 @@ type ListLeasesRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Consistency Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
 	// Optional filters, ANDed.
-	Namespace     string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	ProxyId       string `protobuf:"bytes,3,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	ProxyId   string `protobuf:"bytes,3,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	// At most this many items (see Paging above the service).
+	PageSize int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A previous answer's next_page_token; "" for the first page.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -924,11 +982,27 @@ func (x *ListLeasesRequest) GetProxyId() string {
 	return ""
 }
 
+func (x *ListLeasesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListLeasesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListLeasesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sorted by mailbox id.
-	Leases        []*Lease `protobuf:"bytes,1,rep,name=leases,proto3" json:"leases,omitempty"`
-	Index         uint64   `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Leases []*Lease `protobuf:"bytes,1,rep,name=leases,proto3" json:"leases,omitempty"`
+	Index  uint64   `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// The page_token of the next page; "" on the last.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -975,6 +1049,13 @@ func (x *ListLeasesResponse) GetIndex() uint64 {
 		return x.Index
 	}
 	return 0
+}
+
+func (x *ListLeasesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetLeaseRequest struct {
@@ -1085,7 +1166,11 @@ type ListSessionsRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Consistency Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
 	// Optional: only this proxy's sessions.
-	ProxyId       string `protobuf:"bytes,2,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	ProxyId string `protobuf:"bytes,2,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	// At most this many items (see Paging above the service).
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A previous answer's next_page_token; "" for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1134,12 +1219,28 @@ func (x *ListSessionsRequest) GetProxyId() string {
 	return ""
 }
 
+func (x *ListSessionsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSessionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListSessionsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sorted by id. On the leader expires_at is the lessor's live value
 	// when the session holds a lease; otherwise as last written through Raft.
-	Sessions      []*Session `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
-	Index         uint64     `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Sessions []*Session `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	Index    uint64     `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// The page_token of the next page; "" on the last.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1186,6 +1287,13 @@ func (x *ListSessionsResponse) GetIndex() uint64 {
 		return x.Index
 	}
 	return 0
+}
+
+func (x *ListSessionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetSessionRequest struct {
@@ -1302,8 +1410,12 @@ func (x *GetSessionResponse) GetIndex() uint64 {
 }
 
 type ListRoutesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Consistency   Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Consistency Consistency            `protobuf:"varint,1,opt,name=consistency,proto3,enum=prism.admin.v1.Consistency" json:"consistency,omitempty"`
+	// At most this many items (see Paging above the service).
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A previous answer's next_page_token; "" for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1345,15 +1457,33 @@ func (x *ListRoutesRequest) GetConsistency() Consistency {
 	return Consistency_CONSISTENCY_UNSPECIFIED
 }
 
+func (x *ListRoutesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRoutesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListRoutesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sorted by mailbox id.
 	Routes []*Route `protobuf:"bytes,1,rep,name=routes,proto3" json:"routes,omitempty"`
-	// Sorted by namespace.
+	// Sorted by namespace. Paging lists every route first, then every
+	// namespace route: a page may hold the last routes and the first
+	// namespace routes, and page_size counts both.
 	NamespaceRoutes []*NamespaceRoute `protobuf:"bytes,2,rep,name=namespace_routes,json=namespaceRoutes,proto3" json:"namespace_routes,omitempty"`
 	Index           uint64            `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The page_token of the next page; "" on the last.
+	NextPageToken string `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListRoutesResponse) Reset() {
@@ -1405,6 +1535,13 @@ func (x *ListRoutesResponse) GetIndex() uint64 {
 		return x.Index
 	}
 	return 0
+}
+
+func (x *ListRoutesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetRouteRequest struct {
@@ -2298,7 +2435,11 @@ func (x *CordonProxyResponse) GetIndex() uint64 {
 }
 
 type ListMovesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many items (see Paging above the service).
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A previous answer's next_page_token; "" for the first page.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2331,6 +2472,20 @@ func (x *ListMovesRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListMovesRequest.ProtoReflect.Descriptor instead.
 func (*ListMovesRequest) Descriptor() ([]byte, []int) {
 	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListMovesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListMovesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
 }
 
 // NamespaceMove is one namespace's move in progress or handoff tail.
@@ -2468,12 +2623,15 @@ func (x *NamespaceMove) GetMoveIndex() uint64 {
 
 type ListMovesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Sorted by namespace.
+	// Sorted by namespace, then state (a namespace catching up on one
+	// proxy may still be handing off from another).
 	Moves []*NamespaceMove `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
 	// Planned moves (rebalancing, drains) waiting for room under the leader's
-	// --max-concurrent-moves.
-	Pending       uint32 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
-	Index         uint64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	// --max-concurrent-moves; on every page.
+	Pending uint32 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	Index   uint64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	// The page_token of the next page; "" on the last.
+	NextPageToken string `protobuf:"bytes,4,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2529,6 +2687,13 @@ func (x *ListMovesResponse) GetIndex() uint64 {
 	return 0
 }
 
+func (x *ListMovesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_prism_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_admin_proto_rawDesc = "" +
@@ -2557,14 +2722,18 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"proxyCount\x12\x1f\n" +
 	"\vlease_count\x18\f \x01(\x03R\n" +
 	"leaseCount\x12\x18\n" +
-	"\aversion\x18\r \x01(\tR\aversion\"V\n" +
+	"\aversion\x18\r \x01(\tR\aversion\"\x92\x01\n" +
 	"\x15ListNamespacesRequest\x12=\n" +
-	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"i\n" +
+	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x91\x01\n" +
 	"\x16ListNamespacesResponse\x129\n" +
 	"\n" +
 	"namespaces\x18\x01 \x03(\v2\x19.prism.admin.v1.NamespaceR\n" +
 	"namespaces\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"r\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"r\n" +
 	"\x13GetNamespaceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12=\n" +
 	"\vconsistency\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"\x9b\x01\n" +
@@ -2577,38 +2746,50 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x10partition_ranges\x18\x02 \x03(\v2\x1e.prism.admin.v1.PartitionRangeR\x0fpartitionRanges\x12\x1e\n" +
 	"\n" +
 	"namespaces\x18\x03 \x03(\tR\n" +
-	"namespaces\"S\n" +
+	"namespaces\"\x8f\x01\n" +
 	"\x12ListProxiesRequest\x12=\n" +
-	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"`\n" +
+	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x88\x01\n" +
 	"\x13ListProxiesResponse\x123\n" +
 	"\aproxies\x18\x01 \x03(\v2\x19.prism.admin.v1.ProxyInfoR\aproxies\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"k\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"k\n" +
 	"\x0fGetProxyRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12=\n" +
 	"\vconsistency\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"Y\n" +
 	"\x10GetProxyResponse\x12/\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x19.prism.admin.v1.ProxyInfoR\x05proxy\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\x8b\x01\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\xc7\x01\n" +
 	"\x11ListLeasesRequest\x12=\n" +
 	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x19\n" +
-	"\bproxy_id\x18\x03 \x01(\tR\aproxyId\"Y\n" +
+	"\bproxy_id\x18\x03 \x01(\tR\aproxyId\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"\x81\x01\n" +
 	"\x12ListLeasesResponse\x12-\n" +
 	"\x06leases\x18\x01 \x03(\v2\x15.prism.admin.v1.LeaseR\x06leases\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"o\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"o\n" +
 	"\x0fGetLeaseRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12=\n" +
 	"\vconsistency\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"U\n" +
 	"\x10GetLeaseResponse\x12+\n" +
 	"\x05lease\x18\x01 \x01(\v2\x15.prism.admin.v1.LeaseR\x05lease\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"o\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\xab\x01\n" +
 	"\x13ListSessionsRequest\x12=\n" +
 	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\x12\x19\n" +
-	"\bproxy_id\x18\x02 \x01(\tR\aproxyId\"a\n" +
+	"\bproxy_id\x18\x02 \x01(\tR\aproxyId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x89\x01\n" +
 	"\x14ListSessionsResponse\x123\n" +
 	"\bsessions\x18\x01 \x03(\v2\x17.prism.admin.v1.SessionR\bsessions\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"q\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"q\n" +
 	"\x11GetSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12=\n" +
@@ -2616,13 +2797,17 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x12GetSessionResponse\x121\n" +
 	"\asession\x18\x01 \x01(\v2\x17.prism.admin.v1.SessionR\asession\x12-\n" +
 	"\x06leases\x18\x02 \x03(\v2\x15.prism.admin.v1.LeaseR\x06leases\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\x04R\x05index\"R\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"\x8e\x01\n" +
 	"\x11ListRoutesRequest\x12=\n" +
-	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"\xa4\x01\n" +
+	"\vconsistency\x18\x01 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xcc\x01\n" +
 	"\x12ListRoutesResponse\x12-\n" +
 	"\x06routes\x18\x01 \x03(\v2\x15.prism.admin.v1.RouteR\x06routes\x12I\n" +
 	"\x10namespace_routes\x18\x02 \x03(\v2\x1e.prism.admin.v1.NamespaceRouteR\x0fnamespaceRoutes\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\x04R\x05index\"o\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken\"o\n" +
 	"\x0fGetRouteRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12=\n" +
@@ -2680,8 +2865,11 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x13CordonProxyResponse\x12+\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyR\x05proxy\x12\x18\n" +
 	"\achanged\x18\x02 \x01(\bR\achanged\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\x04R\x05index\"\x12\n" +
-	"\x10ListMovesRequest\"\xdd\x03\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"N\n" +
+	"\x10ListMovesRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\xdd\x03\n" +
 	"\rNamespaceMove\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\"\n" +
 	"\rfrom_proxy_id\x18\x02 \x01(\tR\vfromProxyId\x12\x1e\n" +
@@ -2697,11 +2885,12 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x06reason\x18\n" +
 	" \x01(\x0e2\x1a.prism.admin.v1.MoveReasonR\x06reason\x12\x1d\n" +
 	"\n" +
-	"move_index\x18\v \x01(\x04R\tmoveIndex\"x\n" +
+	"move_index\x18\v \x01(\x04R\tmoveIndex\"\xa0\x01\n" +
 	"\x11ListMovesResponse\x123\n" +
 	"\x05moves\x18\x01 \x03(\v2\x1d.prism.admin.v1.NamespaceMoveR\x05moves\x12\x18\n" +
 	"\apending\x18\x02 \x01(\rR\apending\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\x04R\x05index*j\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\x12&\n" +
+	"\x0fnext_page_token\x18\x04 \x01(\tR\rnextPageToken*j\n" +
 	"\x0eMemberSuffrage\x12\x1f\n" +
 	"\x1bMEMBER_SUFFRAGE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15MEMBER_SUFFRAGE_VOTER\x10\x01\x12\x1c\n" +

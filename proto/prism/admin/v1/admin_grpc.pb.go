@@ -45,6 +45,20 @@ const (
 // AdminClient is the client API for Admin service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Paging. Every List call answers a page (Google's AIP-158): at most
+// page_size items (0: 1,000; above 10,000: 10,000; negative:
+// INVALID_ARGUMENT), fewer when they would pass 2 MiB (but never none while
+// more remain), with next_page_token set when more remain. A caller asks
+// again with that token as page_token, and the same filters, until the
+// token comes back "". Items come in key order (the order each response
+// names) and a page starts after the last key of the one before, so an item
+// present from the first page to the last is listed exactly once, whatever
+// was added or removed between pages; items added or removed meanwhile may
+// be listed or not. Each page is read on its own (its index, its
+// consistency): pages together are not one snapshot. The token is opaque;
+// a malformed one, one from another List call or one used with other
+// filters is INVALID_ARGUMENT. page_size may change from page to page.
 type AdminClient interface {
 	GetClusterStatus(ctx context.Context, in *GetClusterStatusRequest, opts ...grpc.CallOption) (*GetClusterStatusResponse, error)
 	ListNamespaces(ctx context.Context, in *ListNamespacesRequest, opts ...grpc.CallOption) (*ListNamespacesResponse, error)
@@ -301,6 +315,20 @@ func (c *adminClient) ListMoves(ctx context.Context, in *ListMovesRequest, opts 
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
+//
+// Paging. Every List call answers a page (Google's AIP-158): at most
+// page_size items (0: 1,000; above 10,000: 10,000; negative:
+// INVALID_ARGUMENT), fewer when they would pass 2 MiB (but never none while
+// more remain), with next_page_token set when more remain. A caller asks
+// again with that token as page_token, and the same filters, until the
+// token comes back "". Items come in key order (the order each response
+// names) and a page starts after the last key of the one before, so an item
+// present from the first page to the last is listed exactly once, whatever
+// was added or removed between pages; items added or removed meanwhile may
+// be listed or not. Each page is read on its own (its index, its
+// consistency): pages together are not one snapshot. The token is opaque;
+// a malformed one, one from another List call or one used with other
+// filters is INVALID_ARGUMENT. page_size may change from page to page.
 type AdminServer interface {
 	GetClusterStatus(context.Context, *GetClusterStatusRequest) (*GetClusterStatusResponse, error)
 	ListNamespaces(context.Context, *ListNamespacesRequest) (*ListNamespacesResponse, error)
