@@ -64,7 +64,15 @@ type options struct {
 	trace               string
 	traceFor            time.Duration
 	target              time.Duration
+	// runnerEnv and runnerArgs are added to the runner process's environment and flags.
+	runnerEnv, runnerArgs repeated
 }
+
+// repeated is a flag given any number of times, its values in order.
+type repeated []string
+
+func (r *repeated) String() string     { return strings.Join(*r, " ") }
+func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
 
 func main() {
 	var o options
@@ -89,9 +97,21 @@ func main() {
 	flag.StringVar(&o.trace, "trace", "", "write an execution trace of part of the ingest phase here: the runner's (it serves --enable-pprof), or with -in-process this process's; the runner's HTTP request cycles in it are summed up on stderr")
 	flag.DurationVar(&o.target, "query-latency-target", 10*time.Millisecond, "the runner's query latency target, which ingest gives way to (negative: never)")
 	flag.DurationVar(&o.traceFor, "trace-for", 3*time.Second, "length of the trace, started 5 s into ingest")
+	flag.Var(&o.runnerEnv, "runner-env", "NAME=VALUE added to the runner process's environment, e.g. GODEBUG=gctrace=1 (its output is in the runner's log, kept with -dir) or GOGC=200; repeatable")
+	flag.Var(&o.runnerArgs, "runner-arg", "a flag added to the runner process's command line, e.g. --block-profile-rate=10000; repeatable")
 	flag.Parse()
 	if o.inProcess {
 		o.gateway = false
+	}
+	if o.inProcess && (len(o.runnerEnv) > 0 || len(o.runnerArgs) > 0) {
+		fmt.Fprintln(os.Stderr, "mixedbench: -runner-env and -runner-arg are for a runner process, not -in-process")
+		os.Exit(2)
+	}
+	for _, kv := range o.runnerEnv {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			fmt.Fprintf(os.Stderr, "mixedbench: -runner-env %q: want NAME=VALUE\n", kv)
+			os.Exit(2)
+		}
 	}
 	if !o.inProcess && (o.cpu != "" || o.block != "" || o.mutex != "") {
 		fmt.Fprintln(os.Stderr, "mixedbench: the profiles record this process: they need -in-process")

@@ -42,7 +42,8 @@ type proc struct {
 	done      chan struct{}
 }
 
-func startProc(bin, dir, name string, args ...string) (*proc, error) {
+// startProc starts bin with args, env added to this process's environment.
+func startProc(bin, dir, name string, env []string, args ...string) (*proc, error) {
 	p := &proc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
 	f, err := os.Create(p.log)
 	if err != nil {
@@ -51,6 +52,9 @@ func startProc(bin, dir, name string, args ...string) (*proc, error) {
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.SysProcAttr = childAttr()
+	if len(env) > 0 {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	if err := p.cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -167,7 +171,11 @@ func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 		}
 	}
 	start := func(name string, args ...string) error {
-		p, err := startProc(bin, dir, name, args...)
+		var env []string
+		if name == "runner" {
+			env = o.runnerEnv
+		}
+		p, err := startProc(bin, dir, name, env, args...)
 		if err == nil {
 			m.all = append(m.all, p)
 		}
@@ -186,6 +194,7 @@ func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 	if o.trace != "" {
 		runnerArgs = append(runnerArgs, "--enable-pprof") // -trace records the runner's (/debug/pprof/trace)
 	}
+	runnerArgs = append(runnerArgs, o.runnerArgs...)
 	if err := start("runner", runnerArgs...); err != nil {
 		return nil, err
 	}
