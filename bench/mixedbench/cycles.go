@@ -189,9 +189,14 @@ func shortName(f string) string {
 }
 
 // runnerTrace records an execution trace of the runner for d from its /debug/pprof, writes it to f, and prints
-// the HTTP request cycles in it.
+// the HTTP request cycles in it and the holds of Badger's DB lock that kept goroutines waiting. A CPU profile
+// of the runner runs beside it, so the trace holds CPU samples (what a lock's holder ran); it is written to
+// f's name plus ".cpu.pprof".
 func runnerTrace(pprof string, d time.Duration, f *os.File) error {
-	resp, err := http.Get(fmt.Sprintf("%s/trace?seconds=%d", pprof, max(1, int(d.Seconds()))))
+	secs := max(1, int(d.Seconds()))
+	profErr := make(chan error, 1)
+	go func() { profErr <- fetchTo(fmt.Sprintf("%s/profile?seconds=%d", pprof, secs), f.Name()+".cpu.pprof") }()
+	resp, err := http.Get(fmt.Sprintf("%s/trace?seconds=%d", pprof, secs))
 	if err != nil {
 		return err
 	}
@@ -202,6 +207,9 @@ func runnerTrace(pprof string, d time.Duration, f *os.File) error {
 	if _, err := io.Copy(f, resp.Body); err != nil {
 		return fmt.Errorf("%s/trace: %w", pprof, err)
 	}
+	if err := <-profErr; err != nil {
+		fmt.Fprintln(os.Stderr, "mixedbench: runner CPU profile:", err)
+	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
@@ -210,5 +218,31 @@ func runnerTrace(pprof string, d time.Duration, f *os.File) error {
 		return err
 	}
 	printCycles(os.Stderr, cycles, atOnce, 5)
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	holds, err := readHolds(f, time.Millisecond, lockSites)
+	if err != nil {
+		return err
+	}
+	printHolds(os.Stderr, holds, 8)
 	return nil
+}
+
+// fetchTo writes what a GET of url answers to the file name.
+func fetchTo(url, name string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	out, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, resp.Body)
+	return errors.Join(err, out.Close())
 }

@@ -94,7 +94,7 @@ func main() {
 	flag.StringVar(&o.cpu, "cpuprofile", "", "write a CPU profile of the ingest phase here")
 	flag.StringVar(&o.block, "blockprofile", "", "write a block profile of the ingest phase here")
 	flag.StringVar(&o.mutex, "mutexprofile", "", "write a mutex profile of the ingest phase here")
-	flag.StringVar(&o.trace, "trace", "", "write an execution trace of part of the ingest phase here: the runner's (it serves --enable-pprof), or with -in-process this process's; the runner's HTTP request cycles in it are summed up on stderr")
+	flag.StringVar(&o.trace, "trace", "", "write an execution trace of part of the ingest phase here: the runner's (it serves --enable-pprof), or with -in-process this process's; the runner's HTTP request cycles in it, and the holds of Badger's DB lock that kept its goroutines waiting (with what the holder did, from the trace and a CPU profile beside it, kept as <file>.cpu.pprof), are summed up on stderr")
 	flag.DurationVar(&o.target, "query-latency-target", 10*time.Millisecond, "the runner's query latency target, which ingest gives way to (negative: never)")
 	flag.DurationVar(&o.traceFor, "trace-for", 3*time.Second, "length of the trace, started 5 s into ingest")
 	flag.Var(&o.runnerEnv, "runner-env", "NAME=VALUE added to the runner process's environment, e.g. GODEBUG=gctrace=1 (its output is in the runner's log, kept with -dir) or GOGC=200; repeatable")
