@@ -8,6 +8,13 @@
 // (fetch, sarama's decoding, CRC and decompression, the claims' batching and
 // envelope decoding), from the first batch handed over to the last, so the
 // group join does not weigh on a run that lasts a second.
+//
+// The envelopes are the demo generator's: a trace id per run of about 10
+// events, as tracing makes them; -unique-traces gives every event a trace of
+// its own, the worst case for the trace index (a posting block per event).
+// They are produced round-robin over the partitions, so a claim's batch holds
+// every fourth event and a trace's events are spread over four batches;
+// -by-trace keys them by trace id instead, a trace on one partition.
 package main
 
 import (
@@ -23,8 +30,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dgraph-io/badger/v4"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/mailbox/envelope/demo"
 	"github.com/prism-mesh/prism/mailbox/ingest"
@@ -34,7 +43,7 @@ import (
 
 var (
 	profile, traceOut, blockProfile string
-	discard                         bool
+	discard, uniqueTraces, byTrace  bool
 	maxProcessing                   time.Duration
 )
 
@@ -46,6 +55,8 @@ func main() {
 	fetch := flag.Int("fetch", 0, "sarama Consumer.Fetch.Default bytes (0: ingest default)")
 	buffer := flag.Int("buffer", 0, "sarama ChannelBufferSize (0: ingest default)")
 	flag.BoolVar(&discard, "discard", false, "drop items instead of storing them (measures Kafka consumption and decoding alone: mailbox.kafka_decode_events_per_s)")
+	flag.BoolVar(&uniqueTraces, "unique-traces", false, "give every envelope a trace id of its own (the worst case for the trace index) instead of a trace per run of 5-15 envelopes")
+	flag.BoolVar(&byTrace, "by-trace", false, "key the records by trace id and partition them by its hash (a trace's events in order on one partition) instead of round-robin")
 	maxProc := flag.Duration("max-processing", 0, "sarama Consumer.MaxProcessingTime (0: ingest default)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the ingest phase here")
 	flag.StringVar(&traceOut, "trace", "", "write an execution trace of the ingest phase here (go tool trace) and print where its goroutines waited")
@@ -84,7 +95,11 @@ func run(n, size, partitions, batch, fetch, buffer int) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer func() {
+		if st != nil {
+			_ = st.Close()
+		}
+	}()
 
 	cfg := ingest.SaramaConfig()
 	if fetch > 0 {
@@ -175,6 +190,20 @@ func run(n, size, partitions, batch, fetch, buffer int) error {
 	if err := ing.Close(); err != nil {
 		return err
 	}
+	if !discard {
+		// Closed before counting: Badger's tables then hold every key, the last memtable flushed.
+		err := st.Close()
+		st = nil
+		if err != nil {
+			return err
+		}
+		if keys, err := tableKeys(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "ingestbench: count keys:", err)
+		} else {
+			fmt.Fprintf(os.Stderr, "# %.2f Badger keys per event (the items, their message ids, posting blocks; read from the tables after the run)\n",
+				float64(keys)/float64(n))
+		}
+	}
 	fmt.Fprintf(os.Stderr, "# ingested %d in %v (first batch stored after %v: group join and first fetch)\n",
 		n, elapsed.Round(time.Millisecond), firstStored.Round(time.Millisecond))
 	if calls := w.calls.Load(); calls > 0 {
@@ -199,24 +228,37 @@ func run(n, size, partitions, batch, fetch, buffer int) error {
 }
 
 // preProduce writes n demo envelopes padded to about size bytes, round-robin
-// over the partitions, and returns the bytes produced.
+// over the partitions (by their trace id's hash with -by-trace), and returns the
+// bytes produced.
 func preProduce(brokers []string, topic string, n, size int) (int64, error) {
+	partitioner := kgo.RoundRobinPartitioner()
+	if byTrace {
+		partitioner = kgo.StickyKeyPartitioner(nil)
+	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond),
-		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.MaxBufferedRecords(20_000))
+		kgo.RecordPartitioner(partitioner), kgo.MaxBufferedRecords(20_000))
 	if err != nil {
 		return 0, err
 	}
 	defer cl.Close()
 	probe := demo.New(demo.Options{PayloadSize: 1})
 	_, b := probe.NextBytes(topic)
-	gen := demo.New(demo.Options{Seed: 1, IDPrefix: "bench", PayloadSize: max(1, size-len(b))})
+	gen := demo.New(demo.Options{Seed: 1, IDPrefix: "bench", PayloadSize: max(1, size-len(b)), UniqueTraces: uniqueTraces})
 	ctx := context.Background()
 	var total int64
 	errs := make(chan error, 1)
 	for range n {
-		id, v := gen.NextBytes(topic)
+		env := gen.Next(topic)
+		v, err := proto.Marshal(env)
+		if err != nil {
+			return 0, err
+		}
+		key := env.GetMetadata().GetMessageId()
+		if byTrace {
+			key = env.GetObservability().GetTraceId()
+		}
 		total += int64(len(v))
-		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(id), Value: v}, func(_ *kgo.Record, err error) {
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(key), Value: v}, func(_ *kgo.Record, err error) {
 			if err != nil {
 				select {
 				case errs <- err:
@@ -260,6 +302,20 @@ func (c *countingWriter) Write(ctx context.Context, items []*mailboxv1.MailboxIt
 	}
 	c.written.Add(int64(res.Stored + res.Duplicates + res.Expired))
 	return res, nil
+}
+
+// tableKeys opens the closed store's database read-only and returns how many keys its tables hold, versions
+// included: what the ingest wrote (nothing was overwritten but the store's counters, once per write group).
+func tableKeys(dir string) (int64, error) {
+	db, err := badger.Open(badger.DefaultOptions(dir).WithReadOnly(true).WithLogger(nil).WithValueLogFileSize(128 << 20))
+	if err != nil {
+		return 0, err
+	}
+	var keys int64
+	for _, t := range db.Tables() {
+		keys += int64(t.KeyCount)
+	}
+	return keys, db.Close()
 }
 
 // writeProfile writes the named runtime profile to path.
