@@ -86,9 +86,15 @@ func (s *Server) GetClusterStatus(ctx context.Context, _ *adminv1.GetClusterStat
 }
 
 func (s *Server) ListNamespaces(ctx context.Context, req *adminv1.ListNamespacesRequest) (*adminv1.ListNamespacesResponse, error) {
+	p, err := pageOf("ListNamespaces", "", req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
 	return read(s, ctx, "ListNamespaces", req.GetConsistency(), func() (*adminv1.ListNamespacesResponse, error) {
-		ns, idx := s.fsm.Namespaces()
-		return &adminv1.ListNamespacesResponse{Namespaces: ns, Index: idx}, nil
+		ns, more, idx := s.fsm.NamespacesPage(p.tok.After, p.size)
+		resp := &adminv1.ListNamespacesResponse{Index: idx}
+		resp.Namespaces, resp.NextPageToken = paged(p, ns, more, (*adminv1.Namespace).GetName)
+		return resp, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListNamespacesResponse, error) {
 		return adminv1.NewAdminClient(cc).ListNamespaces(ctx, req)
 	})
@@ -110,9 +116,17 @@ func (s *Server) GetNamespace(ctx context.Context, req *adminv1.GetNamespaceRequ
 }
 
 func (s *Server) ListProxies(ctx context.Context, req *adminv1.ListProxiesRequest) (*adminv1.ListProxiesResponse, error) {
+	p, err := pageOf("ListProxies", "", req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
 	return read(s, ctx, "ListProxies", req.GetConsistency(), func() (*adminv1.ListProxiesResponse, error) {
-		ps, idx := s.fsm.Proxies()
-		return &adminv1.ListProxiesResponse{Proxies: ps, Index: idx}, nil
+		ps, more, idx := s.fsm.ProxiesPage(p.tok.After, p.size)
+		resp := &adminv1.ListProxiesResponse{Index: idx}
+		resp.Proxies, resp.NextPageToken = paged(p, ps, more, func(p *adminv1.ProxyInfo) string {
+			return p.GetProxy().GetRegistration().GetProxyId()
+		})
+		return resp, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListProxiesResponse, error) {
 		return adminv1.NewAdminClient(cc).ListProxies(ctx, req)
 	})
@@ -144,16 +158,15 @@ func (s *Server) ListLeases(ctx context.Context, req *adminv1.ListLeasesRequest)
 			return nil, toStatus(err)
 		}
 	}
+	p, err := pageOf("ListLeases", req.GetNamespace()+"\x00"+req.GetProxyId(), req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
 	return read(s, ctx, "ListLeases", req.GetConsistency(), func() (*adminv1.ListLeasesResponse, error) {
-		all, idx := s.fsm.Leases()
-		var ls []*adminv1.Lease
-		for _, l := range all {
-			if (req.GetNamespace() == "" || l.GetNamespace() == req.GetNamespace()) &&
-				(req.GetProxyId() == "" || l.GetProxyId() == req.GetProxyId()) {
-				ls = append(ls, l)
-			}
-		}
-		return &adminv1.ListLeasesResponse{Leases: s.annotate(ls), Index: idx}, nil
+		ls, more, idx := s.fsm.LeasesPage(p.tok.After, p.size, req.GetNamespace(), req.GetProxyId())
+		resp := &adminv1.ListLeasesResponse{Index: idx}
+		resp.Leases, resp.NextPageToken = paged(p, s.annotate(ls), more, (*adminv1.Lease).GetMailboxId)
+		return resp, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListLeasesResponse, error) {
 		return adminv1.NewAdminClient(cc).ListLeases(ctx, req)
 	})
@@ -175,9 +188,27 @@ func (s *Server) GetLease(ctx context.Context, req *adminv1.GetLeaseRequest) (*a
 }
 
 func (s *Server) ListRoutes(ctx context.Context, req *adminv1.ListRoutesRequest) (*adminv1.ListRoutesResponse, error) {
+	p, err := pageOf("ListRoutes", "", req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
 	return read(s, ctx, "ListRoutes", req.GetConsistency(), func() (*adminv1.ListRoutesResponse, error) {
-		rs, nrs, idx := s.fsm.Routes()
-		return &adminv1.ListRoutesResponse{Routes: rs, NamespaceRoutes: nrs, Index: idx}, nil
+		rs, nrs, more, idx := s.fsm.RoutesPage(fsm.RoutesCursor{InNamespaces: p.tok.Namespaces, After: p.tok.After}, p.size)
+		resp := &adminv1.ListRoutesResponse{Routes: rs, NamespaceRoutes: nrs, Index: idx}
+		// The two lists are one sequence, the routes first, under one budget.
+		n, used := fit(rs, 0)
+		m := 0
+		if n == len(rs) {
+			m, _ = fit(nrs, used)
+		}
+		resp.Routes, resp.NamespaceRoutes = rs[:n], nrs[:m]
+		switch {
+		case m > 0 && (m < len(nrs) || more):
+			resp.NextPageToken = p.next(nrs[m-1].GetNamespace(), true)
+		case m == 0 && n > 0 && (n < len(rs) || len(nrs) > 0 || more):
+			resp.NextPageToken = p.next(rs[n-1].GetMailboxId(), false)
+		}
+		return resp, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListRoutesResponse, error) {
 		return adminv1.NewAdminClient(cc).ListRoutes(ctx, req)
 	})
@@ -198,22 +229,6 @@ func (s *Server) GetRoute(ctx context.Context, req *adminv1.GetRouteRequest) (*a
 	})
 }
 
-// sessionLeases are the annotated leases of every session, by session id:
-// on the leader their expires_at is their session's live one.
-func (s *Server) sessionLeases() map[uint64][]*adminv1.Lease {
-	all, _ := s.fsm.Leases()
-	out := map[uint64][]*adminv1.Lease{}
-	for _, l := range all {
-		if id := l.GetSessionId(); id != 0 {
-			out[id] = append(out[id], l)
-		}
-	}
-	for id, ls := range out {
-		out[id] = s.annotate(ls)
-	}
-	return out
-}
-
 // liveSession is sess with the leader's live expiry, read off one of its
 // annotated leases (a session without leases shows its Raft expiry).
 func liveSession(sess *adminv1.Session, leases []*adminv1.Lease) *adminv1.Session {
@@ -231,16 +246,28 @@ func (s *Server) ListSessions(ctx context.Context, req *adminv1.ListSessionsRequ
 			return nil, toStatus(err)
 		}
 	}
-	return read(s, ctx, "ListSessions", req.GetConsistency(), func() (*adminv1.ListSessionsResponse, error) {
-		all, idx := s.fsm.Sessions()
-		leases := s.sessionLeases()
-		var out []*adminv1.Session
-		for _, sess := range all {
-			if req.GetProxyId() == "" || sess.GetProxyId() == req.GetProxyId() {
-				out = append(out, liveSession(sess, leases[sess.GetId()]))
-			}
+	p, err := pageOf("ListSessions", req.GetProxyId(), req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	var after uint64
+	if p.tok.After != "" {
+		if after, err = strconv.ParseUint(p.tok.After, 10, 64); err != nil {
+			return nil, status.Error(codes.InvalidArgument, "page_token: malformed; pass a next_page_token as it came, or none for the first page")
 		}
-		return &adminv1.ListSessionsResponse{Sessions: out, Index: idx}, nil
+	}
+	return read(s, ctx, "ListSessions", req.GetConsistency(), func() (*adminv1.ListSessionsResponse, error) {
+		sessions, more, idx := s.fsm.SessionsPage(after, p.size, req.GetProxyId())
+		for i, sess := range sessions {
+			// The first lease is enough: they all carry their session's expiry.
+			leases, _ := s.fsm.SessionLeases(sess.GetId())
+			sessions[i] = liveSession(sess, s.annotate(leases[:min(1, len(leases))]))
+		}
+		resp := &adminv1.ListSessionsResponse{Index: idx}
+		resp.Sessions, resp.NextPageToken = paged(p, sessions, more, func(sess *adminv1.Session) string {
+			return strconv.FormatUint(sess.GetId(), 10)
+		})
+		return resp, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListSessionsResponse, error) {
 		return adminv1.NewAdminClient(cc).ListSessions(ctx, req)
 	})

@@ -24,9 +24,9 @@ import (
 const forwardedKey = "x-prism-forwarded-by"
 
 // The admin gRPC server's message limits (NodeConfig.limits). A request may
-// be up to gRPC's default 4 MiB; an answer may be as large as gRPC can frame,
-// since the List calls answer whole tables, unpaged: a caller listing a
-// large cluster raises its own receive limit (prismctl does).
+// be up to gRPC's default 4 MiB; an answer may be as large as gRPC can frame.
+// The List calls page (paging.go), within 2 MiB unless one item is larger
+// (a proxy with 100k namespaces); Get calls answer one item, however large.
 const (
 	maxRequestBytes  = 4 << 20
 	maxResponseBytes = math.MaxInt32

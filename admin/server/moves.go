@@ -1,7 +1,10 @@
 package server
 
 import (
+	"cmp"
 	"context"
+	"slices"
+	"strconv"
 
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/mesh"
@@ -131,15 +134,38 @@ func (s *Server) audit(ctx context.Context, msg string, args ...any) {
 // ListMoves answers on the leader after the ReadIndex barrier: the lag
 // reports the switch is judged on live in the leader's memory only.
 func (s *Server) ListMoves(ctx context.Context, req *adminv1.ListMovesRequest) (*adminv1.ListMovesResponse, error) {
+	p, err := pageOf("ListMoves", "", req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
 	resp, err := leaderCall(s, ctx, "ListMoves", func(ctx context.Context) (*adminv1.ListMovesResponse, error) {
 		if err := s.node.ReadBarrier(ctx, s.leader.Since); err != nil {
 			return nil, err
 		}
-		return s.listMoves(), nil
+		resp := s.listMoves()
+		// Moves are few (the leader's limit and the handoff tails), so the
+		// page is cut from all of them.
+		i, _ := slices.BinarySearchFunc(resp.Moves, p.tok.After, func(m *adminv1.NamespaceMove, after string) int {
+			return cmp.Compare(listedMoveKey(m), after)
+		})
+		if i < len(resp.Moves) && listedMoveKey(resp.Moves[i]) == p.tok.After {
+			i++
+		}
+		moves := resp.Moves[i:]
+		more := len(moves) > p.size
+		resp.Moves, resp.NextPageToken = paged(p, moves[:min(len(moves), p.size)], more, listedMoveKey)
+		return resp, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListMovesResponse, error) {
 		return adminv1.NewAdminClient(cc).ListMoves(ctx, req)
 	})
 	return resp, toStatus(err)
+}
+
+// listedMoveKey is a move's key, its order in ListMoves: by namespace, then
+// state (catching up before handing off). Names hold no NUL, so the
+// strings sort as the pairs do.
+func listedMoveKey(m *adminv1.NamespaceMove) string {
+	return m.GetNamespace() + "\x00" + strconv.Itoa(int(m.GetState()))
 }
 
 // listMoves is every move and handoff tail in the local FSM, with the
