@@ -17,9 +17,10 @@ import (
 // command's --timeout: an operator would rather wait for an election than
 // retry by hand. When none accepts a connection for unreachableAfter it
 // gives up: nothing is listening there. A nil tls talks plaintext. The
-// admin answers a list whole, unpaged, in a message as large as gRPC frames
-// (math.MaxInt32); gRPC's default 4 MiB receive limit failed listing ~10k
-// namespaces, so prismctl takes what the admin may send.
+// admin's List calls answer pages of at most 2 MiB, but an admin older than
+// paging answers a list whole, and one item (a proxy with 100k namespaces)
+// may pass gRPC's default 4 MiB receive limit, so prismctl takes what the
+// admin may send (math.MaxInt32).
 func newClient(admin string, attempt time.Duration, tls *pki.Source) (*client.Client, error) {
 	eps := splitList(admin)
 	if len(eps) == 0 {

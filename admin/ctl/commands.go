@@ -177,6 +177,7 @@ func namespaceCommand(g *globals) *cobra.Command {
 		ttl, interval, grace time.Duration
 		validation, dlq      string
 		consistent           bool
+		pageSize             int32
 	)
 	create := &cobra.Command{
 		Use: "create NAME --topic T", Short: "Create a namespace (placed on a proxy by its partition)", Args: cobra.ExactArgs(1),
@@ -232,11 +233,14 @@ Without brokers it says the topics were not checked.`,
 	list := &cobra.Command{
 		Use: "list", Short: "List namespaces", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListNamespacesResponse, error) {
-				return adminv1.NewAdminClient(cc).ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: consistency(consistent)})
+			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListNamespacesResponse, error) {
+				return adminv1.NewAdminClient(cc).ListNamespaces(ctx, &adminv1.ListNamespacesRequest{
+					Consistency: consistency(consistent), PageSize: pageSize, PageToken: token,
+				})
 			}, func(w io.Writer, r *adminv1.ListNamespacesResponse) { namespaceTable(w, r.GetNamespaces(), g.wide()) })
 		},
 	}
+	pageSizeFlag(list, &pageSize)
 	get := &cobra.Command{
 		Use: "get NAME", Short: "Show a namespace and where its alias routes", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -280,12 +284,17 @@ func optDuration(d time.Duration) *durationpb.Duration {
 
 func proxyCommand(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "proxy", Short: "Registered proxies"}
-	var consistent bool
+	var (
+		consistent bool
+		pageSize   int32
+	)
 	list := &cobra.Command{
 		Use: "list", Short: "List proxies with their partitions and namespaces", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListProxiesResponse, error) {
-				return adminv1.NewAdminClient(cc).ListProxies(ctx, &adminv1.ListProxiesRequest{Consistency: consistency(consistent)})
+			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListProxiesResponse, error) {
+				return adminv1.NewAdminClient(cc).ListProxies(ctx, &adminv1.ListProxiesRequest{
+					Consistency: consistency(consistent), PageSize: pageSize, PageToken: token,
+				})
 			}, func(w io.Writer, r *adminv1.ListProxiesResponse) {
 				fmt.Fprint(w, "PROXY\tADDRESS\tSTATUS\tLAST SEEN\tPARTITIONS\tNAMESPACES")
 				if g.wide() {
@@ -310,6 +319,7 @@ func proxyCommand(g *globals) *cobra.Command {
 		},
 	}
 	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
+	pageSizeFlag(list, &pageSize)
 	c.AddCommand(list)
 	c.AddCommand(drainCommands(g)...)
 	return c
@@ -335,13 +345,14 @@ func leaseCommand(g *globals) *cobra.Command {
 	var (
 		consistent       bool
 		namespace, proxy string
+		pageSize         int32
 	)
 	list := &cobra.Command{
 		Use: "list", Short: "List leases (the leader shows renewals not yet checkpointed)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListLeasesResponse, error) {
+			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListLeasesResponse, error) {
 				return adminv1.NewAdminClient(cc).ListLeases(ctx, &adminv1.ListLeasesRequest{
-					Consistency: consistency(consistent), Namespace: namespace, ProxyId: proxy,
+					Consistency: consistency(consistent), Namespace: namespace, ProxyId: proxy, PageSize: pageSize, PageToken: token,
 				})
 			}, func(w io.Writer, r *adminv1.ListLeasesResponse) {
 				fmt.Fprint(w, "MAILBOX\tRUNNER\tADDRESS\tEPOCH\tEXPIRES\tTTL")
@@ -367,6 +378,7 @@ func leaseCommand(g *globals) *cobra.Command {
 	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
 	list.Flags().StringVar(&namespace, "namespace", "", "only this namespace's leases")
 	list.Flags().StringVar(&proxy, "proxy", "", "only this proxy's leases")
+	pageSizeFlag(list, &pageSize)
 	c.AddCommand(list)
 	return c
 }
@@ -376,12 +388,15 @@ func sessionCommand(g *globals) *cobra.Command {
 	var (
 		consistent bool
 		proxy      string
+		pageSize   int32
 	)
 	list := &cobra.Command{
 		Use: "list", Short: "List open sessions with their lease counts (the leader shows live expiries)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListSessionsResponse, error) {
-				return adminv1.NewAdminClient(cc).ListSessions(ctx, &adminv1.ListSessionsRequest{Consistency: consistency(consistent), ProxyId: proxy})
+			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListSessionsResponse, error) {
+				return adminv1.NewAdminClient(cc).ListSessions(ctx, &adminv1.ListSessionsRequest{
+					Consistency: consistency(consistent), ProxyId: proxy, PageSize: pageSize, PageToken: token,
+				})
 			}, func(w io.Writer, r *adminv1.ListSessionsResponse) {
 				fmt.Fprint(w, "SESSION\tPROXY\tRUNNER\tADDRESS\tLEASES\tEXPIRES\tTTL")
 				if g.wide() {
@@ -401,6 +416,7 @@ func sessionCommand(g *globals) *cobra.Command {
 	}
 	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
 	list.Flags().StringVar(&proxy, "proxy", "", "only this proxy's sessions")
+	pageSizeFlag(list, &pageSize)
 	get := &cobra.Command{
 		Use: "get ID", Short: "Show a session and its leases", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -431,12 +447,17 @@ func sessionCommand(g *globals) *cobra.Command {
 
 func routeCommand(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "route", Short: "Routes derived from live leases"}
-	var consistent bool
+	var (
+		consistent bool
+		pageSize   int32
+	)
 	list := &cobra.Command{
 		Use: "list", Short: "List mailbox and namespace routes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListRoutesResponse, error) {
-				return adminv1.NewAdminClient(cc).ListRoutes(ctx, &adminv1.ListRoutesRequest{Consistency: consistency(consistent)})
+			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListRoutesResponse, error) {
+				return adminv1.NewAdminClient(cc).ListRoutes(ctx, &adminv1.ListRoutesRequest{
+					Consistency: consistency(consistent), PageSize: pageSize, PageToken: token,
+				})
 			}, func(w io.Writer, r *adminv1.ListRoutesResponse) {
 				fmt.Fprint(w, "MAILBOX\tRUNNER\tADDRESS\tPARTITION\tEPOCH")
 				if g.wide() {
@@ -460,6 +481,7 @@ func routeCommand(g *globals) *cobra.Command {
 		},
 	}
 	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
+	pageSizeFlag(list, &pageSize)
 	c.AddCommand(list)
 	return c
 }

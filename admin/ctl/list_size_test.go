@@ -22,9 +22,10 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
-// The admin answers a list whole, however large (server.maxResponseBytes);
-// prismctl must take it: with gRPC's default 4 MiB receive limit, listing
-// ~10k namespaces failed ResourceExhausted.
+// A list over gRPC's default 4 MiB message limit comes whole: with that
+// limit, listing ~10k namespaces failed ResourceExhausted when the admin
+// answered it in one message; now prismctl asks page after page (the admin
+// cuts pages at 2 MiB).
 func TestListOverDefaultMessageLimit(t *testing.T) {
 	t.Parallel()
 	p := pkitest.New(t)

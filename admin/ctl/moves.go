@@ -81,10 +81,15 @@ func call[T proto.Message](ctx context.Context, c *client.Client, r client.Repea
 	return resp, nil
 }
 
+// listMoves is every move, in as many pages as it takes.
 func listMoves(ctx context.Context, c *client.Client) (*adminv1.ListMovesResponse, error) {
-	return call(ctx, c, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListMovesResponse, error) {
-		return adminv1.NewAdminClient(cc).ListMoves(ctx, &adminv1.ListMovesRequest{})
-	})
+	return listAll(ctx, 0, c, listMovesPage(listPageSize))
+}
+
+func listMovesPage(size int32) func(context.Context, *grpc.ClientConn, string) (*adminv1.ListMovesResponse, error) {
+	return func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListMovesResponse, error) {
+		return adminv1.NewAdminClient(cc).ListMoves(ctx, &adminv1.ListMovesRequest{PageSize: size, PageToken: token})
+	}
 }
 
 func state(m *adminv1.NamespaceMove) string {
@@ -117,14 +122,13 @@ func moveCommand(g *globals) *cobra.Command {
 	var (
 		watch    bool
 		interval time.Duration
+		pageSize int32
 	)
 	list := &cobra.Command{
 		Use: "list", Short: "List moves in progress and handoff tails with the destination's lag, as the leader knows it", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !watch {
-				return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.ListMovesResponse, error) {
-					return adminv1.NewAdminClient(cc).ListMoves(ctx, &adminv1.ListMovesRequest{})
-				}, movesTable)
+				return runList(cmd, g, listMovesPage(pageSize), movesTable)
 			}
 			cl, err := connect(cmd, g)
 			if err != nil {
@@ -139,7 +143,7 @@ func moveCommand(g *globals) *cobra.Command {
 			defer cancel()
 			var last *adminv1.ListMovesResponse
 			for {
-				r, err := listMoves(ctx, cl)
+				r, err := listAll(ctx, 0, cl, listMovesPage(pageSize))
 				switch {
 				case ctx.Err() != nil:
 					return nil
@@ -166,6 +170,7 @@ func moveCommand(g *globals) *cobra.Command {
 	}
 	list.Flags().BoolVarP(&watch, "watch", "w", false, "print the list again whenever it changes, until interrupted (or --timeout, when given)")
 	list.Flags().DurationVar(&interval, "interval", time.Second, "how often --watch asks")
+	pageSizeFlag(list, &pageSize)
 	c.AddCommand(list)
 	return c
 }

@@ -1,0 +1,77 @@
+package ctl
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-mesh/prism/admin/client"
+)
+
+// listPageSize is --page-size's default: the admin's cap, so a large table
+// takes the fewest calls, each answer still within 2 MiB (the admin cuts
+// pages there).
+const listPageSize = 10000
+
+// paged is a List call's answer (admin.proto, Paging).
+type paged interface {
+	proto.Message
+	client.Page
+}
+
+// pageSizeFlag adds --page-size to a list command.
+func pageSizeFlag(cmd *cobra.Command, size *int32) {
+	cmd.Flags().Int32Var(size, "page-size", listPageSize, "items per call; the list asks page after page until it has every item (0: the admin's default, 1,000)")
+}
+
+// runList is run for a paged List call: list asks for the page at token,
+// and the pages show as one answer (see listAll). --timeout bounds each
+// page, retries included, so a table of a million leases is not cut short.
+func runList[T paged](cmd *cobra.Command, g *globals, list func(ctx context.Context, cc *grpc.ClientConn, token string) (T, error), table func(io.Writer, T)) error {
+	c, err := connect(cmd, g)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	all, err := listAll(cmd.Context(), g.timeout, c, list)
+	if err != nil {
+		return err
+	}
+	return output(cmd, g, all, table)
+}
+
+// listAll asks a List call for every page, each within perPage (0: ctx's
+// deadline only) and retried like any read, and merges them into the first:
+// every page's items in order, the scalars (index) of the last page, no
+// next_page_token.
+func listAll[T paged](ctx context.Context, perPage time.Duration, c *client.Client, list func(ctx context.Context, cc *grpc.ClientConn, token string) (T, error)) (T, error) {
+	var all T
+	first := true
+	err := client.AllPages(func(token string) (T, error) {
+		ctx, cancel := ctx, context.CancelFunc(func() {})
+		if perPage > 0 {
+			ctx, cancel = context.WithTimeout(ctx, perPage)
+		}
+		defer cancel()
+		return call(ctx, c, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (T, error) {
+			return list(ctx, cc, token)
+		})
+	}, func(p T) {
+		if first {
+			all, first = p, false
+			return
+		}
+		proto.Merge(all, p)
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	m := all.ProtoReflect()
+	m.Clear(m.Descriptor().Fields().ByName("next_page_token"))
+	return all, nil
+}
