@@ -95,7 +95,7 @@ connection it gives up within 2s and says where it looked.
 	pf.StringVar(&g.admin, "admin", defAdmin, "admin gRPC endpoints, host:port,host:port,... (env "+envAdmin+"; default: the config file's, else where prism dev and the chart serve it); any node will do")
 	pf.StringVarP(&g.format, "output", "o", "table", "output format: table, wide (more columns), json or yaml (the HTTP API's field names: snake_case, numbers as numbers)")
 	pf.StringVar(&g.format, "format", "table", "the same as -o/--output (kept for scripts that use it)")
-	pf.DurationVar(&g.timeout, "timeout", 15*time.Second, "overall deadline, retries included")
+	pf.DurationVar(&g.timeout, "timeout", 15*time.Second, "overall deadline, retries included (a list's: each page's)")
 	pf.DurationVar(&g.attempt, "attempt-timeout", 3*time.Second, "deadline of one call on one endpoint")
 	g.tls.register(pf)
 	root.AddCommand(
