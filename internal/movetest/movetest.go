@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
 	"github.com/prism-mesh/prism/internal/e2e"
@@ -85,6 +86,7 @@ func (w *World) AwaitProxies(ids ...string) {
 	testwait.For(w.TB, 60*time.Second, "proxies registered", func() (bool, string) {
 		var r *adminv1.ListProxiesResponse
 		err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
+			// One page: a world has a handful of proxies, far below a page.
 			r, err = a.ListProxies(ctx, &adminv1.ListProxiesRequest{})
 			return err
 		})
@@ -171,18 +173,21 @@ func (w *World) Settled(want map[string]string, bound time.Duration) time.Time {
 	w.TB.Helper()
 	var at time.Time
 	testwait.For(w.TB, bound, "every namespace where it belongs, no move in progress", func() (bool, string) {
-		var r *adminv1.ListNamespacesResponse
-		if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
-			r, err = a.ListNamespaces(ctx, &adminv1.ListNamespacesRequest{})
-			return err
+		got := map[string]*adminv1.Namespace{}
+		if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) error {
+			clear(got)
+			// Every page: a bench world may hold more namespaces than one.
+			return client.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
+				return a.ListNamespaces(ctx, &adminv1.ListNamespacesRequest{PageToken: token})
+			}, func(r *adminv1.ListNamespacesResponse) {
+				for _, n := range r.GetNamespaces() {
+					got[n.GetName()] = n
+				}
+			})
 		}); err != nil {
 			return false, err.Error()
 		}
 		at = time.Now()
-		got := map[string]*adminv1.Namespace{}
-		for _, n := range r.GetNamespaces() {
-			got[n.GetName()] = n
-		}
 		for ns, p := range want {
 			n := got[ns]
 			if n.GetAssignedProxyId() != p || n.GetIncomingProxyId() != "" || n.GetHandoffProxyId() != "" {
