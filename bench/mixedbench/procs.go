@@ -214,7 +214,7 @@ func startProcs(o options, brokers []string, dir string) (_ *procs, err error) {
 	}
 	admin := adminv1.NewAdminClient(m.adminConn)
 	if err := m.await(time.Minute, "the sidecar registered with the admin", func(ctx context.Context) error {
-		r, err := admin.ListProxies(ctx, &adminv1.ListProxiesRequest{})
+		r, err := admin.ListProxies(ctx, &adminv1.ListProxiesRequest{}) // one page: one proxy, far below a page
 		if err == nil && len(r.GetProxies()) == 0 {
 			err = errors.New("no proxy yet")
 		}
