@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	"google.golang.org/grpc"
 )
 
 // Failover with leases held in sessions (issue 20): S sessions of 1,000
@@ -236,21 +236,24 @@ func sessionLeasesHeld(ctx context.Context, c *prismCluster, ss []*failoverSessi
 	if err != nil {
 		return 0, 0, err
 	}
-	resp, err := adminv1.NewAdminClient(c.conns.operator(lead)).ListSessions(lctx,
-		&adminv1.ListSessionsRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE}, grpc.MaxCallRecvMsgSize(64<<20))
-	if err != nil {
-		return 0, 0, fmt.Errorf("list sessions: %w", err)
-	}
 	ours := make(map[uint64]bool, len(ss))
 	for _, s := range ss {
 		ours[s.id] = true
 	}
 	held, grace := 0, time.Duration(0)
-	for _, sess := range resp.GetSessions() {
-		if ours[sess.GetId()] {
-			held += int(sess.GetLeaseCount())
-			grace = max(grace, sess.GetGrace().AsDuration())
+	if err := client.AllPages(func(token string) (*adminv1.ListSessionsResponse, error) {
+		return adminv1.NewAdminClient(c.conns.operator(lead)).ListSessions(lctx, &adminv1.ListSessionsRequest{
+			Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageSize: listPageSize, PageToken: token,
+		})
+	}, func(r *adminv1.ListSessionsResponse) {
+		for _, sess := range r.GetSessions() {
+			if ours[sess.GetId()] {
+				held += int(sess.GetLeaseCount())
+				grace = max(grace, sess.GetGrace().AsDuration())
+			}
 		}
+	}); err != nil {
+		return 0, 0, fmt.Errorf("list sessions: %w", err)
 	}
 	return held, grace, nil
 }

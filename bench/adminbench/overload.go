@@ -9,10 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/internal/loadgen"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -199,14 +199,18 @@ func overloadRun(ctx context.Context, o options, dir string, certs *certs, bound
 	stopKeep()
 	keepers.Wait()
 
-	list, err := adminv1.NewAdminClient(c.conns.operator(lead)).ListSessions(ctx,
-		&adminv1.ListSessionsRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE}, grpc.MaxCallRecvMsgSize(64<<20))
-	if err != nil {
-		return 0, fmt.Errorf("list sessions after the load: %w", err)
-	}
+	// Every page, however many sessions the run opened.
 	held := map[uint64]int{}
-	for _, s := range list.GetSessions() {
-		held[s.GetId()] = int(s.GetLeaseCount())
+	if err := client.AllPages(func(token string) (*adminv1.ListSessionsResponse, error) {
+		return adminv1.NewAdminClient(c.conns.operator(lead)).ListSessions(ctx, &adminv1.ListSessionsRequest{
+			Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageSize: listPageSize, PageToken: token,
+		})
+	}, func(r *adminv1.ListSessionsResponse) {
+		for _, s := range r.GetSessions() {
+			held[s.GetId()] = int(s.GetLeaseCount())
+		}
+	}); err != nil {
+		return 0, fmt.Errorf("list sessions after the load: %w", err)
 	}
 	lost := 0
 	for _, s := range ss {

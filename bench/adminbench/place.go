@@ -7,9 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/placement"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -20,6 +20,10 @@ import (
 // lease the bench acquires needs a namespace of its own. The bench registers
 // its proxies, creates the namespaces and reads back where each was placed
 // before any timed phase.
+
+// listPageSize is the admin's page cap: the fewest calls to list the
+// bench's 200k namespaces or sessions, each page still within 2 MiB.
+const listPageSize = 10000
 
 // placed is a mailbox the admin will grant, and the runner that may hold it.
 type placed struct {
@@ -133,20 +137,21 @@ func placeWith(ctx context.Context, c *prismCluster, node int, names []string, r
 	// Read the placement back after the whole batch: a namespace created
 	// early may have been placed before the last registration was applied.
 	// From the leader as it is now (on a loaded machine leadership may have
-	// moved): a follower would forward, and its forward takes no answer
-	// over gRPC's default 4 MiB.
+	// moved), saving a forward per page; every page, as many as it takes.
 	if l, err := c.leader(ctx, -1); err == nil {
 		cc = c.conns.operator(l)
 	}
-	list, err := adminv1.NewAdminClient(cc).ListNamespaces(ctx,
-		&adminv1.ListNamespacesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE},
-		grpc.MaxCallRecvMsgSize(256<<20))
-	if err != nil {
+	where := make(map[string]string, len(names))
+	if err := client.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
+		return adminv1.NewAdminClient(cc).ListNamespaces(ctx, &adminv1.ListNamespacesRequest{
+			Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageSize: listPageSize, PageToken: token,
+		})
+	}, func(r *adminv1.ListNamespacesResponse) {
+		for _, ns := range r.GetNamespaces() {
+			where[ns.GetName()] = ns.GetAssignedProxyId()
+		}
+	}); err != nil {
 		return nil, fmt.Errorf("list namespaces: %w", err)
-	}
-	where := make(map[string]string, len(list.GetNamespaces()))
-	for _, ns := range list.GetNamespaces() {
-		where[ns.GetName()] = ns.GetAssignedProxyId()
 	}
 	out := make([]placed, len(names))
 	for i, name := range names {
