@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
 	"github.com/prism-mesh/prism/internal/kafkatest"
@@ -203,20 +204,23 @@ func (w *world) switched(proxy string, bound time.Duration) time.Time {
 	w.TB.Helper()
 	var at time.Time
 	testwait.For(w.TB, bound, "every namespace switched off "+proxy, func() (bool, string) {
-		var r *adminv1.ListNamespacesResponse
-		if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
-			r, err = a.ListNamespaces(ctx, &adminv1.ListNamespacesRequest{})
-			return err
+		left := 0
+		if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) error {
+			left = 0
+			// Every page: -drain-namespaces may be more than one.
+			return client.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
+				return a.ListNamespaces(ctx, &adminv1.ListNamespacesRequest{PageToken: token})
+			}, func(r *adminv1.ListNamespacesResponse) {
+				for _, n := range r.GetNamespaces() {
+					if n.GetAssignedProxyId() == proxy || n.GetIncomingProxyId() == proxy {
+						left++
+					}
+				}
+			})
 		}); err != nil {
 			return false, err.Error()
 		}
 		at = time.Now()
-		left := 0
-		for _, n := range r.GetNamespaces() {
-			if n.GetAssignedProxyId() == proxy || n.GetIncomingProxyId() == proxy {
-				left++
-			}
-		}
 		return left == 0, fmt.Sprint(left, " namespaces left on ", proxy)
 	})
 	return at

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/internal/testproc"
@@ -226,13 +227,16 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	if len(refusals) > 0 {
 		t.Fatalf("held leases refused across the failover: %v", refusals)
 	}
-	leases, err := c.Nodes[newLead].Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Every page: the load acquires up to 8,000 leases.
 	have := map[string]uint64{}
-	for _, l := range leases.GetLeases() {
-		have[l.GetMailboxId()] = l.GetEpoch()
+	if err := client.AllPages(func(token string) (*adminv1.ListLeasesResponse, error) {
+		return c.Nodes[newLead].Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageToken: token})
+	}, func(r *adminv1.ListLeasesResponse) {
+		for _, l := range r.GetLeases() {
+			have[l.GetMailboxId()] = l.GetEpoch()
+		}
+	}); err != nil {
+		t.Fatal(err)
 	}
 	for _, a := range acks {
 		if have[a.mailbox] != a.epoch {
@@ -263,15 +267,17 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 		return st.GetAppliedIndex() >= target && st.GetLeaderId() != "", fmt.Sprintf("applied %d of %d", st.GetAppliedIndex(), target)
 	})
 	loadLeases := func(n *e2e.AdminNode, c adminv1.Consistency) map[string]uint64 {
-		r, err := n.Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: c})
-		if err != nil {
-			t.Fatal(err)
-		}
 		out := map[string]uint64{}
-		for _, l := range r.GetLeases() {
-			if strings.HasPrefix(l.GetNamespace(), "load-") {
-				out[l.GetMailboxId()] = l.GetEpoch()
+		if err := client.AllPages(func(token string) (*adminv1.ListLeasesResponse, error) {
+			return n.Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: c, PageToken: token})
+		}, func(r *adminv1.ListLeasesResponse) {
+			for _, l := range r.GetLeases() {
+				if strings.HasPrefix(l.GetNamespace(), "load-") {
+					out[l.GetMailboxId()] = l.GetEpoch()
+				}
 			}
+		}); err != nil {
+			t.Fatal(err)
 		}
 		return out
 	}

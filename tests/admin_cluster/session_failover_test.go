@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/internal/testwait"
@@ -92,19 +93,21 @@ func createNamespaces(ctx context.Context, t *testing.T, n *e2e.AdminNode, names
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
-	list, err := n.Admin().ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE}, grpc.MaxCallRecvMsgSize(512<<20))
-	if err != nil {
-		t.Fatalf("list namespaces: %v", err)
-	}
 	want := map[string]bool{}
 	for _, name := range names {
 		want[name] = true
 	}
 	out := map[string][]string{}
-	for _, ns := range list.GetNamespaces() {
-		if want[ns.GetName()] {
-			out[ns.GetAssignedProxyId()] = append(out[ns.GetAssignedProxyId()], ns.GetName()+"@"+ns.GetAssignedProxyId())
+	if err := client.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
+		return n.Admin().ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageSize: 10000, PageToken: token})
+	}, func(r *adminv1.ListNamespacesResponse) {
+		for _, ns := range r.GetNamespaces() {
+			if want[ns.GetName()] {
+				out[ns.GetAssignedProxyId()] = append(out[ns.GetAssignedProxyId()], ns.GetName()+"@"+ns.GetAssignedProxyId())
+			}
 		}
+	}); err != nil {
+		t.Fatalf("list namespaces: %v", err)
 	}
 	return out
 }
