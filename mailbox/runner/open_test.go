@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/internal/lazy"
 	"github.com/prism-mesh/prism/mailbox/store"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
@@ -117,8 +118,8 @@ func TestCloseWaitsForAnOpenInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Close has returned: the stores opened across it must be closed already (Badger locks its directory).
-	if r.db != nil {
-		t.Fatal("the runner's store is still open after Close")
+	if _, err := r.db.Get(r.openStoreDB); !errors.Is(err, lazy.ErrClosed) {
+		t.Fatalf("the runner's store after Close: %v, want lazy.ErrClosed (closed, not to be opened again)", err)
 	}
 	db, err := store.OpenDB(store.DBOptions{Dir: StoreDir(dir)})
 	if err != nil {
@@ -208,7 +209,11 @@ func TestOpenFailureIsTheMailboxs(t *testing.T) {
 			t.Errorf("open failures %s = %v, want %v", reason, got, want)
 		}
 	}
-	if ids, err := r.db.IDs(); err != nil || slices.Contains(ids, "e@p") {
+	db, err := r.db.Get(r.openStoreDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := db.IDs(); err != nil || slices.Contains(ids, "e@p") {
 		t.Errorf("the runner's store holds %v (err %v): e@p was opened in it, empty, beside its old store", ids, err)
 	}
 	if _, err := os.Stat(OldDir(dataDir, "e@p")); err != nil {

@@ -206,7 +206,11 @@ func TestRebuildOldLayoutWhileServing(t *testing.T) {
 	if err := r.Open(MailboxConfig{ID: "o@p", Topics: []string{"o.events"}}); !errors.Is(err, store.ErrOldLayout) {
 		t.Fatalf("open o@p beside its older store: %v, want ErrOldLayout", err)
 	}
-	if ids, err := r.db.IDs(); err != nil || slices.Contains(ids, "o@p") {
+	db, err := r.db.Get(r.openStoreDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := db.IDs(); err != nil || slices.Contains(ids, "o@p") {
 		t.Fatalf("the runner's store holds %v (err %v): o@p opened empty beside its older store", ids, err)
 	}
 	if ids, err := OldLayoutIDs(dataDir); err != nil || !slices.Equal(ids, []string{"o@p"}) {

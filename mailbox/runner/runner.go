@@ -38,6 +38,7 @@ import (
 
 	"github.com/prism-mesh/prism/internal/debughttp"
 	"github.com/prism-mesh/prism/internal/diskfree"
+	"github.com/prism-mesh/prism/internal/lazy"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/query"
@@ -175,15 +176,14 @@ type Runner struct {
 
 	openFailures *prometheus.CounterVec
 
-	// dbMu guards db, dbErr and dbTries: the runner's one store, every
-	// mailbox a prefix in it, opened by the first Open or Prepare and again
-	// by a later one while it fails (dbErr, each mailbox's open failing with
-	// it); dbTries counts the attempts, so the calls that waited on one
-	// take its answer instead of each trying again.
-	dbMu    sync.Mutex
-	db      *store.DB
-	dbErr   error
-	dbTries atomic.Uint64
+	// db is the runner's one store, every mailbox a prefix in it, opened
+	// by the first Open or Prepare and again by a later one while it fails
+	// (each mailbox's open failing with it): the Opens and Prepares that
+	// waited on a failing try take its error rather than each trying again.
+	db lazy.Value[*store.DB]
+	// dbFailed says the last try to open db failed; only openStoreDB uses
+	// it, which db runs one try at a time.
+	dbFailed bool
 
 	// openDB opens the runner's store (store.OpenDB) and openView a
 	// mailbox in it (DB.Open); tests hold them.
@@ -395,29 +395,17 @@ func (r *Runner) openInStore(mc MailboxConfig) (*store.Store, error) {
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("look for an older store of the mailbox: %w", err)
 	}
-	db, err := r.storeDB()
+	db, err := r.db.Get(r.openStoreDB)
 	if err != nil {
 		return nil, err
 	}
 	return r.openView(db, store.Options{ID: mc.ID, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)})
 }
 
-// storeDB is the runner's store, opened now if no call has opened it yet.
-// While it fails to open (damaged, no space), a call tries again unless a
-// try began after it asked, whose answer it takes: a thousand opens that
-// arrive while one try runs wait for it, and the first of them tries once
-// more for all the others, rather than each reading the store again.
-func (r *Runner) storeDB() (*store.DB, error) {
-	asked := r.dbTries.Load()
-	r.dbMu.Lock()
-	defer r.dbMu.Unlock()
-	if r.db != nil {
-		return r.db, nil
-	}
-	if r.dbTries.Load() != asked {
-		return nil, r.dbErr
-	}
-	r.dbTries.Add(1)
+// openStoreDB is r.db's open of the runner's store: a panic in it (a
+// damaged store) is its error, and a failure is logged once a try, not once
+// for each of the thousand mailbox opens that may take its answer.
+func (r *Runner) openStoreDB() (*store.DB, error) {
 	dir := StoreDir(r.cfg.DataDir)
 	db, err := func() (db *store.DB, err error) {
 		defer func() {
@@ -428,14 +416,14 @@ func (r *Runner) storeDB() (*store.DB, error) {
 		return r.openDB(store.DBOptions{Dir: dir, Memory: store.MemoryFor(r.cfg.MemoryBudget, 1), Logger: r.log})
 	}()
 	if err != nil {
-		r.dbErr = fmt.Errorf("runner store %s: %w", dir, err)
+		r.dbFailed = true
 		r.log.Error("the runner's store failed to open: every mailbox's open fails with it until one opens it", "dir", dir, "reason", openFailureReason(err), "err", err)
-		return nil, r.dbErr
+		return nil, fmt.Errorf("runner store %s: %w", dir, err)
 	}
-	if r.dbErr != nil {
+	if r.dbFailed {
 		r.log.Info("the runner's store opened after failing", "dir", dir)
 	}
-	r.db, r.dbErr = db, nil
+	r.dbFailed = false
 	return db, nil
 }
 
@@ -1043,13 +1031,8 @@ func (r *Runner) Close() error {
 	errs = append(errs, r.kafka.Close())
 	// Last: every mailbox's Store is closed, so no read or write is left on
 	// it; no Open or Prepare can open it again (closed, and opens waited for).
-	r.dbMu.Lock()
-	if r.db != nil {
-		if err := r.db.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("close the runner store: %w", err))
-		}
-		r.db = nil
+	if err := r.db.Close((*store.DB).Close); err != nil {
+		errs = append(errs, fmt.Errorf("close the runner store: %w", err))
 	}
-	r.dbMu.Unlock()
 	return errors.Join(errs...)
 }
