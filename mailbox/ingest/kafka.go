@@ -6,10 +6,11 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/prism-mesh/prism/internal/lazy"
 )
 
 // Kafka is what the mailboxes of one runner share of their Kafka side: one
@@ -29,13 +30,10 @@ type Kafka struct {
 	brokers []string
 	sarama  *sarama.Config
 
-	mu     sync.Mutex // guards client and closed; held while connecting
-	client sarama.Client
-	closed bool
-	// tries counts connection attempts, so the Starts that waited on a
-	// failing one take its answer (lastErr) instead of each trying again.
-	tries   atomic.Uint64
-	lastErr error
+	// client is connected by the first Start, and again by a later one
+	// while connecting fails: the Starts that waited on a failing try take
+	// its error rather than each trying again.
+	client lazy.Value[sarama.Client]
 
 	// dlqMu guards dlq and is held across the requests that fill it, so
 	// concurrent Starts of mailboxes reading one topic ask once.
@@ -63,38 +61,20 @@ func NewKafka(brokers []string, sc *sarama.Config) *Kafka {
 // Close closes the shared client. The ingesters started with k must be
 // closed first: their own clients stay theirs, but a Start after Close fails.
 func (k *Kafka) Close() error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.closed = true
-	if k.client == nil {
-		return nil
-	}
-	err := k.client.Close()
-	k.client = nil
-	if err != nil {
+	if err := k.client.Close(sarama.Client.Close); err != nil {
 		return fmt.Errorf("close the runner's kafka client: %w", err)
 	}
 	return nil
 }
 
-// connect returns k's client, connecting it first if no Start did yet (or
-// the last attempt failed).
+// connect returns k's client, connecting it first if no Start did yet or
+// the last try failed (lazy.Value's rule: a Start that waited on a failing
+// try takes its error).
 func (k *Kafka) connect() (sarama.Client, error) {
-	seen := k.tries.Load()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	switch {
-	case k.closed:
-		return nil, errors.New("the runner's kafka client is closed")
-	case k.client != nil:
-		return k.client, nil
-	case k.tries.Load() != seen && k.lastErr != nil:
-		// Someone tried while this Start waited, and failed: its answer.
-		return nil, k.lastErr
+	c, err := k.client.Get(func() (sarama.Client, error) { return sarama.NewClient(k.brokers, k.sarama) })
+	if errors.Is(err, lazy.ErrClosed) {
+		return nil, fmt.Errorf("the runner's kafka client is %w", err)
 	}
-	k.tries.Add(1)
-	c, err := sarama.NewClient(k.brokers, k.sarama)
-	k.client, k.lastErr = c, err
 	return c, err
 }
 
