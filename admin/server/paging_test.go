@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -158,7 +159,23 @@ func pagingNode(t *testing.T) (*Node, adminv1.AdminClient) {
 // than asked.
 func TestListPagesListEveryItemOnceInOrder(t *testing.T) {
 	t.Parallel()
-	_, adm := pagingNode(t)
+	n, adm := pagingNode(t)
+	// A page's items are the whole listing's: a proxy's page carries its
+	// partitions and namespaces.
+	var proxies []*adminv1.ProxyInfo
+	for tok := ""; ; {
+		r, err := adm.ListProxies(ctx(t), &adminv1.ListProxiesRequest{PageSize: 1, PageToken: tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxies = append(proxies, r.GetProxies()...)
+		if tok = r.GetNextPageToken(); tok == "" {
+			break
+		}
+	}
+	if want, _ := n.FSM.Proxies(); !slices.EqualFunc(proxies, want, func(a, b *adminv1.ProxyInfo) bool { return proto.Equal(a, b) }) {
+		t.Errorf("proxies in pages of one:\n%v\nwant\n%v", proxies, want)
+	}
 	for name, list := range listers(adm, t) {
 		t.Run(name, func(t *testing.T) {
 			// Above the cap is the cap, which holds them all.
