@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -61,20 +60,6 @@ func readyz(t *testing.T, base string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func serve(t *testing.T, r *Runner) string {
-	t.Helper()
-	gl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Serve(gl, hl)
-	return "http://" + hl.Addr().String()
-}
-
 // A runner whose data dir is below its watermark is not ready, says why, and
 // exports the pressure, whatever its mailboxes do.
 func TestDiskPressureNotReady(t *testing.T) {
@@ -86,7 +71,8 @@ func TestDiskPressureNotReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	base := serve(t, r)
+	_, httpAddr := serve(t, r)
+	base := "http://" + httpAddr
 	code, body := readyz(t, base)
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "ingest paused: runner data dir "+dir) ||
 		!strings.Contains(body, "below --min-free-percent 99.99%") {
@@ -181,7 +167,8 @@ func TestDiskFullPausesAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	base := serve(t, r)
+	_, httpAddr := serve(t, r)
+	base := "http://" + httpAddr
 	if err := r.Open(MailboxConfig{ID: mailbox, Topics: []string{topic}}); err != nil {
 		t.Fatal(err)
 	}

@@ -24,10 +24,7 @@ func serveLimited(t *testing.T, streams uint32, idle time.Duration) (queryAddr, 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	ql, _ := net.Listen("tcp", "127.0.0.1:0")
-	hl, _ := net.Listen("tcp", "127.0.0.1:0")
-	r.Serve(ql, hl)
-	return ql.Addr().String(), hl.Addr().String()
+	return serve(t, r)
 }
 
 // TestIdleConnectionsAreClosed: a connection that asked once and then

@@ -2,7 +2,6 @@ package runner
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -28,15 +27,7 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { r.Close() })
-			ql, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			hl, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.Serve(ql, hl)
+			queryAddr, httpAddr := serve(t, r)
 			get := func(url string) (int, string) {
 				t.Helper()
 				resp, err := http.Get(url)
@@ -51,20 +42,20 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 				return resp.StatusCode, string(b)
 			}
 			for _, path := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/runtime-metrics"} {
-				if code, _ := get("http://" + hl.Addr().String() + path); code != tc.want {
+				if code, _ := get("http://" + httpAddr + path); code != tc.want {
 					t.Errorf("http port GET %s = %d, want %d", path, code, tc.want)
 				}
-				if code, _ := get("http://" + ql.Addr().String() + path); code != http.StatusNotFound {
+				if code, _ := get("http://" + queryAddr + path); code != http.StatusNotFound {
 					t.Errorf("query port GET %s = %d, want 404", path, code)
 				}
 			}
-			if code, _ := get("http://" + hl.Addr().String() + "/healthz"); code != http.StatusOK {
+			if code, _ := get("http://" + httpAddr + "/healthz"); code != http.StatusOK {
 				t.Errorf("GET /healthz = %d, want 200", code)
 			}
 			if !tc.pprof {
 				return
 			}
-			_, body := get("http://" + hl.Addr().String() + "/debug/runtime-metrics")
+			_, body := get("http://" + httpAddr + "/debug/runtime-metrics")
 			for _, want := range []string{"/sched/latencies:seconds count=", "/cpu/classes/gc/mark/assist:cpu-seconds ", "/gc/cycles/total:gc-cycles "} {
 				if !strings.Contains(body, want) {
 					t.Errorf("/debug/runtime-metrics lacks %q", want)

@@ -35,6 +35,22 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// serve has r serve its query and HTTP ports on fresh loopback listeners
+// and returns their addresses (host:port).
+func serve(t *testing.T, r *Runner) (queryAddr, httpAddr string) {
+	t.Helper()
+	ql, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Serve(ql, hl)
+	return ql.Addr().String(), hl.Addr().String()
+}
+
 // gauge is the value of the metric name labelled mailbox in r's registry, or -1 when there is none.
 func gauge(t *testing.T, r *Runner, name, mailbox string) float64 {
 	t.Helper()
@@ -105,10 +121,8 @@ func TestRunnerLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	gl, _ := net.Listen("tcp", "127.0.0.1:0")
-	hl, _ := net.Listen("tcp", "127.0.0.1:0")
-	r.Serve(gl, hl)
-	base := "http://" + hl.Addr().String()
+	queryAddr, httpAddr := serve(t, r)
+	base := "http://" + httpAddr
 
 	if code, _ := status(t, base+"/readyz"); code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with no mailbox = %d, want 503", code)
@@ -126,7 +140,7 @@ func TestRunnerLifecycle(t *testing.T) {
 		t.Fatal("Open accepted a path-like id")
 	}
 	waitFor(t, "ready", func() bool { code, _ := status(t, base+"/readyz"); return code == 200 })
-	cc, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(queryAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package runner
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"testing"
 
@@ -28,14 +27,12 @@ func TestQueryPortAnswersGRPCAndHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	ql, _ := net.Listen("tcp", "127.0.0.1:0")
-	hl, _ := net.Listen("tcp", "127.0.0.1:0")
-	r.Serve(ql, hl)
+	queryAddr, httpAddr := serve(t, r)
 	if err := r.Open(MailboxConfig{ID: "$a@p1", Topics: []string{"a.events"}, Epoch: 7}); err != nil {
 		t.Fatal(err)
 	}
 
-	cc, err := grpc.NewClient(ql.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(queryAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,10 +61,10 @@ func TestQueryPortAnswersGRPCAndHTTP(t *testing.T) {
 		protocols *http.Protocols
 		wantMajor int
 	}{
-		{"query port HTTP/1.1", ql.Addr().String(), &h1, 1},
-		{"query port h2c", ql.Addr().String(), &h2c, 2},
-		{"http port HTTP/1.1", hl.Addr().String(), &h1, 1},
-		{"http port h2c", hl.Addr().String(), &h2c, 2},
+		{"query port HTTP/1.1", queryAddr, &h1, 1},
+		{"query port h2c", queryAddr, &h2c, 2},
+		{"http port HTTP/1.1", httpAddr, &h1, 1},
+		{"http port h2c", httpAddr, &h2c, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := &http.Client{Transport: &http.Transport{Protocols: tc.protocols}}

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -65,13 +64,11 @@ func startTLS(t *testing.T, p *pkitest.PKI) (queryAddr, httpAddr string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	ql, _ := net.Listen("tcp", "127.0.0.1:0")
-	hl, _ := net.Listen("tcp", "127.0.0.1:0")
-	r.Serve(ql, hl)
+	queryAddr, httpAddr = serve(t, r)
 	if err := r.Open(MailboxConfig{ID: "$a@p1", Topics: []string{"a.events"}, Epoch: 7}); err != nil {
 		t.Fatal(err)
 	}
-	return ql.Addr().String(), hl.Addr().String()
+	return queryAddr, httpAddr
 }
 
 // TestTLSQueryPortGRPC: MailboxQuery over mutual TLS answers gateway,
