@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	badger "github.com/dgraph-io/badger/v4"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 func openDB(t *testing.T, dir string) *DB {
@@ -421,4 +424,109 @@ func TestDBCloseClosesItsStores(t *testing.T) {
 		t.Error("a store opened in a closed database")
 	}
 	must(t, s.Close())
+}
+
+// TestDropGivesSpaceBack: once a dropped mailbox's keys are deleted and their tombstones compacted, value-log GC
+// (what retention runs) rewrites the files its envelopes filled and the database's directory shrinks by most of
+// the dropped mailbox's share, while the mailbox beside it, whose envelopes the same files held, reads back
+// exactly.
+func TestDropGivesSpaceBack(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	opts := DBOptions{Dir: dir, Logger: quiet, vlogFileSize: 1 << 20, l0Tables: 1}
+	db, err := OpenDB(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, gone := openIn(t, db, "keep@p"), openIn(t, db, "gone@p")
+	// 8 MiB of envelopes over about 9 value-log files, three quarters of them the dropped mailbox's; batches of
+	// both interleave, as mailboxes written at once fill the same files.
+	kept, dropped := seqItems(500, 4096), seqItems(1500, 4096)
+	for i := 0; i < len(kept); i += 50 {
+		mustWrite(t, keep, kept[i:i+50]...)
+		mustWrite(t, gone, dropped[3*i:3*i+150]...)
+	}
+	b := gone.box
+	must(t, keep.Close())
+	must(t, gone.Close())
+	// A close flushes the memtable: the items reach a table, which leaves L0 (one L0 table is enough to compact
+	// here) so that Flatten below has a level to merge the drop's tombstones into.
+	must(t, db.Close())
+	db, err = OpenDB(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); tablesInL0(db); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the items' table is still in L0 after 30s")
+		}
+	}
+	before := dirBytes(t, dir)
+	must(t, db.Drop("gone@p"))
+	awaitNoKeys(t, db, b)
+	// Badger's default L0 threshold from here, so that no compaction at open merges the tombstones with the
+	// items before the loop sets the discard timestamp.
+	must(t, db.Close())
+	db, err = OpenDB(DBOptions{Dir: dir, Logger: quiet, vlogFileSize: opts.vlogFileSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// The dropped share is three quarters of the envelopes; two thirds of it back is the floor asserted.
+	want := before - before*3/4*2/3
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		db.bdb.SetDiscardTs(db.discardTs())
+		must(t, db.bdb.Flatten(1))
+		db.collectGarbage(context.Background())
+		after := dirBytes(t, dir)
+		if after <= want {
+			t.Logf("%d bytes on disk, %d after the drop", before, after)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes on disk after dropping three quarters of %d; want at most %d", after, before, want)
+		}
+	}
+	keep = openIn(t, db, "keep@p")
+	checkVisible(t, keep, kept, 0)
+	for _, it := range kept {
+		got, err := keep.Get(context.Background(), it.GetMessageId())
+		if err != nil || !proto.Equal(got, it) {
+			t.Fatalf("kept item %s reads back as %v, %v", it.GetMessageId(), got, err)
+		}
+	}
+	if n := keep.Usage().Events; n != int64(len(kept)) {
+		t.Errorf("the mailbox kept counts %d events, want %d", n, len(kept))
+	}
+}
+
+// tablesInL0 says whether any of db's tables is in Badger's level 0.
+func tablesInL0(db *DB) bool {
+	for _, ti := range db.bdb.Tables() {
+		if ti.Level == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// dirBytes is the size of the database's tables and value-log files in dir (not the memtables' logs, which
+// Badger sizes in advance).
+func dirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ext := filepath.Ext(e.Name()); ext == ".sst" || ext == ".vlog" {
+			n += info.Size()
+		}
+	}
+	return n
 }

@@ -485,14 +485,7 @@ func TestRetentionGivesSpaceBack(t *testing.T) {
 }
 
 // inL0 says whether any of the store's tables is in Badger's level 0.
-func inL0(s *Store) bool {
-	for _, ti := range s.db.Tables() {
-		if ti.Level == 0 {
-			return true
-		}
-	}
-	return false
-}
+func inL0(s *Store) bool { return tablesInL0(s.owner) }
 
 func vlogBytes(t *testing.T, dir string) int64 {
 	t.Helper()
