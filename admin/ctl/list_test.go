@@ -10,11 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-
 	"github.com/prism-mesh/prism/mesh/identity"
-	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -27,15 +23,7 @@ func TestListCommandsPageThroughEverything(t *testing.T) {
 	g := append(a.as(identity.Operator, "ops"), "--timeout", "20s")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	dial := func(role identity.Role, name string) *grpc.ClientConn {
-		cc, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(credentials.NewTLS(a.pki.Source(role, name).ClientConfig(pki.RoleIs(identity.Admin)))))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cc.Close() })
-		return cc
-	}
-	op, p1 := adminv1.NewControlPlaneClient(dial(identity.Operator, "ops")), dial(identity.Proxy, "p1")
+	op, p1 := adminv1.NewControlPlaneClient(a.dial(t, identity.Operator, "ops")), a.dial(t, identity.Proxy, "p1")
 	if _, err := adminv1.NewControlPlaneClient(p1).RegisterProxy(ctx, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{
 		ProxyId: "p1", Address: "10.0.0.1:9090", RunnerId: "r1", Capabilities: []string{"mailbox"},
 	}}); err != nil {

@@ -12,12 +12,16 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
 	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
 	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
 )
 
 // testAdmin is an in-memory single-node admin over mTLS and the CA that
@@ -31,6 +35,17 @@ type testAdmin struct {
 func (a testAdmin) as(role identity.Role, name string) []string {
 	f := a.pki.Files(role, name)
 	return []string{"--admin", a.addr, "--cacert", f.CA, "--cert", f.Cert, "--key", f.Key}
+}
+
+// dial connects to the admin as role/name over mTLS, closed when the test ends.
+func (a testAdmin) dial(t *testing.T, role identity.Role, name string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(credentials.NewTLS(a.pki.Source(role, name).ClientConfig(pki.RoleIs(identity.Admin)))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }
 
 // testServerVersion is the build the test admin reports.

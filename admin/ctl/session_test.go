@@ -7,11 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-
 	"github.com/prism-mesh/prism/mesh/identity"
-	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -29,11 +25,7 @@ func TestSessionCommands(t *testing.T) {
 	if out, err := run("namespace", "create", "audit", "--topic", "audit.events"); err != nil {
 		t.Fatalf("create: %v\n%s", err, out)
 	}
-	cc, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(credentials.NewTLS(a.pki.Source(identity.Proxy, "p1").ClientConfig(pki.RoleIs(identity.Admin)))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	cc := a.dial(t, identity.Proxy, "p1")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if _, err := adminv1.NewControlPlaneClient(cc).RegisterProxy(ctx, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{
