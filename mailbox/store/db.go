@@ -32,6 +32,9 @@ type DBOptions struct {
 	l0Tables     int
 	// holdDrops leaves a drop's keys for the next OpenDB, as a crash right after Drop returned would.
 	holdDrops bool
+	// gcEvery, when not zero, is how often the database runs value-log GC of its own accord (the constant
+	// gcEvery otherwise).
+	gcEvery time.Duration
 }
 
 // DB is a runner's store database: one Badger holding every mailbox (keys.go), so that opening a mailbox reads a
@@ -91,6 +94,14 @@ const dbLayout = 1
 
 // discardEvery is how often the discard timestamp follows the readers.
 const discardEvery = time.Second
+
+// gcEvery is how often the database runs value-log GC of its own accord, besides after a drop's deletes and a
+// retention sweep. Those runs come before compaction has merged their tombstones with what they delete, which is
+// what tells GC where the garbage is, so they find at most what earlier deletes left: without this a dropped
+// mailbox's envelopes (a rebuild's old copy) kept their disk space until some mailbox's retention next removed
+// something, forever in a runner whose mailboxes keep everything. A run that finds no file half garbage costs a
+// look at Badger's discard counts, kept in memory.
+const gcEvery = 5 * time.Minute
 
 // OpenDB opens (or creates) the database described by opts. A damaged file is an error wrapping ErrDamaged, a
 // database written in an older layout one wrapping ErrOldLayout. Drops cut short by a crash resume in the
@@ -164,8 +175,9 @@ func OpenDB(opts DBOptions) (*DB, error) {
 		return nil, fmt.Errorf("open store database %s: %w", opts.Dir, err)
 	}
 	db.bgCtx, db.cancel = context.WithCancel(context.Background())
-	db.bg.Add(1)
+	db.bg.Add(2)
 	go db.followReaders()
+	go db.collectPeriodically()
 	for _, b := range drops {
 		db.startDrop(b)
 	}
@@ -310,6 +322,21 @@ func (db *DB) followReaders() {
 	}
 }
 
+// collectPeriodically runs value-log GC every gcEvery until Close.
+func (db *DB) collectPeriodically() {
+	defer db.bg.Done()
+	t := time.NewTicker(cmp.Or(db.opts.gcEvery, gcEvery))
+	defer t.Stop()
+	for {
+		select {
+		case <-db.bgCtx.Done():
+			return
+		case <-t.C:
+			db.collectGarbage(db.bgCtx)
+		}
+	}
+}
+
 // Open opens (or creates) the store of mailbox opts.ID. Dir, InMemory and Memory must be left zero: they are
 // the database's. A mailbox's store is open at most once at a time. Opening reads a few keys of the mailbox; a
 // new mailbox gets its number in a commit that its first write waits for, not Open.
@@ -383,8 +410,8 @@ func (db *DB) forget(s *Store) {
 
 // Drop deletes mailbox id's data: from its return a new Open of id starts empty, under a new number. The catalog
 // entry goes in one commit; the mailbox's keys are deleted in the background, in chunks (a drop cut short
-// resumes on the next OpenDB), then value-log GC gives their space back. Its store must not be open; dropping a
-// mailbox holding no store does nothing.
+// resumes on the next OpenDB), and value-log GC gives their space back once compaction has merged the deletes
+// with what they delete (gcEvery). Its store must not be open; dropping a mailbox holding no store does nothing.
 func (db *DB) Drop(id string) error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
