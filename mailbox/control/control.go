@@ -77,6 +77,9 @@ type Host interface {
 	CloseMailbox(id string) error
 	Drain(id string) error
 	SetEpoch(id string, epoch uint64) error
+	// SetValidFor has the runner serve id only for d from now, checked at
+	// every request, and refuses once the deadline it holds has passed.
+	SetValidFor(id string, d time.Duration) error
 	// Status is what the runner's goroutines last recorded of mailbox id
 	// (its consumer, store and queries); false if the runner does not
 	// serve id. Neither waits for a store opening or a consumer starting
@@ -370,7 +373,9 @@ func (s *Server) activate(id string, epoch uint64, vf *durationpb.Duration) (*ru
 		log.Info("mailbox active: consuming and serving", "valid_for", d, "took", time.Since(start))
 	}
 	e.state = to
-	s.setDeadlineLocked(e, d)
+	if err := s.setDeadlineLocked(e, d); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "activate %s: %v; activate it again", id, err)
+	}
 	return s.statusLocked(e), nil
 }
 
@@ -439,12 +444,23 @@ func (s *Server) extend(req *runnerv1.ExtendMailboxRequest) (*published, error) 
 	if req.GetEpoch() != e.epoch {
 		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: epoch %d is not the active epoch %d", id, req.GetEpoch(), e.epoch)
 	}
-	s.setDeadlineLocked(e, d)
+	if err := s.setDeadlineLocked(e, d); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: %v; activate it again", id, err)
+	}
 	return e.publishLocked(false), nil
 }
 
-// setDeadlineLocked arms e's self-fencing timer d from now.
-func (s *Server) setDeadlineLocked(e *entry, d time.Duration) {
+// setDeadlineLocked moves e's deadline d from now, the runner's own check
+// of it at every request and the self-fencing timer. A deadline the runner
+// holds as passed is not moved: the call is late (queued while the process
+// was paused past it, its timer yet to run), so e is fenced now instead.
+func (s *Server) setDeadlineLocked(e *entry, d time.Duration) error {
+	if err := s.host.SetValidFor(e.id, d); err != nil {
+		if ferr := s.fenceLocked(e, "deadline_passed"); ferr != nil {
+			s.log.Error("deadline passed", "mailbox_id", e.id, "err", ferr)
+		}
+		return err
+	}
 	if e.timer != nil {
 		e.timer.Stop()
 	}
@@ -454,6 +470,7 @@ func (s *Server) setDeadlineLocked(e *entry, d time.Duration) {
 	// The fake clock runs AfterFunc callbacks under its own lock, and
 	// fencing reads the clock: hand the work to a goroutine.
 	e.timer = s.clock.AfterFunc(d, func() { go s.deadlinePassed(id, gen) })
+	return nil
 }
 
 func (s *Server) deadlinePassed(id string, gen uint64) {
@@ -508,7 +525,9 @@ func (s *Server) fenceLocked(e *entry, reason string) error {
 	}
 	defer e.slowLocked()()
 	start := time.Now()
-	e.timer.Stop()
+	if e.timer != nil {
+		e.timer.Stop()
+	}
 	closeErr := s.host.CloseMailbox(e.id)
 	// Whatever the drain reported, the mailbox is no longer served or
 	// consumed: CloseMailbox unpublishes it before anything else.

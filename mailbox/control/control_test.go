@@ -40,6 +40,9 @@ type fakeHost struct {
 	gates map[string]chan struct{}
 	// reads counts Status and Statuses calls.
 	reads struct{ one, all int }
+	// expired are the mailboxes whose deadline the runner holds as passed
+	// (SetValidFor refuses); deadlines are not recorded in calls.
+	expired map[string]bool
 }
 
 // gate waits until the gate of call, if any, is open.
@@ -123,6 +126,15 @@ func (h *fakeHost) SetEpoch(id string, epoch uint64) error {
 	}
 	mc.Epoch = epoch
 	h.open[id] = mc
+	return nil
+}
+
+func (h *fakeHost) SetValidFor(id string, _ time.Duration) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.expired[id] {
+		return runner.ErrDeadlinePassed
+	}
 	return nil
 }
 
@@ -639,6 +651,55 @@ func TestDeadlineFencesWithoutSidecar(t *testing.T) {
 	}
 	if _, err := s.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: "a@p", Epoch: 7, ValidFor: vf}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("extending a fenced mailbox must fail so the sidecar re-activates: %v", err)
+	}
+}
+
+// A runner paused past a mailbox's deadline serves the calls queued in the
+// pause before its timer fences: an extension or a re-activation under the
+// same epoch that finds the runner holding the deadline as passed must not
+// move it (the sidecar that sent it may have lost the lease meanwhile), and
+// fences the mailbox at once instead of waiting for the timer.
+func TestLateCallsAfterTheDeadlineFence(t *testing.T) {
+	t.Parallel()
+	for _, late := range []struct {
+		name string
+		call func(*Server) error
+	}{
+		{"extend", func(s *Server) error {
+			_, err := s.ExtendMailbox(context.Background(), &runnerv1.ExtendMailboxRequest{MailboxId: "a@p", Epoch: 7, ValidFor: vf})
+			return err
+		}},
+		{"activate", func(s *Server) error {
+			_, err := s.ActivateMailbox(context.Background(), &runnerv1.ActivateMailboxRequest{MailboxId: "a@p", Epoch: 7, ValidFor: vf})
+			return err
+		}},
+	} {
+		t.Run(late.name, func(t *testing.T) {
+			t.Parallel()
+			s, h, _ := newServer(t)
+			if _, err := s.OpenMailbox(context.Background(), &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: cfg, Epoch: 7, ValidFor: vf}); err != nil {
+				t.Fatal(err)
+			}
+			h.takeCalls()
+			// The control API's timer has yet to run; the runner's own
+			// check of the deadline says it passed.
+			h.mu.Lock()
+			h.expired = map[string]bool{"a@p": true}
+			h.mu.Unlock()
+			if err := late.call(s); status.Code(err) != codes.FailedPrecondition {
+				t.Fatalf("late %s: %v, want FailedPrecondition", late.name, err)
+			}
+			st := stateOf(t, s, "a@p")
+			if st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_FENCED || st.GetFenceReason() != "deadline_passed" || st.GetEpoch() != 7 {
+				t.Fatalf("after a late %s: %v, want fenced (deadline_passed) at epoch 7", late.name, st)
+			}
+			if c := h.takeCalls(); !slices.Contains(c, "close a@p") || h.Consuming("a@p") {
+				t.Fatalf("calls %v: the runner must close the mailbox at once", c)
+			}
+			if v := testutil.ToFloat64(s.fences.WithLabelValues("deadline_passed")); v != 1 {
+				t.Fatalf("deadline_passed fences %v, want 1", v)
+			}
+		})
 	}
 }
 

@@ -130,6 +130,10 @@ type MailboxConfig struct {
 // ErrNotOpen is returned for a mailbox id the runner does not host.
 var ErrNotOpen = errors.New("mailbox not open")
 
+// ErrDeadlinePassed refuses to move a mailbox's lease deadline once it has
+// passed (SetValidFor).
+var ErrDeadlinePassed = errors.New("lease deadline passed")
+
 type mailbox struct {
 	cfg          MailboxConfig
 	store        *store.Store
@@ -138,6 +142,15 @@ type mailbox struct {
 	epoch        atomic.Uint64
 	stopRetain   context.CancelFunc
 	retainExited chan struct{}
+	// until is the deadline of the lease it is served under (SetValidFor);
+	// nil: none, served until closed.
+	until atomic.Pointer[time.Time]
+}
+
+// expired reports whether mb's lease deadline has passed at now.
+func (mb *mailbox) expired(now time.Time) bool {
+	until := mb.until.Load()
+	return until != nil && !now.Before(*until)
 }
 
 // Runner hosts mailboxes by id.
@@ -646,12 +659,38 @@ func (r *Runner) SetEpoch(id string, epoch uint64) error {
 	return nil
 }
 
-// Mailbox implements query.Mailboxes.
+// SetValidFor has mailbox id served only for d from now, on the runner's
+// clock: past that, queries find it not open, whether or not the fence that
+// should follow has run. A process paused past the deadline (SIGSTOP, a
+// frozen container) serves the requests queued meanwhile before its timers
+// run, so the deadline is checked when a request is served. A deadline that
+// has passed is final (ErrDeadlinePassed): a call that would move it was
+// late, perhaps queued across such a pause, and only a new Open serves the
+// mailbox again.
+func (r *Runner) SetValidFor(id string, d time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.settle(id)
+	mb, ok := r.mailboxes[id]
+	if !ok {
+		return fmt.Errorf("set valid for %s: %w", id, ErrNotOpen)
+	}
+	now := r.cfg.Clock.Now()
+	if mb.expired(now) {
+		return fmt.Errorf("set valid for %s: %w at %s", id, ErrDeadlinePassed, mb.until.Load().Format(time.RFC3339Nano))
+	}
+	until := now.Add(d)
+	mb.until.Store(&until)
+	return nil
+}
+
+// Mailbox implements query.Mailboxes. A mailbox past its lease deadline is
+// not served (SetValidFor).
 func (r *Runner) Mailbox(id string) (query.Source, uint64, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	mb, ok := r.mailboxes[id]
-	if !ok {
+	if !ok || mb.expired(r.cfg.Clock.Now()) {
 		return nil, 0, false
 	}
 	return guarded{mb}, mb.epoch.Load(), true
@@ -731,13 +770,17 @@ func (r *Runner) Consuming(id string) bool {
 	return ok && mb.ingest.Consuming()
 }
 
-// IDs lists the open mailboxes, sorted.
+// IDs lists the mailboxes served, sorted: open and within their lease
+// deadline (SetValidFor), as Mailbox finds them.
 func (r *Runner) IDs() []string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	now := r.cfg.Clock.Now()
 	ids := make([]string, 0, len(r.mailboxes))
-	for id := range r.mailboxes {
-		ids = append(ids, id)
+	for id, mb := range r.mailboxes {
+		if !mb.expired(now) {
+			ids = append(ids, id)
+		}
 	}
 	slices.Sort(ids)
 	return ids
