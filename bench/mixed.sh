@@ -6,7 +6,9 @@
 #   MIXED_BENCH_N       backlog of ~1 KiB envelopes on 3 partitions (default 1000000, the issue's; the in-process
 #                       broker holds it, ~1.2 GiB, and a run takes several minutes on a quiet machine)
 #   MIXED_BENCH_BUDGET  the runner's --memory-budget (default 1GiB), which mixed.runner_rss_peak_mb is measured under
-#   MIXED_BENCH_ARGS    extra flags for bench/mixedbench (see cd bench && go run ./mixedbench -h), e.g. -payload random
+#   MIXED_BENCH_ARGS    extra flags for bench/mixedbench (see cd bench && go run ./mixedbench -h), e.g. -payload random,
+#                       -runner-env GOGC=200 (the runner's environment), or -trace /tmp/t.out (the runner's trace 5 s
+#                       into ingest, its request cycles and holds of Badger's DB lock summed up on stderr)
 set -euo pipefail
 cd "$(dirname "$0")" # the bench module (bench/go.mod)
 n="${MIXED_BENCH_N:-1000000}"
