@@ -148,7 +148,10 @@ func TestQueryMatchesBruteForceSharedDB(t *testing.T) {
 				}
 				stores[d] = s
 				sh := smallBatches
-				if d%3 == 2 {
+				switch d % 3 {
+				case 1:
+					sh.group = 4
+				case 2:
 					sh = shape{batch: 300, scale: maxBlockSpan / 8}
 				}
 				models[d] = bruteForceOn(t, s, d, sh)

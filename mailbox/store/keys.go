@@ -26,10 +26,10 @@ import (
 //	                                  compactions; key-only index walks stay in the block cache).
 //	'm' message_id                 -> pos: dedup on write (one point lookup, mostly answered by bloom filters)
 //	                                  and Get by message id.
-//	'p' kind uvarint(len) value F  -> the positions of one write batch's items with that indexed header (a
+//	'p' kind uvarint(len) value F  -> the positions of one write group's items with that indexed header (a
 //	                                  posting block, posting.go), F the first (newest) of them. kind is one of
 //	                                  topic, principal, correlation id, trace id. A batch repeats a topic tens of
-//	                                  times and a trace id about ten, so one block per (kind, value) and batch
+//	                                  times and a trace id about ten, so one block per (kind, value) and group
 //	                                  instead of an entry per item and index saves most of the writes. A query
 //	                                  seeks to 'p' kind len value (its start, less meta.span) and merges the
 //	                                  blocks in order (blockCursor), so it reads only matching positions and

@@ -10,7 +10,7 @@ import (
 	badger "github.com/dgraph-io/badger/v4"
 )
 
-// Posting lists (keys.go has the layout). A block is one write batch's items with one (index kind, value): its
+// Posting lists (keys.go has the layout). A block is one write group's items with one (index kind, value): its
 // key is 'p' kind uvarint(len) value F, where F is the block's first position (its newest item), and its value is
 // the other positions in order, delta-encoded:
 //
@@ -18,12 +18,16 @@ import (
 //	uvarint(invSeq - previous invSeq) after a zero time delta (positions strictly increase, so it is
 //	positive), else varint of the same as a wrapping difference (the sequence may go either way).
 //
-// Blocks of one value overlap whenever batches do in time, so a walk cannot just read them in key order: a
-// cursor merges them, opening each block once the walk reaches its first position (blockCursor). A walk starting
-// mid-list (a page token, an end time) must also open the earlier blocks that reach past its start; the span of a
-// block (the time between its first and last position) is what bounds how far back they begin. Every write
-// keeps that span at most maxBlockSpan, splitting a batch's items where needed, and the store records the widest
-// span it has ever written (meta.span), so a walk seeks back by that, usually one batch's duration.
+// A write group is the batches of the Writes committed together (one per partition claim), so a value's items
+// from every partition's batch share a block: a request's or a trace's events, produced round-robin, are spread
+// over the partitions. Blocks of one value overlap whenever groups do in time, so a walk cannot just read them in
+// key order: a cursor merges them, opening each block once the walk reaches its first position (blockCursor). A
+// walk starting mid-list (a page token, an end time) must also open the earlier blocks that reach past its
+// start; the span of a block (the time between its first and last position) is what bounds how far back they
+// begin. Every write keeps that span at most maxBlockSpan, and at most the time its widest batch covers (or
+// meta.span, if wider), splitting a value's items where needed: the batches of a lagging partition and of a
+// current one go to separate blocks rather than widen the span. The store records the widest span it has ever
+// written (meta.span), so a walk seeks back by that, usually one batch's duration.
 
 // maxBlockSpan is the widest time a block covers, in milliseconds: items further apart than this go to separate
 // blocks. It bounds meta.span, and with it how far back a walk starting mid-list reads, when a batch mixes in
@@ -108,11 +112,12 @@ func decodeBlock(dst []pos, first pos, b []byte, span uint64) ([]pos, error) {
 	return dst, nil
 }
 
-// splitBlocks cuts sorted positions into runs of at most maxBlockSpan each and calls fn with each run.
-func splitBlocks(ps []pos, fn func(run []pos) error) error {
+// splitBlocks cuts sorted positions into runs spanning at most limit each (greedily, from the newest) and calls fn
+// with each run.
+func splitBlocks(ps []pos, limit uint64, fn func(run []pos) error) error {
 	for len(ps) > 0 {
 		n := 1
-		for n < len(ps) && ps[n].invTs()-ps[0].invTs() <= maxBlockSpan {
+		for n < len(ps) && ps[n].invTs()-ps[0].invTs() <= limit {
 			n++
 		}
 		if err := fn(ps[:n]); err != nil {

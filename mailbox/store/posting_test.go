@@ -80,18 +80,26 @@ func TestDecodeBlockRejects(t *testing.T) {
 func TestSplitBlocks(t *testing.T) {
 	t.Parallel()
 	ps := []pos{makePos(3*maxBlockSpan, 9), makePos(2*maxBlockSpan+1, 8), makePos(2*maxBlockSpan, 7), makePos(maxBlockSpan, 6), makePos(0, 5)}
-	var runs [][]pos
-	must(t, splitBlocks(ps, func(run []pos) error {
-		runs = append(runs, run)
-		return nil
-	}))
-	want := [][]pos{ps[:3], ps[3:]} // greedy from the newest: 3W to 2W, then W to 0
-	if !slices.EqualFunc(runs, want, slices.Equal) {
-		t.Fatalf("runs %v, want %v", runs, want)
-	}
-	for _, run := range runs {
-		if blockSpan(run) > maxBlockSpan {
-			t.Errorf("run %v spans %d ms", run, blockSpan(run))
+	for _, tc := range []struct {
+		limit uint64
+		want  [][]pos
+	}{
+		{maxBlockSpan, [][]pos{ps[:3], ps[3:]}},                       // greedy from the newest: 3W to 2W, then W to 0
+		{maxBlockSpan - 1, [][]pos{ps[:2], ps[2:3], ps[3:4], ps[4:]}}, // 3W to 2W+1, then one each: W apart
+		{0, [][]pos{ps[:1], ps[1:2], ps[2:3], ps[3:4], ps[4:]}},
+	} {
+		var runs [][]pos
+		must(t, splitBlocks(ps, tc.limit, func(run []pos) error {
+			runs = append(runs, run)
+			return nil
+		}))
+		if !slices.EqualFunc(runs, tc.want, slices.Equal) {
+			t.Fatalf("limit %d: runs %v, want %v", tc.limit, runs, tc.want)
+		}
+		for _, run := range runs {
+			if blockSpan(run) > tc.limit {
+				t.Errorf("limit %d: run %v spans %d ms", tc.limit, run, blockSpan(run))
+			}
 		}
 	}
 }

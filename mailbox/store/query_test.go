@@ -34,10 +34,13 @@ var (
 
 // shape is how random data is made: batches of up to batch items (small batches repeat a value a few times,
 // big ones tens of times, as ingest's do), with timestamps of a few milliseconds times scale (a scale wider than
-// maxBlockSpan splits a batch's values into several posting blocks and makes walks reach back across them).
+// maxBlockSpan splits a batch's values into several posting blocks and makes walks reach back across them),
+// and, if group is above 1, up to group batches committed as one write group (as concurrent Writes are), whose
+// posting blocks hold a value's items of all its batches.
 type shape struct {
 	batch int
 	scale int64
+	group int
 }
 
 var smallBatches = shape{batch: 20, scale: 1}
@@ -55,38 +58,70 @@ func genShaped(t *testing.T, r *rand.Rand, s *Store, prefix string, sh shape) []
 	var model []stored
 	ids := map[string]bool{}
 	for len(model) < n {
-		batch := make([]*mailboxv1.MailboxItem, 1+r.Intn(sh.batch))
-		for i := range batch {
-			id := fmt.Sprintf("%s-%d", prefix, r.Intn(n+10))
-			batch[i] = &mailboxv1.MailboxItem{
-				MessageId:     id,
-				Timestamp:     (int64(r.Intn(40)) - 5) * sh.scale, // few distinct timestamps: many ties, some negative
-				Topic:         pick(r, propTopics),
-				Principal:     pick(r, propPrincipals),
-				CorrelationId: pick(r, propCorr),
-				TraceId:       pick(r, propTrace),
-				EnvelopeBlob:  propBlob(r, id),
+		batches := make([][]*mailboxv1.MailboxItem, 1)
+		if sh.group > 1 {
+			batches = make([][]*mailboxv1.MailboxItem, 1+r.Intn(sh.group))
+		}
+		for b := range batches {
+			batch := make([]*mailboxv1.MailboxItem, 1+r.Intn(sh.batch))
+			for i := range batch {
+				id := fmt.Sprintf("%s-%d", prefix, r.Intn(n+10))
+				batch[i] = &mailboxv1.MailboxItem{
+					MessageId:     id,
+					Timestamp:     (int64(r.Intn(40)) - 5) * sh.scale, // few distinct timestamps: many ties, some negative
+					Topic:         pick(r, propTopics),
+					Principal:     pick(r, propPrincipals),
+					CorrelationId: pick(r, propCorr),
+					TraceId:       pick(r, propTrace),
+					EnvelopeBlob:  propBlob(r, id),
+				}
 			}
+			batches[b] = batch
 		}
-		res, err := s.Write(context.Background(), batch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var want WriteResult
-		for _, it := range batch {
-			if ids[it.GetMessageId()] {
-				want.Duplicates++
-				continue
+		res := writeBatches(t, s, batches)
+		// A group stores its batches in queue order, as one batch after the other would.
+		for b, batch := range batches {
+			var want WriteResult
+			for _, it := range batch {
+				if ids[it.GetMessageId()] {
+					want.Duplicates++
+					continue
+				}
+				ids[it.GetMessageId()] = true
+				want.Stored++
+				model = append(model, stored{it: it, seq: len(model)})
 			}
-			ids[it.GetMessageId()] = true
-			want.Stored++
-			model = append(model, stored{it: it, seq: len(model)})
-		}
-		if res != want {
-			t.Fatalf("write result %+v, model says %+v", res, want)
+			if res[b] != want {
+				t.Fatalf("write result of batch %d of %d %+v, model says %+v", b, len(batches), res[b], want)
+			}
 		}
 	}
 	return model
+}
+
+// writeBatches writes one batch by Write, or several as one write group, and returns each batch's result.
+func writeBatches(t *testing.T, s *Store, batches [][]*mailboxv1.MailboxItem) []WriteResult {
+	t.Helper()
+	if len(batches) == 1 {
+		res, err := s.Write(context.Background(), batches[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []WriteResult{res}
+	}
+	group := make([]*writeReq, len(batches))
+	for b, batch := range batches {
+		group[b] = req(s, batch...)
+	}
+	sendAndWait(s, group...)
+	res := make([]WriteResult, len(group))
+	for b, r := range group {
+		if r.err != nil {
+			t.Fatalf("batch %d of a group: %v", b, r.err)
+		}
+		res[b] = r.res
+	}
+	return res
 }
 
 // propBlob is an envelope for id in each of the stored formats (record.go): too small to compress, compressible
@@ -226,6 +261,25 @@ func TestQueryMatchesBruteForceBigBatches(t *testing.T) {
 			sh.scale = maxBlockSpan / 8
 		}
 		t.Run(fmt.Sprintf("dataset-%d-scale-%d", d, sh.scale), func(t *testing.T) {
+			t.Parallel()
+			bruteForceDataset(t, d, sh)
+		})
+	}
+}
+
+// TestQueryMatchesBruteForceGroups is the same with batches committed in write groups of up to four, as the
+// claims of several partitions commit them: a group's posting blocks merge its batches' items of a value.
+func TestQueryMatchesBruteForceGroups(t *testing.T) {
+	t.Parallel()
+	for d := range 24 {
+		sh := shape{batch: smallBatches.batch, scale: 1, group: 4}
+		switch {
+		case d >= 16:
+			sh.batch, sh.scale = 300, maxBlockSpan/8
+		case d >= 8:
+			sh.batch = 300
+		}
+		t.Run(fmt.Sprintf("dataset-%d-batch-%d-scale-%d", d, sh.batch, sh.scale), func(t *testing.T) {
 			t.Parallel()
 			bruteForceDataset(t, d, sh)
 		})

@@ -426,8 +426,10 @@ func FuzzDecodeRecord(f *testing.F) {
 	})
 }
 
+// req is items queued as Write queues them (with the store's dictionary if it has one).
 func req(s *Store, items ...*mailboxv1.MailboxItem) *writeReq {
-	return &writeReq{items: items, enc: encodeItems(items, s.box, true, nil)}
+	enc := encodeItems(items, s.box, true, s.dict.Load())
+	return &writeReq{items: items, enc: enc, groups: groupValues(enc)}
 }
 
 // sendAndWait sends group as one flight, with wmu held as Write holds it, and waits for it.
@@ -465,6 +467,99 @@ func TestWriteGroup(t *testing.T) {
 	if n := len(rawKeys(t, s)[prefixItem]); n != 4 {
 		t.Errorf("%d items stored, want 4", n)
 	}
+}
+
+// TestGroupPostingBlocks: the items of one indexed value in several batches of a write group go to one posting
+// block (one per maxBlockSpan they cover), without the group's duplicates and beside the blocks of earlier
+// groups, and a query by the value, paged, returns exactly them, newest first.
+func TestGroupPostingBlocks(t *testing.T) {
+	t.Parallel()
+	s := openMem(t, Options{})
+	traced := func(id string, ts int64, trace string) *mailboxv1.MailboxItem {
+		it := item(id, ts)
+		it.TraceId = trace
+		return it
+	}
+	far := int64(5 + maxBlockSpan + 1) // too far from the group's other items to share their block
+	mustWrite(t, s, traced("stored", 1, "t1"))
+	sendAndWait(s,
+		req(s, traced("a", 2, "t1"), traced("stored", 1, "t1"), traced("x", 3, "t2")),
+		req(s, traced("b", 5, "t1"), traced("a", 2, "t1")),
+		req(s, traced("c", 4, "t1"), traced("far", far, "t1")),
+	)
+	// Each block's timestamps, blocks in key order (by their newest item).
+	want := [][]int64{{far}, {5, 4, 2}, {1}}
+	if got := blockTimes(t, s, indexPrefix(s.box, kindTrace, "t1")); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("trace t1's posting blocks hold %v, want %v", got, want)
+	}
+	if got := blockTimes(t, s, indexPrefix(s.box, kindTopic, "orders.created")); len(got) != 3 || len(got[1]) != 4 {
+		t.Errorf("the topic's posting blocks hold %v, want the group's 4 items below maxBlockSpan in one", got)
+	}
+	var got []string
+	f := &mailboxv1.EventFilter{TraceId: "t1", Limit: 2}
+	for {
+		resp, err := s.Query(context.Background(), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range resp.GetItems() {
+			got = append(got, it.GetMessageId())
+		}
+		if resp.GetNextPageToken() == "" {
+			break
+		}
+		f.PageToken = resp.GetNextPageToken()
+	}
+	if want := []string{"far", "b", "c", "a", "stored"}; !slices.Equal(got, want) {
+		t.Errorf("query by trace t1 pages %v, want %v", got, want)
+	}
+
+	// A lagging partition's batch beside a current one's: their items of a value stay in separate blocks rather
+	// than widen the span a walk seeks back by beyond a batch's.
+	span := s.meta().span
+	sendAndWait(s,
+		req(s, traced("now-1", 1000, "t3"), traced("now-2", 1010, "t3")),
+		req(s, traced("late-1", 100, "t3"), traced("late-2", 105, "t3")),
+	)
+	if want := [][]int64{{1010, 1000}, {105, 100}}; !slices.EqualFunc(blockTimes(t, s, indexPrefix(s.box, kindTrace, "t3")), want, slices.Equal) {
+		t.Errorf("trace t3's posting blocks hold %v, want %v", blockTimes(t, s, indexPrefix(s.box, kindTrace, "t3")), want)
+	}
+	if got, want := s.meta().span, max(span, 10); got != want {
+		t.Errorf("widest block span %d ms after the lagging batch, want %d", got, want)
+	}
+}
+
+// blockTimes returns the timestamps of the positions of each posting block of prefix's list, in key order.
+func blockTimes(t *testing.T, s *Store, prefix []byte) [][]int64 {
+	t.Helper()
+	var out [][]int64
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			var first pos
+			copy(first[:], it.Item().Key()[len(prefix):])
+			var ps []pos
+			err := it.Item().Value(func(v []byte) error {
+				var err error
+				ps, err = decodeBlock(nil, first, v, s.meta().span)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			ts := make([]int64, len(ps))
+			for i, p := range ps {
+				ts[i] = p.ts()
+			}
+			out = append(out, ts)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestPipelinedGroupDedupsTheGroupInFlight: the group after a flight is filled while that flight may not be applied

@@ -354,8 +354,9 @@ func (s *Store) writeMeta(m meta) error {
 }
 
 // fill drops group's items older than floor, dedups the others (against each other, the flight prev that txn
-// cannot see, and txn) and sets the keys of the new ones in txn, with a posting block per batch and indexed
-// value, advancing m and recording their ids and counts in f. overlap says an item was a duplicate of prev's.
+// cannot see, and txn) and sets the keys of the new ones in txn, with a posting block per indexed value across
+// the group's batches, advancing m and recording their ids and counts in f. overlap says an item was a duplicate
+// of prev's.
 func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta, f *flight) (res []WriteResult, stored int, overlap bool, err error) {
 	res = make([]WriteResult, len(group))
 	ids := f.ids
@@ -364,6 +365,7 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 	for b, r := range group {
 		// ps[i] is item i's position, zero (no item's: its sequence would be the largest) if it is not stored.
 		ps := make([]pos, len(r.items))
+		blocks.batches = append(blocks.batches, ps)
 		for i, it := range r.items {
 			if it.GetTimestamp() < floor {
 				res[b].Expired++
@@ -410,34 +412,38 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			res[b].Stored++
 			stored++
 		}
-		if err := blocks.set(txn, r.groups, ps, m); err != nil {
-			return nil, 0, false, err
-		}
+	}
+	if err := blocks.set(txn, group, m); err != nil {
+		return nil, 0, false, err
 	}
 	return res, stored, overlap, nil
 }
 
-// blockWriter sets the posting blocks of a group's batches, their keys and values carved out of one arena.
+// blockWriter sets the posting blocks of a group, their keys and values carved out of one arena. A group's
+// batches are the different partitions' of one moment, and a value repeats across them as it does in the data
+// (a request's or a trace's events spread over the partitions when produced round-robin): one block per value
+// and group, not per batch, is what makes a value's repeats cost one key.
 type blockWriter struct {
-	a    arena
-	refs []pos
-	buf  []byte
+	batches [][]pos // per batch of the group, its items' positions (zero: not stored)
+	a       arena
+	buf     []byte
 }
 
-// set sets the posting blocks of one batch whose items are at ps (zero: not stored), widening m.span.
-func (w *blockWriter) set(txn *badger.Txn, groups []valueGroup, ps []pos, m *meta) error {
-	for _, g := range groups {
-		w.refs = w.refs[:0]
-		for _, i := range g.items {
-			if ps[i] != (pos{}) {
-				w.refs = append(w.refs, ps[i])
-			}
-		}
-		slices.SortFunc(w.refs, comparePos)
-		err := splitBlocks(w.refs, func(run []pos) error {
+// set sets the posting blocks of group, whose items are at w.batches, widening m.span: per posting-list prefix,
+// the sorted positions of every batch's stored items with it, cut into runs spanning at most maxBlockSpan and at
+// most the group's widest batch or meta.span, whichever is wider, so merging batches (a lagging partition's
+// beside a current one's) never widens meta.span, how far back a walk starting mid-list reads, beyond what one
+// batch's blocks would.
+func (w *blockWriter) set(txn *badger.Txn, group []*writeReq, m *meta) error {
+	lists, refs := w.gather(group)
+	limit := min(maxBlockSpan, max(m.span, w.widestBatch()))
+	for _, l := range lists {
+		ps := refs[l.at : l.at+l.n]
+		slices.SortFunc(ps, comparePos)
+		err := splitBlocks(ps, limit, func(run []pos) error {
 			m.span = max(m.span, blockSpan(run))
 			w.buf = appendBlock(w.buf[:0], run)
-			if err := txn.Set(blockKey(&w.a, g.prefix, run[0]), w.a.copy(w.buf)); err != nil {
+			if err := txn.Set(blockKey(&w.a, l.prefix, run[0]), w.a.copy(w.buf)); err != nil {
 				return fmt.Errorf("write posting block: %w", err)
 			}
 			return nil
@@ -447,6 +453,93 @@ func (w *blockWriter) set(txn *badger.Txn, groups []valueGroup, ps []pos, m *met
 		}
 	}
 	return nil
+}
+
+// widestBatch is the longest time between two stored items of one batch of the group, in milliseconds: at most
+// what a batch's own blocks would span. Cut at that (greedy cutting makes the fewest runs), a value's items
+// merged from several batches make no more blocks than the batches' own would, and a group of one batch is cut
+// only at maxBlockSpan, as before groups shared blocks.
+func (w *blockWriter) widestBatch() uint64 {
+	var widest uint64
+	for _, ps := range w.batches {
+		lo, hi := ^uint64(0), uint64(0)
+		for _, p := range ps {
+			if p != (pos{}) {
+				lo, hi = min(lo, p.invTs()), max(hi, p.invTs())
+			}
+		}
+		if lo <= hi {
+			widest = max(widest, hi-lo)
+		}
+	}
+	return widest
+}
+
+// postingList is one prefix's stored positions in a group: refs[at:at+n] of gather's answer.
+type postingList struct {
+	prefix []byte
+	at, n  int
+}
+
+// gather lays out the stored positions of group's items list by list in one slice: a count per list, then the
+// positions in their places. A batch's valueGroups are already one per prefix, so a group of one batch needs no
+// merging; a bigger group merges its batches' valueGroups by prefix.
+func (w *blockWriter) gather(group []*writeReq) ([]postingList, []pos) {
+	var lists []postingList
+	// ids[b][g] is the list of batch b's valueGroup g.
+	ids := make([][]int, len(group))
+	var at map[string]int
+	if len(group) > 1 {
+		n := 0
+		for _, r := range group {
+			n += len(r.groups)
+		}
+		at = make(map[string]int, n)
+	}
+	total := 0
+	for b, r := range group {
+		ps := w.batches[b]
+		ids[b] = make([]int, len(r.groups))
+		for g, vg := range r.groups {
+			id := g
+			if at != nil {
+				var ok bool
+				if id, ok = at[string(vg.prefix)]; !ok {
+					id = len(lists)
+					at[string(vg.prefix)] = id
+				}
+			}
+			if id == len(lists) {
+				lists = append(lists, postingList{prefix: vg.prefix})
+			}
+			ids[b][g] = id
+			for _, i := range vg.items {
+				if ps[i] != (pos{}) {
+					lists[id].n++
+					total++
+				}
+			}
+		}
+	}
+	next := 0
+	for i := range lists {
+		lists[i].at, next = next, next+lists[i].n
+	}
+	refs := make([]pos, total)
+	placed := make([]int, len(lists))
+	for b, r := range group {
+		ps := w.batches[b]
+		for g, vg := range r.groups {
+			id := ids[b][g]
+			for _, i := range vg.items {
+				if ps[i] != (pos{}) {
+					refs[lists[id].at+placed[id]] = ps[i]
+					placed[id]++
+				}
+			}
+		}
+	}
+	return lists, refs
 }
 
 // writeEach commits the batches of a group too big for one transaction one by one; it must be called with wmu
