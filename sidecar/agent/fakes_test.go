@@ -218,6 +218,9 @@ type fakeRunner struct {
 	closeGate chan struct{}
 	// down makes every call fail Unavailable, like a killed runner.
 	down bool
+	// paused makes every call time out (DeadlineExceeded), like a runner
+	// stopped (SIGSTOP) that may or may not have taken the call before.
+	paused bool
 	// openGate, when set, holds OpenMailbox of openGated until closed: a
 	// slow runner.
 	openGate  chan struct{}
@@ -265,6 +268,10 @@ func (r *fakeRunner) setDown(down bool) {
 // unreachable is the error every call gets while the runner is down;
 // callers hold r.mu.
 func (r *fakeRunner) unreachable(call string) error {
+	if r.paused {
+		r.ev.add("runner paused %s", call)
+		return status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+	}
 	if !r.down {
 		return nil
 	}

@@ -111,8 +111,13 @@ type worker struct {
 	mode stopMode
 	v    LeaseView
 	// runnerUntil bounds the latest deadline (valid_for) the runner
-	// confirmed taking, counted from its answer; zero if none.
+	// confirmed taking, counted from its answer, or may have taken from an
+	// extension that did not come back (unanswered); zero if none.
 	runnerUntil time.Time
+	// unansweredSent is when the last extension that did not come back
+	// was sent; none is sent again until the runner has answered a call
+	// since (mayExtend).
+	unansweredSent time.Time
 	// roleCh has a token when the role changed since the hold loop last
 	// looked (followRole).
 	roleCh chan struct{}
@@ -147,6 +152,34 @@ func (w *worker) handed(until time.Time) {
 	if until.After(w.runnerUntil) {
 		w.runnerUntil = until
 	}
+}
+
+// unanswered records what an extension of vf may have done that did not
+// come back (err), sent while the runner's deadline was at most before: a
+// call that timed out may have been taken all the same, by a runner that
+// then stopped (SIGSTOP) before answering. The runner takes an extension
+// only before its deadline has passed (runner.SetValidFor), so its deadline
+// is then at most before + vf. A call the runner answered, refusing it, or
+// that never reached it (Unavailable) moved nothing.
+func (w *worker) unanswered(before, sentAt time.Time, vf time.Duration, err error) {
+	switch status.Code(err) {
+	case codes.DeadlineExceeded, codes.Canceled:
+		w.handed(before.Add(vf))
+		w.mu.Lock()
+		w.unansweredSent = sentAt
+		w.mu.Unlock()
+	}
+}
+
+// mayExtend says whether the runner may be sent an extension: not while an
+// earlier one did not come back and the runner has answered nothing since.
+// Each such extension could push the bound on its deadline (unanswered)
+// further, so a stopped runner's lease would be released ever later.
+func (w *worker) mayExtend() bool {
+	w.mu.Lock()
+	sent := w.unansweredSent
+	w.mu.Unlock()
+	return sent.IsZero() || !w.a.heard().Before(sent)
 }
 
 func (w *worker) runnerDeadline() time.Time {
@@ -461,7 +494,11 @@ func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error
 	w.update(func(v *LeaseView) { v.State = StateFenced })
 	log.Warn("runner unreachable past the bound; renewing no more, releasing the lease once the runner is fenced",
 		"down_for", down, "runner_dead_after", deadAfter, "err", cause)
-	ctx, cancel := w.runnerCtx()
+	// A confirmation after the runner's deadline would come too late to
+	// matter: the release waits no longer than that deadline (at least a
+	// probe's timeout, for a runner that is only slow).
+	timeout := min(w.a.cfg.RPCTimeout, max(w.runnerDeadline().Sub(clk.Now()), w.a.probeTimeout(w.a.cfg.HeartbeatInterval)))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), timeout)
 	_, err := w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: "runner_unreachable"})
 	cancel()
 	if err == nil || status.Code(err) == codes.NotFound {
@@ -620,13 +657,17 @@ func (w *worker) activate(epoch uint64, until func() time.Time) bool {
 // only logged: the runner fences itself at the old deadline, and the next
 // heartbeat's stats reveal it.
 func (w *worker) extend(epoch uint64, fenceAt time.Time) {
-	ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
-	defer cancel()
-	vf := fenceAt.Sub(w.a.cfg.Clock.Now())
-	if vf <= 0 {
+	sentAt := w.a.cfg.Clock.Now()
+	vf := fenceAt.Sub(sentAt)
+	if vf <= 0 || !w.mayExtend() {
 		return
 	}
+	// An answer after vf confirms a deadline that has passed.
+	ctx, cancel := context.WithTimeout(w.ctx, min(w.a.cfg.RPCTimeout, vf))
+	defer cancel()
+	before := w.runnerDeadline()
 	if _, err := w.a.cfg.Runner.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationpb.New(vf)}); err != nil {
+		w.unanswered(before, sentAt, vf, err)
 		w.log.Warn("runner did not take the extension", "epoch", epoch, "err", err)
 		return
 	}

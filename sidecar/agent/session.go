@@ -88,11 +88,11 @@ type sessions struct {
 	holding map[string]heldMailbox
 
 	// extendWake asks the extender for one ExtendMailboxes; extending is
-	// held during each, so a worker that stops holding waits for the
-	// extension in flight (unhold) before it fences or gives the lease
-	// back.
+	// the one in flight (nil if none), so that a worker that stops holding
+	// waits for the extension in flight that names it (unhold) before it
+	// fences or gives the lease back, and is named in no later one.
 	extendWake chan struct{}
-	extending  sync.Mutex
+	extending  *extension
 	// perMailboxExtend is set once the runner answered ExtendMailboxes
 	// Unimplemented (an older runner): one ExtendMailbox per mailbox.
 	perMailboxExtend atomic.Bool
@@ -818,15 +818,28 @@ func (s *sessions) hold(w *worker, st *sessState, epoch uint64) {
 	s.holding[w.id] = heldMailbox{w: w, st: st, epoch: epoch}
 }
 
-// unhold takes w's mailbox out of the extensions, once any extension in
-// flight has ended: after it returns the runner is extended for w no more.
+// extension is one ExtendMailboxes in flight: the mailboxes it names, and
+// done, closed once it ended and its outcome is recorded (handed).
+type extension struct {
+	ids  map[string]bool
+	done chan struct{}
+}
+
+// unhold takes w's mailbox out of the extensions, then waits for the one in
+// flight if it names w: after it returns the runner is extended for w no
+// more, and runnerDeadline bounds every deadline it was sent. It never
+// waits for a later extension (a keepalive acknowledged meanwhile), which
+// would hold a worker giving up on a stopped runner for another call's
+// timeout.
 func (s *sessions) unhold(w *worker) {
-	s.extending.Lock()
-	defer s.extending.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if h, ok := s.holding[w.id]; ok && h.w == w {
 		delete(s.holding, w.id)
+	}
+	ext := s.extending
+	s.mu.Unlock()
+	if ext != nil && ext.ids[w.id] {
+		<-ext.done
 	}
 }
 
@@ -850,32 +863,46 @@ func (s *sessions) extender(ctx context.Context) {
 // runner fences itself at the old deadline, and the next probe shows it.
 func (s *sessions) extendAll(ctx context.Context) {
 	a := s.a
-	s.extending.Lock()
-	defer s.extending.Unlock()
 	s.mu.Lock()
 	st := s.cur
 	var held []heldMailbox
 	if st != nil {
 		for _, id := range slices.Sorted(maps.Keys(s.holding)) {
-			if h := s.holding[id]; h.st == st {
+			if h := s.holding[id]; h.st == st && h.w.mayExtend() {
 				held = append(held, h)
 			}
 		}
 	}
-	s.mu.Unlock()
-	if len(held) == 0 {
-		return
+	sentAt := a.cfg.Clock.Now()
+	var vf time.Duration
+	if len(held) > 0 {
+		vf = st.validUntil.Sub(sentAt)
 	}
-	_, until, _, _ := s.validity(st)
-	vf := until.Sub(a.cfg.Clock.Now())
 	if vf <= 0 {
+		s.mu.Unlock()
 		return
 	}
+	ext := &extension{ids: make(map[string]bool, len(held)), done: make(chan struct{})}
+	for _, h := range held {
+		ext.ids[h.w.id] = true
+	}
+	s.extending = ext
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.extending = nil
+		s.mu.Unlock()
+		close(ext.done)
+	}()
 	reqs := make([]*runnerv1.ExtendMailboxRequest, len(held))
+	before := make([]time.Time, len(held))
 	for i, h := range held {
 		reqs[i] = &runnerv1.ExtendMailboxRequest{MailboxId: h.w.id, Epoch: h.epoch, ValidFor: durationpb.New(vf)}
+		before[i] = h.w.runnerDeadline()
 	}
-	cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
+	// An answer after vf confirms a deadline that has passed: waiting for
+	// it would only hold back a worker giving the lease up (unhold).
+	cctx, cancel := context.WithTimeout(ctx, min(a.cfg.RPCTimeout, vf))
 	defer cancel()
 	if !s.perMailboxExtend.Load() {
 		resp, err := a.cfg.Runner.ExtendMailboxes(cctx, &runnerv1.ExtendMailboxesRequest{Mailboxes: reqs})
@@ -884,6 +911,9 @@ func (s *sessions) extendAll(ctx context.Context) {
 			a.log.Info("the runner has no ExtendMailboxes (not upgraded); extending each mailbox on its own", "err", err)
 			s.perMailboxExtend.Store(true)
 		case err != nil:
+			for i, h := range held {
+				h.w.unanswered(before[i], sentAt, vf, err)
+			}
 			a.log.Warn("runner did not take the extensions", "session_id", st.id, "mailboxes", len(held), "err", err)
 			return
 		default:
@@ -910,6 +940,7 @@ func (s *sessions) extendAll(ctx context.Context) {
 	for i, h := range held {
 		wg.Go(func() {
 			if _, err := a.cfg.Runner.ExtendMailbox(cctx, reqs[i]); err != nil {
+				h.w.unanswered(before[i], sentAt, vf, err)
 				h.w.log.Warn("runner did not take the extension", "epoch", h.epoch, "err", err)
 				return
 			}

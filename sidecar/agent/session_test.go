@@ -311,6 +311,43 @@ func TestSessionDeadRunnerGivesLeaseBack(t *testing.T) {
 	}
 }
 
+// A runner stopped (SIGSTOP) rather than killed: its calls time out, so an
+// extension sent after the last keepalive may have been taken before it
+// stopped answering, moving its deadline to the one it last confirmed
+// (t0+10s) plus the valid_for sent (10s) at most. The lease is released
+// only once that has passed (t0+20s), never at the confirmed deadline,
+// where the runner, resumed, could still serve beside the next holder.
+func TestSessionPausedRunnerReleasesPastUnansweredExtension(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sessionMode)
+	h.assign(1, "audit")
+	h.waitEvent(0, "runner activate audit@p1 5 valid_for=10s")
+	h.runner.mu.Lock()
+	h.runner.paused = true
+	h.runner.mu.Unlock()
+	h.settle(4)
+	h.clk.Step(testInterval)
+	h.waitEvent(0, "runner paused bulk-extend")
+	h.settle(4)
+	h.clk.Step(testInterval)
+	_, giveUp := h.waitEvent(0, "runner paused fence")
+	if !giveUp.at.Equal(h.t0.Add(2 * testInterval)) {
+		t.Fatalf("gave up at %v, want at the first probe past the bound (t0+6s)", giveUp.at)
+	}
+	// Past the confirmed deadline: nothing released yet.
+	for h.clk.Since(h.t0) < 2*testTTL {
+		if _, _, ok := h.ev.find(0, "admin release-leases"); ok {
+			t.Fatalf("released at t0+%v, before the unanswered extension's bound (t0+20s):\n%s", h.clk.Since(h.t0), h.ev)
+		}
+		h.clk.Step(time.Second)
+		time.Sleep(2 * time.Millisecond)
+	}
+	_, rel := h.waitEvent(0, "admin release-leases")
+	if rel.what != "admin release-leases 1 audit@p1" || rel.at.Before(h.t0.Add(2*testTTL)) {
+		t.Fatalf("release %q at t0+%v, want in session 1 at t0+20s", rel.what, rel.at.Sub(h.t0))
+	}
+}
+
 // Mailboxes assigned together whose first runner open failed are still
 // acquired together once the runner answers: one AcquireLeases call.
 func TestSessionBatchWaitsForRetriedOpens(t *testing.T) {
