@@ -77,3 +77,57 @@ func TestQueriesStopAtTheLeaseDeadline(t *testing.T) {
 		t.Fatalf("reopened under a new lease: served %v epoch %d", ok, epoch)
 	}
 }
+
+// Past its lease deadline a mailbox's ingest stores nothing it fetches, so
+// nothing of it is marked or committed: a runner resumed after a pause past
+// the deadline must leave those records to the next holder, which consumes
+// from the committed offsets. The refused batch is retried (the store's
+// failure, never the records': nothing dead-lettered) until the mailbox is
+// closed, and stays uncommitted.
+func TestIngestStoresNothingPastTheLeaseDeadline(t *testing.T) {
+	t.Parallel()
+	const topic = "disk.events"
+	c := kafkatest.Start(t, kafkatest.Topics(1, topic, topic+".dlq"))
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	r, err := New(Config{DataDir: t.TempDir(), Brokers: c.Brokers, Clock: clk, BatchWait: 10 * time.Millisecond, ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	const id = "w@p"
+	if err := r.Open(MailboxConfig{ID: id, Topics: []string{topic}, Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetValidFor(id, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.RLock()
+	st := r.mailboxes[id].store
+	r.mu.RUnlock()
+	stored := func() int64 {
+		s, err := st.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.GetTotalEvents()
+	}
+	c.ProduceEnvelopes(t, topic, events("in", 5)...)
+	waitFor(t, "the events before the deadline stored and committed", func() bool {
+		return stored() == 5 && c.Committed(t, id, topic) == 5
+	})
+	clk.Step(10 * time.Second)
+	c.ProduceEnvelopes(t, topic, events("past", 5)...)
+	waitFor(t, "the batch fetched past the deadline refused", func() bool {
+		return metricSum(t, r, "prism_mailbox_ingest_retries_total", id) > 0
+	})
+	if n := stored(); n != 5 {
+		t.Fatalf("%d events stored, want the 5 from before the deadline", n)
+	}
+	if n := metricSum(t, r, "prism_mailbox_events_dead_lettered_total", id); n != 0 {
+		t.Fatalf("%v events dead-lettered: the refusal is the store's, not the records'", n)
+	}
+	_ = r.CloseMailbox(id) // the refused batch ends the drain with an error
+	if got := c.Committed(t, id, topic); got != 5 {
+		t.Fatalf("committed %d after the close, want 5: nothing past the deadline", got)
+	}
+}

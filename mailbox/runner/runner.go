@@ -581,13 +581,15 @@ func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
 	if r.disk != nil {
 		icfg.Space = r.disk
 	}
-	ing, err := ingest.Start(icfg, st)
+	ctx, cancel := context.WithCancel(context.Background())
+	mb := &mailbox{cfg: mc, store: st, stopRetain: cancel, retainExited: make(chan struct{})}
+	ing, err := ingest.Start(icfg, leaseWriter{mb: mb, clock: r.cfg.Clock})
 	if err != nil {
+		cancel()
 		_ = st.Close()
 		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	mb := &mailbox{cfg: mc, store: st, ingest: ing, stopRetain: cancel, retainExited: make(chan struct{})}
+	mb.ingest = ing
 	mb.epoch.Store(mc.Epoch)
 	go func() {
 		defer close(mb.retainExited)
@@ -659,11 +661,31 @@ func (r *Runner) SetEpoch(id string, epoch uint64) error {
 	return nil
 }
 
+// leaseWriter is a mailbox's store as its ingest writes it: refused once the
+// lease deadline has passed (SetValidFor), so that a runner paused past it
+// stores, marks and commits nothing it fetched after: the next holder
+// consumes that from the committed offsets. The refusal wraps
+// context.DeadlineExceeded, which ingest takes for the store's failure, not
+// the records' (never dead-lettered): the batch is retried until the fence
+// closes the ingest, and left uncommitted.
+type leaseWriter struct {
+	mb    *mailbox
+	clock clock.PassiveClock
+}
+
+func (w leaseWriter) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
+	if w.mb.expired(w.clock.Now()) {
+		return store.WriteResult{}, fmt.Errorf("mailbox %s: %w, nothing stored past it: %w", w.mb.cfg.ID, ErrDeadlinePassed, context.DeadlineExceeded)
+	}
+	return w.mb.store.Write(ctx, items)
+}
+
 // SetValidFor has mailbox id served only for d from now, on the runner's
-// clock: past that, queries find it not open, whether or not the fence that
-// should follow has run. A process paused past the deadline (SIGSTOP, a
-// frozen container) serves the requests queued meanwhile before its timers
-// run, so the deadline is checked when a request is served. A deadline that
+// clock: past that, queries find it not open and its ingest stores nothing
+// more (leaseWriter), whether or not the fence that should follow has run.
+// A process paused past the deadline (SIGSTOP, a frozen container) serves
+// the requests queued meanwhile, and writes what it had fetched, before its
+// timers run, so the deadline is checked at each request and each write. A deadline that
 // has passed is final (ErrDeadlinePassed): a call that would move it was
 // late, perhaps queued across such a pause, and only a new Open serves the
 // mailbox again.
