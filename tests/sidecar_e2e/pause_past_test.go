@@ -349,6 +349,13 @@ func TestRunnerPausedPastBoundNeverServesStale(t *testing.T) {
 	if code, _, _, err := mailboxStats(e.runner); code != 404 {
 		t.Errorf("runner-a at the end: %d %v, want 404", code, err)
 	}
+	// Runner-a answered last at the pause; an extension sent just before
+	// may have been taken, so its deadline is at most about two ttl after,
+	// and the release waits for no RPC timeout. The two seconds are for
+	// polling and scheduling on a loaded machine.
+	if at, ok := e.sidecar.LogTime("lease released"); !ok || at.Sub(paused) > 2*ttl+2*time.Second {
+		t.Errorf("sidecar-a released the lease %v after the pause (logged %v), want within 2 ttl", at.Sub(paused), ok)
+	}
 	if l, err := leaseOf(admin); err != nil || l.GetRunnerId() != "runner-b" || l.GetEpoch() != epochB {
 		t.Errorf("lease after the resume: %v %v, want runner-b at epoch %d", l, err, epochB)
 	}
