@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -73,6 +74,51 @@ func TestDecodeBlockRejects(t *testing.T) {
 	for name, b := range cases {
 		if got, err := decodeBlock(nil, first, b, 100); err == nil {
 			t.Errorf("%s: %x decoded as %v", name, b, got)
+		}
+	}
+}
+
+// TestComparePos: positions order as their bytes do, which keys and page tokens rely on.
+func TestComparePos(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(5, 6))
+	edge := []uint64{0, 1, math.MaxInt64, math.MaxInt64 + 1, math.MaxUint64 - 1, math.MaxUint64}
+	word := func() uint64 {
+		if r.IntN(2) == 0 {
+			return edge[r.IntN(len(edge))]
+		}
+		return r.Uint64()
+	}
+	for range 10_000 {
+		a, b := posOf(word(), word()), posOf(word(), word())
+		if r.IntN(4) == 0 {
+			b = posOf(a.invTs(), word())
+		}
+		if got, want := comparePos(a, b), bytes.Compare(a[:], b[:]); got != want {
+			t.Fatalf("comparePos(%x, %x) = %d, bytes say %d", a, b, got, want)
+		}
+	}
+}
+
+// TestMergePos: two sorted runs merge into one sorted run holding both.
+func TestMergePos(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(7, 8))
+	for range 200 {
+		all := randRefs(r, 1+r.IntN(40), 1_700_000_000_000, 20, 9)
+		var a, b []pos
+		for _, p := range all {
+			if r.IntN(2) == 0 {
+				a = append(a, p)
+			} else {
+				b = append(b, p)
+			}
+		}
+		slices.SortFunc(a, comparePos)
+		slices.SortFunc(b, comparePos)
+		slices.SortFunc(all, comparePos)
+		if got := mergePos(nil, a, b); !slices.Equal(got, all) {
+			t.Fatalf("mergePos(%v, %v) = %v, want %v", a, b, got, all)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	badger "github.com/dgraph-io/badger/v4"
 	"github.com/klauspost/compress/s2"
@@ -106,10 +107,11 @@ type encoded struct {
 	index  [][]byte  // indexPrefixes
 }
 
-// valueGroup is the items of a batch (indexes into it) with one indexed value: one posting block, or more if
-// they span more than maxBlockSpan.
+// valueGroup is the items of a batch (indexes into it) with one indexed value: with those of the other batches
+// of its write group, one posting block, or more if they span too long.
 type valueGroup struct {
 	prefix []byte
+	key    string // prefix, as the key of a map merging a group's batches (made here, off the write lock)
 	items  []int
 }
 
@@ -122,8 +124,9 @@ func groupValues(enc []encoded) []valueGroup {
 			g, ok := at[string(pr)]
 			if !ok {
 				g = len(groups)
-				at[string(pr)] = g
-				groups = append(groups, valueGroup{prefix: pr})
+				k := string(pr)
+				at[k] = g
+				groups = append(groups, valueGroup{prefix: pr, key: k})
 			}
 			groups[g].items = append(groups[g].items, i)
 		}
@@ -426,6 +429,9 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 type blockWriter struct {
 	batches [][]pos // per batch of the group, its items' positions (zero: not stored)
 	a       arena
+	refs    []pos // a list's positions, sorted
+	run     []pos // one batch's share of them
+	merged  []pos // refs and run merged
 	buf     []byte
 }
 
@@ -435,24 +441,79 @@ type blockWriter struct {
 // beside a current one's) never widens meta.span, how far back a walk starting mid-list reads, beyond what one
 // batch's blocks would.
 func (w *blockWriter) set(txn *badger.Txn, group []*writeReq, m *meta) error {
-	lists, refs := w.gather(group)
 	limit := min(maxBlockSpan, max(m.span, w.widestBatch()))
-	for _, l := range lists {
-		ps := refs[l.at : l.at+l.n]
-		slices.SortFunc(ps, comparePos)
-		err := splitBlocks(ps, limit, func(run []pos) error {
-			m.span = max(m.span, blockSpan(run))
-			w.buf = appendBlock(w.buf[:0], run)
-			if err := txn.Set(blockKey(&w.a, l.prefix, run[0]), w.a.copy(w.buf)); err != nil {
-				return fmt.Errorf("write posting block: %w", err)
+	if len(group) == 1 {
+		// A batch's valueGroups are already one per prefix.
+		for _, vg := range group[0].groups {
+			w.refs = appendStored(w.refs[:0], vg.items, w.batches[0])
+			slices.SortFunc(w.refs, comparePos)
+			if err := w.setList(txn, vg.prefix, limit, m); err != nil {
+				return err
 			}
-			return nil
-		})
-		if err != nil {
+		}
+		return nil
+	}
+	c := chainsPool.Get().(*chains)
+	defer chainsPool.Put(c)
+	c.link(group)
+	for _, l := range c.lists {
+		w.refs = w.refs[:0]
+		var prefix []byte
+		for at := l.first; at >= 0; at = c.links[at].next {
+			x := c.links[at]
+			vg := group[x.batch].groups[x.group]
+			prefix = vg.prefix
+			// Each batch's positions sorted on their own, then merged: batches of partitions produced
+			// round-robin interleave, which a sort of the whole would pay for in comparisons.
+			w.run = appendStored(w.run[:0], vg.items, w.batches[x.batch])
+			slices.SortFunc(w.run, comparePos)
+			if len(w.refs) == 0 || len(w.run) == 0 || comparePos(w.refs[len(w.refs)-1], w.run[0]) < 0 {
+				w.refs = append(w.refs, w.run...)
+				continue
+			}
+			w.merged = mergePos(w.merged[:0], w.refs, w.run)
+			w.refs, w.merged = w.merged, w.refs
+		}
+		if err := w.setList(txn, prefix, limit, m); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// mergePos appends to dst the sorted positions a and b, merged in order.
+func mergePos(dst, a, b []pos) []pos {
+	for len(a) > 0 && len(b) > 0 {
+		if comparePos(a[0], b[0]) < 0 {
+			dst, a = append(dst, a[0]), a[1:]
+		} else {
+			dst, b = append(dst, b[0]), b[1:]
+		}
+	}
+	return append(append(dst, a...), b...)
+}
+
+// setList sets the blocks of prefix's list holding the positions w.refs, sorted, runs of them spanning at most
+// limit.
+func (w *blockWriter) setList(txn *badger.Txn, prefix []byte, limit uint64, m *meta) error {
+	return splitBlocks(w.refs, limit, func(run []pos) error {
+		m.span = max(m.span, blockSpan(run))
+		w.buf = appendBlock(w.buf[:0], run)
+		if err := txn.Set(blockKey(&w.a, prefix, run[0]), w.a.copy(w.buf)); err != nil {
+			return fmt.Errorf("write posting block: %w", err)
+		}
+		return nil
+	})
+}
+
+// appendStored appends to dst the positions in ps of items that are stored (not zero).
+func appendStored(dst []pos, items []int, ps []pos) []pos {
+	for _, i := range items {
+		if ps[i] != (pos{}) {
+			dst = append(dst, ps[i])
+		}
+	}
+	return dst
 }
 
 // widestBatch is the longest time between two stored items of one batch of the group, in milliseconds: at most
@@ -475,71 +536,39 @@ func (w *blockWriter) widestBatch() uint64 {
 	return widest
 }
 
-// postingList is one prefix's stored positions in a group: refs[at:at+n] of gather's answer.
-type postingList struct {
-	prefix []byte
-	at, n  int
+// chains chains the valueGroups of a group's batches list by list: the valueGroups with one prefix, in queue
+// order. Pooled: a runner's stores share a few instead of each keeping its largest.
+type chains struct {
+	at    map[string]int32 // prefix -> its list
+	lists []struct{ first, last int32 }
+	links []link // one per valueGroup of the group
 }
 
-// gather lays out the stored positions of group's items list by list in one slice: a count per list, then the
-// positions in their places. A batch's valueGroups are already one per prefix, so a group of one batch needs no
-// merging; a bigger group merges its batches' valueGroups by prefix.
-func (w *blockWriter) gather(group []*writeReq) ([]postingList, []pos) {
-	var lists []postingList
-	// ids[b][g] is the list of batch b's valueGroup g.
-	ids := make([][]int, len(group))
-	var at map[string]int
-	if len(group) > 1 {
-		n := 0
-		for _, r := range group {
-			n += len(r.groups)
-		}
-		at = make(map[string]int, n)
-	}
-	total := 0
+// link is a batch's valueGroup in its list's chain.
+type link struct {
+	batch, group int32
+	next         int32 // the list's next valueGroup in links, -1: none
+}
+
+var chainsPool = sync.Pool{New: func() any { return &chains{at: map[string]int32{}} }}
+
+// link chains group's valueGroups, lists in order of first appearance.
+func (c *chains) link(group []*writeReq) {
+	clear(c.at)
+	c.lists, c.links = c.lists[:0], c.links[:0]
 	for b, r := range group {
-		ps := w.batches[b]
-		ids[b] = make([]int, len(r.groups))
 		for g, vg := range r.groups {
-			id := g
-			if at != nil {
-				var ok bool
-				if id, ok = at[string(vg.prefix)]; !ok {
-					id = len(lists)
-					at[string(vg.prefix)] = id
-				}
+			at := int32(len(c.links))
+			c.links = append(c.links, link{batch: int32(b), group: int32(g), next: -1})
+			if l, ok := c.at[vg.key]; ok {
+				c.links[c.lists[l].last].next = at
+				c.lists[l].last = at
+				continue
 			}
-			if id == len(lists) {
-				lists = append(lists, postingList{prefix: vg.prefix})
-			}
-			ids[b][g] = id
-			for _, i := range vg.items {
-				if ps[i] != (pos{}) {
-					lists[id].n++
-					total++
-				}
-			}
+			c.at[vg.key] = int32(len(c.lists))
+			c.lists = append(c.lists, struct{ first, last int32 }{at, at})
 		}
 	}
-	next := 0
-	for i := range lists {
-		lists[i].at, next = next, next+lists[i].n
-	}
-	refs := make([]pos, total)
-	placed := make([]int, len(lists))
-	for b, r := range group {
-		ps := w.batches[b]
-		for g, vg := range r.groups {
-			id := ids[b][g]
-			for _, i := range vg.items {
-				if ps[i] != (pos{}) {
-					refs[lists[id].at+placed[id]] = ps[i]
-					placed[id]++
-				}
-			}
-		}
-	}
-	return lists, refs
 }
 
 // writeEach commits the batches of a group too big for one transaction one by one; it must be called with wmu
