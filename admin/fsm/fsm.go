@@ -46,6 +46,11 @@ type FSM struct {
 		gen uint64
 		n   int
 	}
+
+	// replaceScope, when set, lists the namespaces replace visits in place
+	// of its candidates: tests set it to every namespace to hold the
+	// indexed pass to the full one.
+	replaceScope func(*state) []string
 }
 
 // Option configures an FSM.
@@ -222,7 +227,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		if l.Type != raft.LogCommand {
 			continue
 		}
-		tx := &txn{st: f.st, index: l.Index, term: l.Term}
+		tx := &txn{st: f.st, index: l.Index, term: l.Term, replaceScope: f.replaceScope}
 		res, err := f.applyOne(tx, l.Data)
 		if err != nil {
 			out[i] = err
@@ -343,6 +348,8 @@ type txn struct {
 	// moveEvents are only delivered if the command applied: a handler
 	// that fails has not mutated anything, so it has recorded none.
 	moveEvents []moveEvent
+	// replaceScope is FSM.replaceScope.
+	replaceScope func(*state) []string
 }
 
 func (tx *txn) nowpb() *timestamppb.Timestamp { return timestamppb.New(tx.now) }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -158,20 +159,43 @@ func (h *harness) applyBytes(data []byte) any {
 	return res
 }
 
-// checkMoveIndexes fails the test unless the moves' derived index and the
-// cached pending count agree with the namespaces table, recomputed: every
-// command of every test that uses the harness checks them.
+// checkMoveIndexes fails the test unless the indexes derived from the
+// namespaces (moving, byPartition, byProxy, misplaced) and the cached
+// pending count agree with the tables, recomputed: every command of every
+// test that uses the harness checks them.
 func (h *harness) checkMoveIndexes() {
 	h.t.Helper()
 	h.f.mu.RLock()
-	want, got := slices.Sorted(maps.Keys(movingNamespaces(h.f.st.namespaces))), slices.Sorted(maps.Keys(h.f.st.moving))
-	pending := len(h.f.st.pendingMoves())
-	h.f.mu.RUnlock()
-	if !slices.Equal(got, want) {
-		h.t.Fatalf("entry %d: moving index %v, want %v", h.index, got, want)
+	st := h.f.st
+	ref := &state{namespaces: st.namespaces, proxies: st.proxies, table: st.table}
+	ref.reindexNamespaces()
+	var pending []string
+	for _, name := range sortedKeys(st.namespaces) {
+		if st.pendingMove(st.namespaces[name]) {
+			pending = append(pending, name)
+		}
 	}
-	if got, _ := h.f.PendingMoves(); got != pending {
-		h.t.Fatalf("entry %d: PendingMoves %d, want %d", h.index, got, pending)
+	indexed := st.pendingMoves()
+	for _, ix := range []struct {
+		name      string
+		got, want any
+	}{
+		{"moving", st.moving, ref.moving},
+		{"byPartition", st.byPartition, ref.byPartition},
+		{"byProxy", st.byProxy, ref.byProxy},
+		{"misplaced", st.misplaced, ref.misplaced},
+	} {
+		if !reflect.DeepEqual(ix.got, ix.want) {
+			h.f.mu.RUnlock()
+			h.t.Fatalf("entry %d: %s index %v, want %v", h.index, ix.name, ix.got, ix.want)
+		}
+	}
+	h.f.mu.RUnlock()
+	if !slices.Equal(indexed, pending) {
+		h.t.Fatalf("entry %d: pendingMoves %v, want %v", h.index, indexed, pending)
+	}
+	if got, _ := h.f.PendingMoves(); got != len(pending) {
+		h.t.Fatalf("entry %d: PendingMoves %d, want %d", h.index, got, len(pending))
 	}
 }
 

@@ -345,10 +345,10 @@ func (s *state) movesInProgress() int {
 // has not started moving: the hash owner is another proxy, the assigned
 // proxy serves (else replace reassigned it at once), no move or tail is in
 // progress, and an operator did not place it on a proxy that is still
-// placeable.
+// placeable. Only the misplaced can be.
 func (s *state) pendingMoves() []string {
 	var out []string
-	for _, name := range sortedKeys(s.namespaces) {
+	for _, name := range sortedKeys(s.misplaced) {
 		if s.pendingMove(s.namespaces[name]) {
 			out = append(out, name)
 		}
@@ -359,8 +359,8 @@ func (s *state) pendingMoves() []string {
 // pendingMoveCount is len(pendingMoves()) without sorting or listing.
 func (s *state) pendingMoveCount() int {
 	c := 0
-	for _, n := range s.namespaces {
-		if s.pendingMove(n) {
+	for name := range s.misplaced {
+		if s.pendingMove(s.namespaces[name]) {
 			c++
 		}
 	}

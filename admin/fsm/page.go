@@ -75,20 +75,9 @@ func (f *FSM) ProxiesPage(after string, limit int) ([]*adminv1.ProxyInfo, bool, 
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	ids, more := firstAfter(maps.Keys(f.st.proxies), after, limit, nil)
-	// One pass over the namespaces, sorting only the page's proxies' own.
-	byProxy := make(map[string][]string, len(ids))
-	for _, id := range ids {
-		byProxy[id] = nil
-	}
-	for name, n := range f.st.namespaces {
-		if l, ok := byProxy[n.GetAssignedProxyId()]; ok {
-			byProxy[n.GetAssignedProxyId()] = append(l, name)
-		}
-	}
 	out := make([]*adminv1.ProxyInfo, 0, len(ids))
 	for _, id := range ids {
-		slices.Sort(byProxy[id])
-		out = append(out, f.st.proxyInfo(f.st.proxies[id], byProxy[id]))
+		out = append(out, f.st.proxyInfo(f.st.proxies[id], f.st.namespacesOf(id)))
 	}
 	return out, more, f.applied
 }

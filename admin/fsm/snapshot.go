@@ -184,7 +184,7 @@ func readSnapshot(r *bufio.Reader) (*state, uint64, error) {
 	st.proxyLeases = countLeases(st.leases)
 	st.sessionLeases = countSessionLeases(st.leases)
 	st.namespaceLeases = countNamespaceLeases(st.leases)
-	st.moving = movingNamespaces(st.namespaces)
+	st.reindexNamespaces()
 	if st.proxyRoutesIndex == 0 && len(st.proxies) > 0 {
 		// A snapshot from before the field: the last proxy change is at or
 		// before the snapshot, and claiming it is at the snapshot costs

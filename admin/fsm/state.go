@@ -33,6 +33,16 @@ type state struct {
 	// indexes, so the mover's every tick looks at the few moves instead of
 	// every namespace.
 	moving map[string]struct{}
+	// byPartition holds the names of each partition's namespaces, byProxy
+	// those of each proxy's by any role (assigned, "" for none; handoff;
+	// incoming), and misplaced those whose owner (ownerOf) is not their
+	// assigned proxy. Derived from namespaces, the placement table and the
+	// exclusions like moving, so replace, a proxy's assignments and
+	// pendingMoves look at the namespaces they concern instead of every
+	// one.
+	byPartition map[uint32]map[string]struct{}
+	byProxy     map[string]map[string]struct{}
+	misplaced   map[string]struct{}
 	// placementGen counts changes to what pendingMoves reads (namespaces,
 	// the placement table, and each proxy's serving, schedulability and
 	// exclusions), so PendingMoves answers from its cache while none
@@ -70,6 +80,9 @@ func newState() *state {
 		namespaceLeases: map[string]map[string]struct{}{},
 		proxyLeases:     map[string]int{},
 		moving:          map[string]struct{}{},
+		byPartition:     map[uint32]map[string]struct{}{},
+		byProxy:         map[string]map[string]struct{}{},
+		misplaced:       map[string]struct{}{},
 	}
 }
 
@@ -125,6 +138,15 @@ func (tx *txn) putProxy(p *adminv1.Proxy) {
 		tx.st.placementGen++
 	}
 	tx.st.proxies[id] = p
+	if !slices.Equal(excludedNames(prev), excludedNames(p)) {
+		// ownerOf of a namespace excluded from p, or no longer, changed.
+		for _, name := range excludedNames(prev) {
+			tx.st.placeCheck(name)
+		}
+		for _, name := range excludedNames(p) {
+			tx.st.placeCheck(name)
+		}
+	}
 	tx.changed = true
 }
 
@@ -157,34 +179,104 @@ func excludedNames(p *adminv1.Proxy) []string {
 }
 
 func (tx *txn) putNamespace(n *adminv1.Namespace) {
-	tx.st.namespaces[n.GetName()] = n
-	if moving(n) {
-		tx.st.moving[n.GetName()] = struct{}{}
-	} else {
-		delete(tx.st.moving, n.GetName())
+	if prev, ok := tx.st.namespaces[n.GetName()]; ok {
+		tx.st.unindex(prev)
 	}
+	tx.st.namespaces[n.GetName()] = n
+	tx.st.index(n)
 	tx.st.placementGen++
 	tx.st.routesIndex = tx.index
 	tx.changed = true
 }
 
 func (tx *txn) deleteNamespace(name string) {
+	if prev, ok := tx.st.namespaces[name]; ok {
+		tx.st.unindex(prev)
+	}
 	delete(tx.st.namespaces, name)
-	delete(tx.st.moving, name)
 	tx.st.placementGen++
 	tx.st.routesIndex = tx.index
 	tx.changed = true
 }
 
-// movingNamespaces is moving recomputed from the table.
-func movingNamespaces(namespaces map[string]*adminv1.Namespace) map[string]struct{} {
-	out := map[string]struct{}{}
-	for name, n := range namespaces {
-		if moving(n) {
-			out[name] = struct{}{}
-		}
+// index adds stored namespace n to the derived indexes.
+func (s *state) index(n *adminv1.Namespace) {
+	name := n.GetName()
+	addName(s.byPartition, n.GetPartition(), name)
+	for _, id := range proxyRoles(n) {
+		addName(s.byProxy, id, name)
+	}
+	if moving(n) {
+		s.moving[name] = struct{}{}
+	}
+	if s.ownerOf(n) != n.GetAssignedProxyId() {
+		s.misplaced[name] = struct{}{}
+	}
+}
+
+// unindex removes n, as stored, from the derived indexes.
+func (s *state) unindex(n *adminv1.Namespace) {
+	name := n.GetName()
+	removeName(s.byPartition, n.GetPartition(), name)
+	for _, id := range proxyRoles(n) {
+		removeName(s.byProxy, id, name)
+	}
+	delete(s.moving, name)
+	delete(s.misplaced, name)
+}
+
+// placeCheck recomputes whether namespace name, if it exists, is
+// misplaced, after a change to what ownerOf reads.
+func (s *state) placeCheck(name string) {
+	n, ok := s.namespaces[name]
+	switch {
+	case !ok:
+	case s.ownerOf(n) != n.GetAssignedProxyId():
+		s.misplaced[name] = struct{}{}
+	default:
+		delete(s.misplaced, name)
+	}
+}
+
+// proxyRoles lists the proxies n is indexed under in byProxy: its assigned
+// one (possibly ""), its handoff one and its incoming one, when set.
+func proxyRoles(n *adminv1.Namespace) []string {
+	out := []string{n.GetAssignedProxyId()}
+	if h := n.GetHandoffProxyId(); h != "" {
+		out = append(out, h)
+	}
+	if in := n.GetIncomingProxyId(); in != "" {
+		out = append(out, in)
 	}
 	return out
+}
+
+func addName[K comparable](m map[K]map[string]struct{}, k K, name string) {
+	if m[k] == nil {
+		m[k] = map[string]struct{}{}
+	}
+	m[k][name] = struct{}{}
+}
+
+func removeName[K comparable](m map[K]map[string]struct{}, k K, name string) {
+	if len(m[k]) > 1 {
+		delete(m[k], name)
+	} else {
+		delete(m, k)
+	}
+}
+
+// reindexNamespaces rebuilds every index derived from the namespaces, the
+// table and the exclusions (a restore; tests compare it with the
+// incremental ones).
+func (s *state) reindexNamespaces() {
+	s.moving = map[string]struct{}{}
+	s.byPartition = map[uint32]map[string]struct{}{}
+	s.byProxy = map[string]map[string]struct{}{}
+	s.misplaced = map[string]struct{}{}
+	for _, n := range s.namespaces {
+		s.index(n)
+	}
 }
 
 // countLeases is the per-proxy lease count recomputed from the table.
@@ -296,9 +388,15 @@ func (tx *txn) checkpointLease(l *adminv1.Lease) {
 // owner). Iteration is sorted so updates happen in the same order
 // everywhere.
 func (tx *txn) replace() {
+	prev := tx.st.table
 	tx.st.table = placement.Compute(tx.st.placeableProxyIDs())
 	tx.st.placementGen++
-	for _, name := range sortedKeys(tx.st.namespaces) {
+	tx.st.replaced(&prev)
+	names := tx.st.replaceCandidates()
+	if tx.replaceScope != nil {
+		names = tx.replaceScope(tx.st)
+	}
+	for _, name := range names {
 		n := tx.st.namespaces[name]
 		owner := tx.st.ownerOf(n)
 		if in := n.GetIncomingProxyId(); in != "" {
@@ -330,6 +428,60 @@ func (tx *txn) replace() {
 	}
 }
 
+// replaced updates misplaced after the table changed from prev: the
+// namespaces of the partitions whose owner changed, and every excluded one,
+// whose owner is the next in rendezvous order among the placeable proxies.
+func (s *state) replaced(prev *placement.Table) {
+	for p := range uint32(placement.Partitions) {
+		if prev.Owner(p) != s.table.Owner(p) {
+			for name := range s.byPartition[p] {
+				s.placeCheck(name)
+			}
+		}
+	}
+	for _, p := range s.proxies {
+		for _, name := range excludedNames(p) {
+			s.placeCheck(name)
+		}
+	}
+}
+
+// replaceCandidates lists, sorted, the namespaces replace may change: the
+// rest it would pass over. One without a move incoming changes only if its
+// assigned proxy does not serve it (the owner, from the placeable proxies,
+// serves), that is if the proxy no longer serves or excludes it. With no
+// placeable proxy every owner is "", so the unassigned stay as they are.
+func (s *state) replaceCandidates() []string {
+	set := map[string]struct{}{}
+	for name := range s.moving {
+		if s.namespaces[name].GetIncomingProxyId() != "" {
+			set[name] = struct{}{}
+		}
+	}
+	empty := s.table == placement.Table{}
+	for id, names := range s.byProxy {
+		if serving(s.proxies[id]) || id == "" && empty {
+			continue
+		}
+		for name := range names {
+			if s.namespaces[name].GetAssignedProxyId() == id {
+				set[name] = struct{}{}
+			}
+		}
+	}
+	for id, p := range s.proxies {
+		if !serving(p) {
+			continue
+		}
+		for _, name := range excludedNames(p) {
+			if s.namespaces[name].GetAssignedProxyId() == id {
+				set[name] = struct{}{}
+			}
+		}
+	}
+	return sortedKeys(set)
+}
+
 // assignments lists what proxyID must host, one entry per namespace: those
 // assigned to it (SERVING), those in a handoff tail from it (HANDING_OFF)
 // and those moving to it (CATCHING_UP). A namespace takes one move at a
@@ -340,7 +492,7 @@ func (s *state) assignments(proxyID string) []*adminv1.NamespaceAssignment {
 	if proxyID == "" {
 		return nil
 	}
-	for _, name := range sortedKeys(s.namespaces) {
+	for _, name := range sortedKeys(s.byProxy[proxyID]) {
 		n := s.namespaces[name]
 		var role adminv1.AssignmentRole
 		version := n.GetAssignmentIndex()
@@ -375,7 +527,7 @@ func (s *state) proxyInfo(p *adminv1.Proxy, namespaces []string) *adminv1.ProxyI
 // namespacesOf lists the namespaces assigned to one proxy, sorted.
 func (s *state) namespacesOf(id string) []string {
 	var out []string
-	for _, name := range sortedKeys(s.namespaces) {
+	for _, name := range sortedKeys(s.byProxy[id]) {
 		if s.namespaces[name].GetAssignedProxyId() == id {
 			out = append(out, name)
 		}
@@ -383,12 +535,13 @@ func (s *state) namespacesOf(id string) []string {
 	return out
 }
 
-// namespacesByProxy lists every proxy's namespaces, sorted, in one pass.
+// namespacesByProxy lists every proxy's namespaces, sorted.
 func (s *state) namespacesByProxy() map[string][]string {
 	out := map[string][]string{}
-	for _, name := range sortedKeys(s.namespaces) {
-		id := s.namespaces[name].GetAssignedProxyId()
-		out[id] = append(out[id], name)
+	for id := range s.byProxy {
+		if names := s.namespacesOf(id); len(names) > 0 {
+			out[id] = names
+		}
 	}
 	return out
 }
