@@ -392,11 +392,11 @@ func (tx *txn) replace() {
 	tx.st.table = placement.Compute(tx.st.placeableProxyIDs())
 	tx.st.placementGen++
 	tx.st.replaced(&prev)
-	names := tx.st.replaceCandidates()
+	scope := (*state).replaceCandidates
 	if tx.replaceScope != nil {
-		names = tx.replaceScope(tx.st)
+		scope = tx.replaceScope
 	}
-	for _, name := range names {
+	for _, name := range scope(tx.st) {
 		n := tx.st.namespaces[name]
 		owner := tx.st.ownerOf(n)
 		if in := n.GetIncomingProxyId(); in != "" {
