@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -25,27 +24,7 @@ func fullAssignments(s *state, proxyID string) []*adminv1.NamespaceAssignment {
 	if proxyID == "" {
 		return nil
 	}
-	var out []*adminv1.NamespaceAssignment
-	for _, name := range sortedKeys(s.namespaces) {
-		n := s.namespaces[name]
-		var role adminv1.AssignmentRole
-		version := n.GetAssignmentIndex()
-		switch proxyID {
-		case n.GetAssignedProxyId():
-			role = adminv1.AssignmentRole_ASSIGNMENT_ROLE_SERVING
-		case n.GetHandoffProxyId():
-			role = adminv1.AssignmentRole_ASSIGNMENT_ROLE_HANDING_OFF
-		case n.GetIncomingProxyId():
-			role, version = adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP, n.GetMoveIndex()
-		default:
-			continue
-		}
-		out = append(out, &adminv1.NamespaceAssignment{
-			Namespace: n.GetName(), Partition: n.GetPartition(), Config: proto.CloneOf(n.GetConfig()),
-			MailboxId: mesh.MailboxID{Namespace: n.GetName(), Proxy: proxyID}.String(), Version: version, Role: role,
-		})
-	}
-	return out
+	return s.assignmentsAmong(sortedKeys(s.namespaces), proxyID)
 }
 
 // moveLog records the move events in order.

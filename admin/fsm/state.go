@@ -488,11 +488,17 @@ func (s *state) replaceCandidates() []string {
 // time, so the roles never overlap but for an unplanned reassignment to
 // the tail's proxy, which ends the tail.
 func (s *state) assignments(proxyID string) []*adminv1.NamespaceAssignment {
-	var out []*adminv1.NamespaceAssignment
 	if proxyID == "" {
 		return nil
 	}
-	for _, name := range sortedKeys(s.byProxy[proxyID]) {
+	return s.assignmentsAmong(sortedKeys(s.byProxy[proxyID]), proxyID)
+}
+
+// assignmentsAmong is assignments over the namespaces names, which must hold
+// every one proxyID has a role in (more are skipped).
+func (s *state) assignmentsAmong(names []string, proxyID string) []*adminv1.NamespaceAssignment {
+	var out []*adminv1.NamespaceAssignment
+	for _, name := range names {
 		n := s.namespaces[name]
 		var role adminv1.AssignmentRole
 		version := n.GetAssignmentIndex()
