@@ -115,6 +115,29 @@ func describe(rows []answer, start time.Time) string {
 	return b.String()
 }
 
+// standbyWaiting starts a world where runner-a serves the mailbox under
+// epochA with n events stored and committed, and runner-b, on the same
+// proxy, has its sidecar waiting for the lease.
+func standbyWaiting(t *testing.T, n int) (e *env, epochA uint64, runnerB *e2e.Runner) {
+	t.Helper()
+	e = setup(t, 1, grpcAddrs)
+	admin := e.admins[0]
+	epochA = e.heldBy(t, admin, "runner-a", e.runner, 0)
+	e.tl.mark("runner-a serving, epoch %d", epochA)
+	e.kafka.ProduceEnvelopes(t, topic, envelopes("before", n)...)
+	testwait.For(t, 30*time.Second, "runner-a stored and committed the first events", func() (bool, string) {
+		_, _, stored, err := mailboxStats(e.runner)
+		committed := e.kafka.Committed(t, mailboxID, topic)
+		return stored == int64(n) && committed == int64(n), fmt.Sprintf("stored %d committed %d err %v", stored, committed, err)
+	})
+	runnerB = startRunner(t, "runner-b", e.kafka.Brokers)
+	sidecarB := startSidecar(t, "sidecar-b", "runner-b", runnerB, admin.GRPCAddr)
+	testwait.For(t, 30*time.Second, "sidecar-b waiting for the lease", func() (bool, string) {
+		return sidecarB.LogHas("lease refused"), sidecarB.Tail(3)
+	})
+	return e, epochA, runnerB
+}
+
 // The sidecar paused (SIGSTOP) longer than ttl + grace while its runner runs:
 // the runner fences itself by the deadline it was handed, the admin expires
 // the lease and a standby runner of the proxy takes it under a newer epoch.
@@ -128,22 +151,9 @@ func describe(rows []answer, start time.Time) string {
 // event produced after runner-a fenced (runner-a committed what it stored
 // before).
 func TestSidecarPausedPastExpiryNeverServesStale(t *testing.T) {
-	e := setup(t, 1, grpcAddrs)
-	admin := e.admins[0]
-	epochA := e.heldBy(t, admin, "runner-a", e.runner, 0)
-	e.tl.mark("runner-a serving, epoch %d", epochA)
 	const n1, n2 = 100, 150
-	e.kafka.ProduceEnvelopes(t, topic, envelopes("before", n1)...)
-	testwait.For(t, 30*time.Second, "runner-a stored and committed the first events", func() (bool, string) {
-		_, _, stored, err := mailboxStats(e.runner)
-		committed := e.kafka.Committed(t, mailboxID, topic)
-		return stored == n1 && committed == n1, fmt.Sprintf("stored %d committed %d err %v", stored, committed, err)
-	})
-	runnerB := startRunner(t, "runner-b", e.kafka.Brokers)
-	sidecarB := startSidecar(t, "sidecar-b", "runner-b", runnerB, admin.GRPCAddr)
-	testwait.For(t, 30*time.Second, "sidecar-b waiting for the lease", func() (bool, string) {
-		return sidecarB.LogHas("lease refused"), sidecarB.Tail(3)
-	})
+	e, epochA, runnerB := standbyWaiting(t, n1)
+	admin := e.admins[0]
 
 	var as answers
 	stop := make(chan struct{})
@@ -256,22 +266,9 @@ func TestSidecarPausedPastExpiryNeverServesStale(t *testing.T) {
 // may carry them) are all in runner-b's store, and the group's offsets end
 // at everything produced.
 func TestRunnerPausedPastBoundNeverServesStale(t *testing.T) {
-	e := setup(t, 1, grpcAddrs)
-	admin := e.admins[0]
-	epochA := e.heldBy(t, admin, "runner-a", e.runner, 0)
-	e.tl.mark("runner-a serving, epoch %d", epochA)
 	const n1, n2 = 100, 150
-	e.kafka.ProduceEnvelopes(t, topic, envelopes("before", n1)...)
-	testwait.For(t, 30*time.Second, "runner-a stored and committed the first events", func() (bool, string) {
-		_, _, stored, err := mailboxStats(e.runner)
-		committed := e.kafka.Committed(t, mailboxID, topic)
-		return stored == n1 && committed == n1, fmt.Sprintf("stored %d committed %d err %v", stored, committed, err)
-	})
-	runnerB := startRunner(t, "runner-b", e.kafka.Brokers)
-	sidecarB := startSidecar(t, "sidecar-b", "runner-b", runnerB, admin.GRPCAddr)
-	testwait.For(t, 30*time.Second, "sidecar-b waiting for the lease", func() (bool, string) {
-		return sidecarB.LogHas("lease refused"), sidecarB.Tail(3)
-	})
+	e, epochA, runnerB := standbyWaiting(t, n1)
+	admin := e.admins[0]
 
 	var as answers
 	// Clients connected before the pause, so that their requests in it
