@@ -234,7 +234,9 @@ type OpenMailboxRequest struct {
 	// Lease epoch to activate with at once; 0 leaves the mailbox OPEN.
 	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// With epoch: as in ActivateMailboxRequest.
-	ValidFor      *durationpb.Duration `protobuf:"bytes,4,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
+	ValidFor *durationpb.Duration `protobuf:"bytes,4,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
+	// With epoch: as in ActivateMailboxRequest.
+	Bound         *BoottimeBound `protobuf:"bytes,5,opt,name=bound,proto3" json:"bound,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -297,6 +299,13 @@ func (x *OpenMailboxRequest) GetValidFor() *durationpb.Duration {
 	return nil
 }
 
+func (x *OpenMailboxRequest) GetBound() *BoottimeBound {
+	if x != nil {
+		return x.Bound
+	}
+	return nil
+}
+
 type OpenMailboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *MailboxStatus         `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -348,7 +357,10 @@ type ActivateMailboxRequest struct {
 	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// How long the runner may act on this epoch without hearing from the
 	// sidecar again; must be positive.
-	ValidFor      *durationpb.Duration `protobuf:"bytes,3,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
+	ValidFor *durationpb.Duration `protobuf:"bytes,3,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
+	// Optional: the same validity as an instant on the host's boot clock,
+	// which bounds valid_for when the runner shares the sender's boot.
+	Bound         *BoottimeBound `protobuf:"bytes,4,opt,name=bound,proto3" json:"bound,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -404,6 +416,13 @@ func (x *ActivateMailboxRequest) GetValidFor() *durationpb.Duration {
 	return nil
 }
 
+func (x *ActivateMailboxRequest) GetBound() *BoottimeBound {
+	if x != nil {
+		return x.Bound
+	}
+	return nil
+}
+
 type ActivateMailboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *MailboxStatus         `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -449,10 +468,12 @@ func (x *ActivateMailboxResponse) GetStatus() *MailboxStatus {
 }
 
 type ExtendMailboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MailboxId     string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	ValidFor      *durationpb.Duration   `protobuf:"bytes,3,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MailboxId string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	ValidFor  *durationpb.Duration   `protobuf:"bytes,3,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
+	// As in ActivateMailboxRequest.
+	Bound         *BoottimeBound `protobuf:"bytes,4,opt,name=bound,proto3" json:"bound,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -508,6 +529,75 @@ func (x *ExtendMailboxRequest) GetValidFor() *durationpb.Duration {
 	return nil
 }
 
+func (x *ExtendMailboxRequest) GetBound() *BoottimeBound {
+	if x != nil {
+		return x.Bound
+	}
+	return nil
+}
+
+// BoottimeBound is when a validity ends as an instant on the sender's
+// CLOCK_BOOTTIME. valid_for counts from when the runner gets the call, so a
+// call that waited in a paused runner's socket would grant more than the
+// sender meant; the sidecar and the runner of a pod share one kernel, so a
+// runner under the same boot_id takes the earlier of the two ends, and one
+// whose bound has passed on receipt takes the deadline as passed (final).
+// Under another boot_id (another host) the bound is ignored.
+type BoottimeBound struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sender's /proc/sys/kernel/random/boot_id.
+	BootId string `protobuf:"bytes,1,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	// Nanoseconds of CLOCK_BOOTTIME at which the validity ends: the sender's
+	// boot clock when it sent the call plus valid_for.
+	ValidUntilBoottime int64 `protobuf:"varint,2,opt,name=valid_until_boottime,json=validUntilBoottime,proto3" json:"valid_until_boottime,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *BoottimeBound) Reset() {
+	*x = BoottimeBound{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BoottimeBound) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BoottimeBound) ProtoMessage() {}
+
+func (x *BoottimeBound) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BoottimeBound.ProtoReflect.Descriptor instead.
+func (*BoottimeBound) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *BoottimeBound) GetBootId() string {
+	if x != nil {
+		return x.BootId
+	}
+	return ""
+}
+
+func (x *BoottimeBound) GetValidUntilBoottime() int64 {
+	if x != nil {
+		return x.ValidUntilBoottime
+	}
+	return 0
+}
+
 type ExtendMailboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *MailboxStatus         `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -517,7 +607,7 @@ type ExtendMailboxResponse struct {
 
 func (x *ExtendMailboxResponse) Reset() {
 	*x = ExtendMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -529,7 +619,7 @@ func (x *ExtendMailboxResponse) String() string {
 func (*ExtendMailboxResponse) ProtoMessage() {}
 
 func (x *ExtendMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -542,7 +632,7 @@ func (x *ExtendMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendMailboxResponse.ProtoReflect.Descriptor instead.
 func (*ExtendMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExtendMailboxResponse) GetStatus() *MailboxStatus {
@@ -562,7 +652,7 @@ type ExtendMailboxesRequest struct {
 
 func (x *ExtendMailboxesRequest) Reset() {
 	*x = ExtendMailboxesRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -574,7 +664,7 @@ func (x *ExtendMailboxesRequest) String() string {
 func (*ExtendMailboxesRequest) ProtoMessage() {}
 
 func (x *ExtendMailboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -587,7 +677,7 @@ func (x *ExtendMailboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendMailboxesRequest.ProtoReflect.Descriptor instead.
 func (*ExtendMailboxesRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExtendMailboxesRequest) GetMailboxes() []*ExtendMailboxRequest {
@@ -606,7 +696,7 @@ type ExtendMailboxesResponse struct {
 
 func (x *ExtendMailboxesResponse) Reset() {
 	*x = ExtendMailboxesResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -618,7 +708,7 @@ func (x *ExtendMailboxesResponse) String() string {
 func (*ExtendMailboxesResponse) ProtoMessage() {}
 
 func (x *ExtendMailboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -631,7 +721,7 @@ func (x *ExtendMailboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendMailboxesResponse.ProtoReflect.Descriptor instead.
 func (*ExtendMailboxesResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExtendMailboxesResponse) GetResults() []*ExtendMailboxResult {
@@ -657,7 +747,7 @@ type ExtendMailboxResult struct {
 
 func (x *ExtendMailboxResult) Reset() {
 	*x = ExtendMailboxResult{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -669,7 +759,7 @@ func (x *ExtendMailboxResult) String() string {
 func (*ExtendMailboxResult) ProtoMessage() {}
 
 func (x *ExtendMailboxResult) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -682,7 +772,7 @@ func (x *ExtendMailboxResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendMailboxResult.ProtoReflect.Descriptor instead.
 func (*ExtendMailboxResult) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExtendMailboxResult) GetMailboxId() string {
@@ -724,7 +814,7 @@ type FenceMailboxRequest struct {
 
 func (x *FenceMailboxRequest) Reset() {
 	*x = FenceMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +826,7 @@ func (x *FenceMailboxRequest) String() string {
 func (*FenceMailboxRequest) ProtoMessage() {}
 
 func (x *FenceMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +839,7 @@ func (x *FenceMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceMailboxRequest.ProtoReflect.Descriptor instead.
 func (*FenceMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *FenceMailboxRequest) GetMailboxId() string {
@@ -775,7 +865,7 @@ type FenceMailboxResponse struct {
 
 func (x *FenceMailboxResponse) Reset() {
 	*x = FenceMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +877,7 @@ func (x *FenceMailboxResponse) String() string {
 func (*FenceMailboxResponse) ProtoMessage() {}
 
 func (x *FenceMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +890,7 @@ func (x *FenceMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceMailboxResponse.ProtoReflect.Descriptor instead.
 func (*FenceMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FenceMailboxResponse) GetStatus() *MailboxStatus {
@@ -819,7 +909,7 @@ type CloseMailboxRequest struct {
 
 func (x *CloseMailboxRequest) Reset() {
 	*x = CloseMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +921,7 @@ func (x *CloseMailboxRequest) String() string {
 func (*CloseMailboxRequest) ProtoMessage() {}
 
 func (x *CloseMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +934,7 @@ func (x *CloseMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseMailboxRequest.ProtoReflect.Descriptor instead.
 func (*CloseMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CloseMailboxRequest) GetMailboxId() string {
@@ -864,7 +954,7 @@ type CloseMailboxResponse struct {
 
 func (x *CloseMailboxResponse) Reset() {
 	*x = CloseMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +966,7 @@ func (x *CloseMailboxResponse) String() string {
 func (*CloseMailboxResponse) ProtoMessage() {}
 
 func (x *CloseMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +979,7 @@ func (x *CloseMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseMailboxResponse.ProtoReflect.Descriptor instead.
 func (*CloseMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CloseMailboxResponse) GetClosed() bool {
@@ -910,7 +1000,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1012,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1025,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DrainRequest) GetMailboxIds() []string {
@@ -955,7 +1045,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1057,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1070,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DrainResponse) GetDrained() []string {
@@ -1000,7 +1090,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1102,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1115,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetStatsRequest) GetMailboxId() string {
@@ -1045,7 +1135,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1147,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1160,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetStatsResponse) GetMailboxes() []*MailboxStatus {
@@ -1124,7 +1214,7 @@ type MailboxStatus struct {
 
 func (x *MailboxStatus) Reset() {
 	*x = MailboxStatus{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1136,7 +1226,7 @@ func (x *MailboxStatus) String() string {
 func (*MailboxStatus) ProtoMessage() {}
 
 func (x *MailboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1149,7 +1239,7 @@ func (x *MailboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MailboxStatus.ProtoReflect.Descriptor instead.
 func (*MailboxStatus) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MailboxStatus) GetMailboxId() string {
@@ -1250,7 +1340,7 @@ type StoredPosition struct {
 
 func (x *StoredPosition) Reset() {
 	*x = StoredPosition{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1352,7 @@ func (x *StoredPosition) String() string {
 func (*StoredPosition) ProtoMessage() {}
 
 func (x *StoredPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1365,7 @@ func (x *StoredPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredPosition.ProtoReflect.Descriptor instead.
 func (*StoredPosition) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StoredPosition) GetTopic() string {
@@ -1308,27 +1398,33 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\x06topics\x18\x01 \x03(\tR\x06topics\x12H\n" +
 	"\x0fvalidation_mode\x18\x02 \x01(\x0e2\x1f.prism.runner.v1.ValidationModeR\x0evalidationMode\x12$\n" +
 	"\x0emax_age_millis\x18\x03 \x01(\x03R\fmaxAgeMillis\x12$\n" +
-	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\"\xb9\x01\n" +
+	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\"\xef\x01\n" +
 	"\x12OpenMailboxRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x126\n" +
 	"\x06config\x18\x02 \x01(\v2\x1e.prism.runner.v1.MailboxConfigR\x06config\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x126\n" +
-	"\tvalid_for\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\"M\n" +
+	"\tvalid_for\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x124\n" +
+	"\x05bound\x18\x05 \x01(\v2\x1e.prism.runner.v1.BoottimeBoundR\x05bound\"M\n" +
 	"\x13OpenMailboxResponse\x126\n" +
-	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"\x85\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"\xbb\x01\n" +
 	"\x16ActivateMailboxRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x126\n" +
-	"\tvalid_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\"Q\n" +
+	"\tvalid_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x124\n" +
+	"\x05bound\x18\x04 \x01(\v2\x1e.prism.runner.v1.BoottimeBoundR\x05bound\"Q\n" +
 	"\x17ActivateMailboxResponse\x126\n" +
-	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"\x83\x01\n" +
+	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"\xb9\x01\n" +
 	"\x14ExtendMailboxRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x126\n" +
-	"\tvalid_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\"O\n" +
+	"\tvalid_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x124\n" +
+	"\x05bound\x18\x04 \x01(\v2\x1e.prism.runner.v1.BoottimeBoundR\x05bound\"Z\n" +
+	"\rBoottimeBound\x12\x17\n" +
+	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x120\n" +
+	"\x14valid_until_boottime\x18\x02 \x01(\x03R\x12validUntilBoottime\"O\n" +
 	"\x15ExtendMailboxResponse\x126\n" +
 	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"]\n" +
 	"\x16ExtendMailboxesRequest\x12C\n" +
@@ -1416,7 +1512,7 @@ func file_prism_runner_v1_control_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_runner_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_prism_runner_v1_control_proto_goTypes = []any{
 	(ValidationMode)(0),             // 0: prism.runner.v1.ValidationMode
 	(MailboxState)(0),               // 1: prism.runner.v1.MailboxState
@@ -1426,60 +1522,64 @@ var file_prism_runner_v1_control_proto_goTypes = []any{
 	(*ActivateMailboxRequest)(nil),  // 5: prism.runner.v1.ActivateMailboxRequest
 	(*ActivateMailboxResponse)(nil), // 6: prism.runner.v1.ActivateMailboxResponse
 	(*ExtendMailboxRequest)(nil),    // 7: prism.runner.v1.ExtendMailboxRequest
-	(*ExtendMailboxResponse)(nil),   // 8: prism.runner.v1.ExtendMailboxResponse
-	(*ExtendMailboxesRequest)(nil),  // 9: prism.runner.v1.ExtendMailboxesRequest
-	(*ExtendMailboxesResponse)(nil), // 10: prism.runner.v1.ExtendMailboxesResponse
-	(*ExtendMailboxResult)(nil),     // 11: prism.runner.v1.ExtendMailboxResult
-	(*FenceMailboxRequest)(nil),     // 12: prism.runner.v1.FenceMailboxRequest
-	(*FenceMailboxResponse)(nil),    // 13: prism.runner.v1.FenceMailboxResponse
-	(*CloseMailboxRequest)(nil),     // 14: prism.runner.v1.CloseMailboxRequest
-	(*CloseMailboxResponse)(nil),    // 15: prism.runner.v1.CloseMailboxResponse
-	(*DrainRequest)(nil),            // 16: prism.runner.v1.DrainRequest
-	(*DrainResponse)(nil),           // 17: prism.runner.v1.DrainResponse
-	(*GetStatsRequest)(nil),         // 18: prism.runner.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),        // 19: prism.runner.v1.GetStatsResponse
-	(*MailboxStatus)(nil),           // 20: prism.runner.v1.MailboxStatus
-	(*StoredPosition)(nil),          // 21: prism.runner.v1.StoredPosition
-	(*durationpb.Duration)(nil),     // 22: google.protobuf.Duration
+	(*BoottimeBound)(nil),           // 8: prism.runner.v1.BoottimeBound
+	(*ExtendMailboxResponse)(nil),   // 9: prism.runner.v1.ExtendMailboxResponse
+	(*ExtendMailboxesRequest)(nil),  // 10: prism.runner.v1.ExtendMailboxesRequest
+	(*ExtendMailboxesResponse)(nil), // 11: prism.runner.v1.ExtendMailboxesResponse
+	(*ExtendMailboxResult)(nil),     // 12: prism.runner.v1.ExtendMailboxResult
+	(*FenceMailboxRequest)(nil),     // 13: prism.runner.v1.FenceMailboxRequest
+	(*FenceMailboxResponse)(nil),    // 14: prism.runner.v1.FenceMailboxResponse
+	(*CloseMailboxRequest)(nil),     // 15: prism.runner.v1.CloseMailboxRequest
+	(*CloseMailboxResponse)(nil),    // 16: prism.runner.v1.CloseMailboxResponse
+	(*DrainRequest)(nil),            // 17: prism.runner.v1.DrainRequest
+	(*DrainResponse)(nil),           // 18: prism.runner.v1.DrainResponse
+	(*GetStatsRequest)(nil),         // 19: prism.runner.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),        // 20: prism.runner.v1.GetStatsResponse
+	(*MailboxStatus)(nil),           // 21: prism.runner.v1.MailboxStatus
+	(*StoredPosition)(nil),          // 22: prism.runner.v1.StoredPosition
+	(*durationpb.Duration)(nil),     // 23: google.protobuf.Duration
 }
 var file_prism_runner_v1_control_proto_depIdxs = []int32{
 	0,  // 0: prism.runner.v1.MailboxConfig.validation_mode:type_name -> prism.runner.v1.ValidationMode
 	2,  // 1: prism.runner.v1.OpenMailboxRequest.config:type_name -> prism.runner.v1.MailboxConfig
-	22, // 2: prism.runner.v1.OpenMailboxRequest.valid_for:type_name -> google.protobuf.Duration
-	20, // 3: prism.runner.v1.OpenMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	22, // 4: prism.runner.v1.ActivateMailboxRequest.valid_for:type_name -> google.protobuf.Duration
-	20, // 5: prism.runner.v1.ActivateMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	22, // 6: prism.runner.v1.ExtendMailboxRequest.valid_for:type_name -> google.protobuf.Duration
-	20, // 7: prism.runner.v1.ExtendMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	7,  // 8: prism.runner.v1.ExtendMailboxesRequest.mailboxes:type_name -> prism.runner.v1.ExtendMailboxRequest
-	11, // 9: prism.runner.v1.ExtendMailboxesResponse.results:type_name -> prism.runner.v1.ExtendMailboxResult
-	20, // 10: prism.runner.v1.ExtendMailboxResult.status:type_name -> prism.runner.v1.MailboxStatus
-	20, // 11: prism.runner.v1.FenceMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	20, // 12: prism.runner.v1.GetStatsResponse.mailboxes:type_name -> prism.runner.v1.MailboxStatus
-	1,  // 13: prism.runner.v1.MailboxStatus.state:type_name -> prism.runner.v1.MailboxState
-	22, // 14: prism.runner.v1.MailboxStatus.valid_for:type_name -> google.protobuf.Duration
-	21, // 15: prism.runner.v1.MailboxStatus.stored_positions:type_name -> prism.runner.v1.StoredPosition
-	3,  // 16: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
-	5,  // 17: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
-	7,  // 18: prism.runner.v1.RunnerControl.ExtendMailbox:input_type -> prism.runner.v1.ExtendMailboxRequest
-	9,  // 19: prism.runner.v1.RunnerControl.ExtendMailboxes:input_type -> prism.runner.v1.ExtendMailboxesRequest
-	12, // 20: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
-	14, // 21: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
-	16, // 22: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
-	18, // 23: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
-	4,  // 24: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
-	6,  // 25: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
-	8,  // 26: prism.runner.v1.RunnerControl.ExtendMailbox:output_type -> prism.runner.v1.ExtendMailboxResponse
-	10, // 27: prism.runner.v1.RunnerControl.ExtendMailboxes:output_type -> prism.runner.v1.ExtendMailboxesResponse
-	13, // 28: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
-	15, // 29: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
-	17, // 30: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
-	19, // 31: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
-	24, // [24:32] is the sub-list for method output_type
-	16, // [16:24] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	23, // 2: prism.runner.v1.OpenMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	8,  // 3: prism.runner.v1.OpenMailboxRequest.bound:type_name -> prism.runner.v1.BoottimeBound
+	21, // 4: prism.runner.v1.OpenMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	23, // 5: prism.runner.v1.ActivateMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	8,  // 6: prism.runner.v1.ActivateMailboxRequest.bound:type_name -> prism.runner.v1.BoottimeBound
+	21, // 7: prism.runner.v1.ActivateMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	23, // 8: prism.runner.v1.ExtendMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	8,  // 9: prism.runner.v1.ExtendMailboxRequest.bound:type_name -> prism.runner.v1.BoottimeBound
+	21, // 10: prism.runner.v1.ExtendMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	7,  // 11: prism.runner.v1.ExtendMailboxesRequest.mailboxes:type_name -> prism.runner.v1.ExtendMailboxRequest
+	12, // 12: prism.runner.v1.ExtendMailboxesResponse.results:type_name -> prism.runner.v1.ExtendMailboxResult
+	21, // 13: prism.runner.v1.ExtendMailboxResult.status:type_name -> prism.runner.v1.MailboxStatus
+	21, // 14: prism.runner.v1.FenceMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	21, // 15: prism.runner.v1.GetStatsResponse.mailboxes:type_name -> prism.runner.v1.MailboxStatus
+	1,  // 16: prism.runner.v1.MailboxStatus.state:type_name -> prism.runner.v1.MailboxState
+	23, // 17: prism.runner.v1.MailboxStatus.valid_for:type_name -> google.protobuf.Duration
+	22, // 18: prism.runner.v1.MailboxStatus.stored_positions:type_name -> prism.runner.v1.StoredPosition
+	3,  // 19: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
+	5,  // 20: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
+	7,  // 21: prism.runner.v1.RunnerControl.ExtendMailbox:input_type -> prism.runner.v1.ExtendMailboxRequest
+	10, // 22: prism.runner.v1.RunnerControl.ExtendMailboxes:input_type -> prism.runner.v1.ExtendMailboxesRequest
+	13, // 23: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
+	15, // 24: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
+	17, // 25: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
+	19, // 26: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
+	4,  // 27: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
+	6,  // 28: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
+	9,  // 29: prism.runner.v1.RunnerControl.ExtendMailbox:output_type -> prism.runner.v1.ExtendMailboxResponse
+	11, // 30: prism.runner.v1.RunnerControl.ExtendMailboxes:output_type -> prism.runner.v1.ExtendMailboxesResponse
+	14, // 31: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
+	16, // 32: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
+	18, // 33: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
+	20, // 34: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
+	27, // [27:35] is the sub-list for method output_type
+	19, // [19:27] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_prism_runner_v1_control_proto_init() }
@@ -1487,14 +1587,14 @@ func file_prism_runner_v1_control_proto_init() {
 	if File_prism_runner_v1_control_proto != nil {
 		return
 	}
-	file_prism_runner_v1_control_proto_msgTypes[18].OneofWrappers = []any{}
+	file_prism_runner_v1_control_proto_msgTypes[19].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_runner_v1_control_proto_rawDesc), len(file_prism_runner_v1_control_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
