@@ -12,7 +12,10 @@
 //
 // The runner also fences a mailbox by itself when the sidecar's valid_for
 // runs out without an ExtendMailbox: the sidecar may be dead, and the admin
-// will grant the lease elsewhere after ttl + grace.
+// will grant the lease elsewhere after ttl + grace. valid_for counts from
+// receipt, so a call that waited in the socket of a paused runner would
+// stretch it; the call's bound on the host's boot clock, shared with the
+// sidecar, cuts it back to what the sidecar meant (validity).
 //
 // Fencing closes the mailbox in the runner (queries stop at the first
 // instruction, the consumer stops fetching and commits what it has made
@@ -63,6 +66,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/internal/boottime"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
@@ -97,6 +101,9 @@ type Config struct {
 	Logger     *slog.Logger
 	// Clock runs the activation deadlines; nil is the real clock.
 	Clock clock.WithDelayedExecution
+	// Boottime reads the host's boot clock, against which a call's
+	// BoottimeBound is checked; nil is boottime.Read.
+	Boottime boottime.Reader
 }
 
 // Server implements runnerv1.RunnerControlServer. Lock order: see the
@@ -106,6 +113,7 @@ type Server struct {
 
 	host    Host
 	clock   clock.WithDelayedExecution
+	boot    boottime.Reader
 	log     *slog.Logger
 	fences  *prometheus.CounterVec
 	actions *prometheus.CounterVec
@@ -170,9 +178,13 @@ func New(cfg Config) *Server {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
+	if cfg.Boottime == nil {
+		cfg.Boottime = boottime.Read
+	}
 	s := &Server{
 		host:  cfg.Host,
 		clock: cfg.Clock,
+		boot:  cfg.Boottime,
 		log:   cfg.Logger,
 		fences: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_runner_fences_total",
@@ -300,12 +312,12 @@ func (s *Server) open(req *runnerv1.OpenMailboxRequest) (*runnerv1.MailboxStatus
 		hs, ok := s.host.Status(id)
 		return statusOf(id, e.pub.Load(), hs, ok, s.clock.Now()), nil
 	}
-	return s.activate(id, req.GetEpoch(), req.GetValidFor())
+	return s.activate(id, req.GetEpoch(), req.GetValidFor(), req.GetBound())
 }
 
 // ActivateMailbox implements RunnerControl.
 func (s *Server) ActivateMailbox(_ context.Context, req *runnerv1.ActivateMailboxRequest) (*runnerv1.ActivateMailboxResponse, error) {
-	st, err := s.activate(req.GetMailboxId(), req.GetEpoch(), req.GetValidFor())
+	st, err := s.activate(req.GetMailboxId(), req.GetEpoch(), req.GetValidFor(), req.GetBound())
 	s.count("ActivateMailbox", err)
 	if err != nil {
 		return nil, err
@@ -313,7 +325,7 @@ func (s *Server) ActivateMailbox(_ context.Context, req *runnerv1.ActivateMailbo
 	return &runnerv1.ActivateMailboxResponse{Status: st}, nil
 }
 
-func (s *Server) activate(id string, epoch uint64, vf *durationpb.Duration) (*runnerv1.MailboxStatus, error) {
+func (s *Server) activate(id string, epoch uint64, vf *durationpb.Duration, bound *runnerv1.BoottimeBound) (*runnerv1.MailboxStatus, error) {
 	if epoch == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "activate %s: epoch: must be non-zero (a lease epoch)", id)
 	}
@@ -373,7 +385,7 @@ func (s *Server) activate(id string, epoch uint64, vf *durationpb.Duration) (*ru
 		log.Info("mailbox active: consuming and serving", "valid_for", d, "took", time.Since(start))
 	}
 	e.state = to
-	if err := s.setDeadlineLocked(e, d); err != nil {
+	if err := s.setDeadlineLocked(e, d, bound); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "activate %s: %v; activate it again", id, err)
 	}
 	return s.statusLocked(e), nil
@@ -444,18 +456,26 @@ func (s *Server) extend(req *runnerv1.ExtendMailboxRequest) (*published, error) 
 	if req.GetEpoch() != e.epoch {
 		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: epoch %d is not the active epoch %d", id, req.GetEpoch(), e.epoch)
 	}
-	if err := s.setDeadlineLocked(e, d); err != nil {
+	if err := s.setDeadlineLocked(e, d, req.GetBound()); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "extend %s: %v; activate it again", id, err)
 	}
 	return e.publishLocked(false), nil
 }
 
-// setDeadlineLocked moves e's deadline d from now, the runner's own check
-// of it at every request and the self-fencing timer. A deadline the runner
-// holds as passed is not moved: the call is late (queued while the process
-// was paused past it, its timer yet to run), so e is fenced now instead.
-func (s *Server) setDeadlineLocked(e *entry, d time.Duration) error {
-	if err := s.host.SetValidFor(e.id, d); err != nil {
+// setDeadlineLocked moves e's deadline d from now, or to bound if that
+// is earlier (validity), the runner's own check of it at every request and
+// the self-fencing timer. A deadline the runner holds as passed is not
+// moved, nor is one whose bound has passed: the call is late (queued while
+// the process was paused past it, its timer yet to run), so e is fenced now
+// instead.
+func (s *Server) setDeadlineLocked(e *entry, d time.Duration, bound *runnerv1.BoottimeBound) error {
+	var err error
+	if d = s.validity(d, bound); d > 0 {
+		err = s.host.SetValidFor(e.id, d)
+	} else {
+		err = fmt.Errorf("set valid for %s: %w: its bound on the boot clock passed %s ago", e.id, runner.ErrDeadlinePassed, -d)
+	}
+	if err != nil {
 		if ferr := s.fenceLocked(e, "deadline_passed"); ferr != nil {
 			s.log.Error("deadline passed", "mailbox_id", e.id, "err", ferr)
 		}
@@ -471,6 +491,22 @@ func (s *Server) setDeadlineLocked(e *entry, d time.Duration) error {
 	// fencing reads the clock: hand the work to a goroutine.
 	e.timer = s.clock.AfterFunc(d, func() { go s.deadlinePassed(id, gen) })
 	return nil
+}
+
+// validity is how long from now the runner may act on a call granting d
+// from its receipt: d, cut to the call's bound when the runner reads the
+// same boot clock as the sender (the sidecar of the same pod). Without a
+// bound, or under another boot, it is d. Not positive: the bound passed
+// while the call waited (a paused runner).
+func (s *Server) validity(d time.Duration, bound *runnerv1.BoottimeBound) time.Duration {
+	if bound.GetBootId() == "" {
+		return d
+	}
+	now, ok := s.boot()
+	if !ok || now.BootID != bound.GetBootId() {
+		return d
+	}
+	return min(d, time.Duration(bound.GetValidUntilBoottime())-now.Since)
 }
 
 func (s *Server) deadlinePassed(id string, gen uint64) {

@@ -43,6 +43,8 @@ type fakeHost struct {
 	// expired are the mailboxes whose deadline the runner holds as passed
 	// (SetValidFor refuses); deadlines are not recorded in calls.
 	expired map[string]bool
+	// validFor is the last time left each mailbox was given (SetValidFor).
+	validFor map[string]time.Duration
 }
 
 // gate waits until the gate of call, if any, is open.
@@ -129,12 +131,16 @@ func (h *fakeHost) SetEpoch(id string, epoch uint64) error {
 	return nil
 }
 
-func (h *fakeHost) SetValidFor(id string, _ time.Duration) error {
+func (h *fakeHost) SetValidFor(id string, d time.Duration) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.expired[id] {
 		return runner.ErrDeadlinePassed
 	}
+	if h.validFor == nil {
+		h.validFor = map[string]time.Duration{}
+	}
+	h.validFor[id] = d
 	return nil
 }
 
