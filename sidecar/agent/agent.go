@@ -140,6 +140,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/internal/boottime"
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
@@ -200,6 +201,10 @@ type Config struct {
 	Runner   runnerv1.RunnerControlClient
 
 	Clock clock.Clock // nil = real clock
+	// Boottime reads the host's boot clock, shared with the runner of the
+	// pod, to bound each valid_for the runner is handed (runnerBound);
+	// nil is boottime.Read.
+	Boottime boottime.Reader
 	// Jitter shortens a heartbeat interval; nil takes 80-100% at random.
 	Jitter     func(time.Duration) time.Duration
 	Logger     *slog.Logger
@@ -251,6 +256,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
+	}
+	if c.Boottime == nil {
+		c.Boottime = boottime.Read
 	}
 	if c.Jitter == nil {
 		c.Jitter = func(d time.Duration) time.Duration { return time.Duration(float64(d) * (0.8 + 0.2*rand.Float64())) }

@@ -245,6 +245,29 @@ type fakeRunner struct {
 	// statsErr, when set, fails every GetStats with it, the runner
 	// answering its other calls: too busy to answer its stats in time.
 	statsErr error
+	// granted records every validity the runner was handed.
+	granted []grant
+}
+
+// grant is a validity handed to the runner: by call ("activate", "open",
+// "extend"), received at (the fake clock), with its boot clock bound.
+type grant struct {
+	call, id string
+	at       time.Time
+	validFor time.Duration
+	bound    *runnerv1.BoottimeBound
+}
+
+// grantLocked records a validity handed to the runner; r.mu is held.
+func (r *fakeRunner) grantLocked(call, id string, validFor time.Duration, bound *runnerv1.BoottimeBound) {
+	r.granted = append(r.granted, grant{call: call, id: id, at: r.ev.clk.Now(), validFor: validFor, bound: bound})
+}
+
+// grants is what grantLocked recorded.
+func (r *fakeRunner) grants() []grant {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.granted)
 }
 
 // failOpen makes every open of mailbox id fail with err (nil: succeed).
@@ -306,6 +329,7 @@ func (r *fakeRunner) OpenMailbox(_ context.Context, in *runnerv1.OpenMailboxRequ
 		r.mb[in.GetMailboxId()] = st
 	}
 	if in.GetEpoch() != 0 {
+		r.grantLocked("open", in.GetMailboxId(), in.GetValidFor().AsDuration(), in.GetBound())
 		st.State, st.Epoch = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, in.GetEpoch()
 	}
 	return &runnerv1.OpenMailboxResponse{Status: st}, nil
@@ -329,6 +353,7 @@ func (r *fakeRunner) ActivateMailbox(_ context.Context, in *runnerv1.ActivateMai
 	if !ok {
 		return nil, status.Error(codes.NotFound, "not open")
 	}
+	r.grantLocked("activate", in.GetMailboxId(), in.GetValidFor().AsDuration(), in.GetBound())
 	st.State, st.Epoch, st.Drained = runnerv1.MailboxState_MAILBOX_STATE_ACTIVE, in.GetEpoch(), false
 	return &runnerv1.ActivateMailboxResponse{Status: st}, nil
 }
@@ -340,6 +365,7 @@ func (r *fakeRunner) ExtendMailbox(_ context.Context, in *runnerv1.ExtendMailbox
 		return nil, err
 	}
 	r.ev.add("runner extend %s %d valid_for=%v", in.GetMailboxId(), in.GetEpoch(), in.GetValidFor().AsDuration())
+	r.grantLocked("extend", in.GetMailboxId(), in.GetValidFor().AsDuration(), in.GetBound())
 	return &runnerv1.ExtendMailboxResponse{}, nil
 }
 
@@ -359,6 +385,7 @@ func (r *fakeRunner) ExtendMailboxes(_ context.Context, in *runnerv1.ExtendMailb
 	resp := &runnerv1.ExtendMailboxesResponse{}
 	for _, m := range in.GetMailboxes() {
 		r.ev.add("runner extend %s %d valid_for=%v", m.GetMailboxId(), m.GetEpoch(), m.GetValidFor().AsDuration())
+		r.grantLocked("extend", m.GetMailboxId(), m.GetValidFor().AsDuration(), m.GetBound())
 		resp.Results = append(resp.Results, &runnerv1.ExtendMailboxResult{MailboxId: m.GetMailboxId(), Status: &runnerv1.MailboxStatus{}})
 	}
 	return resp, nil

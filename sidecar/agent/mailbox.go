@@ -622,17 +622,19 @@ func (w *worker) activate(epoch uint64, until func() time.Time) bool {
 		if !ok {
 			return false
 		}
+		bound := w.a.runnerBound()
 		if now, fenceAt = w.a.cfg.Clock.Now(), until(); !now.Before(fenceAt) {
 			done()
 			continue
 		}
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		vf := durationpb.New(fenceAt.Sub(now))
-		_, err := w.a.cfg.Runner.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: vf})
+		b := bound(vf.AsDuration())
+		_, err := w.a.cfg.Runner.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: vf, Bound: b})
 		if status.Code(err) == codes.NotFound {
 			// The runner restarted and forgot the mailbox: open and
 			// activate in one call.
-			_, err = w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), Epoch: epoch, ValidFor: vf})
+			_, err = w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), Epoch: epoch, ValidFor: vf, Bound: b})
 		}
 		cancel()
 		done()
@@ -657,6 +659,7 @@ func (w *worker) activate(epoch uint64, until func() time.Time) bool {
 // only logged: the runner fences itself at the old deadline, and the next
 // heartbeat's stats reveal it.
 func (w *worker) extend(epoch uint64, fenceAt time.Time) {
+	bound := w.a.runnerBound()
 	sentAt := w.a.cfg.Clock.Now()
 	vf := fenceAt.Sub(sentAt)
 	if vf <= 0 || !w.mayExtend() {
@@ -666,7 +669,7 @@ func (w *worker) extend(epoch uint64, fenceAt time.Time) {
 	ctx, cancel := context.WithTimeout(w.ctx, min(w.a.cfg.RPCTimeout, vf))
 	defer cancel()
 	before := w.runnerDeadline()
-	if _, err := w.a.cfg.Runner.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationpb.New(vf)}); err != nil {
+	if _, err := w.a.cfg.Runner.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationpb.New(vf), Bound: bound(vf)}); err != nil {
 		w.unanswered(before, sentAt, vf, err)
 		w.log.Warn("runner did not take the extension", "epoch", epoch, "err", err)
 		return

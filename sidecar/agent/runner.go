@@ -131,3 +131,20 @@ func (r heardRunner) GetStats(ctx context.Context, in *runnerv1.GetStatsRequest,
 	r.note(err)
 	return resp, err
 }
+
+// runnerBound reads the boot clock, before the caller reads its lease clock
+// to count a valid_for from now, and returns the bound that makes of that
+// valid_for the same end as an instant on the boot clock, or nil without
+// one. valid_for alone counts from when the runner gets the call, which
+// may be long after it was sent if the runner was paused meanwhile
+// (docs/architecture.md#fencing); read first, the bound never ends after
+// the lease clock's end.
+func (a *Agent) runnerBound() func(validFor time.Duration) *runnerv1.BoottimeBound {
+	now, ok := a.cfg.Boottime()
+	return func(validFor time.Duration) *runnerv1.BoottimeBound {
+		if !ok {
+			return nil
+		}
+		return &runnerv1.BoottimeBound{BootId: now.BootID, ValidUntilBoottime: int64(now.Since + validFor)}
+	}
+}

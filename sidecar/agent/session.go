@@ -873,6 +873,7 @@ func (s *sessions) extendAll(ctx context.Context) {
 			}
 		}
 	}
+	bound := a.runnerBound()
 	sentAt := a.cfg.Clock.Now()
 	var vf time.Duration
 	if len(held) > 0 {
@@ -897,7 +898,7 @@ func (s *sessions) extendAll(ctx context.Context) {
 	reqs := make([]*runnerv1.ExtendMailboxRequest, len(held))
 	before := make([]time.Time, len(held))
 	for i, h := range held {
-		reqs[i] = &runnerv1.ExtendMailboxRequest{MailboxId: h.w.id, Epoch: h.epoch, ValidFor: durationpb.New(vf)}
+		reqs[i] = &runnerv1.ExtendMailboxRequest{MailboxId: h.w.id, Epoch: h.epoch, ValidFor: durationpb.New(vf), Bound: bound(vf)}
 		before[i] = h.w.runnerDeadline()
 	}
 	// An answer after vf confirms a deadline that has passed: waiting for
