@@ -137,6 +137,14 @@ func readCycles(r io.Reader) ([]cycle, map[int]time.Duration, error) {
 		}
 		g.since = t
 	}
+	// A request still being served when the trace stopped (its answer may already be with the client) counts up
+	// to the trace's end.
+	for _, g := range gors {
+		if g.in && strings.HasSuffix(g.root, connGoroutine) {
+			g.cur.took = last.Sub(g.started)
+			cycles = append(cycles, g.cur)
+		}
+	}
 	slices.SortFunc(cycles, func(a, b cycle) int { return int(a.took - b.took) })
 	return cycles, atOnce, nil
 }

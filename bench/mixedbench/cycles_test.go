@@ -26,8 +26,12 @@ func TestReadCycles(t *testing.T) { // not parallel: it traces the whole process
 		}
 	}))
 	defer srv.Close()
+	// One connection for every request: a connection's first cycle is not counted, and a request that raced the
+	// previous one's return to the idle pool would dial its own.
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
 	get := func(path string) {
-		resp, err := http.Get(srv.URL + path)
+		resp, err := client.Get(srv.URL + path)
 		if err != nil {
 			t.Error(err)
 			return
@@ -55,8 +59,10 @@ func TestReadCycles(t *testing.T) { // not parallel: it traces the whole process
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cycles) < 5 {
-		t.Fatalf("%d cycles; want the 5 requests after the connection's first", len(cycles))
+	// A request that reaches the server before its connection goroutine waits for the network again shares the
+	// previous one's cycle (on a busy machine all five fast ones may), so only the slow one is sure to be there.
+	if len(cycles) == 0 {
+		t.Fatal("no cycle; want the slow request's at least")
 	}
 	slow := cycles[len(cycles)-1]
 	if slow.blocked < held || slow.took < slow.blocked {
@@ -65,8 +71,10 @@ func TestReadCycles(t *testing.T) { // not parallel: it traces the whole process
 	if w := strings.Join(slow.waits, "; "); !strings.Contains(w, "blocked") || !strings.Contains(w, "(sync)") || !strings.Contains(w, "woken by") {
 		t.Errorf("slowest cycle's waits %q; want a blocked wait on sync, with who woke it", w)
 	}
-	if fast := cycles[len(cycles)-2]; fast.took >= held {
-		t.Errorf("second slowest cycle took %v; want the fast ones under %v", fast.took, held)
+	if len(cycles) > 1 {
+		if fast := cycles[len(cycles)-2]; fast.took >= held {
+			t.Errorf("second slowest cycle took %v; want the fast ones under %v", fast.took, held)
+		}
 	}
 	if len(atOnce) == 0 {
 		t.Error("no time counted by goroutines running at once")

@@ -176,12 +176,13 @@ func readHolds(r io.Reader, minWait time.Duration, sites []string) ([]hold, erro
 			g.state, g.since = to, t
 		}
 	}
-	// The waiters one unlock woke (within 100 µs of each other, by the same goroutine) are one hold.
+	// The waiters one unlock woke are one hold: woken by the same goroutine, within 100 µs of each other or, when
+	// the unlocker was preempted between two wakes, the later one already waiting when the earlier one woke.
 	slices.SortFunc(wakes, func(a, b wake) int { return int(a.to - b.to) })
 	var holds []hold
 	var holders []trace.GoID
 	for _, w := range wakes {
-		if n := len(holds); n > 0 && holders[n-1] == w.waker && w.to.Sub(holds[n-1].to) < 100*time.Microsecond {
+		if n := len(holds); n > 0 && holders[n-1] == w.waker && (w.to.Sub(holds[n-1].to) < 100*time.Microsecond || w.from < holds[n-1].to) {
 			h := &holds[n-1]
 			h.from, h.to, h.waiters = min(h.from, w.from), max(h.to, w.to), h.waiters+1
 			continue
