@@ -185,14 +185,29 @@ func TestSilentLeaderReplacedAtTheTimeout(t *testing.T) {
 	}
 	c.nodes[lead] = nil
 	var due time.Time
-	for _, n := range c.nodes {
+	var hurried [3]uint64
+	for i, n := range c.nodes {
 		if n != nil {
 			due = later(due, n.raft.LastContact().Add(slowTiming.HeartbeatTimeout))
+			hurried[i] = n.trans.(*watchedTransport).w.hurried.Load()
 		}
 	}
 	next := c.leader()
-	if late := time.Since(due); late > 300*time.Millisecond {
-		t.Fatalf("n%d elected %v after both survivors' silence reached the heartbeat timeout, want within 300ms", next, late)
+	// Quiet, the election ends within 300 ms of the due time; raft's own
+	// check alone stands 0-2 s after it. The bound leaves a loaded CI
+	// machine room (439 ms seen); a survivor's staggered check having had
+	// raft stand is what tells the two apart.
+	if late := time.Since(due); late > slowTiming.HeartbeatTimeout/2 {
+		t.Fatalf("n%d elected %v after both survivors' silence reached the heartbeat timeout, want within %v", next, late, slowTiming.HeartbeatTimeout/2)
+	}
+	var h uint64
+	for i, n := range c.nodes {
+		if n != nil {
+			h += n.trans.(*watchedTransport).w.hurried.Load() - hurried[i]
+		}
+	}
+	if h == 0 {
+		t.Errorf("n%d was elected with no survivor's staggered check having raft stand", next)
 	}
 }
 
