@@ -247,6 +247,8 @@ type fakeRunner struct {
 	statsErr error
 	// granted records every validity the runner was handed.
 	granted []grant
+	// allowed is each mailbox's recovery peers as AllowRecovery last set them.
+	allowed map[string][]string
 }
 
 // grant is a validity handed to the runner: by call ("activate", "open",
@@ -452,6 +454,22 @@ func (r *fakeRunner) Drain(_ context.Context, in *runnerv1.DrainRequest, _ ...gr
 		}
 	}
 	return &runnerv1.DrainResponse{Drained: drained}, nil
+}
+
+func (r *fakeRunner) AllowRecovery(_ context.Context, in *runnerv1.AllowRecoveryRequest, _ ...grpc.CallOption) (*runnerv1.AllowRecoveryResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.unreachable("allow-recovery"); err != nil {
+		return nil, err
+	}
+	if _, ok := r.mb[in.GetMailboxId()]; !ok {
+		return nil, status.Errorf(codes.NotFound, "mailbox %q is not open", in.GetMailboxId())
+	}
+	if r.allowed == nil {
+		r.allowed = map[string][]string{}
+	}
+	r.allowed[in.GetMailboxId()] = slices.Clone(in.GetProxyIds())
+	return &runnerv1.AllowRecoveryResponse{}, nil
 }
 
 func (r *fakeRunner) GetStats(_ context.Context, in *runnerv1.GetStatsRequest, _ ...grpc.CallOption) (*runnerv1.GetStatsResponse, error) {

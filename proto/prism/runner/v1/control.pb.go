@@ -30,6 +30,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -154,6 +155,68 @@ func (MailboxState) EnumDescriptor() ([]byte, []int) {
 	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{1}
 }
 
+// RecoveryState is where a mailbox's seeding by peer recovery is.
+type RecoveryState int32
+
+const (
+	// Not reported: a runner older than the field.
+	RecoveryState_RECOVERY_STATE_UNSPECIFIED RecoveryState = 0
+	// No recovery asked, or the mailbox had data of its own.
+	RecoveryState_RECOVERY_STATE_NONE RecoveryState = 1
+	// Copying from the source; the mailbox does not ingest yet.
+	RecoveryState_RECOVERY_STATE_COPYING RecoveryState = 2
+	// The copy is complete; the mailbox ingests from the copied positions.
+	RecoveryState_RECOVERY_STATE_COPIED RecoveryState = 3
+	// No copy could be had: the mailbox fell back to Kafka from the oldest
+	// offset it holds, so history older than the topics' retention is missing.
+	RecoveryState_RECOVERY_STATE_INCOMPLETE RecoveryState = 4
+)
+
+// Enum value maps for RecoveryState.
+var (
+	RecoveryState_name = map[int32]string{
+		0: "RECOVERY_STATE_UNSPECIFIED",
+		1: "RECOVERY_STATE_NONE",
+		2: "RECOVERY_STATE_COPYING",
+		3: "RECOVERY_STATE_COPIED",
+		4: "RECOVERY_STATE_INCOMPLETE",
+	}
+	RecoveryState_value = map[string]int32{
+		"RECOVERY_STATE_UNSPECIFIED": 0,
+		"RECOVERY_STATE_NONE":        1,
+		"RECOVERY_STATE_COPYING":     2,
+		"RECOVERY_STATE_COPIED":      3,
+		"RECOVERY_STATE_INCOMPLETE":  4,
+	}
+)
+
+func (x RecoveryState) Enum() *RecoveryState {
+	p := new(RecoveryState)
+	*p = x
+	return p
+}
+
+func (x RecoveryState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RecoveryState) Descriptor() protoreflect.EnumDescriptor {
+	return file_prism_runner_v1_control_proto_enumTypes[2].Descriptor()
+}
+
+func (RecoveryState) Type() protoreflect.EnumType {
+	return &file_prism_runner_v1_control_proto_enumTypes[2]
+}
+
+func (x RecoveryState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RecoveryState.Descriptor instead.
+func (RecoveryState) EnumDescriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{2}
+}
+
 // MailboxConfig is what the runner needs to host a mailbox.
 type MailboxConfig struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -236,7 +299,16 @@ type OpenMailboxRequest struct {
 	// With epoch: as in ActivateMailboxRequest.
 	ValidFor *durationpb.Duration `protobuf:"bytes,4,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
 	// With epoch: as in ActivateMailboxRequest.
-	Bound         *BoottimeBound `protobuf:"bytes,5,opt,name=bound,proto3" json:"bound,omitempty"`
+	Bound *BoottimeBound `protobuf:"bytes,5,opt,name=bound,proto3" json:"bound,omitempty"`
+	// The live mailbox to seed this one from by peer recovery. Taken only when
+	// this mailbox has nothing stored yet (one with data of its own resumes
+	// from its own positions and ignores it). The copy runs in the background
+	// once the mailbox is active; the mailbox ingests from Kafka only once the
+	// copy is complete, from the copied stored positions. A failed copy is
+	// resumed with backoff within a bound; past it, or when the source refuses
+	// for good (NOT_FOUND, PERMISSION_DENIED), the mailbox falls back to Kafka
+	// from the oldest offset and reports its history incomplete.
+	RecoverFrom   *RecoverySource `protobuf:"bytes,6,opt,name=recover_from,json=recoverFrom,proto3" json:"recover_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -306,6 +378,69 @@ func (x *OpenMailboxRequest) GetBound() *BoottimeBound {
 	return nil
 }
 
+func (x *OpenMailboxRequest) GetRecoverFrom() *RecoverySource {
+	if x != nil {
+		return x.RecoverFrom
+	}
+	return nil
+}
+
+// RecoverySource is a live mailbox to copy and where its runner serves.
+type RecoverySource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "{namespace}@{proxy_id}" of the source mailbox.
+	MailboxId string `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	// The source runner's query address (host:port), as its proxy registered
+	// it with the admin.
+	Address       string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoverySource) Reset() {
+	*x = RecoverySource{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoverySource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoverySource) ProtoMessage() {}
+
+func (x *RecoverySource) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoverySource.ProtoReflect.Descriptor instead.
+func (*RecoverySource) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RecoverySource) GetMailboxId() string {
+	if x != nil {
+		return x.MailboxId
+	}
+	return ""
+}
+
+func (x *RecoverySource) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 type OpenMailboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *MailboxStatus         `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -315,7 +450,7 @@ type OpenMailboxResponse struct {
 
 func (x *OpenMailboxResponse) Reset() {
 	*x = OpenMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[2]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -327,7 +462,7 @@ func (x *OpenMailboxResponse) String() string {
 func (*OpenMailboxResponse) ProtoMessage() {}
 
 func (x *OpenMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[2]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -340,7 +475,7 @@ func (x *OpenMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenMailboxResponse.ProtoReflect.Descriptor instead.
 func (*OpenMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{2}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *OpenMailboxResponse) GetStatus() *MailboxStatus {
@@ -367,7 +502,7 @@ type ActivateMailboxRequest struct {
 
 func (x *ActivateMailboxRequest) Reset() {
 	*x = ActivateMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[3]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +514,7 @@ func (x *ActivateMailboxRequest) String() string {
 func (*ActivateMailboxRequest) ProtoMessage() {}
 
 func (x *ActivateMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[3]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +527,7 @@ func (x *ActivateMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActivateMailboxRequest.ProtoReflect.Descriptor instead.
 func (*ActivateMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{3}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ActivateMailboxRequest) GetMailboxId() string {
@@ -432,7 +567,7 @@ type ActivateMailboxResponse struct {
 
 func (x *ActivateMailboxResponse) Reset() {
 	*x = ActivateMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[4]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -444,7 +579,7 @@ func (x *ActivateMailboxResponse) String() string {
 func (*ActivateMailboxResponse) ProtoMessage() {}
 
 func (x *ActivateMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[4]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -457,7 +592,7 @@ func (x *ActivateMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActivateMailboxResponse.ProtoReflect.Descriptor instead.
 func (*ActivateMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{4}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ActivateMailboxResponse) GetStatus() *MailboxStatus {
@@ -480,7 +615,7 @@ type ExtendMailboxRequest struct {
 
 func (x *ExtendMailboxRequest) Reset() {
 	*x = ExtendMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[5]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -492,7 +627,7 @@ func (x *ExtendMailboxRequest) String() string {
 func (*ExtendMailboxRequest) ProtoMessage() {}
 
 func (x *ExtendMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[5]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -505,7 +640,7 @@ func (x *ExtendMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendMailboxRequest.ProtoReflect.Descriptor instead.
 func (*ExtendMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{5}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExtendMailboxRequest) GetMailboxId() string {
@@ -556,7 +691,7 @@ type BoottimeBound struct {
 
 func (x *BoottimeBound) Reset() {
 	*x = BoottimeBound{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +703,7 @@ func (x *BoottimeBound) String() string {
 func (*BoottimeBound) ProtoMessage() {}
 
 func (x *BoottimeBound) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[6]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +716,7 @@ func (x *BoottimeBound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BoottimeBound.ProtoReflect.Descriptor instead.
 func (*BoottimeBound) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BoottimeBound) GetBootId() string {
@@ -607,7 +742,7 @@ type ExtendMailboxResponse struct {
 
 func (x *ExtendMailboxResponse) Reset() {
 	*x = ExtendMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -619,7 +754,7 @@ func (x *ExtendMailboxResponse) String() string {
 func (*ExtendMailboxResponse) ProtoMessage() {}
 
 func (x *ExtendMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[7]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -632,7 +767,7 @@ func (x *ExtendMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendMailboxResponse.ProtoReflect.Descriptor instead.
 func (*ExtendMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExtendMailboxResponse) GetStatus() *MailboxStatus {
@@ -652,7 +787,7 @@ type ExtendMailboxesRequest struct {
 
 func (x *ExtendMailboxesRequest) Reset() {
 	*x = ExtendMailboxesRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +799,7 @@ func (x *ExtendMailboxesRequest) String() string {
 func (*ExtendMailboxesRequest) ProtoMessage() {}
 
 func (x *ExtendMailboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[8]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +812,7 @@ func (x *ExtendMailboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendMailboxesRequest.ProtoReflect.Descriptor instead.
 func (*ExtendMailboxesRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExtendMailboxesRequest) GetMailboxes() []*ExtendMailboxRequest {
@@ -696,7 +831,7 @@ type ExtendMailboxesResponse struct {
 
 func (x *ExtendMailboxesResponse) Reset() {
 	*x = ExtendMailboxesResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +843,7 @@ func (x *ExtendMailboxesResponse) String() string {
 func (*ExtendMailboxesResponse) ProtoMessage() {}
 
 func (x *ExtendMailboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[9]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +856,7 @@ func (x *ExtendMailboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendMailboxesResponse.ProtoReflect.Descriptor instead.
 func (*ExtendMailboxesResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExtendMailboxesResponse) GetResults() []*ExtendMailboxResult {
@@ -747,7 +882,7 @@ type ExtendMailboxResult struct {
 
 func (x *ExtendMailboxResult) Reset() {
 	*x = ExtendMailboxResult{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +894,7 @@ func (x *ExtendMailboxResult) String() string {
 func (*ExtendMailboxResult) ProtoMessage() {}
 
 func (x *ExtendMailboxResult) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[10]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +907,7 @@ func (x *ExtendMailboxResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendMailboxResult.ProtoReflect.Descriptor instead.
 func (*ExtendMailboxResult) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExtendMailboxResult) GetMailboxId() string {
@@ -814,7 +949,7 @@ type FenceMailboxRequest struct {
 
 func (x *FenceMailboxRequest) Reset() {
 	*x = FenceMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +961,7 @@ func (x *FenceMailboxRequest) String() string {
 func (*FenceMailboxRequest) ProtoMessage() {}
 
 func (x *FenceMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[11]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +974,7 @@ func (x *FenceMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceMailboxRequest.ProtoReflect.Descriptor instead.
 func (*FenceMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FenceMailboxRequest) GetMailboxId() string {
@@ -865,7 +1000,7 @@ type FenceMailboxResponse struct {
 
 func (x *FenceMailboxResponse) Reset() {
 	*x = FenceMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +1012,7 @@ func (x *FenceMailboxResponse) String() string {
 func (*FenceMailboxResponse) ProtoMessage() {}
 
 func (x *FenceMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[12]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +1025,7 @@ func (x *FenceMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceMailboxResponse.ProtoReflect.Descriptor instead.
 func (*FenceMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FenceMailboxResponse) GetStatus() *MailboxStatus {
@@ -909,7 +1044,7 @@ type CloseMailboxRequest struct {
 
 func (x *CloseMailboxRequest) Reset() {
 	*x = CloseMailboxRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1056,7 @@ func (x *CloseMailboxRequest) String() string {
 func (*CloseMailboxRequest) ProtoMessage() {}
 
 func (x *CloseMailboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[13]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1069,7 @@ func (x *CloseMailboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseMailboxRequest.ProtoReflect.Descriptor instead.
 func (*CloseMailboxRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CloseMailboxRequest) GetMailboxId() string {
@@ -954,7 +1089,7 @@ type CloseMailboxResponse struct {
 
 func (x *CloseMailboxResponse) Reset() {
 	*x = CloseMailboxResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1101,7 @@ func (x *CloseMailboxResponse) String() string {
 func (*CloseMailboxResponse) ProtoMessage() {}
 
 func (x *CloseMailboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[14]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1114,7 @@ func (x *CloseMailboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseMailboxResponse.ProtoReflect.Descriptor instead.
 func (*CloseMailboxResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CloseMailboxResponse) GetClosed() bool {
@@ -1000,7 +1135,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1147,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[15]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1160,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DrainRequest) GetMailboxIds() []string {
@@ -1045,7 +1180,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1192,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[16]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1205,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DrainResponse) GetDrained() []string {
@@ -1078,6 +1213,486 @@ func (x *DrainResponse) GetDrained() []string {
 		return x.Drained
 	}
 	return nil
+}
+
+type AllowRecoveryRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MailboxId string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	// Proxy ids whose runners may fetch the mailbox; replaces the set, empty
+	// clears it.
+	ProxyIds      []string `protobuf:"bytes,2,rep,name=proxy_ids,json=proxyIds,proto3" json:"proxy_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowRecoveryRequest) Reset() {
+	*x = AllowRecoveryRequest{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowRecoveryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowRecoveryRequest) ProtoMessage() {}
+
+func (x *AllowRecoveryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowRecoveryRequest.ProtoReflect.Descriptor instead.
+func (*AllowRecoveryRequest) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *AllowRecoveryRequest) GetMailboxId() string {
+	if x != nil {
+		return x.MailboxId
+	}
+	return ""
+}
+
+func (x *AllowRecoveryRequest) GetProxyIds() []string {
+	if x != nil {
+		return x.ProxyIds
+	}
+	return nil
+}
+
+type AllowRecoveryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AllowRecoveryResponse) Reset() {
+	*x = AllowRecoveryResponse{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AllowRecoveryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AllowRecoveryResponse) ProtoMessage() {}
+
+func (x *AllowRecoveryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AllowRecoveryResponse.ProtoReflect.Descriptor instead.
+func (*AllowRecoveryResponse) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{19}
+}
+
+type FetchMailboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The mailbox to copy, held by this runner.
+	MailboxId string `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	// To resume a cut stream: the snapshot_id of its first message.
+	SnapshotId string `protobuf:"bytes,2,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// To resume: the last key received (keys after it follow); empty starts
+	// at the first key.
+	Cursor        []byte `protobuf:"bytes,3,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchMailboxRequest) Reset() {
+	*x = FetchMailboxRequest{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchMailboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchMailboxRequest) ProtoMessage() {}
+
+func (x *FetchMailboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchMailboxRequest.ProtoReflect.Descriptor instead.
+func (*FetchMailboxRequest) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *FetchMailboxRequest) GetMailboxId() string {
+	if x != nil {
+		return x.MailboxId
+	}
+	return ""
+}
+
+func (x *FetchMailboxRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *FetchMailboxRequest) GetCursor() []byte {
+	if x != nil {
+		return x.Cursor
+	}
+	return nil
+}
+
+type FetchMailboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every message names the snapshot it is part of.
+	SnapshotId string `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// The mailbox's entries, in key order after the cursor. Keys are relative
+	// to the mailbox (its number left out); the receiver puts them under its
+	// own.
+	Entries []*RecoveryEntry `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
+	// CRC-32C (Castagnoli) of the entries as encoded by RecoveryChunkChecksum:
+	// for each entry, key length (uvarint), key, meta byte, value length
+	// (uvarint), value.
+	Crc32C uint32 `protobuf:"varint,3,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	// Set on the last message only: the copy is complete.
+	Done          *RecoveryDone `protobuf:"bytes,4,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchMailboxResponse) Reset() {
+	*x = FetchMailboxResponse{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchMailboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchMailboxResponse) ProtoMessage() {}
+
+func (x *FetchMailboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchMailboxResponse.ProtoReflect.Descriptor instead.
+func (*FetchMailboxResponse) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *FetchMailboxResponse) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *FetchMailboxResponse) GetEntries() []*RecoveryEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *FetchMailboxResponse) GetCrc32C() uint32 {
+	if x != nil {
+		return x.Crc32C
+	}
+	return 0
+}
+
+func (x *FetchMailboxResponse) GetDone() *RecoveryDone {
+	if x != nil {
+		return x.Done
+	}
+	return nil
+}
+
+// RecoveryEntry is one key of a mailbox's store.
+type RecoveryEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Badger's user meta byte of the value (how the record is encoded).
+	Meta          uint32 `protobuf:"varint,3,opt,name=meta,proto3" json:"meta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoveryEntry) Reset() {
+	*x = RecoveryEntry{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoveryEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoveryEntry) ProtoMessage() {}
+
+func (x *RecoveryEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoveryEntry.ProtoReflect.Descriptor instead.
+func (*RecoveryEntry) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RecoveryEntry) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *RecoveryEntry) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *RecoveryEntry) GetMeta() uint32 {
+	if x != nil {
+		return x.Meta
+	}
+	return 0
+}
+
+// RecoveryDone closes a copy.
+type RecoveryDone struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The source's stored positions as of the snapshot: the receiver's ingest
+	// starts there.
+	StoredPositions []*StoredPosition `protobuf:"bytes,1,rep,name=stored_positions,json=storedPositions,proto3" json:"stored_positions,omitempty"`
+	// Entries and bytes (keys + values) of the whole snapshot.
+	Entries int64 `protobuf:"varint,2,opt,name=entries,proto3" json:"entries,omitempty"`
+	Bytes   int64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Events stored in the snapshot.
+	Events        int64 `protobuf:"varint,4,opt,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoveryDone) Reset() {
+	*x = RecoveryDone{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoveryDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoveryDone) ProtoMessage() {}
+
+func (x *RecoveryDone) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoveryDone.ProtoReflect.Descriptor instead.
+func (*RecoveryDone) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RecoveryDone) GetStoredPositions() []*StoredPosition {
+	if x != nil {
+		return x.StoredPositions
+	}
+	return nil
+}
+
+func (x *RecoveryDone) GetEntries() int64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *RecoveryDone) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *RecoveryDone) GetEvents() int64 {
+	if x != nil {
+		return x.Events
+	}
+	return 0
+}
+
+// RecoveryStatus is a mailbox's peer recovery and history completeness.
+type RecoveryStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State RecoveryState          `protobuf:"varint,1,opt,name=state,proto3,enum=prism.runner.v1.RecoveryState" json:"state,omitempty"`
+	// The mailbox copied from.
+	SourceMailboxId string                 `protobuf:"bytes,2,opt,name=source_mailbox_id,json=sourceMailboxId,proto3" json:"source_mailbox_id,omitempty"`
+	BytesCopied     int64                  `protobuf:"varint,3,opt,name=bytes_copied,json=bytesCopied,proto3" json:"bytes_copied,omitempty"`
+	EventsCopied    int64                  `protobuf:"varint,4,opt,name=events_copied,json=eventsCopied,proto3" json:"events_copied,omitempty"`
+	StartedAt       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// When the copy completed or was given up.
+	FinishedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	// False when the mailbox fell back to Kafka (INCOMPLETE).
+	HistoryComplete bool `protobuf:"varint,7,opt,name=history_complete,json=historyComplete,proto3" json:"history_complete,omitempty"`
+	// When incomplete: the oldest event held, so history starts there. Unset
+	// while the mailbox holds nothing.
+	HistoryStartsAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=history_starts_at,json=historyStartsAt,proto3" json:"history_starts_at,omitempty"`
+	// The last copy error, while retrying or once given up.
+	Error         string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoveryStatus) Reset() {
+	*x = RecoveryStatus{}
+	mi := &file_prism_runner_v1_control_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoveryStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoveryStatus) ProtoMessage() {}
+
+func (x *RecoveryStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_runner_v1_control_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoveryStatus.ProtoReflect.Descriptor instead.
+func (*RecoveryStatus) Descriptor() ([]byte, []int) {
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RecoveryStatus) GetState() RecoveryState {
+	if x != nil {
+		return x.State
+	}
+	return RecoveryState_RECOVERY_STATE_UNSPECIFIED
+}
+
+func (x *RecoveryStatus) GetSourceMailboxId() string {
+	if x != nil {
+		return x.SourceMailboxId
+	}
+	return ""
+}
+
+func (x *RecoveryStatus) GetBytesCopied() int64 {
+	if x != nil {
+		return x.BytesCopied
+	}
+	return 0
+}
+
+func (x *RecoveryStatus) GetEventsCopied() int64 {
+	if x != nil {
+		return x.EventsCopied
+	}
+	return 0
+}
+
+func (x *RecoveryStatus) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *RecoveryStatus) GetFinishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FinishedAt
+	}
+	return nil
+}
+
+func (x *RecoveryStatus) GetHistoryComplete() bool {
+	if x != nil {
+		return x.HistoryComplete
+	}
+	return false
+}
+
+func (x *RecoveryStatus) GetHistoryStartsAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HistoryStartsAt
+	}
+	return nil
+}
+
+func (x *RecoveryStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
 }
 
 type GetStatsRequest struct {
@@ -1090,7 +1705,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1717,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[17]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1730,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetStatsRequest) GetMailboxId() string {
@@ -1135,7 +1750,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1762,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[18]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1775,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetStatsResponse) GetMailboxes() []*MailboxStatus {
@@ -1208,13 +1823,15 @@ type MailboxStatus struct {
 	// positions are at least the source's (issue 15). Empty while unknown, as
 	// for lag: every partition of the session must have reported once.
 	StoredPositions []*StoredPosition `protobuf:"bytes,12,rep,name=stored_positions,json=storedPositions,proto3" json:"stored_positions,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Peer recovery and whether the mailbox holds its whole history.
+	Recovery      *RecoveryStatus `protobuf:"bytes,13,opt,name=recovery,proto3" json:"recovery,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MailboxStatus) Reset() {
 	*x = MailboxStatus{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1226,7 +1843,7 @@ func (x *MailboxStatus) String() string {
 func (*MailboxStatus) ProtoMessage() {}
 
 func (x *MailboxStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[19]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1239,7 +1856,7 @@ func (x *MailboxStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MailboxStatus.ProtoReflect.Descriptor instead.
 func (*MailboxStatus) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MailboxStatus) GetMailboxId() string {
@@ -1326,6 +1943,13 @@ func (x *MailboxStatus) GetStoredPositions() []*StoredPosition {
 	return nil
 }
 
+func (x *MailboxStatus) GetRecovery() *RecoveryStatus {
+	if x != nil {
+		return x.Recovery
+	}
+	return nil
+}
+
 // StoredPosition is where a mailbox's stored history of one partition ends.
 type StoredPosition struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1340,7 +1964,7 @@ type StoredPosition struct {
 
 func (x *StoredPosition) Reset() {
 	*x = StoredPosition{}
-	mi := &file_prism_runner_v1_control_proto_msgTypes[20]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +1976,7 @@ func (x *StoredPosition) String() string {
 func (*StoredPosition) ProtoMessage() {}
 
 func (x *StoredPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_runner_v1_control_proto_msgTypes[20]
+	mi := &file_prism_runner_v1_control_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +1989,7 @@ func (x *StoredPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredPosition.ProtoReflect.Descriptor instead.
 func (*StoredPosition) Descriptor() ([]byte, []int) {
-	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_prism_runner_v1_control_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StoredPosition) GetTopic() string {
@@ -1393,19 +2017,24 @@ var File_prism_runner_v1_control_proto protoreflect.FileDescriptor
 
 const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x1dprism/runner/v1/control.proto\x12\x0fprism.runner.v1\x1a\x1egoogle/protobuf/duration.proto\"\xbd\x01\n" +
+	"\x1dprism/runner/v1/control.proto\x12\x0fprism.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbd\x01\n" +
 	"\rMailboxConfig\x12\x16\n" +
 	"\x06topics\x18\x01 \x03(\tR\x06topics\x12H\n" +
 	"\x0fvalidation_mode\x18\x02 \x01(\x0e2\x1f.prism.runner.v1.ValidationModeR\x0evalidationMode\x12$\n" +
 	"\x0emax_age_millis\x18\x03 \x01(\x03R\fmaxAgeMillis\x12$\n" +
-	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\"\xef\x01\n" +
+	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\"\xb3\x02\n" +
 	"\x12OpenMailboxRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x126\n" +
 	"\x06config\x18\x02 \x01(\v2\x1e.prism.runner.v1.MailboxConfigR\x06config\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x126\n" +
 	"\tvalid_for\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x124\n" +
-	"\x05bound\x18\x05 \x01(\v2\x1e.prism.runner.v1.BoottimeBoundR\x05bound\"M\n" +
+	"\x05bound\x18\x05 \x01(\v2\x1e.prism.runner.v1.BoottimeBoundR\x05bound\x12B\n" +
+	"\frecover_from\x18\x06 \x01(\v2\x1f.prism.runner.v1.RecoverySourceR\vrecoverFrom\"I\n" +
+	"\x0eRecoverySource\x12\x1d\n" +
+	"\n" +
+	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"M\n" +
 	"\x13OpenMailboxResponse\x126\n" +
 	"\x06status\x18\x01 \x01(\v2\x1e.prism.runner.v1.MailboxStatusR\x06status\"\xbb\x01\n" +
 	"\x16ActivateMailboxRequest\x12\x1d\n" +
@@ -1452,12 +2081,50 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\vmailbox_ids\x18\x01 \x03(\tR\n" +
 	"mailboxIds\")\n" +
 	"\rDrainResponse\x12\x18\n" +
-	"\adrained\x18\x01 \x03(\tR\adrained\"0\n" +
+	"\adrained\x18\x01 \x03(\tR\adrained\"R\n" +
+	"\x14AllowRecoveryRequest\x12\x1d\n" +
+	"\n" +
+	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x1b\n" +
+	"\tproxy_ids\x18\x02 \x03(\tR\bproxyIds\"\x17\n" +
+	"\x15AllowRecoveryResponse\"m\n" +
+	"\x13FetchMailboxRequest\x12\x1d\n" +
+	"\n" +
+	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x1f\n" +
+	"\vsnapshot_id\x18\x02 \x01(\tR\n" +
+	"snapshotId\x12\x16\n" +
+	"\x06cursor\x18\x03 \x01(\fR\x06cursor\"\xbc\x01\n" +
+	"\x14FetchMailboxResponse\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x128\n" +
+	"\aentries\x18\x02 \x03(\v2\x1e.prism.runner.v1.RecoveryEntryR\aentries\x12\x16\n" +
+	"\x06crc32c\x18\x03 \x01(\rR\x06crc32c\x121\n" +
+	"\x04done\x18\x04 \x01(\v2\x1d.prism.runner.v1.RecoveryDoneR\x04done\"K\n" +
+	"\rRecoveryEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x12\n" +
+	"\x04meta\x18\x03 \x01(\rR\x04meta\"\xa2\x01\n" +
+	"\fRecoveryDone\x12J\n" +
+	"\x10stored_positions\x18\x01 \x03(\v2\x1f.prism.runner.v1.StoredPositionR\x0fstoredPositions\x12\x18\n" +
+	"\aentries\x18\x02 \x01(\x03R\aentries\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x03R\x05bytes\x12\x16\n" +
+	"\x06events\x18\x04 \x01(\x03R\x06events\"\xbb\x03\n" +
+	"\x0eRecoveryStatus\x124\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x1e.prism.runner.v1.RecoveryStateR\x05state\x12*\n" +
+	"\x11source_mailbox_id\x18\x02 \x01(\tR\x0fsourceMailboxId\x12!\n" +
+	"\fbytes_copied\x18\x03 \x01(\x03R\vbytesCopied\x12#\n" +
+	"\revents_copied\x18\x04 \x01(\x03R\feventsCopied\x129\n" +
+	"\n" +
+	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
+	"\vfinished_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"finishedAt\x12)\n" +
+	"\x10history_complete\x18\a \x01(\bR\x0fhistoryComplete\x12F\n" +
+	"\x11history_starts_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0fhistoryStartsAt\x12\x14\n" +
+	"\x05error\x18\t \x01(\tR\x05error\"0\n" +
 	"\x0fGetStatsRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\"P\n" +
 	"\x10GetStatsResponse\x12<\n" +
-	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\xe8\x03\n" +
+	"\tmailboxes\x18\x01 \x03(\v2\x1e.prism.runner.v1.MailboxStatusR\tmailboxes\"\xa5\x04\n" +
 	"\rMailboxStatus\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x123\n" +
@@ -1472,7 +2139,8 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\tvalid_for\x18\b \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x12!\n" +
 	"\ffence_reason\x18\t \x01(\tR\vfenceReason\x12\x15\n" +
 	"\x03lag\x18\v \x01(\x03H\x00R\x03lag\x88\x01\x01\x12J\n" +
-	"\x10stored_positions\x18\f \x03(\v2\x1f.prism.runner.v1.StoredPositionR\x0fstoredPositionsB\x06\n" +
+	"\x10stored_positions\x18\f \x03(\v2\x1f.prism.runner.v1.StoredPositionR\x0fstoredPositions\x12;\n" +
+	"\brecovery\x18\r \x01(\v2\x1f.prism.runner.v1.RecoveryStatusR\brecoveryB\x06\n" +
 	"\x04_lag\"e\n" +
 	"\x0eStoredPosition\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
@@ -1488,7 +2156,13 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\x19MAILBOX_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12MAILBOX_STATE_OPEN\x10\x01\x12\x18\n" +
 	"\x14MAILBOX_STATE_ACTIVE\x10\x02\x12\x18\n" +
-	"\x14MAILBOX_STATE_FENCED\x10\x032\xe8\x05\n" +
+	"\x14MAILBOX_STATE_FENCED\x10\x03*\x9e\x01\n" +
+	"\rRecoveryState\x12\x1e\n" +
+	"\x1aRECOVERY_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13RECOVERY_STATE_NONE\x10\x01\x12\x1a\n" +
+	"\x16RECOVERY_STATE_COPYING\x10\x02\x12\x19\n" +
+	"\x15RECOVERY_STATE_COPIED\x10\x03\x12\x1d\n" +
+	"\x19RECOVERY_STATE_INCOMPLETE\x10\x042\xc8\x06\n" +
 	"\rRunnerControl\x12X\n" +
 	"\vOpenMailbox\x12#.prism.runner.v1.OpenMailboxRequest\x1a$.prism.runner.v1.OpenMailboxResponse\x12d\n" +
 	"\x0fActivateMailbox\x12'.prism.runner.v1.ActivateMailboxRequest\x1a(.prism.runner.v1.ActivateMailboxResponse\x12^\n" +
@@ -1497,7 +2171,10 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\fFenceMailbox\x12$.prism.runner.v1.FenceMailboxRequest\x1a%.prism.runner.v1.FenceMailboxResponse\x12[\n" +
 	"\fCloseMailbox\x12$.prism.runner.v1.CloseMailboxRequest\x1a%.prism.runner.v1.CloseMailboxResponse\x12F\n" +
 	"\x05Drain\x12\x1d.prism.runner.v1.DrainRequest\x1a\x1e.prism.runner.v1.DrainResponse\x12O\n" +
-	"\bGetStats\x12 .prism.runner.v1.GetStatsRequest\x1a!.prism.runner.v1.GetStatsResponseB<Z:github.com/prism-mesh/prism/proto/prism/runner/v1;runnerv1b\x06proto3"
+	"\bGetStats\x12 .prism.runner.v1.GetStatsRequest\x1a!.prism.runner.v1.GetStatsResponse\x12^\n" +
+	"\rAllowRecovery\x12%.prism.runner.v1.AllowRecoveryRequest\x1a&.prism.runner.v1.AllowRecoveryResponse2p\n" +
+	"\x0fMailboxRecovery\x12]\n" +
+	"\fFetchMailbox\x12$.prism.runner.v1.FetchMailboxRequest\x1a%.prism.runner.v1.FetchMailboxResponse0\x01B<Z:github.com/prism-mesh/prism/proto/prism/runner/v1;runnerv1b\x06proto3"
 
 var (
 	file_prism_runner_v1_control_proto_rawDescOnce sync.Once
@@ -1511,75 +2188,98 @@ func file_prism_runner_v1_control_proto_rawDescGZIP() []byte {
 	return file_prism_runner_v1_control_proto_rawDescData
 }
 
-var file_prism_runner_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_prism_runner_v1_control_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_prism_runner_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_prism_runner_v1_control_proto_goTypes = []any{
 	(ValidationMode)(0),             // 0: prism.runner.v1.ValidationMode
 	(MailboxState)(0),               // 1: prism.runner.v1.MailboxState
-	(*MailboxConfig)(nil),           // 2: prism.runner.v1.MailboxConfig
-	(*OpenMailboxRequest)(nil),      // 3: prism.runner.v1.OpenMailboxRequest
-	(*OpenMailboxResponse)(nil),     // 4: prism.runner.v1.OpenMailboxResponse
-	(*ActivateMailboxRequest)(nil),  // 5: prism.runner.v1.ActivateMailboxRequest
-	(*ActivateMailboxResponse)(nil), // 6: prism.runner.v1.ActivateMailboxResponse
-	(*ExtendMailboxRequest)(nil),    // 7: prism.runner.v1.ExtendMailboxRequest
-	(*BoottimeBound)(nil),           // 8: prism.runner.v1.BoottimeBound
-	(*ExtendMailboxResponse)(nil),   // 9: prism.runner.v1.ExtendMailboxResponse
-	(*ExtendMailboxesRequest)(nil),  // 10: prism.runner.v1.ExtendMailboxesRequest
-	(*ExtendMailboxesResponse)(nil), // 11: prism.runner.v1.ExtendMailboxesResponse
-	(*ExtendMailboxResult)(nil),     // 12: prism.runner.v1.ExtendMailboxResult
-	(*FenceMailboxRequest)(nil),     // 13: prism.runner.v1.FenceMailboxRequest
-	(*FenceMailboxResponse)(nil),    // 14: prism.runner.v1.FenceMailboxResponse
-	(*CloseMailboxRequest)(nil),     // 15: prism.runner.v1.CloseMailboxRequest
-	(*CloseMailboxResponse)(nil),    // 16: prism.runner.v1.CloseMailboxResponse
-	(*DrainRequest)(nil),            // 17: prism.runner.v1.DrainRequest
-	(*DrainResponse)(nil),           // 18: prism.runner.v1.DrainResponse
-	(*GetStatsRequest)(nil),         // 19: prism.runner.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),        // 20: prism.runner.v1.GetStatsResponse
-	(*MailboxStatus)(nil),           // 21: prism.runner.v1.MailboxStatus
-	(*StoredPosition)(nil),          // 22: prism.runner.v1.StoredPosition
-	(*durationpb.Duration)(nil),     // 23: google.protobuf.Duration
+	(RecoveryState)(0),              // 2: prism.runner.v1.RecoveryState
+	(*MailboxConfig)(nil),           // 3: prism.runner.v1.MailboxConfig
+	(*OpenMailboxRequest)(nil),      // 4: prism.runner.v1.OpenMailboxRequest
+	(*RecoverySource)(nil),          // 5: prism.runner.v1.RecoverySource
+	(*OpenMailboxResponse)(nil),     // 6: prism.runner.v1.OpenMailboxResponse
+	(*ActivateMailboxRequest)(nil),  // 7: prism.runner.v1.ActivateMailboxRequest
+	(*ActivateMailboxResponse)(nil), // 8: prism.runner.v1.ActivateMailboxResponse
+	(*ExtendMailboxRequest)(nil),    // 9: prism.runner.v1.ExtendMailboxRequest
+	(*BoottimeBound)(nil),           // 10: prism.runner.v1.BoottimeBound
+	(*ExtendMailboxResponse)(nil),   // 11: prism.runner.v1.ExtendMailboxResponse
+	(*ExtendMailboxesRequest)(nil),  // 12: prism.runner.v1.ExtendMailboxesRequest
+	(*ExtendMailboxesResponse)(nil), // 13: prism.runner.v1.ExtendMailboxesResponse
+	(*ExtendMailboxResult)(nil),     // 14: prism.runner.v1.ExtendMailboxResult
+	(*FenceMailboxRequest)(nil),     // 15: prism.runner.v1.FenceMailboxRequest
+	(*FenceMailboxResponse)(nil),    // 16: prism.runner.v1.FenceMailboxResponse
+	(*CloseMailboxRequest)(nil),     // 17: prism.runner.v1.CloseMailboxRequest
+	(*CloseMailboxResponse)(nil),    // 18: prism.runner.v1.CloseMailboxResponse
+	(*DrainRequest)(nil),            // 19: prism.runner.v1.DrainRequest
+	(*DrainResponse)(nil),           // 20: prism.runner.v1.DrainResponse
+	(*AllowRecoveryRequest)(nil),    // 21: prism.runner.v1.AllowRecoveryRequest
+	(*AllowRecoveryResponse)(nil),   // 22: prism.runner.v1.AllowRecoveryResponse
+	(*FetchMailboxRequest)(nil),     // 23: prism.runner.v1.FetchMailboxRequest
+	(*FetchMailboxResponse)(nil),    // 24: prism.runner.v1.FetchMailboxResponse
+	(*RecoveryEntry)(nil),           // 25: prism.runner.v1.RecoveryEntry
+	(*RecoveryDone)(nil),            // 26: prism.runner.v1.RecoveryDone
+	(*RecoveryStatus)(nil),          // 27: prism.runner.v1.RecoveryStatus
+	(*GetStatsRequest)(nil),         // 28: prism.runner.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),        // 29: prism.runner.v1.GetStatsResponse
+	(*MailboxStatus)(nil),           // 30: prism.runner.v1.MailboxStatus
+	(*StoredPosition)(nil),          // 31: prism.runner.v1.StoredPosition
+	(*durationpb.Duration)(nil),     // 32: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 33: google.protobuf.Timestamp
 }
 var file_prism_runner_v1_control_proto_depIdxs = []int32{
 	0,  // 0: prism.runner.v1.MailboxConfig.validation_mode:type_name -> prism.runner.v1.ValidationMode
-	2,  // 1: prism.runner.v1.OpenMailboxRequest.config:type_name -> prism.runner.v1.MailboxConfig
-	23, // 2: prism.runner.v1.OpenMailboxRequest.valid_for:type_name -> google.protobuf.Duration
-	8,  // 3: prism.runner.v1.OpenMailboxRequest.bound:type_name -> prism.runner.v1.BoottimeBound
-	21, // 4: prism.runner.v1.OpenMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	23, // 5: prism.runner.v1.ActivateMailboxRequest.valid_for:type_name -> google.protobuf.Duration
-	8,  // 6: prism.runner.v1.ActivateMailboxRequest.bound:type_name -> prism.runner.v1.BoottimeBound
-	21, // 7: prism.runner.v1.ActivateMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	23, // 8: prism.runner.v1.ExtendMailboxRequest.valid_for:type_name -> google.protobuf.Duration
-	8,  // 9: prism.runner.v1.ExtendMailboxRequest.bound:type_name -> prism.runner.v1.BoottimeBound
-	21, // 10: prism.runner.v1.ExtendMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	7,  // 11: prism.runner.v1.ExtendMailboxesRequest.mailboxes:type_name -> prism.runner.v1.ExtendMailboxRequest
-	12, // 12: prism.runner.v1.ExtendMailboxesResponse.results:type_name -> prism.runner.v1.ExtendMailboxResult
-	21, // 13: prism.runner.v1.ExtendMailboxResult.status:type_name -> prism.runner.v1.MailboxStatus
-	21, // 14: prism.runner.v1.FenceMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
-	21, // 15: prism.runner.v1.GetStatsResponse.mailboxes:type_name -> prism.runner.v1.MailboxStatus
-	1,  // 16: prism.runner.v1.MailboxStatus.state:type_name -> prism.runner.v1.MailboxState
-	23, // 17: prism.runner.v1.MailboxStatus.valid_for:type_name -> google.protobuf.Duration
-	22, // 18: prism.runner.v1.MailboxStatus.stored_positions:type_name -> prism.runner.v1.StoredPosition
-	3,  // 19: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
-	5,  // 20: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
-	7,  // 21: prism.runner.v1.RunnerControl.ExtendMailbox:input_type -> prism.runner.v1.ExtendMailboxRequest
-	10, // 22: prism.runner.v1.RunnerControl.ExtendMailboxes:input_type -> prism.runner.v1.ExtendMailboxesRequest
-	13, // 23: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
-	15, // 24: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
-	17, // 25: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
-	19, // 26: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
-	4,  // 27: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
-	6,  // 28: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
-	9,  // 29: prism.runner.v1.RunnerControl.ExtendMailbox:output_type -> prism.runner.v1.ExtendMailboxResponse
-	11, // 30: prism.runner.v1.RunnerControl.ExtendMailboxes:output_type -> prism.runner.v1.ExtendMailboxesResponse
-	14, // 31: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
-	16, // 32: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
-	18, // 33: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
-	20, // 34: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
-	27, // [27:35] is the sub-list for method output_type
-	19, // [19:27] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	3,  // 1: prism.runner.v1.OpenMailboxRequest.config:type_name -> prism.runner.v1.MailboxConfig
+	32, // 2: prism.runner.v1.OpenMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	10, // 3: prism.runner.v1.OpenMailboxRequest.bound:type_name -> prism.runner.v1.BoottimeBound
+	5,  // 4: prism.runner.v1.OpenMailboxRequest.recover_from:type_name -> prism.runner.v1.RecoverySource
+	30, // 5: prism.runner.v1.OpenMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	32, // 6: prism.runner.v1.ActivateMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	10, // 7: prism.runner.v1.ActivateMailboxRequest.bound:type_name -> prism.runner.v1.BoottimeBound
+	30, // 8: prism.runner.v1.ActivateMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	32, // 9: prism.runner.v1.ExtendMailboxRequest.valid_for:type_name -> google.protobuf.Duration
+	10, // 10: prism.runner.v1.ExtendMailboxRequest.bound:type_name -> prism.runner.v1.BoottimeBound
+	30, // 11: prism.runner.v1.ExtendMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	9,  // 12: prism.runner.v1.ExtendMailboxesRequest.mailboxes:type_name -> prism.runner.v1.ExtendMailboxRequest
+	14, // 13: prism.runner.v1.ExtendMailboxesResponse.results:type_name -> prism.runner.v1.ExtendMailboxResult
+	30, // 14: prism.runner.v1.ExtendMailboxResult.status:type_name -> prism.runner.v1.MailboxStatus
+	30, // 15: prism.runner.v1.FenceMailboxResponse.status:type_name -> prism.runner.v1.MailboxStatus
+	25, // 16: prism.runner.v1.FetchMailboxResponse.entries:type_name -> prism.runner.v1.RecoveryEntry
+	26, // 17: prism.runner.v1.FetchMailboxResponse.done:type_name -> prism.runner.v1.RecoveryDone
+	31, // 18: prism.runner.v1.RecoveryDone.stored_positions:type_name -> prism.runner.v1.StoredPosition
+	2,  // 19: prism.runner.v1.RecoveryStatus.state:type_name -> prism.runner.v1.RecoveryState
+	33, // 20: prism.runner.v1.RecoveryStatus.started_at:type_name -> google.protobuf.Timestamp
+	33, // 21: prism.runner.v1.RecoveryStatus.finished_at:type_name -> google.protobuf.Timestamp
+	33, // 22: prism.runner.v1.RecoveryStatus.history_starts_at:type_name -> google.protobuf.Timestamp
+	30, // 23: prism.runner.v1.GetStatsResponse.mailboxes:type_name -> prism.runner.v1.MailboxStatus
+	1,  // 24: prism.runner.v1.MailboxStatus.state:type_name -> prism.runner.v1.MailboxState
+	32, // 25: prism.runner.v1.MailboxStatus.valid_for:type_name -> google.protobuf.Duration
+	31, // 26: prism.runner.v1.MailboxStatus.stored_positions:type_name -> prism.runner.v1.StoredPosition
+	27, // 27: prism.runner.v1.MailboxStatus.recovery:type_name -> prism.runner.v1.RecoveryStatus
+	4,  // 28: prism.runner.v1.RunnerControl.OpenMailbox:input_type -> prism.runner.v1.OpenMailboxRequest
+	7,  // 29: prism.runner.v1.RunnerControl.ActivateMailbox:input_type -> prism.runner.v1.ActivateMailboxRequest
+	9,  // 30: prism.runner.v1.RunnerControl.ExtendMailbox:input_type -> prism.runner.v1.ExtendMailboxRequest
+	12, // 31: prism.runner.v1.RunnerControl.ExtendMailboxes:input_type -> prism.runner.v1.ExtendMailboxesRequest
+	15, // 32: prism.runner.v1.RunnerControl.FenceMailbox:input_type -> prism.runner.v1.FenceMailboxRequest
+	17, // 33: prism.runner.v1.RunnerControl.CloseMailbox:input_type -> prism.runner.v1.CloseMailboxRequest
+	19, // 34: prism.runner.v1.RunnerControl.Drain:input_type -> prism.runner.v1.DrainRequest
+	28, // 35: prism.runner.v1.RunnerControl.GetStats:input_type -> prism.runner.v1.GetStatsRequest
+	21, // 36: prism.runner.v1.RunnerControl.AllowRecovery:input_type -> prism.runner.v1.AllowRecoveryRequest
+	23, // 37: prism.runner.v1.MailboxRecovery.FetchMailbox:input_type -> prism.runner.v1.FetchMailboxRequest
+	6,  // 38: prism.runner.v1.RunnerControl.OpenMailbox:output_type -> prism.runner.v1.OpenMailboxResponse
+	8,  // 39: prism.runner.v1.RunnerControl.ActivateMailbox:output_type -> prism.runner.v1.ActivateMailboxResponse
+	11, // 40: prism.runner.v1.RunnerControl.ExtendMailbox:output_type -> prism.runner.v1.ExtendMailboxResponse
+	13, // 41: prism.runner.v1.RunnerControl.ExtendMailboxes:output_type -> prism.runner.v1.ExtendMailboxesResponse
+	16, // 42: prism.runner.v1.RunnerControl.FenceMailbox:output_type -> prism.runner.v1.FenceMailboxResponse
+	18, // 43: prism.runner.v1.RunnerControl.CloseMailbox:output_type -> prism.runner.v1.CloseMailboxResponse
+	20, // 44: prism.runner.v1.RunnerControl.Drain:output_type -> prism.runner.v1.DrainResponse
+	29, // 45: prism.runner.v1.RunnerControl.GetStats:output_type -> prism.runner.v1.GetStatsResponse
+	22, // 46: prism.runner.v1.RunnerControl.AllowRecovery:output_type -> prism.runner.v1.AllowRecoveryResponse
+	24, // 47: prism.runner.v1.MailboxRecovery.FetchMailbox:output_type -> prism.runner.v1.FetchMailboxResponse
+	38, // [38:48] is the sub-list for method output_type
+	28, // [28:38] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_prism_runner_v1_control_proto_init() }
@@ -1587,16 +2287,16 @@ func file_prism_runner_v1_control_proto_init() {
 	if File_prism_runner_v1_control_proto != nil {
 		return
 	}
-	file_prism_runner_v1_control_proto_msgTypes[19].OneofWrappers = []any{}
+	file_prism_runner_v1_control_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_runner_v1_control_proto_rawDesc), len(file_prism_runner_v1_control_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   21,
+			NumEnums:      3,
+			NumMessages:   29,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_prism_runner_v1_control_proto_goTypes,
 		DependencyIndexes: file_prism_runner_v1_control_proto_depIdxs,

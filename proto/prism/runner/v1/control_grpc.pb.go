@@ -47,6 +47,7 @@ const (
 	RunnerControl_CloseMailbox_FullMethodName    = "/prism.runner.v1.RunnerControl/CloseMailbox"
 	RunnerControl_Drain_FullMethodName           = "/prism.runner.v1.RunnerControl/Drain"
 	RunnerControl_GetStats_FullMethodName        = "/prism.runner.v1.RunnerControl/GetStats"
+	RunnerControl_AllowRecovery_FullMethodName   = "/prism.runner.v1.RunnerControl/AllowRecovery"
 )
 
 // RunnerControlClient is the client API for RunnerControl service.
@@ -91,6 +92,13 @@ type RunnerControlClient interface {
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error)
 	// GetStats reports every mailbox the runner knows, or only mailbox_id.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
+	// AllowRecovery sets which proxies may fetch a copy of mailbox_id
+	// (MailboxRecovery.FetchMailbox) while this runner holds it under a live
+	// lease: the sidecar sets it from the admin's placement (the proxy a move
+	// goes to). It replaces the set; an empty one clears it. NOT_FOUND if the
+	// mailbox was never opened. The set is kept in memory only: a restarted
+	// runner allows nobody until its sidecar sets it again.
+	AllowRecovery(ctx context.Context, in *AllowRecoveryRequest, opts ...grpc.CallOption) (*AllowRecoveryResponse, error)
 }
 
 type runnerControlClient struct {
@@ -181,6 +189,16 @@ func (c *runnerControlClient) GetStats(ctx context.Context, in *GetStatsRequest,
 	return out, nil
 }
 
+func (c *runnerControlClient) AllowRecovery(ctx context.Context, in *AllowRecoveryRequest, opts ...grpc.CallOption) (*AllowRecoveryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AllowRecoveryResponse)
+	err := c.cc.Invoke(ctx, RunnerControl_AllowRecovery_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RunnerControlServer is the server API for RunnerControl service.
 // All implementations must embed UnimplementedRunnerControlServer
 // for forward compatibility.
@@ -223,6 +241,13 @@ type RunnerControlServer interface {
 	Drain(context.Context, *DrainRequest) (*DrainResponse, error)
 	// GetStats reports every mailbox the runner knows, or only mailbox_id.
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
+	// AllowRecovery sets which proxies may fetch a copy of mailbox_id
+	// (MailboxRecovery.FetchMailbox) while this runner holds it under a live
+	// lease: the sidecar sets it from the admin's placement (the proxy a move
+	// goes to). It replaces the set; an empty one clears it. NOT_FOUND if the
+	// mailbox was never opened. The set is kept in memory only: a restarted
+	// runner allows nobody until its sidecar sets it again.
+	AllowRecovery(context.Context, *AllowRecoveryRequest) (*AllowRecoveryResponse, error)
 	mustEmbedUnimplementedRunnerControlServer()
 }
 
@@ -256,6 +281,9 @@ func (UnimplementedRunnerControlServer) Drain(context.Context, *DrainRequest) (*
 }
 func (UnimplementedRunnerControlServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetStats not implemented")
+}
+func (UnimplementedRunnerControlServer) AllowRecovery(context.Context, *AllowRecoveryRequest) (*AllowRecoveryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AllowRecovery not implemented")
 }
 func (UnimplementedRunnerControlServer) mustEmbedUnimplementedRunnerControlServer() {}
 func (UnimplementedRunnerControlServer) testEmbeddedByValue()                       {}
@@ -422,6 +450,24 @@ func _RunnerControl_GetStats_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RunnerControl_AllowRecovery_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AllowRecoveryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunnerControlServer).AllowRecovery(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunnerControl_AllowRecovery_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunnerControlServer).AllowRecovery(ctx, req.(*AllowRecoveryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RunnerControl_ServiceDesc is the grpc.ServiceDesc for RunnerControl service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -461,7 +507,144 @@ var RunnerControl_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "GetStats",
 			Handler:    _RunnerControl_GetStats_Handler,
 		},
+		{
+			MethodName: "AllowRecovery",
+			Handler:    _RunnerControl_AllowRecovery_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
+	Metadata: "prism/runner/v1/control.proto",
+}
+
+const (
+	MailboxRecovery_FetchMailbox_FullMethodName = "/prism.runner.v1.MailboxRecovery/FetchMailbox"
+)
+
+// MailboxRecoveryClient is the client API for MailboxRecovery service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// MailboxRecovery is served on the runner's query port (mutual TLS) to other
+// runners: peer recovery (docs/architecture.md#peer-recovery) seeds a new
+// mailbox of a namespace by copying a live one's store.
+type MailboxRecoveryClient interface {
+	// FetchMailbox streams a consistent snapshot of a mailbox's store (one
+	// read timestamp), in key order, in chunks of bounded size each checked by
+	// CRC-32C, throttled to the runner's recovery rate; the last message
+	// carries the stored positions as of the snapshot and the totals. The
+	// caller's certificate must be a proxy identity that AllowRecovery allowed
+	// for this mailbox, and the mailbox must be held here under a live lease:
+	// otherwise PERMISSION_DENIED or NOT_FOUND, and nothing changes. A cut
+	// stream resumes with snapshot_id and the last key received (cursor); a
+	// snapshot the runner no longer holds (it restarted, or the resume came
+	// too late) is ABORTED: the caller starts over from scratch.
+	FetchMailbox(ctx context.Context, in *FetchMailboxRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchMailboxResponse], error)
+}
+
+type mailboxRecoveryClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewMailboxRecoveryClient(cc grpc.ClientConnInterface) MailboxRecoveryClient {
+	return &mailboxRecoveryClient{cc}
+}
+
+func (c *mailboxRecoveryClient) FetchMailbox(ctx context.Context, in *FetchMailboxRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchMailboxResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &MailboxRecovery_ServiceDesc.Streams[0], MailboxRecovery_FetchMailbox_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchMailboxRequest, FetchMailboxResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type MailboxRecovery_FetchMailboxClient = grpc.ServerStreamingClient[FetchMailboxResponse]
+
+// MailboxRecoveryServer is the server API for MailboxRecovery service.
+// All implementations must embed UnimplementedMailboxRecoveryServer
+// for forward compatibility.
+//
+// MailboxRecovery is served on the runner's query port (mutual TLS) to other
+// runners: peer recovery (docs/architecture.md#peer-recovery) seeds a new
+// mailbox of a namespace by copying a live one's store.
+type MailboxRecoveryServer interface {
+	// FetchMailbox streams a consistent snapshot of a mailbox's store (one
+	// read timestamp), in key order, in chunks of bounded size each checked by
+	// CRC-32C, throttled to the runner's recovery rate; the last message
+	// carries the stored positions as of the snapshot and the totals. The
+	// caller's certificate must be a proxy identity that AllowRecovery allowed
+	// for this mailbox, and the mailbox must be held here under a live lease:
+	// otherwise PERMISSION_DENIED or NOT_FOUND, and nothing changes. A cut
+	// stream resumes with snapshot_id and the last key received (cursor); a
+	// snapshot the runner no longer holds (it restarted, or the resume came
+	// too late) is ABORTED: the caller starts over from scratch.
+	FetchMailbox(*FetchMailboxRequest, grpc.ServerStreamingServer[FetchMailboxResponse]) error
+	mustEmbedUnimplementedMailboxRecoveryServer()
+}
+
+// UnimplementedMailboxRecoveryServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedMailboxRecoveryServer struct{}
+
+func (UnimplementedMailboxRecoveryServer) FetchMailbox(*FetchMailboxRequest, grpc.ServerStreamingServer[FetchMailboxResponse]) error {
+	return status.Error(codes.Unimplemented, "method FetchMailbox not implemented")
+}
+func (UnimplementedMailboxRecoveryServer) mustEmbedUnimplementedMailboxRecoveryServer() {}
+func (UnimplementedMailboxRecoveryServer) testEmbeddedByValue()                         {}
+
+// UnsafeMailboxRecoveryServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to MailboxRecoveryServer will
+// result in compilation errors.
+type UnsafeMailboxRecoveryServer interface {
+	mustEmbedUnimplementedMailboxRecoveryServer()
+}
+
+func RegisterMailboxRecoveryServer(s grpc.ServiceRegistrar, srv MailboxRecoveryServer) {
+	// If the following call panics, it indicates UnimplementedMailboxRecoveryServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&MailboxRecovery_ServiceDesc, srv)
+}
+
+func _MailboxRecovery_FetchMailbox_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchMailboxRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(MailboxRecoveryServer).FetchMailbox(m, &grpc.GenericServerStream[FetchMailboxRequest, FetchMailboxResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type MailboxRecovery_FetchMailboxServer = grpc.ServerStreamingServer[FetchMailboxResponse]
+
+// MailboxRecovery_ServiceDesc is the grpc.ServiceDesc for MailboxRecovery service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var MailboxRecovery_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "prism.runner.v1.MailboxRecovery",
+	HandlerType: (*MailboxRecoveryServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "FetchMailbox",
+			Handler:       _MailboxRecovery_FetchMailbox_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "prism/runner/v1/control.proto",
 }
