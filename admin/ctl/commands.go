@@ -242,7 +242,7 @@ Without brokers it says the topics were not checked.`,
 	}
 	pageSizeFlag(list, &pageSize)
 	get := &cobra.Command{
-		Use: "get NAME", Short: "Show a namespace and where its alias routes", Args: cobra.ExactArgs(1),
+		Use: "get NAME", Short: "Show a namespace, where its alias routes, and its mailboxes' state and history", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return run(cmd, g, client.Idempotent, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetNamespaceResponse, error) {
 				return adminv1.NewAdminClient(cc).GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: args[0], Consistency: consistency(consistent)})
@@ -251,6 +251,7 @@ Without brokers it says the topics were not checked.`,
 				if rt := r.GetRoute(); rt != nil {
 					fmt.Fprintf(w, "\nroutes to\t%s (epoch %d)\n", rt.GetMailboxId(), rt.GetEpoch())
 				}
+				replicasTable(w, r.GetReplicas())
 			})
 		},
 	}

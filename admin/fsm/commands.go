@@ -133,6 +133,35 @@ func validateProxyHeartbeat(cmd *adminv1.Command) error {
 		if len(h.GetOpenFailure()) > maxOpenFailureLen {
 			return invalid(fmt.Sprintf("namespace_health[%d].open_failure", i), "longer than %d bytes", maxOpenFailureLen)
 		}
+		if err := validateRecovery(h.GetRecovery()); err != nil {
+			return fmt.Errorf("namespace_health[%d].recovery: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// validateRecovery checks a reported peer recovery (nil: none reported).
+func validateRecovery(r *adminv1.RecoveryStatus) error {
+	if r == nil {
+		return nil
+	}
+	if _, ok := adminv1.RecoveryState_name[int32(r.GetState())]; !ok {
+		return invalid("state", "unknown value %d", r.GetState())
+	}
+	if src := r.GetSourceMailboxId(); src != "" {
+		if _, err := mesh.ParseMailboxID(src); err != nil {
+			return fmt.Errorf("source_mailbox_id: %w", err)
+		}
+	}
+	if r.GetBytesCopied() < 0 || r.GetEventsCopied() < 0 {
+		return invalid("bytes_copied, events_copied", "negative")
+	}
+	for name, ts := range map[string]*timestamppb.Timestamp{
+		"started_at": r.GetStartedAt(), "finished_at": r.GetFinishedAt(), "history_starts_at": r.GetHistoryStartsAt(),
+	} {
+		if ts != nil && ts.CheckValid() != nil {
+			return invalid(name, "malformed")
+		}
 	}
 	return nil
 }

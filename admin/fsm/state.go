@@ -512,14 +512,23 @@ func (s *state) assignmentsAmong(names []string, proxyID string) []*adminv1.Name
 		default:
 			continue
 		}
-		out = append(out, &adminv1.NamespaceAssignment{
+		as := &adminv1.NamespaceAssignment{
 			Namespace: n.GetName(),
 			Partition: n.GetPartition(),
 			Config:    proto.CloneOf(n.GetConfig()),
 			MailboxId: mesh.MailboxID{Namespace: n.GetName(), Proxy: proxyID}.String(),
 			Version:   version,
 			Role:      role,
-		})
+		}
+		switch role {
+		case adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP:
+			as.RecoverySource = s.recoverySource(n)
+		case adminv1.AssignmentRole_ASSIGNMENT_ROLE_SERVING:
+			if in := n.GetIncomingProxyId(); in != "" {
+				as.RecoveryPeers = []string{in}
+			}
+		}
+		out = append(out, as)
 	}
 	return out
 }

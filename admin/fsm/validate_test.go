@@ -12,6 +12,7 @@ import (
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 func TestValidateNamespaceConfig(t *testing.T) {
@@ -93,6 +94,12 @@ func TestValidateCommands(t *testing.T) {
 		{"bad label", reg(func(r *adminv1.ProxyRegistration) { r.Labels = map[string]string{"a b": "c"} }), "registration.labels"},
 		{"health listed twice", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a"}, {Namespace: "a"}}}), "namespace_health"},
 		{"health for a bad namespace", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a@b"}}}), "namespace"},
+		{"recovery from a bad mailbox", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{SourceMailboxId: "a"}}}}), "namespace_health[0].recovery: source_mailbox_id"},
+		{"recovery in an unknown state", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{State: 99}}}}), "recovery: invalid argument: state"},
+		{"recovery with negative bytes", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{BytesCopied: -1}}}}), "bytes_copied"},
+		{"recovery with a malformed time", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{HistoryStartsAt: &timestamppb.Timestamp{Nanos: -1}}}}}), "history_starts_at"},
+		{"a valid recovery", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{
+			State: adminv1.RecoveryState_RECOVERY_STATE_COPIED, SourceMailboxId: "a@q", BytesCopied: 10, EventsCopied: 1, StartedAt: at(0), FinishedAt: at(time.Second), HistoryComplete: true}}}}), ""},
 		{"heartbeat naming a bad runner", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", RunnerId: "runner a"}), "runner_id"},
 		{"stale mark without last_seen", c(0, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: "p"}}}), "proxies[0].last_seen"},
 		{"stale mark bad id", c(0, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: "", LastSeen: at(0)}}}), "proxy_id"},

@@ -109,7 +109,7 @@ func (s *Server) GetNamespace(ctx context.Context, req *adminv1.GetNamespaceRequ
 		if ns == nil {
 			return nil, notFound("namespace", req.GetNamespace())
 		}
-		return &adminv1.GetNamespaceResponse{Namespace: ns, Route: route, Index: idx}, nil
+		return &adminv1.GetNamespaceResponse{Namespace: ns, Route: route, Index: idx, Replicas: s.fsm.NamespaceReplicas(req.GetNamespace())}, nil
 	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.GetNamespaceResponse, error) {
 		return adminv1.NewAdminClient(cc).GetNamespace(ctx, req)
 	})

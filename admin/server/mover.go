@@ -116,7 +116,13 @@ func (r *lagReports) note(proxy string, index uint64, health []*adminv1.Namespac
 	reports := make(map[string]lagReport, len(health))
 	for _, h := range health {
 		r := lagReport{index: index, lag: h.GetLag(), lagKnown: h.GetLagKnown(), available: true}
-		if ps := h.GetStoredPositions(); len(ps) > 0 {
+		// A mailbox still being copied from a peer has ingested nothing
+		// (docs/architecture.md#peer-recovery): whatever lag or positions it
+		// reports, it has not caught up, so it is taken as one whose lag is
+		// unknown, which caughtUp never switches to.
+		if h.GetRecovery().GetState() == adminv1.RecoveryState_RECOVERY_STATE_COPYING {
+			r.lagKnown = false
+		} else if ps := h.GetStoredPositions(); len(ps) > 0 {
 			r.positions = make(map[partitionKey]int64, len(ps))
 			for _, p := range ps {
 				r.positions[partitionKey{p.GetTopic(), p.GetPartition()}] = p.GetNextOffset()

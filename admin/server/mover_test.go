@@ -230,7 +230,16 @@ func TestMoverSwitchesOnlyOverTheSourcesHistory(t *testing.T) {
 // topic t, pos[i] for partition i (none when pos is nil).
 func (e *moverEnv) heartbeatPositions(p string, lag int64, pos []int64) {
 	e.t.Helper()
+	e.heartbeatRecovery(p, lag, pos, adminv1.RecoveryState_RECOVERY_STATE_UNSPECIFIED)
+}
+
+// heartbeatRecovery is heartbeatPositions with the mailbox's recovery state.
+func (e *moverEnv) heartbeatRecovery(p string, lag int64, pos []int64, rs adminv1.RecoveryState) {
+	e.t.Helper()
 	h := &adminv1.NamespaceHealth{Namespace: e.ns, Lag: lag, LagKnown: true}
+	if rs != adminv1.RecoveryState_RECOVERY_STATE_UNSPECIFIED {
+		h.Recovery = &adminv1.RecoveryStatus{State: rs, SourceMailboxId: e.ns + "@p1"}
+	}
 	for i, at := range pos {
 		h.StoredPositions = append(h.StoredPositions, &adminv1.StoredPosition{Topic: "t", Partition: int32(i), NextOffset: at})
 	}
@@ -252,12 +261,18 @@ func TestMoverSwitchesOnStoredPositions(t *testing.T) {
 		lag   int64
 		pos   []int64 // nil: no positions
 	}
+	const (
+		copying = adminv1.RecoveryState_RECOVERY_STATE_COPYING
+		copied  = adminv1.RecoveryState_RECOVERY_STATE_COPIED
+	)
 	for _, tc := range []struct {
 		name string
 		// beforeMove are reported before the move starts, after are
 		// reported after the destination acquired.
 		beforeMove, after []report
-		want              string
+		// dst is the recovery state of the destination's reports.
+		dst  adminv1.RecoveryState
+		want string
 	}{
 		{name: "behind on one partition", after: []report{{"p2", 0, []int64{10, 9}}, {"p1", 0, []int64{10, 10}}}, want: "p1"},
 		{name: "level", after: []report{{"p2", 0, []int64{10, 10}}, {"p1", 0, []int64{10, 10}}}, want: "p2"},
@@ -279,6 +294,13 @@ func TestMoverSwitchesOnStoredPositions(t *testing.T) {
 		{name: "fallback, the source without positions, lag level", after: []report{{"p1", 50, nil}, {"p2", 50, []int64{10, 9}}}, want: "p2"},
 		{name: "fallback, the destination without positions, lag behind", after: []report{{"p1", 40, []int64{10, 10}}, {"p2", 50, nil}}, want: "p1"},
 		{name: "fallback, the destination without positions, lag level", after: []report{{"p1", 50, []int64{10, 10}}, {"p2", 50, nil}}, want: "p2"},
+		// A destination still copying from the source is never caught up,
+		// even if its runner reported a lag and positions meanwhile; once
+		// copied, the positions decide as always.
+		{name: "the destination copying, level", after: []report{{"p2", 0, []int64{10, 10}}, {"p1", 0, []int64{10, 10}}}, dst: copying, want: "p1"},
+		{name: "the destination copying, no positions", after: []report{{"p1", 50, nil}, {"p2", 0, nil}}, dst: copying, want: "p1"},
+		{name: "the destination copied, level", after: []report{{"p2", 0, []int64{10, 10}}, {"p1", 0, []int64{10, 10}}}, dst: copied, want: "p2"},
+		{name: "the destination copied, behind", after: []report{{"p2", 0, []int64{10, 9}}, {"p1", 0, []int64{10, 10}}}, dst: copied, want: "p1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -289,7 +311,11 @@ func TestMoverSwitchesOnStoredPositions(t *testing.T) {
 			e.start()
 			e.acquire("p2")
 			for _, r := range tc.after {
-				e.heartbeatPositions(r.proxy, r.lag, r.pos)
+				rs := adminv1.RecoveryState_RECOVERY_STATE_UNSPECIFIED
+				if r.proxy == "p2" {
+					rs = tc.dst
+				}
+				e.heartbeatRecovery(r.proxy, r.lag, r.pos, rs)
 			}
 			e.tick(moveTick)
 			e.tick(moveTick)

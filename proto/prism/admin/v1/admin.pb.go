@@ -569,8 +569,12 @@ type GetNamespaceResponse struct {
 	Namespace *Namespace             `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// Where /v1/namespaces/{namespace}/ routes now; unset when no mailbox of the
 	// namespace holds a live lease.
-	Route         *NamespaceRoute `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
-	Index         uint64          `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	Route *NamespaceRoute `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
+	Index uint64          `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	// Every proxy that has a role in the namespace (assigned, a move's
+	// destination, a handoff tail's source), sorted by proxy id, with its
+	// mailbox's lease and its last report on it.
+	Replicas      []*NamespaceReplica `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -626,6 +630,94 @@ func (x *GetNamespaceResponse) GetIndex() uint64 {
 	return 0
 }
 
+func (x *GetNamespaceResponse) GetReplicas() []*NamespaceReplica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+// NamespaceReplica is one proxy's mailbox of a namespace.
+type NamespaceReplica struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ProxyId string                 `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	// "{namespace}@{proxy_id}".
+	MailboxId string         `protobuf:"bytes,2,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	Role      AssignmentRole `protobuf:"varint,3,opt,name=role,proto3,enum=prism.admin.v1.AssignmentRole" json:"role,omitempty"`
+	// The epoch of the mailbox's live lease; zero while it holds none.
+	Epoch uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The proxy's last heartbeat report on the namespace (lag, stored
+	// positions, recovery); unset before one.
+	Health        *NamespaceHealth `protobuf:"bytes,5,opt,name=health,proto3" json:"health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamespaceReplica) Reset() {
+	*x = NamespaceReplica{}
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamespaceReplica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamespaceReplica) ProtoMessage() {}
+
+func (x *NamespaceReplica) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamespaceReplica.ProtoReflect.Descriptor instead.
+func (*NamespaceReplica) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *NamespaceReplica) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *NamespaceReplica) GetMailboxId() string {
+	if x != nil {
+		return x.MailboxId
+	}
+	return ""
+}
+
+func (x *NamespaceReplica) GetRole() AssignmentRole {
+	if x != nil {
+		return x.Role
+	}
+	return AssignmentRole_ASSIGNMENT_ROLE_SERVING
+}
+
+func (x *NamespaceReplica) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *NamespaceReplica) GetHealth() *NamespaceHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
 // ProxyInfo is a proxy with what placement derives from the live set.
 type ProxyInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -640,7 +732,7 @@ type ProxyInfo struct {
 
 func (x *ProxyInfo) Reset() {
 	*x = ProxyInfo{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +744,7 @@ func (x *ProxyInfo) String() string {
 func (*ProxyInfo) ProtoMessage() {}
 
 func (x *ProxyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[7]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +757,7 @@ func (x *ProxyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyInfo.ProtoReflect.Descriptor instead.
 func (*ProxyInfo) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ProxyInfo) GetProxy() *Proxy {
@@ -702,7 +794,7 @@ type ListProxiesRequest struct {
 
 func (x *ListProxiesRequest) Reset() {
 	*x = ListProxiesRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -714,7 +806,7 @@ func (x *ListProxiesRequest) String() string {
 func (*ListProxiesRequest) ProtoMessage() {}
 
 func (x *ListProxiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[8]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -727,7 +819,7 @@ func (x *ListProxiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProxiesRequest.ProtoReflect.Descriptor instead.
 func (*ListProxiesRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListProxiesRequest) GetConsistency() Consistency {
@@ -764,7 +856,7 @@ type ListProxiesResponse struct {
 
 func (x *ListProxiesResponse) Reset() {
 	*x = ListProxiesResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +868,7 @@ func (x *ListProxiesResponse) String() string {
 func (*ListProxiesResponse) ProtoMessage() {}
 
 func (x *ListProxiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[9]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +881,7 @@ func (x *ListProxiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProxiesResponse.ProtoReflect.Descriptor instead.
 func (*ListProxiesResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListProxiesResponse) GetProxies() []*ProxyInfo {
@@ -823,7 +915,7 @@ type GetProxyRequest struct {
 
 func (x *GetProxyRequest) Reset() {
 	*x = GetProxyRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +927,7 @@ func (x *GetProxyRequest) String() string {
 func (*GetProxyRequest) ProtoMessage() {}
 
 func (x *GetProxyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[10]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +940,7 @@ func (x *GetProxyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProxyRequest.ProtoReflect.Descriptor instead.
 func (*GetProxyRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetProxyRequest) GetProxyId() string {
@@ -875,7 +967,7 @@ type GetProxyResponse struct {
 
 func (x *GetProxyResponse) Reset() {
 	*x = GetProxyResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +979,7 @@ func (x *GetProxyResponse) String() string {
 func (*GetProxyResponse) ProtoMessage() {}
 
 func (x *GetProxyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +992,7 @@ func (x *GetProxyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProxyResponse.ProtoReflect.Descriptor instead.
 func (*GetProxyResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetProxyResponse) GetProxy() *ProxyInfo {
@@ -933,7 +1025,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1037,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1050,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListLeasesRequest) GetConsistency() Consistency {
@@ -1009,7 +1101,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1113,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1126,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*Lease {
@@ -1068,7 +1160,7 @@ type GetLeaseRequest struct {
 
 func (x *GetLeaseRequest) Reset() {
 	*x = GetLeaseRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1172,7 @@ func (x *GetLeaseRequest) String() string {
 func (*GetLeaseRequest) ProtoMessage() {}
 
 func (x *GetLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[14]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1185,7 @@ func (x *GetLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLeaseRequest.ProtoReflect.Descriptor instead.
 func (*GetLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetLeaseRequest) GetMailboxId() string {
@@ -1120,7 +1212,7 @@ type GetLeaseResponse struct {
 
 func (x *GetLeaseResponse) Reset() {
 	*x = GetLeaseResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1224,7 @@ func (x *GetLeaseResponse) String() string {
 func (*GetLeaseResponse) ProtoMessage() {}
 
 func (x *GetLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[15]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1237,7 @@ func (x *GetLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLeaseResponse.ProtoReflect.Descriptor instead.
 func (*GetLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetLeaseResponse) GetLease() *Lease {
@@ -1177,7 +1269,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1281,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[16]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1294,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListSessionsRequest) GetConsistency() Consistency {
@@ -1247,7 +1339,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1351,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[17]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1364,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*Session {
@@ -1306,7 +1398,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1410,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[18]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1423,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetSessionRequest) GetSessionId() uint64 {
@@ -1360,7 +1452,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1464,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[19]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1477,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetSessionResponse) GetSession() *Session {
@@ -1422,7 +1514,7 @@ type ListRoutesRequest struct {
 
 func (x *ListRoutesRequest) Reset() {
 	*x = ListRoutesRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1434,7 +1526,7 @@ func (x *ListRoutesRequest) String() string {
 func (*ListRoutesRequest) ProtoMessage() {}
 
 func (x *ListRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[20]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1447,7 +1539,7 @@ func (x *ListRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoutesRequest.ProtoReflect.Descriptor instead.
 func (*ListRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListRoutesRequest) GetConsistency() Consistency {
@@ -1488,7 +1580,7 @@ type ListRoutesResponse struct {
 
 func (x *ListRoutesResponse) Reset() {
 	*x = ListRoutesResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1592,7 @@ func (x *ListRoutesResponse) String() string {
 func (*ListRoutesResponse) ProtoMessage() {}
 
 func (x *ListRoutesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[21]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1605,7 @@ func (x *ListRoutesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoutesResponse.ProtoReflect.Descriptor instead.
 func (*ListRoutesResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListRoutesResponse) GetRoutes() []*Route {
@@ -1554,7 +1646,7 @@ type GetRouteRequest struct {
 
 func (x *GetRouteRequest) Reset() {
 	*x = GetRouteRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1658,7 @@ func (x *GetRouteRequest) String() string {
 func (*GetRouteRequest) ProtoMessage() {}
 
 func (x *GetRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[22]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1671,7 @@ func (x *GetRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRouteRequest.ProtoReflect.Descriptor instead.
 func (*GetRouteRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetRouteRequest) GetMailboxId() string {
@@ -1606,7 +1698,7 @@ type GetRouteResponse struct {
 
 func (x *GetRouteResponse) Reset() {
 	*x = GetRouteResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1710,7 @@ func (x *GetRouteResponse) String() string {
 func (*GetRouteResponse) ProtoMessage() {}
 
 func (x *GetRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[23]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1723,7 @@ func (x *GetRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRouteResponse.ProtoReflect.Descriptor instead.
 func (*GetRouteResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetRouteResponse) GetRoute() *Route {
@@ -1668,7 +1760,7 @@ type AddVoterRequest struct {
 
 func (x *AddVoterRequest) Reset() {
 	*x = AddVoterRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1680,7 +1772,7 @@ func (x *AddVoterRequest) String() string {
 func (*AddVoterRequest) ProtoMessage() {}
 
 func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[24]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1693,7 +1785,7 @@ func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
 func (*AddVoterRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AddVoterRequest) GetId() string {
@@ -1733,7 +1825,7 @@ type AddVoterResponse struct {
 
 func (x *AddVoterResponse) Reset() {
 	*x = AddVoterResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1837,7 @@ func (x *AddVoterResponse) String() string {
 func (*AddVoterResponse) ProtoMessage() {}
 
 func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[25]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1850,7 @@ func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVoterResponse.ProtoReflect.Descriptor instead.
 func (*AddVoterResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AddVoterResponse) GetIndex() uint64 {
@@ -1781,7 +1873,7 @@ type RemoveServerRequest struct {
 
 func (x *RemoveServerRequest) Reset() {
 	*x = RemoveServerRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1793,7 +1885,7 @@ func (x *RemoveServerRequest) String() string {
 func (*RemoveServerRequest) ProtoMessage() {}
 
 func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[26]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1806,7 +1898,7 @@ func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RemoveServerRequest) GetId() string {
@@ -1832,7 +1924,7 @@ type RemoveServerResponse struct {
 
 func (x *RemoveServerResponse) Reset() {
 	*x = RemoveServerResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1844,7 +1936,7 @@ func (x *RemoveServerResponse) String() string {
 func (*RemoveServerResponse) ProtoMessage() {}
 
 func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[27]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1857,7 +1949,7 @@ func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RemoveServerResponse) GetIndex() uint64 {
@@ -1875,7 +1967,7 @@ type SaveSnapshotRequest struct {
 
 func (x *SaveSnapshotRequest) Reset() {
 	*x = SaveSnapshotRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1887,7 +1979,7 @@ func (x *SaveSnapshotRequest) String() string {
 func (*SaveSnapshotRequest) ProtoMessage() {}
 
 func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[28]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1900,7 +1992,7 @@ func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SaveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 // SnapshotInfo describes a saved FSM snapshot: the stream's first message
@@ -1932,7 +2024,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1944,7 +2036,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[29]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1957,7 +2049,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SnapshotInfo) GetFsmFormat() uint32 {
@@ -2050,7 +2142,7 @@ type SaveSnapshotResponse struct {
 
 func (x *SaveSnapshotResponse) Reset() {
 	*x = SaveSnapshotResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2154,7 @@ func (x *SaveSnapshotResponse) String() string {
 func (*SaveSnapshotResponse) ProtoMessage() {}
 
 func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[30]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2167,7 @@ func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SaveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SaveSnapshotResponse) GetPart() isSaveSnapshotResponse_Part {
@@ -2129,7 +2221,7 @@ type MoveNamespaceRequest struct {
 
 func (x *MoveNamespaceRequest) Reset() {
 	*x = MoveNamespaceRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2141,7 +2233,7 @@ func (x *MoveNamespaceRequest) String() string {
 func (*MoveNamespaceRequest) ProtoMessage() {}
 
 func (x *MoveNamespaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[31]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2154,7 +2246,7 @@ func (x *MoveNamespaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveNamespaceRequest.ProtoReflect.Descriptor instead.
 func (*MoveNamespaceRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MoveNamespaceRequest) GetNamespace() string {
@@ -2182,7 +2274,7 @@ type MoveNamespaceResponse struct {
 
 func (x *MoveNamespaceResponse) Reset() {
 	*x = MoveNamespaceResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2286,7 @@ func (x *MoveNamespaceResponse) String() string {
 func (*MoveNamespaceResponse) ProtoMessage() {}
 
 func (x *MoveNamespaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[32]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2299,7 @@ func (x *MoveNamespaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveNamespaceResponse.ProtoReflect.Descriptor instead.
 func (*MoveNamespaceResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *MoveNamespaceResponse) GetNamespace() *Namespace {
@@ -2233,7 +2325,7 @@ type CancelMoveRequest struct {
 
 func (x *CancelMoveRequest) Reset() {
 	*x = CancelMoveRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2245,7 +2337,7 @@ func (x *CancelMoveRequest) String() string {
 func (*CancelMoveRequest) ProtoMessage() {}
 
 func (x *CancelMoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[33]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2258,7 +2350,7 @@ func (x *CancelMoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelMoveRequest.ProtoReflect.Descriptor instead.
 func (*CancelMoveRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CancelMoveRequest) GetNamespace() string {
@@ -2278,7 +2370,7 @@ type CancelMoveResponse struct {
 
 func (x *CancelMoveResponse) Reset() {
 	*x = CancelMoveResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[34]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2382,7 @@ func (x *CancelMoveResponse) String() string {
 func (*CancelMoveResponse) ProtoMessage() {}
 
 func (x *CancelMoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[34]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2395,7 @@ func (x *CancelMoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelMoveResponse.ProtoReflect.Descriptor instead.
 func (*CancelMoveResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CancelMoveResponse) GetNamespace() *Namespace {
@@ -2331,7 +2423,7 @@ type CordonProxyRequest struct {
 
 func (x *CordonProxyRequest) Reset() {
 	*x = CordonProxyRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[35]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2343,7 +2435,7 @@ func (x *CordonProxyRequest) String() string {
 func (*CordonProxyRequest) ProtoMessage() {}
 
 func (x *CordonProxyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[35]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2356,7 +2448,7 @@ func (x *CordonProxyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonProxyRequest.ProtoReflect.Descriptor instead.
 func (*CordonProxyRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CordonProxyRequest) GetProxyId() string {
@@ -2385,7 +2477,7 @@ type CordonProxyResponse struct {
 
 func (x *CordonProxyResponse) Reset() {
 	*x = CordonProxyResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[36]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2397,7 +2489,7 @@ func (x *CordonProxyResponse) String() string {
 func (*CordonProxyResponse) ProtoMessage() {}
 
 func (x *CordonProxyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[36]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2410,7 +2502,7 @@ func (x *CordonProxyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonProxyResponse.ProtoReflect.Descriptor instead.
 func (*CordonProxyResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{36}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CordonProxyResponse) GetProxy() *Proxy {
@@ -2446,7 +2538,7 @@ type ListMovesRequest struct {
 
 func (x *ListMovesRequest) Reset() {
 	*x = ListMovesRequest{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[37]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2550,7 @@ func (x *ListMovesRequest) String() string {
 func (*ListMovesRequest) ProtoMessage() {}
 
 func (x *ListMovesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[37]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2563,7 @@ func (x *ListMovesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMovesRequest.ProtoReflect.Descriptor instead.
 func (*ListMovesRequest) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{37}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListMovesRequest) GetPageSize() int32 {
@@ -2516,7 +2608,7 @@ type NamespaceMove struct {
 
 func (x *NamespaceMove) Reset() {
 	*x = NamespaceMove{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[38]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2620,7 @@ func (x *NamespaceMove) String() string {
 func (*NamespaceMove) ProtoMessage() {}
 
 func (x *NamespaceMove) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[38]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2633,7 @@ func (x *NamespaceMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceMove.ProtoReflect.Descriptor instead.
 func (*NamespaceMove) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{38}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NamespaceMove) GetNamespace() string {
@@ -2638,7 +2730,7 @@ type ListMovesResponse struct {
 
 func (x *ListMovesResponse) Reset() {
 	*x = ListMovesResponse{}
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[39]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2650,7 +2742,7 @@ func (x *ListMovesResponse) String() string {
 func (*ListMovesResponse) ProtoMessage() {}
 
 func (x *ListMovesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_admin_proto_msgTypes[39]
+	mi := &file_prism_admin_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2663,7 +2755,7 @@ func (x *ListMovesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMovesResponse.ProtoReflect.Descriptor instead.
 func (*ListMovesResponse) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{39}
+	return file_prism_admin_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListMovesResponse) GetMoves() []*NamespaceMove {
@@ -2736,11 +2828,19 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"r\n" +
 	"\x13GetNamespaceRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12=\n" +
-	"\vconsistency\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"\x9b\x01\n" +
+	"\vconsistency\x18\x02 \x01(\x0e2\x1b.prism.admin.v1.ConsistencyR\vconsistency\"\xd9\x01\n" +
 	"\x14GetNamespaceResponse\x127\n" +
 	"\tnamespace\x18\x01 \x01(\v2\x19.prism.admin.v1.NamespaceR\tnamespace\x124\n" +
 	"\x05route\x18\x02 \x01(\v2\x1e.prism.admin.v1.NamespaceRouteR\x05route\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\x04R\x05index\"\xa3\x01\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\x12<\n" +
+	"\breplicas\x18\x04 \x03(\v2 .prism.admin.v1.NamespaceReplicaR\breplicas\"\xcf\x01\n" +
+	"\x10NamespaceReplica\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1d\n" +
+	"\n" +
+	"mailbox_id\x18\x02 \x01(\tR\tmailboxId\x122\n" +
+	"\x04role\x18\x03 \x01(\x0e2\x1e.prism.admin.v1.AssignmentRoleR\x04role\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x127\n" +
+	"\x06health\x18\x05 \x01(\v2\x1f.prism.admin.v1.NamespaceHealthR\x06health\"\xa3\x01\n" +
 	"\tProxyInfo\x12+\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyR\x05proxy\x12I\n" +
 	"\x10partition_ranges\x18\x02 \x03(\v2\x1e.prism.admin.v1.PartitionRangeR\x0fpartitionRanges\x12\x1e\n" +
@@ -2936,7 +3036,7 @@ func file_prism_admin_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_admin_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_prism_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_prism_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_prism_admin_v1_admin_proto_goTypes = []any{
 	(MemberSuffrage)(0),              // 0: prism.admin.v1.MemberSuffrage
 	(MoveState)(0),                   // 1: prism.admin.v1.MoveState
@@ -2947,130 +3047,136 @@ var file_prism_admin_v1_admin_proto_goTypes = []any{
 	(*ListNamespacesResponse)(nil),   // 6: prism.admin.v1.ListNamespacesResponse
 	(*GetNamespaceRequest)(nil),      // 7: prism.admin.v1.GetNamespaceRequest
 	(*GetNamespaceResponse)(nil),     // 8: prism.admin.v1.GetNamespaceResponse
-	(*ProxyInfo)(nil),                // 9: prism.admin.v1.ProxyInfo
-	(*ListProxiesRequest)(nil),       // 10: prism.admin.v1.ListProxiesRequest
-	(*ListProxiesResponse)(nil),      // 11: prism.admin.v1.ListProxiesResponse
-	(*GetProxyRequest)(nil),          // 12: prism.admin.v1.GetProxyRequest
-	(*GetProxyResponse)(nil),         // 13: prism.admin.v1.GetProxyResponse
-	(*ListLeasesRequest)(nil),        // 14: prism.admin.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),       // 15: prism.admin.v1.ListLeasesResponse
-	(*GetLeaseRequest)(nil),          // 16: prism.admin.v1.GetLeaseRequest
-	(*GetLeaseResponse)(nil),         // 17: prism.admin.v1.GetLeaseResponse
-	(*ListSessionsRequest)(nil),      // 18: prism.admin.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),     // 19: prism.admin.v1.ListSessionsResponse
-	(*GetSessionRequest)(nil),        // 20: prism.admin.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),       // 21: prism.admin.v1.GetSessionResponse
-	(*ListRoutesRequest)(nil),        // 22: prism.admin.v1.ListRoutesRequest
-	(*ListRoutesResponse)(nil),       // 23: prism.admin.v1.ListRoutesResponse
-	(*GetRouteRequest)(nil),          // 24: prism.admin.v1.GetRouteRequest
-	(*GetRouteResponse)(nil),         // 25: prism.admin.v1.GetRouteResponse
-	(*AddVoterRequest)(nil),          // 26: prism.admin.v1.AddVoterRequest
-	(*AddVoterResponse)(nil),         // 27: prism.admin.v1.AddVoterResponse
-	(*RemoveServerRequest)(nil),      // 28: prism.admin.v1.RemoveServerRequest
-	(*RemoveServerResponse)(nil),     // 29: prism.admin.v1.RemoveServerResponse
-	(*SaveSnapshotRequest)(nil),      // 30: prism.admin.v1.SaveSnapshotRequest
-	(*SnapshotInfo)(nil),             // 31: prism.admin.v1.SnapshotInfo
-	(*SaveSnapshotResponse)(nil),     // 32: prism.admin.v1.SaveSnapshotResponse
-	(*MoveNamespaceRequest)(nil),     // 33: prism.admin.v1.MoveNamespaceRequest
-	(*MoveNamespaceResponse)(nil),    // 34: prism.admin.v1.MoveNamespaceResponse
-	(*CancelMoveRequest)(nil),        // 35: prism.admin.v1.CancelMoveRequest
-	(*CancelMoveResponse)(nil),       // 36: prism.admin.v1.CancelMoveResponse
-	(*CordonProxyRequest)(nil),       // 37: prism.admin.v1.CordonProxyRequest
-	(*CordonProxyResponse)(nil),      // 38: prism.admin.v1.CordonProxyResponse
-	(*ListMovesRequest)(nil),         // 39: prism.admin.v1.ListMovesRequest
-	(*NamespaceMove)(nil),            // 40: prism.admin.v1.NamespaceMove
-	(*ListMovesResponse)(nil),        // 41: prism.admin.v1.ListMovesResponse
-	(Consistency)(0),                 // 42: prism.admin.v1.Consistency
-	(*Namespace)(nil),                // 43: prism.admin.v1.Namespace
-	(*NamespaceRoute)(nil),           // 44: prism.admin.v1.NamespaceRoute
-	(*Proxy)(nil),                    // 45: prism.admin.v1.Proxy
-	(*PartitionRange)(nil),           // 46: prism.admin.v1.PartitionRange
-	(*Lease)(nil),                    // 47: prism.admin.v1.Lease
-	(*Session)(nil),                  // 48: prism.admin.v1.Session
-	(*Route)(nil),                    // 49: prism.admin.v1.Route
-	(*timestamppb.Timestamp)(nil),    // 50: google.protobuf.Timestamp
-	(MoveReason)(0),                  // 51: prism.admin.v1.MoveReason
+	(*NamespaceReplica)(nil),         // 9: prism.admin.v1.NamespaceReplica
+	(*ProxyInfo)(nil),                // 10: prism.admin.v1.ProxyInfo
+	(*ListProxiesRequest)(nil),       // 11: prism.admin.v1.ListProxiesRequest
+	(*ListProxiesResponse)(nil),      // 12: prism.admin.v1.ListProxiesResponse
+	(*GetProxyRequest)(nil),          // 13: prism.admin.v1.GetProxyRequest
+	(*GetProxyResponse)(nil),         // 14: prism.admin.v1.GetProxyResponse
+	(*ListLeasesRequest)(nil),        // 15: prism.admin.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),       // 16: prism.admin.v1.ListLeasesResponse
+	(*GetLeaseRequest)(nil),          // 17: prism.admin.v1.GetLeaseRequest
+	(*GetLeaseResponse)(nil),         // 18: prism.admin.v1.GetLeaseResponse
+	(*ListSessionsRequest)(nil),      // 19: prism.admin.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),     // 20: prism.admin.v1.ListSessionsResponse
+	(*GetSessionRequest)(nil),        // 21: prism.admin.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),       // 22: prism.admin.v1.GetSessionResponse
+	(*ListRoutesRequest)(nil),        // 23: prism.admin.v1.ListRoutesRequest
+	(*ListRoutesResponse)(nil),       // 24: prism.admin.v1.ListRoutesResponse
+	(*GetRouteRequest)(nil),          // 25: prism.admin.v1.GetRouteRequest
+	(*GetRouteResponse)(nil),         // 26: prism.admin.v1.GetRouteResponse
+	(*AddVoterRequest)(nil),          // 27: prism.admin.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),         // 28: prism.admin.v1.AddVoterResponse
+	(*RemoveServerRequest)(nil),      // 29: prism.admin.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),     // 30: prism.admin.v1.RemoveServerResponse
+	(*SaveSnapshotRequest)(nil),      // 31: prism.admin.v1.SaveSnapshotRequest
+	(*SnapshotInfo)(nil),             // 32: prism.admin.v1.SnapshotInfo
+	(*SaveSnapshotResponse)(nil),     // 33: prism.admin.v1.SaveSnapshotResponse
+	(*MoveNamespaceRequest)(nil),     // 34: prism.admin.v1.MoveNamespaceRequest
+	(*MoveNamespaceResponse)(nil),    // 35: prism.admin.v1.MoveNamespaceResponse
+	(*CancelMoveRequest)(nil),        // 36: prism.admin.v1.CancelMoveRequest
+	(*CancelMoveResponse)(nil),       // 37: prism.admin.v1.CancelMoveResponse
+	(*CordonProxyRequest)(nil),       // 38: prism.admin.v1.CordonProxyRequest
+	(*CordonProxyResponse)(nil),      // 39: prism.admin.v1.CordonProxyResponse
+	(*ListMovesRequest)(nil),         // 40: prism.admin.v1.ListMovesRequest
+	(*NamespaceMove)(nil),            // 41: prism.admin.v1.NamespaceMove
+	(*ListMovesResponse)(nil),        // 42: prism.admin.v1.ListMovesResponse
+	(Consistency)(0),                 // 43: prism.admin.v1.Consistency
+	(*Namespace)(nil),                // 44: prism.admin.v1.Namespace
+	(*NamespaceRoute)(nil),           // 45: prism.admin.v1.NamespaceRoute
+	(AssignmentRole)(0),              // 46: prism.admin.v1.AssignmentRole
+	(*NamespaceHealth)(nil),          // 47: prism.admin.v1.NamespaceHealth
+	(*Proxy)(nil),                    // 48: prism.admin.v1.Proxy
+	(*PartitionRange)(nil),           // 49: prism.admin.v1.PartitionRange
+	(*Lease)(nil),                    // 50: prism.admin.v1.Lease
+	(*Session)(nil),                  // 51: prism.admin.v1.Session
+	(*Route)(nil),                    // 52: prism.admin.v1.Route
+	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
+	(MoveReason)(0),                  // 54: prism.admin.v1.MoveReason
 }
 var file_prism_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: prism.admin.v1.Member.suffrage:type_name -> prism.admin.v1.MemberSuffrage
 	3,  // 1: prism.admin.v1.GetClusterStatusResponse.members:type_name -> prism.admin.v1.Member
-	42, // 2: prism.admin.v1.ListNamespacesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	43, // 3: prism.admin.v1.ListNamespacesResponse.namespaces:type_name -> prism.admin.v1.Namespace
-	42, // 4: prism.admin.v1.GetNamespaceRequest.consistency:type_name -> prism.admin.v1.Consistency
-	43, // 5: prism.admin.v1.GetNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
-	44, // 6: prism.admin.v1.GetNamespaceResponse.route:type_name -> prism.admin.v1.NamespaceRoute
-	45, // 7: prism.admin.v1.ProxyInfo.proxy:type_name -> prism.admin.v1.Proxy
-	46, // 8: prism.admin.v1.ProxyInfo.partition_ranges:type_name -> prism.admin.v1.PartitionRange
-	42, // 9: prism.admin.v1.ListProxiesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	9,  // 10: prism.admin.v1.ListProxiesResponse.proxies:type_name -> prism.admin.v1.ProxyInfo
-	42, // 11: prism.admin.v1.GetProxyRequest.consistency:type_name -> prism.admin.v1.Consistency
-	9,  // 12: prism.admin.v1.GetProxyResponse.proxy:type_name -> prism.admin.v1.ProxyInfo
-	42, // 13: prism.admin.v1.ListLeasesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	47, // 14: prism.admin.v1.ListLeasesResponse.leases:type_name -> prism.admin.v1.Lease
-	42, // 15: prism.admin.v1.GetLeaseRequest.consistency:type_name -> prism.admin.v1.Consistency
-	47, // 16: prism.admin.v1.GetLeaseResponse.lease:type_name -> prism.admin.v1.Lease
-	42, // 17: prism.admin.v1.ListSessionsRequest.consistency:type_name -> prism.admin.v1.Consistency
-	48, // 18: prism.admin.v1.ListSessionsResponse.sessions:type_name -> prism.admin.v1.Session
-	42, // 19: prism.admin.v1.GetSessionRequest.consistency:type_name -> prism.admin.v1.Consistency
-	48, // 20: prism.admin.v1.GetSessionResponse.session:type_name -> prism.admin.v1.Session
-	47, // 21: prism.admin.v1.GetSessionResponse.leases:type_name -> prism.admin.v1.Lease
-	42, // 22: prism.admin.v1.ListRoutesRequest.consistency:type_name -> prism.admin.v1.Consistency
-	49, // 23: prism.admin.v1.ListRoutesResponse.routes:type_name -> prism.admin.v1.Route
-	44, // 24: prism.admin.v1.ListRoutesResponse.namespace_routes:type_name -> prism.admin.v1.NamespaceRoute
-	42, // 25: prism.admin.v1.GetRouteRequest.consistency:type_name -> prism.admin.v1.Consistency
-	49, // 26: prism.admin.v1.GetRouteResponse.route:type_name -> prism.admin.v1.Route
-	50, // 27: prism.admin.v1.SnapshotInfo.saved_at:type_name -> google.protobuf.Timestamp
-	31, // 28: prism.admin.v1.SaveSnapshotResponse.info:type_name -> prism.admin.v1.SnapshotInfo
-	43, // 29: prism.admin.v1.MoveNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
-	43, // 30: prism.admin.v1.CancelMoveResponse.namespace:type_name -> prism.admin.v1.Namespace
-	45, // 31: prism.admin.v1.CordonProxyResponse.proxy:type_name -> prism.admin.v1.Proxy
-	1,  // 32: prism.admin.v1.NamespaceMove.state:type_name -> prism.admin.v1.MoveState
-	50, // 33: prism.admin.v1.NamespaceMove.started_at:type_name -> google.protobuf.Timestamp
-	50, // 34: prism.admin.v1.NamespaceMove.switched_at:type_name -> google.protobuf.Timestamp
-	50, // 35: prism.admin.v1.NamespaceMove.handoff_until:type_name -> google.protobuf.Timestamp
-	51, // 36: prism.admin.v1.NamespaceMove.reason:type_name -> prism.admin.v1.MoveReason
-	40, // 37: prism.admin.v1.ListMovesResponse.moves:type_name -> prism.admin.v1.NamespaceMove
-	2,  // 38: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
-	5,  // 39: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
-	7,  // 40: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
-	10, // 41: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
-	12, // 42: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
-	14, // 43: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
-	16, // 44: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
-	22, // 45: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
-	24, // 46: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
-	18, // 47: prism.admin.v1.Admin.ListSessions:input_type -> prism.admin.v1.ListSessionsRequest
-	20, // 48: prism.admin.v1.Admin.GetSession:input_type -> prism.admin.v1.GetSessionRequest
-	26, // 49: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
-	28, // 50: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
-	30, // 51: prism.admin.v1.Admin.SaveSnapshot:input_type -> prism.admin.v1.SaveSnapshotRequest
-	33, // 52: prism.admin.v1.Admin.MoveNamespace:input_type -> prism.admin.v1.MoveNamespaceRequest
-	35, // 53: prism.admin.v1.Admin.CancelMove:input_type -> prism.admin.v1.CancelMoveRequest
-	37, // 54: prism.admin.v1.Admin.CordonProxy:input_type -> prism.admin.v1.CordonProxyRequest
-	39, // 55: prism.admin.v1.Admin.ListMoves:input_type -> prism.admin.v1.ListMovesRequest
-	4,  // 56: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
-	6,  // 57: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
-	8,  // 58: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
-	11, // 59: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
-	13, // 60: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
-	15, // 61: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
-	17, // 62: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
-	23, // 63: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
-	25, // 64: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
-	19, // 65: prism.admin.v1.Admin.ListSessions:output_type -> prism.admin.v1.ListSessionsResponse
-	21, // 66: prism.admin.v1.Admin.GetSession:output_type -> prism.admin.v1.GetSessionResponse
-	27, // 67: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
-	29, // 68: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
-	32, // 69: prism.admin.v1.Admin.SaveSnapshot:output_type -> prism.admin.v1.SaveSnapshotResponse
-	34, // 70: prism.admin.v1.Admin.MoveNamespace:output_type -> prism.admin.v1.MoveNamespaceResponse
-	36, // 71: prism.admin.v1.Admin.CancelMove:output_type -> prism.admin.v1.CancelMoveResponse
-	38, // 72: prism.admin.v1.Admin.CordonProxy:output_type -> prism.admin.v1.CordonProxyResponse
-	41, // 73: prism.admin.v1.Admin.ListMoves:output_type -> prism.admin.v1.ListMovesResponse
-	56, // [56:74] is the sub-list for method output_type
-	38, // [38:56] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	43, // 2: prism.admin.v1.ListNamespacesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	44, // 3: prism.admin.v1.ListNamespacesResponse.namespaces:type_name -> prism.admin.v1.Namespace
+	43, // 4: prism.admin.v1.GetNamespaceRequest.consistency:type_name -> prism.admin.v1.Consistency
+	44, // 5: prism.admin.v1.GetNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
+	45, // 6: prism.admin.v1.GetNamespaceResponse.route:type_name -> prism.admin.v1.NamespaceRoute
+	9,  // 7: prism.admin.v1.GetNamespaceResponse.replicas:type_name -> prism.admin.v1.NamespaceReplica
+	46, // 8: prism.admin.v1.NamespaceReplica.role:type_name -> prism.admin.v1.AssignmentRole
+	47, // 9: prism.admin.v1.NamespaceReplica.health:type_name -> prism.admin.v1.NamespaceHealth
+	48, // 10: prism.admin.v1.ProxyInfo.proxy:type_name -> prism.admin.v1.Proxy
+	49, // 11: prism.admin.v1.ProxyInfo.partition_ranges:type_name -> prism.admin.v1.PartitionRange
+	43, // 12: prism.admin.v1.ListProxiesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	10, // 13: prism.admin.v1.ListProxiesResponse.proxies:type_name -> prism.admin.v1.ProxyInfo
+	43, // 14: prism.admin.v1.GetProxyRequest.consistency:type_name -> prism.admin.v1.Consistency
+	10, // 15: prism.admin.v1.GetProxyResponse.proxy:type_name -> prism.admin.v1.ProxyInfo
+	43, // 16: prism.admin.v1.ListLeasesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	50, // 17: prism.admin.v1.ListLeasesResponse.leases:type_name -> prism.admin.v1.Lease
+	43, // 18: prism.admin.v1.GetLeaseRequest.consistency:type_name -> prism.admin.v1.Consistency
+	50, // 19: prism.admin.v1.GetLeaseResponse.lease:type_name -> prism.admin.v1.Lease
+	43, // 20: prism.admin.v1.ListSessionsRequest.consistency:type_name -> prism.admin.v1.Consistency
+	51, // 21: prism.admin.v1.ListSessionsResponse.sessions:type_name -> prism.admin.v1.Session
+	43, // 22: prism.admin.v1.GetSessionRequest.consistency:type_name -> prism.admin.v1.Consistency
+	51, // 23: prism.admin.v1.GetSessionResponse.session:type_name -> prism.admin.v1.Session
+	50, // 24: prism.admin.v1.GetSessionResponse.leases:type_name -> prism.admin.v1.Lease
+	43, // 25: prism.admin.v1.ListRoutesRequest.consistency:type_name -> prism.admin.v1.Consistency
+	52, // 26: prism.admin.v1.ListRoutesResponse.routes:type_name -> prism.admin.v1.Route
+	45, // 27: prism.admin.v1.ListRoutesResponse.namespace_routes:type_name -> prism.admin.v1.NamespaceRoute
+	43, // 28: prism.admin.v1.GetRouteRequest.consistency:type_name -> prism.admin.v1.Consistency
+	52, // 29: prism.admin.v1.GetRouteResponse.route:type_name -> prism.admin.v1.Route
+	53, // 30: prism.admin.v1.SnapshotInfo.saved_at:type_name -> google.protobuf.Timestamp
+	32, // 31: prism.admin.v1.SaveSnapshotResponse.info:type_name -> prism.admin.v1.SnapshotInfo
+	44, // 32: prism.admin.v1.MoveNamespaceResponse.namespace:type_name -> prism.admin.v1.Namespace
+	44, // 33: prism.admin.v1.CancelMoveResponse.namespace:type_name -> prism.admin.v1.Namespace
+	48, // 34: prism.admin.v1.CordonProxyResponse.proxy:type_name -> prism.admin.v1.Proxy
+	1,  // 35: prism.admin.v1.NamespaceMove.state:type_name -> prism.admin.v1.MoveState
+	53, // 36: prism.admin.v1.NamespaceMove.started_at:type_name -> google.protobuf.Timestamp
+	53, // 37: prism.admin.v1.NamespaceMove.switched_at:type_name -> google.protobuf.Timestamp
+	53, // 38: prism.admin.v1.NamespaceMove.handoff_until:type_name -> google.protobuf.Timestamp
+	54, // 39: prism.admin.v1.NamespaceMove.reason:type_name -> prism.admin.v1.MoveReason
+	41, // 40: prism.admin.v1.ListMovesResponse.moves:type_name -> prism.admin.v1.NamespaceMove
+	2,  // 41: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
+	5,  // 42: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
+	7,  // 43: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
+	11, // 44: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
+	13, // 45: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
+	15, // 46: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
+	17, // 47: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
+	23, // 48: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
+	25, // 49: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
+	19, // 50: prism.admin.v1.Admin.ListSessions:input_type -> prism.admin.v1.ListSessionsRequest
+	21, // 51: prism.admin.v1.Admin.GetSession:input_type -> prism.admin.v1.GetSessionRequest
+	27, // 52: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
+	29, // 53: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
+	31, // 54: prism.admin.v1.Admin.SaveSnapshot:input_type -> prism.admin.v1.SaveSnapshotRequest
+	34, // 55: prism.admin.v1.Admin.MoveNamespace:input_type -> prism.admin.v1.MoveNamespaceRequest
+	36, // 56: prism.admin.v1.Admin.CancelMove:input_type -> prism.admin.v1.CancelMoveRequest
+	38, // 57: prism.admin.v1.Admin.CordonProxy:input_type -> prism.admin.v1.CordonProxyRequest
+	40, // 58: prism.admin.v1.Admin.ListMoves:input_type -> prism.admin.v1.ListMovesRequest
+	4,  // 59: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
+	6,  // 60: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
+	8,  // 61: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
+	12, // 62: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
+	14, // 63: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
+	16, // 64: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
+	18, // 65: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
+	24, // 66: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
+	26, // 67: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
+	20, // 68: prism.admin.v1.Admin.ListSessions:output_type -> prism.admin.v1.ListSessionsResponse
+	22, // 69: prism.admin.v1.Admin.GetSession:output_type -> prism.admin.v1.GetSessionResponse
+	28, // 70: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
+	30, // 71: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
+	33, // 72: prism.admin.v1.Admin.SaveSnapshot:output_type -> prism.admin.v1.SaveSnapshotResponse
+	35, // 73: prism.admin.v1.Admin.MoveNamespace:output_type -> prism.admin.v1.MoveNamespaceResponse
+	37, // 74: prism.admin.v1.Admin.CancelMove:output_type -> prism.admin.v1.CancelMoveResponse
+	39, // 75: prism.admin.v1.Admin.CordonProxy:output_type -> prism.admin.v1.CordonProxyResponse
+	42, // 76: prism.admin.v1.Admin.ListMoves:output_type -> prism.admin.v1.ListMovesResponse
+	59, // [59:77] is the sub-list for method output_type
+	41, // [41:59] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_admin_proto_init() }
@@ -3079,7 +3185,7 @@ func file_prism_admin_v1_admin_proto_init() {
 		return
 	}
 	file_prism_admin_v1_types_proto_init()
-	file_prism_admin_v1_admin_proto_msgTypes[30].OneofWrappers = []any{
+	file_prism_admin_v1_admin_proto_msgTypes[31].OneofWrappers = []any{
 		(*SaveSnapshotResponse_Info)(nil),
 		(*SaveSnapshotResponse_Chunk)(nil),
 	}
@@ -3089,7 +3195,7 @@ func file_prism_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_admin_proto_rawDesc), len(file_prism_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -83,6 +83,66 @@ func (ProxyStatus) EnumDescriptor() ([]byte, []int) {
 	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{0}
 }
 
+// RecoveryState is where a mailbox's peer recovery is.
+type RecoveryState int32
+
+const (
+	// No recovery was asked for (the mailbox read its topics from Kafka,
+	// or resumed from its own store), or the runner does not report it.
+	RecoveryState_RECOVERY_STATE_UNSPECIFIED RecoveryState = 0
+	// Copying the source mailbox's store; the mailbox ingests nothing yet.
+	RecoveryState_RECOVERY_STATE_COPYING RecoveryState = 1
+	// The copy is complete; the mailbox ingests from the copied positions.
+	RecoveryState_RECOVERY_STATE_COPIED RecoveryState = 2
+	// No copy could be made (the source was gone or refused past the
+	// runner's bound): the mailbox fell back to reading Kafka from its
+	// oldest offset, and its history is incomplete.
+	RecoveryState_RECOVERY_STATE_INCOMPLETE RecoveryState = 3
+)
+
+// Enum value maps for RecoveryState.
+var (
+	RecoveryState_name = map[int32]string{
+		0: "RECOVERY_STATE_UNSPECIFIED",
+		1: "RECOVERY_STATE_COPYING",
+		2: "RECOVERY_STATE_COPIED",
+		3: "RECOVERY_STATE_INCOMPLETE",
+	}
+	RecoveryState_value = map[string]int32{
+		"RECOVERY_STATE_UNSPECIFIED": 0,
+		"RECOVERY_STATE_COPYING":     1,
+		"RECOVERY_STATE_COPIED":      2,
+		"RECOVERY_STATE_INCOMPLETE":  3,
+	}
+)
+
+func (x RecoveryState) Enum() *RecoveryState {
+	p := new(RecoveryState)
+	*p = x
+	return p
+}
+
+func (x RecoveryState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RecoveryState) Descriptor() protoreflect.EnumDescriptor {
+	return file_prism_admin_v1_types_proto_enumTypes[1].Descriptor()
+}
+
+func (RecoveryState) Type() protoreflect.EnumType {
+	return &file_prism_admin_v1_types_proto_enumTypes[1]
+}
+
+func (x RecoveryState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RecoveryState.Descriptor instead.
+func (RecoveryState) EnumDescriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{1}
+}
+
 // HealthStatus is a self-reported health, for operators; placement and lease
 // decisions never depend on it.
 type HealthStatus int32
@@ -121,11 +181,11 @@ func (x HealthStatus) String() string {
 }
 
 func (HealthStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[1].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[2].Descriptor()
 }
 
 func (HealthStatus) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[1]
+	return &file_prism_admin_v1_types_proto_enumTypes[2]
 }
 
 func (x HealthStatus) Number() protoreflect.EnumNumber {
@@ -134,7 +194,7 @@ func (x HealthStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HealthStatus.Descriptor instead.
 func (HealthStatus) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{1}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{2}
 }
 
 // ValidationMode is how a mailbox runner treats envelopes that fail
@@ -179,11 +239,11 @@ func (x ValidationMode) String() string {
 }
 
 func (ValidationMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[2].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[3].Descriptor()
 }
 
 func (ValidationMode) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[2]
+	return &file_prism_admin_v1_types_proto_enumTypes[3]
 }
 
 func (x ValidationMode) Number() protoreflect.EnumNumber {
@@ -192,7 +252,7 @@ func (x ValidationMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ValidationMode.Descriptor instead.
 func (ValidationMode) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{2}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{3}
 }
 
 // MoveReason is why a namespace's move began.
@@ -236,11 +296,11 @@ func (x MoveReason) String() string {
 }
 
 func (MoveReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[3].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[4].Descriptor()
 }
 
 func (MoveReason) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[3]
+	return &file_prism_admin_v1_types_proto_enumTypes[4]
 }
 
 func (x MoveReason) Number() protoreflect.EnumNumber {
@@ -249,7 +309,7 @@ func (x MoveReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MoveReason.Descriptor instead.
 func (MoveReason) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{3}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
 }
 
 // MoveAbandonReason is why a move ended without switching.
@@ -313,11 +373,11 @@ func (x MoveAbandonReason) String() string {
 }
 
 func (MoveAbandonReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[4].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[5].Descriptor()
 }
 
 func (MoveAbandonReason) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[4]
+	return &file_prism_admin_v1_types_proto_enumTypes[5]
 }
 
 func (x MoveAbandonReason) Number() protoreflect.EnumNumber {
@@ -326,7 +386,7 @@ func (x MoveAbandonReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MoveAbandonReason.Descriptor instead.
 func (MoveAbandonReason) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 // RunnerHealth is the runner's own view, reported with heartbeats.
@@ -363,11 +423,11 @@ func (x RunnerHealth) String() string {
 }
 
 func (RunnerHealth) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[5].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[6].Descriptor()
 }
 
 func (RunnerHealth) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[5]
+	return &file_prism_admin_v1_types_proto_enumTypes[6]
 }
 
 func (x RunnerHealth) Number() protoreflect.EnumNumber {
@@ -376,7 +436,7 @@ func (x RunnerHealth) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunnerHealth.Descriptor instead.
 func (RunnerHealth) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 // LeaseRefusalReason says why a lease operation was refused. The sidecar acts
@@ -456,11 +516,11 @@ func (x LeaseRefusalReason) String() string {
 }
 
 func (LeaseRefusalReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[6].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[7].Descriptor()
 }
 
 func (LeaseRefusalReason) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[6]
+	return &file_prism_admin_v1_types_proto_enumTypes[7]
 }
 
 func (x LeaseRefusalReason) Number() protoreflect.EnumNumber {
@@ -469,7 +529,7 @@ func (x LeaseRefusalReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LeaseRefusalReason.Descriptor instead.
 func (LeaseRefusalReason) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 // AssignmentRole is what the proxy does with an assigned namespace.
@@ -514,11 +574,11 @@ func (x AssignmentRole) String() string {
 }
 
 func (AssignmentRole) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[7].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[8].Descriptor()
 }
 
 func (AssignmentRole) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[7]
+	return &file_prism_admin_v1_types_proto_enumTypes[8]
 }
 
 func (x AssignmentRole) Number() protoreflect.EnumNumber {
@@ -527,7 +587,7 @@ func (x AssignmentRole) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use AssignmentRole.Descriptor instead.
 func (AssignmentRole) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 // Consistency is the read consistency of a List/Get call.
@@ -568,11 +628,11 @@ func (x Consistency) String() string {
 }
 
 func (Consistency) Descriptor() protoreflect.EnumDescriptor {
-	return file_prism_admin_v1_types_proto_enumTypes[8].Descriptor()
+	return file_prism_admin_v1_types_proto_enumTypes[9].Descriptor()
 }
 
 func (Consistency) Type() protoreflect.EnumType {
-	return &file_prism_admin_v1_types_proto_enumTypes[8]
+	return &file_prism_admin_v1_types_proto_enumTypes[9]
 }
 
 func (x Consistency) Number() protoreflect.EnumNumber {
@@ -581,7 +641,7 @@ func (x Consistency) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Consistency.Descriptor instead.
 func (Consistency) EnumDescriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 // MemberAddress is where a raft member serves the admin gRPC API. The FSM
@@ -932,6 +992,12 @@ type NamespaceHealth struct {
 	// past it; an entry may hold only this field, for a namespace the proxy no
 	// longer hosts.
 	ExcludedUntil *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=excluded_until,json=excludedUntil,proto3" json:"excluded_until,omitempty"`
+	// How the mailbox's history was built (docs/architecture.md#peer-recovery):
+	// copied from a live mailbox of the namespace, or read from Kafka alone;
+	// unset from a runner or sidecar that does not report it. While its state
+	// is COPYING the proxy reports neither lag_known nor stored_positions, so
+	// a move is never switched to a mailbox still being seeded.
+	Recovery      *RecoveryStatus `protobuf:"bytes,11,opt,name=recovery,proto3" json:"recovery,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1036,6 +1102,121 @@ func (x *NamespaceHealth) GetExcludedUntil() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *NamespaceHealth) GetRecovery() *RecoveryStatus {
+	if x != nil {
+		return x.Recovery
+	}
+	return nil
+}
+
+// RecoveryStatus is a mailbox's peer recovery, as its runner reports it
+// (runner.v1 MailboxStatus.recovery).
+type RecoveryStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State RecoveryState          `protobuf:"varint,1,opt,name=state,proto3,enum=prism.admin.v1.RecoveryState" json:"state,omitempty"`
+	// The mailbox copied from, "{namespace}@{proxy_id}"; empty when the
+	// mailbox was not seeded from a peer.
+	SourceMailboxId string `protobuf:"bytes,2,opt,name=source_mailbox_id,json=sourceMailboxId,proto3" json:"source_mailbox_id,omitempty"`
+	// What the copy received so far (COPYING) or in all (COPIED).
+	BytesCopied  int64                  `protobuf:"varint,3,opt,name=bytes_copied,json=bytesCopied,proto3" json:"bytes_copied,omitempty"`
+	EventsCopied int64                  `protobuf:"varint,4,opt,name=events_copied,json=eventsCopied,proto3" json:"events_copied,omitempty"`
+	StartedAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	FinishedAt   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	// False when the mailbox holds only what Kafka still held when it read
+	// its topics, and Kafka had already deleted older records: events before
+	// history_starts_at (the oldest event it holds) are not in it.
+	HistoryComplete bool                   `protobuf:"varint,7,opt,name=history_complete,json=historyComplete,proto3" json:"history_complete,omitempty"`
+	HistoryStartsAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=history_starts_at,json=historyStartsAt,proto3" json:"history_starts_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RecoveryStatus) Reset() {
+	*x = RecoveryStatus{}
+	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoveryStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoveryStatus) ProtoMessage() {}
+
+func (x *RecoveryStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoveryStatus.ProtoReflect.Descriptor instead.
+func (*RecoveryStatus) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RecoveryStatus) GetState() RecoveryState {
+	if x != nil {
+		return x.State
+	}
+	return RecoveryState_RECOVERY_STATE_UNSPECIFIED
+}
+
+func (x *RecoveryStatus) GetSourceMailboxId() string {
+	if x != nil {
+		return x.SourceMailboxId
+	}
+	return ""
+}
+
+func (x *RecoveryStatus) GetBytesCopied() int64 {
+	if x != nil {
+		return x.BytesCopied
+	}
+	return 0
+}
+
+func (x *RecoveryStatus) GetEventsCopied() int64 {
+	if x != nil {
+		return x.EventsCopied
+	}
+	return 0
+}
+
+func (x *RecoveryStatus) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *RecoveryStatus) GetFinishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FinishedAt
+	}
+	return nil
+}
+
+func (x *RecoveryStatus) GetHistoryComplete() bool {
+	if x != nil {
+		return x.HistoryComplete
+	}
+	return false
+}
+
+func (x *RecoveryStatus) GetHistoryStartsAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HistoryStartsAt
+	}
+	return nil
+}
+
 // StoredPosition is where a mailbox's stored history of one partition ends.
 type StoredPosition struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1049,7 +1230,7 @@ type StoredPosition struct {
 
 func (x *StoredPosition) Reset() {
 	*x = StoredPosition{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1242,7 @@ func (x *StoredPosition) String() string {
 func (*StoredPosition) ProtoMessage() {}
 
 func (x *StoredPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[4]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1255,7 @@ func (x *StoredPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredPosition.ProtoReflect.Descriptor instead.
 func (*StoredPosition) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StoredPosition) GetTopic() string {
@@ -1109,7 +1290,7 @@ type PartitionRange struct {
 
 func (x *PartitionRange) Reset() {
 	*x = PartitionRange{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1121,7 +1302,7 @@ func (x *PartitionRange) String() string {
 func (*PartitionRange) ProtoMessage() {}
 
 func (x *PartitionRange) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[5]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1134,7 +1315,7 @@ func (x *PartitionRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionRange.ProtoReflect.Descriptor instead.
 func (*PartitionRange) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PartitionRange) GetStart() uint32 {
@@ -1167,7 +1348,7 @@ type LeaseConfig struct {
 
 func (x *LeaseConfig) Reset() {
 	*x = LeaseConfig{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1179,7 +1360,7 @@ func (x *LeaseConfig) String() string {
 func (*LeaseConfig) ProtoMessage() {}
 
 func (x *LeaseConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[6]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1192,7 +1373,7 @@ func (x *LeaseConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseConfig.ProtoReflect.Descriptor instead.
 func (*LeaseConfig) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LeaseConfig) GetTtl() *durationpb.Duration {
@@ -1227,7 +1408,7 @@ type RetentionConfig struct {
 
 func (x *RetentionConfig) Reset() {
 	*x = RetentionConfig{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1420,7 @@ func (x *RetentionConfig) String() string {
 func (*RetentionConfig) ProtoMessage() {}
 
 func (x *RetentionConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[7]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1433,7 @@ func (x *RetentionConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetentionConfig.ProtoReflect.Descriptor instead.
 func (*RetentionConfig) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RetentionConfig) GetMaxAge() *durationpb.Duration {
@@ -1286,7 +1467,7 @@ type NamespaceConfig struct {
 
 func (x *NamespaceConfig) Reset() {
 	*x = NamespaceConfig{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1479,7 @@ func (x *NamespaceConfig) String() string {
 func (*NamespaceConfig) ProtoMessage() {}
 
 func (x *NamespaceConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[8]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1492,7 @@ func (x *NamespaceConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceConfig.ProtoReflect.Descriptor instead.
 func (*NamespaceConfig) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NamespaceConfig) GetTopics() []string {
@@ -1402,7 +1583,7 @@ type Namespace struct {
 
 func (x *Namespace) Reset() {
 	*x = Namespace{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1595,7 @@ func (x *Namespace) String() string {
 func (*Namespace) ProtoMessage() {}
 
 func (x *Namespace) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[9]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1608,7 @@ func (x *Namespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Namespace.ProtoReflect.Descriptor instead.
 func (*Namespace) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Namespace) GetName() string {
@@ -1548,7 +1729,7 @@ type LeaseStats struct {
 
 func (x *LeaseStats) Reset() {
 	*x = LeaseStats{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1741,7 @@ func (x *LeaseStats) String() string {
 func (*LeaseStats) ProtoMessage() {}
 
 func (x *LeaseStats) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[10]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1754,7 @@ func (x *LeaseStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseStats.ProtoReflect.Descriptor instead.
 func (*LeaseStats) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LeaseStats) GetEventsStored() int64 {
@@ -1646,7 +1827,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1839,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[11]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1852,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Lease) GetMailboxId() string {
@@ -1803,7 +1984,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +1996,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[12]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +2009,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Session) GetId() uint64 {
@@ -1911,7 +2092,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1923,7 +2104,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[13]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1936,7 +2117,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Route) GetMailboxId() string {
@@ -2004,7 +2185,7 @@ type NamespaceRoute struct {
 
 func (x *NamespaceRoute) Reset() {
 	*x = NamespaceRoute{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2197,7 @@ func (x *NamespaceRoute) String() string {
 func (*NamespaceRoute) ProtoMessage() {}
 
 func (x *NamespaceRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[14]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2210,7 @@ func (x *NamespaceRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceRoute.ProtoReflect.Descriptor instead.
 func (*NamespaceRoute) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NamespaceRoute) GetNamespace() string {
@@ -2072,7 +2253,7 @@ type LeaseRefusal struct {
 
 func (x *LeaseRefusal) Reset() {
 	*x = LeaseRefusal{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2265,7 @@ func (x *LeaseRefusal) String() string {
 func (*LeaseRefusal) ProtoMessage() {}
 
 func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[15]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2278,7 @@ func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRefusal.ProtoReflect.Descriptor instead.
 func (*LeaseRefusal) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LeaseRefusal) GetReason() LeaseRefusalReason {
@@ -2145,15 +2326,25 @@ type NamespaceAssignment struct {
 	MailboxId string `protobuf:"bytes,4,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
 	// Namespace.assignment_index: grows with every reassignment (for
 	// CATCHING_UP, Namespace.move_index).
-	Version       uint64         `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
-	Role          AssignmentRole `protobuf:"varint,6,opt,name=role,proto3,enum=prism.admin.v1.AssignmentRole" json:"role,omitempty"`
+	Version uint64         `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
+	Role    AssignmentRole `protobuf:"varint,6,opt,name=role,proto3,enum=prism.admin.v1.AssignmentRole" json:"role,omitempty"`
+	// For CATCHING_UP: the live mailbox of the namespace to seed this one
+	// from (docs/architecture.md#peer-recovery), the move's source while it
+	// serves (live, its runner ready, holding the lease on its mailbox);
+	// unset otherwise, and the mailbox reads its topics from Kafka. The
+	// runner takes it only for a mailbox with nothing stored yet.
+	RecoverySource *RecoverySource `protobuf:"bytes,7,opt,name=recovery_source,json=recoverySource,proto3" json:"recovery_source,omitempty"`
+	// For SERVING: the proxies that may fetch a copy of this mailbox (the
+	// incoming proxy of the namespace's move in progress), sorted; empty when
+	// no move is. The sidecar hands them to its runner (AllowRecovery).
+	RecoveryPeers []string `protobuf:"bytes,8,rep,name=recovery_peers,json=recoveryPeers,proto3" json:"recovery_peers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NamespaceAssignment) Reset() {
 	*x = NamespaceAssignment{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2356,7 @@ func (x *NamespaceAssignment) String() string {
 func (*NamespaceAssignment) ProtoMessage() {}
 
 func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2369,7 @@ func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceAssignment.ProtoReflect.Descriptor instead.
 func (*NamespaceAssignment) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NamespaceAssignment) GetNamespace() string {
@@ -2223,6 +2414,76 @@ func (x *NamespaceAssignment) GetRole() AssignmentRole {
 	return AssignmentRole_ASSIGNMENT_ROLE_SERVING
 }
 
+func (x *NamespaceAssignment) GetRecoverySource() *RecoverySource {
+	if x != nil {
+		return x.RecoverySource
+	}
+	return nil
+}
+
+func (x *NamespaceAssignment) GetRecoveryPeers() []string {
+	if x != nil {
+		return x.RecoveryPeers
+	}
+	return nil
+}
+
+// RecoverySource is a live mailbox a new one may be copied from.
+type RecoverySource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "{namespace}@{proxy_id}".
+	MailboxId string `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	// host:port of the runner serving it (its lease's runner_address), where
+	// its MailboxRecovery service answers.
+	Address       string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoverySource) Reset() {
+	*x = RecoverySource{}
+	mi := &file_prism_admin_v1_types_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoverySource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoverySource) ProtoMessage() {}
+
+func (x *RecoverySource) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_types_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoverySource.ProtoReflect.Descriptor instead.
+func (*RecoverySource) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RecoverySource) GetMailboxId() string {
+	if x != nil {
+		return x.MailboxId
+	}
+	return ""
+}
+
+func (x *RecoverySource) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 var File_prism_admin_v1_types_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_types_proto_rawDesc = "" +
@@ -2254,7 +2515,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x10namespace_health\x18\x05 \x03(\v2\x1f.prism.admin.v1.NamespaceHealthR\x0fnamespaceHealth\x12(\n" +
 	"\x10runner_not_ready\x18\x06 \x01(\bR\x0erunnerNotReady\x12\x1a\n" +
 	"\bcordoned\x18\a \x01(\bR\bcordoned\x12+\n" +
-	"\x11draining_instance\x18\b \x01(\tR\x10drainingInstance\"\xbf\x03\n" +
+	"\x11draining_instance\x18\b \x01(\tR\x10drainingInstance\"\xfb\x03\n" +
 	"\x0fNamespaceHealth\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x124\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1c.prism.admin.v1.HealthStatusR\x06status\x12'\n" +
@@ -2267,7 +2528,19 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"openFailed\x12!\n" +
 	"\fopen_failure\x18\t \x01(\tR\vopenFailure\x12A\n" +
 	"\x0eexcluded_until\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\rexcludedUntil\"e\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\rexcludedUntil\x12:\n" +
+	"\brecovery\x18\v \x01(\v2\x1e.prism.admin.v1.RecoveryStatusR\brecovery\"\xa4\x03\n" +
+	"\x0eRecoveryStatus\x123\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x1d.prism.admin.v1.RecoveryStateR\x05state\x12*\n" +
+	"\x11source_mailbox_id\x18\x02 \x01(\tR\x0fsourceMailboxId\x12!\n" +
+	"\fbytes_copied\x18\x03 \x01(\x03R\vbytesCopied\x12#\n" +
+	"\revents_copied\x18\x04 \x01(\x03R\feventsCopied\x129\n" +
+	"\n" +
+	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
+	"\vfinished_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"finishedAt\x12)\n" +
+	"\x10history_complete\x18\a \x01(\bR\x0fhistoryComplete\x12F\n" +
+	"\x11history_starts_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0fhistoryStartsAt\"e\n" +
 	"\x0eStoredPosition\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x1f\n" +
@@ -2372,7 +2645,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12/\n" +
 	"\acurrent\x18\x03 \x01(\v2\x15.prism.admin.v1.LeaseR\acurrent\x12\x1b\n" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12%\n" +
-	"\x0eleader_address\x18\x05 \x01(\tR\rleaderAddress\"\xf7\x01\n" +
+	"\x0eleader_address\x18\x05 \x01(\tR\rleaderAddress\"\xe7\x02\n" +
 	"\x13NamespaceAssignment\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x127\n" +
@@ -2380,11 +2653,22 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"mailbox_id\x18\x04 \x01(\tR\tmailboxId\x12\x18\n" +
 	"\aversion\x18\x05 \x01(\x04R\aversion\x122\n" +
-	"\x04role\x18\x06 \x01(\x0e2\x1e.prism.admin.v1.AssignmentRoleR\x04role*Z\n" +
+	"\x04role\x18\x06 \x01(\x0e2\x1e.prism.admin.v1.AssignmentRoleR\x04role\x12G\n" +
+	"\x0frecovery_source\x18\a \x01(\v2\x1e.prism.admin.v1.RecoverySourceR\x0erecoverySource\x12%\n" +
+	"\x0erecovery_peers\x18\b \x03(\tR\rrecoveryPeers\"I\n" +
+	"\x0eRecoverySource\x12\x1d\n" +
+	"\n" +
+	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress*Z\n" +
 	"\vProxyStatus\x12\x1c\n" +
 	"\x18PROXY_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11PROXY_STATUS_LIVE\x10\x01\x12\x16\n" +
-	"\x12PROXY_STATUS_STALE\x10\x02*\x81\x01\n" +
+	"\x12PROXY_STATUS_STALE\x10\x02*\x85\x01\n" +
+	"\rRecoveryState\x12\x1e\n" +
+	"\x1aRECOVERY_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16RECOVERY_STATE_COPYING\x10\x01\x12\x19\n" +
+	"\x15RECOVERY_STATE_COPIED\x10\x02\x12\x1d\n" +
+	"\x19RECOVERY_STATE_INCOMPLETE\x10\x03*\x81\x01\n" +
 	"\fHealthStatus\x12\x1d\n" +
 	"\x19HEALTH_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15HEALTH_STATUS_HEALTHY\x10\x01\x12\x1a\n" +
@@ -2449,85 +2733,94 @@ func file_prism_admin_v1_types_proto_rawDescGZIP() []byte {
 	return file_prism_admin_v1_types_proto_rawDescData
 }
 
-var file_prism_admin_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_prism_admin_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
+var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_prism_admin_v1_types_proto_goTypes = []any{
 	(ProxyStatus)(0),              // 0: prism.admin.v1.ProxyStatus
-	(HealthStatus)(0),             // 1: prism.admin.v1.HealthStatus
-	(ValidationMode)(0),           // 2: prism.admin.v1.ValidationMode
-	(MoveReason)(0),               // 3: prism.admin.v1.MoveReason
-	(MoveAbandonReason)(0),        // 4: prism.admin.v1.MoveAbandonReason
-	(RunnerHealth)(0),             // 5: prism.admin.v1.RunnerHealth
-	(LeaseRefusalReason)(0),       // 6: prism.admin.v1.LeaseRefusalReason
-	(AssignmentRole)(0),           // 7: prism.admin.v1.AssignmentRole
-	(Consistency)(0),              // 8: prism.admin.v1.Consistency
-	(*MemberAddress)(nil),         // 9: prism.admin.v1.MemberAddress
-	(*ProxyRegistration)(nil),     // 10: prism.admin.v1.ProxyRegistration
-	(*Proxy)(nil),                 // 11: prism.admin.v1.Proxy
-	(*NamespaceHealth)(nil),       // 12: prism.admin.v1.NamespaceHealth
-	(*StoredPosition)(nil),        // 13: prism.admin.v1.StoredPosition
-	(*PartitionRange)(nil),        // 14: prism.admin.v1.PartitionRange
-	(*LeaseConfig)(nil),           // 15: prism.admin.v1.LeaseConfig
-	(*RetentionConfig)(nil),       // 16: prism.admin.v1.RetentionConfig
-	(*NamespaceConfig)(nil),       // 17: prism.admin.v1.NamespaceConfig
-	(*Namespace)(nil),             // 18: prism.admin.v1.Namespace
-	(*LeaseStats)(nil),            // 19: prism.admin.v1.LeaseStats
-	(*Lease)(nil),                 // 20: prism.admin.v1.Lease
-	(*Session)(nil),               // 21: prism.admin.v1.Session
-	(*Route)(nil),                 // 22: prism.admin.v1.Route
-	(*NamespaceRoute)(nil),        // 23: prism.admin.v1.NamespaceRoute
-	(*LeaseRefusal)(nil),          // 24: prism.admin.v1.LeaseRefusal
-	(*NamespaceAssignment)(nil),   // 25: prism.admin.v1.NamespaceAssignment
-	nil,                           // 26: prism.admin.v1.ProxyRegistration.LabelsEntry
-	nil,                           // 27: prism.admin.v1.NamespaceConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(RecoveryState)(0),            // 1: prism.admin.v1.RecoveryState
+	(HealthStatus)(0),             // 2: prism.admin.v1.HealthStatus
+	(ValidationMode)(0),           // 3: prism.admin.v1.ValidationMode
+	(MoveReason)(0),               // 4: prism.admin.v1.MoveReason
+	(MoveAbandonReason)(0),        // 5: prism.admin.v1.MoveAbandonReason
+	(RunnerHealth)(0),             // 6: prism.admin.v1.RunnerHealth
+	(LeaseRefusalReason)(0),       // 7: prism.admin.v1.LeaseRefusalReason
+	(AssignmentRole)(0),           // 8: prism.admin.v1.AssignmentRole
+	(Consistency)(0),              // 9: prism.admin.v1.Consistency
+	(*MemberAddress)(nil),         // 10: prism.admin.v1.MemberAddress
+	(*ProxyRegistration)(nil),     // 11: prism.admin.v1.ProxyRegistration
+	(*Proxy)(nil),                 // 12: prism.admin.v1.Proxy
+	(*NamespaceHealth)(nil),       // 13: prism.admin.v1.NamespaceHealth
+	(*RecoveryStatus)(nil),        // 14: prism.admin.v1.RecoveryStatus
+	(*StoredPosition)(nil),        // 15: prism.admin.v1.StoredPosition
+	(*PartitionRange)(nil),        // 16: prism.admin.v1.PartitionRange
+	(*LeaseConfig)(nil),           // 17: prism.admin.v1.LeaseConfig
+	(*RetentionConfig)(nil),       // 18: prism.admin.v1.RetentionConfig
+	(*NamespaceConfig)(nil),       // 19: prism.admin.v1.NamespaceConfig
+	(*Namespace)(nil),             // 20: prism.admin.v1.Namespace
+	(*LeaseStats)(nil),            // 21: prism.admin.v1.LeaseStats
+	(*Lease)(nil),                 // 22: prism.admin.v1.Lease
+	(*Session)(nil),               // 23: prism.admin.v1.Session
+	(*Route)(nil),                 // 24: prism.admin.v1.Route
+	(*NamespaceRoute)(nil),        // 25: prism.admin.v1.NamespaceRoute
+	(*LeaseRefusal)(nil),          // 26: prism.admin.v1.LeaseRefusal
+	(*NamespaceAssignment)(nil),   // 27: prism.admin.v1.NamespaceAssignment
+	(*RecoverySource)(nil),        // 28: prism.admin.v1.RecoverySource
+	nil,                           // 29: prism.admin.v1.ProxyRegistration.LabelsEntry
+	nil,                           // 30: prism.admin.v1.NamespaceConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
 }
 var file_prism_admin_v1_types_proto_depIdxs = []int32{
-	26, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
-	10, // 1: prism.admin.v1.Proxy.registration:type_name -> prism.admin.v1.ProxyRegistration
+	29, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
+	11, // 1: prism.admin.v1.Proxy.registration:type_name -> prism.admin.v1.ProxyRegistration
 	0,  // 2: prism.admin.v1.Proxy.status:type_name -> prism.admin.v1.ProxyStatus
-	28, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
-	28, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
-	12, // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
-	1,  // 6: prism.admin.v1.NamespaceHealth.status:type_name -> prism.admin.v1.HealthStatus
-	13, // 7: prism.admin.v1.NamespaceHealth.stored_positions:type_name -> prism.admin.v1.StoredPosition
-	28, // 8: prism.admin.v1.NamespaceHealth.excluded_until:type_name -> google.protobuf.Timestamp
-	29, // 9: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
-	29, // 10: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	29, // 11: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
-	29, // 12: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
-	15, // 13: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
-	2,  // 14: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
-	16, // 15: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
-	27, // 16: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
-	17, // 17: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
-	28, // 18: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
-	28, // 19: prism.admin.v1.Namespace.handoff_until:type_name -> google.protobuf.Timestamp
-	28, // 20: prism.admin.v1.Namespace.move_started_at:type_name -> google.protobuf.Timestamp
-	28, // 21: prism.admin.v1.Namespace.switched_at:type_name -> google.protobuf.Timestamp
-	3,  // 22: prism.admin.v1.Namespace.move_reason:type_name -> prism.admin.v1.MoveReason
-	5,  // 23: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
-	28, // 24: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	28, // 25: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	29, // 26: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	29, // 27: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
-	29, // 28: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
-	28, // 29: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	19, // 30: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
-	29, // 31: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
-	29, // 32: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
-	28, // 33: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
-	28, // 34: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
-	6,  // 35: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
-	20, // 36: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
-	17, // 37: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
-	7,  // 38: prism.admin.v1.NamespaceAssignment.role:type_name -> prism.admin.v1.AssignmentRole
-	39, // [39:39] is the sub-list for method output_type
-	39, // [39:39] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	31, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
+	31, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
+	13, // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
+	2,  // 6: prism.admin.v1.NamespaceHealth.status:type_name -> prism.admin.v1.HealthStatus
+	15, // 7: prism.admin.v1.NamespaceHealth.stored_positions:type_name -> prism.admin.v1.StoredPosition
+	31, // 8: prism.admin.v1.NamespaceHealth.excluded_until:type_name -> google.protobuf.Timestamp
+	14, // 9: prism.admin.v1.NamespaceHealth.recovery:type_name -> prism.admin.v1.RecoveryStatus
+	1,  // 10: prism.admin.v1.RecoveryStatus.state:type_name -> prism.admin.v1.RecoveryState
+	31, // 11: prism.admin.v1.RecoveryStatus.started_at:type_name -> google.protobuf.Timestamp
+	31, // 12: prism.admin.v1.RecoveryStatus.finished_at:type_name -> google.protobuf.Timestamp
+	31, // 13: prism.admin.v1.RecoveryStatus.history_starts_at:type_name -> google.protobuf.Timestamp
+	32, // 14: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
+	32, // 15: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	32, // 16: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
+	32, // 17: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
+	17, // 18: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
+	3,  // 19: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
+	18, // 20: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
+	30, // 21: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
+	19, // 22: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
+	31, // 23: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
+	31, // 24: prism.admin.v1.Namespace.handoff_until:type_name -> google.protobuf.Timestamp
+	31, // 25: prism.admin.v1.Namespace.move_started_at:type_name -> google.protobuf.Timestamp
+	31, // 26: prism.admin.v1.Namespace.switched_at:type_name -> google.protobuf.Timestamp
+	4,  // 27: prism.admin.v1.Namespace.move_reason:type_name -> prism.admin.v1.MoveReason
+	6,  // 28: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
+	31, // 29: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	31, // 30: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	32, // 31: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	32, // 32: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
+	32, // 33: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
+	31, // 34: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	21, // 35: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
+	32, // 36: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
+	32, // 37: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
+	31, // 38: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
+	31, // 39: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
+	7,  // 40: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
+	22, // 41: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
+	19, // 42: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
+	8,  // 43: prism.admin.v1.NamespaceAssignment.role:type_name -> prism.admin.v1.AssignmentRole
+	28, // 44: prism.admin.v1.NamespaceAssignment.recovery_source:type_name -> prism.admin.v1.RecoverySource
+	45, // [45:45] is the sub-list for method output_type
+	45, // [45:45] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_types_proto_init() }
@@ -2540,8 +2833,8 @@ func file_prism_admin_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_types_proto_rawDesc), len(file_prism_admin_v1_types_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   19,
+			NumEnums:      10,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
