@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/mailbox/query/request"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
@@ -106,12 +107,12 @@ func (g *GRPCServer) QueryEvents(ctx context.Context, req *mailboxv1.QueryEvents
 	if err != nil {
 		return nil, err
 	}
+	if err := request.QueryEvents(req); err != nil {
+		return nil, request.Invalid(err)
+	}
 	f := req.GetFilter()
 	if f == nil {
 		f = &mailboxv1.EventFilter{}
-	}
-	if err := ValidateFilter(f); err != nil {
-		return nil, status.Error(codes.InvalidArgument, "filter."+err.Error())
 	}
 	resp, err := src.Query(ctx, f)
 	if err != nil {
@@ -131,8 +132,8 @@ func (g *GRPCServer) GetEvent(ctx context.Context, req *mailboxv1.GetEventReques
 	if err != nil {
 		return nil, err
 	}
-	if req.GetMessageId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "message_id: required")
+	if err := request.GetEvent(req); err != nil {
+		return nil, request.Invalid(err)
 	}
 	item, err := src.Get(ctx, req.GetMessageId())
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/mailbox/query/httpapi"
+	"github.com/prism-mesh/prism/mailbox/query/request"
 	"github.com/prism-mesh/prism/mesh"
 )
 
@@ -90,7 +91,7 @@ func (h *httpServer) events(find finder) http.HandlerFunc {
 			h.metrics.observe("http", "QueryEvents", "", start, c)
 			return
 		}
-		f, err := httpapi.ParseFilter(r.URL.Query())
+		f, err := httpapi.ParseQuery(r.URL.RawQuery)
 		if err != nil {
 			httpapi.WriteError(w, http.StatusBadRequest, err.Error())
 			h.metrics.observe("http", "QueryEvents", id, start, codes.InvalidArgument)
@@ -120,6 +121,15 @@ func (h *httpServer) event(find finder) http.HandlerFunc {
 			return
 		}
 		msgID := r.PathValue("message_id")
+		err := httpapi.ParseNoParams(r.URL.RawQuery)
+		if err == nil {
+			err = request.MessageID(msgID)
+		}
+		if err != nil {
+			httpapi.WriteError(w, http.StatusBadRequest, err.Error())
+			h.metrics.observe("http", "GetEvent", id, start, codes.InvalidArgument)
+			return
+		}
 		it, err := src.Get(r.Context(), msgID)
 		if err != nil {
 			if code(err) == codes.NotFound {
@@ -141,6 +151,11 @@ func (h *httpServer) stats(find finder) http.HandlerFunc {
 		id, src, epoch, c := h.resolve(w, r, find)
 		if c != codes.OK {
 			h.metrics.observe("http", "GetStats", "", start, c)
+			return
+		}
+		if err := httpapi.ParseNoParams(r.URL.RawQuery); err != nil {
+			httpapi.WriteError(w, http.StatusBadRequest, err.Error())
+			h.metrics.observe("http", "GetStats", id, start, codes.InvalidArgument)
 			return
 		}
 		st, err := stats(r.Context(), id, epoch, src)

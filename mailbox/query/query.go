@@ -18,7 +18,6 @@ package query
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -28,7 +27,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/mailbox/store"
-	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -52,38 +50,6 @@ type Mailboxes interface {
 // on its way; it is answered Unavailable / 503 so the client retries, by then
 // routed to the mailbox's new holder.
 var ErrClosed = errors.New("mailbox closed")
-
-// ValidateFilter checks what the store does not: timestamps in range, a
-// non-empty range, no empty values. Errors name the field.
-func ValidateFilter(f *mailboxv1.EventFilter) error {
-	if f.GetLimit() < 0 {
-		return fmt.Errorf("limit: must not be negative, got %d", f.GetLimit())
-	}
-	if ts := f.GetStartTime(); ts != nil {
-		if err := ts.CheckValid(); err != nil {
-			return fmt.Errorf("start_time: %w", err)
-		}
-	}
-	if ts := f.GetEndTime(); ts != nil {
-		if err := ts.CheckValid(); err != nil {
-			return fmt.Errorf("end_time: %w", err)
-		}
-	}
-	if f.GetStartTime() != nil && f.GetEndTime() != nil && !f.GetStartTime().AsTime().Before(f.GetEndTime().AsTime()) {
-		return errors.New("start_time: must be before end_time")
-	}
-	for field, vals := range map[string][]string{"topics": f.GetTopics(), "principals": f.GetPrincipals()} {
-		if len(vals) > mesh.MaxFilterValues {
-			return fmt.Errorf("%s: at most %d values, got %d", field, mesh.MaxFilterValues, len(vals))
-		}
-		for _, v := range vals {
-			if v == "" {
-				return fmt.Errorf("%s: empty value", field)
-			}
-		}
-	}
-	return nil
-}
 
 // MaxResponseBytes bounds one answer of the query API (its protobuf size;
 // the JSON form is somewhat larger). A page of MaxQueryLimit large events

@@ -8,29 +8,42 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/prism-mesh/prism/mailbox/query/request"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
 // queryParams are the parameters GET /v1/mailboxes/{id}/events accepts; any
-// other is rejected so a typo ("principals=") is not silently ignored.
+// other is refused so a typo ("principals=") is not silently ignored.
 var queryParams = []string{"topic", "principal", "correlation_id", "trace_id", "start", "end", "limit", "page_token"}
 
-// ParseFilter turns HTTP query parameters into an EventFilter. topic and
-// principal may repeat and hold comma-separated values; start and end are RFC
-// 3339 times or unix milliseconds; limit is clamped to mesh.MaxQueryLimit. Every
-// error names its parameter.
-func ParseFilter(q url.Values) (*mailboxv1.EventFilter, error) {
-	for k := range q {
-		if !slices.Contains(queryParams, k) {
-			return nil, fmt.Errorf("%s: unknown parameter (accepted: %v)", strconv.Quote(k), queryParams)
-		}
+// MaxParams bounds the parameters of one query string. A query means at
+// most 2*mesh.MaxFilterValues list values and one of each other parameter
+// (206); a query string with more pieces is refused before any is
+// unescaped, so a client cannot make the parser do unbounded work or, as
+// url.ParseQuery does past its own bound, have part of its query ignored.
+const MaxParams = 256
+
+// ParseQuery turns a raw query string (the URL's RawQuery) into an
+// EventFilter, or refuses it with an error naming the parameter at fault
+// (docs/query-api.md#filter): more than MaxParams parameters, a malformed
+// percent-escape, a value that is not UTF-8, an unknown parameter, one
+// given more than once that is not a list, an empty value, and each
+// parameter's own form. topic and principal may repeat and hold
+// comma-separated values; start and end are RFC 3339 times or unix
+// milliseconds; limit is clamped to mesh.MaxQueryLimit; page_token must
+// have a token's form (mesh.CheckPageToken). What it accepts,
+// request.Filter accepts too.
+func ParseQuery(raw string) (*mailboxv1.EventFilter, error) {
+	q, err := parseParams(raw, queryParams)
+	if err != nil {
+		return nil, err
 	}
 	f := &mailboxv1.EventFilter{}
-	var err error
 	if f.Topics, err = list(q, "topic"); err != nil {
 		return nil, err
 	}
@@ -45,6 +58,11 @@ func ParseFilter(q url.Values) (*mailboxv1.EventFilter, error) {
 	}
 	if f.PageToken, err = single(q, "page_token"); err != nil {
 		return nil, err
+	}
+	if f.PageToken != "" {
+		if err := mesh.CheckPageToken(f.PageToken); err != nil {
+			return nil, errors.New(request.Reason(err))
+		}
 	}
 	if f.StartTime, err = timeParam(q, "start"); err != nil {
 		return nil, err
@@ -62,11 +80,61 @@ func ParseFilter(q url.Values) (*mailboxv1.EventFilter, error) {
 	if s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
-			return nil, fmt.Errorf("limit: want a whole number from 0 to %d, got %q", mesh.MaxQueryLimit, s)
+			return nil, fmt.Errorf("limit: want a whole number from 0 to %d, got %q", mesh.MaxQueryLimit, mesh.Echo(s))
 		}
 		f.Limit = int32(min(n, mesh.MaxQueryLimit))
 	}
 	return f, nil
+}
+
+// ParseNoParams refuses any parameter in a raw query string, for the paths
+// that take none (.../events/{message_id}, .../stats): a parameter there is
+// a mistake the client should hear of, as on .../events.
+func ParseNoParams(raw string) error {
+	_, err := parseParams(raw, nil)
+	return err
+}
+
+// parseParams splits a raw query string as url.ParseQuery does ('&'
+// between parameters, '=' between name and value, '+' and percent-escapes
+// unescaped, empty pieces skipped) but refuses instead of skipping: more
+// than MaxParams pieces, a malformed escape, a name not in accepted, a
+// value that is not UTF-8 (a protobuf string cannot carry it). A ';' is
+// no separator (url.ParseQuery refuses it too): it stays in the name or
+// value it is in.
+func parseParams(raw string, accepted []string) (url.Values, error) {
+	q := url.Values{}
+	if raw == "" {
+		return q, nil
+	}
+	if n := strings.Count(raw, "&") + 1; n > MaxParams {
+		return nil, fmt.Errorf("query: %d parameters, at most %d", n, MaxParams)
+	}
+	for piece := range strings.SplitSeq(raw, "&") {
+		if piece == "" {
+			continue
+		}
+		rawKey, rawValue, _ := strings.Cut(piece, "=")
+		key, err := url.QueryUnescape(rawKey)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v in the parameter name", strconv.Quote(mesh.Echo(rawKey)), err)
+		}
+		if !slices.Contains(accepted, key) {
+			if len(accepted) == 0 {
+				return nil, fmt.Errorf("%s: unknown parameter (this path takes none)", strconv.Quote(mesh.Echo(key)))
+			}
+			return nil, fmt.Errorf("%s: unknown parameter (accepted: %v)", strconv.Quote(mesh.Echo(key)), accepted)
+		}
+		value, err := url.QueryUnescape(rawValue)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", key, err)
+		}
+		if !utf8.ValidString(value) {
+			return nil, fmt.Errorf("%s: %q is not UTF-8", key, mesh.Echo(value))
+		}
+		q[key] = append(q[key], value)
+	}
+	return q, nil
 }
 
 func list(q url.Values, name string) ([]string, error) {
@@ -126,7 +194,7 @@ func timeParam(q url.Values, name string) (*timestamppb.Timestamp, error) {
 	// layout does not; nothing else in a valid time has a letter.
 	t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(s))
 	if err != nil {
-		return nil, fmt.Errorf("%s: want an RFC 3339 time or unix milliseconds, got %q", name, s)
+		return nil, fmt.Errorf("%s: want an RFC 3339 time or unix milliseconds, got %q", name, mesh.Echo(s))
 	}
 	ts := timestamppb.New(t)
 	if err := ts.CheckValid(); err != nil {
