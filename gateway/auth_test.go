@@ -277,7 +277,6 @@ func TestGatewayQueryAuth(t *testing.T) {
 		{"another namespace's token", "", token(t, k, nil, "other"), byMailbox, "demo@p1", 403, codes.PermissionDenied, `may not read namespace "demo" (it may read only other)`, "insufficient_scope"},
 		{"another namespace's token by alias", "", token(t, k, nil, "other"), byNamespace, "demo", 403, codes.PermissionDenied, `namespace "demo"`, "insufficient_scope"},
 		{"token without the claim", "", token(t, k, func(c map[string]any) { delete(c, "prism_namespaces") }), byMailbox, "demo@p1", 403, codes.PermissionDenied, "claim names none", "insufficient_scope"},
-		{"scoped token, id naming no namespace", "", token(t, k, nil, "demo"), byMailbox, "demo@p1@x", 403, codes.PermissionDenied, "names no namespace", "insufficient_scope"},
 		{"a proxy's certificate is no token", identity.Proxy, "", byMailbox, "demo@p1", 401, codes.Unauthenticated, "no bearer token", "missing_token"},
 		{"the namespace's token", "", token(t, k, nil, "demo"), byMailbox, "demo@p1", 200, codes.OK, "", ""},
 		{"the namespace's token by alias", "", token(t, k, nil, "audit", "demo"), byNamespace, "demo", 200, codes.OK, "", ""},
@@ -335,10 +334,17 @@ func TestGatewayQueryAuth(t *testing.T) {
 		})
 	}
 
-	// A refused query is refused before its parameters are read.
+	// A malformed query is refused before its token is looked at, and an id
+	// the mesh cannot route before it is taken apart for its namespace.
 	before := m.runner.calls.Load()
-	if r := m.httpGet(t, "", token(t, k, nil, "other"), "/v1/mailboxes/demo@p1/events?limit=-1"); r.code != http.StatusForbidden || m.runner.calls.Load() != before {
-		t.Errorf("events of demo with bad parameters and another namespace's token = %d %s, want 403", r.code, r.body)
+	if r := m.httpGet(t, "", token(t, k, nil, "other"), "/v1/mailboxes/demo@p1/events?limit=-1"); r.code != http.StatusBadRequest || !strings.Contains(r.body, `"limit: `) || m.runner.calls.Load() != before {
+		t.Errorf("events of demo with bad parameters and another namespace's token = %d %s, want 400 naming limit", r.code, r.body)
+	}
+	if r := m.httpGet(t, "", "", "/v1/mailboxes/demo@p1@x/stats"); r.code != http.StatusBadRequest || !strings.Contains(r.body, `"mailbox_id: \"demo@p1@x\" is not a mailbox id`) || m.runner.calls.Load() != before {
+		t.Errorf("stats of an id naming no namespace without a token = %d %s, want 400 naming mailbox_id", r.code, r.body)
+	}
+	if _, err := m.grpcStats(t, "", "", mesh.HeaderMailboxID, "demo@p1@x"); status.Code(err) != codes.InvalidArgument || m.runner.calls.Load() != before {
+		t.Errorf("gRPC stats of an id naming no namespace without a token = %v, want InvalidArgument", err)
 	}
 	if r := m.httpGet(t, "", token(t, k, nil, "demo"), "/v1/mailboxes/demo@p1/events"); r.code != http.StatusOK || m.runner.calls.Load() != before+1 {
 		t.Errorf("events of demo with its token = %d %s, want 200 from the runner", r.code, r.body)
@@ -357,7 +363,8 @@ func TestGatewayQueryAuth(t *testing.T) {
 	for _, want := range []string{
 		`prism_gateway_http_requests_total{code="401",method="GetStats"}`,
 		`prism_gateway_http_requests_total{code="403",method="GetStats"}`,
-		`prism_gateway_http_requests_total{code="403",method="QueryEvents"}`,
+		`prism_gateway_http_requests_total{code="400",method="QueryEvents"}`,
+		`prism_gateway_grpc_requests_total{code="InvalidArgument",method="GetStats"}`,
 		`prism_gateway_grpc_requests_total{code="Unauthenticated",method="GetStats"}`,
 		`prism_gateway_grpc_requests_total{code="PermissionDenied",method="GetStats"}`,
 	} {
@@ -447,7 +454,7 @@ func TestGatewayWithoutAuth(t *testing.T) {
 	}
 	intercept := gw.GRPCInterceptor()
 	called := false
-	_, err = intercept(ctx, nil, &grpc.UnaryServerInfo{FullMethod: "/prism.mailbox.v1.MailboxQuery/GetStats"}, func(context.Context, any) (any, error) {
+	_, err = intercept(metadata.NewIncomingContext(ctx, metadata.Pairs(mesh.HeaderMailboxID, "demo@p1")), &mailboxv1.GetStatsRequest{}, &grpc.UnaryServerInfo{FullMethod: "/prism.mailbox.v1.MailboxQuery/GetStats"}, func(context.Context, any) (any, error) {
 		called = true
 		return nil, errors.New("handled")
 	})

@@ -7,12 +7,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/gateway/auth"
-	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -24,22 +22,11 @@ type grpcProxy struct {
 	g *Gateway
 }
 
-// target is how the incoming call names its mailbox: x-mailbox-id, else
-// x-prism-namespace.
-func target(ctx context.Context) (upstream, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	for _, k := range []string{mesh.HeaderMailboxID, mesh.HeaderNamespace} {
-		if v := md.Get(k); len(v) > 0 && v[0] != "" {
-			return upstream{key: k, value: v[0]}, nil
-		}
-	}
-	return upstream{}, status.Errorf(codes.InvalidArgument, "%s (or %s) metadata is required", mesh.HeaderMailboxID, mesh.HeaderNamespace)
-}
-
-// forward makes one upstream call for the incoming call in ctx.
-func (p *grpcProxy) forward(ctx context.Context, method string, fn func(context.Context, ...grpc.CallOption) error) error {
+// forward makes one upstream call for the incoming call req in ctx, once
+// checkCall accepts it.
+func (p *grpcProxy) forward(ctx context.Context, method string, req any, fn func(context.Context, ...grpc.CallOption) error) error {
 	start := time.Now()
-	up, err := target(ctx)
+	up, err := checkCall(ctx, req)
 	if err == nil {
 		var hdr metadata.MD
 		hdr, err = p.g.call(ctx, up, fn)
@@ -52,7 +39,7 @@ func (p *grpcProxy) forward(ctx context.Context, method string, fn func(context.
 }
 
 func (p *grpcProxy) QueryEvents(ctx context.Context, req *mailboxv1.QueryEventsRequest) (resp *mailboxv1.QueryEventsResponse, err error) {
-	err = p.forward(ctx, "QueryEvents", func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+	err = p.forward(ctx, "QueryEvents", req, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
 		resp, err = p.g.client.QueryEvents(ctx, req, opts...)
 		return err
 	})
@@ -60,7 +47,7 @@ func (p *grpcProxy) QueryEvents(ctx context.Context, req *mailboxv1.QueryEventsR
 }
 
 func (p *grpcProxy) GetEvent(ctx context.Context, req *mailboxv1.GetEventRequest) (resp *mailboxv1.GetEventResponse, err error) {
-	err = p.forward(ctx, "GetEvent", func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+	err = p.forward(ctx, "GetEvent", req, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
 		resp, err = p.g.client.GetEvent(ctx, req, opts...)
 		return err
 	})
@@ -68,7 +55,7 @@ func (p *grpcProxy) GetEvent(ctx context.Context, req *mailboxv1.GetEventRequest
 }
 
 func (p *grpcProxy) GetStats(ctx context.Context, req *mailboxv1.GetStatsRequest) (resp *mailboxv1.GetStatsResponse, err error) {
-	err = p.forward(ctx, "GetStats", func(ctx context.Context, opts ...grpc.CallOption) (err error) {
+	err = p.forward(ctx, "GetStats", req, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
 		resp, err = p.g.client.GetStats(ctx, req, opts...)
 		return err
 	})
@@ -76,9 +63,10 @@ func (p *grpcProxy) GetStats(ctx context.Context, req *mailboxv1.GetStatsRequest
 }
 
 // GRPCInterceptor checks the MailboxQuery calls of the server RegisterGRPC
-// registers on before they reach the gateway's handlers, as the options say
-// (WithAuth); other services (health) pass. Install it with
-// grpc.ChainUnaryInterceptor. Without WithAuth it checks nothing.
+// registers on before they reach the gateway's handlers: first that the
+// call is well formed (checkCall: InvalidArgument, before credentials are
+// looked at), then as the options say (WithAuth); other services (health)
+// pass. Install it with grpc.ChainUnaryInterceptor.
 func (g *Gateway) GRPCInterceptor(opts ...Option) grpc.UnaryServerInterceptor {
 	var d door
 	for _, o := range opts {
@@ -87,16 +75,20 @@ func (g *Gateway) GRPCInterceptor(opts ...Option) grpc.UnaryServerInterceptor {
 	prefix := "/" + mailboxv1.MailboxQuery_ServiceDesc.ServiceName + "/"
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		method, ok := strings.CutPrefix(info.FullMethod, prefix)
-		if !ok || d.auth == nil {
+		if !ok {
 			return handler(ctx, req)
 		}
 		start := time.Now()
-		up, noTarget := target(ctx)
+		up, err := checkCall(ctx, req)
+		if err != nil {
+			g.metrics.grpc(method, status.Code(err), start)
+			return nil, err
+		}
+		if d.auth == nil {
+			return handler(ctx, req)
+		}
 		p, err := d.auth.Call(ctx)
 		if err == nil {
-			if noTarget != nil {
-				return handler(ctx, req) // which refuses it, InvalidArgument
-			}
 			err = mayRead(p, up)
 		}
 		if err == nil {

@@ -33,9 +33,9 @@ func (g *Gateway) HTTPHandler(opts ...Option) http.Handler {
 	for _, p := range []struct {
 		base, key string
 	}{{"/v1/mailboxes/{id}", mesh.HeaderMailboxID}, {"/v1/namespaces/{id}", mesh.HeaderNamespace}} {
-		mux.HandleFunc("GET "+p.base+"/events", g.handle(d, "QueryEvents", p.key, g.events))
-		mux.HandleFunc("GET "+p.base+"/events/{message_id}", g.handle(d, "GetEvent", p.key, g.event))
-		mux.HandleFunc("GET "+p.base+"/stats", g.handle(d, "GetStats", p.key, g.stats))
+		mux.HandleFunc("GET "+p.base+"/events", handle(g, d, "QueryEvents", p.key, parseEvents, g.events))
+		mux.HandleFunc("GET "+p.base+"/events/{message_id}", handle(g, d, "GetEvent", p.key, parseEvent, g.event))
+		mux.HandleFunc("GET "+p.base+"/stats", handle(g, d, "GetStats", p.key, parseStats, g.stats))
 		// The same paths without a method: any other method is refused
 		// 405, not 404 by the catch-all below.
 		for _, path := range []string{p.base + "/events", p.base + "/events/{message_id}", p.base + "/stats"} {
@@ -62,14 +62,24 @@ func (g *Gateway) HTTPHandler(opts ...Option) http.Handler {
 	return mux
 }
 
-// endpoint answers one request for the mailbox up names; it returns the
-// status it answered with.
-type endpoint func(w http.ResponseWriter, r *http.Request, up upstream) int
-
-func (g *Gateway) handle(d door, method, key string, e endpoint) http.HandlerFunc {
+// handle serves one query path: parse reads the request (checkPath the
+// mailbox it names), any refusal is a 400 before the token check, then e
+// answers the request req for the mailbox up names and returns the status
+// it answered with.
+func handle[T any](g *Gateway, d door, method, key string, parse func(*http.Request) (T, error), e func(w http.ResponseWriter, r *http.Request, up upstream, req T) int) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		up := upstream{key: key, value: r.PathValue("id")}
+		var req T
+		err := checkPath(up)
+		if err == nil {
+			req, err = parse(r)
+		}
+		if err != nil {
+			httpapi.WriteError(w, http.StatusBadRequest, err.Error())
+			g.metrics.http(method, http.StatusBadRequest, start)
+			return
+		}
 		if d.auth != nil {
 			p, err := d.auth.Request(r)
 			if err == nil {
@@ -83,7 +93,7 @@ func (g *Gateway) handle(d door, method, key string, e endpoint) http.HandlerFun
 				return
 			}
 		}
-		g.metrics.http(method, e(w, r, up), start)
+		g.metrics.http(method, e(w, r, up, req), start)
 	}
 }
 
@@ -123,15 +133,10 @@ func (g *Gateway) refused(api, method string, up upstream, e *auth.Error) {
 	g.log.Log(context.Background(), level, "query refused", "api", api, "method", method, up.logKey(), mesh.Echo(up.value), "code", e.Code(), "err", e.Msg)
 }
 
-func (g *Gateway) events(w http.ResponseWriter, r *http.Request, up upstream) int {
-	f, err := httpapi.ParseFilter(r.URL.Query())
-	if err != nil {
-		httpapi.WriteError(w, http.StatusBadRequest, err.Error())
-		return http.StatusBadRequest
-	}
+func (g *Gateway) events(w http.ResponseWriter, r *http.Request, up upstream, req *mailboxv1.QueryEventsRequest) int {
 	var resp *mailboxv1.QueryEventsResponse
 	hdr, err := g.call(r.Context(), up, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
-		resp, err = g.client.QueryEvents(ctx, &mailboxv1.QueryEventsRequest{Filter: f}, opts...)
+		resp, err = g.client.QueryEvents(ctx, req, opts...)
 		return err
 	})
 	if err != nil {
@@ -141,8 +146,7 @@ func (g *Gateway) events(w http.ResponseWriter, r *http.Request, up upstream) in
 	return http.StatusOK
 }
 
-func (g *Gateway) event(w http.ResponseWriter, r *http.Request, up upstream) int {
-	req := &mailboxv1.GetEventRequest{MessageId: r.PathValue("message_id")}
+func (g *Gateway) event(w http.ResponseWriter, r *http.Request, up upstream, req *mailboxv1.GetEventRequest) int {
 	var resp *mailboxv1.GetEventResponse
 	hdr, err := g.call(r.Context(), up, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
 		resp, err = g.client.GetEvent(ctx, req, opts...)
@@ -155,10 +159,10 @@ func (g *Gateway) event(w http.ResponseWriter, r *http.Request, up upstream) int
 	return http.StatusOK
 }
 
-func (g *Gateway) stats(w http.ResponseWriter, r *http.Request, up upstream) int {
+func (g *Gateway) stats(w http.ResponseWriter, r *http.Request, up upstream, req *mailboxv1.GetStatsRequest) int {
 	var resp *mailboxv1.GetStatsResponse
 	hdr, err := g.call(r.Context(), up, func(ctx context.Context, opts ...grpc.CallOption) (err error) {
-		resp, err = g.client.GetStats(ctx, &mailboxv1.GetStatsRequest{}, opts...)
+		resp, err = g.client.GetStats(ctx, req, opts...)
 		return err
 	})
 	if err != nil {
