@@ -74,20 +74,21 @@ func LoadCA(trustDomain, certFile, keyFile string) (*CA, error) {
 		return nil, fmt.Errorf("load CA: %w", err)
 	}
 	cb, _ := pem.Decode(certPEM)
-	kb, _ := pem.Decode(keyPEM)
-	if cb == nil || kb == nil {
-		return nil, fmt.Errorf("load CA %s, %s: not PEM", certFile, keyFile)
+	if cb == nil {
+		return nil, fmt.Errorf("load CA %s: not PEM", certFile)
 	}
 	cert, err := x509.ParseCertificate(cb.Bytes)
 	if err != nil {
 		return nil, fmt.Errorf("load CA %s: %w", certFile, err)
 	}
-	key, err := x509.ParsePKCS8PrivateKey(kb.Bytes)
+	signer, err := ParsePrivateKey(keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("load CA key %s: %w", keyFile, err)
 	}
-	signer, ok := key.(crypto.Signer)
-	if !ok || !cert.IsCA {
+	if pub, ok := signer.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(cert.PublicKey) {
+		return nil, fmt.Errorf("load CA %s: key %s is not the certificate's", certFile, keyFile)
+	}
+	if !cert.IsCA {
 		return nil, fmt.Errorf("load CA %s: not a CA certificate and signing key", certFile)
 	}
 	return &CA{TrustDomain: trustDomain, Cert: cert, Key: signer}, nil
@@ -120,10 +121,13 @@ type Request struct {
 	// NotBefore and NotAfter default to now-1m and now+Validity.
 	NotBefore, NotAfter time.Time
 	Validity            time.Duration
+	// Key is the leaf's key, certified as it is (RSA, ECDSA or Ed25519);
+	// nil makes a new ECDSA P-256 key.
+	Key crypto.Signer
 }
 
 // Issue signs a leaf certificate for r, usable as both server and client
-// (every component is both), and returns it and its new key as PEM.
+// (every component is both), and returns it and its key (PKCS#8) as PEM.
 func (ca *CA) Issue(r Request) (certPEM, keyPEM []byte, err error) {
 	id, err := identity.New(ca.TrustDomain, r.Role, r.Name)
 	if err != nil {
@@ -133,9 +137,11 @@ func (ca *CA) Issue(r Request) (certPEM, keyPEM []byte, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
+	key := r.Key
+	if key == nil {
+		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			return nil, nil, err
+		}
 	}
 	now := time.Now()
 	if r.NotBefore.IsZero() {

@@ -130,9 +130,19 @@ func (s *Source) reload() error {
 }
 
 // parseLocked installs raw (CA bundle, certificate, key) if it is one valid
-// identity whose certificate the bundle verifies.
+// identity whose certificate the bundle verifies. The key may be in any
+// encoding ParsePrivateKey reads; go-spiffe then checks the leaf (an SVID,
+// not a CA) and that the key is the leaf's.
 func (s *Source) parseLocked(raw [3]string) error {
-	svid, err := x509svid.Parse([]byte(raw[1]), []byte(raw[2]))
+	key, err := ParsePrivateKey([]byte(raw[2]))
+	if err != nil {
+		return fmt.Errorf("tls: load %s: %w", s.files.Key, err)
+	}
+	keyPEM, err := pkcs8PEM(key)
+	if err != nil {
+		return fmt.Errorf("tls: load %s: %w", s.files.Key, err)
+	}
+	svid, err := x509svid.Parse([]byte(raw[1]), keyPEM)
 	if err != nil {
 		return fmt.Errorf("tls: load %s and %s: %w", s.files.Cert, s.files.Key, err)
 	}

@@ -212,7 +212,7 @@ func parseCA(trustDomain string, certPEM, keyPEM []byte) (*pki.CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", KeyCA, err)
 	}
-	key, err := parseKey(keyPEM)
+	key, err := pki.ParsePrivateKey(keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", KeyCAKey, err)
 	}
@@ -296,7 +296,7 @@ func current(certPEM, keyPEM []byte, id identity.Identity, roots *x509.CertPool,
 	if err != nil {
 		return false
 	}
-	key, err := parseKey(keyPEM)
+	key, err := pki.ParsePrivateKey(keyPEM)
 	if err != nil || !samePublicKey(cert, key) {
 		return false
 	}
@@ -337,22 +337,6 @@ func parseCert(b []byte) (*x509.Certificate, error) {
 		return nil, errors.New("no PEM certificate")
 	}
 	return x509.ParseCertificate(block.Bytes)
-}
-
-func parseKey(b []byte) (crypto.Signer, error) {
-	block, _ := pem.Decode(b)
-	if block == nil {
-		return nil, errors.New("no PEM key")
-	}
-	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
-	if err != nil {
-		return nil, err
-	}
-	signer, ok := key.(crypto.Signer)
-	if !ok {
-		return nil, fmt.Errorf("key of type %T cannot sign", key)
-	}
-	return signer, nil
 }
 
 func samePublicKey(cert *x509.Certificate, key crypto.Signer) bool {

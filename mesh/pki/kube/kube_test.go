@@ -107,7 +107,7 @@ func checkSecrets(t *testing.T, c *fake.Clientset, p Plan) {
 			if err != nil {
 				t.Fatalf("Secret %s/%s: %v", s.Name, w.File, err)
 			}
-			key, err := parseKey(s.Data[w.File+KeyExt])
+			key, err := pki.ParsePrivateKey(s.Data[w.File+KeyExt])
 			if err != nil || !samePublicKey(cert, key) {
 				t.Errorf("Secret %s/%s: key %v does not match the certificate", s.Name, w.File, err)
 			}
