@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,12 @@ func injectorOptions(t *testing.T, c corev1.Container) inject.Options {
 	if d, ok := a["--mesh-cert-duration"]; ok {
 		if o.TLS.Duration, err = time.ParseDuration(d); err != nil {
 			t.Fatalf("--mesh-cert-duration: %v", err)
+		}
+	}
+	o.TLS.Key = inject.KeyOptions{Algorithm: a["--mesh-key-algorithm"], Encoding: a["--mesh-key-encoding"]}
+	if n, ok := a["--mesh-key-size"]; ok {
+		if o.TLS.Key.Size, err = strconv.Atoi(n); err != nil {
+			t.Fatalf("--mesh-key-size: %v", err)
 		}
 	}
 	return o

@@ -207,6 +207,11 @@ func TestTLSIdentities(t *testing.T) {
 					if !strings.Contains(a[inject.CSIKeyUsages], "client auth") || !strings.Contains(a[inject.CSIKeyUsages], "server auth") {
 						t.Errorf("%s/%s: key usages %q", m.role, c.Name, a[inject.CSIKeyUsages])
 					}
+					// Named, not csi-driver's default (RSA 2048 as PKCS#1).
+					if a[inject.CSIKeyAlgorithm] != "ECDSA" || a[inject.CSIKeySize] != "256" || a[inject.CSIKeyEncoding] != "PKCS8" {
+						t.Errorf("%s/%s: key %q %q %q, want the values' ECDSA 256 PKCS8", m.role, c.Name,
+							a[inject.CSIKeyAlgorithm], a[inject.CSIKeySize], a[inject.CSIKeyEncoding])
+					}
 				}
 				if len(vols) == 2 && vols[0] != vols[1] {
 					t.Errorf("runner and sidecar load different volumes %v: they must share proxy/<proxy id>", vols)
@@ -315,6 +320,13 @@ func checkIssuers(t *testing.T, r *rendered, issuer, kind, trustDomain string) {
 	}
 	if op.Spec.IssuerRef.Name != issuer || op.Spec.IssuerRef.Kind != kind || !contains(op.Spec.Usages, "client auth") {
 		t.Errorf("operator certificate %+v", op.Spec)
+	}
+	// Every Certificate names its key, not cert-manager's default (RSA
+	// 2048 as PKCS#1).
+	for name, c := range r.Certificates {
+		if k := c.Spec.PrivateKey; k.Algorithm != "ECDSA" || k.Size != 256 || k.Encoding != "PKCS8" {
+			t.Errorf("Certificate %s: private key %+v, want the values' ECDSA 256 PKCS8", name, k)
+		}
 	}
 	if !strings.Contains(r.Notes, op.Spec.SecretName) || !strings.Contains(r.Notes, "--cacert") {
 		t.Errorf("NOTES.txt does not say how to use Secret %s with prismctl:\n%s", op.Spec.SecretName, r.Notes)

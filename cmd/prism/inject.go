@@ -107,6 +107,9 @@ Both containers find the files through PRISM_TLS_CA, PRISM_TLS_CERT and PRISM_TL
 	f.StringVar(&defaults.TLS.Issuer.Kind, "mesh-issuer-kind", "Issuer", "kind of --mesh-issuer-name: Issuer or ClusterIssuer (csi mode)")
 	f.StringVar(&defaults.TLS.Issuer.Group, "mesh-issuer-group", "cert-manager.io", "API group of --mesh-issuer-name (csi mode)")
 	f.DurationVar(&defaults.TLS.Duration, "mesh-cert-duration", 0, "lifetime of each pod's certificate; csi-driver renews it at two thirds (0: the driver's default; csi mode)")
+	f.StringVar(&defaults.TLS.Key.Algorithm, "mesh-key-algorithm", "", "key algorithm csi-driver makes each pod's key with: RSA, ECDSA or Ed25519 (empty: the driver's default, RSA; csi mode)")
+	f.IntVar(&defaults.TLS.Key.Size, "mesh-key-size", 0, "key size in bits (0: the driver's default for the algorithm; csi mode)")
+	f.StringVar(&defaults.TLS.Key.Encoding, "mesh-key-encoding", "", "key encoding csi-driver writes: PKCS1 or PKCS8 (empty: the driver's default, PKCS1; csi mode)")
 	f.StringVar(&defaults.TLS.SecretName, "mesh-tls-secret", "", "default Secret of the proxy identities: ca.crt, <proxy-id>.crt, <proxy-id>.key (secret mode; annotation "+inject.AnnotationTLSSecret+")")
 	f.StringVar(&tlsContainers, "mesh-tls-containers", strings.Join(defaults.TLS.Containers, ","), "default containers of a pod that share the sidecar's identity, comma-separated (annotation "+inject.AnnotationTLSContainers+")")
 	return cmd

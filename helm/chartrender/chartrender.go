@@ -91,6 +91,7 @@ type Certificate struct {
 		PrivateKey struct {
 			Algorithm string `json:"algorithm"`
 			Size      int    `json:"size"`
+			Encoding  string `json:"encoding"`
 		} `json:"privateKey"`
 		IssuerRef struct {
 			Name  string `json:"name"`

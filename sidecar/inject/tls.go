@@ -58,6 +58,9 @@ const (
 	CSIURISANs        = "csi.cert-manager.io/uri-sans"
 	CSIKeyUsages      = "csi.cert-manager.io/key-usages"
 	CSIDuration       = "csi.cert-manager.io/duration"
+	CSIKeyAlgorithm   = "csi.cert-manager.io/key-algorithm"
+	CSIKeySize        = "csi.cert-manager.io/key-size"
+	CSIKeyEncoding    = "csi.cert-manager.io/key-encoding"
 	CSIFSGroup        = "csi.cert-manager.io/fs-group"
 	CSIPodNameVar     = "${POD_NAME}"
 	csiKeyUsagesMTLS  = "digital signature,key encipherment,server auth,client auth"
@@ -75,11 +78,22 @@ type TLSOptions struct {
 	Issuer IssuerRef
 	// Duration of a csi-driver certificate; 0 is the driver's default.
 	Duration time.Duration
+	// Key is the key csi-driver makes; its zero fields leave the driver's
+	// defaults (RSA 2048 as PKCS#1), which Prism reads as well.
+	Key KeyOptions
 	// SecretName is the Secret of the secret mode.
 	SecretName string
 	// Containers are the pod's containers that serve as the same proxy (the
 	// runner): they get the mount and the PRISM_TLS_* variables too.
 	Containers []string
+}
+
+// KeyOptions are csi-driver's key-algorithm (RSA, ECDSA or Ed25519),
+// key-size (bits) and key-encoding (PKCS1 or PKCS8).
+type KeyOptions struct {
+	Algorithm string
+	Size      int
+	Encoding  string
 }
 
 // IssuerRef names a cert-manager Issuer or ClusterIssuer.
@@ -124,6 +138,15 @@ func (t TLSOptions) validate(annotations map[string]string) error {
 		}
 		if t.Duration < 0 {
 			return errors.New("injector --mesh-cert-duration: negative")
+		}
+		if a := t.Key.Algorithm; a != "" && a != "RSA" && a != "ECDSA" && a != "Ed25519" {
+			return fmt.Errorf("injector --mesh-key-algorithm %q: want RSA, ECDSA or Ed25519", a)
+		}
+		if e := t.Key.Encoding; e != "" && e != "PKCS1" && e != "PKCS8" {
+			return fmt.Errorf("injector --mesh-key-encoding %q: want PKCS1 or PKCS8", e)
+		}
+		if t.Key.Size < 0 {
+			return errors.New("injector --mesh-key-size: negative")
 		}
 		return nil
 	case TLSSecret:
@@ -208,6 +231,14 @@ func csiVolume(t TLSOptions, name string, fsGroup *int64) *corev1.CSIVolumeSourc
 	}
 	if t.Duration > 0 {
 		attrs[CSIDuration] = t.Duration.String()
+	}
+	for k, v := range map[string]string{CSIKeyAlgorithm: t.Key.Algorithm, CSIKeyEncoding: t.Key.Encoding} {
+		if v != "" {
+			attrs[k] = v
+		}
+	}
+	if t.Key.Size > 0 {
+		attrs[CSIKeySize] = strconv.Itoa(t.Key.Size)
 	}
 	if fsGroup != nil {
 		// The files are written as root; the group lets a non-root

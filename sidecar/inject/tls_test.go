@@ -245,3 +245,48 @@ func TestTLSOptionsRefused(t *testing.T) {
 		t.Fatalf("response %+v, want a 422 denial naming %s", resp, AnnotationProxyID)
 	}
 }
+
+// TestCSIKey: csi mode asks csi-driver for the key named (else the
+// driver's default, RSA 2048 as PKCS#1), and a key it cannot make is
+// refused before any pod is mutated.
+func TestCSIKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		key     KeyOptions
+		want    map[string]string
+		wantErr string
+	}{
+		{"named", KeyOptions{Algorithm: "ECDSA", Size: 256, Encoding: "PKCS8"},
+			map[string]string{CSIKeyAlgorithm: "ECDSA", CSIKeySize: "256", CSIKeyEncoding: "PKCS8"}, ""},
+		{"driver default", KeyOptions{}, map[string]string{}, ""},
+		{"bad algorithm", KeyOptions{Algorithm: "DSA"}, nil, "--mesh-key-algorithm"},
+		{"bad encoding", KeyOptions{Encoding: "SEC1"}, nil, "--mesh-key-encoding"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			defaults := testDefaults()
+			defaults.TLS.Key = tc.key
+			pod := runnerPod()
+			o, err := ParseOptions(pod.Annotations, defaults)
+			if err == nil {
+				err = Mutate(pod, o)
+			}
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := pod.Spec.Volumes[0].CSI.VolumeAttributes
+			for _, k := range []string{CSIKeyAlgorithm, CSIKeySize, CSIKeyEncoding} {
+				if a[k] != tc.want[k] {
+					t.Errorf("%s %q, want %q", k, a[k], tc.want[k])
+				}
+			}
+		})
+	}
+}

@@ -495,12 +495,26 @@ func (c *cluster) podNamed(name string) *pod {
 	return nil
 }
 
-// operator is a gRPC connection to p's admin gRPC port as operator/prismctl.
+// operator is a gRPC connection to p's admin gRPC port as operator/prismctl: in cert-manager mode with the
+// files of the operator Secret NOTES.txt tells prismctl to use, as cert-manager writes them for the rendered
+// Certificate, read by prismctl's loader.
 func (c *cluster) operator(p *pod) *grpc.ClientConn {
 	c.t.Helper()
 	dir := filepath.Join(c.dir, "operator")
-	files, err := c.ca.IssueFiles(dir, pki.Request{Role: identity.Operator, Name: "prismctl"})
-	must(c.t, err)
+	files := pki.Files{CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
+	data := map[string][]byte{}
+	for _, crt := range c.certificates {
+		if crt.Metadata.Labels["app.kubernetes.io/component"] == "operator" {
+			data = c.certificateFiles(crt)
+		}
+	}
+	if len(data) == 0 {
+		crt, key := c.issue(identity.Operator, "prismctl")
+		data = map[string][]byte{"ca.crt": c.caPEM(), "tls.crt": crt, "tls.key": key}
+	}
+	c.writeFile(files.CA, data["ca.crt"], 0o644, -1)
+	c.writeFile(files.Cert, data["tls.crt"], 0o644, -1)
+	c.writeFile(files.Key, data["tls.key"], 0o600, -1)
 	src, err := pki.Load(files, nil)
 	must(c.t, err)
 	port, ok := p.port(p.spec.Containers, intstr.FromString("grpc"))

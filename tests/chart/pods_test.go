@@ -59,7 +59,9 @@ type cluster struct {
 	ca      *pki.CA
 	secrets map[string]map[string][]byte
 	config  map[string]map[string]string
-	brokers []string // host names of the brokers, resolved to the bridge
+	// certificates are the release's cert-manager Certificates, written by the stand-in as cert-manager would.
+	certificates map[string]*chartrender.Certificate
+	brokers      []string // host names of the brokers, resolved to the bridge
 
 	mu    sync.Mutex
 	pods  []*pod
@@ -196,6 +198,7 @@ func (c *cluster) addRendered(r *chartrender.Objects) {
 	for name, cm := range r.ConfigMaps {
 		c.config[name] = cm.Data
 	}
+	c.certificates = r.Certificates
 }
 
 // addPods makes the pods of every rendered StatefulSet and Deployment named in workloads (all when empty),
@@ -286,7 +289,8 @@ func selects(selector, labels map[string]string) bool {
 // materialize writes the pod's volumes on the host as the kubelet would: Secrets and ConfigMaps (their
 // items and modes), emptyDirs, a directory per PersistentVolumeClaim, and cert-manager csi-driver volumes as
 // a certificate for the URI SAN the volume asks for, ${POD_NAME} filled in. With an fsGroup the files
-// belong to that group, as the kubelet and csi-driver make them.
+// belong to that group, as the kubelet and csi-driver make them. The csi-driver stand-in writes what the real
+// one does by default (certmanager_test.go).
 func (c *cluster) materialize(p *pod) {
 	c.t.Helper()
 	p.volumes = map[string]string{}
@@ -347,22 +351,14 @@ func (c *cluster) materialize(p *pod) {
 			}
 			write(files, v.ConfigMap.Items, v.ConfigMap.DefaultMode)
 		case v.CSI != nil && v.CSI.Driver == "csi.cert-manager.io":
-			uri := strings.ReplaceAll(v.CSI.VolumeAttributes["csi.cert-manager.io/uri-sans"], "${POD_NAME}", p.name)
-			id, err := identity.Parse(uri)
-			if err != nil {
-				c.t.Fatalf("pod %s: csi volume %s: %v", p.name, v.Name, err)
-			}
-			if id.TrustDomain != c.ca.TrustDomain {
-				c.t.Fatalf("pod %s asks for %s, outside the trust domain %s", p.name, uri, c.ca.TrustDomain)
-			}
 			group := fsGroup
 			if g, ok := v.CSI.VolumeAttributes["csi.cert-manager.io/fs-group"]; ok {
 				group, _ = strconv.Atoi(g)
 			}
-			crt, key := c.issue(id.Role, id.Name)
-			c.writeFile(filepath.Join(dir, "ca.crt"), c.caPEM(), 0o440, group)
-			c.writeFile(filepath.Join(dir, "tls.crt"), crt, 0o440, group)
-			c.writeFile(filepath.Join(dir, "tls.key"), key, 0o440, group)
+			files, _ := c.csiFiles(p, v.CSI.VolumeAttributes)
+			for name, data := range files {
+				c.writeFile(filepath.Join(dir, name), data, 0o440, group)
+			}
 		default:
 			c.t.Fatalf("pod %s: volume %s of a kind the test cannot make: %+v", p.name, v.Name, v.VolumeSource)
 		}

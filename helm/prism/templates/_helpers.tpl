@@ -141,6 +141,15 @@ mode; in generate mode the one the hook Job writes, <component>-tls.
 {{- define "prism.tls.issuerKind" -}}{{ ternary (.Values.tls.certManager.issuerRef.kind | default "Issuer") "Issuer" (not (empty .Values.tls.certManager.issuerRef.name)) }}{{- end -}}
 {{- define "prism.tls.issuerGroup" -}}{{ .Values.tls.certManager.issuerRef.group | default "cert-manager.io" }}{{- end -}}
 
+{{/* The privateKey of a cert-manager Certificate: tls.certManager.privateKey. */}}
+{{- define "prism.tls.certificateKey" -}}
+{{- $key := .Values.tls.certManager.privateKey -}}
+privateKey:
+  algorithm: {{ $key.algorithm }}
+  size: {{ $key.size | int }}
+  encoding: {{ $key.encoding }}
+{{- end -}}
+
 {{/* The SPIFFE URI of role/name. */}}
 {{- define "prism.tls.uri" -}}spiffe://{{ .ctx.Values.tls.trustDomain }}/{{ .role }}/{{ .name }}{{- end -}}
 
@@ -161,6 +170,13 @@ pod's certificate.
       csi.cert-manager.io/issuer-group: {{ include "prism.tls.issuerGroup" .ctx }}
       csi.cert-manager.io/uri-sans: {{ include "prism.tls.uri" (dict "ctx" .ctx "role" .role "name" "${POD_NAME}") | quote }}
       csi.cert-manager.io/key-usages: "digital signature,key encipherment,server auth,client auth"
+      {{- $key := .ctx.Values.tls.certManager.privateKey }}
+      csi.cert-manager.io/key-algorithm: {{ $key.algorithm }}
+      csi.cert-manager.io/key-size: {{ $key.size | int | quote }}
+      csi.cert-manager.io/key-encoding: {{ $key.encoding }}
+      csi.cert-manager.io/certificate-file: tls.crt
+      csi.cert-manager.io/privatekey-file: tls.key
+      csi.cert-manager.io/ca-file: ca.crt
       csi.cert-manager.io/duration: {{ .ctx.Values.tls.certManager.duration }}
       csi.cert-manager.io/fs-group: {{ .fsGroup | quote }}
 {{- else }}
