@@ -88,11 +88,17 @@ func recovery(r *adminv1.RecoveryStatus) string {
 		if src := r.GetSourceMailboxId(); src != "" {
 			what = "no copy of " + src + "; read from Kafka"
 		}
+		if e := r.GetError(); e != "" {
+			what += " (" + e + ")"
+		}
 		return what
 	default:
 		return "-"
 	}
 	what += fmt.Sprintf(": %d events, %d bytes", r.GetEventsCopied(), r.GetBytesCopied())
+	if e := r.GetError(); e != "" {
+		what += ", last error: " + e
+	}
 	if r.GetFinishedAt() != nil {
 		what += ", at " + ts(r.GetFinishedAt())
 	} else if r.GetStartedAt() != nil {

@@ -153,6 +153,9 @@ func validateRecovery(r *adminv1.RecoveryStatus) error {
 			return fmt.Errorf("source_mailbox_id: %w", err)
 		}
 	}
+	if len(r.GetError()) > maxOpenFailureLen {
+		return invalid("error", "longer than %d bytes", maxOpenFailureLen)
+	}
 	if r.GetBytesCopied() < 0 || r.GetEventsCopied() < 0 {
 		return invalid("bytes_copied, events_copied", "negative")
 	}

@@ -98,6 +98,7 @@ func TestValidateCommands(t *testing.T) {
 		{"recovery in an unknown state", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{State: 99}}}}), "recovery: invalid argument: state"},
 		{"recovery with negative bytes", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{BytesCopied: -1}}}}), "bytes_copied"},
 		{"recovery with a malformed time", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{HistoryStartsAt: &timestamppb.Timestamp{Nanos: -1}}}}}), "history_starts_at"},
+		{"recovery with a long error", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{Error: strings.Repeat("x", maxOpenFailureLen+1)}}}}), "recovery: invalid argument: error"},
 		{"a valid recovery", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", NamespaceHealth: []*adminv1.NamespaceHealth{{Namespace: "a", Recovery: &adminv1.RecoveryStatus{
 			State: adminv1.RecoveryState_RECOVERY_STATE_COPIED, SourceMailboxId: "a@q", BytesCopied: 10, EventsCopied: 1, StartedAt: at(0), FinishedAt: at(time.Second), HistoryComplete: true}}}}), ""},
 		{"heartbeat naming a bad runner", c(0, &adminv1.ProxyHeartbeatRequest{ProxyId: "p", RunnerId: "runner a"}), "runner_id"},

@@ -308,6 +308,9 @@ type Agent struct {
 	// starts holds a token per call in flight that opens a store or starts
 	// a consumer in the runner (startSlot).
 	starts chan struct{}
+	// allow keeps the runner's recovery peers in line with the
+	// assignments (recovery.go).
+	allow *allower
 
 	mu        sync.Mutex
 	workers   map[string]*worker // assigned now, by mailbox id
@@ -331,6 +334,7 @@ func New(cfg Config) (*Agent, error) {
 		closing: map[string]*worker{},
 		changed: make(chan struct{}),
 		starts:  make(chan struct{}, maxRunnerStarts),
+		allow:   newAllower(),
 	}
 	a.halt, a.halted = context.WithCancel(context.Background())
 	if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
@@ -357,6 +361,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() {
 		if a.register(loops) {
 			wg.Go(func() { a.proxyHeartbeats(loops) })
+			wg.Go(func() { a.allowRecovery(loops) })
 			wg.Go(func() { a.sess.run(loops) })
 			a.watch(loops)
 		}
@@ -444,7 +449,9 @@ func (a *Agent) proxyHeartbeats(ctx context.Context) {
 func (a *Agent) namespaceHealth(stats *runnerv1.GetStatsResponse) []*adminv1.NamespaceHealth {
 	lags := map[string]int64{}
 	positions := map[string][]*adminv1.StoredPosition{}
+	recovery := map[string]*runnerv1.RecoveryStatus{}
 	for _, st := range stats.GetMailboxes() {
+		recovery[st.GetMailboxId()] = st.GetRecovery()
 		if st.Lag != nil {
 			lags[st.GetMailboxId()] = st.GetLag()
 		}
@@ -465,6 +472,7 @@ func (a *Agent) namespaceHealth(stats *runnerv1.GetStatsResponse) []*adminv1.Nam
 		if v.OpenFailures >= OpenFailuresReported {
 			nh.OpenFailed, nh.OpenFailure = true, v.OpenError
 		}
+		reportRecovery(nh, recovery[v.MailboxID])
 		out = append(out, nh)
 	}
 	return out
@@ -515,6 +523,7 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 		}
 		want[id] = as
 	}
+	a.allow.set(peersOf(want))
 	for id, w := range a.workers {
 		as, ok := want[id]
 		if !ok || !proto.Equal(as.GetConfig(), w.assignment.GetConfig()) {

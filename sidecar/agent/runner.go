@@ -87,6 +87,10 @@ func (a *Agent) heard() time.Time {
 func (r heardRunner) OpenMailbox(ctx context.Context, in *runnerv1.OpenMailboxRequest, opts ...grpc.CallOption) (*runnerv1.OpenMailboxResponse, error) {
 	resp, err := r.RunnerControlClient.OpenMailbox(ctx, in, opts...)
 	r.note(err)
+	if err == nil {
+		// A mailbox opened afresh allows no recovery peers yet.
+		r.a.allow.opened(in.GetMailboxId())
+	}
 	return resp, err
 }
 

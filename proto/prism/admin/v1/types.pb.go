@@ -83,36 +83,41 @@ func (ProxyStatus) EnumDescriptor() ([]byte, []int) {
 	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{0}
 }
 
-// RecoveryState is where a mailbox's peer recovery is.
+// RecoveryState is where a mailbox's peer recovery is; it mirrors
+// prism.runner.v1.RecoveryState.
 type RecoveryState int32
 
 const (
-	// No recovery was asked for (the mailbox read its topics from Kafka,
-	// or resumed from its own store), or the runner does not report it.
+	// Not reported: a runner or sidecar older than the field.
 	RecoveryState_RECOVERY_STATE_UNSPECIFIED RecoveryState = 0
+	// No recovery was asked for (the mailbox read its topics from Kafka), or
+	// the mailbox had data of its own and resumed from it.
+	RecoveryState_RECOVERY_STATE_NONE RecoveryState = 1
 	// Copying the source mailbox's store; the mailbox ingests nothing yet.
-	RecoveryState_RECOVERY_STATE_COPYING RecoveryState = 1
+	RecoveryState_RECOVERY_STATE_COPYING RecoveryState = 2
 	// The copy is complete; the mailbox ingests from the copied positions.
-	RecoveryState_RECOVERY_STATE_COPIED RecoveryState = 2
+	RecoveryState_RECOVERY_STATE_COPIED RecoveryState = 3
 	// No copy could be made (the source was gone or refused past the
 	// runner's bound): the mailbox fell back to reading Kafka from its
 	// oldest offset, and its history is incomplete.
-	RecoveryState_RECOVERY_STATE_INCOMPLETE RecoveryState = 3
+	RecoveryState_RECOVERY_STATE_INCOMPLETE RecoveryState = 4
 )
 
 // Enum value maps for RecoveryState.
 var (
 	RecoveryState_name = map[int32]string{
 		0: "RECOVERY_STATE_UNSPECIFIED",
-		1: "RECOVERY_STATE_COPYING",
-		2: "RECOVERY_STATE_COPIED",
-		3: "RECOVERY_STATE_INCOMPLETE",
+		1: "RECOVERY_STATE_NONE",
+		2: "RECOVERY_STATE_COPYING",
+		3: "RECOVERY_STATE_COPIED",
+		4: "RECOVERY_STATE_INCOMPLETE",
 	}
 	RecoveryState_value = map[string]int32{
 		"RECOVERY_STATE_UNSPECIFIED": 0,
-		"RECOVERY_STATE_COPYING":     1,
-		"RECOVERY_STATE_COPIED":      2,
-		"RECOVERY_STATE_INCOMPLETE":  3,
+		"RECOVERY_STATE_NONE":        1,
+		"RECOVERY_STATE_COPYING":     2,
+		"RECOVERY_STATE_COPIED":      3,
+		"RECOVERY_STATE_INCOMPLETE":  4,
 	}
 )
 
@@ -1127,8 +1132,10 @@ type RecoveryStatus struct {
 	// history_starts_at (the oldest event it holds) are not in it.
 	HistoryComplete bool                   `protobuf:"varint,7,opt,name=history_complete,json=historyComplete,proto3" json:"history_complete,omitempty"`
 	HistoryStartsAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=history_starts_at,json=historyStartsAt,proto3" json:"history_starts_at,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The copy's last error, while retrying or once given up.
+	Error         string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RecoveryStatus) Reset() {
@@ -1215,6 +1222,13 @@ func (x *RecoveryStatus) GetHistoryStartsAt() *timestamppb.Timestamp {
 		return x.HistoryStartsAt
 	}
 	return nil
+}
+
+func (x *RecoveryStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
 }
 
 // StoredPosition is where a mailbox's stored history of one partition ends.
@@ -2529,7 +2543,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\fopen_failure\x18\t \x01(\tR\vopenFailure\x12A\n" +
 	"\x0eexcluded_until\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\rexcludedUntil\x12:\n" +
-	"\brecovery\x18\v \x01(\v2\x1e.prism.admin.v1.RecoveryStatusR\brecovery\"\xa4\x03\n" +
+	"\brecovery\x18\v \x01(\v2\x1e.prism.admin.v1.RecoveryStatusR\brecovery\"\xba\x03\n" +
 	"\x0eRecoveryStatus\x123\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1d.prism.admin.v1.RecoveryStateR\x05state\x12*\n" +
 	"\x11source_mailbox_id\x18\x02 \x01(\tR\x0fsourceMailboxId\x12!\n" +
@@ -2540,7 +2554,8 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\vfinished_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12)\n" +
 	"\x10history_complete\x18\a \x01(\bR\x0fhistoryComplete\x12F\n" +
-	"\x11history_starts_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0fhistoryStartsAt\"e\n" +
+	"\x11history_starts_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0fhistoryStartsAt\x12\x14\n" +
+	"\x05error\x18\t \x01(\tR\x05error\"e\n" +
 	"\x0eStoredPosition\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x1f\n" +
@@ -2663,12 +2678,13 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\vProxyStatus\x12\x1c\n" +
 	"\x18PROXY_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11PROXY_STATUS_LIVE\x10\x01\x12\x16\n" +
-	"\x12PROXY_STATUS_STALE\x10\x02*\x85\x01\n" +
+	"\x12PROXY_STATUS_STALE\x10\x02*\x9e\x01\n" +
 	"\rRecoveryState\x12\x1e\n" +
-	"\x1aRECOVERY_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
-	"\x16RECOVERY_STATE_COPYING\x10\x01\x12\x19\n" +
-	"\x15RECOVERY_STATE_COPIED\x10\x02\x12\x1d\n" +
-	"\x19RECOVERY_STATE_INCOMPLETE\x10\x03*\x81\x01\n" +
+	"\x1aRECOVERY_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13RECOVERY_STATE_NONE\x10\x01\x12\x1a\n" +
+	"\x16RECOVERY_STATE_COPYING\x10\x02\x12\x19\n" +
+	"\x15RECOVERY_STATE_COPIED\x10\x03\x12\x1d\n" +
+	"\x19RECOVERY_STATE_INCOMPLETE\x10\x04*\x81\x01\n" +
 	"\fHealthStatus\x12\x1d\n" +
 	"\x19HEALTH_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15HEALTH_STATUS_HEALTHY\x10\x01\x12\x1a\n" +
