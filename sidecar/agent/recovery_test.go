@@ -4,10 +4,13 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -174,5 +177,41 @@ func TestProxyHeartbeatReportsRecovery(t *testing.T) {
 			StartedAt: started, FinishedAt: finished, HistoryComplete: true}}
 	if got := report("a heartbeat once copied"); !proto.Equal(got, want) {
 		t.Fatalf("once copied: %v, want %v", got, want)
+	}
+}
+
+// unimplementedAllow is a runner older than peer recovery.
+type unimplementedAllow struct {
+	*fakeRunner
+	calls atomic.Int32
+}
+
+func (r *unimplementedAllow) AllowRecovery(context.Context, *runnerv1.AllowRecoveryRequest, ...grpc.CallOption) (*runnerv1.AllowRecoveryResponse, error) {
+	r.calls.Add(1)
+	return nil, status.Error(codes.Unimplemented, "unknown method AllowRecovery")
+}
+
+// A runner without peer recovery is asked once per set, not retried: it
+// serves no copy, so there is nothing to allow (and no timer is armed).
+func TestRecoveryPeersOnAnOlderRunner(t *testing.T) {
+	t.Parallel()
+	var old *unimplementedAllow
+	h := newHarness(t, func(c *Config) {
+		old = &unimplementedAllow{fakeRunner: c.Runner.(*fakeRunner)}
+		c.Runner = old
+	})
+	h.admin.assign <- &adminv1.WatchAssignmentsResponse{ProxyId: "p1", Index: 1, Assignments: []*adminv1.NamespaceAssignment{
+		withRecovery("out", serving, nil, "p2"),
+	}}
+	h.waitFor("active", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 1 })
+	h.waitFor("asked", func() bool { return old.calls.Load() >= 1 })
+	h.settle(2)
+	h.clk.Step(time.Minute)
+	h.settle(2)
+	if n := old.calls.Load(); n > 2 {
+		t.Fatalf("AllowRecovery asked %d times of a runner without it", n)
+	}
+	if len(h.agent.allow.pending()) != 0 {
+		t.Fatalf("still pending: %v", h.agent.allow.pending())
 	}
 }
