@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/internal/connlimit"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -120,10 +121,10 @@ func TestMaxStreamsPerConnection(t *testing.T) {
 	}
 }
 
-// A connection without calls for IdleTimeout is closed by the server.
+// A connection without calls for the idle bound is closed by the server.
 func TestIdleConnectionsAreClosed(t *testing.T) {
 	t.Parallel()
-	_, cc := startLimited(t, NodeConfig{IdleTimeout: 200 * time.Millisecond})
+	_, cc := startLimited(t, NodeConfig{Conn: connlimit.Bounds{Idle: 200 * time.Millisecond}})
 	c := ctx(t)
 	if _, err := adminv1.NewAdminClient(cc).GetClusterStatus(c, &adminv1.GetClusterStatusRequest{}); err != nil {
 		t.Fatal(err)

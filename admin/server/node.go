@@ -17,13 +17,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/admin/backup"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
+	"github.com/prism-mesh/prism/internal/connlimit"
 	"github.com/prism-mesh/prism/internal/debughttp"
 	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/mesh/identity"
@@ -76,13 +76,15 @@ type NodeConfig struct {
 	// and dials in plaintext with no authorization.
 	TLS *pki.Source
 	// MaxStreams bounds the concurrent calls and streams on one client
-	// connection (default 1000); IdleTimeout closes a connection that has
-	// had none for that long (default 5m; the client reconnects when it
-	// next calls).
-	MaxStreams  uint32
-	IdleTimeout time.Duration
-	Quotas      Quotas
-	Admission   Admission
+	// connection (default 1000).
+	MaxStreams uint32
+	// Conn bounds every connection to the gRPC and HTTP listeners: the
+	// handshake, the idle time without a call (the client reconnects when
+	// it next calls) and the ping rate (internal/connlimit; zero fields
+	// take its defaults).
+	Conn      connlimit.Bounds
+	Quotas    Quotas
+	Admission Admission
 	// Moves times the leader's mover: see Config.
 	Moves MoveConfig
 	// MinFree is the free-space watermark of Raft.DataDir (zero: none):
@@ -96,20 +98,12 @@ type NodeConfig struct {
 	diskStat func(dir string) (diskfree.Usage, error) // tests' filesystem; nil = statfs
 }
 
-// pingEvery is the most often a client may ping the gRPC listener; the
-// Envoy gateway's bootstrap pings its xDS connection every 10-30s. A client
-// pinging more often is sent away (too_many_pings).
-const pingEvery = 5 * time.Second
-
 func (cfg NodeConfig) limits() []grpc.ServerOption {
-	streams, idle := cfg.MaxStreams, cfg.IdleTimeout
+	streams := cfg.MaxStreams
 	if streams == 0 {
 		streams = 1000
 	}
-	if idle == 0 {
-		idle = 5 * time.Minute
-	}
-	return []grpc.ServerOption{
+	return append([]grpc.ServerOption{
 		grpc.MaxConcurrentStreams(streams),
 		grpc.MaxRecvMsgSize(maxRequestBytes),
 		grpc.MaxSendMsgSize(maxResponseBytes),
@@ -118,9 +112,7 @@ func (cfg NodeConfig) limits() []grpc.ServerOption {
 		// "The leadership check on renewals"). A call finding every worker busy
 		// still gets a goroutine of its own, so this never queues.
 		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: pingEvery, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle}),
-	}
+	}, cfg.Conn.GRPC()...)
 }
 
 // Node is a running admin node.
@@ -276,7 +268,7 @@ func Start(cfg NodeConfig) (*Node, error) {
 		if cfg.Pprof {
 			h = debughttp.With(h)
 		}
-		n.http = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		n.http = cfg.Conn.HTTP(&http.Server{Handler: h})
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); _ = n.http.Serve(n.httpLn) }()
 	}

@@ -59,6 +59,7 @@ type adminFlags struct {
 	tls            tlsFlags
 	disk           diskFlags
 	backup         backupFlags
+	conn           connFlags
 
 	// openFailureExclusion: zero is fsm.DefaultOpenFailureExclusion.
 	openFailureExclusion time.Duration
@@ -147,6 +148,7 @@ plaintext with no authorization.`,
 	f.tls.register(fs)
 	f.disk.register(fs, "the node refuses writes (namespaces, registrations, acquisitions) RESOURCE_EXHAUSTED before the raft log runs out of space; reads, renewals and proxy heartbeats go on")
 	f.backup.register(fs)
+	f.conn.register(fs, "--grpc-addr and --http-addr")
 	cmd.AddCommand(adminRestoreCommand())
 	return cmd
 }
@@ -297,6 +299,10 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if err != nil {
 		return cfg, err
 	}
+	conn, err := f.conn.bounds()
+	if err != nil {
+		return cfg, err
+	}
 	src, err := f.tls.load(log)
 	if err != nil {
 		return cfg, err
@@ -311,7 +317,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr, Pprof: f.enablePprof, GRPCAddrs: grpcAddrs, Version: version,
 		StaleProxyAfter: f.staleProxyAfter, OpenFailureExclusion: f.openFailureExclusion, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
-		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups, Moves: f.moves,
+		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups, Moves: f.moves, Conn: conn,
 	}, nil
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/prism-mesh/prism/gateway"
 	"github.com/prism-mesh/prism/gateway/auth"
@@ -30,6 +29,7 @@ type gatewayFlags struct {
 	logLevel  string
 	logFormat string
 	tls       tlsFlags
+	conn      connFlags
 	// Query authentication: JWT bearer tokens verified against a JWKS,
 	// whose claim lists the namespaces a token may read; noQueryAuth
 	// serves every namespace to anyone who reaches the listeners.
@@ -73,6 +73,7 @@ $GRPC_XDS_BOOTSTRAP_CONFIG, which must then name the certificate provider "prism
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "log format: json or text")
 	f.tls.register(fs)
+	f.conn.register(fs, "--http-addr and --grpc-addr")
 	fs.StringVar(&f.jwksFile, "jwks-file", "", "JWKS file verifying query bearer tokens (re-read when it changes)")
 	fs.StringVar(&f.jwksURL, "jwks-url", "", "https URL of the JWKS verifying query bearer tokens (cached)")
 	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "iss query tokens must carry (required with --jwks-*)")
@@ -128,14 +129,19 @@ func runGateway(ctx context.Context, cmd *cobra.Command, f gatewayFlags) error {
 // runningGateway is a gateway serving in this process; prism dev runs one
 // next to its admin node the same way.
 type runningGateway struct {
-	url  string // the HTTP API, http://host:port
-	stop func() error
+	url      string // the HTTP API, http://host:port
+	grpcAddr string // the gRPC listener's address, "" without one
+	stop     func() error
 }
 
 // startGateway serves a gateway on f's addresses until stop; it is ready
 // (/readyz) once its routes arrive.
 func startGateway(log *slog.Logger, f gatewayFlags) (*runningGateway, error) {
 	opts, err := f.queryAuth(log)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := f.conn.bounds()
 	if err != nil {
 		return nil, err
 	}
@@ -171,15 +177,14 @@ func startGateway(log *slog.Logger, f gatewayFlags) (*runningGateway, error) {
 		}
 		return nil, err
 	}
-	hs := &http.Server{Handler: gw.HTTPHandler(opts...), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 5 * time.Minute}
+	hs := conn.HTTP(&http.Server{Handler: gw.HTTPHandler(opts...)})
 	go func() {
 		if err := hs.Serve(hl); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server stopped", "err", err)
 		}
 	}()
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(gw.GRPCInterceptor(opts...)), grpc.MaxConcurrentStreams(1000),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 5 * time.Minute}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
+	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(gw.GRPCInterceptor(opts...)), grpc.MaxConcurrentStreams(1000)},
+		conn.GRPC()...)...)
 	gw.RegisterGRPC(gs)
 	if gl != nil {
 		go func() {
@@ -204,5 +209,9 @@ func startGateway(log *slog.Logger, f gatewayFlags) (*runningGateway, error) {
 		gs.GracefulStop()
 		return errors.Join(err, gw.Close())
 	}
-	return &runningGateway{url: "http://" + hl.Addr().String(), stop: stop}, nil
+	rg := &runningGateway{url: "http://" + hl.Addr().String(), stop: stop}
+	if gl != nil {
+		rg.grpcAddr = gl.Addr().String()
+	}
+	return rg, nil
 }

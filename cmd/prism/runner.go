@@ -45,6 +45,7 @@ type runnerFlags struct {
 	kafkaSec kafkaFlags
 	disk     diskFlags
 	mem      memoryFlags
+	conn     connFlags
 	// expectedMailboxes is --expected-mailboxes, deprecated and ignored.
 	expectedMailboxes int
 	// queryTarget is the query latency ingest gives way to.
@@ -86,6 +87,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	f.kafkaSec.Register(fs)
 	f.disk.register(fs, "every mailbox's ingest holds its next batch back, uncommitted, and /readyz answers 503 saying why")
 	f.mem.register(fs)
+	f.conn.register(fs, "--grpc-addr, --http-addr and --control-addr")
 	// Kept so that a runner upgraded with its old command line still
 	// starts: the budget no longer depends on how many mailboxes open.
 	fs.IntVar(&f.expectedMailboxes, "expected-mailboxes", 0, "ignored")
@@ -117,6 +119,10 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 	}
 	if !f.enablePprof && (f.blockRate != 0 || f.mutexFraction != 0) {
 		return cfg, errors.New("--block-profile-rate and --mutex-profile-fraction need --enable-pprof, which serves their profiles")
+	}
+	var err error
+	if cfg.Runner.Conn, err = f.conn.bounds(); err != nil {
+		return cfg, err
 	}
 	sc, err := f.kafkaSec.saramaConfig(log)
 	if err != nil {

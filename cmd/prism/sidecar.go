@@ -49,6 +49,7 @@ func sidecarCommand() *cobra.Command {
 		labels                                                                      map[string]string
 		leaseTTL, heartbeat, runnerDeadAfter, stopTimeout, attemptTimeout, retryMax time.Duration
 		tls                                                                         tlsFlags
+		conn                                                                        connFlags
 	)
 	ttlDefault, ttlErr := envDuration(inject.EnvLeaseTTL, 15*time.Second)
 	hbDefault, hbErr := envDuration(inject.EnvHeartbeatInterval, 5*time.Second)
@@ -112,6 +113,10 @@ TLS, and accepts only a runner presenting that same identity. --insecure dials i
 			if advertiseAddr == "" {
 				return errors.New("--advertise-addr: the runner's MailboxQuery host:port, as Envoy and clients reach it, is required")
 			}
+			bounds, err := conn.bounds()
+			if err != nil {
+				return err
+			}
 			src, err := tls.load(log)
 			if err != nil {
 				return err
@@ -119,7 +124,7 @@ TLS, and accepts only a runner presenting that same identity. --insecure dials i
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			return node.Run(ctx, node.Config{
-				ProxyID: proxyID, RunnerID: runnerID, AdvertiseAddr: advertiseAddr, RunnerAddr: runnerAddr, HTTPAddr: httpAddr,
+				ProxyID: proxyID, RunnerID: runnerID, AdvertiseAddr: advertiseAddr, RunnerAddr: runnerAddr, HTTPAddr: httpAddr, Conn: bounds,
 				AdminEndpoints: endpoints, Registration: &adminv1.ProxyRegistration{
 					Version: version, Capabilities: []string{"mailbox"}, Labels: labels, Region: region, Zone: zone,
 				},
@@ -148,6 +153,7 @@ TLS, and accepts only a runner presenting that same identity. --insecure dials i
 	f.DurationVar(&retryMax, "retry-max", 5*time.Second, "longest wait between retries (acquire, heartbeat, watch), which start at 100ms and double")
 	f.DurationVar(&attemptTimeout, "admin-attempt-timeout", 2*time.Second, "bound on one call to one admin node before trying the next")
 	tls.register(f)
+	conn.register(f, "--http-addr")
 	cmd.AddCommand(drainWaitCommand())
 	return cmd
 }

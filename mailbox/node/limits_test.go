@@ -12,12 +12,12 @@ import (
 )
 
 // TestControlAPIClosesIdleConnections: the control API sends away a
-// connection idle for the runner's IdleTimeout (the client goes IDLE and
+// connection idle for the runner's idle bound (the client goes IDLE and
 // reconnects on its next call).
 func TestControlAPIClosesIdleConnections(t *testing.T) {
 	t.Parallel()
 	rc := runnerConfig(t)
-	rc.IdleTimeout = 200 * time.Millisecond
+	rc.Conn.Idle = 200 * time.Millisecond
 	n, err := Start(Config{Runner: rc, Logger: quiet(), ControlAddr: "127.0.0.1:0", QueryAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)

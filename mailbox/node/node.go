@@ -9,11 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/prism-mesh/prism/mailbox/control"
 	"github.com/prism-mesh/prism/mailbox/runner"
@@ -162,26 +160,15 @@ func (n *Node) Close() error {
 	return err
 }
 
-// controlPingEvery is the most often the sidecar may ping the control API;
-// it does not (it calls every heartbeat), so a client pinging more often is
-// not the sidecar and is sent away (too_many_pings).
-const controlPingEvery = 5 * time.Second
-
 // controlLimits bound the control API as the runner bounds its query port:
-// streams per connection and the idle timeout (runner.Config's).
+// streams per connection and runner.Config's connection bounds. The sidecar
+// calls it every heartbeat and never pings.
 func controlLimits(rc runner.Config) []grpc.ServerOption {
-	streams, idle := rc.MaxStreams, rc.IdleTimeout
+	streams := rc.MaxStreams
 	if streams == 0 {
 		streams = 1000
 	}
-	if idle <= 0 {
-		idle = 5 * time.Minute
-	}
-	return []grpc.ServerOption{
-		grpc.MaxConcurrentStreams(streams),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: controlPingEvery, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle}),
-	}
+	return append([]grpc.ServerOption{grpc.MaxConcurrentStreams(streams)}, rc.Conn.GRPC()...)
 }
 
 // controlServerOptions secure the control API with src: mutual TLS that

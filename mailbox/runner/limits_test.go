@@ -15,11 +15,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	grpcstatus "google.golang.org/grpc/status"
+
+	"github.com/prism-mesh/prism/internal/connlimit"
 )
 
 func serveLimited(t *testing.T, streams uint32, idle time.Duration) (queryAddr, httpAddr string) {
 	t.Helper()
-	r, err := New(Config{DataDir: t.TempDir(), Brokers: []string{"127.0.0.1:1"}, MaxStreams: streams, IdleTimeout: idle})
+	r, err := New(Config{DataDir: t.TempDir(), Brokers: []string{"127.0.0.1:1"}, MaxStreams: streams, Conn: connlimit.Bounds{Idle: idle}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +30,7 @@ func serveLimited(t *testing.T, streams uint32, idle time.Duration) (queryAddr, 
 }
 
 // TestIdleConnectionsAreClosed: a connection that asked once and then
-// nothing is closed by both ports after IdleTimeout.
+// nothing is closed by both ports after the idle bound.
 func TestIdleConnectionsAreClosed(t *testing.T) {
 	t.Parallel()
 	queryAddr, httpAddr := serveLimited(t, 0, 200*time.Millisecond)

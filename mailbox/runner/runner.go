@@ -36,6 +36,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/internal/connlimit"
 	"github.com/prism-mesh/prism/internal/debughttp"
 	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/internal/lazy"
@@ -88,12 +89,15 @@ type Config struct {
 	// nil serves both ports in plaintext, unauthenticated.
 	TLS *pki.Source
 	// MaxStreams bounds the concurrent requests and gRPC calls on one
-	// HTTP/2 connection (default 1000); IdleTimeout closes a connection
-	// that has had none for that long (default 5m; clients reconnect when
-	// they next call). Envoy health-checks every runner every few seconds,
-	// so its connections never idle out.
-	MaxStreams  uint32
-	IdleTimeout time.Duration
+	// HTTP/2 connection (default 1000).
+	MaxStreams uint32
+	// Conn bounds every connection to the query and HTTP ports, and to the
+	// control API (mailbox/node): the handshake, the idle time without a
+	// request (clients reconnect when they next call) and the ping rate
+	// (internal/connlimit; zero fields take its defaults). Envoy
+	// health-checks every runner every few seconds, so its connections
+	// never idle out.
+	Conn connlimit.Bounds
 	// QueryLatencyTarget is the query latency every mailbox's ingest gives
 	// way to (ingest.Governor): while queries are answered, ingest's decodes
 	// and store writes keep to GOMAXPROCS-1 cores (at least one); while
@@ -221,9 +225,7 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.MaxStreams == 0 {
 		cfg.MaxStreams = 1000
 	}
-	if cfg.IdleTimeout <= 0 {
-		cfg.IdleTimeout = 5 * time.Minute
-	}
+	cfg.Conn = cfg.Conn.WithDefaults()
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -950,8 +952,9 @@ func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 	}
 	// gRPC is served through net/http here, so grpc-go's transport limits
 	// (MaxConcurrentStreams, keepalive) do not apply: the http.Servers' do,
-	// and net/http's HTTP/2 server already caps queued control frames, so
-	// a ping flood closes the connection. The size bound does apply.
+	// with cfg.Conn's handshake and idle bounds, and on plaintext ports
+	// cfg.Conn's listener holds clients to gRPC's ping policy, which
+	// net/http's HTTP/2 lacks. The size bound does apply.
 	opts = append(opts, grpc.MaxSendMsgSize(query.MaxResponseBytes))
 	r.grpc = grpc.NewServer(opts...)
 	r.RegisterGRPC(r.grpc)
@@ -960,11 +963,10 @@ func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 	plain.SetHTTP1(true)
 	plain.SetUnencryptedHTTP2(true)
 	limited := func(h http.Handler) *http.Server {
-		return &http.Server{
+		return r.cfg.Conn.HTTP(&http.Server{
 			Handler: h, Protocols: &plain,
-			ReadHeaderTimeout: 10 * time.Second, IdleTimeout: r.cfg.IdleTimeout,
 			HTTP2: &http.HTTP2Config{MaxConcurrentStreams: int(r.cfg.MaxStreams)},
-		}
+		})
 	}
 	r.query = limited(grpcOr(r.grpc, api))
 	r.http = limited(api)
@@ -992,7 +994,7 @@ func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 			if s.srv.TLSConfig != nil {
 				err = s.srv.ServeTLS(s.lis, "", "")
 			} else {
-				err = s.srv.Serve(s.lis)
+				err = s.srv.Serve(r.cfg.Conn.Listener(s.lis))
 			}
 			if err != nil && !errors.Is(err, http.ErrServerClosed) {
 				r.log.Error("server stopped", "addr", s.lis.Addr().String(), "err", err)

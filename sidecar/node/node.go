@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/prism-mesh/prism/internal/connlimit"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -36,8 +37,10 @@ type Config struct {
 	AdvertiseAddr string
 	// RunnerAddr is the runner's control API (loopback).
 	RunnerAddr string
-	// HTTPAddr serves /healthz, /readyz and /metrics.
+	// HTTPAddr serves /healthz, /readyz and /metrics, its connections
+	// bounded by Conn (internal/connlimit; zero fields take its defaults).
 	HTTPAddr string
+	Conn     connlimit.Bounds
 	// AdminEndpoints are admin nodes' gRPC addresses; any of them will do.
 	AdminEndpoints []string
 	Registration   *adminv1.ProxyRegistration
@@ -127,7 +130,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("sidecar http listen %s: %w", cfg.HTTPAddr, err)
 	}
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := cfg.Conn.HTTP(&http.Server{Handler: a.Handler()})
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server stopped", "err", err)

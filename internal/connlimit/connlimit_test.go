@@ -1,0 +1,95 @@
+package connlimit_test
+
+import (
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/prism-mesh/prism/internal/connlimit"
+	"github.com/prism-mesh/prism/internal/connlimit/conntest"
+)
+
+// small are bounds short enough for a test to outwait.
+var small = connlimit.Bounds{Handshake: 300 * time.Millisecond, Idle: time.Second, PingEvery: 100 * time.Millisecond}
+
+// serveH2C serves an h2c net/http server with b on a loopback port; police
+// puts b.Listener in front of it.
+func serveH2C(t *testing.T, b connlimit.Bounds, police bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	s := b.HTTP(&http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})})
+	if police {
+		ln = b.Listener(ln)
+	}
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Close() })
+	return ln.Addr().String()
+}
+
+func serveGRPC(t *testing.T, b connlimit.Bounds) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(b.GRPC()...)
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(s.Stop)
+	return ln.Addr().String()
+}
+
+func TestHTTPBounds(t *testing.T) {
+	t.Parallel()
+	addr := serveH2C(t, small, true)
+	t.Run("nothing sent", func(t *testing.T) { t.Parallel(); conntest.ClosedUnused(t, addr, small.Handshake) })
+	t.Run("no stream", func(t *testing.T) { t.Parallel(); conntest.IdleClosed(t, addr, nil, small.Idle) })
+	t.Run("ping flood", func(t *testing.T) { t.Parallel(); conntest.PingFloodSentAway(t, addr, nil) })
+	t.Run("pings within the policy", func(t *testing.T) {
+		t.Parallel()
+		conntest.PingsAnswered(t, addr, nil, 2*small.PingEvery, 4)
+	})
+}
+
+func TestGRPCBounds(t *testing.T) {
+	t.Parallel()
+	addr := serveGRPC(t, small)
+	t.Run("nothing sent", func(t *testing.T) { t.Parallel(); conntest.ClosedUnused(t, addr, small.Handshake) })
+	t.Run("no stream", func(t *testing.T) { t.Parallel(); conntest.IdleClosed(t, addr, nil, small.Idle) })
+	t.Run("ping flood", func(t *testing.T) { t.Parallel(); conntest.PingFloodSentAway(t, addr, nil) })
+	t.Run("pings within the policy", func(t *testing.T) {
+		t.Parallel()
+		conntest.PingsAnswered(t, addr, nil, 2*small.PingEvery, 4)
+	})
+}
+
+// Without Listener, net/http's HTTP/2 answers a ping flood: the policing is
+// what sends it away.
+func TestHTTPWithoutListenerAnswersAFlood(t *testing.T) {
+	t.Parallel()
+	addr := serveH2C(t, small, false)
+	conntest.PingsAnswered(t, addr, nil, 0, 50)
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	if err := (connlimit.Bounds{}).Validate(); err != nil {
+		t.Fatalf("zero bounds (the defaults): %v", err)
+	}
+	err := connlimit.Bounds{Handshake: -1, Idle: -1}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "handshake timeout") || !strings.Contains(err.Error(), "idle timeout") {
+		t.Fatalf("two negative bounds: %v, want both named", err)
+	}
+}
