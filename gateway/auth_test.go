@@ -81,6 +81,8 @@ func oneProxy(cp *xdstest.ControlPlane, addr string) *ir.IR {
 // over TLS that takes a client certificate when one is offered, routing
 // demo@p1 and other@p1 (and their namespaces) to one counting runner.
 type authMesh struct {
+	gw         *gateway.Gateway
+	auth       *auth.Authenticator
 	runner     *countingRunner
 	key        *authtest.Key
 	jwksPath   string
@@ -138,6 +140,7 @@ func startAuthMesh(t *testing.T) *authMesh {
 	if err := gw.Run(ctx); err != nil {
 		t.Fatalf("gateway never got its routes: %v", err)
 	}
+	m.gw, m.auth = gw, a
 
 	// The doors' TLS: a server certificate, and a client certificate
 	// verified against the CA when the client offers one.
