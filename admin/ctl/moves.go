@@ -107,10 +107,11 @@ func lag(m *adminv1.NamespaceMove) string {
 }
 
 func movesTable(w io.Writer, r *adminv1.ListMovesResponse) {
-	fmt.Fprintln(w, "NAMESPACE\tFROM\tTO\tSTATE\tLAG\tREASON\tSTARTED\tSWITCHED\tHANDOFF UNTIL")
+	fmt.Fprintln(w, "NAMESPACE\tFROM\tTO\tSTATE\tLAG\tREASON\tSTARTED\tSWITCHED\tHANDOFF UNTIL\tRECOVERY")
 	for _, m := range r.GetMoves() {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.GetNamespace(), m.GetFromProxyId(), m.GetToProxyId(), state(m), lag(m),
-			strings.ToLower(strings.TrimPrefix(m.GetReason().String(), "MOVE_REASON_")), ts(m.GetStartedAt()), ts(m.GetSwitchedAt()), ts(m.GetHandoffUntil()))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.GetNamespace(), m.GetFromProxyId(), m.GetToProxyId(), state(m), lag(m),
+			strings.ToLower(strings.TrimPrefix(m.GetReason().String(), "MOVE_REASON_")), ts(m.GetStartedAt()), ts(m.GetSwitchedAt()), ts(m.GetHandoffUntil()),
+			recovery(m.GetRecovery()))
 	}
 	if p := r.GetPending(); p > 0 {
 		fmt.Fprintf(w, "\n%d planned moves wait for room under the leader's --max-concurrent-moves\n", p)
@@ -372,6 +373,9 @@ func switched(ctx context.Context, cl *client.Client, ns, from, to string, index
 	}
 	for _, m := range moves.GetMoves() {
 		if m.GetNamespace() == ns {
+			if m.GetRecovery().GetState() == adminv1.RecoveryState_RECOVERY_STATE_COPYING {
+				return false, fmt.Sprintf("%s recovering on %s, %s; %s serves", ns, to, recovery(m.GetRecovery()), from), nil
+			}
 			return false, fmt.Sprintf("%s catching up on %s, lag %s; %s serves", ns, to, lag(m), from), nil
 		}
 	}

@@ -67,7 +67,7 @@ func TestReplicasTable(t *testing.T) {
 
 // namespace get shows every mailbox of a namespace being moved, as the
 // proxies report them through the admin: the source serving with its
-// history, the destination recovering from it.
+// history, the destination recovering from it; move list shows the copy.
 func TestNamespaceGetShowsRecovery(t *testing.T) {
 	t.Parallel()
 	a := startMovingAdmin(t)
@@ -122,5 +122,9 @@ func TestNamespaceGetShowsRecovery(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Fatalf("namespace get printed\n%s\nwant %q", out, want)
 		}
+	}
+	out, err = prismctl(t, append(slices.Clone(op), "move", "list")...)
+	if err != nil || !strings.Contains(out, "RECOVERY") || !strings.Contains(out, "copying from "+ns+"@p1: 5 events, 500 bytes") {
+		t.Fatalf("move list: %v\n%s", err, out)
 	}
 }

@@ -63,3 +63,13 @@ func (f *FSM) NamespaceReplicas(name string) []*adminv1.NamespaceReplica {
 	}
 	return out
 }
+
+// Health is proxy's last report on namespace ns (a clone), or nil.
+func (f *FSM) Health(proxy, ns string) *adminv1.NamespaceHealth {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if h := healthEntry(f.st.proxies[proxy], ns); h != nil {
+		return proto.CloneOf(h)
+	}
+	return nil
+}

@@ -187,6 +187,7 @@ func (s *Server) listMoves() *adminv1.ListMovesResponse {
 		if r := s.lag.get(m.To, n.GetName()); r.available && r.index > n.GetMoveIndex() {
 			mv.Lag, mv.LagKnown = r.lag, r.lagKnown
 		}
+		mv.Recovery = s.fsm.Health(m.To, n.GetName()).GetRecovery()
 		resp.Moves = append(resp.Moves, mv)
 	}
 	return resp

@@ -2601,7 +2601,10 @@ type NamespaceMove struct {
 	HandoffUntil *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=handoff_until,json=handoffUntil,proto3" json:"handoff_until,omitempty"`
 	Reason       MoveReason             `protobuf:"varint,10,opt,name=reason,proto3,enum=prism.admin.v1.MoveReason" json:"reason,omitempty"`
 	// Raft index the move began at.
-	MoveIndex     uint64 `protobuf:"varint,11,opt,name=move_index,json=moveIndex,proto3" json:"move_index,omitempty"`
+	MoveIndex uint64 `protobuf:"varint,11,opt,name=move_index,json=moveIndex,proto3" json:"move_index,omitempty"`
+	// The destination's peer recovery, from its proxy's last heartbeat
+	// (docs/architecture.md#peer-recovery); unset before one reports it.
+	Recovery      *RecoveryStatus `protobuf:"bytes,12,opt,name=recovery,proto3" json:"recovery,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2711,6 +2714,13 @@ func (x *NamespaceMove) GetMoveIndex() uint64 {
 		return x.MoveIndex
 	}
 	return 0
+}
+
+func (x *NamespaceMove) GetRecovery() *RecoveryStatus {
+	if x != nil {
+		return x.Recovery
+	}
+	return nil
 }
 
 type ListMovesResponse struct {
@@ -2969,7 +2979,7 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x10ListMovesRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"\xdd\x03\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\x99\x04\n" +
 	"\rNamespaceMove\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\"\n" +
 	"\rfrom_proxy_id\x18\x02 \x01(\tR\vfromProxyId\x12\x1e\n" +
@@ -2985,7 +2995,8 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\x06reason\x18\n" +
 	" \x01(\x0e2\x1a.prism.admin.v1.MoveReasonR\x06reason\x12\x1d\n" +
 	"\n" +
-	"move_index\x18\v \x01(\x04R\tmoveIndex\"\xa0\x01\n" +
+	"move_index\x18\v \x01(\x04R\tmoveIndex\x12:\n" +
+	"\brecovery\x18\f \x01(\v2\x1e.prism.admin.v1.RecoveryStatusR\brecovery\"\xa0\x01\n" +
 	"\x11ListMovesResponse\x123\n" +
 	"\x05moves\x18\x01 \x03(\v2\x1d.prism.admin.v1.NamespaceMoveR\x05moves\x12\x18\n" +
 	"\apending\x18\x02 \x01(\rR\apending\x12\x14\n" +
@@ -3093,6 +3104,7 @@ var file_prism_admin_v1_admin_proto_goTypes = []any{
 	(*Route)(nil),                    // 52: prism.admin.v1.Route
 	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
 	(MoveReason)(0),                  // 54: prism.admin.v1.MoveReason
+	(*RecoveryStatus)(nil),           // 55: prism.admin.v1.RecoveryStatus
 }
 var file_prism_admin_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: prism.admin.v1.Member.suffrage:type_name -> prism.admin.v1.MemberSuffrage
@@ -3135,48 +3147,49 @@ var file_prism_admin_v1_admin_proto_depIdxs = []int32{
 	53, // 37: prism.admin.v1.NamespaceMove.switched_at:type_name -> google.protobuf.Timestamp
 	53, // 38: prism.admin.v1.NamespaceMove.handoff_until:type_name -> google.protobuf.Timestamp
 	54, // 39: prism.admin.v1.NamespaceMove.reason:type_name -> prism.admin.v1.MoveReason
-	41, // 40: prism.admin.v1.ListMovesResponse.moves:type_name -> prism.admin.v1.NamespaceMove
-	2,  // 41: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
-	5,  // 42: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
-	7,  // 43: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
-	11, // 44: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
-	13, // 45: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
-	15, // 46: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
-	17, // 47: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
-	23, // 48: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
-	25, // 49: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
-	19, // 50: prism.admin.v1.Admin.ListSessions:input_type -> prism.admin.v1.ListSessionsRequest
-	21, // 51: prism.admin.v1.Admin.GetSession:input_type -> prism.admin.v1.GetSessionRequest
-	27, // 52: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
-	29, // 53: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
-	31, // 54: prism.admin.v1.Admin.SaveSnapshot:input_type -> prism.admin.v1.SaveSnapshotRequest
-	34, // 55: prism.admin.v1.Admin.MoveNamespace:input_type -> prism.admin.v1.MoveNamespaceRequest
-	36, // 56: prism.admin.v1.Admin.CancelMove:input_type -> prism.admin.v1.CancelMoveRequest
-	38, // 57: prism.admin.v1.Admin.CordonProxy:input_type -> prism.admin.v1.CordonProxyRequest
-	40, // 58: prism.admin.v1.Admin.ListMoves:input_type -> prism.admin.v1.ListMovesRequest
-	4,  // 59: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
-	6,  // 60: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
-	8,  // 61: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
-	12, // 62: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
-	14, // 63: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
-	16, // 64: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
-	18, // 65: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
-	24, // 66: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
-	26, // 67: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
-	20, // 68: prism.admin.v1.Admin.ListSessions:output_type -> prism.admin.v1.ListSessionsResponse
-	22, // 69: prism.admin.v1.Admin.GetSession:output_type -> prism.admin.v1.GetSessionResponse
-	28, // 70: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
-	30, // 71: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
-	33, // 72: prism.admin.v1.Admin.SaveSnapshot:output_type -> prism.admin.v1.SaveSnapshotResponse
-	35, // 73: prism.admin.v1.Admin.MoveNamespace:output_type -> prism.admin.v1.MoveNamespaceResponse
-	37, // 74: prism.admin.v1.Admin.CancelMove:output_type -> prism.admin.v1.CancelMoveResponse
-	39, // 75: prism.admin.v1.Admin.CordonProxy:output_type -> prism.admin.v1.CordonProxyResponse
-	42, // 76: prism.admin.v1.Admin.ListMoves:output_type -> prism.admin.v1.ListMovesResponse
-	59, // [59:77] is the sub-list for method output_type
-	41, // [41:59] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	55, // 40: prism.admin.v1.NamespaceMove.recovery:type_name -> prism.admin.v1.RecoveryStatus
+	41, // 41: prism.admin.v1.ListMovesResponse.moves:type_name -> prism.admin.v1.NamespaceMove
+	2,  // 42: prism.admin.v1.Admin.GetClusterStatus:input_type -> prism.admin.v1.GetClusterStatusRequest
+	5,  // 43: prism.admin.v1.Admin.ListNamespaces:input_type -> prism.admin.v1.ListNamespacesRequest
+	7,  // 44: prism.admin.v1.Admin.GetNamespace:input_type -> prism.admin.v1.GetNamespaceRequest
+	11, // 45: prism.admin.v1.Admin.ListProxies:input_type -> prism.admin.v1.ListProxiesRequest
+	13, // 46: prism.admin.v1.Admin.GetProxy:input_type -> prism.admin.v1.GetProxyRequest
+	15, // 47: prism.admin.v1.Admin.ListLeases:input_type -> prism.admin.v1.ListLeasesRequest
+	17, // 48: prism.admin.v1.Admin.GetLease:input_type -> prism.admin.v1.GetLeaseRequest
+	23, // 49: prism.admin.v1.Admin.ListRoutes:input_type -> prism.admin.v1.ListRoutesRequest
+	25, // 50: prism.admin.v1.Admin.GetRoute:input_type -> prism.admin.v1.GetRouteRequest
+	19, // 51: prism.admin.v1.Admin.ListSessions:input_type -> prism.admin.v1.ListSessionsRequest
+	21, // 52: prism.admin.v1.Admin.GetSession:input_type -> prism.admin.v1.GetSessionRequest
+	27, // 53: prism.admin.v1.Admin.AddVoter:input_type -> prism.admin.v1.AddVoterRequest
+	29, // 54: prism.admin.v1.Admin.RemoveServer:input_type -> prism.admin.v1.RemoveServerRequest
+	31, // 55: prism.admin.v1.Admin.SaveSnapshot:input_type -> prism.admin.v1.SaveSnapshotRequest
+	34, // 56: prism.admin.v1.Admin.MoveNamespace:input_type -> prism.admin.v1.MoveNamespaceRequest
+	36, // 57: prism.admin.v1.Admin.CancelMove:input_type -> prism.admin.v1.CancelMoveRequest
+	38, // 58: prism.admin.v1.Admin.CordonProxy:input_type -> prism.admin.v1.CordonProxyRequest
+	40, // 59: prism.admin.v1.Admin.ListMoves:input_type -> prism.admin.v1.ListMovesRequest
+	4,  // 60: prism.admin.v1.Admin.GetClusterStatus:output_type -> prism.admin.v1.GetClusterStatusResponse
+	6,  // 61: prism.admin.v1.Admin.ListNamespaces:output_type -> prism.admin.v1.ListNamespacesResponse
+	8,  // 62: prism.admin.v1.Admin.GetNamespace:output_type -> prism.admin.v1.GetNamespaceResponse
+	12, // 63: prism.admin.v1.Admin.ListProxies:output_type -> prism.admin.v1.ListProxiesResponse
+	14, // 64: prism.admin.v1.Admin.GetProxy:output_type -> prism.admin.v1.GetProxyResponse
+	16, // 65: prism.admin.v1.Admin.ListLeases:output_type -> prism.admin.v1.ListLeasesResponse
+	18, // 66: prism.admin.v1.Admin.GetLease:output_type -> prism.admin.v1.GetLeaseResponse
+	24, // 67: prism.admin.v1.Admin.ListRoutes:output_type -> prism.admin.v1.ListRoutesResponse
+	26, // 68: prism.admin.v1.Admin.GetRoute:output_type -> prism.admin.v1.GetRouteResponse
+	20, // 69: prism.admin.v1.Admin.ListSessions:output_type -> prism.admin.v1.ListSessionsResponse
+	22, // 70: prism.admin.v1.Admin.GetSession:output_type -> prism.admin.v1.GetSessionResponse
+	28, // 71: prism.admin.v1.Admin.AddVoter:output_type -> prism.admin.v1.AddVoterResponse
+	30, // 72: prism.admin.v1.Admin.RemoveServer:output_type -> prism.admin.v1.RemoveServerResponse
+	33, // 73: prism.admin.v1.Admin.SaveSnapshot:output_type -> prism.admin.v1.SaveSnapshotResponse
+	35, // 74: prism.admin.v1.Admin.MoveNamespace:output_type -> prism.admin.v1.MoveNamespaceResponse
+	37, // 75: prism.admin.v1.Admin.CancelMove:output_type -> prism.admin.v1.CancelMoveResponse
+	39, // 76: prism.admin.v1.Admin.CordonProxy:output_type -> prism.admin.v1.CordonProxyResponse
+	42, // 77: prism.admin.v1.Admin.ListMoves:output_type -> prism.admin.v1.ListMovesResponse
+	60, // [60:78] is the sub-list for method output_type
+	42, // [42:60] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_admin_proto_init() }
