@@ -32,10 +32,12 @@ type Target struct {
 
 // FromMetadata reads a gRPC call's target: x-mailbox-id, else
 // x-prism-namespace, each given at most once and following the mesh's name
-// rules (MailboxID, Namespace); errors name the metadata key.
+// rules (MailboxID, Namespace); errors name the metadata key. An empty
+// value is no value, as the runners read it.
 func FromMetadata(md metadata.MD) (Target, error) {
 	for _, k := range []string{mesh.HeaderMailboxID, mesh.HeaderNamespace} {
 		switch v := md.Get(k); {
+		case len(v) == 1 && v[0] == "":
 		case len(v) > 1:
 			return Target{}, fmt.Errorf("%s: given %d times, want once", k, len(v))
 		case len(v) == 1 && k == mesh.HeaderMailboxID:
