@@ -45,9 +45,9 @@ var valueSets = map[string]map[string]any{
 			"enabled": true, "issuerRef": map[string]any{"name": "corp-ca", "kind": "ClusterIssuer"},
 		}},
 	}),
-	"custom kafka and static topics": withQueryAuth(map[string]any{
+	"custom kafka": withQueryAuth(map[string]any{
 		"kafka":  map[string]any{"brokers": []any{"b-1.kafka.example:9094", "b-2.kafka.example:9094", "b-3.kafka.example:9094"}},
-		"runner": map[string]any{"topics": []any{"audit.events", "billing.events"}, "mailbox": "audit-logs@proxy-01", "replicas": 4},
+		"runner": map[string]any{"replicas": 4},
 	}),
 	"five soft-spread admins and a load balancer": withQueryAuth(map[string]any{
 		"admin":   map[string]any{"replicas": 5, "antiAffinity": "soft"},
@@ -383,10 +383,9 @@ func TestRunnerAndKafka(t *testing.T) {
 		name    string
 		vals    map[string]any
 		brokers string
-		topics  []string
 	}{
-		{"defaults", valueSets["defaults"], "kafka:9092", nil},
-		{"custom", valueSets["custom kafka and static topics"], "b-1.kafka.example:9094,b-2.kafka.example:9094,b-3.kafka.example:9094", []string{"audit.events", "billing.events"}},
+		{"defaults", valueSets["defaults"], "kafka:9092"},
+		{"custom", valueSets["custom kafka"], "b-1.kafka.example:9094,b-2.kafka.example:9094,b-3.kafka.example:9094"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -403,14 +402,40 @@ func TestRunnerAndKafka(t *testing.T) {
 			if got := args(c)["--kafka"]; got != tc.brokers {
 				t.Errorf("--kafka=%q, want %q", got, tc.brokers)
 			}
-			var topics []string
-			for _, a := range c.Args {
-				if v, ok := strings.CutPrefix(a, "--topic="); ok {
-					topics = append(topics, v)
+			if a := args(c); a["--mailbox"] != "" || a["--topic"] != "" {
+				t.Errorf("runner args %v: a static mailbox has no lease for its sidecar", c.Args)
+			}
+		})
+	}
+}
+
+// TestRunnerControlAddrAgrees: the runner listens for its control API
+// where the injected sidecar dials it, whether that is sidecar.runnerAddr
+// or the pods' prism.io/runner-addr annotation.
+func TestRunnerControlAddrAgrees(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		vals map[string]any
+		want string
+	}{
+		{"defaults", valueSets["defaults"], "127.0.0.1:7071"},
+		{"sidecar.runnerAddr", withQueryAuth(map[string]any{"sidecar": map[string]any{"runnerAddr": "127.0.0.1:7171"}}), "127.0.0.1:7171"},
+		{"pod annotation", withQueryAuth(map[string]any{"runner": map[string]any{"podAnnotations": map[string]any{inject.AnnotationRunnerAddr: "[::1]:7272"}}}), "[::1]:7272"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := render(t, tc.vals)
+			pod := injectedRunner(t, r)
+			listen := args(container(t, pod.Spec, "runner"))["--control-addr"]
+			var dial string
+			for _, e := range sidecarOf(t, pod).Env {
+				if e.Name == inject.EnvRunnerAddr {
+					dial = e.Value
 				}
 			}
-			if strings.Join(topics, ",") != strings.Join(tc.topics, ",") {
-				t.Errorf("topics %v, want %v", topics, tc.topics)
+			if listen != tc.want || dial != tc.want {
+				t.Errorf("runner --control-addr %q, sidecar dials %q; want both %q", listen, dial, tc.want)
 			}
 		})
 	}
@@ -438,6 +463,10 @@ func TestBadValuesRejected(t *testing.T) {
 			"runner": map[string]any{"podAnnotations": map[string]any{"prism.io/proxy-id": "proxy-01"}}}), "remove prism.io/proxy-id from runner.podAnnotations"},
 		{"generate duration without a unit", map[string]any{"tls": map[string]any{"mode": "generate", "generate": map[string]any{"duration": "365"}}}, "tls/generate/duration"},
 		{"trust domain with a path", map[string]any{"tls": map[string]any{"trustDomain": "prism.local/x"}}, "tls/trustDomain"},
+		{"static mailbox", withQueryAuth(map[string]any{"runner": map[string]any{"topics": []any{"audit.events"}, "mailbox": "audit-logs@proxy-01"}}), "runner.mailbox and runner.topics are no longer supported"},
+		{"runner addr off loopback", withQueryAuth(map[string]any{"sidecar": map[string]any{"runnerAddr": "0.0.0.0:7071"}}), "sidecar/runnerAddr"},
+		{"runner addr annotation off loopback", withQueryAuth(map[string]any{"runner": map[string]any{"podAnnotations": map[string]any{"prism.io/runner-addr": "10.0.0.1:7071"}}}), "must be a loopback host:port"},
+		{"control addr in extraArgs", withQueryAuth(map[string]any{"runner": map[string]any{"extraArgs": []any{"--control-addr=127.0.0.1:9"}}}), "leave --control-addr out"},
 		{"key encoding SEC1", map[string]any{"tls": map[string]any{"certManager": map[string]any{"privateKey": map[string]any{"algorithm": "ECDSA", "size": 256, "encoding": "SEC1"}}}}, "tls/certManager/privateKey/encoding"},
 		{"ECDSA of RSA's size", map[string]any{"tls": map[string]any{"certManager": map[string]any{"privateKey": map[string]any{"algorithm": "ECDSA", "size": 2048, "encoding": "PKCS8"}}}}, "tls/certManager/privateKey/size"},
 		{"Ed25519, which Envoy cannot serve", map[string]any{"tls": map[string]any{"certManager": map[string]any{"privateKey": map[string]any{"algorithm": "Ed25519", "size": 256, "encoding": "PKCS8"}}}}, "tls/certManager/privateKey/algorithm"},

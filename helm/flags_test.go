@@ -26,7 +26,7 @@ func TestChartArgsParseWithPrism(t *testing.T) {
 	}
 	cases := map[string][]string{}
 	for mode, vals := range map[string]map[string]any{
-		"cert-manager": valueSets["custom kafka and static topics"], "secret": secretMode, "insecure": insecureMode, "generate": generateMode,
+		"cert-manager": valueSets["custom kafka"], "secret": secretMode, "insecure": insecureMode, "generate": generateMode,
 	} {
 		r := render(t, vals)
 		injector := container(t, chartrender.MustGet(t, r.Deployments, injectorName).Spec.Template.Spec, "injector")

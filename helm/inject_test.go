@@ -83,7 +83,7 @@ func TestInjectorOnRenderedRunnerPod(t *testing.T) {
 		vals map[string]any
 	}{
 		{"defaults", valueSets["defaults"]},
-		{"custom kafka", valueSets["custom kafka and static topics"]},
+		{"custom kafka", valueSets["custom kafka"]},
 		{"lease override by pod annotation", withQueryAuth(map[string]any{"runner": map[string]any{"podAnnotations": map[string]any{
 			inject.AnnotationLeaseTTL: "30s", inject.AnnotationHeartbeatInterval: "10s",
 		}}})},

@@ -213,6 +213,21 @@ is the file name without extension in secret mode (e.g. "$(POD_NAME)").
 {{- get (dict "cert-manager" "csi" "generate" "secret" "secret" "secret" "insecure" "insecure") .Values.tls.mode -}}
 {{- end -}}
 
+{{/*
+The runner's control API, where its injected sidecar dials it (docs/architecture.md#kubernetes-stop-order
+and the runner's --control-addr): the pods' prism.io/runner-addr annotation (runner.podAnnotations) when
+set, since the injector gives the sidecar that, else sidecar.runnerAddr. The runner is rendered
+listening on the same address, so the two always agree. The runner serves it on the pod's loopback
+only and refuses any other address, so the chart refuses one too.
+*/}}
+{{- define "prism.runner.controlAddr" -}}
+{{- $addr := get (.Values.runner.podAnnotations | default dict) "prism.io/runner-addr" | default .Values.sidecar.runnerAddr -}}
+{{- if not (regexMatch "^(127\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}|localhost|\\[::1\\]):[0-9]{1,5}$" $addr) -}}
+{{- fail (printf "sidecar.runnerAddr (or the prism.io/runner-addr pod annotation) %q must be a loopback host:port such as 127.0.0.1:7071: the runner serves its sidecar the control API on the pod's loopback only" $addr) -}}
+{{- end -}}
+{{- $addr -}}
+{{- end -}}
+
 {{/* The sidecar's HTTP port (probes, metrics): inject.SidecarHTTPPort. */}}
 {{- define "prism.sidecar.httpPort" -}}9102{{- end -}}
 
