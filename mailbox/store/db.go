@@ -411,7 +411,8 @@ func (db *DB) forget(s *Store) {
 // Drop deletes mailbox id's data: from its return a new Open of id starts empty, under a new number. The catalog
 // entry goes in one commit; the mailbox's keys are deleted in the background, in chunks (a drop cut short
 // resumes on the next OpenDB), and value-log GC gives their space back once compaction has merged the deletes
-// with what they delete (gcEvery). Its store must not be open; dropping a mailbox holding no store does nothing.
+// with what they delete (gcEvery). An import of id in progress (copy.go) is dropped with it. Its store must not
+// be open; dropping a mailbox holding no store does nothing.
 func (db *DB) Drop(id string) error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
@@ -421,21 +422,45 @@ func (db *DB) Drop(id string) error {
 	if _, open := db.stores[id]; open {
 		return fmt.Errorf("drop store %q: it is open", id)
 	}
-	b, ok := db.catalog[id]
-	if !ok {
-		return nil
+	var drops []box
+	if b, ok := db.catalog[id]; ok {
+		drops = append(drops, b)
 	}
+	// An import in progress (copy.go) goes too: the mailbox's next open starts from nothing.
 	err := db.commit(func(txn *badger.Txn) error {
+		switch v, err := getValue(txn, importKey(id)); {
+		case err == nil:
+			im, err := decodeImport(v)
+			if err != nil {
+				return err
+			}
+			drops = append(drops, im.box)
+			if err := txn.Delete(importKey(id)); err != nil {
+				return err
+			}
+		case !errors.Is(err, badger.ErrKeyNotFound):
+			return err
+		}
+		if len(drops) == 0 {
+			return nil
+		}
 		if err := txn.Delete(catalogKey(id)); err != nil {
 			return err
 		}
-		return txn.Set(dropKey(b), nil)
+		for _, b := range drops {
+			if err := txn.Set(dropKey(b), nil); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("drop store %q: %w", id, err)
 	}
 	delete(db.catalog, id)
-	db.startDrop(b)
+	for _, b := range drops {
+		db.startDrop(b)
+	}
 	return nil
 }
 

@@ -121,6 +121,11 @@ type Store struct {
 	dict   atomic.Pointer[s2.Dict]
 	dictMu sync.Mutex
 
+	// seed is the stored positions a copy seeded the mailbox with (copy.go), read at open; recovery, guarded by
+	// mmu, its recovery record.
+	seed     []Position
+	recovery Recovery
+
 	// Since Open: items and bytes deleted by retention passes, and items whose keys the sweep removed.
 	deleted, deletedBytes, swept atomic.Int64
 }
@@ -181,6 +186,9 @@ func newStore(db *DB, opts Options, b box) (*Store, error) {
 	}
 	if err != nil && !errors.Is(err, badger.ErrKeyNotFound) {
 		return nil, fmt.Errorf("open store %q: read compression dictionary: %w", opts.ID, err)
+	}
+	if err := s.loadRecovery(txn); err != nil {
+		return nil, fmt.Errorf("open store %q: read recovery record: %w", opts.ID, err)
 	}
 	s.wm = s.m
 	s.wfloor = s.m.floor()
