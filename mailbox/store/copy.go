@@ -54,7 +54,7 @@ type Recovery struct {
 	Copied bool `json:"copied,omitempty"`
 	// Incomplete: the history has a gap at its start, the mailbox (or the one it was copied from) having been
 	// built from Kafka when an earlier copy of it existed and could not be had.
-	Incomplete      bool      `json:"incomplete,omitempty"`
+	Incomplete bool `json:"incomplete,omitempty"`
 	// Bytes and Events copied.
 	Bytes  int64 `json:"bytes,omitempty"`
 	Events int64 `json:"events,omitempty"`
