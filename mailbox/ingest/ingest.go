@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -150,6 +151,12 @@ type Config struct {
 	// the dead-letter topics are checked once for all of them. Unset, Start
 	// connects and checks on its own.
 	Kafka *Kafka
+
+	// Start is where a partition starts when the group's committed offset is behind it (or there is none): the
+	// stored positions a copy seeded the mailbox with (docs/architecture.md#peer-recovery), since a new group
+	// would start at the oldest offset and one committed behind would redeliver what the copy holds. A committed
+	// offset past it wins: the mailbox stored that far itself.
+	Start []Position
 
 	// process turns a record's value into an item; tests replace it. nil = envelope.Process.
 	process func(raw []byte, mode envelope.Mode, log *slog.Logger) (*mailboxv1.MailboxItem, error)
@@ -365,6 +372,13 @@ type handler struct {
 }
 
 func (h *handler) Setup(s sarama.ConsumerGroupSession) error {
+	// Before the claims start consuming: each starts at its partition's marked offset, and marking only moves
+	// an offset forward.
+	for _, p := range h.i.cfg.Start {
+		if slices.Contains(s.Claims()[p.Topic], p.Partition) {
+			s.MarkOffset(p.Topic, p.Partition, p.Next, "")
+		}
+	}
 	h.commits = startCommitter(s)
 	h.i.lag.begin(s.Claims())
 	h.i.consuming.Store(true)
