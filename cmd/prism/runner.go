@@ -56,6 +56,11 @@ type runnerFlags struct {
 	enablePprof   bool
 	blockRate     int
 	mutexFraction int
+	// recoveryRate and recoveryGiveUp bound peer recovery: the bytes per
+	// second this runner sends copies at, and how long a mailbox seeding
+	// from a copy goes on failing before it reads Kafka instead.
+	recoveryRate   string
+	recoveryGiveUp time.Duration
 }
 
 // defaultControlAddr is where the injected sidecar looks for the runner
@@ -90,6 +95,8 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	f.conn.register(fs, "--grpc-addr, --http-addr and --control-addr")
 	// Kept so that a runner upgraded with its old command line still
 	// starts: the budget no longer depends on how many mailboxes open.
+	fs.StringVar(&f.recoveryRate, "recovery-rate", "100MiB", "peer recovery: bytes per second this runner sends, all copies of its mailboxes together, to runners seeding a moved mailbox from them, e.g. 50MiB")
+	fs.DurationVar(&f.recoveryGiveUp, "recovery-give-up", 2*time.Minute, "peer recovery: how long a mailbox seeding from a copy of its namespace's previous mailbox goes on failing without progress before it reads its topics from the oldest offset Kafka holds and reports its history incomplete")
 	fs.IntVar(&f.expectedMailboxes, "expected-mailboxes", 0, "ignored")
 	_ = fs.MarkDeprecated("expected-mailboxes", "it is ignored: the runner's mailboxes share one store, sized from --memory-budget alone")
 }
@@ -135,6 +142,14 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 	if cfg.Runner.MemoryBudget, err = f.mem.bytes(); err != nil {
 		return cfg, err
 	}
+	rate, err := humanize.ParseBytes(f.recoveryRate)
+	if err != nil || rate == 0 || rate > 1<<62 {
+		return cfg, fmt.Errorf("--recovery-rate %q: want a positive size per second, e.g. 100MiB", f.recoveryRate)
+	}
+	if f.recoveryGiveUp <= 0 {
+		return cfg, fmt.Errorf("--recovery-give-up: want a positive duration, got %v", f.recoveryGiveUp)
+	}
+	cfg.Runner.RecoveryRate, cfg.Runner.RecoveryGiveUp = int64(rate), f.recoveryGiveUp
 	if f.mailbox == "" {
 		if cfg.ControlAddr == "" {
 			cfg.ControlAddr = defaultControlAddr

@@ -64,6 +64,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/internal/boottime"
@@ -91,6 +92,8 @@ type Host interface {
 	Status(id string) (runner.Status, bool)
 	// Statuses is Status of every mailbox the runner serves, read at once.
 	Statuses() map[string]runner.Status
+	// AllowRecovery sets which proxies may copy mailbox id (nil: none).
+	AllowRecovery(id string, proxies []string)
 }
 
 // Config of a Server. Host is required.
@@ -129,7 +132,10 @@ type entry struct {
 	mu    sync.Mutex
 	id    string
 	cfg   *runnerv1.MailboxConfig
-	state state
+	// recover is the live mailbox to seed this one from (the last
+	// OpenMailbox's recover_from), used when the runner opens it.
+	recover *runnerv1.RecoverySource
+	state   state
 	epoch uint64
 
 	deadline    time.Time   // while serving: when the runner fences by itself
@@ -263,9 +269,17 @@ func (s *Server) open(req *runnerv1.OpenMailboxRequest) (*runnerv1.MailboxStatus
 			return nil, err
 		}
 	}
+	if src := req.GetRecoverFrom(); src != nil {
+		if err := mesh.ValidateID("recover_from.mailbox_id", src.GetMailboxId()); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "open %s: %v", id, err)
+		}
+		if src.GetMailboxId() == id || src.GetAddress() == "" {
+			return nil, status.Errorf(codes.InvalidArgument, "open %s: recover_from: another mailbox and its runner's address are required", id)
+		}
+	}
 	// Locked before it is published, and held while opening: nobody sees
 	// it in stateOpening.
-	fresh := &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), state: stateOpening}
+	fresh := &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), recover: proto.CloneOf(req.GetRecoverFrom()), state: stateOpening}
 	fresh.mu.Lock()
 	opened := fresh.slowLocked()
 	s.mu.Lock()
@@ -300,6 +314,10 @@ func (s *Server) open(req *runnerv1.OpenMailboxRequest) (*runnerv1.MailboxStatus
 		e.mu.Lock()
 		same := proto.Equal(e.cfg, req.GetConfig())
 		_, refused := next(e.state, evOpen)
+		if same && refused == nil {
+			// The placement may name a source later than the first open.
+			e.recover = proto.CloneOf(req.GetRecoverFrom())
+		}
 		e.mu.Unlock()
 		if refused != nil {
 			return nil, status.Errorf(codes.Unavailable, "open %s: closed or failed meanwhile; retry: %v", id, refused)
@@ -365,6 +383,9 @@ func (s *Server) activate(id string, epoch uint64, vf *durationpb.Duration, boun
 		mc, err := toRunnerConfig(id, e.cfg, epoch)
 		if err != nil {
 			return nil, err
+		}
+		if src := e.recover; src != nil {
+			mc.Recover = &runner.RecoverySource{MailboxID: src.GetMailboxId(), Address: src.GetAddress()}
 		}
 		defer e.slowLocked()()
 		start := time.Now()
@@ -615,6 +636,7 @@ func (s *Server) close(id string) (bool, error) {
 	s.mu.Lock()
 	delete(s.mailboxes, id)
 	s.mu.Unlock()
+	s.host.AllowRecovery(id, nil)
 	if err != nil {
 		s.log.Error("mailbox closed with errors", "mailbox_id", id, "epoch", e.epoch, "err", err)
 		return true, status.Errorf(codes.Internal, "close %s: %v", id, err)
@@ -765,7 +787,70 @@ func statusOf(id string, p *published, hs runner.Status, hosted bool, now time.T
 	if hs.StoreKnown {
 		st.EventsStored, st.StorageBytes = hs.Events, hs.Bytes
 	}
+	st.Recovery = recoveryOf(hs.Recovery)
 	return st
+}
+
+// recoveryOf is a mailbox's recovery on the wire.
+func recoveryOf(rs runner.RecoveryStatus) *runnerv1.RecoveryStatus {
+	out := &runnerv1.RecoveryStatus{
+		SourceMailboxId: rs.Source, BytesCopied: rs.Bytes, EventsCopied: rs.Events,
+		HistoryComplete: rs.HistoryComplete, Error: rs.Err,
+	}
+	switch rs.State {
+	case runner.RecoveryCopying:
+		out.State = runnerv1.RecoveryState_RECOVERY_STATE_COPYING
+	case runner.RecoveryCopied:
+		out.State = runnerv1.RecoveryState_RECOVERY_STATE_COPIED
+	case runner.RecoveryIncomplete:
+		out.State = runnerv1.RecoveryState_RECOVERY_STATE_INCOMPLETE
+	default:
+		out.State = runnerv1.RecoveryState_RECOVERY_STATE_NONE
+	}
+	for _, ts := range []struct {
+		t  time.Time
+		to **timestamppb.Timestamp
+	}{{rs.Started, &out.StartedAt}, {rs.Finished, &out.FinishedAt}, {rs.HistoryStartsAt, &out.HistoryStartsAt}} {
+		if !ts.t.IsZero() {
+			*ts.to = timestamppb.New(ts.t)
+		}
+	}
+	return out
+}
+
+// AllowRecovery implements RunnerControl.
+func (s *Server) AllowRecovery(_ context.Context, req *runnerv1.AllowRecoveryRequest) (*runnerv1.AllowRecoveryResponse, error) {
+	err := s.allowRecovery(req)
+	s.count("AllowRecovery", err)
+	if err != nil {
+		return nil, err
+	}
+	return &runnerv1.AllowRecoveryResponse{}, nil
+}
+
+func (s *Server) allowRecovery(req *runnerv1.AllowRecoveryRequest) error {
+	id := req.GetMailboxId()
+	for i, p := range req.GetProxyIds() {
+		if err := mesh.ValidateProxyID(p); err != nil {
+			return status.Errorf(codes.InvalidArgument, "allow recovery of %s: proxy_ids[%d]: %v", id, i, err)
+		}
+	}
+	e, err := s.lookup(id)
+	if err != nil {
+		return err
+	}
+	// Under the entry's lock, so a close (which clears the set) is not undone.
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.mu.Lock()
+	known := s.mailboxes[id] == e
+	s.mu.Unlock()
+	if !known {
+		return status.Errorf(codes.NotFound, "mailbox %s: not open (OpenMailbox first)", id)
+	}
+	s.host.AllowRecovery(id, req.GetProxyIds())
+	s.log.Info("recovery peers set", "mailbox_id", id, "proxy_ids", req.GetProxyIds())
+	return nil
 }
 
 func (s *Server) lookup(id string) (*entry, error) {

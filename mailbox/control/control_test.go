@@ -45,6 +45,20 @@ type fakeHost struct {
 	expired map[string]bool
 	// validFor is the last time left each mailbox was given (SetValidFor).
 	validFor map[string]time.Duration
+	// allowed is each mailbox's recovery peers (AllowRecovery).
+	allowed map[string][]string
+	// recovery is each mailbox's reported recovery.
+	recovery map[string]runner.RecoveryStatus
+}
+
+func (h *fakeHost) AllowRecovery(id string, proxies []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(proxies) == 0 {
+		delete(h.allowed, id)
+		return
+	}
+	h.allowed[id] = proxies
 }
 
 // gate waits until the gate of call, if any, is open.
@@ -58,7 +72,7 @@ func (h *fakeHost) gate(call string) {
 }
 
 func newFakeHost() *fakeHost {
-	return &fakeHost{open: map[string]runner.MailboxConfig{}, drained: map[string]bool{}}
+	return &fakeHost{open: map[string]runner.MailboxConfig{}, drained: map[string]bool{}, allowed: map[string][]string{}, recovery: map[string]runner.RecoveryStatus{}}
 }
 
 func (h *fakeHost) Drain(id string) error {
@@ -170,7 +184,7 @@ func (h *fakeHost) statusLocked(id string) (runner.Status, bool) {
 	lag, lagKnown := h.lags[id]
 	return runner.Status{
 		Consuming: h.consumingLocked(id), Lag: lag, LagKnown: lagKnown, Positions: h.positions[id],
-		Events: 7, Bytes: 700, StoreKnown: true, QueriesServed: h.queries[id],
+		Events: 7, Bytes: 700, StoreKnown: true, QueriesServed: h.queries[id], Recovery: h.recovery[id],
 	}, true
 }
 

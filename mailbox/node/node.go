@@ -194,6 +194,7 @@ func controlServerOptions(src *pki.Source) []grpc.ServerOption {
 		runnerv1.RunnerControl_CloseMailbox_FullMethodName:    onlySelf,
 		runnerv1.RunnerControl_Drain_FullMethodName:           onlySelf,
 		runnerv1.RunnerControl_GetStats_FullMethodName:        onlySelf,
+		runnerv1.RunnerControl_AllowRecovery_FullMethodName:   onlySelf,
 	}
 	return []grpc.ServerOption{
 		grpc.Creds(credentials.NewTLS(src.ServerConfig(pki.Exactly(self)))),

@@ -71,6 +71,9 @@ func TestTLSControlAPIOnlyItsOwnSidecar(t *testing.T) {
 	if _, err := own.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: "a@p1", Epoch: 3, ValidFor: validFor}); err != nil {
 		t.Fatalf("the sidecar's ActivateMailbox: %v", err)
 	}
+	if _, err := own.AllowRecovery(ctx, &runnerv1.AllowRecoveryRequest{MailboxId: "a@p1", ProxyIds: []string{"p2"}}); err != nil {
+		t.Fatalf("the sidecar's AllowRecovery: %v", err)
+	}
 
 	expired := p.Expired(identity.Proxy, "p1")
 	for _, tc := range []struct {
@@ -102,6 +105,10 @@ func TestTLSControlAPIOnlyItsOwnSidecar(t *testing.T) {
 				},
 				"GetStats": func() error {
 					_, err := other.GetStats(ctx, &runnerv1.GetStatsRequest{})
+					return err
+				},
+				"AllowRecovery": func() error {
+					_, err := other.AllowRecovery(ctx, &runnerv1.AllowRecoveryRequest{MailboxId: "a@p1", ProxyIds: []string{"p2"}})
 					return err
 				},
 			}

@@ -74,8 +74,8 @@ type ServerConfig struct {
 	Linger time.Duration
 	// MaxSnapshots bounds the snapshots held at once (0: DefaultMaxSnapshots); more are ResourceExhausted.
 	MaxSnapshots int
-	Clock        clock.WithDelayedExecution // nil = clock.RealClock{}
-	Logger       *slog.Logger               // nil = slog.Default()
+	Clock        clock.Clock  // nil = clock.RealClock{}
+	Logger       *slog.Logger // nil = slog.Default()
 }
 
 // Server implements runnerv1.MailboxRecoveryServer.
@@ -94,8 +94,8 @@ type held struct {
 	id, mailbox, caller string
 	sn                  *store.Snapshot
 	positions           []*runnerv1.StoredPosition
-	streams             int         // reading it now
-	timer               clock.Timer // releases it once no stream has read it for Linger
+	streams             int           // reading it now
+	linger              chan struct{} // closed to stop the wait that releases it after Linger; nil while read
 	entries, bytes      int64       // sent, over all its streams
 }
 
@@ -143,9 +143,7 @@ func (s *Server) releaseLocked(h *held) {
 		return
 	}
 	delete(s.held, h.id)
-	if h.timer != nil {
-		h.timer.Stop()
-	}
+	h.stopLinger()
 	h.sn.Close()
 }
 
@@ -223,10 +221,7 @@ func (s *Server) hold(req *runnerv1.FetchMailboxRequest, caller string) (*held, 
 			return nil, status.Errorf(codes.Aborted, "fetch %s: snapshot %q is no longer held here; start over", id, want)
 		}
 		h.streams++
-		if h.timer != nil {
-			h.timer.Stop()
-			h.timer = nil
-		}
+		h.stopLinger()
 		return h, nil
 	}
 	s.mu.Lock()
@@ -268,13 +263,29 @@ func (s *Server) unhold(h *held) {
 	if h.streams--; h.streams > 0 || s.held[h.id] != h {
 		return
 	}
-	h.timer = s.cfg.Clock.AfterFunc(s.cfg.Linger, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if h.streams == 0 {
-			s.releaseLocked(h)
+	stop := make(chan struct{})
+	h.linger = stop
+	t := s.cfg.Clock.NewTimer(s.cfg.Linger)
+	go func() {
+		defer t.Stop()
+		select {
+		case <-stop:
+		case <-t.C():
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if h.linger == stop {
+				s.releaseLocked(h)
+			}
 		}
-	})
+	}()
+}
+
+// stopLinger stops h's release after Linger, if one is waiting; the server's mu is held.
+func (h *held) stopLinger() {
+	if h.linger != nil {
+		close(h.linger)
+		h.linger = nil
+	}
 }
 
 // Held is how many snapshots the server holds.

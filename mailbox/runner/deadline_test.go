@@ -102,7 +102,7 @@ func TestIngestStoresNothingPastTheLeaseDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.mu.RLock()
-	st := r.mailboxes[id].store
+	st := r.mailboxes[id].store.Load()
 	r.mu.RUnlock()
 	stored := func() int64 {
 		s, err := st.Stats(context.Background())

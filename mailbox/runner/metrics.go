@@ -39,7 +39,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descOpenFailed, prometheus.GaugeValue, 1, id)
 	}
 	for id, mb := range c.r.mailboxes {
-		u := mb.store.Usage()
+		u := mb.store.Load().Usage()
 		ch <- prometheus.MustNewConstMetric(descStoredEvents, prometheus.GaugeValue, float64(u.Events), id)
 		ch <- prometheus.MustNewConstMetric(descStoredBytes, prometheus.GaugeValue, float64(u.Bytes), id)
 		if !u.Floor.IsZero() {

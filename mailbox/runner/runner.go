@@ -43,12 +43,14 @@ import (
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/query"
+	"github.com/prism-mesh/prism/mailbox/recovery"
 	"github.com/prism-mesh/prism/mailbox/query/httpapi"
 	"github.com/prism-mesh/prism/mailbox/store"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
 // Config of a runner. Brokers and DataDir are shared by its mailboxes.
@@ -114,6 +116,14 @@ type Config struct {
 	// the cores when it gives the runtime a P more than the cores, so that a
 	// woken query handler finds an idle P.
 	IngestLanes int
+	// RecoveryRate bounds the bytes per second this runner sends, all
+	// copies together, to runners seeding mailboxes from its own by peer
+	// recovery (0: recovery.DefaultRate, 100 MiB/s).
+	RecoveryRate int64
+	// RecoveryGiveUp is how long a mailbox seeding from a copy goes on
+	// failing without progress before it falls back to Kafka
+	// (0: recovery.DefaultGiveUp).
+	RecoveryGiveUp time.Duration
 	// Pprof also serves Go's runtime profiles and runtime/metrics under
 	// /debug/ on the plaintext HTTP port (debughttp.With).
 	Pprof bool
@@ -129,6 +139,9 @@ type MailboxConfig struct {
 	// Epoch is the lease epoch the mailbox is served under from its first
 	// query on, so a lease-driven mailbox is never visible without one.
 	Epoch uint64
+	// Recover, when set, is the live mailbox to seed this one from by peer
+	// recovery (recovery.go), taken only while this one holds nothing.
+	Recover *RecoverySource
 }
 
 // ErrNotOpen is returned for a mailbox id the runner does not host.
@@ -139,11 +152,18 @@ var ErrNotOpen = errors.New("mailbox not open")
 var ErrDeadlinePassed = errors.New("lease deadline passed")
 
 type mailbox struct {
-	cfg          MailboxConfig
-	store        *store.Store
+	cfg MailboxConfig
+	// store and ingest are swapped once, by a recovery that completes
+	// (recovery.go): the copy's store replaces the empty one, and ingest,
+	// nil until then, starts. Without recovery they are set before the
+	// mailbox is published.
+	store        atomic.Pointer[store.Store]
 	reads        readGuard
-	ingest       *ingest.Ingester
+	ingest       atomic.Pointer[ingest.Ingester]
 	epoch        atomic.Uint64
+	// recovery is the peer recovery seeding the mailbox; nil when none
+	// was asked or the mailbox held data of its own.
+	recovery     *recovering
 	stopRetain   context.CancelFunc
 	retainExited chan struct{}
 	// until is the deadline of the lease it is served under (SetValidFor);
@@ -206,6 +226,11 @@ type Runner struct {
 	// mailbox in it (DB.Open); tests hold them.
 	openDB   func(store.DBOptions) (*store.DB, error)
 	openView func(*store.DB, store.Options) (*store.Store, error)
+
+	// recoverySrv serves copies of the mailboxes held here (recovery.go);
+	// allowed, guarded by mu, is who may fetch each (AllowRecovery).
+	recoverySrv *recovery.Server
+	allowed     map[string][]string
 }
 
 // New makes a runner hosting no mailbox yet.
@@ -247,11 +272,13 @@ func New(cfg Config) (*Runner, error) {
 		failed:    map[string]error{},
 		openDB:    store.OpenDB,
 		openView:  (*store.DB).Open,
+		allowed:   map[string][]string{},
 		openFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_mailbox_open_failures_total",
 			Help: "Mailbox store opens that failed, by reason: damaged (a file of the runner's store is unreadable: every mailbox's open fails; move the store aside), old_layout (a mailbox's store written by an older version; rebuild it with prism runner rebuild), no_space, other.",
 		}, []string{"reason"}),
 	}
+	r.recoverySrv = recovery.NewServer(recovery.ServerConfig{Source: r, Rate: cfg.RecoveryRate, Clock: cfg.Clock, Logger: cfg.Logger})
 	for _, reason := range []string{"damaged", "old_layout", "no_space", "other"} {
 		r.openFailures.WithLabelValues(reason)
 	}
@@ -414,7 +441,11 @@ func (r *Runner) openInStore(mc MailboxConfig) (*store.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r.openView(db, store.Options{ID: mc.ID, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)})
+	return r.openView(db, r.storeOptions(mc))
+}
+
+func (r *Runner) storeOptions(mc MailboxConfig) store.Options {
+	return store.Options{ID: mc.ID, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)}
 }
 
 // openStoreDB is r.db's open of the runner's store: a panic in it (a
@@ -584,22 +615,65 @@ func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
 		icfg.Space = r.disk
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	mb := &mailbox{cfg: mc, store: st, stopRetain: cancel, retainExited: make(chan struct{})}
+	mb := &mailbox{cfg: mc, stopRetain: cancel, retainExited: make(chan struct{})}
+	mb.store.Store(st)
+	mb.epoch.Store(mc.Epoch)
+	rec, err := r.recoveryFor(mc, st)
+	if err != nil {
+		cancel()
+		_ = st.Close()
+		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
+	}
+	if rec != nil {
+		// Consumed only once the copy is in: recover starts ingest and
+		// retention on the copy's store.
+		mb.recovery = rec
+		go func() {
+			defer close(mb.retainExited)
+			r.recover(ctx, mb, icfg)
+		}()
+		return mb, nil
+	}
+	icfg.Start = seedPositions(st)
 	ing, err := ingest.Start(icfg, leaseWriter{mb: mb, clock: r.cfg.Clock})
 	if err != nil {
 		cancel()
 		_ = st.Close()
 		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
 	}
-	mb.ingest = ing
-	mb.epoch.Store(mc.Epoch)
+	mb.ingest.Store(ing)
 	go func() {
 		defer close(mb.retainExited)
-		if mc.MaxAge > 0 || mc.MaxSize > 0 {
-			st.RunRetention(ctx, r.cfg.RetentionInterval, r.cfg.Clock)
-		}
+		r.retain(ctx, mb)
 	}()
 	return mb, nil
+}
+
+// retain runs mb's retention until ctx is done.
+func (r *Runner) retain(ctx context.Context, mb *mailbox) {
+	if mb.cfg.MaxAge > 0 || mb.cfg.MaxSize > 0 {
+		mb.store.Load().RunRetention(ctx, r.cfg.RetentionInterval, r.cfg.Clock)
+	}
+}
+
+// closeIngest stops mb's ingest, if it has one: a mailbox being recovered
+// first ends its recovery, which may start one meanwhile (an import cut
+// there resumes on the next open).
+func (mb *mailbox) closeIngest() error {
+	if mb.recovery != nil {
+		mb.stopRetain()
+		<-mb.retainExited
+	}
+	if ing := mb.ingest.Load(); ing != nil {
+		return ing.Close()
+	}
+	return nil
+}
+
+// consuming reports whether mb's ingest is in a group session.
+func (mb *mailbox) consuming() bool {
+	ing := mb.ingest.Load()
+	return ing != nil && ing.Consuming()
 }
 
 // CloseMailbox stops serving mailbox id at once (queries get NotFound from
@@ -619,11 +693,11 @@ func (r *Runner) CloseMailbox(id string) error {
 }
 
 func (r *Runner) closeMailbox(mb *mailbox) error {
-	errIngest := mb.ingest.Close()
+	errIngest := mb.closeIngest()
 	mb.stopRetain()
 	<-mb.retainExited
 	mb.reads.close()
-	errStore := mb.store.Close()
+	errStore := mb.store.Load().Close()
 	r.queryM.Forget(mb.cfg.ID)
 	r.log.Info("mailbox closed", "mailbox_id", mb.cfg.ID, "epoch", mb.epoch.Load())
 	if err := errors.Join(errIngest, errStore); err != nil {
@@ -643,7 +717,7 @@ func (r *Runner) Drain(id string) error {
 	if !ok {
 		return fmt.Errorf("drain %s: %w", id, ErrNotOpen)
 	}
-	if err := mb.ingest.Close(); err != nil {
+	if err := mb.closeIngest(); err != nil {
 		return fmt.Errorf("drain %s: %w", id, err)
 	}
 	return nil
@@ -679,7 +753,7 @@ func (w leaseWriter) Write(ctx context.Context, items []*mailboxv1.MailboxItem) 
 	if w.mb.expired(w.clock.Now()) {
 		return store.WriteResult{}, fmt.Errorf("mailbox %s: %w, nothing stored past it: %w", w.mb.cfg.ID, ErrDeadlinePassed, context.DeadlineExceeded)
 	}
-	return w.mb.store.Write(ctx, items)
+	return w.mb.store.Load().Write(ctx, items)
 }
 
 // SetValidFor has mailbox id served only for d from now, on the runner's
@@ -744,6 +818,13 @@ func (g *readGuard) close() {
 	g.mu.Unlock()
 }
 
+// reopen serves reads again after close, once the store is swapped.
+func (g *readGuard) reopen() {
+	g.mu.Lock()
+	g.closed = false
+	g.mu.Unlock()
+}
+
 // guarded is a mailbox's store as the query servers see it.
 type guarded struct{ mb *mailbox }
 
@@ -752,7 +833,7 @@ func (g guarded) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv
 		return nil, err
 	}
 	defer g.mb.reads.release()
-	return g.mb.store.Query(ctx, f)
+	return g.mb.store.Load().Query(ctx, f)
 }
 
 func (g guarded) Get(ctx context.Context, id string) (*mailboxv1.MailboxItem, error) {
@@ -760,7 +841,7 @@ func (g guarded) Get(ctx context.Context, id string) (*mailboxv1.MailboxItem, er
 		return nil, err
 	}
 	defer g.mb.reads.release()
-	return g.mb.store.Get(ctx, id)
+	return g.mb.store.Load().Get(ctx, id)
 }
 
 func (g guarded) Stats(ctx context.Context) (*mailboxv1.MailboxStats, error) {
@@ -768,7 +849,12 @@ func (g guarded) Stats(ctx context.Context) (*mailboxv1.MailboxStats, error) {
 		return nil, err
 	}
 	defer g.mb.reads.release()
-	return g.mb.store.Stats(ctx)
+	st, err := g.mb.store.Load().Stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	setHistory(st, g.mb.recoveryStatus())
+	return st, nil
 }
 
 // Stats returns mailbox id's store totals with id and epoch filled in.
@@ -791,7 +877,7 @@ func (r *Runner) Consuming(id string) bool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	mb, ok := r.mailboxes[id]
-	return ok && mb.ingest.Consuming()
+	return ok && mb.consuming()
 }
 
 // IDs lists the mailboxes served, sorted: open and within their lease
@@ -823,7 +909,7 @@ func (r *Runner) Ready() error {
 	}
 	var notConsuming []string
 	for id, mb := range r.mailboxes {
-		if !mb.ingest.Consuming() {
+		if !mb.consuming() {
 			notConsuming = append(notConsuming, id)
 		}
 	}
@@ -893,6 +979,7 @@ func (r *Runner) probeHandler() http.Handler {
 // RegisterGRPC adds MailboxQuery and the gRPC health service to s.
 func (r *Runner) RegisterGRPC(s *grpc.Server) {
 	query.NewGRPCServer(r, r.queryM).Register(s)
+	r.recoverySrv.Register(s)
 	healthpb.RegisterHealthServer(s, r.health)
 }
 
@@ -911,6 +998,9 @@ func queryPolicy() identity.Policy {
 		mailboxv1.MailboxQuery_QueryEvents_FullMethodName: queries,
 		mailboxv1.MailboxQuery_GetEvent_FullMethodName:    queries,
 		mailboxv1.MailboxQuery_GetStats_FullMethodName:    queries,
+		// Any proxy's runner may ask; the server lets through only those
+		// the mailbox's placement allows (RecoveryAllowed).
+		runnerv1.MailboxRecovery_FetchMailbox_FullMethodName: identity.AnyOf(identity.Proxy),
 		healthpb.Health_Check_FullMethodName:              anyone,
 		healthpb.Health_List_FullMethodName:               anyone,
 		healthpb.Health_Watch_FullMethodName:              anyone,
@@ -1065,7 +1155,7 @@ func (r *Runner) Close() error {
 	var wg sync.WaitGroup
 	ingestErrs := make([]error, len(mbs))
 	for i, mb := range mbs {
-		wg.Go(func() { ingestErrs[i] = mb.ingest.Close() })
+		wg.Go(func() { ingestErrs[i] = mb.closeIngest() })
 	}
 	wg.Wait()
 	errs := ingestErrs
@@ -1089,6 +1179,8 @@ func (r *Runner) Close() error {
 	for _, mb := range mbs {
 		errs = append(errs, r.closeMailbox(mb))
 	}
+	// Before the store: the snapshots held for copies read it.
+	r.recoverySrv.Close()
 	for id, st := range prepared {
 		if err := st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close prepared %s: %w", id, err))

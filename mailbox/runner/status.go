@@ -26,6 +26,9 @@ type Status struct {
 	Events, Bytes int64
 	StoreKnown    bool
 	QueriesServed int64
+	// Recovery is the mailbox's peer recovery and whether it holds its
+	// whole history.
+	Recovery RecoveryStatus
 }
 
 // Statuses is the status of every mailbox the runner serves. It holds the
@@ -64,13 +67,15 @@ func (r *Runner) Status(id string) (Status, bool) {
 }
 
 func (r *Runner) status(mb *mailbox) Status {
-	st := Status{Consuming: mb.ingest.Consuming(), QueriesServed: r.queryM.Served(mb.cfg.ID)}
-	st.Lag, st.LagKnown = mb.ingest.Lag()
-	st.Positions, _ = mb.ingest.Positions()
+	st := Status{Consuming: mb.consuming(), QueriesServed: r.queryM.Served(mb.cfg.ID), Recovery: mb.recoveryStatus()}
+	if ing := mb.ingest.Load(); ing != nil {
+		st.Lag, st.LagKnown = ing.Lag()
+		st.Positions, _ = ing.Positions()
+	}
 	// The store itself, not the guarded view: its totals are an in-memory
 	// copy read under a lock held for a pointer swap, safe on a closed
 	// store, whereas the read guard waits for the queries of a closing one.
-	if ms, err := mb.store.Stats(context.Background()); err == nil {
+	if ms, err := mb.store.Load().Stats(context.Background()); err == nil {
 		st.Events, st.Bytes, st.StoreKnown = ms.GetTotalEvents(), ms.GetTotalBytes(), true
 	}
 	return st

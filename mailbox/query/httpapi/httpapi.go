@@ -44,6 +44,10 @@ type statsJSON struct {
 	OldestEvent string `json:"oldest_event,omitempty"`
 	NewestEvent string `json:"newest_event,omitempty"`
 	Epoch       uint64 `json:"epoch,omitempty"`
+	// HistoryComplete is false when the mailbox lacks the start of its namespace's history
+	// (docs/architecture.md#peer-recovery); HistoryStartsAt is then where it starts.
+	HistoryComplete bool   `json:"history_complete"`
+	HistoryStartsAt string `json:"history_starts_at,omitempty"`
 }
 
 var envelopeJSON = protojson.MarshalOptions{UseProtoNames: true}
@@ -250,7 +254,11 @@ func WriteEvent(w http.ResponseWriter, id string, it *mailboxv1.MailboxItem) {
 
 // WriteStats answers 200 with a mailbox's totals.
 func WriteStats(w http.ResponseWriter, st *mailboxv1.MailboxStats) {
-	out := statsJSON{MailboxID: st.GetMailboxId(), TotalEvents: st.GetTotalEvents(), TotalBytes: st.GetTotalBytes(), Epoch: st.GetEpoch()}
+	out := statsJSON{MailboxID: st.GetMailboxId(), TotalEvents: st.GetTotalEvents(), TotalBytes: st.GetTotalBytes(), Epoch: st.GetEpoch(),
+		HistoryComplete: !st.GetHistoryIncomplete()}
+	if st.GetHistoryIncomplete() && st.GetHistoryStartsAt() != nil {
+		out.HistoryStartsAt = st.GetHistoryStartsAt().AsTime().Format(time.RFC3339Nano)
+	}
 	if st.GetOldestEvent() != nil {
 		out.OldestEvent = st.GetOldestEvent().AsTime().Format(time.RFC3339Nano)
 	}

@@ -514,9 +514,17 @@ type MailboxStats struct {
 	OldestEvent *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_event,json=oldestEvent,proto3" json:"oldest_event,omitempty"`
 	NewestEvent *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=newest_event,json=newestEvent,proto3" json:"newest_event,omitempty"`
 	// Lease epoch the runner serves this mailbox under; 0 without a lease.
-	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The mailbox does not hold its namespace's whole history: it (or the
+	// mailbox it was copied from) was built from Kafka when no copy of an
+	// earlier mailbox could be had, so what Kafka had deleted is missing
+	// (docs/architecture.md#peer-recovery). False for a runner older than
+	// the field.
+	HistoryIncomplete bool `protobuf:"varint,7,opt,name=history_incomplete,json=historyIncomplete,proto3" json:"history_incomplete,omitempty"`
+	// When incomplete: the oldest event held, where the history starts.
+	HistoryStartsAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=history_starts_at,json=historyStartsAt,proto3" json:"history_starts_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *MailboxStats) Reset() {
@@ -589,6 +597,20 @@ func (x *MailboxStats) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *MailboxStats) GetHistoryIncomplete() bool {
+	if x != nil {
+		return x.HistoryIncomplete
+	}
+	return false
+}
+
+func (x *MailboxStats) GetHistoryStartsAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HistoryStartsAt
+	}
+	return nil
 }
 
 type GetStatsResponse struct {
@@ -686,7 +708,7 @@ const file_prism_mailbox_v1_mailbox_proto_rawDesc = "" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\"E\n" +
 	"\x10GetEventResponse\x121\n" +
 	"\x04item\x18\x01 \x01(\v2\x1d.prism.mailbox.v1.MailboxItemR\x04item\"\x11\n" +
-	"\x0fGetStatsRequest\"\x85\x02\n" +
+	"\x0fGetStatsRequest\"\xfc\x02\n" +
 	"\fMailboxStats\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12!\n" +
@@ -695,7 +717,9 @@ const file_prism_mailbox_v1_mailbox_proto_rawDesc = "" +
 	"totalBytes\x12=\n" +
 	"\foldest_event\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\voldestEvent\x12=\n" +
 	"\fnewest_event\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vnewestEvent\x12\x14\n" +
-	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\"H\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12-\n" +
+	"\x12history_incomplete\x18\a \x01(\bR\x11historyIncomplete\x12F\n" +
+	"\x11history_starts_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0fhistoryStartsAt\"H\n" +
 	"\x10GetStatsResponse\x124\n" +
 	"\x05stats\x18\x01 \x01(\v2\x1e.prism.mailbox.v1.MailboxStatsR\x05stats2\x90\x02\n" +
 	"\fMailboxQuery\x12Z\n" +
@@ -738,18 +762,19 @@ var file_prism_mailbox_v1_mailbox_proto_depIdxs = []int32{
 	0,  // 5: prism.mailbox.v1.GetEventResponse.item:type_name -> prism.mailbox.v1.MailboxItem
 	10, // 6: prism.mailbox.v1.MailboxStats.oldest_event:type_name -> google.protobuf.Timestamp
 	10, // 7: prism.mailbox.v1.MailboxStats.newest_event:type_name -> google.protobuf.Timestamp
-	7,  // 8: prism.mailbox.v1.GetStatsResponse.stats:type_name -> prism.mailbox.v1.MailboxStats
-	2,  // 9: prism.mailbox.v1.MailboxQuery.QueryEvents:input_type -> prism.mailbox.v1.QueryEventsRequest
-	4,  // 10: prism.mailbox.v1.MailboxQuery.GetEvent:input_type -> prism.mailbox.v1.GetEventRequest
-	6,  // 11: prism.mailbox.v1.MailboxQuery.GetStats:input_type -> prism.mailbox.v1.GetStatsRequest
-	3,  // 12: prism.mailbox.v1.MailboxQuery.QueryEvents:output_type -> prism.mailbox.v1.QueryEventsResponse
-	5,  // 13: prism.mailbox.v1.MailboxQuery.GetEvent:output_type -> prism.mailbox.v1.GetEventResponse
-	8,  // 14: prism.mailbox.v1.MailboxQuery.GetStats:output_type -> prism.mailbox.v1.GetStatsResponse
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	10, // 8: prism.mailbox.v1.MailboxStats.history_starts_at:type_name -> google.protobuf.Timestamp
+	7,  // 9: prism.mailbox.v1.GetStatsResponse.stats:type_name -> prism.mailbox.v1.MailboxStats
+	2,  // 10: prism.mailbox.v1.MailboxQuery.QueryEvents:input_type -> prism.mailbox.v1.QueryEventsRequest
+	4,  // 11: prism.mailbox.v1.MailboxQuery.GetEvent:input_type -> prism.mailbox.v1.GetEventRequest
+	6,  // 12: prism.mailbox.v1.MailboxQuery.GetStats:input_type -> prism.mailbox.v1.GetStatsRequest
+	3,  // 13: prism.mailbox.v1.MailboxQuery.QueryEvents:output_type -> prism.mailbox.v1.QueryEventsResponse
+	5,  // 14: prism.mailbox.v1.MailboxQuery.GetEvent:output_type -> prism.mailbox.v1.GetEventResponse
+	8,  // 15: prism.mailbox.v1.MailboxQuery.GetStats:output_type -> prism.mailbox.v1.GetStatsResponse
+	13, // [13:16] is the sub-list for method output_type
+	10, // [10:13] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_prism_mailbox_v1_mailbox_proto_init() }
