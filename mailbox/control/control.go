@@ -129,14 +129,14 @@ type Server struct {
 // entry is one mailbox; its mu orders the transitions of that mailbox
 // without holding up the others.
 type entry struct {
-	mu    sync.Mutex
-	id    string
-	cfg   *runnerv1.MailboxConfig
+	mu  sync.Mutex
+	id  string
+	cfg *runnerv1.MailboxConfig
 	// recover is the live mailbox to seed this one from (the last
 	// OpenMailbox's recover_from), used when the runner opens it.
 	recover *runnerv1.RecoverySource
 	state   state
-	epoch uint64
+	epoch   uint64
 
 	deadline    time.Time   // while serving: when the runner fences by itself
 	timer       clock.Timer // fires at deadline

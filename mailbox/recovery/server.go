@@ -96,7 +96,7 @@ type held struct {
 	positions           []*runnerv1.StoredPosition
 	streams             int           // reading it now
 	linger              chan struct{} // closed to stop the wait that releases it after Linger; nil while read
-	entries, bytes      int64       // sent, over all its streams
+	entries, bytes      int64         // sent, over all its streams
 }
 
 // NewServer makes a server holding no snapshot.

@@ -3,10 +3,11 @@ package runner
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"log/slog"
-	"strings"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -253,7 +254,7 @@ func TestFetchMailboxRefusals(t *testing.T) {
 	var done *runnerv1.RecoveryDone
 	for {
 		msg, err := stream.Recv()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

@@ -43,8 +43,8 @@ import (
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/query"
-	"github.com/prism-mesh/prism/mailbox/recovery"
 	"github.com/prism-mesh/prism/mailbox/query/httpapi"
+	"github.com/prism-mesh/prism/mailbox/recovery"
 	"github.com/prism-mesh/prism/mailbox/store"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
@@ -157,10 +157,10 @@ type mailbox struct {
 	// (recovery.go): the copy's store replaces the empty one, and ingest,
 	// nil until then, starts. Without recovery they are set before the
 	// mailbox is published.
-	store        atomic.Pointer[store.Store]
-	reads        readGuard
-	ingest       atomic.Pointer[ingest.Ingester]
-	epoch        atomic.Uint64
+	store  atomic.Pointer[store.Store]
+	reads  readGuard
+	ingest atomic.Pointer[ingest.Ingester]
+	epoch  atomic.Uint64
 	// recovery is the peer recovery seeding the mailbox; nil when none
 	// was asked or the mailbox held data of its own.
 	recovery     *recovering
@@ -1001,9 +1001,9 @@ func queryPolicy() identity.Policy {
 		// Any proxy's runner may ask; the server lets through only those
 		// the mailbox's placement allows (RecoveryAllowed).
 		runnerv1.MailboxRecovery_FetchMailbox_FullMethodName: identity.AnyOf(identity.Proxy),
-		healthpb.Health_Check_FullMethodName:              anyone,
-		healthpb.Health_List_FullMethodName:               anyone,
-		healthpb.Health_Watch_FullMethodName:              anyone,
+		healthpb.Health_Check_FullMethodName:                 anyone,
+		healthpb.Health_List_FullMethodName:                  anyone,
+		healthpb.Health_Watch_FullMethodName:                 anyone,
 	}
 }
 

@@ -1377,7 +1377,7 @@ type FetchMailboxResponse struct {
 	// to the mailbox (its number left out); the receiver puts them under its
 	// own.
 	Entries []*RecoveryEntry `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
-	// CRC-32C (Castagnoli) of the entries as encoded by RecoveryChunkChecksum:
+	// CRC-32C (Castagnoli) of the entries (mailbox/recovery.ChunkChecksum):
 	// for each entry, key length (uvarint), key, meta byte, value length
 	// (uvarint), value.
 	Crc32C uint32 `protobuf:"varint,3,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
