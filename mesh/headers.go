@@ -15,6 +15,11 @@ const (
 	// HeaderEpoch, in a response, is the lease epoch under which the mailbox
 	// answered, when it is known.
 	HeaderEpoch = "x-prism-epoch"
+	// HeaderLookupNonce, on a namespace query, is a value the gateway
+	// makes up to have grpc-go's namespace lookup asked anew rather than
+	// answered from its cache: it is part of the lookup's cache key
+	// (xds/translator's RLS key builder). Runners ignore it.
+	HeaderLookupNonce = "x-prism-lookup-nonce"
 )
 
 // QueryListenerName is the xDS listener the admin nodes serve for gRPC

@@ -121,3 +121,75 @@ func first(v []string) string {
 	}
 	return v[0]
 }
+
+// TestNamespaceLookupAnswersAgeBriefly: grpc-go keeps the lookup's answer
+// for a namespace, "not routed" included, for the lookup's max age of
+// 250 ms (xds/translator), so a namespace granted a lease while a client
+// queries it steadily is answered by its runner within that age of the
+// grant, and so is a move; a query naming its own lookup nonce
+// (mesh.HeaderLookupNonce, as prism gateway's retries do) is looked up
+// anew at once.
+func TestNamespaceLookupAnswersAgeBriefly(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "runner-a", "runner-b")
+	conn, err := xdstest.DialMailboxQuery(xdstest.Bootstrap(w.cp.Addr, "test-"+t.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	w.publish(map[string]string{"proxy-a": "runner-a", "proxy-b": "runner-b"})
+	ask := func(kv ...string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var hdr metadata.MD
+		_, err := mailboxv1.NewMailboxQueryClient(conn).GetStats(metadata.AppendToOutgoingContext(ctx, kv...),
+			&mailboxv1.GetStatsRequest{}, grpc.Header(&hdr))
+		return outcome(first(hdr.Get(xdstest.RunnerHeader)), err)
+	}
+	// followed polls the namespace every 10 ms from its change until want
+	// answers, and returns how long that took.
+	followed := func(change func(), want string) time.Duration {
+		t.Helper()
+		change()
+		start := time.Now()
+		for time.Since(start) < 30*time.Second {
+			if got := ask(mesh.HeaderNamespace, "fresh"); got == want {
+				return time.Since(start)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("fresh never answered by %s", want)
+		return 0
+	}
+	// Both proxies' lookup clusters in use first, so what is timed below is
+	// the cache's age, not grpc-go subscribing to a cluster and connecting.
+	for _, p := range []string{"a", "b"} {
+		w.runners["runner-"+p].Hold("warm-" + p + "@proxy-" + p)
+		w.cp.Namespaces.Set("warm-"+p, "warm-"+p+"@proxy-"+p, 1)
+		await(t, "warm-"+p, func(context.Context) string { return ask(mesh.HeaderNamespace, "warm-"+p) }, "runner-"+p)
+	}
+	await(t, "fresh not routed", func(context.Context) string { return ask(mesh.HeaderNamespace, "fresh") }, "code:NotFound")
+
+	granted := followed(func() {
+		w.runners["runner-a"].Hold("fresh@proxy-a")
+		w.cp.Namespaces.Set("fresh", "fresh@proxy-a", 3)
+	}, "runner-a")
+	moved := followed(func() {
+		w.runners["runner-b"].Hold("fresh@proxy-b")
+		w.cp.Namespaces.Set("fresh", "fresh@proxy-b", 5)
+	}, "runner-b")
+	t.Logf("granted: answered by its runner %v after the grant; moved: %v after the move", granted.Round(time.Millisecond), moved.Round(time.Millisecond))
+	for what, late := range map[string]time.Duration{"a granted namespace": granted, "a moved namespace": moved} {
+		if late > time.Second {
+			t.Errorf("%s was followed %v after the change, want within the lookup's 250 ms age (+750 ms slack for a loaded machine)", what, late)
+		}
+	}
+
+	// A nonce takes the lookup past the cache: the first call after a move
+	// already reaches the new holder.
+	w.runners["runner-a"].Hold("fresh@proxy-a")
+	w.cp.Namespaces.Set("fresh", "fresh@proxy-a", 7)
+	if got := ask(mesh.HeaderNamespace, "fresh", mesh.HeaderLookupNonce, "1"); got != "runner-a" {
+		t.Fatalf("a call with a nonce right after a move: %s, want runner-a", got)
+	}
+}

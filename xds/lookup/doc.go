@@ -16,7 +16,8 @@
 //     "lookup/prism/admin", over the admin nodes' cluster, whose
 //     MailboxQuery says NotFound, and is cached like a
 //     hit: an RLS error would put grpc-go's entry into backoff, and the next
-//     lookup after max_age picks a new route up either way.
+//     lookup after max_age (kept short for this reason, xds/translator's
+//     rls.go) picks a new route up either way.
 //   - ext_authz, envoy.service.auth.v3.Authorization/Check, for Envoy. It
 //     sets x-mailbox-id: {ns}@{Q} on a request naming a routed namespace,
 //     and the filter's clear_route_cache makes Envoy match the routes again,

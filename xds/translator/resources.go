@@ -86,9 +86,12 @@ func envoyCluster(name string) *clusterv3.Cluster {
 		TypedExtensionProtocolOptions: map[string]*anypb.Any{
 			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": h2,
 		},
+		// A runner its checks found down is checked every 250 ms, so one
+		// back on its address takes traffic again at once.
 		HealthChecks: []*corev3.HealthCheck{{
 			Timeout:            durationpb.New(time.Second),
 			Interval:           durationpb.New(5 * time.Second),
+			UnhealthyInterval:  durationpb.New(250 * time.Millisecond),
 			UnhealthyThreshold: wrapperspb.UInt32(2),
 			HealthyThreshold:   wrapperspb.UInt32(1),
 			HealthChecker:      &corev3.HealthCheck_GrpcHealthCheck_{GrpcHealthCheck: &corev3.HealthCheck_GrpcHealthCheck{}},
@@ -103,11 +106,21 @@ func envoyCluster(name string) *clusterv3.Cluster {
 	}
 }
 
+// outlierDetection ejects a runner after three failed connects running,
+// so queries to one that is gone fail at once instead of each waiting out
+// the connect timeout. Envoy returns an ejected host only at its sweep
+// (interval, default 10 s), after the ejection time times the number of
+// times it was ejected: a sweep every second, a second per ejection and at
+// most 5 s keep a runner that restarted on its address, whose queries
+// failed to connect meanwhile (three tries of one query are enough), from
+// staying out for 10 s; a successful health check returns it sooner.
 func outlierDetection() *clusterv3.OutlierDetection {
 	return &clusterv3.OutlierDetection{
 		ConsecutiveGatewayFailure:          wrapperspb.UInt32(3),
 		EnforcingConsecutiveGatewayFailure: wrapperspb.UInt32(100),
-		BaseEjectionTime:                   durationpb.New(5 * time.Second),
+		Interval:                           durationpb.New(time.Second),
+		BaseEjectionTime:                   durationpb.New(time.Second),
+		MaxEjectionTime:                    durationpb.New(5 * time.Second),
 		MaxEjectionPercent:                 wrapperspb.UInt32(100),
 	}
 }

@@ -19,19 +19,33 @@ import (
 // upstream's type, not ours.
 const RouteLookupTypeURL = "type.googleapis.com/grpc.lookup.v1.RouteLookupClusterSpecifier"
 
-// The RLS cache settings. A namespace that moves is picked up within
-// rlsMaxAge; an answer older than rlsStaleAge is refreshed in the
-// background while still used (RLS requires stale ≤ max). Unknown
-// namespaces are answered with lookup/prism/admin and cached alike, so a
-// client asking for one does not ask the admin nodes on every call.
+// The RLS cache settings. grpc-go keeps every answer, a hit or the
+// admin cluster for an unrouted namespace, for rlsMaxAge: RLS has one age
+// for both, and no way for the lookup to withdraw an answer it gave, so
+// the age is the bound on how long a namespace granted a lease is still
+// answered "not routed" and a moved one still sent to its old proxy. It
+// is kept at 250 ms, which costs a gateway at most one lookup per
+// namespace in use per stale age (Envoy asks once per request), answered
+// from memory: an answer older than rlsStaleAge is refreshed in the
+// background while still used (RLS requires stale ≤ max), so a namespace
+// queried steadily never waits for a lookup, and one queried more rarely
+// than every 250 ms waits one lookup as each Envoy request does. Expired
+// answers stay in the cache until grpc-go's purge, so their child
+// policies, and the connections behind them, are kept across refreshes.
+//
+// rlsNonceKey is a second key, filled from mesh.HeaderLookupNonce, which a
+// gateway sets to a value of its own to take a lookup past the cache: a
+// retry after the answer it had failed (gateway.Gateway.call) asks the
+// admin anew under a key no cached answer has.
 const (
-	rlsMaxAge        = 10 * time.Second
-	rlsStaleAge      = 5 * time.Second
+	rlsMaxAge        = 250 * time.Millisecond
+	rlsStaleAge      = 200 * time.Millisecond
 	rlsLookupTimeout = 2 * time.Second
 	rlsCacheBytes    = 4 << 20
 	// rlsNamespaceKey is the key the admin's lookup reads the namespace
 	// from (xds/lookup).
 	rlsNamespaceKey = "namespace"
+	rlsNonceKey     = "nonce"
 	// mailboxQueryService is the gRPC service the key builder is for.
 	mailboxQueryService = "prism.mailbox.v1.MailboxQuery"
 )
@@ -44,8 +58,11 @@ const (
 func routeLookupSpecifier(lookup string) (*anypb.Any, error) {
 	spec := &lookupv1.RouteLookupClusterSpecifier{RouteLookupConfig: &lookupv1.RouteLookupConfig{
 		GrpcKeybuilders: []*lookupv1.GrpcKeyBuilder{{
-			Names:   []*lookupv1.GrpcKeyBuilder_Name{{Service: mailboxQueryService}},
-			Headers: []*lookupv1.NameMatcher{{Key: rlsNamespaceKey, Names: []string{mesh.HeaderNamespace}}},
+			Names: []*lookupv1.GrpcKeyBuilder_Name{{Service: mailboxQueryService}},
+			Headers: []*lookupv1.NameMatcher{
+				{Key: rlsNamespaceKey, Names: []string{mesh.HeaderNamespace}},
+				{Key: rlsNonceKey, Names: []string{mesh.HeaderLookupNonce}},
+			},
 		}},
 		LookupService:        lookup,
 		LookupServiceTimeout: durationpb.New(rlsLookupTimeout),

@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extauthzv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/xds/ir"
@@ -82,7 +85,7 @@ func gatewayRoutes(proxies []ir.Proxy, auth bool) (*routev3.RouteConfiguration, 
 	}
 	namespaces, query, catchAll := notFound("namespace-not-found", NamespacesPrefix, NamespaceNotFoundBody), mailboxQueryNotFound(), notFound("not-found", "/", NotFoundBody)
 	routes = append(routes, namespaces, query, catchAll)
-	vh := &routev3.VirtualHost{Name: "mailboxes", Domains: []string{"*"}, Routes: routes}
+	vh := &routev3.VirtualHost{Name: "mailboxes", Domains: []string{"*"}, Routes: routes, RetryPolicy: envoyRetryPolicy()}
 	if auth {
 		catchAll.TypedPerFilterConfig = map[string]*anypb.Any{extAuthzFilter: off}
 	} else {
@@ -95,6 +98,30 @@ func gatewayRoutes(proxies []ir.Proxy, auth bool) (*routev3.RouteConfiguration, 
 		return nil, fmt.Errorf("route configuration %s: %w", GatewayRouteConfigName, err)
 	}
 	return rc, nil
+}
+
+// envoyRetryPolicy is Envoy's retry of a query its runner did not answer:
+// the connection was refused or could not be made (connect-failure), the
+// runner refused the stream (refused-stream: it is going away) or reset it
+// before answering (reset). Queries are reads, so sending one again is
+// safe. Two retries, 25 ms apart doubling to at most 250 ms, cover a runner
+// restarting on its address; the route's timeout bounds them. It is set on
+// the virtual host, once, not per route. A retry goes to the cluster the
+// route picked: Envoy runs ext_authz once per request, not per try, so a
+// namespace whose runner answers that it no longer holds the mailbox (a 404
+// without x-prism-mailbox) cannot be retried through a fresh lookup, and
+// is not retried; prism gateway does that (gateway.Gateway.call).
+// grpc-go's table carries no retry policy: prism gateway retries itself,
+// and a route policy would multiply its attempts.
+func envoyRetryPolicy() *routev3.RetryPolicy {
+	return &routev3.RetryPolicy{
+		RetryOn:    "connect-failure,refused-stream,reset",
+		NumRetries: wrapperspb.UInt32(2),
+		RetryBackOff: &routev3.RetryPolicy_RetryBackOff{
+			BaseInterval: durationpb.New(25 * time.Millisecond),
+			MaxInterval:  durationpb.New(250 * time.Millisecond),
+		},
+	}
 }
 
 // extAuthzPerRoute turns ext_authz off for a route or virtual host, or on

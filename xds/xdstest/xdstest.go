@@ -180,8 +180,22 @@ func (r *Runner) Release(ids ...string) {
 	}
 }
 
-// Close stops the runner.
+// Close stops the runner: its connections close and new ones are refused.
 func (r *Runner) Close() { r.grpc.Stop() }
+
+// Restart serves again on the address Close freed, holding what it held,
+// as a runner restarted in place; opts configure the new gRPC server.
+func (r *Runner) Restart(opts ...grpc.ServerOption) error {
+	lis, err := net.Listen("tcp", r.Addr)
+	if err != nil {
+		return fmt.Errorf("runner %s listen again: %w", r.ID, err)
+	}
+	r.grpc = grpc.NewServer(opts...)
+	mailboxv1.RegisterMailboxQueryServer(r.grpc, r.svc)
+	healthpb.RegisterHealthServer(r.grpc, health.NewServer())
+	go func() { _ = r.grpc.Serve(lis) }()
+	return nil
+}
 
 type runnerService struct {
 	mailboxv1.UnimplementedMailboxQueryServer
