@@ -83,6 +83,9 @@ type Gateway struct {
 	health  *health.Server
 	metrics *metrics
 	ready   atomic.Bool
+	// nonce numbers the lookups retries take past grpc-go's cache
+	// (mesh.HeaderLookupNonce).
+	nonce atomic.Uint64
 }
 
 // New dials xds:///mailbox-query. The channel connects lazily; Run reports
@@ -112,7 +115,7 @@ func New(cfg Config) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: xds credentials: %w", err)
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithConnectParams(runnerConnectParams), grpc.WithStatsHandler(sentHandler{})}
 	if cfg.Bootstrap != nil {
 		// grpc-go reads its bootstrap environment once, at package init, so
 		// a bootstrap built from flags can only reach it this way (the
@@ -199,39 +202,4 @@ func (g *Gateway) RegisterGRPC(s *grpc.Server) {
 func (g *Gateway) Close() error {
 	g.health.Shutdown()
 	return g.conn.Close()
-}
-
-// upstream is what a request names its mailbox by.
-type upstream struct {
-	key, value string // mesh.HeaderMailboxID or mesh.HeaderNamespace
-}
-
-func (u upstream) logKey() string {
-	if u.key == mesh.HeaderNamespace {
-		return "namespace"
-	}
-	return "mailbox_id"
-}
-
-// call runs fn with the request's metadata and a bounded deadline, and
-// returns the x-prism-* headers the runner answered with.
-func (g *Gateway) call(ctx context.Context, up upstream, fn func(context.Context, ...grpc.CallOption) error) (metadata.MD, error) {
-	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
-	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, up.key, up.value)
-	var hdr metadata.MD
-	err := fn(ctx, grpc.Header(&hdr))
-	switch c := status.Code(err); c {
-	case codes.OK, codes.NotFound, codes.InvalidArgument, codes.Canceled:
-	default:
-		// The mesh failed the call, not the caller's input.
-		g.log.Warn("upstream call failed", up.logKey(), up.value, "code", c.String(), "err", status.Convert(err).Message())
-	}
-	out := metadata.MD{}
-	for _, k := range []string{mesh.HeaderMailbox, mesh.HeaderEpoch} {
-		if v := hdr.Get(k); len(v) > 0 {
-			out.Set(k, v[0])
-		}
-	}
-	return out, err
 }

@@ -12,6 +12,7 @@ type metrics struct {
 	httpRequests *prometheus.CounterVec
 	grpcRequests *prometheus.CounterVec
 	latency      *prometheus.HistogramVec
+	retries      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -29,8 +30,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Request latency through the gateway, upstream call included, by API (http, grpc) and method.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"api", "method"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prism_gateway_upstream_retries_total",
+			Help: "Upstream calls tried again, by reason (unavailable, namespace not served).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.httpRequests, m.grpcRequests, m.latency)
+	reg.MustRegister(m.httpRequests, m.grpcRequests, m.latency, m.retries)
 	return m
 }
 
@@ -43,3 +48,5 @@ func (m *metrics) grpc(method string, c codes.Code, start time.Time) {
 	m.grpcRequests.WithLabelValues(method, c.String()).Inc()
 	m.latency.WithLabelValues("grpc", method).Observe(time.Since(start).Seconds())
 }
+
+func (m *metrics) retry(reason string) { m.retries.WithLabelValues(reason).Inc() }

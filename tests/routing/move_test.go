@@ -19,9 +19,10 @@ import (
 )
 
 // lookupAge is how long a gateway may keep a namespace's answer from the
-// admin's lookup before it asks again (the RLS stale age, after which a
-// namespace in use is looked up anew; xds/translator).
-const lookupAge = 5 * time.Second
+// admin's lookup before it asks again (the RLS max age, xds/translator);
+// prism gateway's retry of a query the old holder did not answer takes a
+// fresh lookup sooner.
+const lookupAge = 250 * time.Millisecond
 
 // TestMovedNamespaceFollowsItsMailbox: a namespace's mailbox moves from
 // proxy-1 to proxy-2 (proxy-1's sidecar stops, the proxy goes stale, the
