@@ -492,34 +492,7 @@ func (c *cluster) run(p *pod) {
 		if !runnable(ctr) {
 			continue
 		}
-		env, vars := p.env(c.t, ctr)
-		spec := podproc.Container{Argv: p.argv(ctr, vars), Env: env, Hosts: c.hosts, UID: -1}
-		if strings.HasPrefix(ctr.Image, prismImage+":") {
-			spec.Mounts = append(spec.Mounts, podproc.Mount{Source: c.bin, Target: binDir, ReadOnly: true})
-		}
-		for _, m := range ctr.VolumeMounts {
-			src, ok := p.volumes[m.Name]
-			if !ok {
-				c.t.Fatalf("pod %s container %s mounts %s, which is not a volume of the pod", p.name, ctr.Name, m.Name)
-			}
-			if m.SubPath != "" {
-				src = filepath.Join(src, m.SubPath)
-			}
-			spec.Mounts = append(spec.Mounts, podproc.Mount{Source: src, Target: m.MountPath, ReadOnly: m.ReadOnly})
-		}
-		psc := p.spec.SecurityContext
-		if psc != nil && psc.RunAsUser != nil {
-			spec.UID, spec.GID = int(*psc.RunAsUser), int(*psc.RunAsUser)
-			if psc.RunAsGroup != nil {
-				spec.GID = int(*psc.RunAsGroup)
-			}
-			if psc.FSGroup != nil {
-				spec.Groups = []int{int(*psc.FSGroup)}
-			}
-		}
-		if sc := ctr.SecurityContext; sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
-			spec.ReadOnlyRoot = true
-		}
+		spec := c.containerSpec(p, ctr)
 		cmd, err := p.net.Command(spec)
 		if err != nil {
 			c.t.Fatal(err)
@@ -542,6 +515,42 @@ func (c *cluster) run(p *pod) {
 		c.procs = append(c.procs, pr)
 		c.mu.Unlock()
 	}
+}
+
+// containerSpec is how ctr of p runs: its command line and environment as the kubelet gives them, as the
+// user its pod's security context names, with the prism binary at binDir (prism image) and its volumes at
+// their mount paths, the root file system read-only where the container asks for it.
+func (c *cluster) containerSpec(p *pod, ctr corev1.Container) podproc.Container {
+	c.t.Helper()
+	env, vars := p.env(c.t, ctr)
+	spec := podproc.Container{Argv: p.argv(ctr, vars), Env: env, Hosts: c.hosts, UID: -1}
+	if strings.HasPrefix(ctr.Image, prismImage+":") {
+		spec.Mounts = append(spec.Mounts, podproc.Mount{Source: c.bin, Target: binDir, ReadOnly: true})
+	}
+	for _, m := range ctr.VolumeMounts {
+		src, ok := p.volumes[m.Name]
+		if !ok {
+			c.t.Fatalf("pod %s container %s mounts %s, which is not a volume of the pod", p.name, ctr.Name, m.Name)
+		}
+		if m.SubPath != "" {
+			src = filepath.Join(src, m.SubPath)
+		}
+		spec.Mounts = append(spec.Mounts, podproc.Mount{Source: src, Target: m.MountPath, ReadOnly: m.ReadOnly})
+	}
+	psc := p.spec.SecurityContext
+	if psc != nil && psc.RunAsUser != nil {
+		spec.UID, spec.GID = int(*psc.RunAsUser), int(*psc.RunAsUser)
+		if psc.RunAsGroup != nil {
+			spec.GID = int(*psc.RunAsGroup)
+		}
+		if psc.FSGroup != nil {
+			spec.Groups = []int{int(*psc.FSGroup)}
+		}
+	}
+	if sc := ctr.SecurityContext; sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
+		spec.ReadOnlyRoot = true
+	}
+	return spec
 }
 
 // stop ends every process, the injected pods' first (SIGTERM, then SIGKILL after 5 s), and, when the test
