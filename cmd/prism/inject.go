@@ -25,6 +25,7 @@ func injectCommand() *cobra.Command {
 		adminEndpoints          string
 		cpu, memory             string
 		tlsMode, tlsContainers  string
+		conn                    connFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "inject",
@@ -48,6 +49,10 @@ Both containers find the files through PRISM_TLS_CA, PRISM_TLS_CERT and PRISM_TL
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "inject")
+			bounds, err := conn.bounds()
+			if err != nil {
+				return err
+			}
 			opts := defaults
 			opts.TLS.Mode = inject.TLSMode(tlsMode)
 			opts.TLS.Containers = nil
@@ -61,7 +66,6 @@ Both containers find the files through PRISM_TLS_CA, PRISM_TLS_CERT and PRISM_TL
 					opts.AdminEndpoints = append(opts.AdminEndpoints, ep)
 				}
 			}
-			var err error
 			if opts.CPU, err = resource.ParseQuantity(cpu); err != nil {
 				return fmt.Errorf("--sidecar-cpu: %w", err)
 			}
@@ -85,7 +89,7 @@ Both containers find the files through PRISM_TLS_CA, PRISM_TLS_CERT and PRISM_TL
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			log.Info("injector listening", "addr", ln.Addr().String(), "image", opts.Image)
-			return inject.Serve(ctx, ln, inject.NewHandler(wh, reg), certs, log)
+			return inject.Serve(ctx, ln, inject.NewHandler(wh, reg), certs, bounds, log)
 		},
 	}
 	f := cmd.Flags()
@@ -112,5 +116,6 @@ Both containers find the files through PRISM_TLS_CA, PRISM_TLS_CERT and PRISM_TL
 	f.StringVar(&defaults.TLS.Key.Encoding, "mesh-key-encoding", "", "key encoding csi-driver writes: PKCS1 or PKCS8 (empty: the driver's default, PKCS1; csi mode)")
 	f.StringVar(&defaults.TLS.SecretName, "mesh-tls-secret", "", "default Secret of the proxy identities: ca.crt, <proxy-id>.crt, <proxy-id>.key (secret mode; annotation "+inject.AnnotationTLSSecret+")")
 	f.StringVar(&tlsContainers, "mesh-tls-containers", strings.Join(defaults.TLS.Containers, ","), "default containers of a pod that share the sidecar's identity, comma-separated (annotation "+inject.AnnotationTLSContainers+")")
+	conn.register(f, "--addr")
 	return cmd
 }

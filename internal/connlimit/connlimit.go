@@ -15,8 +15,9 @@
 //     that never opened a stream counts from its start. PINGs are not
 //     activity, so a peer that only pings is sent away too.
 //   - PingEvery: the most often a client may ping. gRPC enforces it itself
-//     (keepalive.EnforcementPolicy); on net/http's HTTP/2, which answers
-//     every PING, Listener enforces the same rule on plaintext connections.
+//     (keepalive.EnforcementPolicy); net/http's HTTP/2 answers every PING,
+//     so Listener enforces the same rule on plaintext connections and HTTP2
+//     on TLS ones.
 //
 // The mesh's own long-lived clients stay within these bounds: the sidecar's
 // admin and runner connections call every heartbeat, gateways' and Envoys'
@@ -97,7 +98,8 @@ func (b Bounds) GRPC() []grpc.ServerOption {
 }
 
 // HTTP sets b's handshake and idle bounds on s and returns it. A server that
-// speaks h2c also needs Listener for the ping bound.
+// speaks h2c also needs Listener for the ping bound, one that speaks HTTP/2
+// over TLS HTTP2.
 func (b Bounds) HTTP(s *http.Server) *http.Server {
 	b = b.WithDefaults()
 	s.ReadHeaderTimeout = b.Handshake

@@ -1,6 +1,7 @@
 package connlimit_test
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -13,6 +14,9 @@ import (
 
 	"github.com/prism-mesh/prism/internal/connlimit"
 	"github.com/prism-mesh/prism/internal/connlimit/conntest"
+	"github.com/prism-mesh/prism/internal/pkitest"
+	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/mesh/pki"
 )
 
 // small are bounds short enough for a test to outwait.
@@ -92,4 +96,53 @@ func TestValidate(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "handshake timeout") || !strings.Contains(err.Error(), "idle timeout") {
 		t.Fatalf("two negative bounds: %v, want both named", err)
 	}
+}
+
+// A TLS server whose HTTP/2 HTTP2 serves sends a ping flood away, keeps a
+// client pinging within the policy, closes a stream-less connection within
+// the idle bound, and its handlers see the client's certificate.
+func TestTLSHTTP2Bounds(t *testing.T) {
+	t.Parallel()
+	p := pkitest.New(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := small.HTTP(&http.Server{
+		TLSConfig: p.Source(identity.Proxy, "p").ServerConfig(pki.Any),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+				http.Error(w, "no client certificate", http.StatusUnauthorized)
+				return
+			}
+			_, _ = io.WriteString(w, r.Proto)
+		}),
+	})
+	if err := small.HTTP2(s); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = s.Close() })
+	addr := ln.Addr().String()
+	client := p.Source(identity.Gateway, "gw").ClientConfig(pki.RoleIs(identity.Proxy))
+	t.Run("ping flood", func(t *testing.T) { t.Parallel(); conntest.PingFloodSentAway(t, addr, client) })
+	t.Run("pings within the policy", func(t *testing.T) {
+		t.Parallel()
+		conntest.PingsAnswered(t, addr, client, 2*small.PingEvery, 4)
+	})
+	t.Run("no stream", func(t *testing.T) { t.Parallel(); conntest.IdleClosed(t, addr, client, small.Idle) })
+	t.Run("a request sees the certificate", func(t *testing.T) {
+		t.Parallel()
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: client, ForceAttemptHTTP2: true}}
+		defer hc.CloseIdleConnections()
+		resp, err := hc.Get("https://" + addr + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || string(body) != "HTTP/2.0" {
+			t.Fatalf("GET over TLS: %d %q, want 200 HTTP/2.0", resp.StatusCode, body)
+		}
+	})
 }

@@ -40,7 +40,7 @@ func runBounds(t *testing.T, cases []boundsCase) {
 // (docs/security.md#connection-bounds): the control API and the query port
 // close a connection without a TLS handshake within the handshake bound
 // and a mutual-TLS HTTP/2 connection without a stream within the idle
-// bound; the control API sends a ping flood away; the sidecar calling every
+// bound, and both send a ping flood away; the sidecar calling every
 // heartbeat and a client holding a quiet stream stay connected; the
 // plaintext probe port closes silent connections and h2c ones without a
 // stream, and sends a ping flood away.
@@ -85,6 +85,7 @@ func TestTLSRunnerConnectionBounds(t *testing.T) {
 		{"query: idle after a request", func(t *testing.T) {
 			conntest.HTTP1IdleClosed(t, n.QueryAddr(), gateway, "/healthz", bounds.Idle)
 		}},
+		{"query: ping flood", func(t *testing.T) { conntest.PingFloodSentAway(t, n.QueryAddr(), gateway) }},
 		{"query: pings within the policy", func(t *testing.T) {
 			conntest.PingsAnswered(t, n.QueryAddr(), gateway, 2*bounds.PingEvery, 4)
 		}},

@@ -1042,9 +1042,9 @@ func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 	}
 	// gRPC is served through net/http here, so grpc-go's transport limits
 	// (MaxConcurrentStreams, keepalive) do not apply: the http.Servers' do,
-	// with cfg.Conn's handshake and idle bounds, and on plaintext ports
-	// cfg.Conn's listener holds clients to gRPC's ping policy, which
-	// net/http's HTTP/2 lacks. The size bound does apply.
+	// with cfg.Conn's handshake and idle bounds, and cfg.Conn's listener
+	// (plaintext) or HTTP/2 server (TLS) holds clients to gRPC's ping
+	// policy, which net/http's HTTP/2 lacks. The size bound does apply.
 	opts = append(opts, grpc.MaxSendMsgSize(query.MaxResponseBytes))
 	r.grpc = grpc.NewServer(opts...)
 	r.RegisterGRPC(r.grpc)
@@ -1070,6 +1070,11 @@ func (r *Runner) Serve(queryLis, httpLis net.Listener) {
 		// all, and a refused query is a PermissionDenied or 403 naming
 		// the caller rather than a failed handshake.
 		r.query.TLSConfig = r.cfg.TLS.ServerConfig(pki.Any)
+		// HTTP/2 over TLS held to the ping bound too; it fails only for a
+		// TLS 1.2 cipher list without HTTP/2's, and ServerConfig is TLS 1.3.
+		if err := r.cfg.Conn.HTTP2(r.query); err != nil {
+			r.log.Error("query port serves HTTP/2 without the ping bound", "err", err)
+		}
 		r.http.Handler = r.probeHandler()
 	}
 	if r.cfg.Pprof {

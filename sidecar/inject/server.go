@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/prism-mesh/prism/internal/connlimit"
 )
 
 // Paths the API server calls, one per webhook entry in the chart's
@@ -107,20 +109,23 @@ func NewHandler(w *Webhook, gatherer prometheus.Gatherer) http.Handler {
 }
 
 // Serve answers HTTPS on ln until ctx ends, then drains in-flight reviews.
-func Serve(ctx context.Context, ln net.Listener, h http.Handler, certs *CertReloader, log *slog.Logger) error {
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
+// Its connections are held to bounds (internal/connlimit: the handshake,
+// the idle time and, on HTTP/2, the ping rate).
+func Serve(ctx context.Context, ln net.Listener, h http.Handler, certs *CertReloader, bounds connlimit.Bounds, log *slog.Logger) error {
+	srv := bounds.HTTP(&http.Server{
+		Handler: h,
 		// The API server gives a webhook 10 s at most; a slower client is
 		// not the API server.
 		ReadTimeout:  10 * time.Second,
 		WriteTimeout: 10 * time.Second,
-		IdleTimeout:  90 * time.Second,
 		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		TLSConfig: &tls.Config{
 			MinVersion:     tls.VersionTLS12,
 			GetCertificate: certs.GetCertificate,
 		},
+	})
+	if err := bounds.HTTP2(srv); err != nil {
+		return fmt.Errorf("serve injector: %w", err)
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()

@@ -14,11 +14,20 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
+
+	"github.com/prism-mesh/prism/internal/connlimit"
+	"github.com/prism-mesh/prism/internal/connlimit/conntest"
 )
 
 // startServer runs the real HTTPS server on loopback with the pair in dir
 // and returns its URL; the server stops when the test ends.
 func startServer(t testing.TB, certFile, keyFile string) string {
+	t.Helper()
+	return startBoundedServer(t, certFile, keyFile, connlimit.Bounds{})
+}
+
+// startBoundedServer is startServer with its connections held to bounds.
+func startBoundedServer(t testing.TB, certFile, keyFile string, bounds connlimit.Bounds) string {
 	t.Helper()
 	w, reg := newTestWebhook(t)
 	certs, err := NewCertReloader(certFile, keyFile, slog.New(slog.DiscardHandler))
@@ -31,7 +40,7 @@ func startServer(t testing.TB, certFile, keyFile string) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, ln, NewHandler(w, reg), certs, slog.New(slog.DiscardHandler)) }()
+	go func() { done <- Serve(ctx, ln, NewHandler(w, reg), certs, bounds, slog.New(slog.DiscardHandler)) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -150,5 +159,34 @@ func TestCertReloaderKeepsLastGoodPair(t *testing.T) {
 	leaf, err := x509.ParseCertificate(c.Certificate[0])
 	if err != nil || leaf.SerialNumber.Cmp(good.SerialNumber) != 0 {
 		t.Fatalf("served %v, want the last good certificate", leaf)
+	}
+}
+
+// The injector's listener bounds its connections
+// (docs/security.md#connection-bounds): one without a TLS handshake is
+// closed within the handshake bound, an HTTP/2 one without a stream within
+// the idle bound, a ping flood is sent away and pings within the policy
+// are answered.
+func TestInjectorConnectionBounds(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	cert := writeSelfSigned(t, certFile, keyFile, 1)
+	b := connlimit.Bounds{Handshake: 300 * time.Millisecond, Idle: time.Second, PingEvery: 100 * time.Millisecond}
+	addr := strings.TrimPrefix(startBoundedServer(t, certFile, keyFile, b), "https://")
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	apiServer := &tls.Config{RootCAs: pool, ServerName: "prism-inject.prism.svc", MinVersion: tls.VersionTLS12}
+	cases := map[string]func(t *testing.T){
+		"nothing sent":            func(t *testing.T) { conntest.ClosedUnused(t, addr, b.Handshake) },
+		"no stream":               func(t *testing.T) { conntest.IdleClosed(t, addr, apiServer, b.Idle) },
+		"ping flood":              func(t *testing.T) { conntest.PingFloodSentAway(t, addr, apiServer) },
+		"pings within the policy": func(t *testing.T) { conntest.PingsAnswered(t, addr, apiServer, 2*b.PingEvery, 4) },
+	}
+	for name, check := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			check(t)
+		})
 	}
 }

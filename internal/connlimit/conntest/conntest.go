@@ -136,12 +136,18 @@ func (h *H2) next(d time.Duration) (http2.Frame, error) {
 	}
 }
 
+// GoAway is what a server's GOAWAY said.
+type GoAway struct {
+	Code  http2.ErrCode
+	Debug string
+}
+
 // SentAway fails t unless the server sends GOAWAY and closes the
 // connection within bound (plus Slack) of its opening, and returns the
-// GOAWAY.
-func (h *H2) SentAway(bound time.Duration) *http2.GoAwayFrame {
+// last GOAWAY.
+func (h *H2) SentAway(bound time.Duration) GoAway {
 	h.t.Helper()
-	var away *http2.GoAwayFrame
+	var away *GoAway
 	for {
 		left := time.Until(h.start.Add(bound + Slack))
 		f, err := h.next(left)
@@ -152,10 +158,11 @@ func (h *H2) SentAway(bound time.Duration) *http2.GoAwayFrame {
 			if away == nil {
 				h.t.Fatalf("%s: the connection ended without a GOAWAY after %v: %v", h.addr, time.Since(h.start), err)
 			}
-			return away
+			return *away
 		}
+		// The framer reuses its frames: what is kept is copied.
 		if g, ok := f.(*http2.GoAwayFrame); ok {
-			away = g
+			away = &GoAway{Code: g.ErrCode, Debug: string(g.DebugData())}
 		}
 	}
 }
@@ -190,8 +197,8 @@ func PingFloodSentAway(t testing.TB, addr string, cfg *tls.Config) {
 	}()
 	defer func() { close(stop); <-done }()
 	g := h.SentAway(0)
-	if g.ErrCode != http2.ErrCodeEnhanceYourCalm || string(g.DebugData()) != "too_many_pings" {
-		t.Fatalf("%s: a ping flood got GOAWAY %v %q, want ENHANCE_YOUR_CALM too_many_pings", addr, g.ErrCode, g.DebugData())
+	if g.Code != http2.ErrCodeEnhanceYourCalm || g.Debug != "too_many_pings" {
+		t.Fatalf("%s: a ping flood got GOAWAY %v %q, want ENHANCE_YOUR_CALM too_many_pings", addr, g.Code, g.Debug)
 	}
 }
 
