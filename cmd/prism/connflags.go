@@ -1,6 +1,10 @@
 package main
 
 import (
+	"errors"
+	"fmt"
+	"time"
+
 	"github.com/spf13/pflag"
 
 	"github.com/prism-mesh/prism/internal/connlimit"
@@ -22,8 +26,17 @@ func (f *connFlags) register(fs *pflag.FlagSet, listeners string) {
 		"the most often a client of "+listeners+" may ping (HTTP/2 PING, gRPC keepalive): three pings in a row sooner than this after the previous one, with no answer in between, and the connection is sent away with GOAWAY too_many_pings (the mesh's own clients ping at most every 10s)")
 }
 
-// bounds are the flags' bounds: a zero one is its default (adminFlags built
-// in code, as prism dev does, set none), a negative one an error.
+// bounds are the flags' bounds: a zero one is its default (flags built in
+// code, as prism dev builds them, set none), a negative one an error.
 func (f *connFlags) bounds() (connlimit.Bounds, error) {
-	return f.b.WithDefaults(), f.b.Validate()
+	var errs []error
+	for _, c := range []struct {
+		flag string
+		d    time.Duration
+	}{{"--conn-handshake-timeout", f.b.Handshake}, {"--conn-idle-timeout", f.b.Idle}, {"--conn-min-ping-interval", f.b.PingEvery}} {
+		if c.d < 0 {
+			errs = append(errs, fmt.Errorf("%s %v: must not be negative", c.flag, c.d))
+		}
+	}
+	return f.b.WithDefaults(), errors.Join(errs...)
 }

@@ -27,8 +27,6 @@
 package connlimit
 
 import (
-	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -69,20 +67,6 @@ func (b Bounds) WithDefaults() Bounds {
 		b.PingEvery = Default.PingEvery
 	}
 	return b
-}
-
-// Validate refuses negative bounds; a zero one is its default.
-func (b Bounds) Validate() error {
-	var errs []error
-	for _, f := range []struct {
-		name string
-		d    time.Duration
-	}{{"handshake timeout", b.Handshake}, {"idle timeout", b.Idle}, {"min ping interval", b.PingEvery}} {
-		if f.d < 0 {
-			errs = append(errs, fmt.Errorf("connection %s %v: must not be negative", f.name, f.d))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // GRPC are b as grpc-go server options. Pings without a call in progress

@@ -4,7 +4,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -85,17 +84,6 @@ func TestHTTPWithoutListenerAnswersAFlood(t *testing.T) {
 	t.Parallel()
 	addr := serveH2C(t, small, false)
 	conntest.PingsAnswered(t, addr, nil, 0, 50)
-}
-
-func TestValidate(t *testing.T) {
-	t.Parallel()
-	if err := (connlimit.Bounds{}).Validate(); err != nil {
-		t.Fatalf("zero bounds (the defaults): %v", err)
-	}
-	err := connlimit.Bounds{Handshake: -1, Idle: -1}.Validate()
-	if err == nil || !strings.Contains(err.Error(), "handshake timeout") || !strings.Contains(err.Error(), "idle timeout") {
-		t.Fatalf("two negative bounds: %v, want both named", err)
-	}
 }
 
 // A TLS server whose HTTP/2 HTTP2 serves sends a ping flood away, keeps a
