@@ -1,12 +1,14 @@
 package connlimit_test
 
 import (
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -97,6 +99,7 @@ func TestTLSHTTP2Bounds(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := small.HTTP(&http.Server{
+		HTTP2:     &http.HTTP2Config{MaxConcurrentStreams: 7},
 		TLSConfig: p.Source(identity.Proxy, "p").ServerConfig(pki.Any),
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
@@ -119,9 +122,34 @@ func TestTLSHTTP2Bounds(t *testing.T) {
 		conntest.PingsAnswered(t, addr, client, 2*small.PingEvery, 4)
 	})
 	t.Run("no stream", func(t *testing.T) { t.Parallel(); conntest.IdleClosed(t, addr, client, small.Idle) })
+	t.Run("the server's HTTP2 settings", func(t *testing.T) {
+		t.Parallel()
+		cfg := client.Clone()
+		cfg.NextProtos = []string{"h2"}
+		c, err := tls.Dial("tcp", addr, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(conntest.Slack))
+		if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+			t.Fatal(err)
+		}
+		f, err := http2.NewFramer(c, c).ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sf, ok := f.(*http2.SettingsFrame)
+		if !ok {
+			t.Fatalf("first frame %v, want SETTINGS", f)
+		}
+		if v, ok := sf.Value(http2.SettingMaxConcurrentStreams); !ok || v != 7 {
+			t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS %d (%v), want the server's 7", v, ok)
+		}
+	})
 	t.Run("a request sees the certificate", func(t *testing.T) {
 		t.Parallel()
-		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: client, ForceAttemptHTTP2: true}}
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: client.Clone(), ForceAttemptHTTP2: true}}
 		defer hc.CloseIdleConnections()
 		resp, err := hc.Get("https://" + addr + "/")
 		if err != nil {
