@@ -3,12 +3,21 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
 	"github.com/prism-mesh/prism/gateway"
+	"github.com/prism-mesh/prism/mesh"
+	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/xdstest"
 )
@@ -20,6 +29,7 @@ type failoverMesh struct {
 	cp      *xdstest.ControlPlane
 	runners map[string]*xdstest.Runner // by proxy id
 	url     string
+	query   mailboxv1.MailboxQueryClient // the gateway's gRPC front door
 }
 
 func startFailoverMesh(t *testing.T, proxies ...string) *failoverMesh {
@@ -53,6 +63,20 @@ func startFailoverMesh(t *testing.T, proxies ...string) *failoverMesh {
 	hs := httptest.NewServer(gw.HTTPHandler())
 	t.Cleanup(hs.Close)
 	m.url = hs.URL
+	gs := grpc.NewServer()
+	gw.RegisterGRPC(gs)
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(gl) }()
+	t.Cleanup(gs.Stop)
+	cc, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	m.query = mailboxv1.NewMailboxQueryClient(cc)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := gw.Run(ctx); err != nil {
@@ -71,6 +95,15 @@ func (m *failoverMesh) served(t *testing.T, path string) (int, string) {
 	}
 	_ = json.Unmarshal([]byte(r.body), &st)
 	return r.code, st.MailboxID
+}
+
+// servedGRPC asks namespace ns's stats through the gateway's gRPC front
+// door: the code and the mailbox that answered.
+func (m *failoverMesh) servedGRPC(ns string) (codes.Code, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := m.query.GetStats(metadata.AppendToOutgoingContext(ctx, mesh.HeaderNamespace, ns), &mailboxv1.GetStatsRequest{})
+	return status.Code(err), resp.GetStats().GetMailboxId()
 }
 
 // TestRunnerBackOnItsAddressIsAnsweredAtOnce: a runner restarts on its
@@ -175,7 +208,8 @@ func TestNamespaceAnsweredOnceItsLeaseIsGranted(t *testing.T) {
 // just went away, or no longer holds the namespace's mailbox, while its
 // lease went to another proxy, is answered by the new holder without an
 // error to the client, though grpc-go's cached lookup still names the old
-// one (the query comes right after one the old holder answered).
+// one (the query comes right after one the old holder answered); through
+// either front door.
 func TestNamespaceRetriedThroughAFreshLookup(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -185,21 +219,31 @@ func TestNamespaceRetriedThroughAFreshLookup(t *testing.T) {
 		{"runner stopped", func(old *xdstest.Runner) { old.Close() }},
 		{"mailbox closed", func(old *xdstest.Runner) { old.Release("audit@proxy-a") }},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			m := startFailoverMesh(t, "proxy-a", "proxy-b")
-			m.runners["proxy-a"].Hold("audit@proxy-a")
-			m.cp.Namespaces.Set("audit", "audit@proxy-a", 3)
-			waitFor(t, "audit served by proxy-a", func() (bool, string) {
-				code, mb := m.served(t, "/v1/namespaces/audit")
-				return code == 200 && mb == "audit@proxy-a", mb
+		for _, door := range []string{"http", "grpc"} {
+			t.Run(tc.name+" "+door, func(t *testing.T) {
+				t.Parallel()
+				m := startFailoverMesh(t, "proxy-a", "proxy-b")
+				ask := func() (bool, string) {
+					if door == "grpc" {
+						code, mb := m.servedGRPC("audit")
+						return code == codes.OK, mb
+					}
+					code, mb := m.served(t, "/v1/namespaces/audit")
+					return code == 200, mb
+				}
+				m.runners["proxy-a"].Hold("audit@proxy-a")
+				m.cp.Namespaces.Set("audit", "audit@proxy-a", 3)
+				waitFor(t, "audit served by proxy-a", func() (bool, string) {
+					ok, mb := ask()
+					return ok && mb == "audit@proxy-a", mb
+				})
+				tc.gone(m.runners["proxy-a"])
+				m.runners["proxy-b"].Hold("audit@proxy-b")
+				m.cp.Namespaces.Set("audit", "audit@proxy-b", 9)
+				if ok, mb := ask(); !ok || mb != "audit@proxy-b" {
+					t.Fatalf("the first query after the move: answered %v by %q, want audit@proxy-b", ok, mb)
+				}
 			})
-			tc.gone(m.runners["proxy-a"])
-			m.runners["proxy-b"].Hold("audit@proxy-b")
-			m.cp.Namespaces.Set("audit", "audit@proxy-b", 9)
-			if code, mb := m.served(t, "/v1/namespaces/audit"); code != 200 || mb != "audit@proxy-b" {
-				t.Fatalf("the first query after the move: %d from %q, want 200 from audit@proxy-b", code, mb)
-			}
-		})
+		}
 	}
 }
