@@ -115,6 +115,8 @@ type SidecarOptions struct {
 	Admins []string
 	// Lease sets the TTL it asks for and its heartbeat interval.
 	Lease Lease
+	// Args are added to the flags.
+	Args []string
 }
 
 // Sidecar is a `prism sidecar` process.
@@ -143,7 +145,7 @@ func StartSidecar(t testing.TB, o SidecarOptions) *Sidecar {
 	} else {
 		args = append(args, TLSArgs(t, o.Runner.PKI, identity.Proxy, o.ProxyID)...)
 	}
-	s.Proc = testproc.Start(t, o.Name, args...)
+	s.Proc = testproc.Start(t, o.Name, append(args, o.Args...)...)
 	return s
 }
 

@@ -74,6 +74,15 @@
 // ends its silence as a probe's answer does: a runner too busy to answer
 // its stats in time, opening a thousand stores at once, is alive.
 //
+// A runner that is gone, not only silent, is given up on at once: when a
+// call to it fails and its control port refuses connections
+// (runnerconn.go), it serves nothing, so the lease is released without
+// waiting out the bound or the deadline it was handed (reason
+// runner_gone), in the probe paths of both lease modes, the activation,
+// the fence, and the close of an unassignment or the stop. A paused runner
+// keeps its listening socket and is never taken for gone. Once a dial to
+// the runner connects again, the mailbox is opened and acquired at once.
+//
 // The proxy heartbeat judges the runner the same way for the proxy as a
 // whole (runner.go): it probes the runner's control API before each proxy
 // heartbeat and, once the runner has failed for the bound, reports it not
@@ -199,6 +208,12 @@ type Config struct {
 	// serves both (as Endpoints does). Unused in LeaseModeMailbox.
 	Sessions adminv1.SessionsClient
 	Runner   runnerv1.RunnerControlClient
+	// RunnerConn tells a runner that is gone (its control API refuses
+	// connections) from one that only does not answer (runnerconn.go): a
+	// gone runner's leases are released at once instead of after the
+	// deadline it was handed. nil knows nothing, and every runner that
+	// does not answer is waited out.
+	RunnerConn RunnerConn
 
 	Clock clock.Clock // nil = real clock
 	// Boottime reads the host's boot clock, shared with the runner of the
@@ -621,10 +636,16 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		dctx, cancel := context.WithTimeout(ctx, remaining(ctx)*2/3)
 		resp, err := a.cfg.Runner.Drain(dctx, &runnerv1.DrainRequest{})
 		cancel()
-		if err != nil {
+		switch {
+		case a.gone(err):
+			// It stopped consuming as it stopped (a runner's own stop
+			// drains and commits; a killed one committed only what it
+			// stored), and serves nothing: its leases go at once.
+			a.log.Info("runner gone (its control API refuses connections): nothing to drain; releasing its leases", "err", err)
+		case err != nil:
 			a.log.Warn("runner drain failed; closing and releasing anyway", "err", err)
 			errs = append(errs, fmt.Errorf("drain runner: %w", err))
-		} else {
+		default:
 			a.log.Info("runner drained", "mailboxes", resp.GetDrained())
 		}
 	}

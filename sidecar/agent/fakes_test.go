@@ -216,8 +216,14 @@ type fakeRunner struct {
 	mb map[string]*runnerv1.MailboxStatus
 	// closeGate, when set, holds CloseMailbox until closed: a slow drain.
 	closeGate chan struct{}
-	// down makes every call fail Unavailable, like a killed runner.
+	// down makes every call fail Unavailable, like a runner that cannot
+	// be told gone: a broken connection, a runner that does not accept.
 	down bool
+	// refused makes every call fail Unavailable and Refusing true, like a
+	// runner that exited (its control port refuses connections); dialed
+	// is closed when it starts again (start).
+	refused bool
+	dialed  chan struct{}
 	// paused makes every call time out (DeadlineExceeded), like a runner
 	// stopped (SIGSTOP) that may or may not have taken the call before.
 	paused bool
@@ -290,9 +296,47 @@ func (r *fakeRunner) setDown(down bool) {
 	r.down = down
 }
 
+// exit stops the runner as a process that exited: its control port
+// refuses connections.
+func (r *fakeRunner) exit() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refused = true
+}
+
+// start starts the runner again after exit: it listens, knows no mailbox
+// (a new process has none until its sidecar opens them), and the next dial
+// connects.
+func (r *fakeRunner) start() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refused = false
+	r.mb = map[string]*runnerv1.MailboxStatus{}
+	close(r.dialed)
+	r.dialed = make(chan struct{})
+}
+
+// Refusing implements RunnerConn.
+func (r *fakeRunner) Refusing() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refused
+}
+
+// Dialed implements RunnerConn.
+func (r *fakeRunner) Dialed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dialed
+}
+
 // unreachable is the error every call gets while the runner is down;
 // callers hold r.mu.
 func (r *fakeRunner) unreachable(call string) error {
+	if r.refused {
+		r.ev.add("runner refused %s", call)
+		return status.Error(codes.Unavailable, "connection error: dial tcp 127.0.0.1:7071: connect: connection refused")
+	}
 	if r.paused {
 		r.ev.add("runner paused %s", call)
 		return status.Error(codes.DeadlineExceeded, "context deadline exceeded")
@@ -305,7 +349,7 @@ func (r *fakeRunner) unreachable(call string) error {
 }
 
 func newFakeRunner(ev *events) *fakeRunner {
-	return &fakeRunner{ev: ev, mb: map[string]*runnerv1.MailboxStatus{}}
+	return &fakeRunner{ev: ev, mb: map[string]*runnerv1.MailboxStatus{}, dialed: make(chan struct{})}
 }
 
 func (r *fakeRunner) OpenMailbox(_ context.Context, in *runnerv1.OpenMailboxRequest, _ ...grpc.CallOption) (*runnerv1.OpenMailboxResponse, error) {
@@ -551,7 +595,7 @@ func newHarness(t *testing.T, opts ...func(*Config)) *harness {
 		Backoff: wait.Backoff{Duration: time.Second, Factor: 1, Steps: 1 << 30},
 		// The per-mailbox path unless a test asks for sessions.
 		LeaseMode: LeaseModeMailbox,
-		Admin:     h.admin, Runner: h.runner, Clock: clk,
+		Admin:     h.admin, Runner: h.runner, RunnerConn: h.runner, Clock: clk,
 		Jitter:     func(d time.Duration) time.Duration { return d },
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registerer: h.reg,

@@ -121,6 +121,9 @@ type worker struct {
 	// roleCh has a token when the role changed since the hold loop last
 	// looked (followRole).
 	roleCh chan struct{}
+	// reopen is set when the runner was given up on (giveUp): the mailbox
+	// is opened in it again before the next acquire.
+	reopen bool
 }
 
 func newWorker(a *Agent, id string, as *adminv1.NamespaceAssignment) *worker {
@@ -230,7 +233,9 @@ func (w *worker) run() {
 					end = w.hold(l, sentAt)
 				}
 			}
-			if end == runnerGone {
+			// giveUp marks every way it was reached, a failed
+			// activation's too; reading it also clears it.
+			if gaveUp := w.reopening(); gaveUp || end == runnerGone {
 				break
 			}
 		}
@@ -238,6 +243,15 @@ func (w *worker) run() {
 	if w.stopMode() == stopUnassign && w.unassign() {
 		w.a.closed(w)
 	}
+}
+
+// reopening reports, once, that giveUp gave the lease back.
+func (w *worker) reopening() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r := w.reopen
+	w.reopen = false
+	return r
 }
 
 func (w *worker) runnerCtx() (context.Context, context.CancelFunc) {
@@ -282,10 +296,33 @@ func (w *worker) openInRunner() bool {
 		}
 		w.log.Warn("runner could not open the mailbox; retrying", "err", err, "consecutive_store_failures", w.view().OpenFailures)
 		w.a.sess.retrying(w.id)
-		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
+		if !w.a.awaitRunner(w.ctx, bo.Step()) {
 			return false
 		}
 	}
+}
+
+// awaitRunner waits d before the next call to the runner, or less when the
+// runner is gone: until a dial to it connects (it started again), so that
+// its mailboxes are opened, acquired and served again as soon as it
+// listens. False if ctx ended first.
+func (a *Agent) awaitRunner(ctx context.Context, d time.Duration) bool {
+	if a.cfg.RunnerConn == nil {
+		return sleep(ctx, a.cfg.Clock, d)
+	}
+	dialed := a.cfg.RunnerConn.Dialed()
+	if !a.runnerRefusing() {
+		return sleep(ctx, a.cfg.Clock, d)
+	}
+	t := a.cfg.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+	case <-dialed:
+	}
+	return true
 }
 
 // acquire asks for the lease until granted; it returns the lease and when
@@ -339,6 +376,8 @@ type hbResult struct {
 	runnerErr error
 	// silence is hold's judgment of the runner with this probe counted.
 	silence silence
+	// giveUp: the runner is given up on (givingUp); no heartbeat was sent.
+	giveUp bool
 }
 
 // holdEnd is why hold returned.
@@ -348,7 +387,8 @@ const (
 	// leaseEnded: lost (runner fenced) or the worker stopped; acquire again.
 	leaseEnded holdEnd = iota
 	// runnerGone: the runner stopped answering for longer than the
-	// dead-runner bound and the lease was given back; open it again first.
+	// dead-runner bound, or is gone, and the lease was given back; open it
+	// again first.
 	runnerGone
 )
 
@@ -432,9 +472,9 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 			t.Stop()
 			inflight = nil
 			sil = r.silence
-			if down := sil.down(); r.runnerErr != nil && down >= deadAfter {
+			if r.giveUp {
 				unheld()
-				w.giveUp(epoch, down, deadAfter, r.runnerErr)
+				w.giveUp(epoch, sil.down(), deadAfter, r.runnerErr)
 				return runnerGone
 			}
 			if reason, detail, lost := refused(r); lost {
@@ -480,30 +520,52 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 	}
 }
 
-// giveUp ends a lease whose runner has not answered for down (at least
-// deadAfter): no more renewals, so it cannot hold the mailbox for a runner
-// that is gone. The lease is released once the runner cannot serve under
-// it: at once if it confirms the fence, else when the deadline it was last
+// givingUp says whether a runner whose probe failed with err (nil: it
+// answered), silent for down, is given up on: silent for deadAfter, or gone
+// (its control API refuses connections: runnerconn.go), however short its
+// silence. A runner that only does not answer (paused, slow) is never gone.
+func (a *Agent) givingUp(err error, down, deadAfter time.Duration) bool {
+	return err != nil && (down >= deadAfter || a.gone(err))
+}
+
+// giveUp ends a lease whose runner is given up on (givingUp): no more
+// renewals, so it cannot hold the mailbox for a runner that is gone. The
+// lease is released once the runner cannot serve under it: at once if it
+// confirms the fence or is gone (a runner that starts again serves nothing
+// until activated under a lease), else when the deadline it was last
 // handed (runnerDeadline) has passed, since a paused runner that resumes
 // fences itself by that deadline. A stop meanwhile leaves the release to
-// Shutdown or unassign.
+// Shutdown or unassign. Either way the loss is counted (runner_gone or
+// runner_unreachable) and released with that cause.
 func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error) {
 	clk := w.a.cfg.Clock
 	log := w.log.With("epoch", epoch)
-	w.a.m.losses.WithLabelValues("runner_unreachable").Inc()
-	w.update(func(v *LeaseView) { v.State = StateFenced })
-	log.Warn("runner unreachable past the bound; renewing no more, releasing the lease once the runner is fenced",
-		"down_for", down, "runner_dead_after", deadAfter, "err", cause)
+	reason := "runner_unreachable"
+	w.mu.Lock()
+	w.v.State, w.reopen = StateFenced, true
+	w.mu.Unlock()
+	if w.a.gone(cause) {
+		reason = "runner_gone"
+		log.Warn("runner gone (its control API refuses connections); renewing no more, releasing the lease at once",
+			"down_for", down, "err", cause)
+	} else {
+		log.Warn("runner unreachable past the bound; renewing no more, releasing the lease once the runner is fenced",
+			"down_for", down, "runner_dead_after", deadAfter, "err", cause)
+	}
+	w.a.m.losses.WithLabelValues(reason).Inc()
 	// A confirmation after the runner's deadline would come too late to
 	// matter: the release waits no longer than that deadline (at least a
 	// probe's timeout, for a runner that is only slow).
 	timeout := min(w.a.cfg.RPCTimeout, max(w.runnerDeadline().Sub(clk.Now()), w.a.probeTimeout(w.a.cfg.HeartbeatInterval)))
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), timeout)
-	_, err := w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: "runner_unreachable"})
+	_, err := w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: reason})
 	cancel()
-	if err == nil || status.Code(err) == codes.NotFound {
-		log.Info("runner fenced", "reason", "runner_unreachable")
-	} else if wait := w.runnerDeadline().Sub(clk.Now()); wait > 0 {
+	switch wait := w.runnerDeadline().Sub(clk.Now()); {
+	case err == nil || status.Code(err) == codes.NotFound:
+		log.Info("runner fenced", "reason", reason)
+	case w.a.gone(err):
+		log.Info("runner gone: it serves nothing, so the lease goes without waiting for its deadline", "deadline_in", wait)
+	case wait > 0:
 		log.Warn("runner did not confirm the fence; releasing once its own deadline has passed", "wait", wait, "err", err)
 		if !sleep(w.ctx, clk, wait) {
 			return
@@ -513,7 +575,7 @@ func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error
 	defer cancel()
 	// release logs and counts every outcome; a lease it could not give
 	// back expires on the admin, since nothing renews it any more.
-	_ = w.release(ctx, "runner_unreachable", epoch)
+	_ = w.release(ctx, reason, epoch)
 	w.update(func(v *LeaseView) { v.Epoch, v.SessionID = 0, 0 })
 }
 
@@ -539,9 +601,10 @@ func refusalReason(ref *adminv1.LeaseRefusal) string {
 
 // heartbeat sends one heartbeat with the runner's stats, in the background.
 // A slow runner delays it by at most one interval: its stats are not worth
-// the lease. A runner that has failed its probes for deadAfter, this one
-// counted into sil (hold's, handed over until the result comes back), gets
-// no heartbeat: hold gives the lease up instead.
+// the lease. A runner given up on (givingUp: it has failed its probes for
+// deadAfter, this one counted into sil, hold's, handed over until the
+// result comes back, or it is gone) gets no heartbeat: hold gives the lease
+// up instead.
 func (w *worker) heartbeat(epoch uint64, interval time.Duration, sil silence, deadAfter time.Duration) chan hbResult {
 	ch := make(chan hbResult, 1)
 	go func() {
@@ -550,8 +613,8 @@ func (w *worker) heartbeat(epoch uint64, interval time.Duration, sil silence, de
 		probeSent := w.a.cfg.Clock.Now()
 		stats, lost, runnerErr := w.probe(ctx, epoch, interval)
 		sentAt := w.a.cfg.Clock.Now()
-		if down := sil.observe(probeSent, sentAt, runnerErr, w.a.heard()); runnerErr != nil && down >= deadAfter {
-			ch <- hbResult{runnerErr: runnerErr, silence: sil}
+		if down := sil.observe(probeSent, sentAt, runnerErr, w.a.heard()); w.a.givingUp(runnerErr, down, deadAfter) {
+			ch <- hbResult{runnerErr: runnerErr, silence: sil, giveUp: true}
 			return
 		}
 		resp, err := w.a.cfg.Admin.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch, Stats: stats})
@@ -609,7 +672,8 @@ func (w *worker) serving() (unheld func()) {
 // deadline, until(), read anew at each try, retrying until then, and
 // records a bound on the deadline the runner took; false if the worker was
 // stopped or the deadline came first (then the lease lapsed on this side
-// and acquire starts over).
+// and acquire starts over), or the runner is gone (then the lease is given
+// back, giveUp, and the mailbox opened again first).
 func (w *worker) activate(epoch uint64, until func() time.Time) bool {
 	bo := w.a.cfg.Backoff
 	for {
@@ -647,6 +711,12 @@ func (w *worker) activate(epoch uint64, until func() time.Time) bool {
 		if w.ctx.Err() != nil {
 			return false
 		}
+		if w.a.gone(err) {
+			// Nothing to activate: the lease goes, and the mailbox is
+			// opened again once the runner listens.
+			w.giveUp(epoch, 0, 0, err)
+			return false
+		}
 		w.log.Warn("runner activation failed; retrying", "epoch", epoch, "err", err)
 		if !sleep(w.ctx, w.a.cfg.Clock, min(bo.Step(), fenceAt.Sub(now))) {
 			return false
@@ -678,8 +748,9 @@ func (w *worker) extend(epoch uint64, fenceAt time.Time) {
 }
 
 // fence stops the runner on the mailbox at once and records the loss; it
-// retries until the runner confirms or the worker is stopped (a stopped
-// worker's runner is drained or closed next anyway).
+// retries until the runner confirms, is gone (it serves nothing), or the
+// worker is stopped (a stopped worker's runner is drained or closed next
+// anyway).
 func (w *worker) fence(epoch uint64, reason, detail string, lastAckSent time.Time) {
 	w.a.m.losses.WithLabelValues(reason).Inc()
 	w.update(func(v *LeaseView) { v.State = StateFenced })
@@ -691,6 +762,10 @@ func (w *worker) fence(epoch uint64, reason, detail string, lastAckSent time.Tim
 		cancel()
 		if err == nil || status.Code(err) == codes.NotFound {
 			w.log.Info("runner fenced", "epoch", epoch, "reason", reason)
+			return
+		}
+		if w.a.gone(err) {
+			w.log.Info("runner gone (its control API refuses connections): it serves nothing", "epoch", epoch, "reason", reason)
 			return
 		}
 		w.log.Error("runner did not confirm the fence; retrying", "epoch", epoch, "err", err)
@@ -732,8 +807,10 @@ func (w *worker) unassign() bool {
 
 // closeInRunner has the runner stop serving the mailbox and forget it
 // (queries in flight are answered first); true once the runner confirmed
-// it no longer serves it. A failed close is followed by a fence, which a
-// runner that closed with errors answers NotFound.
+// it no longer serves it, or is gone (runnerconn.go: a runner that exited
+// serves nothing, and one started again nothing it was not activated for).
+// A failed close is followed by a fence, which a runner that closed with
+// errors answers NotFound.
 func (w *worker) closeInRunner(ctx context.Context, cause string) bool {
 	_, err := w.a.cfg.Runner.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id})
 	if err == nil {
@@ -743,6 +820,10 @@ func (w *worker) closeInRunner(ctx context.Context, cause string) bool {
 	_, err = w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: cause})
 	if err == nil || status.Code(err) == codes.NotFound {
 		w.log.Info("runner fenced", "reason", cause)
+		return true
+	}
+	if w.a.gone(err) {
+		w.log.Info("runner gone (its control API refuses connections): it serves nothing", "cause", cause)
 		return true
 	}
 	w.log.Warn("runner did not confirm it stopped serving the mailbox", "err", err)

@@ -758,7 +758,7 @@ func (w *worker) holdSession(r acqResult) holdEnd {
 			t.Stop()
 			var p probeResult
 			p, probed = w.a.sess.lastProbe()
-			if down := p.silence.since(activatedAt); p.err != nil && down >= deadAfter {
+			if down := p.silence.since(activatedAt); w.a.givingUp(p.err, down, deadAfter) {
 				unheld()
 				w.giveUp(epoch, down, deadAfter, p.err)
 				return runnerGone

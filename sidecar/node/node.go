@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -87,6 +88,14 @@ func runnerCredentials(src *pki.Source) credentials.TransportCredentials {
 	return credentials.NewTLS(src.ClientConfig(pki.Exactly(src.Identity())))
 }
 
+// runnerConnectParams reconnect to the runner's control API at most half a
+// second after a failed dial, where grpc-go's default waits up to two
+// minutes.
+var runnerConnectParams = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
+	MinConnectTimeout: 5 * time.Second,
+}
+
 // Run runs the sidecar until ctx ends; then the runner drains and every
 // lease is released (bounded by StopTimeout), and the HTTP server stops.
 func Run(ctx context.Context, cfg Config) error {
@@ -102,7 +111,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer admin.Close()
-	rc, err := grpc.NewClient(cfg.RunnerAddr, grpc.WithTransportCredentials(runnerCredentials(cfg.TLS)))
+	// The dialer tells the agent when the runner is gone (its control port
+	// refuses connections), and when it listens again. The reconnect
+	// backoff is short: a loopback dial costs nothing, and a runner that
+	// started again is served again as soon as it is reached.
+	dialer := agent.NewRunnerDialer()
+	rc, err := grpc.NewClient(cfg.RunnerAddr, grpc.WithTransportCredentials(runnerCredentials(cfg.TLS)),
+		grpc.WithContextDialer(dialer.Dial), grpc.WithConnectParams(runnerConnectParams))
 	if err != nil {
 		return fmt.Errorf("runner control address %s: %w", cfg.RunnerAddr, err)
 	}
@@ -120,7 +135,7 @@ func Run(ctx context.Context, cfg Config) error {
 		},
 		LeaseMode: cfg.LeaseMode, LeaseTTL: cfg.LeaseTTL, HeartbeatInterval: cfg.HeartbeatInterval, RunnerDeadAfter: cfg.RunnerDeadAfter, StopTimeout: cfg.StopTimeout,
 		Backoff: wait.Backoff{Duration: min(100*time.Millisecond, cfg.RetryMax), Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: cfg.RetryMax},
-		Admin:   admin, Runner: runnerv1.NewRunnerControlClient(rc),
+		Admin:   admin, Runner: runnerv1.NewRunnerControlClient(rc), RunnerConn: dialer,
 		Logger: log, Registerer: reg,
 	})
 	if err != nil {

@@ -24,7 +24,8 @@ type env struct {
 	started time.Time
 }
 
-func setup(t *testing.T, admins int, endpoints func([]*e2e.AdminNode) []string) *env {
+// setup starts the env, its sidecar with sidecarArgs added to its flags.
+func setup(t *testing.T, admins int, endpoints func([]*e2e.AdminNode) []string, sidecarArgs ...string) *env {
 	t.Helper()
 	e := &env{kafka: kafkatest.Start(t, kafkatest.Topics(2, topic)), tl: newTimeline()}
 	cluster := e2e.StartAdmins(t, e2e.AdminOptions{Size: admins})
@@ -33,7 +34,7 @@ func setup(t *testing.T, admins int, endpoints func([]*e2e.AdminNode) []string) 
 	e.runner = startRunner(t, "runner-a", e.kafka.Brokers)
 	eps := endpoints(e.admins)
 	e.started = e.tl.mark("sidecar started")
-	e.sidecar = startSidecar(t, "sidecar-a", "runner-a", e.runner, eps...)
+	e.sidecar = e2e.StartSidecar(t, e2e.SidecarOptions{Name: "sidecar-a", ProxyID: proxyID, RunnerID: "runner-a", Runner: e.runner, Admins: eps, Lease: lease, Args: sidecarArgs})
 	return e
 }
 
