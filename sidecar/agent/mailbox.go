@@ -267,6 +267,7 @@ func (w *worker) openInRunner() bool {
 		if !ok {
 			return false
 		}
+		dialed := w.a.runnerDialed()
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
 		_, err := w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), RecoverFrom: w.recoverFrom()})
 		cancel()
@@ -296,22 +297,37 @@ func (w *worker) openInRunner() bool {
 		}
 		w.log.Warn("runner could not open the mailbox; retrying", "err", err, "consecutive_store_failures", w.view().OpenFailures)
 		w.a.sess.retrying(w.id)
-		if !w.a.awaitRunner(w.ctx, bo.Step()) {
+		if !w.a.awaitRunner(w.ctx, bo.Step(), dialed) {
 			return false
 		}
 	}
 }
 
-// awaitRunner waits d before the next call to the runner, or less when the
-// runner is gone: until a dial to it connects (it started again), so that
-// its mailboxes are opened, acquired and served again as soon as it
-// listens. False if ctx ended first.
-func (a *Agent) awaitRunner(ctx context.Context, d time.Duration) bool {
+// runnerDialed is RunnerConn.Dialed, nil without a RunnerConn; taken before
+// a call to the runner, for awaitRunner after it fails.
+func (a *Agent) runnerDialed() <-chan struct{} {
 	if a.cfg.RunnerConn == nil {
-		return sleep(ctx, a.cfg.Clock, d)
+		return nil
 	}
-	dialed := a.cfg.RunnerConn.Dialed()
-	if !a.runnerRefusing() {
+	return a.cfg.RunnerConn.Dialed()
+}
+
+// awaitRunner waits d before the next call to the runner after one failed,
+// or less when the runner is gone: until a dial to it connects (it started
+// again), so that its mailboxes are opened, acquired and served again as
+// soon as it listens. dialed is runnerDialed from before the failed call,
+// so a runner that started again since then is called again at once.
+// False if ctx ended first.
+func (a *Agent) awaitRunner(ctx context.Context, d time.Duration, dialed <-chan struct{}) bool {
+	// Refusing first: a dial that connects clears it and closes dialed at
+	// once, so one of the two is seen.
+	refusing := a.runnerRefusing()
+	select {
+	case <-dialed:
+		return ctx.Err() == nil
+	default:
+	}
+	if !refusing {
 		return sleep(ctx, a.cfg.Clock, d)
 	}
 	t := a.cfg.Clock.NewTimer(d)
@@ -567,7 +583,9 @@ func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error
 		log.Info("runner gone: it serves nothing, so the lease goes without waiting for its deadline", "deadline_in", wait)
 	case wait > 0:
 		log.Warn("runner did not confirm the fence; releasing once its own deadline has passed", "wait", wait, "err", err)
-		if !sleep(w.ctx, clk, wait) {
+		// Counted from now, not from before the log: the release is
+		// never later than the deadline.
+		if !sleep(w.ctx, clk, w.runnerDeadline().Sub(clk.Now())) {
 			return
 		}
 	}
