@@ -99,57 +99,80 @@ func BenchmarkRollingRestart(b *testing.B) {
 	}
 }
 
-// BenchmarkCatchUp moves a namespace whose topic holds -catchup-events
-// events (4 partitions) to another proxy once its source has them all:
-// the figure is the move's start to its switch, the destination's
-// mailbox reading every event from Kafka and storing it.
+// BenchmarkCatchUp moves two namespaces whose topic holds -catchup-events
+// events (4 partitions) off their source once it has them all, one after the
+// other: the first to a proxy whose runner runs with --peer-recovery=false,
+// so its mailbox reads every event from Kafka (moves.catchup_s_<n>), the
+// second to one that copies the source's mailbox by peer recovery and then
+// reads Kafka from the copied positions (moves.recovery_s_<n>). Each figure is
+// the move's start to its switch.
 func BenchmarkCatchUp(b *testing.B) {
 	for range b.N {
 		const big = "big.events"
 		n := *catchupEvents
-		ids := []string{"proxy-1", "proxy-2"}
+		ids := []string{"proxy-1", "proxy-2", "proxy-3"}
 		w := newWorld(b, kafkatest.Topics(4, big))
 		at := time.Now()
 		w.produceMany(big, n)
 		note("produced %d events in %v", n, time.Since(at).Round(time.Millisecond))
-		for _, id := range ids {
-			w.StartProxy(id)
-		}
+		w.StartProxy("proxy-1")
+		w.StartProxy("proxy-2", "--peer-recovery=false")
+		w.StartProxy("proxy-3")
 		w.AwaitProxies(ids...)
-		ns := namesOn(1, "deep", "proxy-1", ids...)[0]
+		names := namesOn(2, "deep", "proxy-1", ids...)
 		at = time.Now()
-		w.create([]string{ns}, big, ids...)
+		w.create(names, big, ids...)
 		w.StartGateway()
-		w.Served(map[string]string{ns: "proxy-1"}, atLeast(int64(n)), 10*time.Minute)
-		note("source caught up in %v (creation to every event served through the gateway)", time.Since(at).Round(time.Millisecond))
+		w.Served(map[string]string{names[0]: "proxy-1", names[1]: "proxy-1"}, atLeast(int64(n)), 10*time.Minute)
+		note("source caught up in %v (creation to every event of both namespaces served through the gateway)", time.Since(at).Round(time.Millisecond))
 
-		started := time.Now()
-		w.Must("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
-			_, err := a.MoveNamespace(ctx, &adminv1.MoveNamespaceRequest{Namespace: ns, ToProxyId: "proxy-2"})
-			return err
-		})
-		var lastLag string
-		testwait.For(b, 10*time.Minute, ns+" switched to proxy-2", func() (bool, string) {
-			var r *adminv1.ListMovesResponse
-			if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
-				r, err = a.ListMoves(ctx, &adminv1.ListMovesRequest{})
-				return err
-			}); err != nil {
-				return false, err.Error()
-			}
-			for _, m := range r.GetMoves() {
-				if m.GetNamespace() != ns {
-					continue
-				}
-				lastLag = fmt.Sprint(m.GetLag(), " known=", m.GetLagKnown())
-				return m.GetState() == adminv1.MoveState_MOVE_STATE_HANDING_OFF, m.GetState().String() + " lag " + lastLag
-			}
-			return false, "no move listed"
-		})
-		took := time.Since(started)
-		note("%s: %d events caught up on proxy-2 and switched in %v (%.0f events/s)", ns, n, took.Round(time.Millisecond), float64(n)/took.Seconds())
-		figure("moves.catchup_s_"+countName(n), fmt.Sprintf("%.1f", took.Seconds()), "s")
+		for _, m := range []struct{ ns, to, figure string }{
+			{names[0], "proxy-2", "moves.catchup_s_"},
+			{names[1], "proxy-3", "moves.recovery_s_"},
+		} {
+			took, rec := w.moveAndSwitch(m.ns, m.to)
+			note("%s: %d events on %s and switched in %v (%.0f events/s); recovery %s, %d bytes copied, history complete %v",
+				m.ns, n, m.to, took.Round(time.Millisecond), float64(n)/took.Seconds(), rec.GetState(), rec.GetBytesCopied(), rec.GetHistoryComplete())
+			figure(m.figure+countName(n), fmt.Sprintf("%.1f", took.Seconds()), "s")
+		}
 	}
+}
+
+// moveAndSwitch moves ns to proxy to by hand and waits for the switch; it returns the time from the call to
+// ListMoves showing the switch, and the destination's recovery as the admin last heard it.
+func (w *world) moveAndSwitch(ns, to string) (time.Duration, *adminv1.RecoveryStatus) {
+	w.TB.Helper()
+	started := time.Now()
+	w.Must("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
+		_, err := a.MoveNamespace(ctx, &adminv1.MoveNamespaceRequest{Namespace: ns, ToProxyId: to})
+		return err
+	})
+	var rec *adminv1.RecoveryStatus
+	testwait.For(w.TB, 10*time.Minute, ns+" switched to "+to, func() (bool, string) {
+		var r *adminv1.GetNamespaceResponse
+		var moves *adminv1.ListMovesResponse
+		if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) (err error) {
+			if r, err = a.GetNamespace(ctx, &adminv1.GetNamespaceRequest{Namespace: ns}); err != nil {
+				return err
+			}
+			moves, err = a.ListMoves(ctx, &adminv1.ListMovesRequest{})
+			return err
+		}); err != nil {
+			return false, err.Error()
+		}
+		for _, rp := range r.GetReplicas() {
+			if rp.GetProxyId() == to && rp.GetHealth().GetRecovery() != nil {
+				rec = rp.GetHealth().GetRecovery()
+			}
+		}
+		for _, m := range moves.GetMoves() {
+			if m.GetNamespace() == ns {
+				return m.GetState() == adminv1.MoveState_MOVE_STATE_HANDING_OFF, m.GetState().String() + fmt.Sprint(" lag ", m.GetLag(), " known=", m.GetLagKnown())
+			}
+		}
+		return false, "no move listed"
+	})
+	return time.Since(started), rec
 }
 
 // BenchmarkDrain cordons a proxy serving -drain-namespaces namespaces

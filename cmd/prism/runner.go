@@ -61,6 +61,7 @@ type runnerFlags struct {
 	// from a copy goes on failing before it reads Kafka instead.
 	recoveryRate   string
 	recoveryGiveUp time.Duration
+	peerRecovery   bool
 }
 
 // defaultControlAddr is where the injected sidecar looks for the runner
@@ -97,6 +98,7 @@ func (f *runnerFlags) register(cmd *cobra.Command, defaults runnerFlags) {
 	// starts: the budget no longer depends on how many mailboxes open.
 	fs.StringVar(&f.recoveryRate, "recovery-rate", "100MiB", "peer recovery: bytes per second this runner sends, all copies of its mailboxes together, to runners seeding a moved mailbox from them, e.g. 50MiB")
 	fs.DurationVar(&f.recoveryGiveUp, "recovery-give-up", 2*time.Minute, "peer recovery: how long a mailbox seeding from a copy of its namespace's previous mailbox goes on failing without progress before it reads its topics from the oldest offset Kafka holds and reports its history incomplete")
+	fs.BoolVar(&f.peerRecovery, "peer-recovery", true, "peer recovery: seed a moved mailbox by copying its namespace's previous mailbox from that runner, and serve such copies of this runner's mailboxes; false builds a moved mailbox from Kafka alone (history older than the topics' retention is then missing, and the mailbox says so)")
 	fs.IntVar(&f.expectedMailboxes, "expected-mailboxes", 0, "ignored")
 	_ = fs.MarkDeprecated("expected-mailboxes", "it is ignored: the runner's mailboxes share one store, sized from --memory-budget alone")
 }
@@ -149,7 +151,7 @@ func (f *runnerFlags) nodeConfig(log *slog.Logger, brokers []string) (node.Confi
 	if f.recoveryGiveUp <= 0 {
 		return cfg, fmt.Errorf("--recovery-give-up: want a positive duration, got %v", f.recoveryGiveUp)
 	}
-	cfg.Runner.RecoveryRate, cfg.Runner.RecoveryGiveUp = int64(rate), f.recoveryGiveUp
+	cfg.Runner.RecoveryRate, cfg.Runner.RecoveryGiveUp, cfg.Runner.NoPeerRecovery = int64(rate), f.recoveryGiveUp, !f.peerRecovery
 	if f.mailbox == "" {
 		if cfg.ControlAddr == "" {
 			cfg.ControlAddr = defaultControlAddr

@@ -94,6 +94,8 @@ type Host interface {
 	Statuses() map[string]runner.Status
 	// AllowRecovery sets which proxies may copy mailbox id (nil: none).
 	AllowRecovery(id string, proxies []string)
+	// UpdateRecovery gives a mailbox being seeded its source's new address.
+	UpdateRecovery(id string, src runner.RecoverySource)
 }
 
 // Config of a Server. Host is required.
@@ -315,8 +317,12 @@ func (s *Server) open(req *runnerv1.OpenMailboxRequest) (*runnerv1.MailboxStatus
 		same := proto.Equal(e.cfg, req.GetConfig())
 		_, refused := next(e.state, evOpen)
 		if same && refused == nil {
-			// The placement may name a source later than the first open.
+			// The placement may name a source later than the first open, or
+			// the source's runner at a new address while the copy runs.
 			e.recover = proto.CloneOf(req.GetRecoverFrom())
+			if src := e.recover; src != nil && e.state.serving() {
+				s.host.UpdateRecovery(id, runner.RecoverySource{MailboxID: src.GetMailboxId(), Address: src.GetAddress()})
+			}
 		}
 		e.mu.Unlock()
 		if refused != nil {

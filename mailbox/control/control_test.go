@@ -51,6 +51,12 @@ type fakeHost struct {
 	recovery map[string]runner.RecoveryStatus
 }
 
+func (h *fakeHost) UpdateRecovery(id string, src runner.RecoverySource) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, "update recovery "+id+" "+src.Address)
+}
+
 func (h *fakeHost) AllowRecovery(id string, proxies []string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -50,6 +50,15 @@ func TestOpenWithRecoverFrom(t *testing.T) {
 		rs.GetBytesCopied() != 10 || rs.GetStartedAt().AsTime() != time.Unix(5, 0).UTC() || rs.GetHistoryComplete() {
 		t.Fatalf("recovery status %v", rs)
 	}
+	// The source's runner restarted elsewhere: the placement names its new address, and the copy goes there.
+	h.takeCalls()
+	moved := &runnerv1.RecoverySource{MailboxId: "audit@p0", Address: "10.0.0.2:9000"}
+	if _, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "audit@p1", Config: cfg, RecoverFrom: moved}); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.takeCalls(); !slices.Contains(c, "update recovery audit@p1 10.0.0.2:9000") {
+		t.Fatalf("calls %v: the runner was not given the source's new address", c)
+	}
 }
 
 // TestAllowRecovery: the set reaches the runner, replaces the last one, an empty one clears it, a close clears it;

@@ -24,13 +24,14 @@ const (
 	DefaultBackoffMax = 5 * time.Second
 )
 
-// SeedConfig configures Seed. DB, MailboxID, SourceID and Client are required.
+// SeedConfig configures Seed. DB, MailboxID, SourceID and Dial are required.
 type SeedConfig struct {
 	DB        *store.DB
 	MailboxID string // the mailbox seeded
 	SourceID  string // the mailbox copied
-	// Client reaches the source's runner (MailboxRecovery on its query port, mutual TLS).
-	Client runnerv1.MailboxRecoveryClient
+	// Dial reaches the source's runner (MailboxRecovery on its query port, mutual TLS), once per try: where
+	// it runs may change while a copy fails (a source restarted elsewhere). The caller closes what it returns.
+	Dial func() (runnerv1.MailboxRecoveryClient, io.Closer, error)
 	// GiveUp bounds the time spent failing: a copy that has made no progress for this long is given up
 	// (0: DefaultGiveUp).
 	GiveUp                 time.Duration
@@ -139,7 +140,12 @@ type progress struct {
 func fetch(ctx context.Context, cfg SeedConfig, im *store.Import, got *progress) (*runnerv1.RecoveryDone, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := cfg.Client.FetchMailbox(ctx, &runnerv1.FetchMailboxRequest{
+	client, conn, err := cfg.Dial()
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stream, err := client.FetchMailbox(ctx, &runnerv1.FetchMailboxRequest{
 		MailboxId: cfg.SourceID, SnapshotId: im.Snapshot(), Cursor: im.Cursor(),
 	}, grpc.MaxCallRecvMsgSize(MaxMessageBytes))
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"time"
@@ -69,11 +70,18 @@ type RecoveryStatus struct {
 	Err string
 }
 
-// recovering is a mailbox's recovery in progress, or given up.
+// recovering is a mailbox's recovery in progress, or given up. mu guards src (its address may change:
+// UpdateRecovery) and st.
 type recovering struct {
-	src RecoverySource
 	mu  sync.Mutex
+	src RecoverySource
 	st  RecoveryStatus
+}
+
+func (rc *recovering) source() RecoverySource {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.src
 }
 
 func (rc *recovering) update(fn func(*RecoveryStatus)) {
@@ -169,7 +177,8 @@ func (r *Runner) recoveryFor(mc MailboxConfig, st *store.Store) (*recovering, er
 func (r *Runner) recover(ctx context.Context, mb *mailbox, icfg ingest.Config) {
 	rc := mb.recovery
 	id := mb.cfg.ID
-	log := r.log.With("mailbox_id", id, "source_mailbox_id", rc.src.MailboxID, "epoch", mb.epoch.Load())
+	src := rc.source().MailboxID
+	log := r.log.With("mailbox_id", id, "source_mailbox_id", src, "epoch", mb.epoch.Load())
 	copied, err := r.copyFrom(ctx, mb)
 	if ctx.Err() != nil {
 		// Closed or drained: the import stays, and the next open resumes it.
@@ -179,7 +188,7 @@ func (r *Runner) recover(ctx context.Context, mb *mailbox, icfg ingest.Config) {
 	switch {
 	case err != nil:
 		log.Warn("peer recovery gave up: the mailbox is built from Kafka and its history is incomplete", "err", err)
-		rec := store.Recovery{Source: rc.src.MailboxID, Incomplete: true, Started: rc.status().Started, Finished: now}
+		rec := store.Recovery{Source: src, Incomplete: true, Started: rc.status().Started, Finished: now}
 		if err := mb.store.Load().SetRecovery(rec); err != nil {
 			log.Error("record the mailbox's incomplete history", "err", err)
 		}
@@ -215,20 +224,28 @@ func (r *Runner) recover(ctx context.Context, mb *mailbox, icfg ingest.Config) {
 	r.retain(ctx, mb)
 }
 
+// errPeerRecoveryOff is every copy's failure on a runner with peer recovery off.
+var errPeerRecoveryOff = errors.New("peer recovery is off on this runner (--peer-recovery=false)")
+
 // copyFrom copies mb's source into an import of mb.
 func (r *Runner) copyFrom(ctx context.Context, mb *mailbox) (*recovery.Copied, error) {
+	if r.cfg.NoPeerRecovery {
+		return nil, errPeerRecoveryOff
+	}
 	rc := mb.recovery
 	db, err := r.db.Get(r.openStoreDB)
 	if err != nil {
 		return nil, err
 	}
-	cc, err := r.dialRecovery(rc.src)
-	if err != nil {
-		return nil, err
-	}
-	defer cc.Close()
 	return recovery.Seed(ctx, recovery.SeedConfig{
-		DB: db, MailboxID: mb.cfg.ID, SourceID: rc.src.MailboxID, Client: runnerv1.NewMailboxRecoveryClient(cc),
+		DB: db, MailboxID: mb.cfg.ID, SourceID: rc.source().MailboxID,
+		Dial: func() (runnerv1.MailboxRecoveryClient, io.Closer, error) {
+			cc, err := r.dialRecovery(rc.source())
+			if err != nil {
+				return nil, nil, err
+			}
+			return runnerv1.NewMailboxRecoveryClient(cc), cc, nil
+		},
 		GiveUp: r.cfg.RecoveryGiveUp, Clock: r.cfg.Clock, Logger: r.log,
 		Progress: func(bytes, events int64) {
 			rc.update(func(s *RecoveryStatus) { s.Bytes, s.Events = bytes, events })
@@ -268,7 +285,7 @@ func (r *Runner) swapInCopy(mb *mailbox, copied *recovery.Copied, now time.Time)
 	if err := mb.store.Load().Close(); err != nil {
 		return err
 	}
-	rec := store.Recovery{Source: rc.src.MailboxID, Copied: true, Bytes: copied.Done.GetBytes(), Events: copied.Done.GetEvents(),
+	rec := store.Recovery{Source: rc.source().MailboxID, Copied: true, Bytes: copied.Done.GetBytes(), Events: copied.Done.GetEvents(),
 		Started: rc.status().Started, Finished: now}
 	errFinish := copied.Import.Finish(copied.Positions, rec)
 	st, err := r.openView(db, r.storeOptions(mb.cfg))
@@ -277,6 +294,23 @@ func (r *Runner) swapInCopy(mb *mailbox, copied *recovery.Copied, now time.Time)
 	}
 	mb.store.Store(st)
 	return errFinish
+}
+
+// UpdateRecovery takes a new address for the source mailbox id is being seeded from (its runner restarted
+// elsewhere); the copy's next try goes there. It does nothing for a mailbox not being seeded from that source.
+func (r *Runner) UpdateRecovery(id string, src RecoverySource) {
+	r.mu.RLock()
+	mb, ok := r.mailboxes[id]
+	r.mu.RUnlock()
+	if !ok || mb.recovery == nil {
+		return
+	}
+	mb.recovery.mu.Lock()
+	defer mb.recovery.mu.Unlock()
+	if mb.recovery.src.MailboxID == src.MailboxID && mb.recovery.src.Address != src.Address {
+		r.log.Info("peer recovery source moved", "mailbox_id", id, "source_mailbox_id", src.MailboxID, "address", src.Address)
+		mb.recovery.src.Address = src.Address
+	}
 }
 
 // AllowRecovery sets which proxies' runners may copy mailbox id while this runner holds it (nil: none).
@@ -292,6 +326,9 @@ func (r *Runner) AllowRecovery(id string, proxies []string) {
 
 // RecoveryAllowed implements recovery.Source.
 func (r *Runner) RecoveryAllowed(id, caller string) error {
+	if r.cfg.NoPeerRecovery {
+		return grpcstatus.Errorf(codes.Unavailable, "fetch %s: peer recovery is off on this runner", id)
+	}
 	r.mu.RLock()
 	allowed := slices.Contains(r.allowed[id], caller)
 	mb, ok := r.mailboxes[id]

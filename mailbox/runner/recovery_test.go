@@ -280,3 +280,27 @@ func (w tWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(b)))
 	return len(b), nil
 }
+
+// TestPeerRecoveryOff: with peer recovery off a runner serves no copy, and a mailbox opened with a source reads
+// its topics from Kafka at once and reports its history incomplete.
+func TestPeerRecoveryOff(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t, kafkatest.Topics(1, "t", "t.dlq"))
+	c.ProduceEnvelopes(t, "t", kafkatest.Envelopes("t", 10)...)
+	r, err := New(Config{DataDir: t.TempDir(), Brokers: c.Brokers, BatchWait: 10 * time.Millisecond, NoPeerRecovery: true, Logger: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if err := r.Open(MailboxConfig{ID: "ns@p2", Topics: []string{"t"}, Epoch: 1, Recover: &RecoverySource{MailboxID: "ns@p1", Address: "127.0.0.1:1"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "built from Kafka", func() bool {
+		st, _ := r.Status("ns@p2")
+		return st.Events == 10 && st.Recovery.State == RecoveryIncomplete && !st.Recovery.HistoryComplete && !st.Recovery.HistoryStartsAt.IsZero()
+	})
+	r.AllowRecovery("ns@p2", []string{"p3"})
+	if err := r.RecoveryAllowed("ns@p2", "p3"); grpcstatus.Code(err) != codes.Unavailable {
+		t.Fatalf("a copy from a runner with peer recovery off: %v, want Unavailable", err)
+	}
+}

@@ -124,6 +124,10 @@ type Config struct {
 	// failing without progress before it falls back to Kafka
 	// (0: recovery.DefaultGiveUp).
 	RecoveryGiveUp time.Duration
+	// NoPeerRecovery turns peer recovery off: the runner serves no copy, and
+	// a mailbox opened with a source reads its topics from Kafka at once
+	// (and reports its history incomplete, since a copy existed).
+	NoPeerRecovery bool
 	// Pprof also serves Go's runtime profiles and runtime/metrics under
 	// /debug/ on the plaintext HTTP port (debughttp.With).
 	Pprof bool

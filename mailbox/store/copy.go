@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
@@ -126,8 +127,20 @@ type Import struct {
 	id       string
 	box      box
 	snapshot string // the source's snapshot id; empty until the first Put
-	cursor   []byte
+	cursor   []byte // the last key sent to Badger
+
+	// Puts are pipelined: each commit is sent without waiting for the one before, at most importInFlight at once,
+	// since Badger applies and syncs commits in the order they are sent (one fsync for those it finds queued),
+	// so a cursor that is durable has every key up to it durable too. fmu guards durable, the cursor of the last
+	// commit known durable, and failed, the first commit error; flights holds a token per commit in flight.
+	fmu     sync.Mutex
+	durable []byte
+	failed  error
+	flights chan struct{}
 }
+
+// importInFlight bounds an import's commits in flight, and so the memory its chunks hold.
+const importInFlight = 8
 
 // Import returns mailbox id's import in progress, or starts one. While it is in progress the mailbox's own store
 // (if any) is as it was; Finish replaces it with the copy.
@@ -147,7 +160,7 @@ func (db *DB) Import(id string) (*Import, error) {
 		if err != nil {
 			return nil, fmt.Errorf("import %q: %w", id, err)
 		}
-		im.db, im.id = db, id
+		im.db, im.id, im.durable, im.flights = db, id, im.cursor, make(chan struct{}, importInFlight)
 		return im, nil
 	}
 	if !errors.Is(err, badger.ErrKeyNotFound) {
@@ -156,7 +169,7 @@ func (db *DB) Import(id string) (*Import, error) {
 	if db.last == 1<<32-1 {
 		return nil, fmt.Errorf("import %q: every mailbox number is used", id)
 	}
-	im := &Import{db: db, id: id, box: boxOf(db.last + 1)}
+	im := &Import{db: db, id: id, box: boxOf(db.last + 1), flights: make(chan struct{}, importInFlight)}
 	err = db.commit(func(w *badger.Txn) error {
 		if err := w.Set(counterKey, im.box[:]); err != nil {
 			return err
@@ -188,11 +201,13 @@ func (db *DB) Importing(id string) (bool, error) {
 	return err == nil, err
 }
 
-func (im *Import) encode() []byte {
-	b := append([]byte{}, im.box[:]...)
-	b = binary.AppendUvarint(b, uint64(len(im.snapshot)))
-	b = append(b, im.snapshot...)
-	return append(b, im.cursor...)
+func (im *Import) encode() []byte { return encodeImport(im.box, im.snapshot, im.cursor) }
+
+func encodeImport(b box, snapshot string, cursor []byte) []byte {
+	v := append([]byte{}, b[:]...)
+	v = binary.AppendUvarint(v, uint64(len(snapshot)))
+	v = append(v, snapshot...)
+	return append(v, cursor...)
 }
 
 func decodeImport(v []byte) (*Import, error) {
@@ -219,10 +234,15 @@ func (im *Import) Snapshot() string { return im.snapshot }
 // Cursor is the last key received (nil: none yet); the copy resumes after it.
 func (im *Import) Cursor() []byte { return im.cursor }
 
-// Put stores entries, the next ones of snapshot after the cursor in key order, and moves the cursor to the last
-// of them, durably. Entries of another snapshot than the one begun, or out of order, are refused: a copy must come
-// from one snapshot to be a state the source was in (Abort and start over).
+// Put sends entries, the next ones of snapshot after the cursor in key order, to be stored, and moves the cursor
+// to the last of them; they are durable once a later Put or Finish has returned (Sync). Entries of another
+// snapshot than the one begun, or out of order, are refused: a copy must come from one snapshot to be a state the
+// source was in (Abort and start over). After a failed commit, Put fails and the cursor is back at the last
+// durable one.
 func (im *Import) Put(snapshot string, entries []Entry) error {
+	if err := im.check(); err != nil {
+		return err
+	}
 	if im.snapshot != "" && snapshot != im.snapshot {
 		return fmt.Errorf("import %q: entries of snapshot %q, not of %q", im.id, snapshot, im.snapshot)
 	}
@@ -243,10 +263,41 @@ func (im *Import) Put(snapshot string, entries []Entry) error {
 	return nil
 }
 
-// put commits the first of entries, as many as one transaction takes, with the cursor after them.
+// check fails once a commit has failed, first waiting for those in flight, and puts the cursor back where it is
+// durable.
+func (im *Import) check() error {
+	im.fmu.Lock()
+	failed := im.failed
+	im.fmu.Unlock()
+	if failed == nil {
+		return nil
+	}
+	if err := im.Sync(); err == nil {
+		return failed
+	}
+	return fmt.Errorf("import %q: %w", im.id, failed)
+}
+
+// Sync waits for the commits in flight and says if one failed; the cursor is then the last durable one.
+func (im *Import) Sync() error {
+	for range cap(im.flights) {
+		im.flights <- struct{}{}
+	}
+	for range cap(im.flights) {
+		<-im.flights
+	}
+	im.fmu.Lock()
+	defer im.fmu.Unlock()
+	if im.failed != nil {
+		im.cursor = bytes.Clone(im.durable)
+		return fmt.Errorf("import %q: %w", im.id, im.failed)
+	}
+	return nil
+}
+
+// put sends the commit of the first of entries, as many as one transaction takes, with the cursor after them.
 func (im *Import) put(snapshot string, entries []Entry) (int, error) {
 	txn := im.db.bdb.NewTransactionAt(im.db.ts.Load(), true)
-	defer txn.Discard()
 	n := 0
 	for _, e := range entries {
 		err := txn.SetEntry(badger.NewEntry(im.box.key(e.Key...), e.Value).WithMeta(e.Meta))
@@ -254,19 +305,32 @@ func (im *Import) put(snapshot string, entries []Entry) (int, error) {
 			break
 		}
 		if err != nil {
+			txn.Discard()
 			return 0, err
 		}
 		n++
 	}
-	next := *im
-	next.snapshot, next.cursor = snapshot, entries[n-1].Key
-	if err := txn.Set(importKey(im.id), next.encode()); err != nil {
+	cursor := bytes.Clone(entries[n-1].Key)
+	if err := txn.Set(importKey(im.id), encodeImport(im.box, snapshot, cursor)); err != nil {
+		txn.Discard()
 		return 0, err
 	}
-	if err := txn.CommitAt(im.db.nextTs(), nil); err != nil {
+	im.flights <- struct{}{}
+	// With a callback Badger discards the transaction itself once the commit is done.
+	err := txn.CommitAt(im.db.nextTs(), func(err error) {
+		im.fmu.Lock()
+		if err != nil && im.failed == nil {
+			im.failed = err
+		} else if err == nil && im.failed == nil {
+			im.durable = cursor
+		}
+		im.fmu.Unlock()
+		<-im.flights
+	})
+	if err != nil {
 		return 0, err
 	}
-	im.snapshot, im.cursor = snapshot, bytes.Clone(next.cursor)
+	im.snapshot, im.cursor = snapshot, cursor
 	return n, nil
 }
 
@@ -274,6 +338,9 @@ func (im *Import) put(snapshot string, entries []Entry) (int, error) {
 // its snapshot, as the stored positions it starts from (Store.Seed), and rec as its recovery record (an
 // incomplete history of the source stays incomplete). The mailbox's own store, which must not be open, is dropped.
 func (im *Import) Finish(positions []Position, rec Recovery) error {
+	if err := im.Sync(); err != nil {
+		return err
+	}
 	db := im.db
 	db.mu.Lock()
 	defer db.mu.Unlock()
@@ -326,6 +393,7 @@ func (im *Import) Finish(positions []Position, rec Recovery) error {
 
 // Abort ends the import and drops what it received, so the next Import of the mailbox starts from scratch.
 func (im *Import) Abort() error {
+	_ = im.Sync() // what it failed on is dropped with the rest
 	db := im.db
 	db.mu.Lock()
 	defer db.mu.Unlock()
