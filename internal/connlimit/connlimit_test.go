@@ -66,6 +66,10 @@ func TestHTTPBounds(t *testing.T) {
 		t.Parallel()
 		conntest.PingsAnswered(t, addr, nil, 2*small.PingEvery, 4)
 	})
+	t.Run("pings between answers", func(t *testing.T) {
+		t.Parallel()
+		conntest.PingsBetweenAnswers(t, addr, nil, "/", 6)
+	})
 }
 
 func TestGRPCBounds(t *testing.T) {
@@ -122,6 +126,10 @@ func TestTLSHTTP2Bounds(t *testing.T) {
 		conntest.PingsAnswered(t, addr, client, 2*small.PingEvery, 4)
 	})
 	t.Run("no stream", func(t *testing.T) { t.Parallel(); conntest.IdleClosed(t, addr, client, small.Idle) })
+	t.Run("pings between answers", func(t *testing.T) {
+		t.Parallel()
+		conntest.PingsBetweenAnswers(t, addr, client, "/", 6)
+	})
 	t.Run("the server's HTTP2 settings", func(t *testing.T) {
 		t.Parallel()
 		cfg := client.Clone()

@@ -31,8 +31,11 @@ func (b Bounds) HTTP2(s *http.Server) error {
 		if bc, ok := h.(interface{ BaseContext() context.Context }); ok {
 			ctx = bc.BaseContext()
 		}
-		h2.ServeConn(&tlsPingConn{pingConn: &pingConn{Conn: c, every: every}, tls: c},
-			&http2.ServeConnOpts{Context: ctx, Handler: h, BaseConfig: hs})
+		pc := &pingConn{Conn: c, every: every}
+		// ALPN chose h2: the server's writes are frames from the first,
+		// which it may flush before the client's preface is read.
+		pc.h2.Store(true)
+		h2.ServeConn(&tlsPingConn{pingConn: pc, tls: c}, &http2.ServeConnOpts{Context: ctx, Handler: h, BaseConfig: hs})
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ package conntest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -53,7 +55,10 @@ type H2 struct {
 	conn  net.Conn
 	fr    *http2.Framer
 	start time.Time
-	wmu   sync.Mutex // the framer's writes: pings and SETTINGS acks
+	wmu   sync.Mutex // the framer's writes: pings, requests and SETTINGS acks
+	// stream is the last stream this client opened (none: 2^32-1, so that
+	// the first is 1).
+	stream uint32
 }
 
 // DialH2 opens an HTTP/2 connection to addr: with cfg over TLS (ALPN h2),
@@ -80,7 +85,7 @@ func DialH2(t testing.TB, addr string, cfg *tls.Config) *H2 {
 		_ = tc.SetDeadline(time.Time{})
 		c = tc
 	}
-	h := &H2{t: t, addr: addr, conn: c, fr: http2.NewFramer(c, c), start: time.Now()}
+	h := &H2{t: t, addr: addr, conn: c, fr: http2.NewFramer(c, c), start: time.Now(), stream: ^uint32(0)}
 	t.Cleanup(func() { c.Close() })
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)
@@ -96,6 +101,36 @@ func (h *H2) Ping(data [8]byte) error {
 	h.wmu.Lock()
 	defer h.wmu.Unlock()
 	return h.fr.WritePing(false, data)
+}
+
+// Get sends GET path on a new stream and fails t unless the server
+// answers it, through to the end of its stream.
+func (h *H2) Get(path string) {
+	h.t.Helper()
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", "test"}, {":path", path}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	h.stream += 2 // client streams are odd: 1, 3, 5...
+	h.wmu.Lock()
+	err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: h.stream, BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true})
+	h.wmu.Unlock()
+	if err != nil {
+		h.t.Fatalf("%s: GET %s: %v", h.addr, path, err)
+	}
+	for {
+		f, err := h.next(Slack)
+		if err != nil {
+			h.t.Fatalf("%s: GET %s unanswered: %v", h.addr, path, err)
+		}
+		if f.Header().StreamID == h.stream && f.Header().Flags.Has(http2.FlagDataEndStream) {
+			return
+		}
+		if g, ok := f.(*http2.GoAwayFrame); ok {
+			h.t.Fatalf("%s: GET %s: the server sent GOAWAY %v %q", h.addr, path, g.ErrCode, g.DebugData())
+		}
+	}
 }
 
 // next reads the next frame other than SETTINGS, WINDOW_UPDATE and the
@@ -320,6 +355,29 @@ func CallsHeld(t testing.TB, cc *grpc.ClientConn, hold, every time.Duration, cal
 		}
 		if err := call(ctx); err != nil {
 			t.Fatalf("call after %v: %v", time.Since(start), err)
+		}
+	}
+}
+
+// PingsBetweenAnswers pings addr n times, each right after an answer to a
+// GET path (as grpc-go's BDP pings follow the data they measure), and
+// fails t unless every ping is acknowledged and no GOAWAY comes: a ping
+// after an answer is never a strike, however soon.
+func PingsBetweenAnswers(t testing.TB, addr string, cfg *tls.Config, path string, n int) {
+	t.Helper()
+	h := DialH2(t, addr, cfg)
+	for i := range n {
+		h.Get(path)
+		data := [8]byte{9, byte(i)}
+		if err := h.Ping(data); err != nil {
+			t.Fatalf("%s: ping %d: %v", addr, i, err)
+		}
+		f, err := h.next(Slack)
+		if err != nil {
+			t.Fatalf("%s: ping %d unanswered: %v", addr, i, err)
+		}
+		if p, ok := f.(*http2.PingFrame); !ok || !p.IsAck() || p.Data != data {
+			t.Fatalf("%s: ping %d answered %v, want its ACK", addr, i, f)
 		}
 	}
 }
