@@ -5,7 +5,8 @@
 #   moves.events_went_down_rolling_restart answers with fewer events than the namespace's previous one (flowing topic)
 #   moves.switch_pause_p99_ms              longest gap between two successful answers during a handoff, p99
 #   moves.quiet_pause_p99_ms               the same over windows as long with no handoff: the load's own gaps
-#   moves.catchup_s_<n>                    a namespace with n events moved: start to switch
+#   moves.catchup_s_<n>                    a namespace with n events moved, its mailbox read from Kafka: start to switch
+#   moves.recovery_s_<n>                   the same, its mailbox copied from the source's (peer recovery)
 #   moves.drain_s_100ns                    a proxy with 100 namespaces cordoned until it serves none
 #   moves.failed_queries_drain_100ns       queries that failed during that drain
 #   MOVES_BENCH_CATCHUP_N  events of the caught-up namespace (default 1000000; the source reads them all first, so
