@@ -69,9 +69,11 @@ func (a *Agent) Drain(ctx context.Context, timeout time.Duration) DrainResult {
 	}()
 	res := DrainResult{ProxyID: a.cfg.ProxyID}
 	a.log.Info("drain: cordoning the proxy, then waiting for its namespaces to be handed off", "timeout", timeout)
-	res.Cordoned = a.cordon(ctx, expired)
+	// What it waits for is what was held as it began: a namespace handed
+	// off while the cordon is retried counts too.
 	held, changed := a.drainHeld()
 	res.WaitedFor = held
+	res.Cordoned = a.cordon(ctx, expired)
 	for len(held) > 0 && res.Error == "" {
 		select {
 		case <-changed:
