@@ -301,3 +301,48 @@ func logWalks(t *testing.T, walks []movetest.Walk) {
 		}
 	}
 }
+
+// TestMoveWithoutPeerRecoveryLosesHistory is the operator's move of the test
+// above on runners with peer recovery off (--peer-recovery=false): the
+// destination reads Kafka alone, so the same walks lose the events Kafka
+// deleted, and the moved mailbox says its history is incomplete.
+func TestMoveWithoutPeerRecoveryLosesHistory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	w := historyWorld(t)
+	two := []string{"proxy-1", "proxy-2"}
+	for _, id := range two {
+		w.StartProxy(id, append(slices.Clone(batchWait), "--peer-recovery=false")...)
+	}
+	w.AwaitProxies(two...)
+	tab := placement.Compute(two)
+	ns := ""
+	for i := 0; ns == ""; i++ {
+		if name := fmt.Sprintf("off-%d", i); tab.Owner(placement.Partition(name)) == "proxy-1" {
+			ns = name
+		}
+	}
+	createHistory(w, ns)
+	w.StartGateway()
+	w.Served(map[string]string{ns: "proxy-1"}, func(n int64) bool { return n == historyEvents }, 60*time.Second)
+	left := trim(t, w)
+	r := w.ReadHistory([]string{ns}, walkPage, 5*time.Millisecond, 5*time.Minute)
+	walkedBefore(t, r, historyEvents, ns)
+	w.Must("move "+ns, func(ctx context.Context, a adminv1.AdminClient) error {
+		_, err := a.MoveNamespace(ctx, &adminv1.MoveNamespaceRequest{Namespace: ns, ToProxyId: "proxy-2"})
+		return err
+	})
+	w.Settled(map[string]string{ns: "proxy-2"}, 90*time.Second)
+	walkUntil(t, w, ns, "proxy-2", int(left))
+	walks := r.End()
+	v := movetest.JudgeHistory(walks)
+	t.Logf("without peer recovery: %s", v)
+	if v.Lost[ns] != historyEvents-int(left) {
+		logWalks(t, walks)
+		t.Fatalf("the walks after a move without peer recovery lost %v events, want %d", v.Lost, historyEvents-int(left))
+	}
+	if rec := servingReplica(w, ns).GetHealth().GetRecovery(); rec.GetHistoryComplete() {
+		t.Fatalf("%s@proxy-2 built from Kafka alone reports %v, want its history incomplete", ns, rec)
+	}
+}
