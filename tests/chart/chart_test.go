@@ -50,6 +50,7 @@ const (
 // defaults' cert-manager (its csi-driver stand-in writing ECDSA keys as PKCS#8, as the chart asks, and in
 // another case RSA keys as PKCS#1, cert-manager's own default), secret (the user's Secrets), and generate,
 // whose pre-install hook Job runs first against a stand-in API server and writes the Secrets the pods mount.
+// In each, a namespace is created and a query with a token answered through the gateway pod (checkQuery).
 func TestChartRuns(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -127,6 +128,12 @@ func runChart(t *testing.T, files []string, bench string) (*cluster, *chartrende
 	c.checkLiveness(pods)
 	c.checkServices(r, pods)
 	c.checkGatewayListener(r, pods)
+	runner := c.podNamed(releaseName + "-runner-0")
+	queryPort, ok := runner.port(runner.spec.Containers, intstr.FromString("grpc"))
+	if !ok {
+		t.Fatal("the runner container has no grpc port")
+	}
+	c.checkQuery(int(queryPort))
 	return c, r
 }
 
@@ -289,32 +296,11 @@ func (c *cluster) checkGatewayListener(r *chartrender.Objects, pods []*pod) {
 			config = v
 		}
 	}
-	bootstrap := c.mountedFile(gw, envoyCtr, config)
-	var b struct {
-		StaticResources struct {
-			Clusters []struct {
-				Name           string `json:"name"`
-				LoadAssignment struct {
-					Endpoints []struct {
-						LbEndpoints []struct {
-							Endpoint struct {
-								Address struct {
-									SocketAddress struct {
-										Address   string `json:"address"`
-										PortValue int    `json:"port_value"`
-									} `json:"socket_address"`
-								} `json:"address"`
-							} `json:"endpoint"`
-						} `json:"lb_endpoints"`
-					} `json:"endpoints"`
-				} `json:"load_assignment"`
-			} `json:"clusters"`
-		} `json:"static_resources"`
-	}
-	if err := yaml.Unmarshal(bootstrap, &b); err != nil || len(b.StaticResources.Clusters) == 0 {
-		c.t.Fatalf("Envoy bootstrap %s: %v\n%s", config, err, bootstrap)
-	}
-	xds := b.StaticResources.Clusters[0].LoadAssignment.Endpoints[0].LbEndpoints[0].Endpoint.Address.SocketAddress
+	host, port := c.xdsEndpoint(gw, envoyCtr, config)
+	xds := struct {
+		Address   string
+		PortValue int
+	}{host, port}
 	ip := c.resolve(xds.Address)
 	target := net.JoinHostPort(ip.String(), strconv.Itoa(xds.PortValue))
 
@@ -374,6 +360,53 @@ func (c *cluster) checkGatewayListener(r *chartrender.Objects, pods []*pod) {
 		}
 	}
 	c.t.Logf("node %s gets its listener on port %d from %s: Envoy's http port, the gateway Service's target", nodeID, httpPort, xds.Address)
+}
+
+// xdsEndpoint is the admin address and port the Envoy bootstrap at config (as the container sees it) names
+// for xDS.
+func (c *cluster) xdsEndpoint(gw *pod, envoyCtr corev1.Container, config string) (string, int) {
+	c.t.Helper()
+	bootstrap := c.mountedFile(gw, envoyCtr, config)
+	var b struct {
+		StaticResources struct {
+			Clusters []struct {
+				Name           string `json:"name"`
+				LoadAssignment struct {
+					Endpoints []struct {
+						LbEndpoints []struct {
+							Endpoint struct {
+								Address struct {
+									SocketAddress struct {
+										Address   string `json:"address"`
+										PortValue int    `json:"port_value"`
+									} `json:"socket_address"`
+								} `json:"address"`
+							} `json:"endpoint"`
+						} `json:"lb_endpoints"`
+					} `json:"endpoints"`
+				} `json:"load_assignment"`
+			} `json:"clusters"`
+		} `json:"static_resources"`
+	}
+	if err := yaml.Unmarshal(bootstrap, &b); err != nil || len(b.StaticResources.Clusters) == 0 {
+		c.t.Fatalf("Envoy bootstrap %s: %v\n%s", config, err, bootstrap)
+	}
+	xds := b.StaticResources.Clusters[0].LoadAssignment.Endpoints[0].LbEndpoints[0].Endpoint.Address.SocketAddress
+	return xds.Address, xds.PortValue
+}
+
+// xdsAddress is the host:port of the admin nodes' xDS as the gateway pod's Envoy bootstrap names it.
+func (c *cluster) xdsAddress(gw *pod, envoyCtr corev1.Container) string {
+	c.t.Helper()
+	_, vars := gw.env(c.t, envoyCtr)
+	for _, a := range gw.argv(envoyCtr, vars) {
+		if v, ok := strings.CutPrefix(a, "--config-path="); ok {
+			host, port := c.xdsEndpoint(gw, envoyCtr, v)
+			return net.JoinHostPort(host, strconv.Itoa(port))
+		}
+	}
+	c.t.Fatal("Envoy has no --config-path")
+	return ""
 }
 
 // resolve is the address the hosts file gives name.

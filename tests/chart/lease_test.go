@@ -1,14 +1,9 @@
 package chart
 
 import (
-	"context"
-	"fmt"
-	"net"
 	"strconv"
 	"testing"
 	"time"
-
-	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
 // TestSidecarLeasesAtTheRenderedRunnerAddr runs the chart with sidecar.runnerAddr off the default: the
@@ -19,32 +14,7 @@ func TestSidecarLeasesAtTheRenderedRunnerAddr(t *testing.T) {
 	files := []string{"testdata/defaults.yaml", "testdata/runner-addr.yaml"}
 	c, _ := runChart(t, files, "")
 	began := time.Now()
-	cc := c.operator(c.podNamed(adminName + "-0"))
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := adminv1.NewControlPlaneClient(cc).CreateNamespace(ctx, &adminv1.CreateNamespaceRequest{
-		Namespace: "audit-logs", Config: &adminv1.NamespaceConfig{Topics: []string{"audit.events"}},
-	}); err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
-	runner := c.podNamed(releaseName + "-runner-0")
-	wantAddr := net.JoinHostPort(runner.net.IP.String(), strconv.Itoa(str2port(t, value(t, "runner.ports.grpc", files...))))
-	admin := adminv1.NewAdminClient(cc)
-	c.await("the sidecar leases audit-logs@"+runner.name, 30*time.Second, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		resp, err := admin.ListLeases(ctx, &adminv1.ListLeasesRequest{Namespace: "audit-logs"})
-		if err != nil {
-			return err
-		}
-		for _, l := range resp.GetLeases() {
-			if l.GetMailboxId() == "audit-logs@"+runner.name && l.GetRunnerAddress() == wantAddr {
-				return nil
-			}
-		}
-		return fmt.Errorf("leases %v, want audit-logs@%s at %s", resp.GetLeases(), runner.name, wantAddr)
-	})
+	c.awaitLease("audit-logs", str2port(t, value(t, "runner.ports.grpc", files...)))
 	t.Logf("leased %v after the namespace was created", time.Since(began).Round(time.Millisecond))
 }
 
