@@ -445,12 +445,15 @@ func (s *Store) SetRecovery(rec Recovery) error {
 	if err := txn.Set(s.box.recoveryKey(), v); err != nil {
 		return fmt.Errorf("set recovery: %w", err)
 	}
-	if err := txn.CommitAt(s.owner.nextTs(), nil); err != nil {
+	ts := s.owner.nextTs()
+	if err := txn.CommitAt(ts, nil); err != nil {
 		return fmt.Errorf("set recovery: %w", err)
 	}
 	s.mmu.Lock()
 	s.recovery = rec
 	s.mmu.Unlock()
+	// Reads from now on (a copy's snapshot among them) see the record.
+	s.publish(s.meta(), ts)
 	return nil
 }
 

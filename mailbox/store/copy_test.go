@@ -307,3 +307,26 @@ func TestSetRecoverySurvivesReopen(t *testing.T) {
 		t.Fatalf("recovery record %+v after reopen, want %+v", got, rec)
 	}
 }
+
+// TestCopyOfAnIncompleteHistoryIsIncomplete: a mailbox built from Kafka without its earlier history, copied, gives a
+// copy that says so too, whatever the receiver records.
+func TestCopyOfAnIncompleteHistoryIsIncomplete(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewSource(3))
+	a, err := Open(Options{InMemory: true, ID: "ns@p", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	writeBatches(t, a, randBatches(r, "a", 3))
+	if err := a.SetRecovery(Recovery{Incomplete: true}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	db := openDB(t, dir)
+	defer func() { db.Close() }()
+	copyMailbox(t, r, a, &db, dir, "ns@q", false)
+	if rec := openIn(t, db, "ns@q").Recovery(); !rec.Copied || !rec.Incomplete {
+		t.Fatalf("copy's recovery record %+v, want copied and incomplete", rec)
+	}
+}
