@@ -30,6 +30,7 @@ import (
 	grpcxds "google.golang.org/grpc/xds"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/mailbox/query/request"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
@@ -194,7 +195,7 @@ func (g *Gateway) probe(ctx context.Context) error {
 // RegisterGRPC adds the MailboxQuery front door and the gRPC health service
 // to s.
 func (g *Gateway) RegisterGRPC(s *grpc.Server) {
-	mailboxv1.RegisterMailboxQueryServer(s, &grpcProxy{g: g})
+	request.Register(s, &grpcProxy{g: g})
 	healthpb.RegisterHealthServer(s, g.health)
 }
 

@@ -72,8 +72,8 @@ func TestBadInputRefusedBeforeAnythingElse(t *testing.T) {
 		{"id twice", metadata.Pairs(mesh.HeaderMailboxID, "demo@p1", mesh.HeaderMailboxID, "other@p1"), stats, &mailboxv1.GetStatsRequest{}, "x-mailbox-id: given 2 times"},
 		{"bad namespace", metadata.Pairs(mesh.HeaderNamespace, "dé"), stats, &mailboxv1.GetStatsRequest{}, `x-prism-namespace: "dé" must be `},
 		{"no target", metadata.MD{}, stats, &mailboxv1.GetStatsRequest{}, "x-mailbox-id (or x-prism-namespace) metadata is required"},
-		{"garbage page token", metadata.Pairs(mesh.HeaderMailboxID, "demo@p1"), events,
-			&mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{PageToken: "\xff"}}, `filter.page_token: "\xff" is not a page token`},
+		{"page token not UTF-8", metadata.Pairs(mesh.HeaderMailboxID, "demo@p1"), events,
+			&mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{PageToken: "\xff"}}, `filter.page_token: "\xff" is not UTF-8`},
 	}
 	for c := range 0x20 {
 		calls = append(calls, call{"control character", metadata.Pairs(mesh.HeaderMailboxID, "demo"+string(rune(c))+"@p1"), stats, &mailboxv1.GetStatsRequest{}, "is not a mailbox id"})

@@ -29,7 +29,7 @@ func NewGRPCServer(mb Mailboxes, m *Metrics) *GRPCServer {
 }
 
 // Register adds the service to s.
-func (g *GRPCServer) Register(s grpc.ServiceRegistrar) { mailboxv1.RegisterMailboxQueryServer(s, g) }
+func (g *GRPCServer) Register(s grpc.ServiceRegistrar) { request.Register(s, g) }
 
 // resolve finds the request's mailbox and sets the response headers naming it.
 // x-mailbox-id names it; without one, x-prism-namespace names its namespace,

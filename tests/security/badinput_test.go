@@ -117,7 +117,7 @@ type grpcInput struct {
 	name       string
 	method     string
 	md         [][2]string
-	req        proto.Message
+	req        any // a proto.Message, or []byte: bytes that need not be protobuf
 	gw, runner want
 }
 
@@ -130,7 +130,7 @@ func grpcInputs() []grpcInput {
 	events := func(tok string) *mailboxv1.QueryEventsRequest {
 		return &mailboxv1.QueryEventsRequest{Filter: &mailboxv1.EventFilter{PageToken: tok}}
 	}
-	return []grpcInput{
+	out := []grpcInput{
 		{"a good call", "GetStats", byID(mailboxID), stats, ok, ok},
 		{"a non-ASCII mailbox id", "GetStats", byID("audït@" + proxyID), stats, invalid(`x-mailbox-id: "audït@proxy-1"` + notMailboxID), notFound},
 		{"a mailbox id with a byte that is not UTF-8", "GetStats", byID("audit\xff@" + proxyID), stats, invalid(`x-mailbox-id: "audit\xff@proxy-1"` + notMailboxID), notFound},
@@ -145,6 +145,39 @@ func grpcInputs() []grpcInput {
 		{"a page token of a token's form, not the store's", "QueryEvents", byID(mailboxID), events("AAAA"), invalid("page_token: wrong length 3"), invalid("page_token: wrong length 3")},
 		{"no message id", "GetEvent", byID(mailboxID), &mailboxv1.GetEventRequest{}, invalid("message_id: required"), invalid("message_id: required")},
 	}
+	// Strings that are not UTF-8, in every string field of a request: proto.Marshal sends them as they
+	// are, since mailbox.proto does not validate them (the doors do).
+	filter := func(f *mailboxv1.EventFilter) *mailboxv1.QueryEventsRequest {
+		return &mailboxv1.QueryEventsRequest{Filter: f}
+	}
+	for _, c := range []struct {
+		name   string
+		method string
+		req    proto.Message
+		msg    string
+	}{
+		{"a topic", "QueryEvents", filter(&mailboxv1.EventFilter{Topics: []string{topic, "\xff"}}), `filter.topics: "\xff" is not UTF-8`},
+		{"a principal", "QueryEvents", filter(&mailboxv1.EventFilter{Principals: []string{"p\xc3"}}), `filter.principals: "p\xc3" is not UTF-8`},
+		{"a correlation id", "QueryEvents", filter(&mailboxv1.EventFilter{CorrelationId: "\xed\xa0\x80"}), `filter.correlation_id: "\xed\xa0\x80" is not UTF-8`},
+		{"a trace id", "QueryEvents", filter(&mailboxv1.EventFilter{TraceId: "t\xfe"}), `filter.trace_id: "t\xfe" is not UTF-8`},
+		{"a page token", "QueryEvents", filter(&mailboxv1.EventFilter{PageToken: "\xff\xfe"}), `filter.page_token: "\xff\xfe" is not UTF-8`},
+		{"a message id", "GetEvent", &mailboxv1.GetEventRequest{MessageId: "m\xff"}, `message_id: "m\xff" is not UTF-8`},
+	} {
+		out = append(out, grpcInput{name: c.name + " that is not UTF-8", method: c.method, md: byID(mailboxID), req: c.req, gw: invalid(c.msg), runner: invalid(c.msg)})
+	}
+	// Messages that are not protobuf at all, refused before the metadata is looked at.
+	for _, c := range []struct {
+		name, method string
+		body         []byte
+	}{
+		{"a truncated field", "QueryEvents", []byte{0x0a, 0x05, 0x1a, 0x7f}},
+		{"a length past the end", "GetEvent", []byte{0x0a, 0x7f, 'm'}},
+		{"bytes of garbage", "GetStats", []byte{0xff, 0xff, 0xff, 0xff}},
+		{"a field of wire type 7", "GetEvent", []byte{0x0f}},
+	} {
+		out = append(out, grpcInput{name: c.name, method: c.method, md: byID("not a mailbox id"), req: c.body, gw: invalid("request: proto"), runner: invalid("request: proto")})
+	}
+	return out
 }
 
 // TestEveryQueryDoorRefusesBadInput sends every door of the query API (prism gateway's HTTP and gRPC
@@ -185,6 +218,32 @@ func TestEveryQueryDoorRefusesBadInput(t *testing.T) {
 		} {
 			code, body, _ := getHTTP(t, door.client, door.base+in.path, door.token)
 			checkHTTP(t, door.name+" HTTP: "+in.name, code, body, door.want)
+		}
+	}
+
+	// A path that is no URI (a bad percent-escape) never reaches the API's handlers: Go's HTTP server
+	// refuses it while reading the request, over HTTP/1.1 with a plain-text 400 closing the connection
+	// (docs/query-api.md#errors). Never a 5xx.
+	h1TLS := e2e.ClientTLS(t, nil, identity.Reader, "dash")
+	h1TLS.NextProtos = []string{"http/1.1"}
+	h1 := &http.Client{Transport: &http.Transport{TLSClientConfig: h1TLS}, Timeout: 10 * time.Second}
+	for _, path := range []string{
+		"/v1/mailboxes/%zz/stats",
+		"/v1/mailboxes/" + mailboxID + "/events/m%4",
+		"/v1/namespaces/%/events",
+		"/v1/mailboxes/" + mailboxID + "%g0/events?limit=5",
+	} {
+		for _, door := range []struct {
+			name, base, token string
+			client            *http.Client
+		}{
+			{"gateway", m.gateway.HTTPURL(), token, http.DefaultClient},
+			{"runner", "https://" + m.runner.QueryAddr, "", h1},
+		} {
+			code, body, closed, err := getOpaque(door.client, door.base, path, door.token)
+			if err != nil || code != 400 || body != "400 Bad Request" || !closed {
+				t.Errorf("%s: GET %s = %d %q (closing %v, err %v), want Go's plain-text 400 closing the connection", door.name, path, code, body, closed, err)
+			}
 		}
 	}
 
@@ -249,6 +308,26 @@ func getHTTP(t *testing.T, c *http.Client, u, token string) (int, string, http.H
 	return resp.StatusCode, string(b), resp.Header
 }
 
+// getOpaque is GET path on base over HTTP/1.1, the path sent as it is (it need not be a URI), with
+// token (if any) as a bearer token; closed is whether the server closes the connection after it.
+func getOpaque(c *http.Client, base, path, token string) (code int, body string, closed bool, err error) {
+	req, err := http.NewRequest(http.MethodGet, base+"/", nil)
+	if err != nil {
+		return 0, "", false, err
+	}
+	req.URL.Opaque = path
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", false, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Close, err
+}
+
 // checkHTTP checks one answer: the status, and for a refusal a JSON {"error"} containing w.msg.
 func checkHTTP(t *testing.T, what string, code int, body string, w want) {
 	t.Helper()
@@ -279,11 +358,14 @@ func rawGRPCClient(cfg *tls.Config) *http.Client {
 }
 
 // rawGRPC makes one unary MailboxQuery call as gRPC over HTTP/2 frames it, with the metadata md sent as
-// it is, and returns the grpc-status and grpc-message the server answered.
-func rawGRPC(c *http.Client, base, method string, md [][2]string, msg proto.Message) (int, string, error) {
-	b, err := proto.Marshal(msg)
-	if err != nil {
-		return 0, "", err
+// it is and msg (a proto.Message, or bytes sent as they are) as the request message, and returns the grpc-status and grpc-message the server answered.
+func rawGRPC(c *http.Client, base, method string, md [][2]string, msg any) (int, string, error) {
+	b, ok := msg.([]byte)
+	if !ok {
+		var err error
+		if b, err = proto.Marshal(msg.(proto.Message)); err != nil {
+			return 0, "", err
+		}
 	}
 	frame := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(b)))
 	req, err := http.NewRequest(http.MethodPost, base+"/"+mailboxv1.MailboxQuery_ServiceDesc.ServiceName+"/"+method, bytes.NewReader(append(frame, b...)))

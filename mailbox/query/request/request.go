@@ -126,7 +126,7 @@ func Filter(f *mailboxv1.EventFilter) error {
 			}
 		}
 	}
-	for _, s := range []struct{ field, v string }{{"correlation_id", f.GetCorrelationId()}, {"trace_id", f.GetTraceId()}} {
+	for _, s := range []struct{ field, v string }{{"correlation_id", f.GetCorrelationId()}, {"trace_id", f.GetTraceId()}, {"page_token", f.GetPageToken()}} {
 		if !utf8.ValidString(s.v) {
 			return fmt.Errorf("%s: %s is not UTF-8", s.field, quote(s.v))
 		}

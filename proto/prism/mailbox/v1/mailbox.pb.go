@@ -7,6 +7,14 @@
 // The query side of a mailbox (docs/architecture.md#mailbox-store): items with their indexed headers and
 // the envelope blob, a filter, and the MailboxQuery service that runners serve
 // and gateways route by the x-mailbox-id metadata.
+//
+// Edition 2023 with implicit presence is proto3's wire format and Go API. It
+// is here for one feature: the strings of the request messages are decoded
+// without UTF-8 validation, so a request holding bytes that are not UTF-8
+// reaches the doors' checks (mailbox/query/request), which refuse it as
+// InvalidArgument naming the field; a decoder that validated would fail the
+// call before any check ran, and grpc-go answers that Internal
+// (docs/query-api.md#errors). Answers are still validated.
 
 package mailboxv1
 
@@ -30,21 +38,21 @@ const (
 // the complete PrismEnvelope bytes.
 type MailboxItem struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
-	MessageId string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	MessageId string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId" json:"message_id,omitempty"`
 	// metadata.published_at in unix milliseconds.
-	Timestamp     int64             `protobuf:"varint,2,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
-	Topic         string            `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
-	ContentType   string            `protobuf:"bytes,4,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
-	SchemaUrl     string            `protobuf:"bytes,5,opt,name=schema_url,json=schemaUrl,proto3" json:"schema_url,omitempty"`
-	SchemaVersion string            `protobuf:"bytes,6,opt,name=schema_version,json=schemaVersion,proto3" json:"schema_version,omitempty"`
-	Encryption    string            `protobuf:"bytes,7,opt,name=encryption,proto3" json:"encryption,omitempty"`
-	CorrelationId string            `protobuf:"bytes,8,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"`
-	Principal     string            `protobuf:"bytes,9,opt,name=principal,proto3" json:"principal,omitempty"`
-	Namespace     string            `protobuf:"bytes,10,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	TraceId       string            `protobuf:"bytes,11,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
-	SpanId        string            `protobuf:"bytes,12,opt,name=span_id,json=spanId,proto3" json:"span_id,omitempty"`
-	CustomHeaders map[string]string `protobuf:"bytes,13,rep,name=custom_headers,json=customHeaders,proto3" json:"custom_headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	EnvelopeBlob  []byte            `protobuf:"bytes,14,opt,name=envelope_blob,json=envelopeBlob,proto3" json:"envelope_blob,omitempty"`
+	Timestamp     int64             `protobuf:"varint,2,opt,name=timestamp" json:"timestamp,omitempty"`
+	Topic         string            `protobuf:"bytes,3,opt,name=topic" json:"topic,omitempty"`
+	ContentType   string            `protobuf:"bytes,4,opt,name=content_type,json=contentType" json:"content_type,omitempty"`
+	SchemaUrl     string            `protobuf:"bytes,5,opt,name=schema_url,json=schemaUrl" json:"schema_url,omitempty"`
+	SchemaVersion string            `protobuf:"bytes,6,opt,name=schema_version,json=schemaVersion" json:"schema_version,omitempty"`
+	Encryption    string            `protobuf:"bytes,7,opt,name=encryption" json:"encryption,omitempty"`
+	CorrelationId string            `protobuf:"bytes,8,opt,name=correlation_id,json=correlationId" json:"correlation_id,omitempty"`
+	Principal     string            `protobuf:"bytes,9,opt,name=principal" json:"principal,omitempty"`
+	Namespace     string            `protobuf:"bytes,10,opt,name=namespace" json:"namespace,omitempty"`
+	TraceId       string            `protobuf:"bytes,11,opt,name=trace_id,json=traceId" json:"trace_id,omitempty"`
+	SpanId        string            `protobuf:"bytes,12,opt,name=span_id,json=spanId" json:"span_id,omitempty"`
+	CustomHeaders map[string]string `protobuf:"bytes,13,rep,name=custom_headers,json=customHeaders" json:"custom_headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	EnvelopeBlob  []byte            `protobuf:"bytes,14,opt,name=envelope_blob,json=envelopeBlob" json:"envelope_blob,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -182,18 +190,18 @@ func (x *MailboxItem) GetEnvelopeBlob() []byte {
 type EventFilter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Inclusive lower bound on timestamp.
-	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start_time,json=startTime" json:"start_time,omitempty"`
 	// Exclusive upper bound on timestamp.
-	EndTime       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
-	Topics        []string               `protobuf:"bytes,3,rep,name=topics,proto3" json:"topics,omitempty"`
-	Principals    []string               `protobuf:"bytes,4,rep,name=principals,proto3" json:"principals,omitempty"`
-	CorrelationId string                 `protobuf:"bytes,5,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"`
-	TraceId       string                 `protobuf:"bytes,6,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	EndTime       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=end_time,json=endTime" json:"end_time,omitempty"`
+	Topics        []string               `protobuf:"bytes,3,rep,name=topics" json:"topics,omitempty"`
+	Principals    []string               `protobuf:"bytes,4,rep,name=principals" json:"principals,omitempty"`
+	CorrelationId string                 `protobuf:"bytes,5,opt,name=correlation_id,json=correlationId" json:"correlation_id,omitempty"`
+	TraceId       string                 `protobuf:"bytes,6,opt,name=trace_id,json=traceId" json:"trace_id,omitempty"`
 	// Maximum items per page; 0 means the server default, values above the
 	// server cap are clamped.
-	Limit int32 `protobuf:"varint,7,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit int32 `protobuf:"varint,7,opt,name=limit" json:"limit,omitempty"`
 	// Opaque cursor from a previous response's next_page_token.
-	PageToken     string `protobuf:"bytes,8,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken     string `protobuf:"bytes,8,opt,name=page_token,json=pageToken" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -286,7 +294,7 @@ func (x *EventFilter) GetPageToken() string {
 
 type QueryEventsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Filter        *EventFilter           `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	Filter        *EventFilter           `protobuf:"bytes,1,opt,name=filter" json:"filter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -330,9 +338,9 @@ func (x *QueryEventsRequest) GetFilter() *EventFilter {
 
 type QueryEventsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Items []*MailboxItem         `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	Items []*MailboxItem         `protobuf:"bytes,1,rep,name=items" json:"items,omitempty"`
 	// Empty when there are no more items.
-	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -383,7 +391,7 @@ func (x *QueryEventsResponse) GetNextPageToken() string {
 
 type GetEventRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	MessageId     string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	MessageId     string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId" json:"message_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -427,7 +435,7 @@ func (x *GetEventRequest) GetMessageId() string {
 
 type GetEventResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Item          *MailboxItem           `protobuf:"bytes,1,opt,name=item,proto3" json:"item,omitempty"`
+	Item          *MailboxItem           `protobuf:"bytes,1,opt,name=item" json:"item,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -507,22 +515,22 @@ func (*GetStatsRequest) Descriptor() ([]byte, []int) {
 
 type MailboxStats struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
-	MailboxId   string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
-	TotalEvents int64                  `protobuf:"varint,2,opt,name=total_events,json=totalEvents,proto3" json:"total_events,omitempty"`
+	MailboxId   string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId" json:"mailbox_id,omitempty"`
+	TotalEvents int64                  `protobuf:"varint,2,opt,name=total_events,json=totalEvents" json:"total_events,omitempty"`
 	// Bytes of stored envelope blobs.
-	TotalBytes  int64                  `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
-	OldestEvent *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_event,json=oldestEvent,proto3" json:"oldest_event,omitempty"`
-	NewestEvent *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=newest_event,json=newestEvent,proto3" json:"newest_event,omitempty"`
+	TotalBytes  int64                  `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes" json:"total_bytes,omitempty"`
+	OldestEvent *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_event,json=oldestEvent" json:"oldest_event,omitempty"`
+	NewestEvent *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=newest_event,json=newestEvent" json:"newest_event,omitempty"`
 	// Lease epoch the runner serves this mailbox under; 0 without a lease.
-	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,6,opt,name=epoch" json:"epoch,omitempty"`
 	// The mailbox does not hold its namespace's whole history: it (or the
 	// mailbox it was copied from) was built from Kafka when no copy of an
 	// earlier mailbox could be had, so what Kafka had deleted is missing
 	// (docs/architecture.md#peer-recovery). False for a runner older than
 	// the field.
-	HistoryIncomplete bool `protobuf:"varint,7,opt,name=history_incomplete,json=historyIncomplete,proto3" json:"history_incomplete,omitempty"`
+	HistoryIncomplete bool `protobuf:"varint,7,opt,name=history_incomplete,json=historyIncomplete" json:"history_incomplete,omitempty"`
 	// When incomplete: the oldest event held, where the history starts.
-	HistoryStartsAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=history_starts_at,json=historyStartsAt,proto3" json:"history_starts_at,omitempty"`
+	HistoryStartsAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=history_starts_at,json=historyStartsAt" json:"history_starts_at,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -615,7 +623,7 @@ func (x *MailboxStats) GetHistoryStartsAt() *timestamppb.Timestamp {
 
 type GetStatsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stats         *MailboxStats          `protobuf:"bytes,1,opt,name=stats,proto3" json:"stats,omitempty"`
+	Stats         *MailboxStats          `protobuf:"bytes,1,opt,name=stats" json:"stats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -684,28 +692,28 @@ const file_prism_mailbox_v1_mailbox_proto_rawDesc = "" +
 	"\renvelope_blob\x18\x0e \x01(\fR\fenvelopeBlob\x1a@\n" +
 	"\x12CustomHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x02\n" +
 	"\vEventFilter\x129\n" +
 	"\n" +
 	"start_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
-	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x16\n" +
-	"\x06topics\x18\x03 \x03(\tR\x06topics\x12\x1e\n" +
+	"\bend_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1d\n" +
+	"\x06topics\x18\x03 \x03(\tB\x05\xaa\x01\x02 \x03R\x06topics\x12%\n" +
 	"\n" +
-	"principals\x18\x04 \x03(\tR\n" +
-	"principals\x12%\n" +
-	"\x0ecorrelation_id\x18\x05 \x01(\tR\rcorrelationId\x12\x19\n" +
-	"\btrace_id\x18\x06 \x01(\tR\atraceId\x12\x14\n" +
-	"\x05limit\x18\a \x01(\x05R\x05limit\x12\x1d\n" +
+	"principals\x18\x04 \x03(\tB\x05\xaa\x01\x02 \x03R\n" +
+	"principals\x12,\n" +
+	"\x0ecorrelation_id\x18\x05 \x01(\tB\x05\xaa\x01\x02 \x03R\rcorrelationId\x12 \n" +
+	"\btrace_id\x18\x06 \x01(\tB\x05\xaa\x01\x02 \x03R\atraceId\x12\x14\n" +
+	"\x05limit\x18\a \x01(\x05R\x05limit\x12$\n" +
 	"\n" +
-	"page_token\x18\b \x01(\tR\tpageToken\"K\n" +
+	"page_token\x18\b \x01(\tB\x05\xaa\x01\x02 \x03R\tpageToken\"K\n" +
 	"\x12QueryEventsRequest\x125\n" +
 	"\x06filter\x18\x01 \x01(\v2\x1d.prism.mailbox.v1.EventFilterR\x06filter\"r\n" +
 	"\x13QueryEventsResponse\x123\n" +
 	"\x05items\x18\x01 \x03(\v2\x1d.prism.mailbox.v1.MailboxItemR\x05items\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"0\n" +
-	"\x0fGetEventRequest\x12\x1d\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"7\n" +
+	"\x0fGetEventRequest\x12$\n" +
 	"\n" +
-	"message_id\x18\x01 \x01(\tR\tmessageId\"E\n" +
+	"message_id\x18\x01 \x01(\tB\x05\xaa\x01\x02 \x03R\tmessageId\"E\n" +
 	"\x10GetEventResponse\x121\n" +
 	"\x04item\x18\x01 \x01(\v2\x1d.prism.mailbox.v1.MailboxItemR\x04item\"\x11\n" +
 	"\x0fGetStatsRequest\"\xfc\x02\n" +
@@ -725,7 +733,7 @@ const file_prism_mailbox_v1_mailbox_proto_rawDesc = "" +
 	"\fMailboxQuery\x12Z\n" +
 	"\vQueryEvents\x12$.prism.mailbox.v1.QueryEventsRequest\x1a%.prism.mailbox.v1.QueryEventsResponse\x12Q\n" +
 	"\bGetEvent\x12!.prism.mailbox.v1.GetEventRequest\x1a\".prism.mailbox.v1.GetEventResponse\x12Q\n" +
-	"\bGetStats\x12!.prism.mailbox.v1.GetStatsRequest\x1a\".prism.mailbox.v1.GetStatsResponseB>Z<github.com/prism-mesh/prism/proto/prism/mailbox/v1;mailboxv1b\x06proto3"
+	"\bGetStats\x12!.prism.mailbox.v1.GetStatsRequest\x1a\".prism.mailbox.v1.GetStatsResponseBCZ<github.com/prism-mesh/prism/proto/prism/mailbox/v1;mailboxv1\x92\x03\x02\b\x02b\beditionsp\xe8\a"
 
 var (
 	file_prism_mailbox_v1_mailbox_proto_rawDescOnce sync.Once

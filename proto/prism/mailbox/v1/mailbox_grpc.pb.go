@@ -7,6 +7,14 @@
 // The query side of a mailbox (docs/architecture.md#mailbox-store): items with their indexed headers and
 // the envelope blob, a filter, and the MailboxQuery service that runners serve
 // and gateways route by the x-mailbox-id metadata.
+//
+// Edition 2023 with implicit presence is proto3's wire format and Go API. It
+// is here for one feature: the strings of the request messages are decoded
+// without UTF-8 validation, so a request holding bytes that are not UTF-8
+// reaches the doors' checks (mailbox/query/request), which refuse it as
+// InvalidArgument naming the field; a decoder that validated would fail the
+// call before any check ran, and grpc-go answers that Internal
+// (docs/query-api.md#errors). Answers are still validated.
 
 package mailboxv1
 
