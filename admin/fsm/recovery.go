@@ -7,24 +7,35 @@ import (
 )
 
 // recoverySource is the mailbox a move's destination seeds its own from
-// (docs/architecture.md#peer-recovery): the source's, while the source
-// serves it, that is while its proxy serves (live, its runner ready) and
-// the mailbox holds a lease, whose runner address is where its runner
-// answers. Nil otherwise: a mailbox not served is not one to copy, and the
-// destination reads Kafka alone. The source's assignment lists the
-// destination in recovery_peers for as long as the move is in progress, so
-// the copy is allowed from the move's start to its switch or abandon.
+// (docs/architecture.md#peer-recovery): the source's, while its proxy
+// serves (live, its runner ready), at the runner address of the mailbox's
+// lease, or of the proxy's registration while the mailbox holds none (the
+// source reacquiring: its runner refuses the copy meanwhile, and the
+// destination retries within its --recovery-give-up). Nil once the source
+// does not serve: that ends the move (replace), and the destination reads
+// Kafka alone. The source's assignment lists the destination in
+// recovery_peers for as long as the move is in progress, so the copy is
+// allowed from the move's start to its switch or abandon.
+//
+// A lease that comes and goes does not change the source named, so the
+// destination's first assignment, which its sidecar opens the mailbox with,
+// names it whenever the source serves: a destination opened without one
+// reads Kafka alone, and would lose what Kafka deleted.
 func (s *state) recoverySource(n *adminv1.Namespace) *adminv1.RecoverySource {
 	from := n.GetAssignedProxyId()
-	if from == "" || !serving(s.proxies[from]) {
+	p := s.proxies[from]
+	if from == "" || !serving(p) {
 		return nil
 	}
 	mid := mesh.MailboxID{Namespace: n.GetName(), Proxy: from}.String()
-	l, ok := s.leases[mid]
-	if !ok || l.GetRunnerAddress() == "" {
+	addr := s.leases[mid].GetRunnerAddress()
+	if addr == "" {
+		addr = p.GetRegistration().GetAddress()
+	}
+	if addr == "" {
 		return nil
 	}
-	return &adminv1.RecoverySource{MailboxId: mid, Address: l.GetRunnerAddress()}
+	return &adminv1.RecoverySource{MailboxId: mid, Address: addr}
 }
 
 // NamespaceReplicas lists every proxy with a role in namespace name (its

@@ -2,12 +2,19 @@ package fsm
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
 )
+
+// ownerAddr is the registered address of src's proxy.
+func ownerAddr(src *adminv1.RecoverySource) string {
+	_, proxy, _ := strings.Cut(src.GetMailboxId(), "@")
+	return register(proxy).GetRegistration().GetAddress()
+}
 
 // assignmentOf is ns's assignment in proxy's set, or nil.
 func assignmentOf(f *FSM, proxy string) *adminv1.NamespaceAssignment {
@@ -53,9 +60,11 @@ func TestRecoveryAssignmentsFollowTheMove(t *testing.T) {
 		{"destination holds its lease", func(h *harness, _, other string, _ uint64) {
 			h.must(c(5*time.Second, acquire(mailboxID(ns, other), "runner-b")))
 		}, func(src *adminv1.RecoverySource, other string) want { return want{src, []string{other}} }},
-		{"source released its lease: nothing to copy from, still allowed", func(h *harness, owner, _ string, _ uint64) {
+		{"source released its lease: still named, at its registered address", func(h *harness, owner, _ string, _ uint64) {
 			h.must(c(5*time.Second, &adminv1.ReleaseLeaseRequest{MailboxId: mailboxID(ns, owner), RunnerId: "runner-a"}))
-		}, func(_ *adminv1.RecoverySource, other string) want { return want{nil, []string{other}} }},
+		}, func(src *adminv1.RecoverySource, other string) want {
+			return want{&adminv1.RecoverySource{MailboxId: src.GetMailboxId(), Address: ownerAddr(src)}, []string{other}}
+		}},
 		{"source acquired again at another address", func(h *harness, owner, _ string, _ uint64) {
 			h.must(c(5*time.Second, &adminv1.ReleaseLeaseRequest{MailboxId: mailboxID(ns, owner), RunnerId: "runner-a"}))
 			h.must(c(6*time.Second, &adminv1.AcquireLeaseRequest{MailboxId: mailboxID(ns, owner), RunnerId: "runner-a", RunnerAddress: "elsewhere:9"}))
