@@ -187,3 +187,30 @@ func TestDrainProxySnapshotted(t *testing.T) {
 		t.Fatal("restored placement differs")
 	}
 }
+
+// A watch says when no proxy can take a namespace, so a draining proxy's
+// sidecar stops waiting for handoffs that cannot start: it turns true once
+// the last placeable proxy drains, and false again when one comes back.
+func TestAssignmentsSayWhenNoProxyIsPlaceable(t *testing.T) {
+	t.Parallel()
+	h, _ := drainedHarness(t)
+	nowhere := func() bool {
+		t.Helper()
+		a, _ := h.f.Assignments("p2")
+		return a.GetNoPlaceableProxy()
+	}
+	if nowhere() {
+		t.Fatal("p1 and p3 take namespaces, yet p2's watch says no proxy is placeable")
+	}
+	for _, p := range []string{"p1", "p3"} {
+		h.must(c(time.Minute, registerAs(p, "i-"+p)))
+		h.must(c(time.Minute, drain(p, "i-"+p)))
+	}
+	if !nowhere() {
+		t.Fatal("every proxy drains, yet p2's watch says some proxy is placeable")
+	}
+	h.must(c(time.Minute, registerAs("p3", "next")))
+	if nowhere() {
+		t.Fatal("p3's next sidecar ended its drain, yet p2's watch says no proxy is placeable")
+	}
+}

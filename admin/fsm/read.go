@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"github.com/prism-mesh/prism/admin/placement"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -155,15 +156,17 @@ func (f *FSM) Route(mailboxID string) (*adminv1.Route, uint64) {
 }
 
 // Assignments returns what WatchAssignments sends a proxy: its namespaces
-// (sorted) and partition ranges. An unknown or stale proxy has none.
+// (sorted), partition ranges, and whether any proxy can take a namespace.
+// An unknown or stale proxy has no namespaces.
 func (f *FSM) Assignments(proxyID string) (*adminv1.WatchAssignmentsResponse, uint64) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return &adminv1.WatchAssignmentsResponse{
-		ProxyId:         proxyID,
-		Index:           f.applied,
-		Assignments:     f.st.assignments(proxyID),
-		PartitionRanges: f.st.table.Ranges(proxyID),
+		ProxyId:          proxyID,
+		Index:            f.applied,
+		Assignments:      f.st.assignments(proxyID),
+		PartitionRanges:  f.st.table.Ranges(proxyID),
+		NoPlaceableProxy: f.st.table == placement.Table{},
 	}, f.applied
 }
 

@@ -333,7 +333,11 @@ type Agent struct {
 	changed   chan struct{}      // closed and replaced when workers or closing change
 	all       sync.WaitGroup     // every worker, unassigned ones included
 	lastIndex uint64
-	stopped   []*worker // workers that halted for the graceful stop
+	// nowhere is the last assignment set's no_placeable_proxy: no proxy
+	// can take a namespace from this one, so a drain waits only for what
+	// is already leaving.
+	nowhere bool
+	stopped []*worker // workers that halted for the graceful stop
 }
 
 // New validates cfg and makes an agent; Run starts it.
@@ -530,6 +534,7 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 		return
 	}
 	a.lastIndex = msg.GetIndex()
+	a.nowhere = msg.GetNoPlaceableProxy()
 	want := map[string]*adminv1.NamespaceAssignment{}
 	for _, as := range msg.GetAssignments() {
 		id := as.GetMailboxId()

@@ -33,12 +33,18 @@ type DrainResult struct {
 	WaitedFor []string `json:"waited_for"`
 	// Remaining are those still held at the end; empty when drained.
 	Remaining []string `json:"remaining"`
-	Took      string   `json:"took"`
-	Error     string   `json:"error,omitempty"`
+	// NowhereToHandOff is true when the drain ended because no proxy can
+	// take a namespace (the admin's no_placeable_proxy): Remaining are
+	// kept here, served until the runner stops.
+	NowhereToHandOff bool   `json:"nowhere_to_hand_off,omitempty"`
+	Took             string `json:"took"`
+	Error            string `json:"error,omitempty"`
 }
 
-// Drained reports whether the proxy holds nothing it must hand off.
-func (r DrainResult) Drained() bool { return len(r.Remaining) == 0 && r.Error == "" }
+// Drained reports whether the proxy holds nothing it can hand off.
+func (r DrainResult) Drained() bool {
+	return r.Error == "" && (len(r.Remaining) == 0 || r.NowhereToHandOff)
+}
 
 // Drain is the first step of a pod's stop (the runner's preStop hook,
 // docs/architecture.md#kubernetes-stop-order): it cordons the proxy, so
@@ -71,20 +77,26 @@ func (a *Agent) Drain(ctx context.Context, timeout time.Duration) DrainResult {
 	a.log.Info("drain: cordoning the proxy, then waiting for its namespaces to be handed off", "timeout", timeout)
 	// What it waits for is what was held as it began: a namespace handed
 	// off while the cordon is retried counts too.
-	held, changed := a.drainHeld()
-	res.WaitedFor = held
+	held, kept, changed := a.drainHeld()
+	res.WaitedFor = slices.Concat(held, kept)
+	slices.Sort(res.WaitedFor)
 	res.Cordoned = a.cordon(ctx, expired)
 	for len(held) > 0 && res.Error == "" {
 		select {
 		case <-changed:
-			held, changed = a.drainHeld()
+			held, kept, changed = a.drainHeld()
 		case <-expired:
 			res.Error = fmt.Sprintf("deadline %v passed with mailboxes still held", timeout)
 		case <-ctx.Done():
 			res.Error = "drain abandoned: the request ended or the sidecar is stopping"
 		}
 	}
-	res.Remaining, res.Took = held, clk.Since(start).String()
+	// Before the cordon is applied the proxy itself is placeable, so the
+	// admin says nowhere only when no proxy could take a namespace either
+	// way: what it keeps then stays until the runner stops.
+	res.Remaining, res.Took = slices.Concat(held, kept), clk.Since(start).String()
+	slices.Sort(res.Remaining)
+	res.NowhereToHandOff = len(kept) > 0
 	if res.WaitedFor == nil {
 		res.WaitedFor = []string{}
 	}
@@ -92,9 +104,12 @@ func (a *Agent) Drain(ctx context.Context, timeout time.Duration) DrainResult {
 		res.Remaining = []string{}
 	}
 	log := a.log.With("waited_for", res.WaitedFor, "remaining", res.Remaining, "took", res.Took, "cordoned", res.Cordoned)
-	if res.Drained() {
+	switch {
+	case res.NowhereToHandOff && res.Drained():
+		log.Warn("drain done: no proxy can take this proxy's namespaces; they are served until the runner stops, then by none until a runner registers")
+	case res.Drained():
 		log.Info("drain done: the proxy serves no namespace; the runner may stop")
-	} else {
+	default:
 		log.Warn("drain ended with namespaces still held; the runner stops anyway", "err", res.Error)
 	}
 	return res
@@ -131,14 +146,18 @@ func (a *Agent) cordon(ctx context.Context, expired <-chan struct{}) bool {
 }
 
 // drainHeld lists, sorted, the mailboxes a drain waits for: those
-// assigned as serving or handing off, and those still closing; and a
+// assigned as serving or handing off, and those still closing; those it
+// cannot wait for, serving with no proxy placeable to take them; and a
 // channel closed at their next change.
-func (a *Agent) drainHeld() ([]string, <-chan struct{}) {
+func (a *Agent) drainHeld() (held, kept []string, changed <-chan struct{}) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var held []string
 	for id, w := range a.workers {
-		if w.view().Role != adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP {
+		switch role := w.view().Role; {
+		case role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP:
+		case role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_SERVING && a.nowhere:
+			kept = append(kept, id)
+		default:
 			held = append(held, id)
 		}
 	}
@@ -146,7 +165,8 @@ func (a *Agent) drainHeld() ([]string, <-chan struct{}) {
 		held = append(held, id)
 	}
 	slices.Sort(held)
-	return held, a.changed
+	slices.Sort(kept)
+	return held, kept, a.changed
 }
 
 // serveDrain is POST /drain?timeout=D: Drain, answered 200 with its result

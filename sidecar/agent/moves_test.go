@@ -31,6 +31,11 @@ type roled struct {
 
 // assignRoles sends an assignment set whose namespaces have roles.
 func (h *harness) assignRoles(index uint64, set ...roled) {
+	h.admin.assign <- rolesSet(index, set...)
+}
+
+// rolesSet is the assignment set of proxy p1 at index.
+func rolesSet(index uint64, set ...roled) *adminv1.WatchAssignmentsResponse {
 	msg := &adminv1.WatchAssignmentsResponse{ProxyId: "p1", Index: index}
 	for _, a := range set {
 		msg.Assignments = append(msg.Assignments, &adminv1.NamespaceAssignment{
@@ -38,7 +43,7 @@ func (h *harness) assignRoles(index uint64, set ...roled) {
 			Config: &adminv1.NamespaceConfig{Topics: []string{a.ns + ".events"}},
 		})
 	}
-	h.admin.assign <- msg
+	return msg
 }
 
 func (h *harness) applied(index uint64) {
@@ -284,6 +289,44 @@ func TestDrainWaitsForHandoffs(t *testing.T) {
 			}
 			if cs.calls[0] != "p1" || cs.calls[1] != "p1" {
 				t.Fatalf("cordoned %v, want p1", cs.calls)
+			}
+		})
+	}
+}
+
+// A drain with nowhere to hand off (the admin says no proxy is placeable)
+// waits only for what is already leaving, then answers 200 naming what
+// it keeps, which stays served until the runner stops.
+func TestDrainWithNowhereToHandOff(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []LeaseMode{LeaseModeMailbox, LeaseModeSession} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			cs := &cordons{}
+			h := newHarness(t, func(c *Config) { c.LeaseMode, c.Cordon = mode, cs.cordon })
+			h.assignRoles(1, roled{"a", serving}, roled{"b", handingOff})
+			h.waitFor("ready", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 2 })
+			call := h.postDrain("timeout=1m")
+			h.waitFor("the cordon", func() bool { return cs.n() == 1 })
+			nowhere := rolesSet(2, roled{"a", serving}, roled{"b", handingOff})
+			nowhere.NoPlaceableProxy = true
+			h.admin.assign <- nowhere
+			h.applied(2)
+			time.Sleep(20 * time.Millisecond)
+			if call.answered() {
+				t.Fatalf("drain answered %d %s while b@p1 hands off", call.rec.Code, call.rec.Body)
+			}
+			nowhere = rolesSet(3, roled{"a", serving})
+			nowhere.NoPlaceableProxy = true
+			h.admin.assign <- nowhere
+			h.waitFor("drain answered", call.answered)
+			res := call.result(t)
+			if call.rec.Code != http.StatusOK || !res.NowhereToHandOff || !slices.Equal(res.Remaining, []string{"a@p1"}) ||
+				!slices.Equal(res.WaitedFor, []string{"a@p1", "b@p1"}) || res.Error != "" {
+				t.Fatalf("drain %d %+v, want 200 keeping a@p1 for want of a proxy", call.rec.Code, res)
+			}
+			if v := h.lease("a@p1"); v.State != StateActive {
+				t.Fatalf("a@p1 %+v after the drain, want still served until the runner stops", v)
 			}
 		})
 	}

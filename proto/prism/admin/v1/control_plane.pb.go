@@ -569,8 +569,13 @@ type WatchAssignmentsResponse struct {
 	// Complete set, sorted by namespace: a namespace missing here is revoked.
 	Assignments     []*NamespaceAssignment `protobuf:"bytes,3,rep,name=assignments,proto3" json:"assignments,omitempty"`
 	PartitionRanges []*PartitionRange      `protobuf:"bytes,4,rep,name=partition_ranges,json=partitionRanges,proto3" json:"partition_ranges,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// True when placement has no proxy to put a namespace on (every proxy is
+	// stale, cordoned, draining or has its runner not ready): no namespace
+	// assigned here can be handed off until one registers, so a drain waits
+	// only for what is already leaving.
+	NoPlaceableProxy bool `protobuf:"varint,5,opt,name=no_placeable_proxy,json=noPlaceableProxy,proto3" json:"no_placeable_proxy,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *WatchAssignmentsResponse) Reset() {
@@ -629,6 +634,13 @@ func (x *WatchAssignmentsResponse) GetPartitionRanges() []*PartitionRange {
 		return x.PartitionRanges
 	}
 	return nil
+}
+
+func (x *WatchAssignmentsResponse) GetNoPlaceableProxy() bool {
+	if x != nil {
+		return x.NoPlaceableProxy
+	}
+	return false
 }
 
 type AcquireLeaseRequest struct {
@@ -1883,12 +1895,13 @@ const file_prism_admin_v1_control_plane_proto_rawDesc = "" +
 	"\adeleted\x18\x01 \x01(\bR\adeleted\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\"4\n" +
 	"\x17WatchAssignmentsRequest\x12\x19\n" +
-	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\"\xdd\x01\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\"\x8b\x02\n" +
 	"\x18WatchAssignmentsResponse\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12E\n" +
 	"\vassignments\x18\x03 \x03(\v2#.prism.admin.v1.NamespaceAssignmentR\vassignments\x12I\n" +
-	"\x10partition_ranges\x18\x04 \x03(\v2\x1e.prism.admin.v1.PartitionRangeR\x0fpartitionRanges\"\xa5\x01\n" +
+	"\x10partition_ranges\x18\x04 \x03(\v2\x1e.prism.admin.v1.PartitionRangeR\x0fpartitionRanges\x12,\n" +
+	"\x12no_placeable_proxy\x18\x05 \x01(\bR\x10noPlaceableProxy\"\xa5\x01\n" +
 	"\x13AcquireLeaseRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x1b\n" +
