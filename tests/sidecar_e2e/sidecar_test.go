@@ -77,8 +77,7 @@ func TestSidecarStartAndSIGTERM(t *testing.T) {
 func startAndSIGTERM(t *testing.T, size int) {
 	e := setup(t, size, grpcAddrs)
 	// Reads go to the leader so that linearizable reads see the release.
-	var admin *e2e.AdminNode
-	testwait.For(t, 30*time.Second, "leader", func() (bool, string) { admin = e2e.Leader(e.admins...); return admin != nil, "" })
+	admin := awaitLeader(t, e.admins...)
 	epoch := e.heldBy(t, admin, "runner-a", e.runner, 0)
 	held := e.tl.mark("lease held, epoch %d", epoch)
 	rt, err := route(admin)
@@ -290,12 +289,11 @@ func TestSidecarAdminPartition(t *testing.T) {
 // others and the runner is never interrupted.
 func TestSidecarAdminLeaderKilled(t *testing.T) {
 	e := setup(t, 3, grpcAddrs)
-	epoch := e.heldBy(t, e2e.Leader(e.admins...), "runner-a", e.runner, 0)
+	epoch := e.heldBy(t, awaitLeader(t, e.admins...), "runner-a", e.runner, 0)
 	base := e.sidecar.HTTPURL()
-	leader := e2e.Leader(e.admins...)
-	if leader == nil {
-		t.Fatal("no leader")
-	}
+	// Under load a fast-timing cluster's leadership may move while the
+	// lease is taken: the one killed is whoever leads now.
+	leader := awaitLeader(t, e.admins...)
 	before, _ := renewals(base)
 	killed := e.tl.mark("kill -9 leader %s", leader.ID)
 	leader.Kill()
@@ -379,4 +377,15 @@ func TestSidecarUnassign(t *testing.T) {
 		t.Fatalf("no release logged:\n%s", e.sidecar.Tail(20))
 	}
 	testwait.For(t, 5*time.Second, "sidecar ready with nothing assigned", e.sidecar.Ready)
+}
+
+// awaitLeader waits until one of nodes reports that it leads, and returns it.
+func awaitLeader(t *testing.T, nodes ...*e2e.AdminNode) *e2e.AdminNode {
+	t.Helper()
+	var leader *e2e.AdminNode
+	testwait.For(t, 30*time.Second, "an admin node leads", func() (bool, string) {
+		leader = e2e.Leader(nodes...)
+		return leader != nil, "no node reports Leader"
+	})
+	return leader
 }
