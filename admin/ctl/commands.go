@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dustin/go-humanize"
 
 	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/internal/kafkasec"
@@ -176,6 +179,8 @@ func namespaceCommand(g *globals) *cobra.Command {
 		topics               []string
 		ttl, interval, grace time.Duration
 		validation, dlq      string
+		maxAge               time.Duration
+		maxSize              string
 		consistent           bool
 		pageSize             int32
 	)
@@ -198,6 +203,13 @@ Without brokers it says the topics were not checked.`,
 			if !ok {
 				return &usageError{cmd, fmt.Errorf("--validation: %q is not strict, warn or disabled", validation)}
 			}
+			retention, err := retentionConfig(maxAge, maxSize)
+			if err != nil {
+				return &usageError{cmd, err}
+			}
+			if dlq != "" && slices.Contains(topics, dlq) {
+				return &usageError{cmd, fmt.Errorf("--dead-letter-topic: %q is also a --topic: its dead letters would be consumed again", dlq)}
+			}
 			// Without a topic the admin refuses the namespace, and says why.
 			if len(topics) > 0 {
 				must := topics
@@ -209,7 +221,7 @@ Without brokers it says the topics were not checked.`,
 				}
 			}
 			req := &adminv1.CreateNamespaceRequest{Namespace: args[0], Config: &adminv1.NamespaceConfig{
-				Topics: topics, ValidationMode: adminv1.ValidationMode(mode), DeadLetterTopic: dlq,
+				Topics: topics, ValidationMode: adminv1.ValidationMode(mode), DeadLetterTopic: dlq, Retention: retention,
 				Lease: &adminv1.LeaseConfig{Ttl: optDuration(ttl), HeartbeatInterval: optDuration(interval), Grace: optDuration(grace)},
 			}}
 			return run(cmd, g, client.Once, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
@@ -227,7 +239,9 @@ Without brokers it says the topics were not checked.`,
 	create.Flags().DurationVar(&interval, "heartbeat-interval", 0, "sidecar heartbeat interval (0: admin default)")
 	create.Flags().DurationVar(&grace, "lease-grace", 0, "grace after ttl before expiry (0: admin default)")
 	create.Flags().StringVar(&validation, "validation", "strict", "envelope validation: strict, warn or disabled")
-	create.Flags().StringVar(&dlq, "dead-letter-topic", "", "topic for poison messages (default: the runner's)")
+	create.Flags().StringVar(&dlq, "dead-letter-topic", "", "topic every poison record goes to (default: its own topic with .dlq appended)")
+	create.Flags().DurationVar(&maxAge, "retention-max-age", 0, "retention: the mailbox deletes events published longer ago than this (0 keeps them)")
+	create.Flags().StringVar(&maxSize, "retention-max-size", "0", "retention: bound on the mailbox's stored envelope bytes, oldest deleted first, e.g. 10GiB (0 is unbounded)")
 	g.kafka.register(create.Flags())
 
 	list := &cobra.Command{
@@ -274,6 +288,25 @@ Without brokers it says the topics were not checked.`,
 	}
 	c.AddCommand(create, list, get, del, moveNamespace(g))
 	return c
+}
+
+// retentionConfig is the namespace's retention from the --retention-* flags,
+// nil when neither bounds it.
+func retentionConfig(maxAge time.Duration, maxSize string) (*adminv1.RetentionConfig, error) {
+	if maxAge < 0 {
+		return nil, fmt.Errorf("--retention-max-age: must not be negative, got %s", maxAge)
+	}
+	size, err := humanize.ParseBytes(maxSize)
+	if err != nil {
+		return nil, fmt.Errorf("--retention-max-size: %w", err)
+	}
+	if size > math.MaxInt64 {
+		return nil, fmt.Errorf("--retention-max-size: %s is more than %d bytes", maxSize, int64(math.MaxInt64))
+	}
+	if maxAge == 0 && size == 0 {
+		return nil, nil
+	}
+	return &adminv1.RetentionConfig{MaxAge: optDuration(maxAge), MaxSizeBytes: int64(size)}, nil
 }
 
 func optDuration(d time.Duration) *durationpb.Duration {

@@ -214,3 +214,44 @@ func TestNamespaceCreateChecksTopicsOverTLS(t *testing.T) {
 		})
 	}
 }
+
+// namespace create sends --retention-max-age, --retention-max-size and
+// --dead-letter-topic in the namespace's config, and refuses values no
+// mailbox could use without creating anything.
+func TestNamespaceCreateRetentionAndDeadLetterTopic(t *testing.T) {
+	t.Parallel()
+	a := startAdmin(t)
+	op := append(a.as(identity.Operator, "ops"), "--timeout", "20s")
+	create := func(ns string, args ...string) []string {
+		return append(append(slices.Clone(op), "namespace", "create", ns, "--topic", "orders.events", "--skip-topic-check"), args...)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string // printed by create, or for a success by namespace get -o json
+	}{
+		{"all three", create("kept-1", "--retention-max-age", "36h", "--retention-max-size", "10MiB", "--dead-letter-topic", "orders.poison"), 0,
+			`"dead_letter_topic":"orders.poison","lease":{},"retention":{"max_age":"129600s","max_size_bytes":10485760}`},
+		{"age alone", create("kept-2", "--retention-max-age", "90m"), 0, `"retention":{"max_age":"5400s"}`},
+		{"size alone", create("kept-3", "--retention-max-size", "1GB"), 0, `"retention":{"max_size_bytes":1000000000}`},
+		{"negative age", create("bad-1", "--retention-max-age", "-1h"), exitUsage, "--retention-max-age: must not be negative, got -1h0m0s"},
+		{"size that is no size", create("bad-2", "--retention-max-size", "lots"), exitUsage, "--retention-max-size: "},
+		{"dead letters consumed again", create("bad-3", "--dead-letter-topic", "orders.events"), exitUsage,
+			`--dead-letter-topic: "orders.events" is also a --topic: its dead letters would be consumed again`},
+	} {
+		out, err := prismctl(t, tc.args...)
+		var stderr bytes.Buffer
+		if code := exit(err, &stderr); code != tc.code || (tc.code != 0 && !strings.Contains(out+stderr.String(), tc.want)) {
+			t.Errorf("%s: exit %d, printed\n%s%s\nwant exit %d and %q", tc.name, code, out, stderr.String(), tc.code, tc.want)
+		}
+		ns := tc.args[slices.Index(tc.args, "create")+1]
+		got, err := prismctl(t, append(slices.Clone(op), "namespace", "get", ns, "-o", "json")...)
+		switch {
+		case tc.code != 0 && err == nil:
+			t.Errorf("%s: namespace %s created", tc.name, ns)
+		case tc.code == 0 && (err != nil || !strings.Contains(strings.Join(strings.Fields(got), ""), tc.want)):
+			t.Errorf("%s: namespace get = %s (%v), want it holding %s", tc.name, got, err, tc.want)
+		}
+	}
+}

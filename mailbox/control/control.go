@@ -930,6 +930,9 @@ func toRunnerConfig(id string, c *runnerv1.MailboxConfig, epoch uint64) (runner.
 			return runner.MailboxConfig{}, status.Errorf(codes.InvalidArgument, "open %s: config.topics[%d]: empty", id, i)
 		}
 	}
+	if d := c.GetDeadLetterTopic(); d != "" && slices.Contains(c.GetTopics(), d) {
+		return runner.MailboxConfig{}, status.Errorf(codes.InvalidArgument, "open %s: config.dead_letter_topic: %q is also consumed: its dead letters would be consumed again", id, d)
+	}
 	if c.GetMaxAgeMillis() < 0 || c.GetMaxSizeBytes() < 0 {
 		return runner.MailboxConfig{}, status.Errorf(codes.InvalidArgument, "open %s: config: max_age_millis and max_size_bytes must not be negative", id)
 	}
@@ -947,6 +950,6 @@ func toRunnerConfig(id string, c *runnerv1.MailboxConfig, epoch uint64) (runner.
 	return runner.MailboxConfig{
 		ID: id, Topics: slices.Clone(c.GetTopics()), Mode: mode,
 		MaxAge:  time.Duration(c.GetMaxAgeMillis()) * time.Millisecond,
-		MaxSize: c.GetMaxSizeBytes(), Epoch: epoch,
+		MaxSize: c.GetMaxSizeBytes(), DeadLetterTopic: c.GetDeadLetterTopic(), Epoch: epoch,
 	}, nil
 }

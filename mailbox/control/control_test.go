@@ -584,6 +584,10 @@ func TestBadRequests(t *testing.T) {
 			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "x@p", Config: &runnerv1.MailboxConfig{Topics: []string{"t"}, ValidationMode: 42}})
 			return err
 		}, codes.InvalidArgument},
+		{"open with a dead-letter topic it consumes", func() error {
+			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "x@p", Config: &runnerv1.MailboxConfig{Topics: []string{"t", "u"}, DeadLetterTopic: "u"}})
+			return err
+		}, codes.InvalidArgument},
 		{"open again with another config", func() error {
 			_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "a@p", Config: &runnerv1.MailboxConfig{Topics: []string{"other"}}})
 			return err

@@ -84,8 +84,28 @@ const reasonDecodePanic envelope.Reason = "decode_panic"
 // batch failed Config.StoreAttempts times (see isolate).
 const reasonStoreFailed envelope.Reason = "store_failed"
 
-// DLQSuffix is appended to a source topic to name its dead-letter topic.
+// DLQSuffix is appended to a source topic to name its dead-letter topic
+// when the mailbox names none (Config.DeadLetterTopic).
 const DLQSuffix = ".dlq"
+
+// deadLetterTopic is where a poison record of topic goes.
+func (c *Config) deadLetterTopic(topic string) string {
+	if c.DeadLetterTopic != "" {
+		return c.DeadLetterTopic
+	}
+	return topic + DLQSuffix
+}
+
+// deadLetterTopics are the topics the poison records of c's topics go to.
+func (c *Config) deadLetterTopics() []string {
+	var out []string
+	for _, t := range c.Topics {
+		if d := c.deadLetterTopic(t); !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
 
 // Writer is the part of the mailbox store ingest needs: a durable,
 // message_id-idempotent batch write.
@@ -109,6 +129,9 @@ type Config struct {
 	Brokers   []string // host:port of Kafka bootstrap brokers
 	Topics    []string
 	Mode      envelope.Mode // "" = strict
+	// DeadLetterTopic receives the poison records of every topic; ""
+	// sends each to its own topic with DLQSuffix appended.
+	DeadLetterTopic string
 
 	BatchSize int           // records per store write; default 2000
 	BatchWait time.Duration // longest a partial batch waits for more records; default 100ms
@@ -277,7 +300,7 @@ func Start(cfg Config, w Writer) (*Ingester, error) {
 		// below) checks the topics and then serves the group and producer.
 		k = NewKafka(cfg.Brokers, &sc)
 	}
-	client, limit, limitErr, err := k.prepare(cfg.Topics, log)
+	client, limit, limitErr, err := k.prepare(cfg.deadLetterTopics(), log)
 	if err != nil {
 		return nil, fmt.Errorf("ingest %s: kafka client (%s): %w%s", cfg.MailboxID, kafkasec.Describe(cfg.Sarama), err, kafkasec.ClosedHint(err))
 	}
@@ -799,7 +822,7 @@ func (i *Ingester) countDead(sent, failed []deadLetter) {
 func (i *Ingester) dlqMessage(d deadLetter, idx int) *sarama.ProducerMessage {
 	h := func(k, v string) sarama.RecordHeader { return sarama.RecordHeader{Key: []byte(k), Value: []byte(v)} }
 	pm := &sarama.ProducerMessage{
-		Topic: d.msg.Topic + DLQSuffix,
+		Topic: i.cfg.deadLetterTopic(d.msg.Topic),
 		Headers: []sarama.RecordHeader{
 			h(HeaderReason, string(d.reason)),
 			h(HeaderError, d.err.Error()),

@@ -78,12 +78,12 @@ func (k *Kafka) connect() (sarama.Client, error) {
 	return c, err
 }
 
-// prepare makes sure topics' dead-letter topics exist and returns the
+// prepare makes sure the dead-letter topics dlqs exist and returns the
 // smallest of their max.message.bytes (limit), or why it is unknown
 // (limitErr). What a check found is kept, so for topics a Start of another
 // mailbox saw it asks nothing; what failed is asked again at the next Start.
 // err is a client that cannot connect.
-func (k *Kafka) prepare(topics []string, log *slog.Logger) (client sarama.Client, limit int, limitErr error, err error) {
+func (k *Kafka) prepare(dlqs []string, log *slog.Logger) (client sarama.Client, limit int, limitErr error, err error) {
 	client, err = k.connect()
 	if err != nil {
 		return nil, 0, nil, err
@@ -91,17 +91,17 @@ func (k *Kafka) prepare(topics []string, log *slog.Logger) (client sarama.Client
 	k.dlqMu.Lock()
 	defer k.dlqMu.Unlock()
 	var create, describe []string
-	for _, t := range topics {
-		d := k.dlq[t+DLQSuffix]
+	for _, t := range dlqs {
+		d := k.dlq[t]
 		if d == nil {
 			d = &dlqTopic{}
-			k.dlq[t+DLQSuffix] = d
+			k.dlq[t] = d
 		}
 		if !d.exists {
-			create = append(create, t+DLQSuffix)
+			create = append(create, t)
 		}
 		if d.limit == 0 {
-			describe = append(describe, t+DLQSuffix)
+			describe = append(describe, t)
 		}
 	}
 	if len(create) > 0 {
@@ -118,8 +118,8 @@ func (k *Kafka) prepare(topics []string, log *slog.Logger) (client sarama.Client
 			return client, 0, err, nil
 		}
 	}
-	for _, t := range topics {
-		l := k.dlq[t+DLQSuffix].limit
+	for _, t := range dlqs {
+		l := k.dlq[t].limit
 		if limit == 0 || l < limit {
 			limit = l
 		}

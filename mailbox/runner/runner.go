@@ -140,6 +140,9 @@ type MailboxConfig struct {
 	Mode    envelope.Mode // "" = strict
 	MaxAge  time.Duration // 0 = keep forever
 	MaxSize int64         // bytes of envelopes; 0 = unbounded
+	// DeadLetterTopic receives every poison record; "" = each record's
+	// topic with ingest.DLQSuffix.
+	DeadLetterTopic string
 	// Epoch is the lease epoch the mailbox is served under from its first
 	// query on, so a lease-driven mailbox is never visible without one.
 	Epoch uint64
@@ -611,7 +614,7 @@ func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
 		}
 	}
 	icfg := ingest.Config{
-		MailboxID: mc.ID, Kafka: r.kafka, Topics: mc.Topics, Mode: mc.Mode,
+		MailboxID: mc.ID, Kafka: r.kafka, Topics: mc.Topics, Mode: mc.Mode, DeadLetterTopic: mc.DeadLetterTopic,
 		BatchSize: r.cfg.BatchSize, BatchWait: r.cfg.BatchWait,
 		DrainTimeout: r.cfg.ShutdownTimeout, Logger: r.log, Metrics: r.ingestM, Governor: r.governor,
 	}

@@ -914,10 +914,11 @@ func (w *worker) release(ctx context.Context, cause string, epoch uint64) error 
 
 func runnerConfig(c *adminv1.NamespaceConfig) *runnerv1.MailboxConfig {
 	return &runnerv1.MailboxConfig{
-		Topics:         c.GetTopics(),
-		ValidationMode: runnerv1.ValidationMode(c.GetValidationMode()),
-		MaxAgeMillis:   c.GetRetention().GetMaxAge().AsDuration().Milliseconds(),
-		MaxSizeBytes:   c.GetRetention().GetMaxSizeBytes(),
+		Topics:          c.GetTopics(),
+		ValidationMode:  runnerv1.ValidationMode(c.GetValidationMode()),
+		MaxAgeMillis:    c.GetRetention().GetMaxAge().AsDuration().Milliseconds(),
+		MaxSizeBytes:    c.GetRetention().GetMaxSizeBytes(),
+		DeadLetterTopic: c.GetDeadLetterTopic(),
 	}
 }
 

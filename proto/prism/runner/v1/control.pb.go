@@ -226,9 +226,12 @@ type MailboxConfig struct {
 	// Retention: events older than this are deleted; 0 keeps them.
 	MaxAgeMillis int64 `protobuf:"varint,3,opt,name=max_age_millis,json=maxAgeMillis,proto3" json:"max_age_millis,omitempty"`
 	// Retention: bound on stored envelope bytes; 0 is unbounded.
-	MaxSizeBytes  int64 `protobuf:"varint,4,opt,name=max_size_bytes,json=maxSizeBytes,proto3" json:"max_size_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MaxSizeBytes int64 `protobuf:"varint,4,opt,name=max_size_bytes,json=maxSizeBytes,proto3" json:"max_size_bytes,omitempty"`
+	// The topic every poison record of the mailbox goes to; empty: the
+	// record's own topic with ".dlq" appended (docs/architecture.md#dead-letters).
+	DeadLetterTopic string `protobuf:"bytes,5,opt,name=dead_letter_topic,json=deadLetterTopic,proto3" json:"dead_letter_topic,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *MailboxConfig) Reset() {
@@ -287,6 +290,13 @@ func (x *MailboxConfig) GetMaxSizeBytes() int64 {
 		return x.MaxSizeBytes
 	}
 	return 0
+}
+
+func (x *MailboxConfig) GetDeadLetterTopic() string {
+	if x != nil {
+		return x.DeadLetterTopic
+	}
+	return ""
 }
 
 type OpenMailboxRequest struct {
@@ -2017,12 +2027,13 @@ var File_prism_runner_v1_control_proto protoreflect.FileDescriptor
 
 const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x1dprism/runner/v1/control.proto\x12\x0fprism.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbd\x01\n" +
+	"\x1dprism/runner/v1/control.proto\x12\x0fprism.runner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x01\n" +
 	"\rMailboxConfig\x12\x16\n" +
 	"\x06topics\x18\x01 \x03(\tR\x06topics\x12H\n" +
 	"\x0fvalidation_mode\x18\x02 \x01(\x0e2\x1f.prism.runner.v1.ValidationModeR\x0evalidationMode\x12$\n" +
 	"\x0emax_age_millis\x18\x03 \x01(\x03R\fmaxAgeMillis\x12$\n" +
-	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\"\xb3\x02\n" +
+	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\x12*\n" +
+	"\x11dead_letter_topic\x18\x05 \x01(\tR\x0fdeadLetterTopic\"\xb3\x02\n" +
 	"\x12OpenMailboxRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x126\n" +
