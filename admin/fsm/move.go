@@ -196,6 +196,7 @@ func applySwitchMove(tx *txn, cmd *adminv1.Command) (any, error) {
 	reason := n.GetMoveReason()
 	n = proto.CloneOf(n)
 	n.HandoffProxyId = n.GetAssignedProxyId()
+	n.PriorProxyId = n.GetAssignedProxyId()
 	n.HandoffUntil = m.GetHandoffUntil()
 	n.AssignedProxyId = m.GetToProxyId()
 	n.AssignmentIndex = tx.index

@@ -38,6 +38,19 @@ func (s *state) recoverySource(n *adminv1.Namespace) *adminv1.RecoverySource {
 	return &adminv1.RecoverySource{MailboxId: mid, Address: addr}
 }
 
+// priorMailbox is the mailbox whose history n's mailbox on proxyID lacks
+// unless it was copied or has data of its own (docs/architecture.md#moves):
+// the one on the proxy n was assigned to before, if that is another proxy.
+// A namespace only ever assigned one proxy names none, so its first mailbox
+// reads Kafka as the whole of its history.
+func priorMailbox(n *adminv1.Namespace, proxyID string) string {
+	prior := n.GetPriorProxyId()
+	if prior == "" || prior == proxyID {
+		return ""
+	}
+	return mesh.MailboxID{Namespace: n.GetName(), Proxy: prior}.String()
+}
+
 // NamespaceReplicas lists every proxy with a role in namespace name (its
 // assigned proxy, a move's destination, a handoff tail's source), sorted by
 // proxy id, each with its mailbox's lease epoch and its last report on the

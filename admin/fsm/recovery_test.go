@@ -146,6 +146,56 @@ func TestRecoverySourceGoneEndsTheMove(t *testing.T) {
 	}
 }
 
+// A namespace's SERVING assignment names the mailbox it had on the proxy it
+// was assigned before (prior_mailbox_id): none for its first proxy, the lost
+// one's after an unplanned reassignment (stale or runner not ready), kept
+// through a snapshot, and none once it is back on that proxy.
+func TestPriorMailboxAfterAReassignment(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		lose func(h *harness, owner string)
+	}{
+		{"owner stale", func(h *harness, owner string) {
+			p, _ := h.f.Proxy(owner)
+			h.must(c(time.Minute, &adminv1.MarkProxiesStaleCommand{Proxies: []*adminv1.ProxyRef{{ProxyId: owner, LastSeen: p.GetProxy().GetLastSeen()}}}))
+		}},
+		{"owner runner not ready", func(h *harness, owner string) {
+			h.must(c(time.Minute, &adminv1.ProxyHeartbeatRequest{ProxyId: owner, RunnerNotReady: true}))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h, owner, other, mailbox := base(t)
+			if a := assignmentOf(h.f, owner); a.GetPriorMailboxId() != "" {
+				t.Fatalf("first proxy's assignment %v names a prior mailbox", a)
+			}
+			tc.lose(h, owner)
+			a := assignmentOf(h.f, other)
+			if a.GetRole() != roleServing || a.GetPriorMailboxId() != mailbox {
+				t.Fatalf("assignment after the owner was lost: %v, want SERVING with prior mailbox %s", a, mailbox)
+			}
+			r := roundTrip(t, h.f)
+			if b := assignmentOf(r, other); !proto.Equal(a, b) {
+				t.Fatalf("after a restore: %v, want %v", b, a)
+			}
+			// The lost proxy serving again takes the namespace back by a
+			// planned move (rebalancing), whose destination is copied.
+			h.must(c(2*time.Minute, &adminv1.ProxyHeartbeatRequest{ProxyId: owner}))
+			h.must(c(3*time.Minute, &adminv1.StartMoveCommand{Namespace: ns, ToProxyId: owner}))
+			start := h.index
+			if a := assignmentOf(h.f, owner); a.GetRole() != adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP || a.GetPriorMailboxId() != "" {
+				t.Fatalf("destination's assignment %v, want CATCHING_UP with no prior mailbox (it is copied)", a)
+			}
+			h.must(c(4*time.Minute, acquire(mailbox, "runner-a")))
+			h.must(c(5*time.Minute, &adminv1.SwitchMoveCommand{Namespace: ns, ToProxyId: owner, MoveIndex: start, HandoffUntil: at(time.Hour)}))
+			if a := assignmentOf(h.f, owner); a.GetRole() != roleServing || a.GetPriorMailboxId() != mailboxID(ns, other) {
+				t.Fatalf("after the switch: %v, want SERVING with prior mailbox %s", a, mailboxID(ns, other))
+			}
+		})
+	}
+}
+
 // NamespaceReplicas lists each proxy's mailbox with its role, lease and
 // last report, through a move and its tail.
 func TestNamespaceReplicas(t *testing.T) {

@@ -421,6 +421,9 @@ func (tx *txn) replace() {
 			n = endHandoff(n)
 		}
 		n = proto.CloneOf(n)
+		if a != "" {
+			n.PriorProxyId = a
+		}
 		n.AssignedProxyId = owner
 		n.AssignmentIndex = tx.index
 		n.OperatorPlaced = false
@@ -527,6 +530,7 @@ func (s *state) assignmentsAmong(names []string, proxyID string) []*adminv1.Name
 			if in := n.GetIncomingProxyId(); in != "" {
 				as.RecoveryPeers = []string{in}
 			}
+			as.PriorMailboxId = priorMailbox(n, proxyID)
 		}
 		out = append(out, as)
 	}

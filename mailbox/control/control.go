@@ -137,8 +137,11 @@ type entry struct {
 	// recover is the live mailbox to seed this one from (the last
 	// OpenMailbox's recover_from), used when the runner opens it.
 	recover *runnerv1.RecoverySource
-	state   state
-	epoch   uint64
+	// historyBefore is the mailbox that held the namespace's history before
+	// this one (the last OpenMailbox's history_before), used likewise.
+	historyBefore string
+	state         state
+	epoch         uint64
 
 	deadline    time.Time   // while serving: when the runner fences by itself
 	timer       clock.Timer // fires at deadline
@@ -279,9 +282,17 @@ func (s *Server) open(req *runnerv1.OpenMailboxRequest) (*runnerv1.MailboxStatus
 			return nil, status.Errorf(codes.InvalidArgument, "open %s: recover_from: another mailbox and its runner's address are required", id)
 		}
 	}
+	if before := req.GetHistoryBefore(); before != "" {
+		if _, err := mesh.ParseMailboxID(before); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "open %s: history_before: %v", id, err)
+		}
+		if before == id {
+			return nil, status.Errorf(codes.InvalidArgument, "open %s: history_before: another mailbox is required", id)
+		}
+	}
 	// Locked before it is published, and held while opening: nobody sees
 	// it in stateOpening.
-	fresh := &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), recover: proto.CloneOf(req.GetRecoverFrom()), state: stateOpening}
+	fresh := &entry{id: id, cfg: proto.CloneOf(req.GetConfig()), recover: proto.CloneOf(req.GetRecoverFrom()), historyBefore: req.GetHistoryBefore(), state: stateOpening}
 	fresh.mu.Lock()
 	opened := fresh.slowLocked()
 	s.mu.Lock()
@@ -320,6 +331,7 @@ func (s *Server) open(req *runnerv1.OpenMailboxRequest) (*runnerv1.MailboxStatus
 			// The placement may name a source later than the first open, or
 			// the source's runner at a new address while the copy runs.
 			e.recover = proto.CloneOf(req.GetRecoverFrom())
+			e.historyBefore = req.GetHistoryBefore()
 			if src := e.recover; src != nil && e.state.serving() {
 				s.host.UpdateRecovery(id, runner.RecoverySource{MailboxID: src.GetMailboxId(), Address: src.GetAddress()})
 			}
@@ -393,6 +405,7 @@ func (s *Server) activate(id string, epoch uint64, vf *durationpb.Duration, boun
 		if src := e.recover; src != nil {
 			mc.Recover = &runner.RecoverySource{MailboxID: src.GetMailboxId(), Address: src.GetAddress()}
 		}
+		mc.HistoryBefore = e.historyBefore
 		defer e.slowLocked()()
 		start := time.Now()
 		if e.state == stateDrained {

@@ -61,6 +61,37 @@ func TestOpenWithRecoverFrom(t *testing.T) {
 	}
 }
 
+// TestOpenWithHistoryBefore: the earlier mailbox an OpenMailbox names reaches the runner when the mailbox is
+// activated, a malformed one or the mailbox itself is refused, and the runner's incomplete history is in the
+// mailbox's status with when it starts.
+func TestOpenWithHistoryBefore(t *testing.T) {
+	t.Parallel()
+	s, h, _ := newServer(t)
+	ctx := context.Background()
+	for _, bad := range []string{"audit@p1", "not an id", "audit@"} {
+		_, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "audit@p1", Config: cfg, HistoryBefore: bad})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("history_before %q: %v, want InvalidArgument", bad, err)
+		}
+	}
+	if _, ok := h.open["audit@p1"]; ok {
+		t.Fatal("a refused open opened the mailbox")
+	}
+	h.recovery["audit@p1"] = runner.RecoveryStatus{State: runner.RecoveryIncomplete, Source: "audit@p0", HistoryStartsAt: time.Unix(7, 0)}
+	resp, err := s.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: "audit@p1", Config: cfg, Epoch: 3, ValidFor: vf, HistoryBefore: "audit@p0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.open["audit@p1"]; got.HistoryBefore != "audit@p0" || got.Recover != nil {
+		t.Fatalf("runner opened with history before %q, recovery source %+v", got.HistoryBefore, got.Recover)
+	}
+	rs := resp.GetStatus().GetRecovery()
+	if rs.GetState() != runnerv1.RecoveryState_RECOVERY_STATE_INCOMPLETE || rs.GetSourceMailboxId() != "audit@p0" ||
+		rs.GetHistoryComplete() || rs.GetHistoryStartsAt().AsTime() != time.Unix(7, 0).UTC() {
+		t.Fatalf("recovery status %v", rs)
+	}
+}
+
 // TestAllowRecovery: the set reaches the runner, replaces the last one, an empty one clears it, a close clears it;
 // an unknown mailbox is NotFound and a malformed proxy id InvalidArgument, neither changing anything.
 func TestAllowRecovery(t *testing.T) {

@@ -173,6 +173,23 @@ func (r *Runner) recoveryFor(mc MailboxConfig, st *store.Store) (*recovering, er
 	}}, nil
 }
 
+// markHistoryBefore records st's history incomplete when mc names the mailbox that held it before and st holds
+// nothing of its own (no events, recovery record or seed): the mailbox is built from Kafka at once, and whatever
+// Kafka deleted that the earlier mailbox held is gone (docs/architecture.md#moves). It is recorded before ingest
+// starts, so the history never reads complete, and kept with the store, so a reopen keeps saying so.
+func (r *Runner) markHistoryBefore(mc MailboxConfig, st *store.Store) error {
+	if mc.HistoryBefore == "" || st.Usage().Events > 0 || st.Recovery() != (store.Recovery{}) || st.Seed() != nil {
+		return nil
+	}
+	now := r.cfg.Clock.Now()
+	if err := st.SetRecovery(store.Recovery{Source: mc.HistoryBefore, Incomplete: true, Started: now, Finished: now}); err != nil {
+		return fmt.Errorf("record history incomplete after %s: %w", mc.HistoryBefore, err)
+	}
+	r.log.Warn("mailbox built from Kafka after its namespace's earlier mailbox was lost: its history is incomplete",
+		"mailbox_id", mc.ID, "history_before", mc.HistoryBefore, "epoch", mc.Epoch)
+	return nil
+}
+
 // recover seeds mb from its source, then starts its ingest and retention, until ctx is done.
 func (r *Runner) recover(ctx context.Context, mb *mailbox, icfg ingest.Config) {
 	rc := mb.recovery

@@ -304,3 +304,57 @@ func TestPeerRecoveryOff(t *testing.T) {
 		t.Fatalf("a copy from a runner with peer recovery off: %v, want Unavailable", err)
 	}
 }
+
+// TestHistoryBeforeMarksIncomplete: a mailbox opened with HistoryBefore while it holds nothing and is not copied
+// consumes Kafka at once and records its history incomplete from its oldest event, also after it is opened again;
+// a namespace's first mailbox (no HistoryBefore) and a mailbox holding data of its own stay complete.
+func TestHistoryBeforeMarksIncomplete(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.Start(t, kafkatest.Topics(1, "t", "t.dlq"))
+	c.ProduceEnvelopes(t, "t", kafkatest.Envelopes("t", 10)...)
+	r, err := New(Config{DataDir: t.TempDir(), Brokers: c.Brokers, BatchWait: 10 * time.Millisecond, Logger: testLog(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	open := func(id, before string) {
+		t.Helper()
+		if err := r.Open(MailboxConfig{ID: id, Topics: []string{"t"}, Epoch: 1, HistoryBefore: before}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, id+" stores the 10 events", func() bool { st, _ := r.Status(id); return st.Events == 10 })
+	}
+	check := func(id string, complete bool, source string) {
+		t.Helper()
+		st, _ := r.Status(id)
+		rs := st.Recovery
+		want := RecoveryNone
+		if !complete {
+			want = RecoveryIncomplete
+		}
+		if rs.State != want || rs.HistoryComplete != complete || rs.Source != source || rs.HistoryStartsAt.IsZero() == !complete {
+			t.Fatalf("%s's recovery %+v, want state %v, complete %v, source %q", id, rs, want, complete, source)
+		}
+		stats, err := r.Stats(context.Background(), id)
+		if err != nil || stats.GetHistoryIncomplete() == complete || (stats.GetHistoryStartsAt() == nil) == !complete {
+			t.Fatalf("%s's stats %v, %v", id, stats, err)
+		}
+	}
+	open("lost@p2", "lost@p1")
+	check("lost@p2", false, "lost@p1")
+	if err := r.CloseMailbox("lost@p2"); err != nil {
+		t.Fatal(err)
+	}
+	open("lost@p2", "")
+	check("lost@p2", false, "lost@p1")
+
+	open("first@p2", "")
+	check("first@p2", true, "")
+
+	open("back@p2", "")
+	if err := r.CloseMailbox("back@p2"); err != nil {
+		t.Fatal(err)
+	}
+	open("back@p2", "back@p3")
+	check("back@p2", true, "")
+}

@@ -149,6 +149,10 @@ type MailboxConfig struct {
 	// Recover, when set, is the live mailbox to seed this one from by peer
 	// recovery (recovery.go), taken only while this one holds nothing.
 	Recover *RecoverySource
+	// HistoryBefore, when set, is the mailbox that held the namespace's
+	// history before this one: opened with nothing stored and no copy, this
+	// one records its history incomplete (recovery.go).
+	HistoryBefore string
 }
 
 // ErrNotOpen is returned for a mailbox id the runner does not host.
@@ -640,6 +644,11 @@ func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
 			r.recover(ctx, mb, icfg)
 		}()
 		return mb, nil
+	}
+	if err := r.markHistoryBefore(mc, st); err != nil {
+		cancel()
+		_ = st.Close()
+		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
 	}
 	icfg.Start = seedPositions(st)
 	ing, err := ingest.Start(icfg, leaseWriter{mb: mb, clock: r.cfg.Clock})

@@ -269,7 +269,7 @@ func (w *worker) openInRunner() bool {
 		}
 		dialed := w.a.runnerDialed()
 		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
-		_, err := w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), RecoverFrom: w.recoverFrom()})
+		_, err := w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), RecoverFrom: w.recoverFrom(), HistoryBefore: w.historyBefore()})
 		cancel()
 		done()
 		if err == nil {
@@ -716,7 +716,7 @@ func (w *worker) activate(epoch uint64, until func() time.Time) bool {
 		if status.Code(err) == codes.NotFound {
 			// The runner restarted and forgot the mailbox: open and
 			// activate in one call.
-			_, err = w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), Epoch: epoch, ValidFor: vf, Bound: b, RecoverFrom: w.recoverFrom()})
+			_, err = w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), Epoch: epoch, ValidFor: vf, Bound: b, RecoverFrom: w.recoverFrom(), HistoryBefore: w.historyBefore()})
 		}
 		cancel()
 		done()

@@ -20,7 +20,9 @@ import (
 //
 //   - opens a move's destination (CATCHING_UP) with recover_from, the
 //     assignment's recovery source, so the runner seeds the new mailbox
-//     from the source's store instead of Kafka alone (recoverFrom);
+//     from the source's store instead of Kafka alone (recoverFrom), and a
+//     mailbox assigned after an unplanned reassignment with the lost
+//     mailbox's id (historyBefore), so the runner says what it lacks;
 //   - keeps the runner's set of proxies allowed to fetch each mailbox
 //     equal to its assignment's recovery_peers (allower): set when a move
 //     toward another proxy starts, cleared when it ends, and set again
@@ -40,6 +42,18 @@ func (w *worker) recoverFrom() *runnerv1.RecoverySource {
 		return nil
 	}
 	return &runnerv1.RecoverySource{MailboxId: src.GetMailboxId(), Address: src.GetAddress()}
+}
+
+// historyBefore is the mailbox whose history this one lacks unless it holds
+// data of its own (docs/architecture.md#moves): the assignment's prior
+// mailbox while the worker's role is SERVING, else empty. A move's
+// destination is opened CATCHING_UP and copies its source (recoverFrom),
+// or says its history is incomplete when it cannot.
+func (w *worker) historyBefore() string {
+	if w.view().Role != adminv1.AssignmentRole_ASSIGNMENT_ROLE_SERVING {
+		return ""
+	}
+	return w.assignment.GetPriorMailboxId()
 }
 
 // allower keeps the runner's recovery peers of every assigned mailbox

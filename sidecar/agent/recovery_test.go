@@ -18,19 +18,23 @@ import (
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
-// openRecorder is the fake runner noting each open's recover_from.
+// openRecorder is the fake runner noting each open's recover_from and
+// history_before.
 type openRecorder struct {
 	*fakeRunner
-	mu    sync.Mutex
-	opens map[string][]*runnerv1.RecoverySource
+	mu      sync.Mutex
+	opens   map[string][]*runnerv1.RecoverySource
+	befores map[string][]string
 }
 
 func (r *openRecorder) OpenMailbox(ctx context.Context, in *runnerv1.OpenMailboxRequest, opts ...grpc.CallOption) (*runnerv1.OpenMailboxResponse, error) {
 	r.mu.Lock()
 	if r.opens == nil {
 		r.opens = map[string][]*runnerv1.RecoverySource{}
+		r.befores = map[string][]string{}
 	}
 	r.opens[in.GetMailboxId()] = append(r.opens[in.GetMailboxId()], in.GetRecoverFrom())
+	r.befores[in.GetMailboxId()] = append(r.befores[in.GetMailboxId()], in.GetHistoryBefore())
 	r.mu.Unlock()
 	return r.fakeRunner.OpenMailbox(ctx, in, opts...)
 }
@@ -39,6 +43,12 @@ func (r *openRecorder) opened(id string) []*runnerv1.RecoverySource {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.opens[id])
+}
+
+func (r *openRecorder) historiesBefore(id string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.befores[id])
 }
 
 func (r *fakeRunner) allowedOf(id string) ([]string, bool) {
@@ -85,6 +95,40 @@ func TestCatchingUpOpensWithRecoverySource(t *testing.T) {
 			for _, id := range []string{"plain@p1", "odd@p1"} {
 				if got := rec.opened(id); len(got) == 0 || got[0] != nil {
 					t.Fatalf("%s opened with %v, want no recover_from", id, got)
+				}
+			}
+		})
+	}
+}
+
+// A serving mailbox is opened with its assignment's prior mailbox as
+// history_before, so the runner can say what an unplanned move lost; a
+// move's destination (copied instead) and a namespace never assigned
+// elsewhere are opened without.
+func TestServingOpensWithHistoryBefore(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []LeaseMode{LeaseModeMailbox, LeaseModeSession} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			var rec *openRecorder
+			h := newHarness(t, func(c *Config) {
+				c.LeaseMode = mode
+				rec = &openRecorder{fakeRunner: c.Runner.(*fakeRunner)}
+				c.Runner = rec
+			})
+			prior := func(a *adminv1.NamespaceAssignment) *adminv1.NamespaceAssignment {
+				a.PriorMailboxId = a.GetNamespace() + "@p2"
+				return a
+			}
+			h.admin.assign <- &adminv1.WatchAssignmentsResponse{ProxyId: "p1", Index: 1, Assignments: []*adminv1.NamespaceAssignment{
+				prior(withRecovery("lost", serving, nil)),
+				withRecovery("first", serving, nil),
+				prior(withRecovery("moving", catchingUp, nil)),
+			}}
+			h.waitFor("active", func() bool { return h.agent.Ready() == nil && len(h.agent.Leases()) == 3 })
+			for id, want := range map[string]string{"lost@p1": "lost@p2", "first@p1": "", "moving@p1": ""} {
+				if got := rec.historiesBefore(id); len(got) == 0 || got[0] != want {
+					t.Fatalf("%s opened with history_before %q, want %q", id, got, want)
 				}
 			}
 		})

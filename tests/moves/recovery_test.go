@@ -346,3 +346,67 @@ func TestMoveWithoutPeerRecoveryLosesHistory(t *testing.T) {
 		t.Fatalf("%s@proxy-2 built from Kafka alone reports %v, want its history incomplete", ns, rec)
 	}
 }
+
+// TestLostProxyReassignedSaysHistoryIncomplete: a namespace whose proxy is
+// lost (its runner killed with kill -9: its sidecar finds it gone and
+// reports it not ready) is reassigned at once with no copy to make, and its
+// new mailbox, told which mailbox held the history before it, is built from
+// Kafka alone and says so: the walks lose the events Kafka deleted, the
+// admin reports its recovery INCOMPLETE from its oldest event, and its
+// /stats through the gateway say history_complete false with
+// history_starts_at. A namespace on the other proxy, never served elsewhere,
+// says its history is complete.
+func TestLostProxyReassignedSaysHistoryIncomplete(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	w := historyWorld(t)
+	two := []string{"proxy-1", "proxy-2"}
+	for _, id := range two {
+		w.StartProxy(id, batchWait...)
+	}
+	w.AwaitProxies(two...)
+	tab := placement.Compute(two)
+	owned := map[string]string{}
+	for i := 0; len(owned) < 2; i++ {
+		name := fmt.Sprintf("gone-%d", i)
+		if p := tab.Owner(placement.Partition(name)); owned[p] == "" {
+			owned[p] = name
+		}
+	}
+	lost, first := owned["proxy-1"], owned["proxy-2"]
+	createHistory(w, lost, first)
+	w.StartGateway()
+	w.Served(map[string]string{lost: "proxy-1", first: "proxy-2"}, func(n int64) bool { return n == historyEvents }, 60*time.Second)
+	left := trim(t, w)
+	r := w.ReadHistory([]string{lost}, walkPage, 5*time.Millisecond, 5*time.Minute)
+	walkedBefore(t, r, historyEvents, lost)
+
+	w.Proxies["proxy-1"].Runner.Kill()
+	w.Settled(map[string]string{lost: "proxy-2", first: "proxy-2"}, 60*time.Second)
+	var rec *adminv1.RecoveryStatus
+	testwait.For(t, 60*time.Second, lost+"@proxy-2 reports its history incomplete", func() (bool, string) {
+		rec = servingReplica(w, lost).GetHealth().GetRecovery()
+		return rec.GetState() == adminv1.RecoveryState_RECOVERY_STATE_INCOMPLETE && !rec.GetHistoryComplete() &&
+			rec.GetHistoryStartsAt() != nil && rec.GetSourceMailboxId() == lost+"@proxy-1", fmt.Sprint(rec)
+	})
+	walkUntil(t, w, lost, "proxy-2", int(left))
+	st, err := w.Stats(lost)
+	if err != nil || st["history_complete"] != false || st["history_starts_at"] == nil {
+		t.Fatalf("%s/stats after its proxy was lost: %v %v, want history_complete false and history_starts_at", lost, st, err)
+	}
+	st, err = w.Stats(first)
+	if err != nil || st["history_complete"] != true || st["history_starts_at"] != nil {
+		t.Fatalf("%s/stats: %v %v, want history_complete true", first, st, err)
+	}
+	if rec := servingReplica(w, first).GetHealth().GetRecovery(); !rec.GetHistoryComplete() {
+		t.Fatalf("%s's recovery %v, want its history complete", first, rec)
+	}
+	walks := r.End()
+	logWalks(t, walks)
+	v := movetest.JudgeHistory(walks)
+	t.Logf("lost proxy: %s; recovery %v", v, rec)
+	if v.Lost[lost] != historyEvents-int(left) {
+		t.Fatalf("the walks after the lost proxy's reassignment lost %v events, want %d: %s", v.Lost, historyEvents-int(left), v)
+	}
+}

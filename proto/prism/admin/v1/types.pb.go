@@ -1591,8 +1591,12 @@ type Namespace struct {
 	// rebalancing leaves it where it is while its proxy stays placeable.
 	// Cleared when placement moves it again.
 	OperatorPlaced bool `protobuf:"varint,15,opt,name=operator_placed,json=operatorPlaced,proto3" json:"operator_placed,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The proxy the namespace was assigned to before assigned_proxy_id took
+	// it (a switch or an unplanned reassignment), kept while the namespace is
+	// unassigned; empty while it has only ever been assigned one proxy.
+	PriorProxyId  string `protobuf:"bytes,16,opt,name=prior_proxy_id,json=priorProxyId,proto3" json:"prior_proxy_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Namespace) Reset() {
@@ -1728,6 +1732,13 @@ func (x *Namespace) GetOperatorPlaced() bool {
 		return x.OperatorPlaced
 	}
 	return false
+}
+
+func (x *Namespace) GetPriorProxyId() string {
+	if x != nil {
+		return x.PriorProxyId
+	}
+	return ""
 }
 
 // LeaseStats are the runner's counters as of its last checkpointed heartbeat.
@@ -2352,8 +2363,15 @@ type NamespaceAssignment struct {
 	// incoming proxy of the namespace's move in progress), sorted; empty when
 	// no move is. The sidecar hands them to its runner (AllowRecovery).
 	RecoveryPeers []string `protobuf:"bytes,8,rep,name=recovery_peers,json=recoveryPeers,proto3" json:"recovery_peers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// For SERVING: the namespace's mailbox on the proxy it was assigned to
+	// before this one (Namespace.prior_proxy_id), whose history this
+	// mailbox lacks when it starts with nothing stored and no copy: the
+	// runner then marks its history incomplete from its oldest event
+	// (docs/architecture.md#moves). Empty for a namespace never assigned
+	// elsewhere.
+	PriorMailboxId string `protobuf:"bytes,9,opt,name=prior_mailbox_id,json=priorMailboxId,proto3" json:"prior_mailbox_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NamespaceAssignment) Reset() {
@@ -2440,6 +2458,13 @@ func (x *NamespaceAssignment) GetRecoveryPeers() []string {
 		return x.RecoveryPeers
 	}
 	return nil
+}
+
+func (x *NamespaceAssignment) GetPriorMailboxId() string {
+	if x != nil {
+		return x.PriorMailboxId
+	}
+	return ""
 }
 
 // RecoverySource is a live mailbox a new one may be copied from.
@@ -2580,7 +2605,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x06labels\x18\x06 \x03(\v2+.prism.admin.v1.NamespaceConfig.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xca\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x05\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
 	"\x06config\x18\x02 \x01(\v2\x1f.prism.admin.v1.NamespaceConfigR\x06config\x12\x1c\n" +
@@ -2601,7 +2626,8 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"switchedAt\x12;\n" +
 	"\vmove_reason\x18\x0e \x01(\x0e2\x1a.prism.admin.v1.MoveReasonR\n" +
 	"moveReason\x12'\n" +
-	"\x0foperator_placed\x18\x0f \x01(\bR\x0eoperatorPlaced\"\xb3\x01\n" +
+	"\x0foperator_placed\x18\x0f \x01(\bR\x0eoperatorPlaced\x12$\n" +
+	"\x0eprior_proxy_id\x18\x10 \x01(\tR\fpriorProxyId\"\xb3\x01\n" +
 	"\n" +
 	"LeaseStats\x12#\n" +
 	"\revents_stored\x18\x01 \x01(\x03R\feventsStored\x12%\n" +
@@ -2660,7 +2686,7 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12/\n" +
 	"\acurrent\x18\x03 \x01(\v2\x15.prism.admin.v1.LeaseR\acurrent\x12\x1b\n" +
 	"\tleader_id\x18\x04 \x01(\tR\bleaderId\x12%\n" +
-	"\x0eleader_address\x18\x05 \x01(\tR\rleaderAddress\"\xe7\x02\n" +
+	"\x0eleader_address\x18\x05 \x01(\tR\rleaderAddress\"\x91\x03\n" +
 	"\x13NamespaceAssignment\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x127\n" +
@@ -2670,7 +2696,8 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\aversion\x18\x05 \x01(\x04R\aversion\x122\n" +
 	"\x04role\x18\x06 \x01(\x0e2\x1e.prism.admin.v1.AssignmentRoleR\x04role\x12G\n" +
 	"\x0frecovery_source\x18\a \x01(\v2\x1e.prism.admin.v1.RecoverySourceR\x0erecoverySource\x12%\n" +
-	"\x0erecovery_peers\x18\b \x03(\tR\rrecoveryPeers\"I\n" +
+	"\x0erecovery_peers\x18\b \x03(\tR\rrecoveryPeers\x12(\n" +
+	"\x10prior_mailbox_id\x18\t \x01(\tR\x0epriorMailboxId\"I\n" +
 	"\x0eRecoverySource\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x18\n" +

@@ -318,7 +318,14 @@ type OpenMailboxRequest struct {
 	// resumed with backoff within a bound; past it, or when the source refuses
 	// for good (NOT_FOUND, PERMISSION_DENIED), the mailbox falls back to Kafka
 	// from the oldest offset and reports its history incomplete.
-	RecoverFrom   *RecoverySource `protobuf:"bytes,6,opt,name=recover_from,json=recoverFrom,proto3" json:"recover_from,omitempty"`
+	RecoverFrom *RecoverySource `protobuf:"bytes,6,opt,name=recover_from,json=recoverFrom,proto3" json:"recover_from,omitempty"`
+	// The mailbox of the namespace that held its history before this one (an
+	// unplanned move's lost mailbox). When this mailbox has nothing stored and
+	// no copy is made (no recover_from), it ingests from Kafka at once and
+	// records its history incomplete (MailboxStatus.recovery INCOMPLETE, its
+	// source this id): what Kafka deleted that mailbox held is gone. Ignored by
+	// a mailbox with data of its own or a recovery record.
+	HistoryBefore string `protobuf:"bytes,7,opt,name=history_before,json=historyBefore,proto3" json:"history_before,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -393,6 +400,13 @@ func (x *OpenMailboxRequest) GetRecoverFrom() *RecoverySource {
 		return x.RecoverFrom
 	}
 	return nil
+}
+
+func (x *OpenMailboxRequest) GetHistoryBefore() string {
+	if x != nil {
+		return x.HistoryBefore
+	}
+	return ""
 }
 
 // RecoverySource is a live mailbox to copy and where its runner serves.
@@ -2033,7 +2047,7 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\x0fvalidation_mode\x18\x02 \x01(\x0e2\x1f.prism.runner.v1.ValidationModeR\x0evalidationMode\x12$\n" +
 	"\x0emax_age_millis\x18\x03 \x01(\x03R\fmaxAgeMillis\x12$\n" +
 	"\x0emax_size_bytes\x18\x04 \x01(\x03R\fmaxSizeBytes\x12*\n" +
-	"\x11dead_letter_topic\x18\x05 \x01(\tR\x0fdeadLetterTopic\"\xb3\x02\n" +
+	"\x11dead_letter_topic\x18\x05 \x01(\tR\x0fdeadLetterTopic\"\xda\x02\n" +
 	"\x12OpenMailboxRequest\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x126\n" +
@@ -2041,7 +2055,8 @@ const file_prism_runner_v1_control_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x126\n" +
 	"\tvalid_for\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\x124\n" +
 	"\x05bound\x18\x05 \x01(\v2\x1e.prism.runner.v1.BoottimeBoundR\x05bound\x12B\n" +
-	"\frecover_from\x18\x06 \x01(\v2\x1f.prism.runner.v1.RecoverySourceR\vrecoverFrom\"I\n" +
+	"\frecover_from\x18\x06 \x01(\v2\x1f.prism.runner.v1.RecoverySourceR\vrecoverFrom\x12%\n" +
+	"\x0ehistory_before\x18\a \x01(\tR\rhistoryBefore\"I\n" +
 	"\x0eRecoverySource\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x18\n" +
