@@ -40,6 +40,16 @@ func historyWorld(t *testing.T) *movetest.World {
 	return w
 }
 
+// ownedBy is the first namespace named prefix-0, prefix-1, ... whose partition placement gives owner among proxies.
+func ownedBy(prefix, owner string, proxies ...string) string {
+	tab := placement.Compute(proxies)
+	for i := 0; ; i++ {
+		if name := fmt.Sprintf("%s-%d", prefix, i); tab.Owner(placement.Partition(name)) == owner {
+			return name
+		}
+	}
+}
+
 // createHistory creates namespaces reading the history topic.
 func createHistory(w *movetest.World, names ...string) {
 	for _, ns := range names {
@@ -240,13 +250,7 @@ func TestMoveWithoutASourceFallsBackAndSaysSo(t *testing.T) {
 	w.StartProxy("proxy-1", batchWait...)
 	w.StartProxy("proxy-2", append(slices.Clone(batchWait), "--recovery-give-up", "3s")...)
 	w.AwaitProxies(two...)
-	tab := placement.Compute(two)
-	ns := ""
-	for i := 0; ns == ""; i++ {
-		if name := fmt.Sprintf("lost-%d", i); tab.Owner(placement.Partition(name)) == "proxy-1" {
-			ns = name
-		}
-	}
+	ns := ownedBy("lost", "proxy-1", two...)
 	createHistory(w, ns)
 	w.StartGateway()
 	w.Served(map[string]string{ns: "proxy-1"}, func(n int64) bool { return n == historyEvents }, 60*time.Second)
@@ -316,13 +320,7 @@ func TestMoveWithoutPeerRecoveryLosesHistory(t *testing.T) {
 		w.StartProxy(id, append(slices.Clone(batchWait), "--peer-recovery=false")...)
 	}
 	w.AwaitProxies(two...)
-	tab := placement.Compute(two)
-	ns := ""
-	for i := 0; ns == ""; i++ {
-		if name := fmt.Sprintf("off-%d", i); tab.Owner(placement.Partition(name)) == "proxy-1" {
-			ns = name
-		}
-	}
+	ns := ownedBy("off", "proxy-1", two...)
 	createHistory(w, ns)
 	w.StartGateway()
 	w.Served(map[string]string{ns: "proxy-1"}, func(n int64) bool { return n == historyEvents }, 60*time.Second)
