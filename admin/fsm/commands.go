@@ -2,13 +2,11 @@ package fsm
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/prism-mesh/prism/admin/placement"
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -294,87 +292,20 @@ func validateAcquireLease(cmd *adminv1.Command) error {
 	if _, err := mesh.ParseMailboxID(a.GetMailboxId()); err != nil {
 		return err
 	}
-	if err := mesh.ValidateID("runner_id", a.GetRunnerId()); err != nil {
-		return err
-	}
-	if err := ValidateAddress("runner_address", a.GetRunnerAddress()); err != nil {
-		return err
-	}
-	return ValidateTTL("ttl", a.GetTtl())
+	return validateHolder(a.GetRunnerId(), a.GetRunnerAddress(), a.GetTtl())
 }
 
-// leaseTiming resolves ttl, grace and heartbeat interval: request, then
-// namespace config, then the package defaults.
-func leaseTiming(req *adminv1.AcquireLeaseRequest, ns *adminv1.Namespace) (ttl, grace, hb time.Duration) {
-	cfg := ns.GetConfig().GetLease()
-	ttl = req.GetTtl().AsDuration()
-	if ttl == 0 {
-		ttl = orDefault(cfg.GetTtl().AsDuration(), DefaultLeaseTTL)
-	}
-	grace = orDefault(cfg.GetGrace().AsDuration(), DefaultLeaseGrace)
-	hb = orDefault(cfg.GetHeartbeatInterval().AsDuration(), DefaultHeartbeatInterval)
-	// A heartbeat interval from the namespace may not fit a shorter ttl the
-	// runner asked for; a third of the ttl leaves room for two misses.
-	if hb >= ttl {
-		hb = ttl / 3
-	}
-	return ttl, grace, hb
-}
-
-// applyAcquireLease first refuses a mailbox the caller may not hold at all
-// (placementRefusal: no such namespace, placed elsewhere, not the proxy's
-// runner). A namespace's move does not touch a lease already granted on the
-// old proxy: that lease is renewed, released or expired like any other (its
-// sidecar sees the assignment revoked, drains and releases), but it can no
-// longer be granted again, not even as a reconnect. The new proxy's mailbox
-// is another mailbox id, acquired on its own.
-//
-// Past those, it grants the lease if the mailbox has none or the holder is
-// the same runner (a reconnect). Every grant, reconnects included, gets
-// a new epoch from this entry's term and index (epoch.go): the caller may be
-// a restarted incarnation whose predecessor is still draining, and a fresh
-// fencing token is what tells the two apart. The runner's address may also
-// have changed, so the route is replaced too. Anything else is refused,
-// naming the holder.
+// applyAcquireLease grants one mailbox to a holder with no session: a grant
+// of one (grant.go), refused or granted as AcquireLeases would.
 func applyAcquireLease(tx *txn, cmd *adminv1.Command) (any, error) {
 	req := cmd.GetAcquireLease()
-	if ref := placementRefusal(tx.st, req); ref != nil {
-		ref.Current = proto.CloneOf(tx.st.leases[req.GetMailboxId()])
-		return &adminv1.AcquireLeaseResponse{Refusal: ref, Index: tx.index}, nil
-	}
-	if cur, ok := tx.st.leases[req.GetMailboxId()]; ok && cur.GetRunnerId() != req.GetRunnerId() {
-		return &adminv1.AcquireLeaseResponse{
-			Refusal: &adminv1.LeaseRefusal{
-				Reason:  adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER,
-				Message: fmt.Sprintf("mailbox %s is held by runner %s (epoch %d)", cur.GetMailboxId(), cur.GetRunnerId(), cur.GetEpoch()),
-				Current: proto.CloneOf(cur),
-			},
-			Index: tx.index,
-		}, nil
-	}
-	epoch, err := nextEpoch(tx)
+	h := holder{runnerID: req.GetRunnerId(), runnerAddress: req.GetRunnerAddress(), ttl: req.GetTtl().AsDuration()}
+	results, err := tx.grant(cmd, h, []string{req.GetMailboxId()})
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", req.GetMailboxId(), err)
 	}
-	id, _ := mesh.ParseMailboxID(req.GetMailboxId()) // validated before apply
-	ttl, grace, hb := leaseTiming(req, tx.st.namespaces[id.Namespace])
-	l := &adminv1.Lease{
-		MailboxId:         req.GetMailboxId(),
-		Namespace:         id.Namespace,
-		ProxyId:           id.Proxy,
-		RunnerId:          req.GetRunnerId(),
-		RunnerAddress:     req.GetRunnerAddress(),
-		Partition:         placement.Partition(id.Namespace),
-		Epoch:             epoch,
-		GrantedAt:         cmd.GetNow(),
-		ExpiresAt:         timestamppb.New(tx.now.Add(ttl)),
-		Ttl:               durationpb.New(ttl),
-		Grace:             durationpb.New(grace),
-		HeartbeatInterval: durationpb.New(hb),
-		LastHeartbeatAt:   cmd.GetNow(),
-	}
-	tx.grantLease(l)
-	return &adminv1.AcquireLeaseResponse{Granted: true, Lease: proto.CloneOf(l), Index: tx.index}, nil
+	r := results[0]
+	return &adminv1.AcquireLeaseResponse{Granted: r.GetOk(), Lease: r.GetLease(), Refusal: r.GetRefusal(), Index: tx.index}, nil
 }
 
 func validateReleaseLease(cmd *adminv1.Command) error {

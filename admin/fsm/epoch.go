@@ -59,9 +59,9 @@ func epochAt(term, index uint64) (uint64, error) {
 // would reach it), and a node that lost its log's tail, and with it part of
 // the high water, can grant again only as leader of a later term, whose
 // tokens start at epochAt(newTerm, index), above all of the old term's.
-// While no entry grants more than one token the rule gives exactly
-// epochAt(term, index), as before sessions; a snapshot from before sessions
-// restores a high water of zero, which is below that too.
+// An entry that grants one token gets exactly epochAt(term, index), the
+// rule above; a snapshot that carries no high water restores zero, which is
+// below every epochAt of a later entry too.
 //
 // The cost is index space: a term spends as many of its 2^40 tokens as it
 // grants leases, not one per entry: 1.1e12 is 35 years of a bulk grant of
@@ -83,6 +83,3 @@ func (tx *txn) allocEpochs(n int) (uint64, error) {
 	tx.st.epochHighWater = last
 	return first, nil
 }
-
-// nextEpoch is the fencing token of a single grant applied by tx.
-func nextEpoch(tx *txn) (uint64, error) { return tx.allocEpochs(1) }

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/prism-mesh/prism/admin/placement"
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/proto"
@@ -67,13 +66,7 @@ func validateOpenSession(cmd *adminv1.Command) error {
 	if err := mesh.ValidateProxyID(o.GetProxyId()); err != nil {
 		return err
 	}
-	if err := mesh.ValidateID("runner_id", o.GetRunnerId()); err != nil {
-		return err
-	}
-	if err := ValidateAddress("runner_address", o.GetRunnerAddress()); err != nil {
-		return err
-	}
-	return ValidateTTL("ttl", o.GetTtl())
+	return validateHolder(o.GetRunnerId(), o.GetRunnerAddress(), o.GetTtl())
 }
 
 // validateMailboxList checks a bulk call's mailboxes: one to MaxBulkLeases,
@@ -224,13 +217,12 @@ func applyCloseSession(tx *txn, cmd *adminv1.Command) (any, error) {
 	return &adminv1.CloseSessionResponse{Closed: true, LeasesReleased: uint32(len(ended)), Index: tx.index}, nil
 }
 
-// applyAcquireLeases grants each listed mailbox in the session by the rules
-// of applyAcquireLease, for the session's runner: refused if the caller may
-// not hold it at all (placementRefusal) or another runner holds it; granted,
-// with a new epoch, if it is free or the session's runner holds it (a
-// reconnect, in this session or another: a restarted sidecar's new session
-// takes its mailboxes over from the old one, and a per-mailbox lease moves
-// into the session). The grants take consecutive epochs in request order.
+// applyAcquireLeases grants the listed mailboxes to the session's runner in
+// the session: one grant (grant.go), each mailbox refused or granted as
+// AcquireLease would. A mailbox the session's runner holds already, in this
+// session, another or none, is a reconnect: a restarted sidecar's new
+// session takes its mailboxes over from the old one, and a per-mailbox
+// lease moves into the session.
 func applyAcquireLeases(tx *txn, cmd *adminv1.Command) (any, error) {
 	req := cmd.GetAcquireLeases()
 	s, err := ownSession(tx.st, req.GetProxyId(), req.GetSessionId())
@@ -240,65 +232,10 @@ func applyAcquireLeases(tx *txn, cmd *adminv1.Command) (any, error) {
 	if s == nil {
 		return &adminv1.AcquireLeasesResponse{Refusal: unknownSession(req.GetProxyId(), req.GetSessionId()), Index: tx.index}, nil
 	}
-	results := make([]*adminv1.MailboxLeaseResult, len(req.GetMailboxIds()))
-	grants := 0
-	for i, mid := range req.GetMailboxIds() {
-		results[i] = &adminv1.MailboxLeaseResult{MailboxId: mid}
-		cur := tx.st.leases[mid]
-		if ref := placementRefusal(tx.st, &adminv1.AcquireLeaseRequest{MailboxId: mid, RunnerId: s.GetRunnerId()}); ref != nil {
-			ref.Current = proto.CloneOf(cur)
-			results[i].Refusal = ref
-			continue
-		}
-		if cur != nil && cur.GetRunnerId() != s.GetRunnerId() {
-			results[i].Refusal = &adminv1.LeaseRefusal{
-				Reason:  adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_HELD_BY_OTHER,
-				Message: fmt.Sprintf("mailbox %s is held by runner %s (epoch %d)", mid, cur.GetRunnerId(), cur.GetEpoch()),
-				Current: proto.CloneOf(cur),
-			}
-			continue
-		}
-		grants++
-	}
-	if grants == 0 {
-		return &adminv1.AcquireLeasesResponse{Results: results, Index: tx.index}, nil
-	}
-	epoch, err := tx.allocEpochs(grants)
+	h := holder{runnerID: s.GetRunnerId(), runnerAddress: s.GetRunnerAddress(), session: s}
+	results, err := tx.grant(cmd, h, req.GetMailboxIds())
 	if err != nil {
-		return nil, fmt.Errorf("acquire %d leases in session %d: %w", grants, s.GetId(), err)
-	}
-	ttl := s.GetTtl().AsDuration()
-	for _, r := range results {
-		if r.GetRefusal() != nil {
-			continue
-		}
-		id, _ := mesh.ParseMailboxID(r.GetMailboxId()) // validated before apply
-		// Each lease keeps its namespace's grace, as AcquireLease's do;
-		// the lessor expires the session after the largest of them.
-		grace := s.GetGrace()
-		if g := tx.st.namespaces[id.Namespace].GetConfig().GetLease().GetGrace(); g.AsDuration() > 0 {
-			grace = g
-		}
-		l := &adminv1.Lease{
-			MailboxId:         r.GetMailboxId(),
-			Namespace:         id.Namespace,
-			ProxyId:           id.Proxy,
-			RunnerId:          s.GetRunnerId(),
-			RunnerAddress:     s.GetRunnerAddress(),
-			Partition:         placement.Partition(id.Namespace),
-			Epoch:             epoch,
-			GrantedAt:         cmd.GetNow(),
-			ExpiresAt:         timestamppb.New(tx.now.Add(ttl)),
-			Ttl:               s.GetTtl(),
-			Grace:             grace,
-			HeartbeatInterval: durationpb.New(ttl / 3),
-			LastHeartbeatAt:   cmd.GetNow(),
-			SessionId:         s.GetId(),
-		}
-		epoch++
-		tx.grantLease(l)
-		r.Ok = true
-		r.Lease = proto.CloneOf(l)
+		return nil, fmt.Errorf("acquire leases in session %d: %w", s.GetId(), err)
 	}
 	return &adminv1.AcquireLeasesResponse{Results: results, Index: tx.index}, nil
 }
