@@ -62,8 +62,28 @@ image:
 # the binaries' module), so ./... at the root does not reach them.
 MODULES := . bench tools
 
+# The root module's packages that take longest (real processes, fault and
+# crash loops), longest first. go test starts packages in the order they are
+# named, -p at a time (the number of CPUs by default): named first, they run
+# beside the many short packages instead of after them as the run's tail.
+# ./... then adds the rest once each.
+SLOW_TESTS := ./tests/moves/... ./tests/chart/... ./tests/admin_cluster/... ./mailbox/store/... ./tests/...
+
+# The three modules' tests run at the same time, the root's output as it
+# comes and the others' after it (each module's go test prints whole
+# packages, but three at once would interleave them); the target fails if
+# any module failed, after all have finished.
 test: $(TOOLS)/promtool
-	@set -e; for m in $(MODULES); do echo "cd $$m && $(GO) test $(TEST_FLAGS) ./..."; (cd $$m && $(GO) test $(TEST_FLAGS) ./...); done
+	@set -e; logs=$$(mktemp -d); pids=; \
+	for m in $(filter-out .,$(MODULES)); do \
+	  (cd $$m && $(GO) test $(TEST_FLAGS) ./... >$$logs/$$m.log 2>&1; echo $$? >$$logs/$$m.rc) & pids="$$pids $$!"; \
+	done; \
+	echo "$(GO) test $(TEST_FLAGS) $(SLOW_TESTS) ./..."; rc=0; $(GO) test $(TEST_FLAGS) $(SLOW_TESTS) ./... || rc=1; \
+	wait $$pids; \
+	for m in $(filter-out .,$(MODULES)); do \
+	  echo "cd $$m && $(GO) test $(TEST_FLAGS) ./..."; cat $$logs/$$m.log; [ "$$(cat $$logs/$$m.rc)" = 0 ] || rc=1; \
+	done; \
+	rm -rf $$logs; exit $$rc
 
 bench: build
 	bash bench/run.sh $(BENCH)
