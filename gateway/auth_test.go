@@ -26,14 +26,14 @@ import (
 
 	"github.com/prism-mesh/prism/gateway"
 	"github.com/prism-mesh/prism/gateway/auth"
-	"github.com/prism-mesh/prism/gateway/auth/authtest"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/authtest"
+	"github.com/prism-mesh/prism/testkit/pkitest"
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds/ir"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 const (

@@ -7,10 +7,10 @@ import (
 
 	grpcxds "google.golang.org/grpc/xds"
 
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // TestBootstrapTLS: with the gateway's files the bootstrap dials the admin

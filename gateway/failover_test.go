@@ -18,8 +18,8 @@ import (
 	"github.com/prism-mesh/prism/gateway"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds/ir"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 // failoverMesh is an in-process admin node's xDS side (ADS, the not-found

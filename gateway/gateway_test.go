@@ -25,14 +25,14 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/gateway"
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/query/httpapi"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds/ir"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 // quiet logs only warnings, which go test shows when a test fails.

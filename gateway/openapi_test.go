@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/mailbox/query/httpapi"
-	"github.com/prism-mesh/prism/mailbox/query/httpapi/openapitest"
+	"github.com/prism-mesh/prism/testkit/openapitest"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 

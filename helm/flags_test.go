@@ -9,8 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/prism-mesh/prism/helm/chartrender"
-	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/sidecar/inject"
+	"github.com/prism-mesh/prism/testkit/testbin"
 )
 
 // TestChartArgsParseWithPrism runs the real prism binary with every

@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/prism-mesh/prism/helm/chartrender"
-	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/sidecar/inject"
+	"github.com/prism-mesh/prism/testkit/testbin"
 )
 
 // TestRunnerPreStopDrains: the runner container's preStop hook is prism

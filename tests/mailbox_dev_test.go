@@ -19,10 +19,10 @@ import (
 
 	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/envoy"
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/testbin"
-	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/testbin"
+	"github.com/prism-mesh/prism/testkit/testproc"
 )
 
 // devProcess is a running `prism dev` on free loopback ports.

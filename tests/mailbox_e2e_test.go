@@ -15,14 +15,14 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // TestMailboxEndToEnd produces valid envelopes (with duplicates and

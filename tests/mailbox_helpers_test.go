@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/e2e"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
 )
 
 // validEnvelope is a strict-valid envelope with id.

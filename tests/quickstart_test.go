@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/admin/client"
-	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/testkit/testbin"
 )
 
 // quickstartLines returns the command lines of the ```sh block in the

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/testkit/testproc"
 )
 
 func TestDescribe(t *testing.T) {

@@ -14,9 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/prism-mesh/prism/admin/client"
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // startKafka is a one-broker kfake holding audit.events that, like prism

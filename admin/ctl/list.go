@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-mesh/prism/admin/client"
+	"github.com/prism-mesh/prism/mesh"
 )
 
 // listPageSize is --page-size's default: the admin's cap, so a large table
@@ -20,7 +21,7 @@ const listPageSize = 10000
 // paged is a List call's answer (admin.proto, Paging).
 type paged interface {
 	proto.Message
-	client.Page
+	mesh.Page
 }
 
 // pageSizeFlag adds --page-size to a list command.
@@ -51,7 +52,7 @@ func runList[T paged](cmd *cobra.Command, g *globals, list func(ctx context.Cont
 func listAll[T paged](ctx context.Context, perPage time.Duration, c *client.Client, list func(ctx context.Context, cc *grpc.ClientConn, token string) (T, error)) (T, error) {
 	var all T
 	first := true
-	err := client.AllPages(func(token string) (T, error) {
+	err := mesh.AllPages(func(token string) (T, error) {
 		ctx, cancel := ctx, context.CancelFunc(func() {})
 		if perPage > 0 {
 			ctx, cancel = context.WithTimeout(ctx, perPage)

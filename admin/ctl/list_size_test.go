@@ -15,11 +15,11 @@ import (
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
-	"github.com/prism-mesh/prism/internal/pkitest"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/pkitest"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // A list over gRPC's default 4 MiB message limit comes whole: with that

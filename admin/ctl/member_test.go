@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/testkit/testproc"
 )
 
 // member add and remove carry --force to the leader: without it, adding a

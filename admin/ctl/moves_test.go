@@ -19,10 +19,10 @@ import (
 	"github.com/prism-mesh/prism/admin/placement"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // startMovingAdmin is startAdmin with a quick mover and a short handoff

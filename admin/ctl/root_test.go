@@ -18,10 +18,10 @@ import (
 	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
-	"github.com/prism-mesh/prism/internal/pkitest"
-	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/testkit/pkitest"
+	"github.com/prism-mesh/prism/testkit/testproc"
 )
 
 // testAdmin is an in-memory single-node admin over mTLS and the CA that

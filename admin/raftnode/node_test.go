@@ -16,8 +16,8 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // kvFSM is the smallest useful state machine: "key=value" entries.

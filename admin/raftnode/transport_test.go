@@ -13,9 +13,9 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // rpcStream is the stream layer of an outside client of the raft port: it

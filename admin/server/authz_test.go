@@ -25,13 +25,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/admin/raftnode"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	lookupv1 "github.com/prism-mesh/prism/proto/prism/lookup/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/lookup"
 )

@@ -9,10 +9,10 @@ import (
 
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/internal/connlimit"
-	"github.com/prism-mesh/prism/internal/connlimit/conntest"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/testkit/conntest"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // Both admin listeners bound their connections (docs/security.md#connection-bounds):

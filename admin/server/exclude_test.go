@@ -5,9 +5,9 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/admin/raftnode"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // The exclusion window of an open_failed report is the leader's

@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/prism-mesh/prism/admin/raftnode"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // startJoiner starts node id on dir over mutual TLS without bootstrapping:

@@ -11,10 +11,10 @@ import (
 
 	"github.com/prism-mesh/prism/admin/backup"
 	"github.com/prism-mesh/prism/admin/raftnode"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // SaveSnapshot is an operator's: a reader, a proxy and a client without a

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
-	"github.com/prism-mesh/prism/xds/xdstest"
+	"github.com/prism-mesh/prism/testkit/xdstest"
 )
 
 const (

@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prism-mesh/prism/admin/client"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
@@ -241,7 +241,7 @@ func sessionLeasesHeld(ctx context.Context, c *prismCluster, ss []*failoverSessi
 		ours[s.id] = true
 	}
 	held, grace := 0, time.Duration(0)
-	if err := client.AllPages(func(token string) (*adminv1.ListSessionsResponse, error) {
+	if err := mesh.AllPages(func(token string) (*adminv1.ListSessionsResponse, error) {
 		return adminv1.NewAdminClient(c.conns.operator(lead)).ListSessions(lctx, &adminv1.ListSessionsRequest{
 			Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageSize: listPageSize, PageToken: token,
 		})

@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prism-mesh/prism/admin/client"
-	"github.com/prism-mesh/prism/internal/loadgen"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/loadgen"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -201,7 +201,7 @@ func overloadRun(ctx context.Context, o options, dir string, certs *certs, bound
 
 	// Every page, however many sessions the run opened.
 	held := map[uint64]int{}
-	if err := client.AllPages(func(token string) (*adminv1.ListSessionsResponse, error) {
+	if err := mesh.AllPages(func(token string) (*adminv1.ListSessionsResponse, error) {
 		return adminv1.NewAdminClient(c.conns.operator(lead)).ListSessions(ctx, &adminv1.ListSessionsRequest{
 			Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageSize: listPageSize, PageToken: token,
 		})

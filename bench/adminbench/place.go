@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/placement"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -142,7 +142,7 @@ func placeWith(ctx context.Context, c *prismCluster, node int, names []string, r
 		cc = c.conns.operator(l)
 	}
 	where := make(map[string]string, len(names))
-	if err := client.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
+	if err := mesh.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
 		return adminv1.NewAdminClient(cc).ListNamespaces(ctx, &adminv1.ListNamespacesRequest{
 			Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageSize: listPageSize, PageToken: token,
 		})

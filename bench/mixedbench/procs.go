@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/prism-mesh/prism/internal/testbin"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/testbin"
 )
 
 // The mesh of one run: `prism admin` (one node), `prism runner` and its `prism sidecar`, and `prism gateway`

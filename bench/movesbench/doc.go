@@ -11,6 +11,6 @@
 //	                                      recovery) and then reads Kafka from the copied positions
 //	moves.drain_s_100ns                   a proxy serving 100 namespaces cordoned until it serves none
 //
-// The package has no code outside its tests: its world is internal/movetest's (tests/moves runs in it too), which
+// The package has no code outside its tests: its world is testkit/movetest's (tests/moves runs in it too), which
 // takes a testing.TB.
 package movesbench

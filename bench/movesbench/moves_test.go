@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/admin/client"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/movetest"
-	"github.com/prism-mesh/prism/internal/testbin"
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/movetest"
+	"github.com/prism-mesh/prism/testkit/testbin"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 var (
@@ -231,7 +231,7 @@ func (w *world) switched(proxy string, bound time.Duration) time.Time {
 		if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) error {
 			left = 0
 			// Every page: -drain-namespaces may be more than one.
-			return client.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
+			return mesh.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
 				return a.ListNamespaces(ctx, &adminv1.ListNamespacesRequest{PageToken: token})
 			}, func(r *adminv1.ListNamespacesResponse) {
 				for _, n := range r.GetNamespaces() {

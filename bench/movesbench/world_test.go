@@ -16,11 +16,11 @@ import (
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 
 	"github.com/prism-mesh/prism/admin/placement"
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/movetest"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/movetest"
 )
 
-// world is internal/movetest's, which tests/moves runs in too.
+// world is testkit/movetest's, which tests/moves runs in too.
 type world struct{ *movetest.World }
 
 // newWorld's Kafka has movetest.Quiet (2 partitions, seeded) and seeds.

@@ -57,8 +57,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds/translator"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 func main() {

@@ -26,11 +26,11 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	lookupv1 "github.com/prism-mesh/prism/proto/prism/lookup/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/lookup"
 	"github.com/prism-mesh/prism/xds/translator"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 // millionConfig sizes the 1M-mailbox run (issue 13's figures).

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/admin/raftnode"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 

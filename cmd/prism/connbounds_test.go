@@ -16,7 +16,7 @@ import (
 
 	"github.com/prism-mesh/prism/envoy"
 	"github.com/prism-mesh/prism/internal/connlimit"
-	"github.com/prism-mesh/prism/internal/connlimit/conntest"
+	"github.com/prism-mesh/prism/testkit/conntest"
 )
 
 // The gateway's listeners bound their connections by its --conn-* flags

@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/testkit/testbin"
 )
 
 // selfSigned writes a certificate for 127.0.0.1 and its key into dir.

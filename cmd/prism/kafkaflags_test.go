@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/prism-mesh/prism/internal/kafkasec"
-	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 func parseKafkaFlags(t *testing.T, args ...string) *kafkaFlags {

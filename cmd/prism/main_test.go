@@ -8,7 +8,7 @@ import (
 	"regexp"
 	"testing"
 
-	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/testkit/testbin"
 )
 
 // TestInvokedAsPrismctl: prism run through a link named prismctl, as the

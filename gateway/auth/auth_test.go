@@ -21,7 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/prism-mesh/prism/gateway/auth"
-	"github.com/prism-mesh/prism/gateway/auth/authtest"
+	"github.com/prism-mesh/prism/testkit/authtest"
 )
 
 const (

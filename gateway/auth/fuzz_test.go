@@ -13,7 +13,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 
 	"github.com/prism-mesh/prism/gateway/auth"
-	"github.com/prism-mesh/prism/gateway/auth/authtest"
+	"github.com/prism-mesh/prism/testkit/authtest"
 )
 
 func fuzzAuthenticator(f *testing.F, k *authtest.Key) *auth.Authenticator {

@@ -14,10 +14,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/prism-mesh/prism/internal/connlimit"
-	"github.com/prism-mesh/prism/internal/connlimit/conntest"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/testkit/conntest"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // small are bounds short enough for a test to outwait.

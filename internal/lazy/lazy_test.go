@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // outcome is what one try of opener's open does.

@@ -23,11 +23,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/store"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // flakyWriter fails its first failures calls (all of them while failAll is

@@ -9,10 +9,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/store"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // gatedWriter holds every write until open closes.

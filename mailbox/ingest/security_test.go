@@ -11,10 +11,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/internal/kafkasec"
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/store"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // TestSecureIngest: against brokers that require TLS, SASL or both, ingest

@@ -11,9 +11,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/store"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // TestStartPositionsWinOverANewGroup: a mailbox seeded by a copy consumes from the copied positions, not from the

@@ -11,11 +11,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/prism-mesh/prism/internal/connlimit"
-	"github.com/prism-mesh/prism/internal/connlimit/conntest"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+	"github.com/prism-mesh/prism/testkit/conntest"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // bounds are short enough for the tests to outwait.

@@ -15,14 +15,14 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/emptypb"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 func dial(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {

@@ -8,7 +8,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // A mailbox served under a lease stops answering at the lease's deadline on

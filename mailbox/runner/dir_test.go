@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // A mailbox id may be longer than a file name (a 253-byte namespace at a

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/prism-mesh/prism/internal/diskfree"
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // metric is the value of the gauge or counter name whose label is value,

@@ -8,9 +8,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/store"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // TestMailboxesShareTheRunnersKafka opens eight mailboxes of one topic at

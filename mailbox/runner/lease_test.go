@@ -20,13 +20,13 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/control"
 	"github.com/prism-mesh/prism/mailbox/query/httpapi"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // leaseMailbox is the mailbox the sidecar drives in these tests, and

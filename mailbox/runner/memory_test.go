@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/store"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // recordStoreOpens makes r's opens of its store record the options each

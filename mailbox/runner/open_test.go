@@ -20,10 +20,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/internal/lazy"
 	"github.com/prism-mesh/prism/mailbox/store"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // heldOpens makes r's store opens of mailbox held wait until release

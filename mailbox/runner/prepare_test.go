@@ -3,7 +3,7 @@ package runner
 import (
 	"testing"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // A prepared mailbox is not served (and not consuming) until Open, which

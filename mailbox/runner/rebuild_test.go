@@ -15,10 +15,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/store"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // storedIDs pages through every item of mailbox id on r.

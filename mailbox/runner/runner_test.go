@@ -17,11 +17,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/query"
 	"github.com/prism-mesh/prism/mesh"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 func waitFor(t *testing.T, what string, cond func() bool) {

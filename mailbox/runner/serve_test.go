@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // TestQueryPortAnswersGRPCAndHTTP pins what Envoy needs from the address the

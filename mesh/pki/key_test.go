@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 func pemOf(typ string, der []byte) []byte {

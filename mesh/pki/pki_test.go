@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // serve accepts connections with cfg and answers each handshake's peer

@@ -16,7 +16,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 
 	"github.com/prism-mesh/prism/internal/connlimit"
-	"github.com/prism-mesh/prism/internal/connlimit/conntest"
+	"github.com/prism-mesh/prism/testkit/conntest"
 )
 
 // startServer runs the real HTTPS server on loopback with the pair in dir

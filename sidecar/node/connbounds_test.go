@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/internal/connlimit"
-	"github.com/prism-mesh/prism/internal/connlimit/conntest"
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/testkit/conntest"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // The sidecar's probe port bounds its connections

@@ -18,8 +18,6 @@ import (
 
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	runnernode "github.com/prism-mesh/prism/mailbox/node"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	"github.com/prism-mesh/prism/mesh"
@@ -27,6 +25,8 @@ import (
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // TestTLSEndToEnd: over mutual TLS everywhere, a sidecar registers its

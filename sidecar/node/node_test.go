@@ -14,10 +14,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	grpcstatus "google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 )
 
 // A sidecar that cannot serve its probes fails at once, before it registers

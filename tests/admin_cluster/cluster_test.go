@@ -11,13 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/admin/client"
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/testbin"
-	"github.com/prism-mesh/prism/internal/testproc"
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/testbin"
+	"github.com/prism-mesh/prism/testkit/testproc"
+	"github.com/prism-mesh/prism/testkit/testwait"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -229,7 +229,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	}
 	// Every page: the load acquires up to 8,000 leases.
 	have := map[string]uint64{}
-	if err := client.AllPages(func(token string) (*adminv1.ListLeasesResponse, error) {
+	if err := mesh.AllPages(func(token string) (*adminv1.ListLeasesResponse, error) {
 		return c.Nodes[newLead].Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageToken: token})
 	}, func(r *adminv1.ListLeasesResponse) {
 		for _, l := range r.GetLeases() {
@@ -268,7 +268,7 @@ func TestKillLeaderUnderLoad(t *testing.T) {
 	})
 	loadLeases := func(n *e2e.AdminNode, c adminv1.Consistency) map[string]uint64 {
 		out := map[string]uint64{}
-		if err := client.AllPages(func(token string) (*adminv1.ListLeasesResponse, error) {
+		if err := mesh.AllPages(func(token string) (*adminv1.ListLeasesResponse, error) {
 			return n.Admin().ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: c, PageToken: token})
 		}, func(r *adminv1.ListLeasesResponse) {
 			for _, l := range r.GetLeases() {

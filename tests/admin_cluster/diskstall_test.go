@@ -14,15 +14,15 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/admin/raftnode"
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/slowfs"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/slowfs"
 )
 
 // A leader whose disk stalls (its fsyncs held, a saturated or failing
 // device) must answer nothing from state the cluster has moved past, and the
 // cluster must grant again once the disk answers. Every node's data dir is on
-// a FUSE loopback served by this process (internal/slowfs); each cycle holds
+// a FUSE loopback served by this process (testkit/slowfs); each cycle holds
 // the leader's fsyncs for longer than the election timeout while, as in
 // TestPausedNodeRenewsNothingStale, runner a heartbeats mailbox m to the
 // leader, runner c heartbeats k's old epoch to it and reconnects k through

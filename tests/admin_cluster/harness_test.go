@@ -1,5 +1,5 @@
 // Package admincluster runs real `prism admin` processes on loopback, started
-// by internal/e2e: three voters with raft-wal on temp dirs, the real TCP
+// by testkit/e2e: three voters with raft-wal on temp dirs, the real TCP
 // transport, and a fault proxy on every directed raft link so a node can be
 // cut off completely.
 package admincluster
@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/testbin"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/testbin"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // startCluster starts size voters with a static peer list, raft links behind

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/prism-mesh/prism/internal/e2e"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/e2e"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
 )
 
 // lossyNode is a single admin node that granted leases, was killed -9 and

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/testwait"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // TestRuntimeMemberLeadsAndIsForwardedTo: a fourth node joins at runtime

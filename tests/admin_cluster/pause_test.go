@@ -10,7 +10,7 @@ import (
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
-	"github.com/prism-mesh/prism/internal/e2e"
+	"github.com/prism-mesh/prism/testkit/e2e"
 )
 
 // A node paused with SIGSTOP (a GC or VM stall, a throttled container) must

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/prism-mesh/prism/admin/placement"
-	"github.com/prism-mesh/prism/internal/e2e"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
 )
 
 // registerRunner registers proxy with runner as the runner its mailboxes may

@@ -15,11 +15,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/admin/fsm"
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // heldSession is one proxy's session holding many leases, kept alive
@@ -98,7 +98,7 @@ func createNamespaces(ctx context.Context, t *testing.T, n *e2e.AdminNode, names
 		want[name] = true
 	}
 	out := map[string][]string{}
-	if err := client.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
+	if err := mesh.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
 		return n.Admin().ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: adminv1.Consistency_CONSISTENCY_LINEARIZABLE, PageSize: 10000, PageToken: token})
 	}, func(r *adminv1.ListNamespacesResponse) {
 		for _, ns := range r.GetNamespaces() {

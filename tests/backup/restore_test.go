@@ -17,12 +17,12 @@ import (
 	"time"
 
 	"github.com/prism-mesh/prism/admin/backup"
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/testbin"
-	"github.com/prism-mesh/prism/internal/testproc"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/testbin"
+	"github.com/prism-mesh/prism/testkit/testproc"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 func TestSaveKillRestore(t *testing.T) {

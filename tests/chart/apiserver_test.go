@@ -23,7 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/prism-mesh/prism/helm/chartrender"
-	"github.com/prism-mesh/prism/internal/podproc"
+	"github.com/prism-mesh/prism/testkit/podproc"
 )
 
 // apiServer stands in for the part of the Kubernetes API the chart's hook Job uses (`prism certs

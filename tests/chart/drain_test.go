@@ -17,7 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/prism-mesh/prism/internal/podproc"
+	"github.com/prism-mesh/prism/testkit/podproc"
 )
 
 // envoyAdminEnv makes this test binary the stand-in for Envoy's admin interface (see TestMain): its value is

@@ -34,10 +34,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/prism-mesh/prism/helm/chartrender"
-	"github.com/prism-mesh/prism/internal/podproc"
-	"github.com/prism-mesh/prism/internal/testbin"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/testkit/podproc"
+	"github.com/prism-mesh/prism/testkit/testbin"
 )
 
 // prismImage is the image whose containers run here, as the built `prism` binary mounted where the image

@@ -16,9 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/prism-mesh/prism/gateway/auth/authtest"
-	"github.com/prism-mesh/prism/internal/podproc"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/authtest"
+	"github.com/prism-mesh/prism/testkit/podproc"
 )
 
 // awaitLease creates namespace ns and waits until the sidecar of the runner pod it is placed on holds its

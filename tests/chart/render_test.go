@@ -1,7 +1,7 @@
 // Package chart proves the Helm chart by running it: it renders helm/prism with Helm's own Go packages, as
 // helm/'s tests do, and starts every Prism container of the rendered workloads as a real `prism` process with
 // exactly its rendered arguments and environment, each pod in a network namespace of its own with its volumes
-// mounted where the container expects them (internal/podproc), then checks that what listens is what the
+// mounted where the container expects them (testkit/podproc), then checks that what listens is what the
 // chart points at: probes, Service target ports and the gateway listener the admins announce over xDS; and
 // that a query with a token is answered through the gateway pod.
 package chart

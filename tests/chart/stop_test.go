@@ -11,9 +11,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/prism-mesh/prism/internal/podproc"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"github.com/prism-mesh/prism/sidecar/inject"
+	"github.com/prism-mesh/prism/testkit/podproc"
 )
 
 // TestLastRunnerStopsCleanly stops the last runner pod of a release in the chart's own stop order

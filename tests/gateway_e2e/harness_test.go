@@ -3,14 +3,14 @@
 // xDS served by every node), `prism runner` consuming an in-process kfake
 // broker over TCP with `prism sidecar` holding its leases, and
 // `prism gateway` routed by xDS from the admin nodes, all started by
-// internal/e2e.
+// testkit/e2e.
 package gatewaye2e
 
 import (
 	"time"
 
-	"github.com/prism-mesh/prism/internal/e2e"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
 )
 
 const proxyID = "proxy-1"

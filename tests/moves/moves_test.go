@@ -4,7 +4,7 @@
 // the destination catches up from Kafka while the source serves, then one
 // Raft command switches the alias, and the source keeps serving through the
 // gateways' lookup age before it releases). The world they run in is
-// internal/movetest's, which bench/movesbench measures too.
+// testkit/movetest's, which bench/movesbench measures too.
 package moves
 
 import (
@@ -15,7 +15,7 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
 	"github.com/prism-mesh/prism/admin/placement"
-	"github.com/prism-mesh/prism/internal/movetest"
+	"github.com/prism-mesh/prism/testkit/movetest"
 )
 
 // batchWait keeps the runners' write batches short, so catch-up is quick.

@@ -11,9 +11,9 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
 	"github.com/prism-mesh/prism/admin/placement"
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/movetest"
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/movetest"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // Peer recovery (docs/architecture.md#peer-recovery): a planned move's

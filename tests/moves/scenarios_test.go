@@ -10,10 +10,10 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
 	"github.com/prism-mesh/prism/admin/placement"
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/movetest"
-	"github.com/prism-mesh/prism/internal/testbin"
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/movetest"
+	"github.com/prism-mesh/prism/testkit/testbin"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // threeProxies starts proxies 1-3, creates namespaces read from the quiet

@@ -18,13 +18,13 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // events is the source's history: large enough that a copy throttled to rate takes seconds.

@@ -12,10 +12,10 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
 	"github.com/prism-mesh/prism/admin/placement"
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // lookupAge is how long a gateway may keep a namespace's answer from the

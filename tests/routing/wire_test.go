@@ -26,9 +26,9 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
 	"github.com/prism-mesh/prism/admin/placement"
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // The resource types as prism_xds_push_bytes_total labels them.

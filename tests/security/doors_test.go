@@ -20,14 +20,14 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
-	"github.com/prism-mesh/prism/gateway/auth/authtest"
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	prismmesh "github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
+	"github.com/prism-mesh/prism/testkit/authtest"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
 // door is one thing a stranger can try, and the identity it would need.

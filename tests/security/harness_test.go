@@ -1,6 +1,6 @@
 // Package security runs a whole mesh over mutual TLS as real processes on loopback (three `prism admin`
 // nodes, `prism runner` with `prism sidecar`, `prism gateway` with query tokens, all started by
-// internal/e2e) and knocks on every door with the wrong credentials: no TLS, no client certificate, a
+// testkit/e2e) and knocks on every door with the wrong credentials: no TLS, no client certificate, a
 // certificate of another CA, an expired one, and a valid certificate of an identity the door does not
 // serve. Each must be refused, and the state read back afterwards must be what it was. A second test
 // rotates every certificate and then the CA under a running mesh without losing a lease.
@@ -22,12 +22,12 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/pkitest"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/pkitest"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 const (

@@ -1,7 +1,7 @@
 // Package sidecare2e runs the lease sidecar against real processes on
-// loopback, started by internal/e2e: `prism admin` (raft-wal on temp dirs,
+// loopback, started by testkit/e2e: `prism admin` (raft-wal on temp dirs,
 // real TCP transport), `prism runner` consuming an in-process kfake broker
-// over TCP, and `prism sidecar` between them, with internal/faultproxy where
+// over TCP, and `prism sidecar` between them, with testkit/faultproxy where
 // the network must fail.
 package sidecare2e
 
@@ -17,9 +17,9 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/e2e"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	"github.com/prism-mesh/prism/testkit/e2e"
 )
 
 const (

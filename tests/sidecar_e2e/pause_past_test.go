@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // Pauses past the bounds, as outside testers' fault schedules make them

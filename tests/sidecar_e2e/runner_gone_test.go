@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // A runner that exits under a live sidecar, stopped (SIGTERM) or killed

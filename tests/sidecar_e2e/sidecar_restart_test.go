@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/testwait"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // A sidecar restarted alone (issue 12): its SIGTERM drains the runner, which

@@ -11,9 +11,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
-	"github.com/prism-mesh/prism/internal/e2e"
 	"github.com/prism-mesh/prism/mesh/identity"
-	"github.com/prism-mesh/prism/xds/xdstest"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/xdstest"
 )
 
 // xdsUpdate is one delta-ADS response as the gateway would read it.

@@ -22,9 +22,9 @@ import (
 
 	"github.com/prism-mesh/prism/admin/fsm"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds"
 	"github.com/prism-mesh/prism/xds/ir"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 type log struct {

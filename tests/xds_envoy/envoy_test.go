@@ -28,13 +28,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/envoy"
-	"github.com/prism-mesh/prism/internal/testproc"
 	"github.com/prism-mesh/prism/mailbox/query"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
+	"github.com/prism-mesh/prism/testkit/testproc"
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 // held is the one mailbox the test runner serves, under epoch 7.

@@ -11,9 +11,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds/ir"
 	"github.com/prism-mesh/prism/xds/translator"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 // sent is what one response carried: its type (short name), the resources

@@ -8,8 +8,8 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds/ir"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 // The admins each test's xDS client dials, through a resolver of its own

@@ -14,7 +14,7 @@ import (
 
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
-	"github.com/prism-mesh/prism/xds/xdstest"
+	"github.com/prism-mesh/prism/testkit/xdstest"
 )
 
 // TestNamespaceCallsFollowTheAlias: a call naming only its namespace

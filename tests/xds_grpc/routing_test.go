@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/testkit/xdstest"
 	"github.com/prism-mesh/prism/xds/ir"
-	"github.com/prism-mesh/prism/xds/xdstest"
 )
 
 // quiet logs only warnings, which go test shows when a test fails.

@@ -22,10 +22,10 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/prism-mesh/prism/gateway/auth/authtest"
-	"github.com/prism-mesh/prism/internal/pkitest"
 	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
+	"github.com/prism-mesh/prism/testkit/authtest"
+	"github.com/prism-mesh/prism/testkit/pkitest"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 

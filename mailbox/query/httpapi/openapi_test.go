@@ -18,11 +18,11 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/prism-mesh/prism/internal/kafkatest"
 	"github.com/prism-mesh/prism/mailbox/query/httpapi"
-	"github.com/prism-mesh/prism/mailbox/query/httpapi/openapitest"
 	"github.com/prism-mesh/prism/mailbox/runner"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/openapitest"
 )
 
 // TestOpenAPIDocument: the served document is valid OpenAPI 3, and every

@@ -17,11 +17,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/prism-mesh/prism/internal/faultproxy"
-	"github.com/prism-mesh/prism/internal/testproc"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+	"github.com/prism-mesh/prism/testkit/faultproxy"
+	"github.com/prism-mesh/prism/testkit/testproc"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // AdminNode is one `prism admin` process with a gRPC connection to it.

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/testbin"
+	"github.com/prism-mesh/prism/testkit/testbin"
 )
 
 // tailLines is how much of each log a failed test prints.

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/internal/testproc"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh/identity"
+	"github.com/prism-mesh/prism/testkit/testproc"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // probe is the client of the harness's own readiness checks; the suites' probes carry their own bounds.

@@ -18,13 +18,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prism-mesh/prism/admin/client"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
-	"github.com/prism-mesh/prism/internal/e2e"
-	"github.com/prism-mesh/prism/internal/kafkatest"
-	"github.com/prism-mesh/prism/internal/testwait"
 	"github.com/prism-mesh/prism/mesh"
+	"github.com/prism-mesh/prism/testkit/e2e"
+	"github.com/prism-mesh/prism/testkit/kafkatest"
+	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
 // Quiet is the topic New seeds with SeedEvents envelopes and produces no more
@@ -177,7 +176,7 @@ func (w *World) Settled(want map[string]string, bound time.Duration) time.Time {
 		if err := w.Admin(func(ctx context.Context, a adminv1.AdminClient) error {
 			clear(got)
 			// Every page: a bench world may hold more namespaces than one.
-			return client.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
+			return mesh.AllPages(func(token string) (*adminv1.ListNamespacesResponse, error) {
 				return a.ListNamespaces(ctx, &adminv1.ListNamespacesRequest{PageToken: token})
 			}, func(r *adminv1.ListNamespacesResponse) {
 				for _, n := range r.GetNamespaces() {

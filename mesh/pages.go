@@ -1,4 +1,4 @@
-package client
+package mesh
 
 import "errors"
 
@@ -11,7 +11,7 @@ type Page interface {
 // AllPages lists every page of a paged List call: list asks for the page at
 // token ("" for the first), each takes every page in order, until the last.
 // The pages are not one snapshot: an item present from the first page to the
-// last comes once, others may or may not. list is where to retry (Do).
+// last comes once, others may or may not. list is where to retry (admin/client.Do).
 func AllPages[P Page](list func(token string) (P, error), each func(P)) error {
 	for token := ""; ; {
 		p, err := list(token)
