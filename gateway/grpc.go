@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/prism-mesh/prism/gateway/auth"
+	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
@@ -94,7 +94,7 @@ func (g *Gateway) GRPCInterceptor(opts ...Option) grpc.UnaryServerInterceptor {
 		if err == nil {
 			return handler(ctx, req)
 		}
-		var refusal *auth.Error
+		var refusal *mesh.AuthError
 		if errors.As(err, &refusal) {
 			g.refused("grpc", method, up, refusal)
 		}

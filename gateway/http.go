@@ -85,7 +85,7 @@ func handle[T any](g *Gateway, d door, method, key string, parse func(*http.Requ
 			if err == nil {
 				err = mayRead(p, up)
 			}
-			var refusal *auth.Error
+			var refusal *mesh.AuthError
 			if errors.As(err, &refusal) {
 				g.refused("http", method, up, refusal)
 				refusal.Write(w)
@@ -116,7 +116,7 @@ func WithAuth(a *auth.Authenticator) Option {
 // mayRead refuses a caller the namespace of the mailbox up names: the
 // namespace itself for the /v1/namespaces/ alias, else the namespace part
 // of the mailbox id.
-func mayRead(p auth.Principal, up upstream) error {
+func mayRead(p mesh.Principal, up upstream) error {
 	if up.key == mesh.HeaderNamespace {
 		return p.MayReadNamespace(up.value)
 	}
@@ -125,9 +125,9 @@ func mayRead(p auth.Principal, up upstream) error {
 
 // refused logs a refusal: a caller with valid credentials asking outside
 // its namespaces is worth an operator's attention, a missing token is not.
-func (g *Gateway) refused(api, method string, up upstream, e *auth.Error) {
+func (g *Gateway) refused(api, method string, up upstream, e *mesh.AuthError) {
 	level := slog.LevelDebug
-	if e.Kind == auth.Forbidden {
+	if e.Kind == mesh.Forbidden {
 		level = slog.LevelInfo
 	}
 	g.log.Log(context.Background(), level, "query refused", "api", api, "method", method, up.logKey(), mesh.Echo(up.value), "code", e.Code(), "err", e.Msg)

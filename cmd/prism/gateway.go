@@ -17,6 +17,7 @@ import (
 
 	"github.com/prism-mesh/prism/gateway"
 	"github.com/prism-mesh/prism/gateway/auth"
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/pki"
 )
 
@@ -78,7 +79,7 @@ $GRPC_XDS_BOOTSTRAP_CONFIG, which must then name the certificate provider "prism
 	fs.StringVar(&f.jwksURL, "jwks-url", "", "https URL of the JWKS verifying query bearer tokens (cached)")
 	fs.StringVar(&f.jwtIssuer, "jwt-issuer", "", "iss query tokens must carry (required with --jwks-*)")
 	fs.StringVar(&f.jwtAudience, "jwt-audience", "", "aud query tokens must include (required with --jwks-*)")
-	fs.StringVar(&f.jwtNamespacesClaim, "jwt-namespaces-claim", auth.DefaultNamespacesClaim, `claim listing the namespaces a token may read ("*" = all)`)
+	fs.StringVar(&f.jwtNamespacesClaim, "jwt-namespaces-claim", mesh.DefaultNamespacesClaim, `claim listing the namespaces a token may read ("*" = all)`)
 	fs.BoolVar(&f.noQueryAuth, "no-query-auth", false, "answer queries without a token: anyone who reaches the gateway reads every mailbox (a gateway on loopback, or behind another authenticating proxy)")
 	return cmd
 }

@@ -14,15 +14,15 @@
 // issuer, audience, exp (required) and nbf are checked with a small leeway
 // for clock skew.
 //
-// Refusals are *Error values: 401 with WWW-Authenticate: Bearer for a
-// missing or bad token (gRPC Unauthenticated), 403 for a namespace the
-// caller may not read (PermissionDenied), 503 while no signing keys could
-// be loaded (Unavailable).
+// The namespaces claim and the refusals are the query-token rules both
+// gateways share (mesh.Claimed, mesh.AuthError): 401 with WWW-Authenticate:
+// Bearer for a missing or bad token (gRPC Unauthenticated), 403 for a
+// namespace the caller may not read (PermissionDenied), 503 while no signing
+// keys could be loaded (Unavailable).
 package auth
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,21 +32,12 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/mesh/identity"
 )
-
-// DefaultNamespacesClaim names the claim listing the namespaces a token may
-// read; Envoy's rules use the same (mesh).
-const DefaultNamespacesClaim = mesh.DefaultNamespacesClaim
-
-// AllNamespaces in the namespaces claim lets a token read every namespace.
-const AllNamespaces = "*"
 
 // MaxTokenLen bounds the tokens the gateway parses; real ones are a few
 // hundred bytes.
@@ -68,7 +59,7 @@ type Config struct {
 	Audience string
 	// NamespacesClaim names the claim holding the namespaces a token may
 	// read (a list of names, or one name; "*" is all); default
-	// DefaultNamespacesClaim.
+	// mesh.DefaultNamespacesClaim.
 	NamespacesClaim string
 	// Leeway allowed on exp, nbf and iat for clock skew; default 30s.
 	Leeway time.Duration
@@ -121,7 +112,7 @@ func New(cfg Config) (*Authenticator, error) {
 		}
 	}
 	if cfg.NamespacesClaim == "" {
-		cfg.NamespacesClaim = DefaultNamespacesClaim
+		cfg.NamespacesClaim = mesh.DefaultNamespacesClaim
 	}
 	if cfg.Leeway <= 0 {
 		cfg.Leeway = 30 * time.Second
@@ -167,58 +158,9 @@ func New(cfg Config) (*Authenticator, error) {
 	return a, nil
 }
 
-// Principal is an authenticated caller and what it may read.
-type Principal struct {
-	// Subject names the caller in logs: the token's sub, or the
-	// certificate's identity.
-	Subject    string
-	all        bool
-	namespaces []string
-	claim      string // the token's namespaces claim, named in refusals
-}
-
-// All reports a caller that may read every namespace.
-func (p Principal) All() bool { return p.all }
-
-// Namespaces are the namespaces the caller may read, when not All.
-func (p Principal) Namespaces() []string { return slices.Clone(p.namespaces) }
-
-// MayReadNamespace refuses (403) a namespace the caller may not read.
-func (p Principal) MayReadNamespace(ns string) error {
-	if p.all || slices.Contains(p.namespaces, ns) {
-		return nil
-	}
-	return p.forbidden(fmt.Sprintf("namespace %q", mesh.Echo(ns)))
-}
-
-// MayReadMailbox refuses (403) a mailbox whose namespace the caller may not
-// read. An id that is not namespace@proxy_id names no namespace, so only a
-// caller that may read all of them gets it through (to a 404).
-func (p Principal) MayReadMailbox(id string) error {
-	if p.all {
-		return nil
-	}
-	mid, err := mesh.ParseMailboxID(id)
-	if err != nil {
-		return p.forbidden(fmt.Sprintf("mailbox %q, which names no namespace", mesh.Echo(id)))
-	}
-	return p.MayReadNamespace(mid.Namespace)
-}
-
-func (p Principal) forbidden(what string) error {
-	may := "no namespace"
-	if p.claim != "" {
-		may += ": its " + p.claim + " claim names none"
-	}
-	if len(p.namespaces) > 0 {
-		may = "only " + mesh.Echo(strings.Join(p.namespaces, ", "))
-	}
-	return &Error{Kind: Forbidden, Msg: fmt.Sprintf("%s may not read %s (it may read %s)", mesh.Echo(p.Subject), what, may)}
-}
-
 // Request authenticates an HTTP request: a client certificate of a
 // CertRoles identity, else its bearer token.
-func (a *Authenticator) Request(r *http.Request) (Principal, error) {
+func (a *Authenticator) Request(r *http.Request) (mesh.Principal, error) {
 	if p, ok := a.certificate(identity.FromRequest(r)); ok {
 		return p, nil
 	}
@@ -227,7 +169,7 @@ func (a *Authenticator) Request(r *http.Request) (Principal, error) {
 
 // Call authenticates a gRPC call: a client certificate of a CertRoles
 // identity, else the bearer token in its authorization metadata.
-func (a *Authenticator) Call(ctx context.Context) (Principal, error) {
+func (a *Authenticator) Call(ctx context.Context) (mesh.Principal, error) {
 	if p, ok := a.certificate(identity.FromContext(ctx)); ok {
 		return p, nil
 	}
@@ -235,122 +177,31 @@ func (a *Authenticator) Call(ctx context.Context) (Principal, error) {
 	return a.bearer(ctx, md.Get("authorization"))
 }
 
-func (a *Authenticator) certificate(id identity.Identity, err error) (Principal, bool) {
+func (a *Authenticator) certificate(id identity.Identity, err error) (mesh.Principal, bool) {
 	if err != nil || !slices.Contains(a.cfg.CertRoles, id.Role) {
-		return Principal{}, false
+		return mesh.Principal{}, false
 	}
-	return Principal{Subject: id.String(), all: true}, true
+	return mesh.ReadsEverything(id.String()), true
 }
 
 // bearer verifies the token of the one Authorization value given.
-func (a *Authenticator) bearer(ctx context.Context, values []string) (Principal, error) {
+func (a *Authenticator) bearer(ctx context.Context, values []string) (mesh.Principal, error) {
 	how := "send Authorization: Bearer <JWT>"
 	if len(a.cfg.CertRoles) > 0 {
 		how += fmt.Sprintf(" or a client certificate of role %v", a.cfg.CertRoles)
 	}
 	switch {
 	case len(values) == 0:
-		return Principal{}, &Error{Kind: MissingToken, Msg: "no bearer token: " + how}
+		return mesh.Principal{}, &mesh.AuthError{Kind: mesh.MissingToken, Msg: "no bearer token: " + how}
 	case len(values) > 1:
-		return Principal{}, &Error{Kind: InvalidToken, Msg: "more than one Authorization value"}
+		return mesh.Principal{}, &mesh.AuthError{Kind: mesh.InvalidToken, Msg: "more than one Authorization value"}
 	}
 	scheme, token, _ := strings.Cut(values[0], " ")
 	if !strings.EqualFold(scheme, "Bearer") {
-		return Principal{}, &Error{Kind: MissingToken, Msg: fmt.Sprintf("Authorization is not a bearer token (scheme %q): %s", mesh.Echo(scheme), how)}
+		return mesh.Principal{}, &mesh.AuthError{Kind: mesh.MissingToken, Msg: fmt.Sprintf("Authorization is not a bearer token (scheme %q): %s", mesh.Echo(scheme), how)}
 	}
 	if a.file == nil && a.url == nil {
-		return Principal{}, &Error{Kind: InvalidToken, Msg: "this gateway takes no tokens, only client certificates of role " + fmt.Sprint(a.cfg.CertRoles)}
+		return mesh.Principal{}, &mesh.AuthError{Kind: mesh.InvalidToken, Msg: "this gateway takes no tokens, only client certificates of role " + fmt.Sprint(a.cfg.CertRoles)}
 	}
 	return a.verify(ctx, strings.TrimSpace(token))
-}
-
-// Kind is what a refusal is about.
-type Kind int
-
-const (
-	// MissingToken: the caller sent no credentials (401).
-	MissingToken Kind = iota
-	// InvalidToken: the token is malformed, badly signed, expired or not
-	// meant for this gateway (401).
-	InvalidToken
-	// Forbidden: the caller may not read the namespace (403).
-	Forbidden
-	// KeysUnavailable: no signing keys could be loaded to check the token
-	// with (503).
-	KeysUnavailable
-)
-
-// Error is a refusal; its message names what is missing.
-type Error struct {
-	Kind Kind
-	Msg  string
-}
-
-func (e *Error) Error() string { return e.Msg }
-
-// Code is the refusal's machine-readable name, RFC 6750's where it has one.
-func (e *Error) Code() string {
-	switch e.Kind {
-	case MissingToken:
-		return "missing_token"
-	case InvalidToken:
-		return "invalid_token"
-	case Forbidden:
-		return "insufficient_scope"
-	default:
-		return "keys_unavailable"
-	}
-}
-
-// HTTPStatus is the status the refusal is answered with.
-func (e *Error) HTTPStatus() int {
-	switch e.Kind {
-	case MissingToken, InvalidToken:
-		return http.StatusUnauthorized
-	case Forbidden:
-		return http.StatusForbidden
-	default:
-		return http.StatusServiceUnavailable
-	}
-}
-
-// Realm is the realm of the WWW-Authenticate challenges.
-const Realm = "prism"
-
-// Challenge is the WWW-Authenticate value of a refusal (RFC 6750 section 3);
-// "" for one that is not about the caller's credentials.
-func (e *Error) Challenge() string {
-	switch e.Kind {
-	case MissingToken:
-		return `Bearer realm="` + Realm + `"`
-	case InvalidToken, Forbidden:
-		return `Bearer realm="` + Realm + `", error="` + e.Code() + `"`
-	default:
-		return ""
-	}
-}
-
-// GRPCStatus is the refusal as a gRPC status, so status.Code and
-// status.Convert read it and a handler can return it as it is.
-func (e *Error) GRPCStatus() *status.Status {
-	c := codes.Unavailable
-	switch e.Kind {
-	case MissingToken, InvalidToken:
-		c = codes.Unauthenticated
-	case Forbidden:
-		c = codes.PermissionDenied
-	}
-	return status.New(c, e.Msg)
-}
-
-// Write answers the refusal over HTTP: its status, its challenge and the
-// JSON body of every refusal of the query API, {"error": ...}, with the
-// refusal's code next to it.
-func (e *Error) Write(w http.ResponseWriter) {
-	if c := e.Challenge(); c != "" {
-		w.Header().Set("WWW-Authenticate", c)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(e.HTTPStatus())
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": e.Msg, "code": e.Code()}) // the client went away; nothing to tell it
 }

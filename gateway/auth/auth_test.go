@@ -21,6 +21,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/prism-mesh/prism/gateway/auth"
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/testkit/authtest"
 )
 
@@ -30,14 +31,14 @@ const (
 )
 
 // kindOf is the refusal kind of err, or -1 for none.
-func kindOf(t *testing.T, err error) auth.Kind {
+func kindOf(t *testing.T, err error) mesh.AuthKind {
 	t.Helper()
 	if err == nil {
 		return -1
 	}
-	var e *auth.Error
+	var e *mesh.AuthError
 	if !errors.As(err, &e) {
-		t.Fatalf("error %v (%T) is not an *auth.Error", err, err)
+		t.Fatalf("error %v (%T) is not an *mesh.AuthError", err, err)
 	}
 	return e.Kind
 }
@@ -114,7 +115,7 @@ func TestVerify(t *testing.T) {
 			t.Parallel()
 			p, err := a.Verify(context.Background(), tc.token)
 			if tc.wantErr != "" {
-				if kindOf(t, err) != auth.InvalidToken || !strings.Contains(err.Error(), tc.wantErr) {
+				if kindOf(t, err) != mesh.InvalidToken || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("Verify = %+v, %v; want an invalid_token refusal containing %q", p, err, tc.wantErr)
 				}
 				return
@@ -153,7 +154,7 @@ func TestMayRead(t *testing.T) {
 	t.Parallel()
 	k := authtest.NewKey(t, "k", jose.ES256)
 	a, _ := withFile(t, k)
-	principal := func(ns ...string) auth.Principal {
+	principal := func(ns ...string) mesh.Principal {
 		c := authtest.Claims(issuer, audience, ns...)
 		if ns == nil {
 			delete(c, "prism_namespaces")
@@ -167,7 +168,7 @@ func TestMayRead(t *testing.T) {
 	demo, all, none := principal("demo", "audit"), principal("*"), principal()
 	for _, tc := range []struct {
 		name    string
-		p       auth.Principal
+		p       mesh.Principal
 		mailbox string // or namespace
 		ns      bool
 		wantErr string
@@ -198,7 +199,7 @@ func TestMayRead(t *testing.T) {
 				}
 				return
 			}
-			if kindOf(t, err) != auth.Forbidden || !strings.Contains(err.Error(), tc.wantErr) {
+			if kindOf(t, err) != mesh.Forbidden || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("= %v, want a 403 containing %q", err, tc.wantErr)
 			}
 			if st := status.Convert(err); st.Code() != codes.PermissionDenied {
@@ -216,16 +217,16 @@ func TestRequestCredentials(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		header        []string
-		wantKind      auth.Kind
+		wantKind      mesh.AuthKind
 		wantChallenge string
 	}{
 		{"token", []string{"Bearer " + good}, -1, ""},
 		{"lower-case scheme", []string{"bearer " + good}, -1, ""},
-		{"none", nil, auth.MissingToken, `Bearer realm="prism"`},
-		{"basic", []string{"Basic dXNlcjpwYXNz"}, auth.MissingToken, `Bearer realm="prism"`},
-		{"scheme alone", []string{"Bearer"}, auth.InvalidToken, `Bearer realm="prism", error="invalid_token"`},
-		{"two headers", []string{"Bearer " + good, "Bearer " + good}, auth.InvalidToken, `Bearer realm="prism", error="invalid_token"`},
-		{"bad token", []string{"Bearer x.y.z"}, auth.InvalidToken, `Bearer realm="prism", error="invalid_token"`},
+		{"none", nil, mesh.MissingToken, `Bearer realm="prism"`},
+		{"basic", []string{"Basic dXNlcjpwYXNz"}, mesh.MissingToken, `Bearer realm="prism"`},
+		{"scheme alone", []string{"Bearer"}, mesh.InvalidToken, `Bearer realm="prism", error="invalid_token"`},
+		{"two headers", []string{"Bearer " + good, "Bearer " + good}, mesh.InvalidToken, `Bearer realm="prism", error="invalid_token"`},
+		{"bad token", []string{"Bearer x.y.z"}, mesh.InvalidToken, `Bearer realm="prism", error="invalid_token"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -240,7 +241,7 @@ func TestRequestCredentials(t *testing.T) {
 			if err == nil {
 				return
 			}
-			var e *auth.Error
+			var e *mesh.AuthError
 			errors.As(err, &e)
 			w := httptest.NewRecorder()
 			e.Write(w)
@@ -393,7 +394,7 @@ func TestJWKSURL(t *testing.T) {
 	}
 
 	s.set(t, k1, k2)
-	if err := verify(k2); kindOf(t, err) != auth.InvalidToken || s.fetches.Load() != 1 {
+	if err := verify(k2); kindOf(t, err) != mesh.InvalidToken || s.fetches.Load() != 1 {
 		t.Fatalf("k2 within MinRefresh of the last fetch = %v (%d fetches); want refused without a fetch", err, s.fetches.Load())
 	}
 	clk.SetTime(clk.Now().Add(time.Minute))
@@ -420,7 +421,7 @@ func TestJWKSURL(t *testing.T) {
 	s.fail.Store(true)
 	clk.SetTime(clk.Now().Add(time.Hour))
 	before := s.fetches.Load()
-	if err := verify(k2); kindOf(t, err) != auth.InvalidToken {
+	if err := verify(k2); kindOf(t, err) != mesh.InvalidToken {
 		t.Fatalf("k2 while the JWKS fails = %v, want refused", err)
 	}
 	if err := verify(k3); err != nil {
@@ -446,10 +447,10 @@ func TestJWKSURLUnavailable(t *testing.T) {
 	}
 	tok := k.Sign(t, authtest.Claims(issuer, audience, "demo"))
 	_, err = a.Verify(context.Background(), tok)
-	if kindOf(t, err) != auth.KeysUnavailable || status.Code(err) != codes.Unavailable {
+	if kindOf(t, err) != mesh.KeysUnavailable || status.Code(err) != codes.Unavailable {
 		t.Fatalf("Verify with no keys = %v, want KeysUnavailable", err)
 	}
-	var e *auth.Error
+	var e *mesh.AuthError
 	errors.As(err, &e)
 	if e.HTTPStatus() != http.StatusServiceUnavailable || e.Challenge() != "" {
 		t.Errorf("answered %d with challenge %q, want 503 and none", e.HTTPStatus(), e.Challenge())

@@ -13,6 +13,7 @@ import (
 	"github.com/go-jose/go-jose/v4"
 
 	"github.com/prism-mesh/prism/gateway/auth"
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/testkit/authtest"
 )
 
@@ -50,8 +51,8 @@ func FuzzVerifyToken(f *testing.F) {
 			}
 			return
 		}
-		var e *auth.Error
-		if !errors.As(err, &e) || e.Kind != auth.InvalidToken {
+		var e *mesh.AuthError
+		if !errors.As(err, &e) || e.Kind != mesh.InvalidToken {
 			t.Fatalf("Verify(%q) = %v, want an invalid_token refusal", token, err)
 		}
 	})
@@ -91,8 +92,8 @@ func FuzzClaims(f *testing.F) {
 		}
 		p, err := a.Verify(context.Background(), tok)
 		if err != nil {
-			var e *auth.Error
-			if !errors.As(err, &e) || e.Kind != auth.InvalidToken {
+			var e *mesh.AuthError
+			if !errors.As(err, &e) || e.Kind != mesh.InvalidToken {
 				t.Fatalf("Verify = %v, want an invalid_token refusal", err)
 			}
 			return
@@ -115,7 +116,7 @@ func FuzzClaims(f *testing.F) {
 			t.Fatalf("accepted %s", payload)
 		}
 		for _, ns := range p.Namespaces() {
-			if ns == "" || ns == auth.AllNamespaces || !json.Valid(c.NS) || !containsString(c.NS, ns) {
+			if ns == "" || ns == mesh.AllNamespaces || !json.Valid(c.NS) || !containsString(c.NS, ns) {
 				t.Fatalf("namespaces %q from claim %s", p.Namespaces(), c.NS)
 			}
 		}

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+
+	"github.com/prism-mesh/prism/mesh"
 )
 
 // maxJWKSBytes bounds a JWKS read from disk or the network.
@@ -175,7 +177,7 @@ func (u *urlKeys) get(ctx context.Context, kid string) ([]jose.JSONWebKey, error
 		}()
 	}
 	if keys == nil {
-		return nil, &Error{Kind: KeysUnavailable, Msg: "no signing keys to check the token with: the JWKS could not be fetched"}
+		return nil, &mesh.AuthError{Kind: mesh.KeysUnavailable, Msg: "no signing keys to check the token with: the JWKS could not be fetched"}
 	}
 	return keys, nil
 }

@@ -18,33 +18,33 @@ import (
 var Algorithms = []jose.SignatureAlgorithm{jose.RS256, jose.ES256, jose.EdDSA}
 
 func invalid(format string, args ...any) error {
-	return &Error{Kind: InvalidToken, Msg: fmt.Sprintf(format, args...)}
+	return &mesh.AuthError{Kind: mesh.InvalidToken, Msg: fmt.Sprintf(format, args...)}
 }
 
 // Verify checks a bearer token (its signature, issuer, audience and times)
 // and reads the namespaces it may read.
-func (a *Authenticator) Verify(ctx context.Context, token string) (Principal, error) {
+func (a *Authenticator) Verify(ctx context.Context, token string) (mesh.Principal, error) {
 	if a.file == nil && a.url == nil {
-		return Principal{}, invalid("this gateway has no JWKS to check tokens with")
+		return mesh.Principal{}, invalid("this gateway has no JWKS to check tokens with")
 	}
 	return a.verify(ctx, token)
 }
 
-func (a *Authenticator) verify(ctx context.Context, token string) (Principal, error) {
+func (a *Authenticator) verify(ctx context.Context, token string) (mesh.Principal, error) {
 	if token == "" {
-		return Principal{}, invalid("empty bearer token")
+		return mesh.Principal{}, invalid("empty bearer token")
 	}
 	if len(token) > MaxTokenLen {
-		return Principal{}, invalid("bearer token of %d bytes is longer than %d", len(token), MaxTokenLen)
+		return mesh.Principal{}, invalid("bearer token of %d bytes is longer than %d", len(token), MaxTokenLen)
 	}
 	jws, err := jose.ParseSignedCompact(token, Algorithms)
 	if err != nil {
-		return Principal{}, invalid("malformed token (a JWS signed with one of %v expected): %v", Algorithms, err)
+		return mesh.Principal{}, invalid("malformed token (a JWS signed with one of %v expected): %v", Algorithms, err)
 	}
 	h := jws.Signatures[0].Header
 	keys, err := a.keysFor(ctx, h.KeyID)
 	if err != nil {
-		return Principal{}, err
+		return mesh.Principal{}, err
 	}
 	var payload []byte
 	for _, k := range keys {
@@ -57,9 +57,9 @@ func (a *Authenticator) verify(ctx context.Context, token string) (Principal, er
 	}
 	if payload == nil {
 		if h.KeyID != "" {
-			return Principal{}, invalid("signature does not verify with key %q of the JWKS", mesh.Echo(h.KeyID))
+			return mesh.Principal{}, invalid("signature does not verify with key %q of the JWKS", mesh.Echo(h.KeyID))
 		}
-		return Principal{}, invalid("signature does not verify with any key of the JWKS")
+		return mesh.Principal{}, invalid("signature does not verify with any key of the JWKS")
 	}
 	return a.principal(payload)
 }
@@ -94,83 +94,34 @@ func (a *Authenticator) keysFor(ctx context.Context, kid string) ([]jose.JSONWeb
 }
 
 // principal checks the claims of a token whose signature verified.
-func (a *Authenticator) principal(payload []byte) (Principal, error) {
+func (a *Authenticator) principal(payload []byte) (mesh.Principal, error) {
 	var std jwt.Claims
 	if err := json.Unmarshal(payload, &std); err != nil {
-		return Principal{}, invalid("token claims: %v", err)
+		return mesh.Principal{}, invalid("token claims: %v", err)
 	}
 	var extra map[string]json.RawMessage
 	if err := json.Unmarshal(payload, &extra); err != nil {
-		return Principal{}, invalid("token claims: %v", err)
+		return mesh.Principal{}, invalid("token claims: %v", err)
 	}
 	if std.Expiry == nil {
-		return Principal{}, invalid("token has no exp claim; tokens must expire")
+		return mesh.Principal{}, invalid("token has no exp claim; tokens must expire")
 	}
 	now := a.cfg.Clock.Now()
 	err := std.ValidateWithLeeway(jwt.Expected{Issuer: a.cfg.Issuer, AnyAudience: jwt.Audience{a.cfg.Audience}, Time: now}, a.cfg.Leeway)
 	switch {
 	case err == nil:
 	case errors.Is(err, jwt.ErrInvalidIssuer):
-		return Principal{}, invalid("token issuer %q is not %q", mesh.Echo(std.Issuer), a.cfg.Issuer)
+		return mesh.Principal{}, invalid("token issuer %q is not %q", mesh.Echo(std.Issuer), a.cfg.Issuer)
 	case errors.Is(err, jwt.ErrInvalidAudience):
-		return Principal{}, invalid("token audience %q does not include %q", mesh.Echo(fmt.Sprint([]string(std.Audience))), a.cfg.Audience)
+		return mesh.Principal{}, invalid("token audience %q does not include %q", mesh.Echo(fmt.Sprint([]string(std.Audience))), a.cfg.Audience)
 	case errors.Is(err, jwt.ErrExpired):
-		return Principal{}, invalid("token expired at %s", std.Expiry.Time().UTC().Format(time.RFC3339))
+		return mesh.Principal{}, invalid("token expired at %s", std.Expiry.Time().UTC().Format(time.RFC3339))
 	case errors.Is(err, jwt.ErrNotValidYet):
-		return Principal{}, invalid("token not valid before %s", std.NotBefore.Time().UTC().Format(time.RFC3339))
+		return mesh.Principal{}, invalid("token not valid before %s", std.NotBefore.Time().UTC().Format(time.RFC3339))
 	case errors.Is(err, jwt.ErrIssuedInTheFuture):
-		return Principal{}, invalid("token issued in the future, at %s", std.IssuedAt.Time().UTC().Format(time.RFC3339))
+		return mesh.Principal{}, invalid("token issued in the future, at %s", std.IssuedAt.Time().UTC().Format(time.RFC3339))
 	default:
-		return Principal{}, invalid("token claims: %v", err)
+		return mesh.Principal{}, invalid("token claims: %v", err)
 	}
-	return Claimed(std.Subject, a.cfg.NamespacesClaim, extra[a.cfg.NamespacesClaim])
-}
-
-// Claimed is the principal of a token whose signature and standard claims
-// were checked: its subject, and the namespaces claim (named claim) as raw
-// JSON, nil if absent. The admin's ext_authz takes the payload Envoy's
-// jwt_authn verified through it, so both gateways read the claim alike.
-// A malformed claim is an InvalidToken refusal.
-func Claimed(subject, claim string, namespaces json.RawMessage) (Principal, error) {
-	p := Principal{Subject: subject, claim: claim}
-	if p.Subject == "" {
-		p.Subject = "token without sub"
-	}
-	var err error
-	if p.namespaces, err = parseNamespaces(namespaces); err != nil {
-		return Principal{}, invalid("claim %s: %v", claim, err)
-	}
-	for _, ns := range p.namespaces {
-		if ns == AllNamespaces {
-			p.all, p.namespaces = true, nil
-			break
-		}
-	}
-	return p, nil
-}
-
-// parseNamespaces reads a namespaces claim: a list of names, or one name;
-// absent or null is none.
-func parseNamespaces(raw json.RawMessage) ([]string, error) {
-	if raw == nil {
-		return nil, nil
-	}
-	var one string
-	if err := json.Unmarshal(raw, &one); err == nil {
-		if one == "" {
-			return nil, nil
-		}
-		return []string{one}, nil
-	}
-	var list []string
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return nil, errors.New("want a list of namespace names, or \"*\"")
-	}
-	out := list[:0]
-	for _, ns := range list {
-		if ns != "" {
-			out = append(out, ns)
-		}
-	}
-	return out, nil
+	return mesh.Claimed(std.Subject, a.cfg.NamespacesClaim, extra[a.cfg.NamespacesClaim])
 }

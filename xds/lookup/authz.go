@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/prism-mesh/prism/gateway/auth"
 	"github.com/prism-mesh/prism/mesh"
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
@@ -95,7 +94,7 @@ func (r request) alias() string {
 
 // mayRead refuses the first mailbox or namespace the request names that p
 // may not read.
-func (r request) mayRead(p auth.Principal) error {
+func (r request) mayRead(p mesh.Principal) error {
 	for _, id := range []string{r.pathMailbox, r.headerMailbox} {
 		if id != "" {
 			if err := p.MayReadMailbox(id); err != nil {
@@ -146,13 +145,13 @@ func (s *Server) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.Che
 }
 
 // principal reads the token jwt_authn verified out of the request's
-// metadata, by gateway/auth's rules for the namespaces claim.
-func (s *Server) principal(md *corev3.Metadata) (auth.Principal, error) {
+// metadata, by the query-token rules prism gateway shares (mesh.Claimed).
+func (s *Server) principal(md *corev3.Metadata) (mesh.Principal, error) {
 	payload := md.GetFilterMetadata()[jwtAuthnFilter].GetFields()[jwtPayloadKey].GetStructValue()
 	if payload == nil {
-		return auth.Principal{}, &auth.Error{Kind: auth.MissingToken, Msg: "no verified bearer token: send Authorization: Bearer <JWT>"}
+		return mesh.Principal{}, &mesh.AuthError{Kind: mesh.MissingToken, Msg: "no verified bearer token: send Authorization: Bearer <JWT>"}
 	}
-	return auth.Claimed(payload.GetFields()["sub"].GetStringValue(), s.claim, rawClaim(payload.GetFields()[s.claim]))
+	return mesh.Claimed(payload.GetFields()["sub"].GetStringValue(), s.claim, rawClaim(payload.GetFields()[s.claim]))
 }
 
 // rawClaim is a claim as the JSON it was in the token; nil if absent.
@@ -168,14 +167,14 @@ func rawClaim(v *structpb.Value) json.RawMessage {
 	return b
 }
 
-// denied is a refusal as Envoy answers it: gateway/auth's status and
+// denied is a refusal as Envoy answers it: the refusal's status and
 // challenge, with its JSON body for HTTP, or for a gRPC call the message
 // alone, which Envoy puts in grpc-message (it maps the status to
 // PERMISSION_DENIED or UNAUTHENTICATED).
 func denied(err error, grpcCall bool) *authv3.CheckResponse {
-	var ae *auth.Error
+	var ae *mesh.AuthError
 	if !errors.As(err, &ae) {
-		ae = &auth.Error{Kind: auth.Forbidden, Msg: err.Error()}
+		ae = &mesh.AuthError{Kind: mesh.Forbidden, Msg: err.Error()}
 	}
 	var headers []*corev3.HeaderValueOption
 	set := func(k, v string) {
@@ -190,8 +189,7 @@ func denied(err error, grpcCall bool) *authv3.CheckResponse {
 	body := ae.Msg
 	if !grpcCall {
 		set("content-type", "application/json")
-		b, _ := json.Marshal(map[string]string{"error": ae.Msg, "code": ae.Code()}) // strings only: cannot fail
-		body = string(b) + "\n"
+		body = string(ae.Body())
 	}
 	return &authv3.CheckResponse{
 		Status: &statuspb.Status{Code: int32(ae.GRPCStatus().Code()), Message: ae.Msg},

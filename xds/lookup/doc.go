@@ -24,9 +24,9 @@
 //     so the per-proxy header route takes it to Q's runner, which serves
 //     /v1/namespaces/{ns}/... and x-prism-namespace itself. Under query auth
 //     the same call checks every namespace the request names against the
-//     namespaces claim of the token jwt_authn verified, by gateway/auth's
-//     rules, which replaces the per-route RBAC the per-mailbox routes
-//     carried.
+//     namespaces claim of the token jwt_authn verified, by the query-token
+//     rules prism gateway applies too (mesh.Claimed), so no route carries
+//     RBAC of its own.
 //
 // Why ext_authz and not an internal redirect for Envoy: a redirect needs an
 // upstream that answers 3xx for every aliased request (a full proxied

@@ -9,7 +9,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/prism-mesh/prism/gateway/auth"
 	"github.com/prism-mesh/prism/mesh"
 )
 
@@ -32,7 +31,7 @@ func FuzzCheck(f *testing.F) {
 	}
 	routes := testRoutes()
 	open := New(Config{Routes: routes})
-	guarded := New(Config{Routes: routes, NamespacesClaim: auth.DefaultNamespacesClaim})
+	guarded := New(Config{Routes: routes, NamespacesClaim: mesh.DefaultNamespacesClaim})
 	f.Fuzz(func(t *testing.T, path, mailbox, namespace, claim string) {
 		if !utf8.ValidString(claim) {
 			return // a JSON payload's strings are UTF-8

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/prism-mesh/prism/gateway/auth"
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	lookupv1 "github.com/prism-mesh/prism/proto/prism/lookup/v1"
@@ -89,7 +88,7 @@ func payload(t *testing.T, v any) *corev3.Metadata {
 	t.Helper()
 	fields := map[string]any{"sub": "alice", "iss": "https://idp"}
 	if v != nil {
-		fields[auth.DefaultNamespacesClaim] = v
+		fields[mesh.DefaultNamespacesClaim] = v
 	}
 	st, err := structpb.NewStruct(fields)
 	if err != nil {
@@ -179,7 +178,7 @@ func TestCheckRoutesAliases(t *testing.T) {
 // gateway's (gateway/auth) would.
 func TestCheckQueryAuth(t *testing.T) {
 	t.Parallel()
-	s := New(Config{Routes: testRoutes(), NamespacesClaim: auth.DefaultNamespacesClaim})
+	s := New(Config{Routes: testRoutes(), NamespacesClaim: mesh.DefaultNamespacesClaim})
 	grpcH := func(k, v string) map[string]string {
 		return map[string]string{"content-type": "application/grpc", k: v}
 	}
@@ -236,19 +235,19 @@ func TestCheckQueryAuth(t *testing.T) {
 				return
 			}
 			// What prism gateway answers for the same refusal.
-			var want *auth.Error
+			var want *mesh.AuthError
 			switch tc.code {
 			case "missing_token":
-				want = &auth.Error{Kind: auth.MissingToken, Msg: "no verified bearer token: send Authorization: Bearer <JWT>"}
+				want = &mesh.AuthError{Kind: mesh.MissingToken, Msg: "no verified bearer token: send Authorization: Bearer <JWT>"}
 			case "invalid_token":
-				_, err := auth.Claimed("alice", auth.DefaultNamespacesClaim, json.RawMessage(`42`))
+				_, err := mesh.Claimed("alice", mesh.DefaultNamespacesClaim, json.RawMessage(`42`))
 				want = authError(t, err)
 			default:
 				raw, _ := json.Marshal(tc.claim)
 				if tc.claim == nil {
 					raw = nil
 				}
-				p, err := auth.Claimed("alice", auth.DefaultNamespacesClaim, raw)
+				p, err := mesh.Claimed("alice", mesh.DefaultNamespacesClaim, raw)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -284,18 +283,18 @@ func TestCheckQueryAuth(t *testing.T) {
 				return
 			}
 			if d.GetBody() != rec.Body.String() || headers["content-type"] != "application/json" {
-				t.Fatalf("body %q (content-type %q), want gateway/auth's %q", d.GetBody(), headers["content-type"], rec.Body.String())
+				t.Fatalf("body %q (content-type %q), want prism gateway's %q", d.GetBody(), headers["content-type"], rec.Body.String())
 			}
 		})
 	}
 }
 
-// authError is err as gateway/auth's refusal.
-func authError(t *testing.T, err error) *auth.Error {
+// authError is err as a query refusal (mesh.AuthError).
+func authError(t *testing.T, err error) *mesh.AuthError {
 	t.Helper()
-	var ae *auth.Error
+	var ae *mesh.AuthError
 	if !errors.As(err, &ae) {
-		t.Fatalf("%v is not a gateway/auth refusal", err)
+		t.Fatalf("%v is not a query refusal", err)
 	}
 	return ae
 }

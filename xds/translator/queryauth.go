@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/xds/ir"
 )
 
@@ -57,8 +58,6 @@ const (
 	// dynamic metadata.
 	jwtPayloadKey = "jwt_payload"
 	jwtFailureKey = "jwt_failure"
-	// authRealm is gateway/auth.Realm.
-	authRealm = "prism"
 	// clockSkew is gateway/auth's default leeway.
 	clockSkew = 30 * time.Second
 	// jwksFetchTimeout and jwksCacheFor are gateway/auth's defaults.
@@ -205,7 +204,7 @@ func localReplies() *hcmv3.LocalReplyConfig {
 		}}}
 	}
 	challenge := func(code string) []*corev3.HeaderValueOption {
-		v := `Bearer realm="` + authRealm + `"`
+		v := `Bearer realm="` + mesh.AuthRealm + `"`
 		if code != "missing_token" {
 			v += `, error="` + code + `"`
 		}
