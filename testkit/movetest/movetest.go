@@ -20,6 +20,7 @@ import (
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 
+	"github.com/prism-mesh/prism/admin/placement"
 	"github.com/prism-mesh/prism/mesh"
 	"github.com/prism-mesh/prism/testkit/e2e"
 	"github.com/prism-mesh/prism/testkit/kafkatest"
@@ -37,6 +38,17 @@ const (
 // Lease is every namespace's and sidecar's timing: proxies heartbeat every
 // 500 ms, so a destination's progress reaches the mover within about a second.
 var Lease = e2e.Lease{TTL: 3 * time.Second, Grace: time.Second, Heartbeat: 500 * time.Millisecond}
+
+// OwnedBy is the first namespace named prefix-0, prefix-1, ... whose
+// partition placement gives owner among proxies.
+func OwnedBy(prefix, owner string, proxies ...string) string {
+	tab := placement.Compute(proxies)
+	for i := 0; ; i++ {
+		if name := fmt.Sprintf("%s-%d", prefix, i); tab.Owner(placement.Partition(name)) == owner {
+			return name
+		}
+	}
+}
 
 // World is the processes of one test or benchmark.
 type World struct {

@@ -162,7 +162,7 @@ func TestDestinationDiesDuringCatchUp(t *testing.T) {
 	for _, id := range []string{"proxy-1", "proxy-2"} {
 		w.StartProxy(id, batchWait...)
 	}
-	ns := ownedBy("deep", "proxy-1", "proxy-1", "proxy-2")
+	ns := movetest.OwnedBy("deep", "proxy-1", "proxy-1", "proxy-2")
 	w.Admins.CreateNamespace(60*time.Second, ns, &adminv1.NamespaceConfig{Topics: []string{big}, Lease: movetest.Lease.Config()})
 	w.StartGateway()
 	testwait.For(t, 90*time.Second, ns+" caught up on proxy-1", func() (bool, string) {

@@ -1,4 +1,12 @@
-package moves
+// Package history proves peer recovery (docs/architecture.md#peer-recovery):
+// a planned move's destination copies the source's mailbox, so the namespace
+// URL keeps answering history that Kafka has deleted. Each test produces the
+// events, lets the mailboxes store them, deletes the oldest 60 % of every
+// partition from Kafka (DeleteRecords, as retention would) and walks every
+// page of the namespaces' events through the gateway in a loop while moves
+// happen. It is a package of its own, beside tests/moves, so that go test
+// runs the two suites of multi-process moves at the same time.
+package history
 
 import (
 	"context"
@@ -16,12 +24,8 @@ import (
 	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
-// Peer recovery (docs/architecture.md#peer-recovery): a planned move's
-// destination copies the source's mailbox, so the namespace URL keeps
-// answering history that Kafka has deleted. Each test produces the events,
-// lets the mailboxes store them, deletes the oldest 60 % of every partition
-// from Kafka (DeleteRecords, as retention would) and walks every page of the
-// namespaces' events through the gateway in a loop while moves happen.
+// batchWait keeps the runners' write batches short, so catch-up is quick.
+var batchWait = []string{"--batch-wait", "20ms"}
 
 const (
 	history       = "history.events"
@@ -38,16 +42,6 @@ func historyWorld(t *testing.T) *movetest.World {
 	w := movetest.New(t, kafkatest.Topics(2, history))
 	w.Kafka.ProduceEnvelopes(t, history, kafkatest.Envelopes(history, historyEvents)...)
 	return w
-}
-
-// ownedBy is the first namespace named prefix-0, prefix-1, ... whose partition placement gives owner among proxies.
-func ownedBy(prefix, owner string, proxies ...string) string {
-	tab := placement.Compute(proxies)
-	for i := 0; ; i++ {
-		if name := fmt.Sprintf("%s-%d", prefix, i); tab.Owner(placement.Partition(name)) == owner {
-			return name
-		}
-	}
 }
 
 // createHistory creates namespaces reading the history topic.
@@ -250,7 +244,7 @@ func TestMoveWithoutASourceFallsBackAndSaysSo(t *testing.T) {
 	w.StartProxy("proxy-1", batchWait...)
 	w.StartProxy("proxy-2", append(slices.Clone(batchWait), "--recovery-give-up", "3s")...)
 	w.AwaitProxies(two...)
-	ns := ownedBy("lost", "proxy-1", two...)
+	ns := movetest.OwnedBy("lost", "proxy-1", two...)
 	createHistory(w, ns)
 	w.StartGateway()
 	w.Served(map[string]string{ns: "proxy-1"}, func(n int64) bool { return n == historyEvents }, 60*time.Second)
@@ -320,7 +314,7 @@ func TestMoveWithoutPeerRecoveryLosesHistory(t *testing.T) {
 		w.StartProxy(id, append(slices.Clone(batchWait), "--peer-recovery=false")...)
 	}
 	w.AwaitProxies(two...)
-	ns := ownedBy("off", "proxy-1", two...)
+	ns := movetest.OwnedBy("off", "proxy-1", two...)
 	createHistory(w, ns)
 	w.StartGateway()
 	w.Served(map[string]string{ns: "proxy-1"}, func(n int64) bool { return n == historyEvents }, 60*time.Second)
