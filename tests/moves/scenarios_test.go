@@ -159,10 +159,15 @@ func TestDestinationDiesDuringCatchUp(t *testing.T) {
 	const big = "big.events"
 	w := movetest.New(t, kafkatest.Topics(2, big))
 	w.Kafka.ProduceEnvelopes(t, big, kafkatest.Envelopes(big, 20000)...)
-	for _, id := range []string{"proxy-1", "proxy-2"} {
+	ids := []string{"proxy-1", "proxy-2"}
+	for _, id := range ids {
 		w.StartProxy(id, batchWait...)
 	}
-	ns := movetest.OwnedBy("deep", "proxy-1", "proxy-1", "proxy-2")
+	// Both registered before the namespace is: placed while only one was,
+	// it would be moved by rebalancing, and the hand move below refused
+	// while that move's tail runs.
+	w.AwaitProxies(ids...)
+	ns := movetest.OwnedBy("deep", "proxy-1", ids...)
 	w.Admins.CreateNamespace(60*time.Second, ns, &adminv1.NamespaceConfig{Topics: []string{big}, Lease: movetest.Lease.Config()})
 	w.StartGateway()
 	testwait.For(t, 90*time.Second, ns+" caught up on proxy-1", func() (bool, string) {
