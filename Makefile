@@ -63,11 +63,13 @@ image:
 MODULES := . bench tools
 
 # The root module's packages that take longest (real processes, fault and
-# crash loops), longest first. go test starts packages in the order they are
-# named, -p at a time (the number of CPUs by default): named first, they run
-# beside the many short packages instead of after them as the run's tail.
-# ./... then adds the rest once each.
-SLOW_TESTS := ./tests/moves/... ./tests/chart/... ./tests/admin_cluster/... ./mailbox/store/... ./tests/...
+# crash loops, property tests of many cases under -race), longest first (as
+# measured in BENCHMARKS.md#make-test). go test starts packages in the order
+# they are named, -p at a time (the number of CPUs by default): named first,
+# they run beside the many short packages instead of after them as the run's
+# tail. ./tests/... and ./... then add the rest once each.
+SLOW_TESTS := ./tests/moves ./mailbox/store ./tests/admin_cluster ./tests/chart ./tests/sidecar_e2e \
+	./xds/cache ./tests/moves/history ./mailbox/runner ./mailbox/envelope ./tests/routing ./tests/recovery ./tests/...
 
 # The three modules' tests run at the same time, the root's output as it
 # comes and the others' after it (each module's go test prints whole
