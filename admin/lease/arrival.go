@@ -1,7 +1,6 @@
 package lease
 
 import (
-	"container/heap"
 	"slices"
 	"time"
 )
@@ -45,11 +44,10 @@ import (
 // past it they wait with their receipts open, in arrival order while the
 // queue is young and, once the leader is behind, most urgent first (the
 // lease or session whose expiry is nearest, its newest waiter). Let C be
-// the renewals a second the leader can process. Measured with
-// bench/adminbench -only overload (3 admins over mTLS and the client on one
-// 2-core machine, load average 2.0-4.4, BENCHMARKS.md): C = 24-28k session
-// keepalives a second, which at the sidecar's defaults (ttl 15 s, a
-// keepalive every 5 s) is 120-140k sidecars, whatever their mailboxes.
+// the renewals a second the leader can process (bench/adminbench -only
+// overload measures it; BENCHMARKS.md has the figures). At the sidecar's
+// defaults (ttl 15 s, a keepalive every 5 s) C keepalives a second keep 5C
+// sidecars, whatever their mailboxes.
 //
 // At 2x C the leader still processes C a second and the rest wait at the
 // gate. It renews every holder about once per 2/3 ttl (each sends three per
@@ -121,12 +119,8 @@ func (l *Lessor) receive(k arrivalKey) *Receipt {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := &Receipt{l: l, key: k, at: l.cfg.Clock.Now()}
-	if k.session != 0 {
-		if e, ok := l.sessions[k.session]; ok {
-			r.due, r.ttl = e.expires, e.session.GetTtl().AsDuration()
-		}
-	} else if e, ok := l.leases[k.mailbox]; ok {
-		r.due, r.ttl = e.expires, e.lease.GetTtl().AsDuration()
+	if c, _ := l.lifetimeOf(k); c != nil {
+		r.due, r.ttl = c.expires, c.ttl
 	}
 	l.arrivals[k] = append(l.arrivals[k], r.at)
 	return r
@@ -150,19 +144,26 @@ func (r *Receipt) Close() {
 	} else {
 		l.arrivals[r.key] = ts
 	}
-	// A hold this receipt set ends: the entry is due at its own deadline
+	// A hold this receipt set ends: the lifetime is due at its own deadline
 	// again, and the next scan looks at the receipts still open.
-	if r.key.session != 0 {
-		if e, ok := l.sessions[r.key.session]; ok && e.idx >= 0 && e.requested.IsZero() {
-			e.next = e.deadline()
-			heap.Fix(&l.sessionQueue, e.idx)
+	if c, q := l.lifetimeOf(r.key); c != nil {
+		q.reschedule(c)
+	}
+}
+
+// lifetimeOf is the lifetime k names and the queue it belongs in; nil if this
+// lessor has none.
+func (l *Lessor) lifetimeOf(k arrivalKey) (*lifetime, *lifetimeQueue) {
+	if k.session != 0 {
+		if e, ok := l.sessions[k.session]; ok {
+			return &e.lifetime, &l.sessionQueue
 		}
-		return
+		return nil, nil
 	}
-	if e, ok := l.leases[r.key.mailbox]; ok && e.idx >= 0 && e.requested.IsZero() {
-		e.next = e.deadline()
-		heap.Fix(&l.queue, e.idx)
+	if e, ok := l.leases[k.mailbox]; ok {
+		return &e.lifetime, &l.queue
 	}
+	return nil, nil
 }
 
 // deadlineWith is deadline as the open receipts for k that arrived before

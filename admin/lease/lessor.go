@@ -67,7 +67,6 @@
 package lease
 
 import (
-	"container/heap"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -113,17 +112,19 @@ type Lessor struct {
 	promotedAt time.Time
 	leases     map[string]*entry
 	// solo holds the leases of no session, the only ones queued: Promote
-	// walks them, not the sessions' (a million of them at issue 20's size).
+	// walks them, not the sessions' leases, which may be far more.
 	solo map[string]*entry
-	// queue orders leases by their next action time; only while primary.
-	queue expiryQueue
+	// queue orders the lifetimes of solo by their next action time (lifetime.go);
+	// only while primary.
+	queue lifetimeQueue
 	// dirty holds leases renewed since their last checkpoint.
 	dirty map[string]struct{}
 	// sessions mirrors the FSM's sessions (session.go); sessionQueue
-	// orders them by next action time, only while primary. A session's
-	// leases are in leases but never in queue: they live as long as it.
+	// orders their lifetimes by next action time, only while primary. A
+	// session's leases are in leases but never in queue: they live as long
+	// as it.
 	sessions     map[uint64]*sessionEntry
-	sessionQueue sessionQueue
+	sessionQueue lifetimeQueue
 	// arrivals are the open receipts' times by lease or session
 	// (arrival.go): renewals received and not yet done with.
 	arrivals map[arrivalKey][]time.Time
@@ -131,23 +132,17 @@ type Lessor struct {
 
 type entry struct {
 	// lease is the FSM's row (immutable): holder, epoch, ttl, grace.
-	lease         *adminv1.Lease
-	expires       time.Time
-	lastHeartbeat time.Time
-	stats         *adminv1.LeaseStats
-	// counted is the arrival of the latest heartbeat renewed on this node.
-	counted time.Time
-	// requested is when an expire was last requested; zero if never.
-	requested time.Time
-	// slot's next is expires + grace, or requested + retry.
-	slot
+	lease *adminv1.Lease
+	stats *adminv1.LeaseStats
+	lifetime
 }
 
 func newEntry(ls *adminv1.Lease) *entry {
-	return &entry{lease: ls, expires: ls.GetExpiresAt().AsTime(), lastHeartbeat: ls.GetLastHeartbeatAt().AsTime(), stats: ls.GetStats(), slot: slot{idx: -1}}
+	return &entry{lease: ls, stats: ls.GetStats(), lifetime: lifetime{
+		key: arrivalKey{mailbox: ls.GetMailboxId()}, ttl: ls.GetTtl().AsDuration(), grace: ls.GetGrace().AsDuration(),
+		expires: ls.GetExpiresAt().AsTime(), last: ls.GetLastHeartbeatAt().AsTime(), idx: -1,
+	}}
 }
-
-func (e *entry) deadline() time.Time { return e.expires.Add(e.lease.GetGrace().AsDuration()) }
 
 var _ fsm.LeaseObserver = (*Lessor)(nil)
 
@@ -195,7 +190,7 @@ func (l *Lessor) LeaseGranted(ls *adminv1.Lease) {
 	}
 	l.attach(e)
 	if l.primary && ls.GetSessionId() == 0 {
-		l.track(e)
+		l.queue.track(&e.lifetime)
 	}
 }
 
@@ -234,39 +229,19 @@ func (l *Lessor) drop(mailboxID string) {
 	if !ok {
 		return
 	}
-	if e.idx >= 0 {
-		heap.Remove(&l.queue, e.idx)
-	}
+	l.queue.remove(&e.lifetime)
 	l.detach(e)
 	delete(l.leases, mailboxID)
 	delete(l.solo, mailboxID)
 	delete(l.dirty, mailboxID)
 }
 
-func (l *Lessor) track(e *entry) {
-	e.requested = time.Time{}
-	e.next = e.deadline()
-	heap.Push(&l.queue, e)
-}
-
-// refresh gives every lease and session a full ttl plus the promotion
-// extension.
-//
-// The queues are built whole and heapified once, O(n), rather than pushed
-// one by one: a leader promoted over a million leases answers sooner. Their
-// order does not depend on how they were built (ties break by id).
+// refresh gives every lease of no session and every session a full ttl
+// plus the promotion extension (lifetimeQueue.refill).
 func (l *Lessor) refresh() {
 	now := l.cfg.Clock.Now()
-	l.queue = l.queue[:0]
-	for _, e := range l.solo {
-		e.expires = now.Add(e.lease.GetTtl().AsDuration() + l.cfg.ExtendOnPromote)
-		e.requested = time.Time{}
-		e.next = e.deadline()
-		e.idx = len(l.queue)
-		l.queue = append(l.queue, e)
-	}
-	heap.Init(&l.queue)
-	l.refreshSessions(now)
+	l.queue.refill(lifetimes(l.solo), now, l.cfg.ExtendOnPromote)
+	l.sessionQueue.refill(lifetimes(l.sessions), now, l.cfg.ExtendOnPromote)
 }
 
 // Promote makes this lessor primary; call it when the node becomes leader,
@@ -286,16 +261,9 @@ func (l *Lessor) Demote() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.primary = false
-	// Only queued entries have an index.
-	for _, e := range l.queue {
-		e.idx = -1
-	}
-	l.queue = nil
+	l.queue.clear()
 	clear(l.dirty)
-	for _, e := range l.sessionQueue {
-		e.idx = -1
-	}
-	l.sessionQueue = nil
+	l.sessionQueue.clear()
 }
 
 // Primary reports whether the lessor renews and expires.
@@ -342,39 +310,27 @@ func (l *Lessor) Renew(rc *Receipt, req *adminv1.MailboxHeartbeatRequest) *admin
 		return refusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_UNKNOWN_SESSION,
 			fmt.Sprintf("lease of %s belongs to session %d: renew the session (KeepAliveSession), not the lease", req.GetMailboxId(), sid), e.lease)
 	}
-	// An expiry already requested may commit whatever arrives now; a
-	// receipt that arrived in time held it off (arrival.go).
-	if at.After(l.deadlineWith(arrivalKey{mailbox: req.GetMailboxId()}, e.deadline(), at, e.lease.GetTtl().AsDuration()+e.lease.GetGrace().AsDuration())) || !e.requested.IsZero() {
+	if !l.renew(&l.queue, &e.lifetime, at) {
 		return refusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED,
 			"lease of "+req.GetMailboxId()+" expired at "+e.expires.UTC().Format(time.RFC3339Nano)+" (+grace); stop serving and acquire again", e.lease)
-	}
-	ttl := e.lease.GetTtl().AsDuration()
-	// Receipts may be processed out of order: one older than a receipt
-	// already counted would shorten the lease below what its holder was
-	// told, so it changes nothing.
-	if !at.Before(e.counted) {
-		e.expires, e.lastHeartbeat, e.counted = at.Add(ttl), at, at
 	}
 	if req.GetStats() != nil {
 		e.stats = req.GetStats()
 	}
-	e.requested = time.Time{}
-	e.next = e.deadline()
-	heap.Fix(&l.queue, e.idx)
 	l.dirty[req.GetMailboxId()] = struct{}{}
 	return &adminv1.MailboxHeartbeatResponse{
 		Renewed:   true,
 		ExpiresAt: timestamppb.New(e.expires),
-		Ttl:       durationpb.New(ttl),
+		Ttl:       durationpb.New(e.ttl),
 		Epoch:     e.lease.GetEpoch(),
 	}
 }
 
-// Expired returns leases past expires + grace, oldest deadline first, at
-// most as many as the rate limit allows now, except those a heartbeat
-// arrived in time for and is still being processed (arrival.go). Each is
-// offered again after ExpiryRetry unless the FSM removes it (or it is
-// renewed, which a holder cannot do once it is due) before then.
+// Expired returns the leases of no session that are due (lifetime.go: past
+// expires + grace, rate-limited, none a heartbeat arrived in time for and
+// is still being processed), oldest deadline first. Each is offered again
+// after ExpiryRetry unless the FSM removes it (or it is renewed, which a
+// holder cannot do once it is due) before then.
 func (l *Lessor) Expired() []*adminv1.LeaseRef {
 	now := l.cfg.Clock.Now()
 	l.mu.Lock()
@@ -383,23 +339,8 @@ func (l *Lessor) Expired() []*adminv1.LeaseRef {
 		return nil
 	}
 	var out []*adminv1.LeaseRef
-	for len(l.queue) > 0 {
-		e := l.queue[0]
-		if !now.After(e.next) {
-			break
-		}
-		if d := l.deadlineWith(arrivalKey{mailbox: e.lease.GetMailboxId()}, e.deadline(), time.Time{}, e.lease.GetTtl().AsDuration()+e.lease.GetGrace().AsDuration()); !now.After(d) {
-			e.next = d
-			heap.Fix(&l.queue, 0)
-			continue
-		}
-		if !l.limiter.AllowN(now, 1) {
-			break
-		}
-		out = append(out, &adminv1.LeaseRef{MailboxId: e.lease.GetMailboxId(), Epoch: e.lease.GetEpoch()})
-		e.requested = now
-		e.next = now.Add(l.cfg.ExpiryRetry)
-		heap.Fix(&l.queue, 0)
+	for _, c := range l.due(&l.queue, now) {
+		out = append(out, &adminv1.LeaseRef{MailboxId: c.key.mailbox, Epoch: l.leases[c.key.mailbox].lease.GetEpoch()})
 	}
 	return out
 }
@@ -423,7 +364,7 @@ func (l *Lessor) Checkpoints(max int) []*adminv1.LeaseCheckpoint {
 			MailboxId:       id,
 			Epoch:           e.lease.GetEpoch(),
 			ExpiresAt:       timestamppb.New(e.expires),
-			LastHeartbeatAt: timestamppb.New(e.lastHeartbeat),
+			LastHeartbeatAt: timestamppb.New(e.last),
 			Stats:           e.stats,
 		})
 	}
@@ -443,11 +384,11 @@ func (l *Lessor) Annotate(ls *adminv1.Lease) *adminv1.Lease {
 	out := proto.CloneOf(ls)
 	if s, ok := l.sessions[ls.GetSessionId()]; ok {
 		out.ExpiresAt = timestamppb.New(s.expires)
-		out.LastHeartbeatAt = timestamppb.New(s.lastKeepAlive)
+		out.LastHeartbeatAt = timestamppb.New(s.last)
 		return out
 	}
 	out.ExpiresAt = timestamppb.New(e.expires)
-	out.LastHeartbeatAt = timestamppb.New(e.lastHeartbeat)
+	out.LastHeartbeatAt = timestamppb.New(e.last)
 	if e.stats != nil {
 		out.Stats = proto.CloneOf(e.stats)
 	}
@@ -479,65 +420,4 @@ func (l *Lessor) StaleProxies(proxies []*adminv1.Proxy, staleAfter time.Duration
 		}
 	}
 	return out
-}
-
-// expiryQueue is a min-heap on next, ties by mailbox id so the order of
-// requests is deterministic.
-type expiryQueue = deadlineQueue[*entry]
-
-func (e *entry) tieBefore(o *entry) bool { return e.lease.GetMailboxId() < o.lease.GetMailboxId() }
-
-// slot is an entry's place in a deadlineQueue: its key and index.
-type slot struct {
-	// next is the queue key: the deadline, or when an expire request is
-	// retried.
-	next time.Time
-	idx  int
-}
-
-func (s *slot) queued() *slot { return s }
-
-// queueable is what a deadlineQueue holds: an entry with a slot, and its
-// own order among entries of equal deadline.
-type queueable[E any] interface {
-	queued() *slot
-	tieBefore(E) bool
-}
-
-// Both entry kinds are queued; this also tells linters that read generic
-// constraints poorly that their methods are used.
-var (
-	_ queueable[*entry]        = (*entry)(nil)
-	_ queueable[*sessionEntry] = (*sessionEntry)(nil)
-)
-
-// deadlineQueue is a container/heap min-heap of the lessor's entries (leases
-// and sessions alike) on next, ties broken by the entry's own order.
-type deadlineQueue[E queueable[E]] []E
-
-func (q deadlineQueue[E]) Len() int { return len(q) }
-func (q deadlineQueue[E]) Less(i, j int) bool {
-	a, b := q[i].queued(), q[j].queued()
-	if !a.next.Equal(b.next) {
-		return a.next.Before(b.next)
-	}
-	return q[i].tieBefore(q[j])
-}
-func (q deadlineQueue[E]) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].queued().idx, q[j].queued().idx = i, j
-}
-func (q *deadlineQueue[E]) Push(x any) {
-	e := x.(E)
-	e.queued().idx = len(*q)
-	*q = append(*q, e)
-}
-func (q *deadlineQueue[E]) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	var zero E
-	old[len(old)-1] = zero
-	e.queued().idx = -1
-	*q = old[:len(old)-1]
-	return e
 }

@@ -1,7 +1,6 @@
 package lease
 
 import (
-	"container/heap"
 	"fmt"
 	"time"
 
@@ -15,7 +14,8 @@ import (
 // # Sessions
 //
 // A session (admin/fsm/session.go) is renewed and expired here exactly as a
-// lease is, with one entry per session instead of one per mailbox: its
+// lease is, by the same lifetime rules (lifetime.go), with one lifetime per session
+// instead of one per mailbox: its
 // leases are mirrored but never queued, so a keepalive costs O(log
 // sessions) whatever the number of leases, and an expiry is one request
 // naming the session, which the FSM turns into the removal of all its leases
@@ -41,36 +41,20 @@ import (
 // is honoured only when every lease of the session has it.
 
 type sessionEntry struct {
-	session       *adminv1.Session
-	expires       time.Time
-	lastKeepAlive time.Time
-	// counted is the arrival of the latest keepalive renewed on this node
-	// (see Renew).
-	counted   time.Time
-	requested time.Time
-	// graces counts the session's leases by grace; maxGrace is the
-	// largest (see Sessions above).
-	graces   map[time.Duration]int
-	maxGrace time.Duration
-	slot
+	session *adminv1.Session
+	// graces counts the session's leases by grace; the lifetime's grace is
+	// the largest, or the session's own while it holds none (see Sessions
+	// above).
+	graces map[time.Duration]int
+	lifetime
 }
 
 func newSessionEntry(s *adminv1.Session) *sessionEntry {
-	return &sessionEntry{
-		session: s, expires: s.GetExpiresAt().AsTime(), lastKeepAlive: s.GetOpenedAt().AsTime(),
-		graces: map[time.Duration]int{}, slot: slot{idx: -1},
-	}
+	return &sessionEntry{session: s, graces: map[time.Duration]int{}, lifetime: lifetime{
+		key: arrivalKey{session: s.GetId()}, ttl: s.GetTtl().AsDuration(), grace: s.GetGrace().AsDuration(),
+		expires: s.GetExpiresAt().AsTime(), last: s.GetOpenedAt().AsTime(), idx: -1,
+	}}
 }
-
-// grace is how long after expires the session may be ended.
-func (e *sessionEntry) grace() time.Duration {
-	if len(e.graces) == 0 {
-		return e.session.GetGrace().AsDuration()
-	}
-	return e.maxGrace
-}
-
-func (e *sessionEntry) deadline() time.Time { return e.expires.Add(e.grace()) }
 
 // attach counts lease e's grace in its session, if it has one.
 func (l *Lessor) attach(e *entry) {
@@ -109,17 +93,17 @@ func (l *Lessor) reattach() {
 	}
 }
 
-// graceChanged recomputes s's largest grace and, while it is queued and no
-// expiry is requested, moves it to its new deadline.
+// graceChanged recomputes s's grace and, while it is queued and no expiry
+// is requested, moves it to its new deadline.
 func (l *Lessor) graceChanged(s *sessionEntry) {
-	s.maxGrace = 0
-	for g := range s.graces {
-		s.maxGrace = max(s.maxGrace, g)
+	s.grace = s.session.GetGrace().AsDuration()
+	if len(s.graces) > 0 {
+		s.grace = 0
+		for g := range s.graces {
+			s.grace = max(s.grace, g)
+		}
 	}
-	if s.idx >= 0 && s.requested.IsZero() {
-		s.next = s.deadline()
-		heap.Fix(&l.sessionQueue, s.idx)
-	}
+	l.sessionQueue.reschedule(&s.lifetime)
 }
 
 var _ fsm.SessionObserver = (*Lessor)(nil)
@@ -133,7 +117,7 @@ func (l *Lessor) SessionOpened(s *adminv1.Session) {
 	e := newSessionEntry(s)
 	l.sessions[s.GetId()] = e
 	if l.primary {
-		l.trackSession(e)
+		l.sessionQueue.track(&e.lifetime)
 	}
 }
 
@@ -156,7 +140,7 @@ func (l *Lessor) SessionsRestored(sessions []*adminv1.Session) {
 	}
 	l.reattach()
 	if l.primary {
-		l.refreshSessions(l.cfg.Clock.Now())
+		l.sessionQueue.refill(lifetimes(l.sessions), l.cfg.Clock.Now(), l.cfg.ExtendOnPromote)
 	}
 }
 
@@ -165,28 +149,8 @@ func (l *Lessor) dropSession(id uint64) {
 	if !ok {
 		return
 	}
-	if e.idx >= 0 {
-		heap.Remove(&l.sessionQueue, e.idx)
-	}
+	l.sessionQueue.remove(&e.lifetime)
 	delete(l.sessions, id)
-}
-
-func (l *Lessor) trackSession(e *sessionEntry) {
-	e.requested = time.Time{}
-	e.next = e.deadline()
-	heap.Push(&l.sessionQueue, e)
-}
-
-func (l *Lessor) refreshSessions(now time.Time) {
-	l.sessionQueue = l.sessionQueue[:0]
-	for _, e := range l.sessions {
-		e.expires = now.Add(e.session.GetTtl().AsDuration() + l.cfg.ExtendOnPromote)
-		e.requested = time.Time{}
-		e.next = e.deadline()
-		e.idx = len(l.sessionQueue)
-		l.sessionQueue = append(l.sessionQueue, e)
-	}
-	heap.Init(&l.sessionQueue)
 }
 
 // Sessions is the number of sessions mirrored.
@@ -220,27 +184,17 @@ func (l *Lessor) KeepAlive(rc *Receipt, req *adminv1.KeepAliveSessionRequest) (*
 	if e.session.GetProxyId() != req.GetProxyId() {
 		return nil, fmt.Errorf("keepalive: session %d is not proxy %s's: %w", req.GetSessionId(), req.GetProxyId(), fsm.ErrSessionNotOwned)
 	}
-	// An expiry already requested may commit whatever arrives now; a
-	// receipt that arrived in time held it off (arrival.go).
-	if at.After(l.deadlineWith(arrivalKey{session: req.GetSessionId()}, e.deadline(), at, e.session.GetTtl().AsDuration()+e.grace())) || !e.requested.IsZero() {
+	if !l.renew(&l.sessionQueue, &e.lifetime, at) {
 		return keepAliveRefusal(adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_EXPIRED,
 			fmt.Sprintf("session %d expired at %s (+grace); stop serving its mailboxes and open a new one", req.GetSessionId(), e.expires.UTC().Format(time.RFC3339Nano))), nil
 	}
-	ttl := e.session.GetTtl().AsDuration()
-	if !at.Before(e.counted) {
-		e.expires, e.lastKeepAlive, e.counted = at.Add(ttl), at, at
-	}
-	e.requested = time.Time{}
-	e.next = e.deadline()
-	heap.Fix(&l.sessionQueue, e.idx)
-	return &adminv1.KeepAliveSessionResponse{Renewed: true, ExpiresAt: timestamppb.New(e.expires), Ttl: durationpb.New(ttl)}, nil
+	return &adminv1.KeepAliveSessionResponse{Renewed: true, ExpiresAt: timestamppb.New(e.expires), Ttl: durationpb.New(e.ttl)}, nil
 }
 
-// ExpiredSessions returns the sessions past expires + grace, oldest deadline
-// first, under the same rate limit as Expired and with the same exception
-// for keepalives that arrived in time and are still being processed. The caller commits them as
-// one ExpireSessionsCommand; each is offered again after ExpiryRetry unless
-// the FSM ends it before then.
+// ExpiredSessions returns the sessions that are due by the rule of Expired
+// (lifetime.go), under the same rate limit, oldest deadline first. The caller
+// commits them as one ExpireSessionsCommand; each is offered again after
+// ExpiryRetry unless the FSM ends it before then.
 func (l *Lessor) ExpiredSessions() []uint64 {
 	now := l.cfg.Clock.Now()
 	l.mu.Lock()
@@ -249,31 +203,11 @@ func (l *Lessor) ExpiredSessions() []uint64 {
 		return nil
 	}
 	var out []uint64
-	for len(l.sessionQueue) > 0 {
-		e := l.sessionQueue[0]
-		if !now.After(e.next) {
-			break
-		}
-		if d := l.deadlineWith(arrivalKey{session: e.session.GetId()}, e.deadline(), time.Time{}, e.session.GetTtl().AsDuration()+e.grace()); !now.After(d) {
-			e.next = d
-			heap.Fix(&l.sessionQueue, 0)
-			continue
-		}
-		if !l.limiter.AllowN(now, 1) {
-			break
-		}
-		out = append(out, e.session.GetId())
-		e.requested = now
-		e.next = now.Add(l.cfg.ExpiryRetry)
-		heap.Fix(&l.sessionQueue, 0)
+	for _, c := range l.due(&l.sessionQueue, now) {
+		out = append(out, c.key.session)
 	}
 	return out
 }
-
-// sessionQueue is a min-heap on next, ties by session id.
-type sessionQueue = deadlineQueue[*sessionEntry]
-
-func (e *sessionEntry) tieBefore(o *sessionEntry) bool { return e.session.GetId() < o.session.GetId() }
 
 // ValidateKeepAlive checks a keepalive request before KeepAlive.
 func ValidateKeepAlive(req *adminv1.KeepAliveSessionRequest) error {
