@@ -163,11 +163,18 @@ func (s *Server) DeleteNamespace(ctx context.Context, req *adminv1.DeleteNamespa
 	return resp, err
 }
 
-func (s *Server) AcquireLease(ctx context.Context, req *adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error) {
-	if err := s.admitLease(req.GetMailboxId()); err != nil {
-		return nil, err
+// admitHolder admits a request that makes a runner a holder (AcquireLease,
+// OpenSession): quota is the refusal of its quota check, if any, and the
+// runner's address must be one the admin may route to (networks.go).
+func (s *Server) admitHolder(quota error, runnerAddress string) error {
+	if quota != nil {
+		return quota
 	}
-	if err := s.admitAddress("runner_address", req.GetRunnerAddress()); err != nil {
+	return s.admitAddress("runner_address", runnerAddress)
+}
+
+func (s *Server) AcquireLease(ctx context.Context, req *adminv1.AcquireLeaseRequest) (*adminv1.AcquireLeaseResponse, error) {
+	if err := s.admitHolder(s.admitLease(req.GetMailboxId()), req.GetRunnerAddress()); err != nil {
 		return nil, err
 	}
 	resp, err := write(s, ctx, "AcquireLease",
@@ -189,37 +196,60 @@ func (s *Server) ReleaseLease(ctx context.Context, req *adminv1.ReleaseLeaseRequ
 		})
 }
 
-// MailboxHeartbeat renews in the leader's lessor. It is not a Raft write, so
-// raft's view that this node leads is not enough: a leader resumed from a
-// pause still believes it leads. The renewal is given only under a quorum
-// confirmation younger than LeaderLease, taken after the request arrived
-// (admin/leadership argues why no two holders can overlap), and only if
-// raft still reports this node leader once the lessor has answered. It
-// counts from its arrival, the receipt taken first (admin/lease,
-// arrival.go), and is never refused for load.
+// MailboxHeartbeat renews a lease of no session in the leader's lessor
+// (renewal).
 func (s *Server) MailboxHeartbeat(ctx context.Context, req *adminv1.MailboxHeartbeatRequest) (*adminv1.MailboxHeartbeatResponse, error) {
 	if err := lease.ValidateRenew(req); err != nil {
 		return nil, toStatus(err)
 	}
-	resp, err := leaderCall(s, ctx, "MailboxHeartbeat", func(ctx context.Context) (*adminv1.MailboxHeartbeatResponse, error) {
+	return renewal(s, ctx, "MailboxHeartbeat",
+		func() *lease.Receipt { return s.lessor.ReceiveHeartbeat(req.GetMailboxId()) },
+		func(rc *lease.Receipt) (*adminv1.MailboxHeartbeatResponse, error) {
+			return s.lessor.Renew(rc, req), nil
+		},
+		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.MailboxHeartbeatResponse, error) {
+			return adminv1.NewControlPlaneClient(cc).MailboxHeartbeat(ctx, req)
+		})
+}
+
+// renewal answers a renewal, a lease's heartbeat or a session's keepalive,
+// in the leader's lessor (docs/architecture.md#leader-change): receive takes
+// its receipt, renew judges it. It is not a Raft write, so raft's view that
+// this node leads is not enough: a leader resumed from a pause still
+// believes it leads. The renewal is given only under a quorum confirmation
+// younger than LeaderLease, taken after the request arrived (renewalWait;
+// admin/leadership argues why no two holders can overlap), and only if raft
+// still reports this node leader once the lessor has answered; otherwise
+// the call goes to the leader (leaderCall). It counts from its arrival, the
+// receipt taken first (admin/lease, arrival.go), and is never refused for
+// load: admission.go sheds new work instead, since one lost keepalive can
+// end a thousand leases.
+func renewal[Resp interface{ GetRefusal() *adminv1.LeaseRefusal }](s *Server, ctx context.Context, method string,
+	receive func() *lease.Receipt,
+	renew func(*lease.Receipt) (Resp, error),
+	remote func(context.Context, *grpc.ClientConn) (Resp, error),
+) (Resp, error) {
+	resp, err := leaderCall(s, ctx, method, func(ctx context.Context) (Resp, error) {
+		var zero Resp
 		if !s.node.IsRaftLeader() || !s.lessor.Primary() {
-			return nil, raftnode.ErrNotLeader
+			return zero, raftnode.ErrNotLeader
 		}
-		rc := s.lessor.ReceiveHeartbeat(req.GetMailboxId())
+		rc := receive()
 		defer rc.Close()
 		leave, err := s.renewalWait(ctx, rc)
 		if err != nil {
-			return nil, err
+			return zero, err
 		}
 		defer leave()
-		r := s.lessor.Renew(rc, req)
+		r, err := renew(rc)
+		if err != nil {
+			return zero, err
+		}
 		if r.GetRefusal().GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER || !s.node.IsRaftLeader() {
-			return nil, raftnode.ErrNotLeader
+			return zero, raftnode.ErrNotLeader
 		}
 		return r, nil
-	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.MailboxHeartbeatResponse, error) {
-		return adminv1.NewControlPlaneClient(cc).MailboxHeartbeat(ctx, req)
-	})
+	}, remote)
 	return resp, toStatus(err)
 }
 

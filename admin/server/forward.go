@@ -51,32 +51,65 @@ func forwarded(ctx context.Context) bool {
 }
 
 // leaderCall runs local on the leader or re-issues the call on the leader
-// with remote. While there is no usable leader (election, leadership moved,
-// leader unreachable) it waits for the next leadership change and tries
-// again, until the caller's deadline or ForwardWait, but only after failures
-// that prove the call did not run: a write applied by a dying leader and
-// then again by its successor would answer the client with the second
-// outcome, which a linearizable history cannot explain.
+// with remote (untilLeader), waiting for a leader until the caller's
+// deadline or ForwardWait. It retries only after failures that prove the
+// call did not run: a write applied by a dying leader and then again by its
+// successor would answer the client with the second outcome, which a
+// linearizable history cannot explain.
 func leaderCall[Resp any](s *Server, ctx context.Context, method string,
 	local func(context.Context) (Resp, error),
 	remote func(context.Context, *grpc.ClientConn) (Resp, error),
 ) (Resp, error) {
-	var zero Resp
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ForwardWait)
 	defer cancel()
+	var resp Resp
+	err := s.untilLeader(ctx, ctx, method, func() (bool, error) {
+		r, err := local(ctx)
+		if errors.Is(err, raftnode.ErrNotLeader) {
+			return false, err
+		}
+		resp = r
+		return true, err
+	}, func(out context.Context, cc *grpc.ClientConn) (bool, error) {
+		start := time.Now()
+		r, err := remote(out, cc)
+		s.metrics.observeForward(method, err, time.Since(start))
+		if retryableForward(err) {
+			return false, err
+		}
+		resp = r
+		return true, err
+	})
+	return resp, err
+}
+
+// untilLeader runs a call where it can be answered: local while this node
+// leads, else remote on the leader over a forwarding connection, with out
+// marking the call forwarded and naming the original caller, whom the
+// leader authorizes again (this node's admin identity only vouches for who
+// that caller is). Each attempt says whether its answer is final. While
+// there is no usable leader (election, leadership moved, leader
+// unreachable) or an attempt was not final, it waits for the next
+// leadership change and tries again until wait ends, then answers
+// Unavailable with the last failure. A call that was forwarded to this node
+// is never forwarded again: the forwarding follower retries, and a second
+// hop could loop.
+func (s *Server) untilLeader(ctx, wait context.Context, method string,
+	local func() (final bool, err error),
+	remote func(out context.Context, cc *grpc.ClientConn) (final bool, err error),
+) error {
 	lastErr := errors.New("no leader known")
 	for {
 		l, changed := s.node.Leadership()
 		switch {
 		case l.IsLeader:
-			resp, err := local(ctx)
-			if !errors.Is(err, raftnode.ErrNotLeader) {
-				return resp, err
+			final, err := local()
+			if final {
+				return err
 			}
 			lastErr = err
 		case forwarded(ctx):
-			// The forwarding follower retries; a second hop could loop.
-			return zero, notLeaderError(l, s.grpcAddr(l.LeaderID))
+			return notLeaderError(l, s.grpcAddr(l.LeaderID))
 		case l.LeaderID != "" && l.LeaderID != s.node.ID():
 			addr := s.grpcAddr(l.LeaderID)
 			if addr == "" {
@@ -85,25 +118,21 @@ func leaderCall[Resp any](s *Server, ctx context.Context, method string,
 			}
 			cc, err := s.pool.Get(addr)
 			if err != nil {
-				return zero, status.Error(codes.Internal, err.Error())
+				return status.Error(codes.Internal, err.Error())
 			}
-			// The leader authorizes the original caller again: this node's
-			// admin identity only vouches for who that caller is.
 			out := forwardCaller(ctx, metadata.AppendToOutgoingContext(ctx, forwardedKey, s.node.ID()))
-			start := time.Now()
-			resp, err := remote(out, cc)
-			s.metrics.observeForward(method, err, time.Since(start))
-			if !retryableForward(err) {
-				return resp, err
+			final, err := remote(out, cc)
+			if final {
+				return err
 			}
 			lastErr = fmt.Errorf("forward to %s at %s: %w", l.LeaderID, addr, err)
 		}
 		select {
-		case <-ctx.Done():
+		case <-wait.Done():
 			if st, ok := status.FromError(lastErr); ok && st.Code() == codes.Unavailable {
-				return zero, lastErr
+				return lastErr
 			}
-			return zero, status.Errorf(codes.Unavailable, "%s: no leader reachable: %v", method, lastErr)
+			return status.Errorf(codes.Unavailable, "%s: no leader reachable: %v", method, lastErr)
 		case <-changed:
 		case <-time.After(25 * time.Millisecond):
 			// A leader that died keeps its id until followers time out; poll

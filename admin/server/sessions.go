@@ -5,7 +5,6 @@ import (
 
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
-	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/mesh/identity"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/grpc"
@@ -55,10 +54,7 @@ func (s *Server) ownedSession(proxyID string, id uint64) error {
 
 func (x sessions) OpenSession(ctx context.Context, req *adminv1.OpenSessionRequest) (*adminv1.OpenSessionResponse, error) {
 	s := x.s
-	if err := s.admitSession(req.GetProxyId()); err != nil {
-		return nil, err
-	}
-	if err := s.admitAddress("runner_address", req.GetRunnerAddress()); err != nil {
+	if err := s.admitHolder(s.admitSession(req.GetProxyId()), req.GetRunnerAddress()); err != nil {
 		return nil, err
 	}
 	resp, err := write(s, ctx, "OpenSession",
@@ -72,14 +68,8 @@ func (x sessions) OpenSession(ctx context.Context, req *adminv1.OpenSessionReque
 	return resp, err
 }
 
-// KeepAliveSession renews in the leader's lessor under exactly the guard of
-// MailboxHeartbeat: a quorum confirmation younger than LeaderLease taken
-// after the request arrived, and raft still reporting this node leader once
-// the lessor has answered, so a leader resumed from a pause does not renew.
-//
-// A keepalive is never refused for load (admission.go sheds new work
-// instead: one lost keepalive can end a thousand leases), and it counts from
-// its arrival, the receipt taken first (admin/lease, arrival.go).
+// KeepAliveSession renews a session, and so every lease it holds, in the
+// leader's lessor, by the one renewal path of MailboxHeartbeat (renewal).
 func (x sessions) KeepAliveSession(ctx context.Context, req *adminv1.KeepAliveSessionRequest) (resp *adminv1.KeepAliveSessionResponse, err error) {
 	s := x.s
 	if !forwarded(ctx) {
@@ -91,29 +81,12 @@ func (x sessions) KeepAliveSession(ctx context.Context, req *adminv1.KeepAliveSe
 	if err := s.ownedSession(req.GetProxyId(), req.GetSessionId()); err != nil {
 		return nil, err
 	}
-	resp, err = leaderCall(s, ctx, "KeepAliveSession", func(ctx context.Context) (*adminv1.KeepAliveSessionResponse, error) {
-		if !s.node.IsRaftLeader() || !s.lessor.Primary() {
-			return nil, raftnode.ErrNotLeader
-		}
-		rc := s.lessor.ReceiveKeepAlive(req.GetSessionId())
-		defer rc.Close()
-		leave, err := s.renewalWait(ctx, rc)
-		if err != nil {
-			return nil, err
-		}
-		defer leave()
-		r, err := s.lessor.KeepAlive(rc, req)
-		if err != nil {
-			return nil, err
-		}
-		if r.GetRefusal().GetReason() == adminv1.LeaseRefusalReason_LEASE_REFUSAL_REASON_NOT_LEADER || !s.node.IsRaftLeader() {
-			return nil, raftnode.ErrNotLeader
-		}
-		return r, nil
-	}, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.KeepAliveSessionResponse, error) {
-		return adminv1.NewSessionsClient(cc).KeepAliveSession(ctx, req)
-	})
-	return resp, toStatus(err)
+	return renewal(s, ctx, "KeepAliveSession",
+		func() *lease.Receipt { return s.lessor.ReceiveKeepAlive(req.GetSessionId()) },
+		func(rc *lease.Receipt) (*adminv1.KeepAliveSessionResponse, error) { return s.lessor.KeepAlive(rc, req) },
+		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.KeepAliveSessionResponse, error) {
+			return adminv1.NewSessionsClient(cc).KeepAliveSession(ctx, req)
+		})
 }
 
 func (x sessions) CloseSession(ctx context.Context, req *adminv1.CloseSessionRequest) (*adminv1.CloseSessionResponse, error) {

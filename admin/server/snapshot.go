@@ -3,12 +3,10 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-mesh/prism/admin/backup"
@@ -22,44 +20,28 @@ const snapshotChunk = 1 << 20
 
 // SaveSnapshot streams a copy of the leader's FSM taken after the ReadIndex
 // barrier, so it holds every write acknowledged before the call. A follower
-// relays the leader's stream (one hop, like leaderCall), and while no leader
-// is known it waits within the caller's deadline or ForwardWait; a relay is
-// retried only before its first message, as nothing has reached the client.
+// relays the leader's stream (one hop, untilLeader like leaderCall), and
+// while no leader is known it waits within the caller's deadline or
+// ForwardWait; a relay is retried only before its first message, as nothing
+// has reached the client. The wait for a leader is bounded; the transfer is
+// not, beyond the client's own deadline.
 func (s *Server) SaveSnapshot(req *adminv1.SaveSnapshotRequest, stream adminv1.Admin_SaveSnapshotServer) error {
-	// The wait for a leader is bounded; the transfer is not, beyond the
-	// client's own deadline.
 	ctx := stream.Context()
 	wait, cancel := context.WithTimeout(ctx, s.cfg.ForwardWait)
 	defer cancel()
-	lastErr := errors.New("no leader known")
-	for {
-		l, changed := s.node.Leadership()
+	return s.untilLeader(ctx, wait, "SaveSnapshot", func() (bool, error) {
+		err := s.node.ReadBarrier(wait, s.leader.Since)
 		switch {
-		case l.IsLeader:
-			err := s.node.ReadBarrier(wait, s.leader.Since)
-			if err == nil {
-				return s.sendSnapshot(stream)
-			}
-			if !errors.Is(err, raftnode.ErrNotLeader) {
-				return toStatus(err)
-			}
-			lastErr = err
-		case forwarded(ctx):
-			return notLeaderError(l, s.grpcAddr(l.LeaderID))
-		case l.LeaderID != "" && l.LeaderID != s.node.ID():
-			sent, err := s.relaySnapshot(ctx, stream, l.LeaderID, req)
-			if sent || !retryableForward(err) && status.Code(err) != codes.Unavailable {
-				return err
-			}
-			lastErr = err
+		case err == nil:
+			return true, s.sendSnapshot(stream)
+		case errors.Is(err, raftnode.ErrNotLeader):
+			return false, err
 		}
-		select {
-		case <-wait.Done():
-			return status.Errorf(codes.Unavailable, "SaveSnapshot: no leader reachable: %v", lastErr)
-		case <-changed:
-		case <-time.After(25 * time.Millisecond):
-		}
-	}
+		return true, toStatus(err)
+	}, func(out context.Context, cc *grpc.ClientConn) (bool, error) {
+		sent, err := relaySnapshot(out, cc, stream, req)
+		return sent || !retryableForward(err) && status.Code(err) != codes.Unavailable, err
+	})
 }
 
 func (s *Server) sendSnapshot(stream adminv1.Admin_SaveSnapshotServer) error {
@@ -81,21 +63,12 @@ func (s *Server) sendSnapshot(stream adminv1.Admin_SaveSnapshotServer) error {
 	return nil
 }
 
-// relaySnapshot copies the leader's SaveSnapshot stream to the client. sent
-// says whether anything reached the client.
-func (s *Server) relaySnapshot(ctx context.Context, stream adminv1.Admin_SaveSnapshotServer, leader string, req *adminv1.SaveSnapshotRequest) (sent bool, err error) {
-	addr := s.grpcAddr(leader)
-	if addr == "" {
-		return false, status.Errorf(codes.Unavailable, "gRPC address of leader %s unknown", leader)
-	}
-	cc, err := s.pool.Get(addr)
-	if err != nil {
-		return false, status.Error(codes.Internal, err.Error())
-	}
-	out := forwardCaller(ctx, metadata.AppendToOutgoingContext(ctx, forwardedKey, s.node.ID()))
+// relaySnapshot copies the leader's SaveSnapshot stream, called on cc, to
+// the client. sent says whether anything reached the client.
+func relaySnapshot(out context.Context, cc *grpc.ClientConn, stream adminv1.Admin_SaveSnapshotServer, req *adminv1.SaveSnapshotRequest) (sent bool, err error) {
 	rs, err := adminv1.NewAdminClient(cc).SaveSnapshot(out, req)
 	if err != nil {
-		return false, fmt.Errorf("forward to %s at %s: %w", leader, addr, err)
+		return false, err
 	}
 	for {
 		m, err := rs.Recv()
