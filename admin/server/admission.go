@@ -16,8 +16,9 @@ import (
 )
 
 // Admission bounds the work the leader takes on, so that when it cannot
-// keep up it refuses new work before a renewal is lost (issue 20), and it
-// decides by the queues it measures, not by a rate guessed in advance.
+// keep up it refuses new work before a renewal is lost
+// (docs/architecture.md#sessions, overload), and it decides by the queues it
+// measures, not by a rate guessed in advance.
 //
 // Renewals (MailboxHeartbeat, KeepAliveSession) have their own budget, the
 // renewal gate (renewalgate.go): at most MaxRenewalsInFlight past it at

@@ -35,8 +35,8 @@ const (
 // forwardDialOptions are the options of a follower's connections to the
 // leader. Their call limits are the server's, so a forwarded call succeeds
 // exactly when the leader would answer it directly: with gRPC's default 4 MiB
-// receive limit a list of ~10k namespaces failed ResourceExhausted on the
-// follower. TrackSent lets a forward learn whether a failed call ever left
+// receive limit, a follower would refuse ResourceExhausted an answer the
+// leader gives (a list of ~10k namespaces is larger). TrackSent lets a forward learn whether a failed call ever left
 // this node (retryableForward).
 func forwardDialOptions() []grpc.DialOption {
 	return []grpc.DialOption{

@@ -453,18 +453,28 @@ func (s *Server) expireDue(ctx context.Context) {
 	if len(refs) == 0 {
 		return
 	}
-	res, err := s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_ExpireLeases{
+	commitExpiry(s, ctx, "lease", len(refs), &adminv1.Command{Body: &adminv1.Command_ExpireLeases{
 		ExpireLeases: &adminv1.ExpireLeasesCommand{Leases: refs},
-	}})
-	if err != nil {
-		s.log.Warn("commit lease expiry", "leases", len(refs), "err", err)
-		return
-	}
-	if r, ok := res.(*fsm.ExpireResult); ok {
+	}}, func(r *fsm.ExpireResult) {
 		s.metrics.expirations.Add(float64(len(r.Expired)))
 		for _, l := range r.Expired {
 			s.log.Info("lease expired", "mailbox_id", l.GetMailboxId(), "runner_id", l.GetRunnerId(), "epoch", l.GetEpoch())
 		}
+	})
+}
+
+// commitExpiry commits cmd, the expiry of n leases or sessions (kind
+// "lease" or "session") the lessor found due, and hands the FSM's result to ended. An expiry that
+// does not commit is only logged: the lessor offers it again after
+// ExpiryRetry.
+func commitExpiry[R any](s *Server, ctx context.Context, kind string, n int, cmd *adminv1.Command, ended func(R)) {
+	res, err := s.propose(ctx, cmd)
+	if err != nil {
+		s.log.Warn("commit "+kind+" expiry", kind+"s", n, "err", err)
+		return
+	}
+	if r, ok := res.(R); ok {
+		ended(r)
 	}
 }
 

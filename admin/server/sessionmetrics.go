@@ -10,7 +10,8 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// sessionMetrics count sessions' keepalives and ends (issue 20). A keepalive
+// sessionMetrics count sessions' keepalives and ends
+// (docs/architecture.md#sessions). A keepalive
 // or close is counted on the node the caller reached (a forward is counted
 // there, not again on the leader); an expiry on the leader that committed
 // it. The open sessions and their leases are read from the FSM at scrape.

@@ -141,14 +141,9 @@ func (s *Server) expireSessions(ctx context.Context) {
 	if len(ids) == 0 {
 		return
 	}
-	res, err := s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_ExpireSessions{
+	commitExpiry(s, ctx, "session", len(ids), &adminv1.Command{Body: &adminv1.Command_ExpireSessions{
 		ExpireSessions: &adminv1.ExpireSessionsCommand{SessionIds: ids},
-	}})
-	if err != nil {
-		s.log.Warn("commit session expiry", "sessions", len(ids), "err", err)
-		return
-	}
-	if r, ok := res.(*fsm.ExpireSessionsResult); ok {
+	}}, func(r *fsm.ExpireSessionsResult) {
 		s.metrics.expirations.Add(float64(len(r.Leases)))
 		ended := map[uint64]int{}
 		for _, l := range r.Leases {
@@ -158,5 +153,5 @@ func (s *Server) expireSessions(ctx context.Context) {
 			s.metrics.sessions.sessionEnded("expired", ended[sess.GetId()])
 			s.log.Info("session expired", "session_id", sess.GetId(), "proxy_id", sess.GetProxyId(), "runner_id", sess.GetRunnerId(), "leases", ended[sess.GetId()])
 		}
-	}
+	})
 }
