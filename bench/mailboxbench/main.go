@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prism-mesh/prism/mailbox/store"
@@ -199,6 +200,10 @@ func benchStore(c config, dir string, queries map[string][]query) error {
 	cpu0 := cpuTime()
 	var raw int64
 	wall := time.Now()
+	var written atomic.Int64
+	stop := make(chan struct{})
+	during := make(chan duringResult, 1)
+	go func() { during <- queryDuring(ctx, s, &written, stop) }()
 	err = forBatches(0, c.n, c.batch, func(batch []*mailboxv1.MailboxItem) error {
 		for _, it := range batch {
 			raw += int64(len(it.GetEnvelopeBlob()))
@@ -209,10 +214,25 @@ func benchStore(c config, dir string, queries map[string][]query) error {
 		if err == nil && res.Stored != len(batch) {
 			err = fmt.Errorf("stored %d of %d", res.Stored, len(batch))
 		}
+		written.Add(int64(len(batch)))
 		return err
 	})
+	close(stop)
+	dr := <-during
 	if err != nil {
 		return err
+	}
+	if dr.err != nil {
+		return fmt.Errorf("queries during the load: %w", dr.err)
+	}
+	if len(dr.lat) > 0 {
+		slices.Sort(dr.lat)
+		pct := func(p float64) float64 {
+			return float64(dr.lat[min(len(dr.lat)-1, int(p*float64(len(dr.lat))))]) / float64(time.Millisecond)
+		}
+		bench("mailbox.query_p50_ms_during_ingest", pct(0.50), "ms")
+		bench("mailbox.query_p99_ms_during_ingest", pct(0.99), "ms")
+		note("store: %d queries during the load (%d/s of the five kinds in turn, over the newest %d items written)", len(dr.lat), duringRate, duringWindow)
 	}
 	note("store: loaded %d items in %v (%v inside Write, batches of %d, each synced)", c.n, time.Since(wall).Round(time.Millisecond), inWrite.Round(time.Millisecond), c.batch)
 	bench("mailbox.store_write_events_per_s", float64(c.n)/inWrite.Seconds(), "events/s")
@@ -310,4 +330,55 @@ func dirSize(dir string) (int64, error) {
 		return err
 	})
 	return total, err
+}
+
+// Queries during the load: duringRate a second, the five kinds in turn, each about an item among the newest
+// duringWindow written, as a mailbox's users query what just happened while it ingests.
+const (
+	duringRate   = 200
+	duringWindow = 10_000
+)
+
+type duringResult struct {
+	lat []time.Duration
+	err error
+}
+
+// queryDuring queries s at duringRate until stop closes, about items below written, and returns the latencies.
+func queryDuring(ctx context.Context, s *store.Store, written *atomic.Int64, stop <-chan struct{}) duringResult {
+	var res duringResult
+	r := rand.New(rand.NewPCG(3, 4))
+	tick := time.NewTicker(time.Second / duringRate)
+	defer tick.Stop()
+	for n := 0; ; n++ {
+		select {
+		case <-stop:
+			return res
+		case <-tick.C:
+		}
+		w := int(written.Load())
+		if w == 0 {
+			continue
+		}
+		h := headersOf(w - 1 - r.IntN(min(w, duringWindow)))
+		q := query{kind: kinds[n%len(kinds)]}
+		switch q.kind {
+		case "topic":
+			q.value = h.topic
+		case "principal":
+			q.value = h.principal
+		case "correlation":
+			q.value = h.corr
+		case "trace":
+			q.value = h.trace
+		case "time_range":
+			q.start, q.end = h.ts-60_000, h.ts
+		}
+		t := time.Now()
+		if _, err := s.Query(ctx, q.filter()); err != nil {
+			res.err = err
+			return res
+		}
+		res.lat = append(res.lat, time.Since(t))
+	}
 }
