@@ -32,6 +32,9 @@ type DBOptions struct {
 	l0Tables     int
 	// holdDrops leaves a drop's keys for the next OpenDB, as a crash right after Drop returned would.
 	holdDrops bool
+	// headBytes, when not zero, is what the heads of the database's stores may hold together (head.go; below
+	// zero: nothing), instead of one memtable's size.
+	headBytes int64
 	// gcEvery, when not zero, is how often the database runs value-log GC of its own accord (the constant
 	// gcEvery otherwise).
 	gcEvery time.Duration
@@ -68,6 +71,8 @@ type DB struct {
 	last    uint32         // the last mailbox number handed out
 	stores  map[string]*Store
 	closed  bool
+	// open is len(stores), for the head's share (headShare) without mu.
+	open atomic.Int64
 
 	// gc serializes value-log GC: one run at a time per database.
 	gc chan struct{}
@@ -372,6 +377,7 @@ func (db *DB) Open(opts Options) (*Store, error) {
 	}
 	s.created = created
 	db.stores[opts.ID] = s
+	db.open.Store(int64(len(db.stores)))
 	return s, nil
 }
 
@@ -399,12 +405,30 @@ func (db *DB) create(id string, b box) (*flight, error) {
 	return f, nil
 }
 
+// headShare is what one open store's head may hold: the database's head bytes, as much as one memtable holds
+// (the head keeps the newest write groups, about what Badger's current memtable holds of them), divided among
+// its open stores. A store takes its share when it publishes, so an idle one keeps what it had until its next
+// write or its close.
+func (db *DB) headShare() int64 {
+	total := db.opts.headBytes
+	switch {
+	case total < 0:
+		return 0
+	case total == 0 && db.opts.Memory.MemTableSize > 0:
+		total = db.opts.Memory.MemTableSize
+	case total == 0:
+		total = defaultHeadBytes
+	}
+	return total / max(db.open.Load(), 1)
+}
+
 // forget is called by a Store of db once it is closed.
 func (db *DB) forget(s *Store) {
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	if db.stores[s.opts.ID] == s {
 		delete(db.stores, s.opts.ID)
+		db.open.Store(int64(len(db.stores)))
 	}
 }
 

@@ -212,9 +212,20 @@ func (s *Store) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1
 	if pl.empty {
 		return resp, nil
 	}
-	err = s.view(func(txn *badger.Txn, m meta) error {
-		pl.raiseStart(m.floor())
-		return s.run(ctx, txn, pl, m.span, resp)
+	err = s.viewSnapshot(func(sn *snapshot) error {
+		pl.raiseStart(sn.m.floor())
+		// The head answers what is before its bound; Badger the rest, from the bound on (head.go).
+		done, last, err := sn.head.run(ctx, pl, s.dict.Load(), resp)
+		if err != nil || done {
+			return err
+		}
+		if comparePos(pl.from, sn.head.bound) < 0 {
+			pl.from = sn.head.bound
+		}
+		if s.readBadger != nil {
+			s.readBadger()
+		}
+		return s.run(ctx, sn.txn, pl, sn.m.span, resp, last)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("query: %w", err)
@@ -222,7 +233,8 @@ func (s *Store) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1
 	return resp, nil
 }
 
-func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, span uint64, resp *mailboxv1.QueryEventsResponse) error {
+// run answers pl from Badger into resp, after the items already there, the last of them at lastPos.
+func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, span uint64, resp *mailboxv1.QueryEventsResponse, lastPos pos) error {
 	// Values are read inline, not prefetched: Badger prefetches on helper goroutines that the query then waits for
 	// (in ValueCopy and again in Close), a hand-off that costs a scheduling delay each time the cores are busy
 	// with ingest, for a page read from the memory-mapped value log either way.
@@ -249,7 +261,6 @@ func (s *Store) run(ctx context.Context, txn *badger.Txn, pl *plan, span uint64,
 			return c.err
 		}
 	}
-	var lastPos pos
 	var buf []byte // compressed records are decompressed into it, one at a time
 	dict := s.dict.Load()
 	for n := 0; ; n++ {

@@ -53,6 +53,8 @@ type Options struct {
 	// store: 128 MiB and Badger's default otherwise.
 	vlogFileSize int64
 	l0Tables     int
+	// headBytes sizes the private database's heads (DBOptions.headBytes).
+	headBytes int64
 	// plainRecords writes every record uncompressed, as stores written before compression hold them.
 	plainRecords bool
 }
@@ -113,6 +115,15 @@ type Store struct {
 	// heldSend, when set (tests only), is called by a write group once it has its commit timestamp and before it
 	// is sent to Badger: a commit in flight.
 	heldSend func()
+	// readBadger, when set (tests only), is called by each query and Get that reads Badger, not only the head.
+	readBadger func()
+
+	// hmu serializes publishing, so that each snapshot's head view (head.go) follows the one before; head is the
+	// view last published, and lower a bound the next view takes, for items a failed flight stored all the same
+	// (they are in Badger, not in the head).
+	hmu   sync.Mutex
+	head  *headView
+	lower pos
 
 	chunk int // items per retention transaction; retentionChunk except in tests
 
@@ -140,7 +151,7 @@ const (
 func Open(opts Options) (*Store, error) {
 	db, err := OpenDB(DBOptions{
 		Dir: opts.Dir, InMemory: opts.InMemory, Memory: opts.Memory, Logger: opts.Logger,
-		vlogFileSize: opts.vlogFileSize, l0Tables: opts.l0Tables,
+		vlogFileSize: opts.vlogFileSize, l0Tables: opts.l0Tables, headBytes: opts.headBytes,
 	})
 	if err != nil {
 		return nil, err
@@ -192,6 +203,7 @@ func newStore(db *DB, opts Options, b box) (*Store, error) {
 	}
 	s.wm = s.m
 	s.wfloor = s.m.floor()
+	s.head, s.lower = emptyHead(s.m), maxPos
 	s.publish(s.m, ts)
 	return s, nil
 }
@@ -204,13 +216,21 @@ type snapshot struct {
 	txn   *badger.Txn
 	unpin func()
 	m     meta
-	refs  int // guarded by Store.mmu; the store holds one while the snapshot is current
+	head  *headView // the items of the commit's newest write groups (head.go)
+	refs  int       // guarded by Store.mmu; the store holds one while the snapshot is current
 }
 
 // publish makes the store's state as of its commit at ts, with counters m, what reads see from now on. It is
 // called once that commit is applied, with none of the store's own in flight.
-func (s *Store) publish(m meta, ts uint64) {
-	sn := &snapshot{unpin: s.owner.pin(ts), txn: s.db.NewTransactionAt(ts, false), m: m, refs: 1}
+func (s *Store) publish(m meta, ts uint64) { s.publishWith(m, ts, nil) }
+
+// publishWith is publish for a commit that stored the write group seg (nil: none), which the head takes.
+func (s *Store) publishWith(m meta, ts uint64, seg *headSegment) {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	s.head = s.head.with(seg, s.lower, s.owner.headShare())
+	s.lower = maxPos
+	sn := &snapshot{unpin: s.owner.pin(ts), txn: s.db.NewTransactionAt(ts, false), m: m, head: s.head, refs: 1}
 	s.live.Add(1)
 	s.mmu.Lock()
 	s.m = m
@@ -271,12 +291,31 @@ func (s *Store) release(sn *snapshot) {
 
 // view runs fn on the current snapshot.
 func (s *Store) view(fn func(txn *badger.Txn, m meta) error) error {
+	return s.viewSnapshot(func(sn *snapshot) error { return fn(sn.txn, sn.m) })
+}
+
+// viewSnapshot runs fn on the current snapshot, head included.
+func (s *Store) viewSnapshot(fn func(sn *snapshot) error) error {
 	sn := s.acquire()
 	if sn == nil {
 		return badger.ErrDBClosed
 	}
 	defer s.release(sn)
-	return fn(sn.txn, sn.m)
+	return fn(sn)
+}
+
+// lowerHead makes the next head view's bound at most the newest of ps, items stored in Badger but not given to
+// the head.
+func (s *Store) lowerHead(ps [][]pos) {
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	for _, batch := range ps {
+		for _, p := range batch {
+			if p != (pos{}) && comparePos(p, s.lower) < 0 {
+				s.lower = p
+			}
+		}
+	}
 }
 
 // Close releases the store, after its write in flight and its reads in progress; a store opened by Open alone
@@ -340,7 +379,23 @@ func (s *Store) Get(ctx context.Context, messageID string) (*mailboxv1.MailboxIt
 		return nil, err
 	}
 	var out *mailboxv1.MailboxItem
-	err := s.view(func(txn *badger.Txn, m meta) error {
+	err := s.viewSnapshot(func(sn *snapshot) error {
+		txn, m := sn.txn, sn.m
+		if p, v, ok := sn.head.get(messageID); ok {
+			if p.ts() < m.floor() {
+				return ErrNotFound
+			}
+			var buf []byte
+			v.dict = s.dict.Load()
+			rec, err := v.record(&buf)
+			if err == nil {
+				out, err = decodeItem(rec)
+			}
+			return err
+		}
+		if s.readBadger != nil {
+			s.readBadger()
+		}
 		p, ok, err := lookupPos(txn, msgIDKey(s.box, messageID))
 		if err != nil {
 			return err

@@ -236,7 +236,7 @@ func (s *Store) sendGroup(group []*writeReq) {
 		n += len(r.items)
 	}
 	f := &flight{ids: make(map[string]struct{}, n), done: make(chan struct{})}
-	res, stored, overlap, err := fill(txn, group, prev, s.wfloor, &m, f)
+	res, batches, stored, overlap, err := fill(txn, group, prev, s.wfloor, &m, f)
 	if err == nil && stored > 0 {
 		err = txn.Set(s.box.metaKey(), m.encode())
 	}
@@ -288,8 +288,11 @@ func (s *Store) sendGroup(group []*writeReq) {
 		case prev.failed():
 			f.applied = true
 			f.err = fmt.Errorf("write: an earlier write this one's counters include failed: %w", prev.err)
+			// Its items are in Badger but published by no snapshot of this group: the head leaves them to Badger.
+			s.lowerHead(batches)
 		default:
-			s.publish(m, ts)
+			// Built here, on Badger's callback, not under the write lock.
+			s.publishWith(m, ts, newSegment(group, batches))
 		}
 		close(f.done)
 	})
@@ -358,9 +361,9 @@ func (s *Store) writeMeta(m meta) error {
 
 // fill drops group's items older than floor, dedups the others (against each other, the flight prev that txn
 // cannot see, and txn) and sets the keys of the new ones in txn, with a posting block per indexed value across
-// the group's batches, advancing m and recording their ids and counts in f. overlap says an item was a duplicate
-// of prev's.
-func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta, f *flight) (res []WriteResult, stored int, overlap bool, err error) {
+// the group's batches, advancing m and recording their ids and counts in f. batches are the positions of each
+// batch's items (zero: not stored); overlap says an item was a duplicate of prev's.
+func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta, f *flight) (res []WriteResult, batches [][]pos, stored int, overlap bool, err error) {
 	res = make([]WriteResult, len(group))
 	ids := f.ids
 	f.own.oldest, f.own.newest = 1, 0 // no bounds yet
@@ -389,7 +392,7 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			e := r.enc[i]
 			_, found, err := lookupPos(txn, e.keys[1])
 			if err != nil {
-				return nil, 0, false, fmt.Errorf("write: dedup %q: %w", id, err)
+				return nil, nil, 0, false, fmt.Errorf("write: dedup %q: %w", id, err)
 			}
 			if found {
 				res[b].Duplicates++
@@ -401,10 +404,10 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 			ps[i] = p
 			copy(e.keys[0][boxLen+1:], p[:])
 			if err := txn.SetEntry(badger.NewEntry(e.keys[0], e.rec).WithMeta(e.format)); err != nil {
-				return nil, 0, false, fmt.Errorf("write %q: %w", id, err)
+				return nil, nil, 0, false, fmt.Errorf("write %q: %w", id, err)
 			}
 			if err := txn.Set(e.keys[1], p[:]); err != nil {
-				return nil, 0, false, fmt.Errorf("write %q: %w", id, err)
+				return nil, nil, 0, false, fmt.Errorf("write %q: %w", id, err)
 			}
 			m.events++
 			m.bytes += int64(len(it.GetEnvelopeBlob()))
@@ -417,9 +420,9 @@ func fill(txn *badger.Txn, group []*writeReq, prev *flight, floor int64, m *meta
 		}
 	}
 	if err := blocks.set(txn, group, m); err != nil {
-		return nil, 0, false, err
+		return nil, nil, 0, false, err
 	}
-	return res, stored, overlap, nil
+	return res, blocks.batches, stored, overlap, nil
 }
 
 // blockWriter sets the posting blocks of a group, their keys and values carved out of one arena. A group's
@@ -602,7 +605,8 @@ func (s *Store) writeTxn(r *writeReq) (WriteResult, error) {
 	}
 	defer done()
 	m := s.wm
-	res, stored, _, err := fill(txn, []*writeReq{r}, nil, s.wfloor, &m, &flight{ids: map[string]struct{}{}})
+	group := []*writeReq{r}
+	res, batches, stored, _, err := fill(txn, group, nil, s.wfloor, &m, &flight{ids: map[string]struct{}{}})
 	if err != nil {
 		return WriteResult{}, err
 	}
@@ -617,7 +621,7 @@ func (s *Store) writeTxn(r *writeReq) (WriteResult, error) {
 		return WriteResult{}, fmt.Errorf("write: commit: %w", err)
 	}
 	s.wm = m
-	s.publish(m, ts)
+	s.publishWith(m, ts, newSegment(group, batches))
 	return res[0], nil
 }
 
