@@ -14,6 +14,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/prism-mesh/prism/admin/client"
+	"github.com/prism-mesh/prism/admin/placement"
 	"github.com/prism-mesh/prism/internal/kafkasec"
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -154,7 +155,7 @@ func clusterCommand(g *globals) *cobra.Command {
 func namespaceTable(w io.Writer, ns []*adminv1.Namespace, wide bool) {
 	fmt.Fprint(w, "NAMESPACE\tPARTITION\tPROXY\tTOPICS\tCREATED")
 	if wide {
-		fmt.Fprint(w, "\tVALIDATION\tLEASE TTL\tDEAD LETTER TOPIC\tINCOMING\tHANDOFF")
+		fmt.Fprint(w, "\tVALIDATION\tLEASE TTL\tDEAD LETTER TOPIC\tINCOMING\tHANDOFF\tREPLICAS")
 	}
 	fmt.Fprintln(w)
 	for _, n := range ns {
@@ -166,8 +167,8 @@ func namespaceTable(w io.Writer, ns []*adminv1.Namespace, wide bool) {
 			if d := c.GetLease().GetTtl(); d != nil {
 				ttl = d.AsDuration().String()
 			}
-			fmt.Fprintf(w, "\t%s\t%s\t%s\t%s\t%s", strings.ToLower(strings.TrimPrefix(c.GetValidationMode().String(), "VALIDATION_MODE_")),
-				ttl, orDash(c.GetDeadLetterTopic()), orDash(n.GetIncomingProxyId()), orDash(n.GetHandoffProxyId()))
+			fmt.Fprintf(w, "\t%s\t%s\t%s\t%s\t%s\t%s", strings.ToLower(strings.TrimPrefix(c.GetValidationMode().String(), "VALIDATION_MODE_")),
+				ttl, orDash(c.GetDeadLetterTopic()), orDash(n.GetIncomingProxyId()), orDash(n.GetHandoffProxyId()), orDash(strings.Join(n.GetReplicaProxyIds(), ",")))
 		}
 		fmt.Fprintln(w)
 	}
@@ -183,6 +184,7 @@ func namespaceCommand(g *globals) *cobra.Command {
 		maxSize              string
 		consistent           bool
 		pageSize             int32
+		replicas             uint32
 	)
 	create := &cobra.Command{
 		Use: "create NAME --topic T", Short: "Create a namespace (placed on a proxy by its partition)", Args: cobra.ExactArgs(1),
@@ -207,6 +209,9 @@ Without brokers it says the topics were not checked.`,
 			if err != nil {
 				return &usageError{cmd, err}
 			}
+			if replicas > placement.MaxReplicas {
+				return &usageError{cmd, fmt.Errorf("--replicas: %d copies, at most %d", replicas, placement.MaxReplicas)}
+			}
 			if dlq != "" && slices.Contains(topics, dlq) {
 				return &usageError{cmd, fmt.Errorf("--dead-letter-topic: %q is also a --topic: its dead letters would be consumed again", dlq)}
 			}
@@ -221,7 +226,7 @@ Without brokers it says the topics were not checked.`,
 				}
 			}
 			req := &adminv1.CreateNamespaceRequest{Namespace: args[0], Config: &adminv1.NamespaceConfig{
-				Topics: topics, ValidationMode: adminv1.ValidationMode(mode), DeadLetterTopic: dlq, Retention: retention,
+				Topics: topics, ValidationMode: adminv1.ValidationMode(mode), DeadLetterTopic: dlq, Retention: retention, Replicas: replicas,
 				Lease: &adminv1.LeaseConfig{Ttl: optDuration(ttl), HeartbeatInterval: optDuration(interval), Grace: optDuration(grace)},
 			}}
 			return run(cmd, g, client.Once, func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
@@ -242,6 +247,7 @@ Without brokers it says the topics were not checked.`,
 	create.Flags().StringVar(&dlq, "dead-letter-topic", "", "topic every poison record goes to (default: its own topic with .dlq appended)")
 	create.Flags().DurationVar(&maxAge, "retention-max-age", 0, "retention: the mailbox deletes events published longer ago than this (0 keeps them)")
 	create.Flags().StringVar(&maxSize, "retention-max-size", "0", "retention: bound on the mailbox's stored envelope bytes, oldest deleted first, e.g. 10GiB (0 is unbounded)")
+	create.Flags().Uint32Var(&replicas, "replicas", 0, "copies of the namespace's mailbox, each on its own proxy: the serving one and replicas that take over when it is lost (0 or 1: one copy)")
 	g.kafka.register(create.Flags())
 
 	list := &cobra.Command{
@@ -264,6 +270,9 @@ Without brokers it says the topics were not checked.`,
 				namespaceTable(w, []*adminv1.Namespace{r.GetNamespace()}, g.wide())
 				if rt := r.GetRoute(); rt != nil {
 					fmt.Fprintf(w, "\nroutes to\t%s (epoch %d)\n", rt.GetMailboxId(), rt.GetEpoch())
+					for _, x := range rt.GetInSyncReplicas() {
+						fmt.Fprintf(w, "then\t%s (epoch %d)\n", x.GetMailboxId(), x.GetEpoch())
+					}
 				}
 				replicasTable(w, r.GetReplicas())
 			})

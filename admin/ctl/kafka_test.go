@@ -237,6 +237,8 @@ func TestNamespaceCreateRetentionAndDeadLetterTopic(t *testing.T) {
 		{"size alone", create("kept-3", "--retention-max-size", "1GB"), 0, `"retention":{"max_size_bytes":1000000000}`},
 		{"negative age", create("bad-1", "--retention-max-age", "-1h"), exitUsage, "--retention-max-age: must not be negative, got -1h0m0s"},
 		{"size that is no size", create("bad-2", "--retention-max-size", "lots"), exitUsage, "--retention-max-size: "},
+		{"replicas", create("kept-4", "--replicas", "3"), 0, `"replicas":3`},
+		{"replicas past the cap", create("bad-4", "--replicas", "6"), exitUsage, "--replicas: 6 copies, at most 5"},
 		{"dead letters consumed again", create("bad-3", "--dead-letter-topic", "orders.events"), exitUsage,
 			`--dead-letter-topic: "orders.events" is also a --topic: its dead letters would be consumed again`},
 	} {

@@ -33,10 +33,19 @@ func replicasTable(w io.Writer, rs []*adminv1.NamespaceReplica) {
 }
 
 // replicaState is the mailbox's part in the namespace: recovering (a
-// move's destination copying its source), catching up, serving, or
-// handing off.
+// move's destination or a replica copying its source), catching up (a
+// move's destination, or a replica not in sync), in sync (a replica the
+// lookup names after the serving mailbox), serving, or handing off.
 func replicaState(r *adminv1.NamespaceReplica) string {
 	switch r.GetRole() {
+	case adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA:
+		switch {
+		case r.GetHealth().GetRecovery().GetState() == adminv1.RecoveryState_RECOVERY_STATE_COPYING:
+			return "recovering"
+		case r.GetInSync():
+			return "in sync"
+		}
+		return "catching up"
 	case adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP:
 		if r.GetHealth().GetRecovery().GetState() == adminv1.RecoveryState_RECOVERY_STATE_COPYING {
 			return "recovering"

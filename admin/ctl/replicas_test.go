@@ -41,6 +41,15 @@ func TestReplicasTable(t *testing.T) {
 		{"fell back to Kafka", &adminv1.NamespaceReplica{ProxyId: "p2", MailboxId: "a@p2", Health: &adminv1.NamespaceHealth{
 			Recovery: &adminv1.RecoveryStatus{State: adminv1.RecoveryState_RECOVERY_STATE_INCOMPLETE, SourceMailboxId: "a@p1", HistoryStartsAt: timestamppb.New(from)},
 		}}, []string{"serving", "incomplete, from 2026-01-02T03:04:05Z", "no copy of a@p1; read from Kafka"}},
+		{"replica copying", &adminv1.NamespaceReplica{ProxyId: "p3", MailboxId: "a@p3", Role: adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA, Health: &adminv1.NamespaceHealth{
+			Recovery: &adminv1.RecoveryStatus{State: adminv1.RecoveryState_RECOVERY_STATE_COPYING, SourceMailboxId: "a@p1"},
+		}}, []string{"p3", "recovering", "copying from a@p1"}},
+		{"replica behind", &adminv1.NamespaceReplica{ProxyId: "p3", MailboxId: "a@p3", Role: adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA, Epoch: 11, Health: &adminv1.NamespaceHealth{
+			LagKnown: true, Lag: 5000, StoredPositions: []*adminv1.StoredPosition{{Topic: "t", Partition: 0, NextOffset: 2}},
+		}}, []string{"catching up", "11", "5000", "t/0=2"}},
+		{"replica in sync", &adminv1.NamespaceReplica{ProxyId: "p3", MailboxId: "a@p3", Role: adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA, Epoch: 11, InSync: true, Health: &adminv1.NamespaceHealth{
+			LagKnown: true, Lag: 0, StoredPositions: []*adminv1.StoredPosition{{Topic: "t", Partition: 0, NextOffset: 10}},
+		}}, []string{"in sync", "t/0=10"}},
 		{"handing off, nothing reported", &adminv1.NamespaceReplica{ProxyId: "p1", MailboxId: "a@p1", Role: adminv1.AssignmentRole_ASSIGNMENT_ROLE_HANDING_OFF},
 			[]string{"handing off", "?", "-"}},
 	} {

@@ -20,8 +20,8 @@ func registeredRunner(reg *adminv1.ProxyRegistration) string {
 // placementRefusal checks that mailbox "{ns}@{proxy}" is one the caller may
 // hold: the namespace exists, is placed on that proxy, and the caller is the
 // runner registered for it. It returns nil if so. A move's destination
-// (incoming_proxy_id) may hold its mailbox too, so it catches up while the
-// assigned proxy serves.
+// (incoming_proxy_id) and the namespace's replicas may hold their mailboxes
+// too, so they catch up while the assigned proxy serves.
 //
 // It runs at apply time, on replicated state only, so it is ordered with
 // every placement change in the log: an acquire applied after a move sees
@@ -36,7 +36,7 @@ func placementRefusal(st *state, req *adminv1.AcquireLeaseRequest) *adminv1.Leas
 			Message: fmt.Sprintf("mailbox %s: namespace %s does not exist", req.GetMailboxId(), id.Namespace),
 		}
 	}
-	if owner := ns.GetAssignedProxyId(); owner != id.Proxy && ns.GetIncomingProxyId() != id.Proxy {
+	if owner := ns.GetAssignedProxyId(); owner != id.Proxy && ns.GetIncomingProxyId() != id.Proxy && !isReplica(ns, id.Proxy) {
 		where := "no live proxy"
 		if owner != "" {
 			where = "proxy " + owner

@@ -52,7 +52,8 @@ func priorMailbox(n *adminv1.Namespace, proxyID string) string {
 }
 
 // NamespaceReplicas lists every proxy with a role in namespace name (its
-// assigned proxy, a move's destination, a handoff tail's source), sorted by
+// assigned proxy, its replicas, a move's destination, a handoff tail's
+// source), sorted by
 // proxy id, each with its mailbox's lease epoch and its last report on the
 // namespace, for prismctl namespace get; nil for an unknown namespace.
 func (f *FSM) NamespaceReplicas(name string) []*adminv1.NamespaceReplica {
@@ -71,6 +72,9 @@ func (f *FSM) NamespaceReplicas(name string) []*adminv1.NamespaceReplica {
 			roles[id] = role
 		}
 	}
+	for _, id := range n.GetReplicaProxyIds() {
+		roles[id] = adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA
+	}
 	// The assigned proxy's role wins: an unplanned reassignment to the
 	// tail's proxy gives it the namespace back (assignmentsAmong).
 	if id := n.GetAssignedProxyId(); id != "" {
@@ -80,6 +84,9 @@ func (f *FSM) NamespaceReplicas(name string) []*adminv1.NamespaceReplica {
 	for _, id := range sortedKeys(roles) {
 		mid := mesh.MailboxID{Namespace: name, Proxy: id}.String()
 		r := &adminv1.NamespaceReplica{ProxyId: id, MailboxId: mid, Role: roles[id], Epoch: f.st.leases[mid].GetEpoch()}
+		if roles[id] == adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA {
+			r.InSync = f.st.inSync(n, n.GetAssignedProxyId(), id)
+		}
 		if h := healthEntry(f.st.proxies[id], name); h != nil {
 			r.Health = proto.CloneOf(h)
 		}

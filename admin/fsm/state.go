@@ -43,6 +43,10 @@ type state struct {
 	byPartition map[uint32]map[string]struct{}
 	byProxy     map[string]map[string]struct{}
 	misplaced   map[string]struct{}
+	// replicated holds the names of the namespaces that ask for replicas
+	// (wantedReplicas > 0), derived like moving, so replace looks at their
+	// replica sets only.
+	replicated map[string]struct{}
 	// placementGen counts changes to what pendingMoves reads (namespaces,
 	// the placement table, and each proxy's serving, schedulability and
 	// exclusions), so PendingMoves answers from its cache while none
@@ -83,6 +87,7 @@ func newState() *state {
 		byPartition:     map[uint32]map[string]struct{}{},
 		byProxy:         map[string]map[string]struct{}{},
 		misplaced:       map[string]struct{}{},
+		replicated:      map[string]struct{}{},
 	}
 }
 
@@ -178,7 +183,11 @@ func excludedNames(p *adminv1.Proxy) []string {
 	return out
 }
 
+// putNamespace stores n with its replica set as placement wants it now
+// (chooseReplicas), so no change to a namespace leaves its replicas on a
+// proxy that took another role in it.
 func (tx *txn) putNamespace(n *adminv1.Namespace) {
+	n = tx.st.withReplicas(n, tx.index)
 	if prev, ok := tx.st.namespaces[n.GetName()]; ok {
 		tx.st.unindex(prev)
 	}
@@ -209,6 +218,9 @@ func (s *state) index(n *adminv1.Namespace) {
 	if moving(n) {
 		s.moving[name] = struct{}{}
 	}
+	if wantedReplicas(n) > 0 {
+		s.replicated[name] = struct{}{}
+	}
 	if s.ownerOf(n) != n.GetAssignedProxyId() {
 		s.misplaced[name] = struct{}{}
 	}
@@ -223,6 +235,7 @@ func (s *state) unindex(n *adminv1.Namespace) {
 	}
 	delete(s.moving, name)
 	delete(s.misplaced, name)
+	delete(s.replicated, name)
 }
 
 // placeCheck recomputes whether namespace name, if it exists, is
@@ -239,9 +252,10 @@ func (s *state) placeCheck(name string) {
 }
 
 // proxyRoles lists the proxies n is indexed under in byProxy: its assigned
-// one (possibly ""), its handoff one and its incoming one, when set.
+// one (possibly ""), its handoff one and its incoming one, when set, and its
+// replicas'.
 func proxyRoles(n *adminv1.Namespace) []string {
-	out := []string{n.GetAssignedProxyId()}
+	out := append([]string{n.GetAssignedProxyId()}, n.GetReplicaProxyIds()...)
 	if h := n.GetHandoffProxyId(); h != "" {
 		out = append(out, h)
 	}
@@ -274,6 +288,7 @@ func (s *state) reindexNamespaces() {
 	s.byPartition = map[uint32]map[string]struct{}{}
 	s.byProxy = map[string]map[string]struct{}{}
 	s.misplaced = map[string]struct{}{}
+	s.replicated = map[string]struct{}{}
 	for _, n := range s.namespaces {
 		s.index(n)
 	}
@@ -415,7 +430,13 @@ func (tx *txn) replace() {
 		if n.GetIncomingProxyId() != "" {
 			n = tx.abandonMove(n, adminv1.MoveAbandonReason_MOVE_ABANDON_REASON_SOURCE_LOST)
 		}
-		if n.GetHandoffProxyId() == owner && owner != "" {
+		// An in-sync replica takes over instead of an empty mailbox
+		// (docs/architecture.md#replicas): it holds the history already.
+		to := owner
+		if r := tx.st.promotion(n, owner); r != "" {
+			to = r
+		}
+		if n.GetHandoffProxyId() == to && to != "" {
 			// The tail's proxy takes the namespace back: it serves it as
 			// the assigned proxy now.
 			n = endHandoff(n)
@@ -424,10 +445,18 @@ func (tx *txn) replace() {
 		if a != "" {
 			n.PriorProxyId = a
 		}
-		n.AssignedProxyId = owner
+		n.AssignedProxyId = to
 		n.AssignmentIndex = tx.index
 		n.OperatorPlaced = false
 		tx.putNamespace(n)
+	}
+	// The placeable set changed: a replica on a proxy that stopped serving
+	// is replaced, one that can be placed now is added.
+	for _, name := range sortedKeys(tx.st.replicated) {
+		n := tx.st.namespaces[name]
+		if m := tx.st.withReplicas(n, tx.index); m != n {
+			tx.putNamespace(m)
+		}
 	}
 }
 
@@ -486,10 +515,12 @@ func (s *state) replaceCandidates() []string {
 }
 
 // assignments lists what proxyID must host, one entry per namespace: those
-// assigned to it (SERVING), those in a handoff tail from it (HANDING_OFF)
-// and those moving to it (CATCHING_UP). A namespace takes one move at a
-// time, so the roles never overlap but for an unplanned reassignment to
-// the tail's proxy, which ends the tail.
+// assigned to it (SERVING), those in a handoff tail from it (HANDING_OFF),
+// those moving to it (CATCHING_UP) and those it holds a replica of
+// (REPLICA). A namespace takes one move at a time, and its replicas are
+// never on a proxy with another role in it (chooseReplicas), so the roles
+// never overlap but for an unplanned reassignment to the tail's proxy,
+// which ends the tail.
 func (s *state) assignments(proxyID string) []*adminv1.NamespaceAssignment {
 	if proxyID == "" {
 		return nil
@@ -513,7 +544,10 @@ func (s *state) assignmentsAmong(names []string, proxyID string) []*adminv1.Name
 		case n.GetIncomingProxyId():
 			role, version = adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP, n.GetMoveIndex()
 		default:
-			continue
+			if !isReplica(n, proxyID) {
+				continue
+			}
+			role, version = adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA, n.GetReplicaIndex()
 		}
 		as := &adminv1.NamespaceAssignment{
 			Namespace: n.GetName(),
@@ -524,12 +558,10 @@ func (s *state) assignmentsAmong(names []string, proxyID string) []*adminv1.Name
 			Role:      role,
 		}
 		switch role {
-		case adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP:
+		case adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP, adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA:
 			as.RecoverySource = s.recoverySource(n)
 		case adminv1.AssignmentRole_ASSIGNMENT_ROLE_SERVING:
-			if in := n.GetIncomingProxyId(); in != "" {
-				as.RecoveryPeers = []string{in}
-			}
+			as.RecoveryPeers = recoveryPeers(n)
 			as.PriorMailboxId = priorMailbox(n, proxyID)
 		}
 		out = append(out, as)
@@ -578,20 +610,31 @@ func routeOf(l *adminv1.Lease) *adminv1.Route {
 }
 
 // namespaceRoute is the mailbox namespace ns's alias routes to, if any of
-// its mailboxes holds a lease: the one on the assigned proxy, else the newest
-// grant (the smaller id on equal epochs, which grants never share), but
-// never the mailbox of a move's destination, which is still catching up and
-// would answer a partial history. It reads only ns's own mailboxes.
+// its mailboxes holds a lease: the one on the assigned proxy, else its first
+// in-sync replica, else the newest grant (the smaller id on equal epochs,
+// which grants never share), but never the mailbox of a move's destination
+// or a replica not in sync, which would answer a partial history. The
+// route lists the other in-sync replicas, in order, for a gateway's failover
+// (docs/architecture.md#replicas). It reads only ns's own mailboxes.
 func (s *state) namespaceRoute(ns string) (*adminv1.NamespaceRoute, bool) {
 	var best *adminv1.Lease
 	n := s.namespaces[ns]
 	if assigned := n.GetAssignedProxyId(); assigned != "" {
 		best = s.leases[mesh.MailboxID{Namespace: ns, Proxy: assigned}.String()]
 	}
+	var replicas []*adminv1.NamespaceRouteReplica
+	for _, r := range s.inSyncReplicas(n) {
+		l := s.leases[mesh.MailboxID{Namespace: ns, Proxy: r}.String()]
+		if best == nil {
+			best = l
+			continue
+		}
+		replicas = append(replicas, &adminv1.NamespaceRouteReplica{MailboxId: l.GetMailboxId(), Epoch: l.GetEpoch()})
+	}
 	if best == nil {
 		for mid := range s.namespaceLeases[ns] {
 			l := s.leases[mid]
-			if in := n.GetIncomingProxyId(); in != "" && l.GetProxyId() == in {
+			if in := n.GetIncomingProxyId(); in != "" && l.GetProxyId() == in || isReplica(n, l.GetProxyId()) {
 				continue
 			}
 			if best == nil || l.GetEpoch() > best.GetEpoch() || l.GetEpoch() == best.GetEpoch() && mid < best.GetMailboxId() {
@@ -602,7 +645,7 @@ func (s *state) namespaceRoute(ns string) (*adminv1.NamespaceRoute, bool) {
 	if best == nil {
 		return nil, false
 	}
-	return &adminv1.NamespaceRoute{Namespace: ns, MailboxId: best.GetMailboxId(), Epoch: best.GetEpoch()}, true
+	return &adminv1.NamespaceRoute{Namespace: ns, MailboxId: best.GetMailboxId(), Epoch: best.GetEpoch(), InSyncReplicas: replicas}, true
 }
 
 // namespaceRoutes is namespaceRoute of every namespace with a live lease.

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/prism-mesh/prism/admin/placement"
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -132,6 +133,9 @@ func ValidateNamespaceConfig(c *adminv1.NamespaceConfig) error {
 		if err := mesh.ValidateID(fmt.Sprintf("config.topics[%d]", i), t); err != nil {
 			return err
 		}
+	}
+	if r := c.GetReplicas(); r > placement.MaxReplicas {
+		return invalid("config.replicas", "%d copies, at most %d (each consumes the topics and stores the whole history)", r, placement.MaxReplicas)
 	}
 	if t := c.GetDeadLetterTopic(); t != "" {
 		if err := mesh.ValidateID("config.dead_letter_topic", t); err != nil {

@@ -571,8 +571,8 @@ type GetNamespaceResponse struct {
 	// namespace holds a live lease.
 	Route *NamespaceRoute `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
 	Index uint64          `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
-	// Every proxy that has a role in the namespace (assigned, a move's
-	// destination, a handoff tail's source), sorted by proxy id, with its
+	// Every proxy that has a role in the namespace (assigned, a replica, a
+	// move's destination, a handoff tail's source), sorted by proxy id, with its
 	// mailbox's lease and its last report on it.
 	Replicas      []*NamespaceReplica `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -648,7 +648,11 @@ type NamespaceReplica struct {
 	Epoch uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// The proxy's last heartbeat report on the namespace (lag, stored
 	// positions, recovery); unset before one.
-	Health        *NamespaceHealth `protobuf:"bytes,5,opt,name=health,proto3" json:"health,omitempty"`
+	Health *NamespaceHealth `protobuf:"bytes,5,opt,name=health,proto3" json:"health,omitempty"`
+	// For a REPLICA: whether it is in sync with the serving mailbox
+	// (docs/architecture.md#replicas), so the namespace's lookup names it
+	// and it may be promoted.
+	InSync        bool `protobuf:"varint,6,opt,name=in_sync,json=inSync,proto3" json:"in_sync,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -716,6 +720,13 @@ func (x *NamespaceReplica) GetHealth() *NamespaceHealth {
 		return x.Health
 	}
 	return nil
+}
+
+func (x *NamespaceReplica) GetInSync() bool {
+	if x != nil {
+		return x.InSync
+	}
+	return false
 }
 
 // ProxyInfo is a proxy with what placement derives from the live set.
@@ -2843,14 +2854,15 @@ const file_prism_admin_v1_admin_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\v2\x19.prism.admin.v1.NamespaceR\tnamespace\x124\n" +
 	"\x05route\x18\x02 \x01(\v2\x1e.prism.admin.v1.NamespaceRouteR\x05route\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\x04R\x05index\x12<\n" +
-	"\breplicas\x18\x04 \x03(\v2 .prism.admin.v1.NamespaceReplicaR\breplicas\"\xcf\x01\n" +
+	"\breplicas\x18\x04 \x03(\v2 .prism.admin.v1.NamespaceReplicaR\breplicas\"\xe8\x01\n" +
 	"\x10NamespaceReplica\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x02 \x01(\tR\tmailboxId\x122\n" +
 	"\x04role\x18\x03 \x01(\x0e2\x1e.prism.admin.v1.AssignmentRoleR\x04role\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x127\n" +
-	"\x06health\x18\x05 \x01(\v2\x1f.prism.admin.v1.NamespaceHealthR\x06health\"\xa3\x01\n" +
+	"\x06health\x18\x05 \x01(\v2\x1f.prism.admin.v1.NamespaceHealthR\x06health\x12\x17\n" +
+	"\ain_sync\x18\x06 \x01(\bR\x06inSync\"\xa3\x01\n" +
 	"\tProxyInfo\x12+\n" +
 	"\x05proxy\x18\x01 \x01(\v2\x15.prism.admin.v1.ProxyR\x05proxy\x12I\n" +
 	"\x10partition_ranges\x18\x02 \x03(\v2\x1e.prism.admin.v1.PartitionRangeR\x0fpartitionRanges\x12\x1e\n" +

@@ -552,6 +552,11 @@ const (
 	// The namespace moved away: keep holding and serving the mailbox until the
 	// assignment disappears (the handoff tail), then close and release.
 	AssignmentRole_ASSIGNMENT_ROLE_HANDING_OFF AssignmentRole = 2
+	// The proxy holds one of the namespace's replicas: acquire and open the
+	// mailbox (seeded from recovery_source when it has nothing stored), consume
+	// the topics and report its positions; promoted to SERVING when the
+	// serving proxy is lost.
+	AssignmentRole_ASSIGNMENT_ROLE_REPLICA AssignmentRole = 3
 )
 
 // Enum value maps for AssignmentRole.
@@ -560,11 +565,13 @@ var (
 		0: "ASSIGNMENT_ROLE_SERVING",
 		1: "ASSIGNMENT_ROLE_CATCHING_UP",
 		2: "ASSIGNMENT_ROLE_HANDING_OFF",
+		3: "ASSIGNMENT_ROLE_REPLICA",
 	}
 	AssignmentRole_value = map[string]int32{
 		"ASSIGNMENT_ROLE_SERVING":     0,
 		"ASSIGNMENT_ROLE_CATCHING_UP": 1,
 		"ASSIGNMENT_ROLE_HANDING_OFF": 2,
+		"ASSIGNMENT_ROLE_REPLICA":     3,
 	}
 )
 
@@ -1475,8 +1482,13 @@ type NamespaceConfig struct {
 	// Topic for poison messages; empty means the runner's default.
 	DeadLetterTopic string            `protobuf:"bytes,5,opt,name=dead_letter_topic,json=deadLetterTopic,proto3" json:"dead_letter_topic,omitempty"`
 	Labels          map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How many copies of the namespace's mailbox run, each on its own proxy
+	// (docs/architecture.md#replicas): the serving one and replicas - 1
+	// replicas, which consume the topics too and take over when the serving
+	// proxy is lost. 0 and 1 are one copy; at most 5.
+	Replicas      uint32 `protobuf:"varint,7,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NamespaceConfig) Reset() {
@@ -1551,6 +1563,13 @@ func (x *NamespaceConfig) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *NamespaceConfig) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
 // Namespace is a namespace with its placement.
 type Namespace struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -1594,7 +1613,15 @@ type Namespace struct {
 	// The proxy the namespace was assigned to before assigned_proxy_id took
 	// it (a switch or an unplanned reassignment), kept while the namespace is
 	// unassigned; empty while it has only ever been assigned one proxy.
-	PriorProxyId  string `protobuf:"bytes,16,opt,name=prior_proxy_id,json=priorProxyId,proto3" json:"prior_proxy_id,omitempty"`
+	PriorProxyId string `protobuf:"bytes,16,opt,name=prior_proxy_id,json=priorProxyId,proto3" json:"prior_proxy_id,omitempty"`
+	// The proxies holding the namespace's replicas (NamespaceConfig.replicas
+	// - 1 of them at most, each distinct from the assigned proxy and from
+	// each other), in placement's order: the one promoted first is first.
+	// Each may acquire "{name}@{proxy}" and consumes the topics itself.
+	ReplicaProxyIds []string `protobuf:"bytes,17,rep,name=replica_proxy_ids,json=replicaProxyIds,proto3" json:"replica_proxy_ids,omitempty"`
+	// Raft index at which replica_proxy_ids last changed: a REPLICA
+	// assignment's version.
+	ReplicaIndex  uint64 `protobuf:"varint,18,opt,name=replica_index,json=replicaIndex,proto3" json:"replica_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1739,6 +1766,20 @@ func (x *Namespace) GetPriorProxyId() string {
 		return x.PriorProxyId
 	}
 	return ""
+}
+
+func (x *Namespace) GetReplicaProxyIds() []string {
+	if x != nil {
+		return x.ReplicaProxyIds
+	}
+	return nil
+}
+
+func (x *Namespace) GetReplicaIndex() uint64 {
+	if x != nil {
+		return x.ReplicaIndex
+	}
+	return 0
 }
 
 // LeaseStats are the runner's counters as of its last checkpointed heartbeat.
@@ -2200,12 +2241,16 @@ func (x *Route) GetEpoch() uint64 {
 // the highest epoch (a moved namespace keeps answering from its old runner
 // until the new one acquires).
 type NamespaceRoute struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespace     string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	MailboxId     string                 `protobuf:"bytes,2,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	MailboxId string                 `protobuf:"bytes,2,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The namespace's replicas that are in sync with the serving mailbox
+	// (docs/architecture.md#replicas), in placement's order: where a gateway
+	// sends a query the serving mailbox refused or could not take.
+	InSyncReplicas []*NamespaceRouteReplica `protobuf:"bytes,4,rep,name=in_sync_replicas,json=inSyncReplicas,proto3" json:"in_sync_replicas,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NamespaceRoute) Reset() {
@@ -2259,6 +2304,66 @@ func (x *NamespaceRoute) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *NamespaceRoute) GetInSyncReplicas() []*NamespaceRouteReplica {
+	if x != nil {
+		return x.InSyncReplicas
+	}
+	return nil
+}
+
+// NamespaceRouteReplica is one in-sync replica of a namespace's route.
+type NamespaceRouteReplica struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MailboxId     string                 `protobuf:"bytes,1,opt,name=mailbox_id,json=mailboxId,proto3" json:"mailbox_id,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamespaceRouteReplica) Reset() {
+	*x = NamespaceRouteReplica{}
+	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamespaceRouteReplica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamespaceRouteReplica) ProtoMessage() {}
+
+func (x *NamespaceRouteReplica) ProtoReflect() protoreflect.Message {
+	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamespaceRouteReplica.ProtoReflect.Descriptor instead.
+func (*NamespaceRouteReplica) Descriptor() ([]byte, []int) {
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *NamespaceRouteReplica) GetMailboxId() string {
+	if x != nil {
+		return x.MailboxId
+	}
+	return ""
+}
+
+func (x *NamespaceRouteReplica) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 // LeaseRefusal is a typed refusal. It is returned in-band in the lease RPC
 // responses (status OK) and attached as a gRPC status detail whenever a lease
 // RPC fails with a status code (NOT_LEADER → UNAVAILABLE).
@@ -2278,7 +2383,7 @@ type LeaseRefusal struct {
 
 func (x *LeaseRefusal) Reset() {
 	*x = LeaseRefusal{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2395,7 @@ func (x *LeaseRefusal) String() string {
 func (*LeaseRefusal) ProtoMessage() {}
 
 func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[16]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2408,7 @@ func (x *LeaseRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRefusal.ProtoReflect.Descriptor instead.
 func (*LeaseRefusal) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LeaseRefusal) GetReason() LeaseRefusalReason {
@@ -2353,15 +2458,16 @@ type NamespaceAssignment struct {
 	// CATCHING_UP, Namespace.move_index).
 	Version uint64         `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
 	Role    AssignmentRole `protobuf:"varint,6,opt,name=role,proto3,enum=prism.admin.v1.AssignmentRole" json:"role,omitempty"`
-	// For CATCHING_UP: the live mailbox of the namespace to seed this one
-	// from (docs/architecture.md#peer-recovery), the move's source while it
-	// serves (live, its runner ready, holding the lease on its mailbox);
+	// For CATCHING_UP and REPLICA: the live mailbox of the namespace to seed
+	// this one from (docs/architecture.md#peer-recovery), the serving mailbox
+	// while its proxy serves (live, its runner ready);
 	// unset otherwise, and the mailbox reads its topics from Kafka. The
 	// runner takes it only for a mailbox with nothing stored yet.
 	RecoverySource *RecoverySource `protobuf:"bytes,7,opt,name=recovery_source,json=recoverySource,proto3" json:"recovery_source,omitempty"`
 	// For SERVING: the proxies that may fetch a copy of this mailbox (the
-	// incoming proxy of the namespace's move in progress), sorted; empty when
-	// no move is. The sidecar hands them to its runner (AllowRecovery).
+	// incoming proxy of the namespace's move in progress and the namespace's
+	// replicas), sorted; empty when there are none. The sidecar hands them to
+	// its runner (AllowRecovery).
 	RecoveryPeers []string `protobuf:"bytes,8,rep,name=recovery_peers,json=recoveryPeers,proto3" json:"recovery_peers,omitempty"`
 	// For SERVING: the namespace's mailbox on the proxy it was assigned to
 	// before this one (Namespace.prior_proxy_id), whose history this
@@ -2376,7 +2482,7 @@ type NamespaceAssignment struct {
 
 func (x *NamespaceAssignment) Reset() {
 	*x = NamespaceAssignment{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[17]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2388,7 +2494,7 @@ func (x *NamespaceAssignment) String() string {
 func (*NamespaceAssignment) ProtoMessage() {}
 
 func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[17]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2401,7 +2507,7 @@ func (x *NamespaceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespaceAssignment.ProtoReflect.Descriptor instead.
 func (*NamespaceAssignment) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NamespaceAssignment) GetNamespace() string {
@@ -2481,7 +2587,7 @@ type RecoverySource struct {
 
 func (x *RecoverySource) Reset() {
 	*x = RecoverySource{}
-	mi := &file_prism_admin_v1_types_proto_msgTypes[18]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2493,7 +2599,7 @@ func (x *RecoverySource) String() string {
 func (*RecoverySource) ProtoMessage() {}
 
 func (x *RecoverySource) ProtoReflect() protoreflect.Message {
-	mi := &file_prism_admin_v1_types_proto_msgTypes[18]
+	mi := &file_prism_admin_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2506,7 +2612,7 @@ func (x *RecoverySource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverySource.ProtoReflect.Descriptor instead.
 func (*RecoverySource) Descriptor() ([]byte, []int) {
-	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_prism_admin_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RecoverySource) GetMailboxId() string {
@@ -2595,17 +2701,18 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\x05grace\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"k\n" +
 	"\x0fRetentionConfig\x122\n" +
 	"\amax_age\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06maxAge\x12$\n" +
-	"\x0emax_size_bytes\x18\x02 \x01(\x03R\fmaxSizeBytes\"\x90\x03\n" +
+	"\x0emax_size_bytes\x18\x02 \x01(\x03R\fmaxSizeBytes\"\xac\x03\n" +
 	"\x0fNamespaceConfig\x12\x16\n" +
 	"\x06topics\x18\x01 \x03(\tR\x06topics\x121\n" +
 	"\x05lease\x18\x02 \x01(\v2\x1b.prism.admin.v1.LeaseConfigR\x05lease\x12G\n" +
 	"\x0fvalidation_mode\x18\x03 \x01(\x0e2\x1e.prism.admin.v1.ValidationModeR\x0evalidationMode\x12=\n" +
 	"\tretention\x18\x04 \x01(\v2\x1f.prism.admin.v1.RetentionConfigR\tretention\x12*\n" +
 	"\x11dead_letter_topic\x18\x05 \x01(\tR\x0fdeadLetterTopic\x12C\n" +
-	"\x06labels\x18\x06 \x03(\v2+.prism.admin.v1.NamespaceConfig.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x06 \x03(\v2+.prism.admin.v1.NamespaceConfig.LabelsEntryR\x06labels\x12\x1a\n" +
+	"\breplicas\x18\a \x01(\rR\breplicas\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc1\x06\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
 	"\x06config\x18\x02 \x01(\v2\x1f.prism.admin.v1.NamespaceConfigR\x06config\x12\x1c\n" +
@@ -2627,7 +2734,9 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\vmove_reason\x18\x0e \x01(\x0e2\x1a.prism.admin.v1.MoveReasonR\n" +
 	"moveReason\x12'\n" +
 	"\x0foperator_placed\x18\x0f \x01(\bR\x0eoperatorPlaced\x12$\n" +
-	"\x0eprior_proxy_id\x18\x10 \x01(\tR\fpriorProxyId\"\xb3\x01\n" +
+	"\x0eprior_proxy_id\x18\x10 \x01(\tR\fpriorProxyId\x12*\n" +
+	"\x11replica_proxy_ids\x18\x11 \x03(\tR\x0freplicaProxyIds\x12#\n" +
+	"\rreplica_index\x18\x12 \x01(\x04R\freplicaIndex\"\xb3\x01\n" +
 	"\n" +
 	"LeaseStats\x12#\n" +
 	"\revents_stored\x18\x01 \x01(\x03R\feventsStored\x12%\n" +
@@ -2675,12 +2784,17 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"\trunner_id\x18\x04 \x01(\tR\brunnerId\x12%\n" +
 	"\x0erunner_address\x18\x05 \x01(\tR\rrunnerAddress\x12\x1c\n" +
 	"\tpartition\x18\x06 \x01(\rR\tpartition\x12\x14\n" +
-	"\x05epoch\x18\a \x01(\x04R\x05epoch\"c\n" +
+	"\x05epoch\x18\a \x01(\x04R\x05epoch\"\xb4\x01\n" +
 	"\x0eNamespaceRoute\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1d\n" +
 	"\n" +
 	"mailbox_id\x18\x02 \x01(\tR\tmailboxId\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"\xd9\x01\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12O\n" +
+	"\x10in_sync_replicas\x18\x04 \x03(\v2%.prism.admin.v1.NamespaceRouteReplicaR\x0einSyncReplicas\"L\n" +
+	"\x15NamespaceRouteReplica\x12\x1d\n" +
+	"\n" +
+	"mailbox_id\x18\x01 \x01(\tR\tmailboxId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xd9\x01\n" +
 	"\fLeaseRefusal\x12:\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\".prism.admin.v1.LeaseRefusalReasonR\x06reason\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12/\n" +
@@ -2754,11 +2868,12 @@ const file_prism_admin_v1_types_proto_rawDesc = "" +
 	"$LEASE_REFUSAL_REASON_NOT_PLACED_HERE\x10\b\x12)\n" +
 	"%LEASE_REFUSAL_REASON_NOT_PROXY_RUNNER\x10\t\x12(\n" +
 	"$LEASE_REFUSAL_REASON_UNKNOWN_SESSION\x10\n" +
-	"*o\n" +
+	"*\x8c\x01\n" +
 	"\x0eAssignmentRole\x12\x1b\n" +
 	"\x17ASSIGNMENT_ROLE_SERVING\x10\x00\x12\x1f\n" +
 	"\x1bASSIGNMENT_ROLE_CATCHING_UP\x10\x01\x12\x1f\n" +
-	"\x1bASSIGNMENT_ROLE_HANDING_OFF\x10\x02*_\n" +
+	"\x1bASSIGNMENT_ROLE_HANDING_OFF\x10\x02\x12\x1b\n" +
+	"\x17ASSIGNMENT_ROLE_REPLICA\x10\x03*_\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_STALE\x10\x01\x12\x1c\n" +
@@ -2777,7 +2892,7 @@ func file_prism_admin_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_prism_admin_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_prism_admin_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_prism_admin_v1_types_proto_goTypes = []any{
 	(ProxyStatus)(0),              // 0: prism.admin.v1.ProxyStatus
 	(RecoveryState)(0),            // 1: prism.admin.v1.RecoveryState
@@ -2805,65 +2920,67 @@ var file_prism_admin_v1_types_proto_goTypes = []any{
 	(*Session)(nil),               // 23: prism.admin.v1.Session
 	(*Route)(nil),                 // 24: prism.admin.v1.Route
 	(*NamespaceRoute)(nil),        // 25: prism.admin.v1.NamespaceRoute
-	(*LeaseRefusal)(nil),          // 26: prism.admin.v1.LeaseRefusal
-	(*NamespaceAssignment)(nil),   // 27: prism.admin.v1.NamespaceAssignment
-	(*RecoverySource)(nil),        // 28: prism.admin.v1.RecoverySource
-	nil,                           // 29: prism.admin.v1.ProxyRegistration.LabelsEntry
-	nil,                           // 30: prism.admin.v1.NamespaceConfig.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
+	(*NamespaceRouteReplica)(nil), // 26: prism.admin.v1.NamespaceRouteReplica
+	(*LeaseRefusal)(nil),          // 27: prism.admin.v1.LeaseRefusal
+	(*NamespaceAssignment)(nil),   // 28: prism.admin.v1.NamespaceAssignment
+	(*RecoverySource)(nil),        // 29: prism.admin.v1.RecoverySource
+	nil,                           // 30: prism.admin.v1.ProxyRegistration.LabelsEntry
+	nil,                           // 31: prism.admin.v1.NamespaceConfig.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
 }
 var file_prism_admin_v1_types_proto_depIdxs = []int32{
-	29, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
+	30, // 0: prism.admin.v1.ProxyRegistration.labels:type_name -> prism.admin.v1.ProxyRegistration.LabelsEntry
 	11, // 1: prism.admin.v1.Proxy.registration:type_name -> prism.admin.v1.ProxyRegistration
 	0,  // 2: prism.admin.v1.Proxy.status:type_name -> prism.admin.v1.ProxyStatus
-	31, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
-	31, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
+	32, // 3: prism.admin.v1.Proxy.registered_at:type_name -> google.protobuf.Timestamp
+	32, // 4: prism.admin.v1.Proxy.last_seen:type_name -> google.protobuf.Timestamp
 	13, // 5: prism.admin.v1.Proxy.namespace_health:type_name -> prism.admin.v1.NamespaceHealth
 	2,  // 6: prism.admin.v1.NamespaceHealth.status:type_name -> prism.admin.v1.HealthStatus
 	15, // 7: prism.admin.v1.NamespaceHealth.stored_positions:type_name -> prism.admin.v1.StoredPosition
-	31, // 8: prism.admin.v1.NamespaceHealth.excluded_until:type_name -> google.protobuf.Timestamp
+	32, // 8: prism.admin.v1.NamespaceHealth.excluded_until:type_name -> google.protobuf.Timestamp
 	14, // 9: prism.admin.v1.NamespaceHealth.recovery:type_name -> prism.admin.v1.RecoveryStatus
 	1,  // 10: prism.admin.v1.RecoveryStatus.state:type_name -> prism.admin.v1.RecoveryState
-	31, // 11: prism.admin.v1.RecoveryStatus.started_at:type_name -> google.protobuf.Timestamp
-	31, // 12: prism.admin.v1.RecoveryStatus.finished_at:type_name -> google.protobuf.Timestamp
-	31, // 13: prism.admin.v1.RecoveryStatus.history_starts_at:type_name -> google.protobuf.Timestamp
-	32, // 14: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
-	32, // 15: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
-	32, // 16: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
-	32, // 17: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
+	32, // 11: prism.admin.v1.RecoveryStatus.started_at:type_name -> google.protobuf.Timestamp
+	32, // 12: prism.admin.v1.RecoveryStatus.finished_at:type_name -> google.protobuf.Timestamp
+	32, // 13: prism.admin.v1.RecoveryStatus.history_starts_at:type_name -> google.protobuf.Timestamp
+	33, // 14: prism.admin.v1.LeaseConfig.ttl:type_name -> google.protobuf.Duration
+	33, // 15: prism.admin.v1.LeaseConfig.heartbeat_interval:type_name -> google.protobuf.Duration
+	33, // 16: prism.admin.v1.LeaseConfig.grace:type_name -> google.protobuf.Duration
+	33, // 17: prism.admin.v1.RetentionConfig.max_age:type_name -> google.protobuf.Duration
 	17, // 18: prism.admin.v1.NamespaceConfig.lease:type_name -> prism.admin.v1.LeaseConfig
 	3,  // 19: prism.admin.v1.NamespaceConfig.validation_mode:type_name -> prism.admin.v1.ValidationMode
 	18, // 20: prism.admin.v1.NamespaceConfig.retention:type_name -> prism.admin.v1.RetentionConfig
-	30, // 21: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
+	31, // 21: prism.admin.v1.NamespaceConfig.labels:type_name -> prism.admin.v1.NamespaceConfig.LabelsEntry
 	19, // 22: prism.admin.v1.Namespace.config:type_name -> prism.admin.v1.NamespaceConfig
-	31, // 23: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
-	31, // 24: prism.admin.v1.Namespace.handoff_until:type_name -> google.protobuf.Timestamp
-	31, // 25: prism.admin.v1.Namespace.move_started_at:type_name -> google.protobuf.Timestamp
-	31, // 26: prism.admin.v1.Namespace.switched_at:type_name -> google.protobuf.Timestamp
+	32, // 23: prism.admin.v1.Namespace.created_at:type_name -> google.protobuf.Timestamp
+	32, // 24: prism.admin.v1.Namespace.handoff_until:type_name -> google.protobuf.Timestamp
+	32, // 25: prism.admin.v1.Namespace.move_started_at:type_name -> google.protobuf.Timestamp
+	32, // 26: prism.admin.v1.Namespace.switched_at:type_name -> google.protobuf.Timestamp
 	4,  // 27: prism.admin.v1.Namespace.move_reason:type_name -> prism.admin.v1.MoveReason
 	6,  // 28: prism.admin.v1.LeaseStats.health:type_name -> prism.admin.v1.RunnerHealth
-	31, // 29: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
-	31, // 30: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	32, // 31: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
-	32, // 32: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
-	32, // 33: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
-	31, // 34: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	32, // 29: prism.admin.v1.Lease.granted_at:type_name -> google.protobuf.Timestamp
+	32, // 30: prism.admin.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	33, // 31: prism.admin.v1.Lease.ttl:type_name -> google.protobuf.Duration
+	33, // 32: prism.admin.v1.Lease.grace:type_name -> google.protobuf.Duration
+	33, // 33: prism.admin.v1.Lease.heartbeat_interval:type_name -> google.protobuf.Duration
+	32, // 34: prism.admin.v1.Lease.last_heartbeat_at:type_name -> google.protobuf.Timestamp
 	21, // 35: prism.admin.v1.Lease.stats:type_name -> prism.admin.v1.LeaseStats
-	32, // 36: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
-	32, // 37: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
-	31, // 38: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
-	31, // 39: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 40: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
-	22, // 41: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
-	19, // 42: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
-	8,  // 43: prism.admin.v1.NamespaceAssignment.role:type_name -> prism.admin.v1.AssignmentRole
-	28, // 44: prism.admin.v1.NamespaceAssignment.recovery_source:type_name -> prism.admin.v1.RecoverySource
-	45, // [45:45] is the sub-list for method output_type
-	45, // [45:45] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	33, // 36: prism.admin.v1.Session.ttl:type_name -> google.protobuf.Duration
+	33, // 37: prism.admin.v1.Session.grace:type_name -> google.protobuf.Duration
+	32, // 38: prism.admin.v1.Session.opened_at:type_name -> google.protobuf.Timestamp
+	32, // 39: prism.admin.v1.Session.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 40: prism.admin.v1.NamespaceRoute.in_sync_replicas:type_name -> prism.admin.v1.NamespaceRouteReplica
+	7,  // 41: prism.admin.v1.LeaseRefusal.reason:type_name -> prism.admin.v1.LeaseRefusalReason
+	22, // 42: prism.admin.v1.LeaseRefusal.current:type_name -> prism.admin.v1.Lease
+	19, // 43: prism.admin.v1.NamespaceAssignment.config:type_name -> prism.admin.v1.NamespaceConfig
+	8,  // 44: prism.admin.v1.NamespaceAssignment.role:type_name -> prism.admin.v1.AssignmentRole
+	29, // 45: prism.admin.v1.NamespaceAssignment.recovery_source:type_name -> prism.admin.v1.RecoverySource
+	46, // [46:46] is the sub-list for method output_type
+	46, // [46:46] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_prism_admin_v1_types_proto_init() }
@@ -2877,7 +2994,7 @@ func file_prism_admin_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_prism_admin_v1_types_proto_rawDesc), len(file_prism_admin_v1_types_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
