@@ -247,3 +247,57 @@ func TestNamespaceRetriedThroughAFreshLookup(t *testing.T) {
 		}
 	}
 }
+
+// TestNamespaceFailsOverToAnInSyncReplica: a replicated namespace whose
+// serving runner refuses (Unavailable) or cannot be reached is answered,
+// within the same request and through either front door, by its in-sync
+// replica, though the lookup still names the serving mailbox first (as the
+// FSM does until its lease ends); a namespace whose only copy refuses
+// stays Unavailable.
+func TestNamespaceFailsOverToAnInSyncReplica(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		fail func(r *xdstest.Runner)
+	}{
+		{"serving runner refuses", func(r *xdstest.Runner) { r.Refuse(true) }},
+		{"serving runner gone", func(r *xdstest.Runner) { r.Close() }},
+	} {
+		for _, door := range []string{"http", "grpc"} {
+			t.Run(tc.name+" "+door, func(t *testing.T) {
+				t.Parallel()
+				m := startFailoverMesh(t, "proxy-a", "proxy-b", "proxy-c")
+				ask := func(ns string) (bool, string) {
+					if door == "grpc" {
+						code, mb := m.servedGRPC(ns)
+						return code == codes.OK, mb
+					}
+					code, mb := m.served(t, "/v1/namespaces/"+ns)
+					return code == 200, mb
+				}
+				m.runners["proxy-a"].Hold("orders@proxy-a", "single@proxy-a")
+				m.runners["proxy-c"].Hold("orders@proxy-c")
+				m.runners["proxy-b"].Hold("orders@proxy-b")
+				m.cp.Namespaces.SetReplicas("orders", "orders@proxy-a", 3, "orders@proxy-c", "orders@proxy-b")
+				m.cp.Namespaces.Set("single", "single@proxy-a", 3)
+				waitFor(t, "orders served by proxy-a", func() (bool, string) {
+					ok, mb := ask("orders")
+					return ok && mb == "orders@proxy-a", mb
+				})
+				waitFor(t, "single served by proxy-a", func() (bool, string) {
+					ok, mb := ask("single")
+					return ok && mb == "single@proxy-a", mb
+				})
+				tc.fail(m.runners["proxy-a"])
+				for i := range 5 {
+					if ok, mb := ask("orders"); !ok || mb != "orders@proxy-c" {
+						t.Fatalf("query %d after proxy-a failed: answered %v by %q, want the first in-sync replica orders@proxy-c", i, ok, mb)
+					}
+				}
+				if ok, mb := ask("single"); ok {
+					t.Fatalf("a namespace with one copy was answered by %q with its runner failed", mb)
+				}
+			})
+		}
+	}
+}

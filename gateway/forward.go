@@ -45,8 +45,11 @@ var runnerConnectParams = grpc.ConnectParams{
 // a wait for a connection, never a query a runner has been sent. A
 // namespace query's retry takes a fresh lookup (mesh.HeaderLookupNonce),
 // so one whose runner went away or no longer holds the namespace's mailbox
-// is answered by the mailbox the lookup names now. The request's deadline
-// bounds every try.
+// is answered by the mailbox the lookup names now; a retry after an
+// Unavailable answer also passes over one more of the route's copies
+// (mesh.HeaderLookupSkip), so a replicated namespace fails over to its next
+// in-sync replica within the request. The request's deadline bounds every
+// try.
 const (
 	retries     = 2
 	retryWindow = time.Second
@@ -78,6 +81,7 @@ func (g *Gateway) call(ctx context.Context, up upstream, fn func(context.Context
 	var hdr metadata.MD
 	err := fn(ctx, grpc.Header(&hdr))
 	var windowEnd time.Time
+	skip := 0
 	for try := 1; try <= retries; try++ {
 		why := retryable(up, hdr, err, try)
 		if why == "" || ctx.Err() != nil {
@@ -92,7 +96,10 @@ func (g *Gateway) call(ctx context.Context, up upstream, fn func(context.Context
 		}
 		g.metrics.retry(why)
 		g.log.Debug("retrying upstream call", up.logKey(), up.value, "reason", why, "try", try, "err", status.Convert(err).Message())
-		h, e, connected := g.try(ctx, up, fn, wait)
+		if why == "unavailable" {
+			skip++
+		}
+		h, e, connected := g.try(ctx, up, fn, wait, skip)
 		if !connected && ctx.Err() == nil {
 			break // the window is spent and nothing new came: the earlier answer stands
 		}
@@ -135,11 +142,17 @@ func retryable(up upstream, hdr metadata.MD, err error, try int) string {
 }
 
 // try makes one retry of fn: wait for ready, ended after wait unless the
-// call was sent to a runner by then; a namespace's lookup is taken anew.
-// connected is false when it was ended so.
-func (g *Gateway) try(ctx context.Context, up upstream, fn func(context.Context, ...grpc.CallOption) error, wait time.Duration) (hdr metadata.MD, err error, connected bool) {
+// call was sent to a runner by then; a namespace's lookup is taken anew,
+// passing over the first skip of its route's mailboxes (the serving one,
+// then its in-sync replicas: docs/architecture.md#replicas), so a retry
+// after a copy could not answer goes to the next. connected is false when
+// it was ended so.
+func (g *Gateway) try(ctx context.Context, up upstream, fn func(context.Context, ...grpc.CallOption) error, wait time.Duration, skip int) (hdr metadata.MD, err error, connected bool) {
 	if up.key == mesh.HeaderNamespace {
 		ctx = metadata.AppendToOutgoingContext(ctx, mesh.HeaderLookupNonce, strconv.FormatUint(g.nonce.Add(1), 10))
+		if skip > 0 {
+			ctx = metadata.AppendToOutgoingContext(ctx, mesh.HeaderLookupSkip, strconv.Itoa(skip))
+		}
 	}
 	s := &sent{ch: make(chan struct{})}
 	ctx, cancel := context.WithCancelCause(context.WithValue(ctx, sentKey{}, s))

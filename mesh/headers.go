@@ -20,6 +20,13 @@ const (
 	// answered from its cache: it is part of the lookup's cache key
 	// (xds/translator's RLS key builder). Runners ignore it.
 	HeaderLookupNonce = "x-prism-lookup-nonce"
+	// HeaderLookupSkip, on a namespace query, is how many of the
+	// namespace's route's mailboxes (the serving one, then its in-sync
+	// replicas) the lookup passes over: a gateway's retry after the
+	// mailbox it was sent to could not answer sets it to go to the next
+	// (docs/architecture.md#replicas). Part of the lookup's cache key like
+	// HeaderLookupNonce; runners ignore it.
+	HeaderLookupSkip = "x-prism-lookup-skip"
 )
 
 // QueryListenerName is the xDS listener the admin nodes serve for gRPC

@@ -98,6 +98,18 @@ func (n *Namespaces) Set(ns, id string, epoch uint64) {
 	n.routes[ns] = &adminv1.NamespaceRoute{Namespace: ns, MailboxId: id, Epoch: epoch}
 }
 
+// SetReplicas routes namespace ns to mailbox id under epoch, with the
+// in-sync replicas replicas ("ns@proxy" each) after it, in order.
+func (n *Namespaces) SetReplicas(ns, id string, epoch uint64, replicas ...string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	r := &adminv1.NamespaceRoute{Namespace: ns, MailboxId: id, Epoch: epoch}
+	for _, mid := range replicas {
+		r.InSyncReplicas = append(r.InSyncReplicas, &adminv1.NamespaceRouteReplica{MailboxId: mid, Epoch: epoch})
+	}
+	n.routes[ns] = r
+}
+
 // NamespaceRoute implements lookup.Routes.
 func (n *Namespaces) NamespaceRoute(ns string) (*adminv1.NamespaceRoute, bool) {
 	n.mu.Lock()
@@ -180,6 +192,14 @@ func (r *Runner) Release(ids ...string) {
 	}
 }
 
+// Refuse makes the runner answer every query Unavailable while it keeps
+// its connections, as a runner shutting down refuses (503); false ends it.
+func (r *Runner) Refuse(refuse bool) {
+	r.svc.mu.Lock()
+	defer r.svc.mu.Unlock()
+	r.svc.refuse = refuse
+}
+
 // Close stops the runner: its connections close and new ones are refused.
 func (r *Runner) Close() { r.grpc.Stop() }
 
@@ -199,9 +219,10 @@ func (r *Runner) Restart(opts ...grpc.ServerOption) error {
 
 type runnerService struct {
 	mailboxv1.UnimplementedMailboxQueryServer
-	id   string
-	mu   sync.Mutex
-	held map[string]bool
+	id     string
+	mu     sync.Mutex
+	held   map[string]bool
+	refuse bool
 }
 
 func (s *runnerService) GetStats(ctx context.Context, _ *mailboxv1.GetStatsRequest) (*mailboxv1.GetStatsResponse, error) {
@@ -210,6 +231,9 @@ func (s *runnerService) GetStats(ctx context.Context, _ *mailboxv1.GetStatsReque
 	id, ns := first(md.Get(mesh.HeaderMailboxID)), first(md.Get(mesh.HeaderNamespace))
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.refuse {
+		return nil, status.Errorf(codes.Unavailable, "runner %s is shutting down", s.id)
+	}
 	if id == "" && ns != "" {
 		for held := range s.held {
 			if m, err := mesh.ParseMailboxID(held); err == nil && m.Namespace == ns {

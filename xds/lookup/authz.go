@@ -132,9 +132,9 @@ func (s *Server) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.Che
 		}
 	}
 	ok := &authv3.OkHttpResponse{}
-	if id, routed := s.route(r.alias()); routed {
+	if ids := s.route(r.alias()); len(ids) > 0 {
 		ok.Headers = []*corev3.HeaderValueOption{{
-			Header:       &corev3.HeaderValue{Key: mesh.HeaderMailboxID, Value: id.String()},
+			Header:       &corev3.HeaderValue{Key: mesh.HeaderMailboxID, Value: ids[0].String()},
 			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 		}}
 	}

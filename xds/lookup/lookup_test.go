@@ -20,10 +20,12 @@ import (
 	lookupv1 "github.com/prism-mesh/prism/proto/prism/lookup/v1"
 )
 
-// fakeRoutes maps a namespace to its mailbox id.
+// fakeRoutes maps a namespace to its mailbox id, and to its in-sync
+// replicas' in replicas.
 type fakeRoutes struct {
-	mu     sync.Mutex
-	routes map[string]string
+	mu       sync.Mutex
+	routes   map[string]string
+	replicas map[string][]string
 }
 
 func (f *fakeRoutes) NamespaceRoute(ns string) (*adminv1.NamespaceRoute, bool) {
@@ -33,7 +35,11 @@ func (f *fakeRoutes) NamespaceRoute(ns string) (*adminv1.NamespaceRoute, bool) {
 	if !ok {
 		return nil, false
 	}
-	return &adminv1.NamespaceRoute{Namespace: ns, MailboxId: id, Epoch: 7}, true
+	r := &adminv1.NamespaceRoute{Namespace: ns, MailboxId: id, Epoch: 7}
+	for _, mid := range f.replicas[ns] {
+		r.InSyncReplicas = append(r.InSyncReplicas, &adminv1.NamespaceRouteReplica{MailboxId: mid, Epoch: 8})
+	}
+	return r, true
 }
 
 func (f *fakeRoutes) set(ns, id string) {
@@ -47,7 +53,8 @@ func testRoutes() *fakeRoutes {
 		"audit-logs": "audit-logs@proxy-02",
 		"billing":    "billing@proxy-01",
 		"corrupt":    "not an id",
-	}}
+		"orders":     "orders@proxy-01",
+	}, replicas: map[string][]string{"orders": {"orders@proxy-03", "orders@proxy-02"}}}
 }
 
 func TestRouteLookup(t *testing.T) {
@@ -65,6 +72,18 @@ func TestRouteLookup(t *testing.T) {
 		{"no namespace key", map[string]string{"other": "audit-logs"}, []string{"lookup/prism/admin"}, ""},
 		{"empty key map", nil, []string{"lookup/prism/admin"}, ""},
 		{"route naming an invalid id", map[string]string{NamespaceKey: "corrupt"}, []string{"lookup/prism/admin"}, ""},
+		// The serving mailbox, then the in-sync replicas in order: grpc-go
+		// takes the first target whose connection has not failed.
+		{"replicated", map[string]string{NamespaceKey: "orders"},
+			[]string{"lookup/proxy/proxy-01", "lookup/proxy/proxy-03", "lookup/proxy/proxy-02"}, "orders@proxy-01"},
+		// A retry's skip starts at the next copy, wrapping around.
+		{"replicated, skip 1", map[string]string{NamespaceKey: "orders", SkipKey: "1"},
+			[]string{"lookup/proxy/proxy-03", "lookup/proxy/proxy-02", "lookup/proxy/proxy-01"}, "orders@proxy-03"},
+		{"replicated, skip 4", map[string]string{NamespaceKey: "orders", SkipKey: "4"},
+			[]string{"lookup/proxy/proxy-03", "lookup/proxy/proxy-02", "lookup/proxy/proxy-01"}, "orders@proxy-03"},
+		{"one copy, skip 1", map[string]string{NamespaceKey: "billing", SkipKey: "1"}, []string{"lookup/proxy/proxy-01"}, "billing@proxy-01"},
+		{"skip not a number", map[string]string{NamespaceKey: "orders", SkipKey: "x"},
+			[]string{"lookup/proxy/proxy-01", "lookup/proxy/proxy-03", "lookup/proxy/proxy-02"}, "orders@proxy-01"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -2,6 +2,7 @@ package lookup
 
 import (
 	"context"
+	"strconv"
 
 	"google.golang.org/grpc"
 
@@ -24,6 +25,9 @@ const (
 	// NamespaceKey is the key_map key the route's key builder fills from
 	// the x-prism-namespace header.
 	NamespaceKey = "namespace"
+	// SkipKey is the key_map key filled from the x-prism-lookup-skip
+	// header: how many of the route's mailboxes the answer passes over.
+	SkipKey = "skip"
 	// AdminTarget is the admin nodes' cluster as RLS reaches it, the
 	// answer for an unrouted namespace: they answer the call NotFound
 	// (xds/notfound).
@@ -72,30 +76,54 @@ func RegisterRouteLookupServer(s grpc.ServiceRegistrar, srv RouteLookupServer) {
 	s.RegisterService(&routeLookupDesc, srv)
 }
 
-// RouteLookup answers the key namespace with its proxy's cluster and the
-// mailbox id as header data, and anything else with the admin cluster. It
-// never fails: grpc-go would back off an entry whose lookup failed.
+// RouteLookup answers the key namespace with its mailboxes' proxy clusters,
+// the serving mailbox's first and then its in-sync replicas' in order
+// (docs/architecture.md#replicas), and the first one's mailbox id as header
+// data; anything else with the admin cluster. grpc-go's RLS balancer sends
+// a call to the first target whose connection has not failed, so a
+// replica takes the queries of a serving runner that cannot be reached.
+// The skip key rotates the list by that many, so a gateway's retry after an
+// answer it could not use starts at the next copy. It never fails: grpc-go
+// would back off an entry whose lookup failed.
 func (s *Server) RouteLookup(_ context.Context, req *lookupv1.RouteLookupRequest) (*lookupv1.RouteLookupResponse, error) {
-	if id, ok := s.route(req.GetKeyMap()[NamespaceKey]); ok {
-		return &lookupv1.RouteLookupResponse{Targets: []string{ProxyTarget(id.Proxy)}, HeaderData: id.String()}, nil
+	ids := s.route(req.GetKeyMap()[NamespaceKey])
+	if len(ids) == 0 {
+		return &lookupv1.RouteLookupResponse{Targets: []string{AdminTarget}}, nil
 	}
-	return &lookupv1.RouteLookupResponse{Targets: []string{AdminTarget}}, nil
+	if k, err := strconv.ParseUint(req.GetKeyMap()[SkipKey], 10, 32); err == nil {
+		k %= uint64(len(ids))
+		ids = append(ids[k:], ids[:k]...)
+	}
+	targets := make([]string, len(ids))
+	for i, id := range ids {
+		targets[i] = ProxyTarget(id.Proxy)
+	}
+	return &lookupv1.RouteLookupResponse{Targets: targets, HeaderData: ids[0].String()}, nil
 }
 
-// route is the mailbox namespace ns's alias routes to, if it is routed.
-func (s *Server) route(ns string) (mesh.MailboxID, bool) {
+// route is the mailboxes namespace ns's alias routes to, the serving one
+// first, then its in-sync replicas; none if it is not routed.
+func (s *Server) route(ns string) []mesh.MailboxID {
 	if ns == "" {
-		return mesh.MailboxID{}, false
+		return nil
 	}
 	r, ok := s.routes.NamespaceRoute(ns)
 	if !ok {
-		return mesh.MailboxID{}, false
+		return nil
 	}
-	id, err := mesh.ParseMailboxID(r.GetMailboxId())
-	if err != nil {
-		// The FSM grants valid ids only; a bad one routes nowhere.
-		s.log.Error("namespace route names an invalid mailbox", "namespace", ns, "mailbox", r.GetMailboxId(), "err", err)
-		return mesh.MailboxID{}, false
+	mids := []string{r.GetMailboxId()}
+	for _, x := range r.GetInSyncReplicas() {
+		mids = append(mids, x.GetMailboxId())
 	}
-	return id, true
+	var out []mesh.MailboxID
+	for _, mid := range mids {
+		id, err := mesh.ParseMailboxID(mid)
+		if err != nil {
+			// The FSM grants valid ids only; a bad one routes nowhere.
+			s.log.Error("namespace route names an invalid mailbox", "namespace", ns, "mailbox", mid, "err", err)
+			continue
+		}
+		out = append(out, id)
+	}
+	return out
 }

@@ -36,7 +36,10 @@ const RouteLookupTypeURL = "type.googleapis.com/grpc.lookup.v1.RouteLookupCluste
 // rlsNonceKey is a second key, filled from mesh.HeaderLookupNonce, which a
 // gateway sets to a value of its own to take a lookup past the cache: a
 // retry after the answer it had failed (gateway.Gateway.call) asks the
-// admin anew under a key no cached answer has.
+// admin anew under a key no cached answer has. rlsSkipKey, from
+// mesh.HeaderLookupSkip, has the answer start at the route's next in-sync
+// replica, so a retry after a mailbox could not answer fails over to another
+// copy (docs/architecture.md#replicas).
 const (
 	rlsMaxAge        = 250 * time.Millisecond
 	rlsStaleAge      = 200 * time.Millisecond
@@ -46,6 +49,9 @@ const (
 	// from (xds/lookup).
 	rlsNamespaceKey = "namespace"
 	rlsNonceKey     = "nonce"
+	// rlsSkipKey is filled from mesh.HeaderLookupSkip: a retry's lookup
+	// answers the route's next mailbox first (xds/lookup).
+	rlsSkipKey = "skip"
 	// mailboxQueryService is the gRPC service the key builder is for.
 	mailboxQueryService = "prism.mailbox.v1.MailboxQuery"
 )
@@ -62,6 +68,7 @@ func routeLookupSpecifier(lookup string) (*anypb.Any, error) {
 			Headers: []*lookupv1.NameMatcher{
 				{Key: rlsNamespaceKey, Names: []string{mesh.HeaderNamespace}},
 				{Key: rlsNonceKey, Names: []string{mesh.HeaderLookupNonce}},
+				{Key: rlsSkipKey, Names: []string{mesh.HeaderLookupSkip}},
 			},
 		}},
 		LookupService:        lookup,
