@@ -66,7 +66,7 @@ func TestRunnerValidityCarriesTheBoottimeBound(t *testing.T) {
 	}
 }
 
-// A host without a boot clock sends valid_for alone, as before the bound.
+// A host without a boot clock sends valid_for alone, with no boot clock bound.
 func TestRunnerValidityWithoutBoottime(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *Config) { c.Boottime = func() (boottime.Stamp, bool) { return boottime.Stamp{}, false } })

@@ -50,7 +50,7 @@ func (r DrainResult) Drained() bool {
 // docs/architecture.md#kubernetes-stop-order): it cordons the proxy, so
 // the admin moves its namespaces to other proxies by handoff, then waits
 // until the proxy holds no namespace it serves or hands off and every
-// unassigned mailbox has been closed and released (issue 13's order), or
+// unassigned mailbox has been closed and released (docs/architecture.md#release), or
 // until timeout passes on the agent's clock. A namespace catching up here
 // does not hold the drain: the admin abandons moves to a cordoned proxy.
 // The runner keeps serving throughout; it is stopped only after Drain.
@@ -61,7 +61,7 @@ func (a *Agent) Drain(ctx context.Context, timeout time.Duration) DrainResult {
 	// everything itself.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(a.halt, cancel)
+	stop := context.AfterFunc(a.life.halt, cancel)
 	defer stop()
 	expired := make(chan struct{})
 	t := clk.NewTimer(timeout)

@@ -11,8 +11,8 @@ import (
 // move's switch the source's mailbox becomes HANDING_OFF and stops ingesting
 // (the runner drains it: flushes, commits, keeps serving), so its answers
 // during the tail never hold records stored after the switch, which the
-// destination, ingesting on, passes within a batch (issue 15; the
-// trade-off is in docs/architecture.md, Moves). If the tail's proxy gets
+// destination, ingesting on, passes within a batch (the trade-off is in
+// docs/architecture.md#moves). If the tail's proxy gets
 // the namespace back (an unplanned reassignment: HANDING_OFF to SERVING),
 // the mailbox is activated again and ingests.
 type handoff struct {
@@ -23,7 +23,7 @@ type handoff struct {
 // activation it needed did not happen before until() or the worker stopped
 // (the lease is then over on this side, as for any activation). A drain the
 // runner refuses is logged and tried again at the next call: the mailbox
-// then keeps ingesting, as before the switch.
+// then keeps ingesting, as a serving mailbox does.
 func (w *worker) followRole(h *handoff, epoch uint64, until func() time.Time) bool {
 	handingOff := w.view().Role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_HANDING_OFF
 	switch {
@@ -46,6 +46,3 @@ func (w *worker) followRole(h *handoff, epoch uint64, until func() time.Time) bo
 	}
 	return true
 }
-
-// roleChanged wakes the worker's hold loop after setRole changed the role.
-func (w *worker) roleChanged() <-chan struct{} { return w.roleCh }

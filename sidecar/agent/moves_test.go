@@ -63,7 +63,7 @@ func releasePrefix(mode LeaseMode, id string) string {
 	return "admin release " + id
 }
 
-// A move's roles on either end (issue 15), in both lease modes: a
+// A move's roles on either end (docs/architecture.md#moves), in both lease modes: a
 // namespace catching up is opened, acquired and served like a served one;
 // its switch to serving changes the role only (nothing is drained, closed or
 // released, the epoch stays); a served one's to handing off also drains it

@@ -4,61 +4,11 @@ import (
 	"context"
 	"time"
 
+	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
-
-// proxyRunnerDeadAfter is how long the runner may fail the proxy
-// heartbeat's probe before the proxy reports it not ready:
-// Config.RunnerDeadAfter, else three heartbeat intervals, at most half the
-// ttl asked for (the workers' bound, taken from the sidecar's settings since
-// a proxy holds no single lease to take it from).
-func (c *Config) proxyRunnerDeadAfter() time.Duration {
-	if c.RunnerDeadAfter > 0 {
-		return c.RunnerDeadAfter
-	}
-	d := 3 * c.HeartbeatInterval
-	if c.LeaseTTL > 0 {
-		d = min(d, c.LeaseTTL/2)
-	}
-	return d
-}
-
-// judgeRunner probes the runner's control API (its stats) and records
-// whether the proxy's runner is ready: not once the probe has failed
-// (unreachable, or an error other than NotFound) for the runner-dead bound,
-// counted in sil (silence: never the sidecar's own pause), ready again at
-// its first answer. Only the bound flips it to not ready, so a runner that
-// is slow or paused for less never moves a namespace. It returns the
-// runner's answer (nil if none), whose lags the heartbeat reports.
-func (a *Agent) judgeRunner(ctx context.Context, sil *silence) *runnerv1.GetStatsResponse {
-	sentAt := a.cfg.Clock.Now()
-	pctx, cancel := context.WithTimeout(ctx, sil.timeout)
-	stats, err := a.cfg.Runner.GetStats(pctx, &runnerv1.GetStatsRequest{})
-	cancel()
-	now := a.cfg.Clock.Now()
-	if err == nil || status.Code(err) == codes.NotFound {
-		if was := sil.down(); a.runnerNotReady.Swap(false) {
-			a.log.Info("runner answers again; reporting it ready, so the proxy takes namespaces again", "down_for", was)
-		}
-		sil.observe(sentAt, now, nil, time.Time{})
-		a.m.runnerReady.Set(1)
-		return stats
-	}
-	if ctx.Err() != nil {
-		return nil
-	}
-	bound := a.cfg.proxyRunnerDeadAfter()
-	if down := sil.observe(sentAt, now, err, a.heard()); down >= bound && !a.runnerNotReady.Swap(true) {
-		a.m.runnerReady.Set(0)
-		a.log.Warn("runner unreachable past the bound; reporting it not ready, so the proxy's namespaces move to other proxies",
-			"down_for", down, "runner_dead_after", bound, "err", err)
-	}
-	return nil
-}
 
 // heardRunner is the runner's control client noting when the runner last
 // answered a call of any kind (Agent.heardAt): proof of life that ends its
@@ -151,4 +101,67 @@ func (a *Agent) runnerBound() func(validFor time.Duration) *runnerv1.BoottimeBou
 		}
 		return &runnerv1.BoottimeBound{BootId: now.BootID, ValidUntilBoottime: int64(now.Since + validFor)}
 	}
+}
+
+// maxRunnerStarts bounds the calls that open a mailbox's store or start
+// its consumer in the runner at once. The runner does each on its own
+// goroutine, CPU-bound: a proxy's whole share assigned together would
+// queue every other call behind them, the stats probe included, past the
+// runner-dead bound, and each call queued there would time out
+// (RPCTimeout) and be retried, where here it only waits its turn
+// (docs/architecture.md#the-sidecar).
+const maxRunnerStarts = 32
+
+// startSlot waits for a turn to open or start a mailbox in the runner and
+// returns its release; false if ctx ended first.
+func (a *Agent) startSlot(ctx context.Context) (func(), bool) {
+	select {
+	case a.starts <- struct{}{}:
+		return func() { <-a.starts }, true
+	case <-ctx.Done():
+		return nil, false
+	}
+}
+
+// runnerDialed is RunnerConn.Dialed, nil without a RunnerConn; taken before
+// a call to the runner, for awaitRunner after it fails.
+func (a *Agent) runnerDialed() <-chan struct{} {
+	if a.cfg.RunnerConn == nil {
+		return nil
+	}
+	return a.cfg.RunnerConn.Dialed()
+}
+
+// awaitRunner waits d before the next call to the runner after one failed,
+// or less when the runner is gone: until a dial to it connects (it started
+// again), so that its mailboxes are opened, acquired and served again as
+// soon as it listens. dialed is runnerDialed from before the failed call,
+// so a runner that started again since then is called again at once.
+// False if ctx ended first.
+func (a *Agent) awaitRunner(ctx context.Context, d time.Duration, dialed <-chan struct{}) bool {
+	// Refusing first: a dial that connects clears it and closes dialed at
+	// once, so one of the two is seen.
+	refusing := a.runnerRefusing()
+	select {
+	case <-dialed:
+		return ctx.Err() == nil
+	default:
+	}
+	if !refusing {
+		return sleep(ctx, a.cfg.Clock, d)
+	}
+	t := a.cfg.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+	case <-dialed:
+	}
+	return true
+}
+
+// probeTimeout bounds one stats probe of the runner made every interval.
+func (a *Agent) probeTimeout(interval time.Duration) time.Duration {
+	return min(a.cfg.RPCTimeout/2, interval)
 }

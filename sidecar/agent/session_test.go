@@ -201,7 +201,7 @@ func TestSessionValidityRunsOut(t *testing.T) {
 }
 
 // An admin cluster without the Sessions service answers Unimplemented: the
-// sidecar holds each lease on its own, as before sessions.
+// sidecar holds each lease on its own (LeaseModeMailbox).
 func TestSessionFallsBackToMailboxMode(t *testing.T) {
 	t.Parallel()
 	// An old admin from the start: set before the agent runs.

@@ -1,0 +1,156 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
+)
+
+type stopMode int
+
+const (
+	// The zero stopMode is running.
+	_ stopMode = iota
+	// stopUnassign: the runner drains and closes the mailbox, then the
+	// lease goes.
+	stopUnassign
+	// stopShutdown: halt only; Agent.Shutdown drains and releases.
+	stopShutdown
+)
+
+// worker owns one mailbox's lease (docs/architecture.md#the-sidecar).
+type worker struct {
+	a          *Agent
+	id         string
+	assignment *adminv1.NamespaceAssignment
+	log        *slog.Logger
+	ctx        context.Context
+	cancel     context.CancelFunc
+	done       chan struct{}
+	assigned   time.Time
+	prev       *worker // the previous worker of this mailbox, if still closing
+
+	mu   sync.Mutex
+	mode stopMode
+	v    LeaseView
+	// runnerUntil bounds the latest deadline (valid_for) the runner
+	// confirmed taking, counted from its answer, or may have taken from an
+	// extension that did not come back (unanswered); zero if none.
+	runnerUntil time.Time
+	// unansweredSent is when the last extension that did not come back
+	// was sent; none is sent again until the runner has answered a call
+	// since (mayExtend).
+	unansweredSent time.Time
+	// roleCh has a token when the role changed since the hold loop last
+	// looked (followRole).
+	roleCh chan struct{}
+	// reopen is set when the runner was given up on (giveUp): the mailbox
+	// is opened in it again before the next acquire.
+	reopen bool
+}
+
+func newWorker(a *Agent, id string, as *adminv1.NamespaceAssignment) *worker {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &worker{
+		a: a, id: id, assignment: as, ctx: ctx, cancel: cancel, done: make(chan struct{}), roleCh: make(chan struct{}, 1),
+		log:      a.log.With("mailbox_id", id),
+		assigned: a.cfg.Clock.Now(),
+		v:        LeaseView{MailboxID: id, Namespace: as.GetNamespace(), State: StateOpening, Role: as.GetRole()},
+	}
+}
+
+func (w *worker) view() LeaseView {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.v
+}
+
+func (w *worker) update(f func(*LeaseView)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f(&w.v)
+}
+
+func (w *worker) stop(m stopMode) {
+	w.mu.Lock()
+	w.mode = m
+	w.mu.Unlock()
+	w.cancel()
+}
+
+func (w *worker) stopMode() stopMode {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mode
+}
+
+// run is the worker's whole life: open in the runner, then acquire and hold
+// until stopped, re-acquiring after every loss.
+func (w *worker) run() {
+	defer close(w.done)
+	defer w.a.sess.unexpect(w.id)
+	if w.prev != nil {
+		select {
+		case <-w.prev.done:
+		case <-w.ctx.Done():
+		}
+	}
+	// A runner given up on (runnerGone) is opened again before the next
+	// acquire: the lease is only asked for once the runner answers.
+	for w.ctx.Err() == nil && w.openInRunner() {
+		mode, ok := w.a.sess.leaseMode(w.ctx)
+		for ok && w.ctx.Err() == nil {
+			end := leaseEnded
+			if mode == LeaseModeSession {
+				var r acqResult
+				if r, ok = w.acquireSession(); ok {
+					end = w.holdSession(r)
+				}
+			} else {
+				var l *adminv1.Lease
+				var sentAt time.Time
+				if l, sentAt, ok = w.acquire(); ok {
+					end = w.hold(l, sentAt)
+				}
+			}
+			// giveUp marks every way it was reached, a failed
+			// activation's too; reading it also clears it.
+			if gaveUp := w.reopening(); gaveUp || end == runnerGone {
+				break
+			}
+		}
+	}
+	if w.stopMode() == stopUnassign && w.unassign() {
+		w.a.closed(w)
+	}
+}
+
+// reopening reports, once, that giveUp gave the lease back.
+func (w *worker) reopening() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r := w.reopen
+	w.reopen = false
+	return r
+}
+
+// setRole records the assignment's role and returns the previous one.
+func (w *worker) setRole(r adminv1.AssignmentRole) adminv1.AssignmentRole {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	prev := w.v.Role
+	w.v.Role = r
+	if prev != r {
+		select {
+		case w.roleCh <- struct{}{}:
+		default: // the loop has yet to look at the previous change
+		}
+	}
+	return prev
+}
+
+// roleChanged wakes the worker's hold loop after setRole changed the role.
+func (w *worker) roleChanged() <-chan struct{} { return w.roleCh }
