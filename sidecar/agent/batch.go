@@ -156,7 +156,7 @@ func (s *sessions) batches(ctx context.Context) {
 // mailboxes stay queued).
 func (s *sessions) send(ctx context.Context, st *sessState) error {
 	a := s.a
-	if _, until, _, _ := s.validity(st); !a.cfg.Clock.Now().Before(until) {
+	if !a.cfg.Clock.Now().Before(st.window().until) {
 		// Its leases would be fenced as soon as granted.
 		s.lose(st, "ttl_elapsed", "no session keepalive acknowledged for ttl since the last one was sent")
 		return nil

@@ -20,15 +20,6 @@ type heldMailbox struct {
 	epoch uint64
 }
 
-// probeResult is one stats probe of every mailbox of the runner, and the
-// runner's silence with it counted (nil err: it answered).
-type probeResult struct {
-	sentAt    time.Time
-	silence   silence
-	mailboxes map[string]*runnerv1.MailboxStatus
-	err       error
-}
-
 // probes asks the runner for the stats of every mailbox in one call every
 // interval (jittered) and hands the answer to the workers: a probe of the
 // runner's control API per sidecar, not per mailbox.
@@ -54,19 +45,8 @@ func (s *sessions) probes(ctx context.Context, interval time.Duration) {
 				r.mailboxes[m.GetMailboxId()] = m
 			}
 		}
-		s.mu.Lock()
-		s.probe = r
-		close(s.probed)
-		s.probed = make(chan struct{})
-		s.mu.Unlock()
+		s.board.publish(r)
 	}
-}
-
-// lastProbe is the latest probe and the channel closed by the next one.
-func (s *sessions) lastProbe() (probeResult, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.probe, s.probed
 }
 
 // hold adds w's mailbox, served under epoch in st, to the next extensions.
@@ -135,7 +115,7 @@ func (s *sessions) extendAll(ctx context.Context) {
 	sentAt := a.cfg.Clock.Now()
 	var vf time.Duration
 	if len(held) > 0 {
-		vf = st.validUntil.Sub(sentAt)
+		vf = st.window().until.Sub(sentAt)
 	}
 	if vf <= 0 {
 		s.mu.Unlock()
@@ -208,3 +188,30 @@ func (s *sessions) extendAll(ctx context.Context) {
 	}
 	wg.Wait()
 }
+
+// sessionLease is a lease of a session (LeaseModeSession): valid as long
+// as its session, renewed by the session's keepalives, judged by the
+// session's probes, and extended in the runner with every other mailbox of
+// the session after each keepalive (extendAll).
+type sessionLease struct {
+	s     *sessions
+	st    *sessState
+	w     *worker
+	epoch uint64
+}
+
+var _ validity = sessionLease{}
+
+func (l sessionLease) renewable() *renewable { return l.st.renewable }
+func (l sessionLease) probes() *probeBoard   { return l.s.board }
+
+// renewDue: the session's keepalives are its own loop's to send.
+func (sessionLease) renewDue(time.Time) (time.Time, <-chan struct{}) { return time.Time{}, nil }
+
+func (l sessionLease) serve() (unserve func()) {
+	l.s.hold(l.w, l.st, l.epoch)
+	return func() { l.s.unhold(l.w) }
+}
+
+// renewed: the session's extender extends every mailbox of it at once.
+func (sessionLease) renewed(time.Time) {}

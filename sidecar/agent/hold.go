@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"log/slog"
+	"sync"
 	"time"
 
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
@@ -29,59 +31,99 @@ func (w *worker) runnerDeadAfter(interval, ttl time.Duration) time.Duration {
 	return min(3*interval, ttl/2)
 }
 
-// hold activates the runner under l and heartbeats until the lease is lost
-// (the runner is fenced before hold returns), the runner is given up on, or
-// the worker is stopped.
-func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
-	clk := w.a.cfg.Clock
-	epoch := l.GetEpoch()
-	ttl := l.GetTtl().AsDuration()
-	if ttl <= 0 {
-		ttl = w.a.cfg.LeaseTTL
-	}
-	interval := w.a.cfg.HeartbeatInterval
-	if li := l.GetHeartbeatInterval().AsDuration(); li > 0 && li < interval {
-		interval = li
-	}
-	// At least two tries before the fence, whatever was configured.
-	interval = min(interval, ttl/3)
-	fenceAt := sentAt.Add(ttl)
-	log := w.log.With("epoch", epoch)
-	w.update(func(v *LeaseView) { v.Epoch, v.TTL, v.LastAckSent, v.FenceAt = epoch, ttl, sentAt, fenceAt })
-	deadAfter := w.runnerDeadAfter(interval, ttl)
-	log.Info("lease acquired", "ttl", ttl, "heartbeat_interval", interval, "runner_dead_after", deadAfter, "runner_address", l.GetRunnerAddress())
+// holding is one hold of a granted lease: what the hold loop knows of it
+// between its steps.
+type holding struct {
+	w         *worker
+	v         validity
+	g         *renewable
+	epoch     uint64
+	deadAfter time.Duration
+	log       *slog.Logger
+	// win is the lease's validity as last read: the runner is fenced at
+	// win.until.
+	win    window
+	probed <-chan struct{}
+	// activatedAt is when the runner last answered an activation: a probe
+	// sent before it cannot show the mailbox active, and the runner's
+	// silence counts from it at the earliest.
+	activatedAt time.Time
+	// runnerLost: a probe since the activation found the runner not
+	// serving the mailbox under epoch; it is activated again at the next
+	// renewal.
+	runnerLost bool
+	h          handoff
+	unserve    func()
+}
 
-	until := func() time.Time { return fenceAt }
-	if !w.activate(epoch, until) {
+// hold activates the runner under l, valid as v says, and holds the lease
+// until it is lost (the runner is fenced before hold returns), the runner
+// is given up on (givingUp), or the worker is stopped. It is the one hold
+// loop of both lease modes: v alone tells a lease held on its own from one
+// of a session.
+func (w *worker) hold(l *adminv1.Lease, v validity) holdEnd {
+	g := v.renewable()
+	hs := &holding{w: w, v: v, g: g, epoch: l.GetEpoch(), win: g.window()}
+	hs.deadAfter = w.runnerDeadAfter(g.every, hs.win.ttl)
+	hs.log = w.log.With("epoch", hs.epoch)
+	if g.id != 0 {
+		hs.log = hs.log.With("session_id", g.id)
+	}
+	w.update(func(lv *LeaseView) {
+		lv.Epoch, lv.TTL, lv.LastAckSent, lv.FenceAt, lv.SessionID = hs.epoch, hs.win.ttl, hs.win.lastAckSent, hs.win.until, g.id
+	})
+	hs.log.Info("lease acquired", "ttl", hs.win.ttl, "renew_interval", g.every, "runner_dead_after", hs.deadAfter, "runner_address", l.GetRunnerAddress())
+
+	_, hs.probed = v.probes().latest()
+	if !w.activate(hs.epoch, hs.until) {
 		return leaseEnded
 	}
-	// The activation was the runner's last answer.
-	sil := newSilence(clk.Now(), w.a.probeTimeout(interval), interval)
-	unheld := w.serving()
-	defer unheld()
-	log.Info("runner serving under the lease")
-	var h handoff
-	if !w.followRole(&h, epoch, until) {
+	hs.activatedAt = w.a.cfg.Clock.Now()
+	served, unserve := w.serving(), v.serve()
+	hs.unserve = sync.OnceFunc(func() {
+		served()
+		unserve()
+	})
+	defer hs.unserve()
+	hs.log.Info("runner serving under the lease")
+	if !w.followRole(&hs.h, hs.epoch, hs.until) {
 		return leaseEnded
 	}
+	return hs.loop()
+}
 
-	bo := w.a.cfg.Backoff
-	nextHB := sentAt.Add(w.a.cfg.Jitter(interval))
-	var inflight chan hbResult
+// until is the lease's deadline, read anew at each call: an activation or
+// a drain may outlast a renewal (a runner starting a thousand mailboxes),
+// and the renewals meanwhile count.
+func (hs *holding) until() time.Time { return hs.g.window().until }
+
+// loop waits for what happens to the lease next, on one timer of the
+// worker's clock that is the fence's, independent of any call in flight
+// (docs/architecture.md#client-side-stop), and starts each renewal that
+// is the loop's to start.
+func (hs *holding) loop() holdEnd {
+	w, clk := hs.w, hs.w.a.cfg.Clock
 	for {
 		now := clk.Now()
-		if !now.Before(fenceAt) {
-			unheld()
-			w.fence(epoch, "ttl_elapsed", "no heartbeat acknowledged for ttl since the last one was sent", fenceAt.Add(-ttl))
+		if !now.Before(hs.win.until) {
+			select {
+			case <-hs.win.renewed:
+				// Renewed while this worker was busy (a slow activation
+				// or drain): the fence is the renewal's to decide.
+				if end, over := hs.renewed(); over {
+					return end
+				}
+				continue
+			default:
+			}
+			hs.unserve()
+			w.fence(hs.epoch, "ttl_elapsed", "no "+hs.g.what()+" acknowledged for ttl since the last one was sent", hs.win.lastAckSent)
 			return leaseEnded
 		}
-		if inflight == nil && !now.Before(nextHB) {
-			inflight = w.heartbeat(epoch, interval, sil, deadAfter)
-			continue
-		}
-		wake := fenceAt
-		if inflight == nil && nextHB.Before(wake) {
-			wake = nextHB
+		wake := hs.win.until
+		next, changed := hs.v.renewDue(now)
+		if !next.IsZero() && next.Before(wake) {
+			wake = next
 		}
 		t := clk.NewTimer(wake.Sub(now))
 		select {
@@ -90,179 +132,80 @@ func (w *worker) hold(l *adminv1.Lease, sentAt time.Time) holdEnd {
 			return leaseEnded
 		case <-t.C():
 			continue
+		case <-changed:
+			t.Stop()
 		case <-w.roleChanged():
 			t.Stop()
-			if !w.followRole(&h, epoch, until) {
+			if !w.followRole(&hs.h, hs.epoch, hs.until) {
 				return leaseEnded
 			}
-		case r := <-inflight:
+		case <-hs.win.lost:
 			t.Stop()
-			inflight = nil
-			sil = r.silence
-			if r.giveUp {
-				unheld()
-				w.giveUp(epoch, sil.down(), deadAfter, r.runnerErr)
-				return runnerGone
+			hs.unserve()
+			reason, detail := hs.g.lostWhy()
+			w.fence(hs.epoch, reason, detail, hs.win.lastAckSent)
+			return leaseEnded
+		case <-hs.win.renewed:
+			t.Stop()
+			if end, over := hs.renewed(); over {
+				return end
 			}
-			if reason, detail, lost := refused(r); lost {
-				w.a.m.heartbeats.WithLabelValues("refused").Inc()
-				unheld()
-				w.fence(epoch, reason, detail, fenceAt.Add(-ttl))
-				return leaseEnded
-			}
-			if r.err != nil || !r.resp.GetRenewed() {
-				w.a.m.heartbeats.WithLabelValues("error").Inc()
-				retry := bo.Step()
-				log.Warn("heartbeat failed; retrying", "err", r.err, "retry_in", retry, "fence_in", fenceAt.Sub(clk.Now()))
-				nextHB = clk.Now().Add(retry)
-				continue
-			}
-			w.a.m.heartbeats.WithLabelValues("renewed").Inc()
-			w.a.m.hbLatency.Observe(clk.Since(r.sentAt).Seconds())
-			bo = w.a.cfg.Backoff
-			if d := r.resp.GetTtl().AsDuration(); d > 0 {
-				ttl = d
-			}
-			if at := r.sentAt.Add(ttl); at.After(fenceAt) {
-				fenceAt = at
-			}
-			nextHB = r.sentAt.Add(w.a.cfg.Jitter(interval))
-			w.update(func(v *LeaseView) { v.LastAckSent, v.FenceAt, v.TTL = r.sentAt, fenceAt, ttl })
-			if r.runnerLost {
-				log.Warn("runner no longer serves the mailbox; activating it again")
-				if !w.activate(epoch, until) {
-					return leaseEnded
-				}
-				h = handoff{} // ingesting again: drained anew if still handing off
-				if !w.followRole(&h, epoch, until) {
-					return leaseEnded
-				}
-				continue
-			}
-			w.extend(epoch, fenceAt)
-			if !w.followRole(&h, epoch, until) {
-				return leaseEnded
+		case <-hs.probed:
+			t.Stop()
+			if end, over := hs.judge(); over {
+				return end
 			}
 		}
 	}
 }
 
-// holdSession is hold for a lease of a session: the runner is activated
-// under the lease's own epoch and extended after every acknowledged
-// keepalive of the session, and fenced once the session's validity runs
-// out or the session is lost. The session's one stats probe of the runner
-// per interval serves every worker, for the dead-runner bound and to
-// reactivate a runner that forgot the mailbox.
-func (w *worker) holdSession(r acqResult) holdEnd {
-	clk := w.a.cfg.Clock
-	st := r.st
-	epoch, ttl := r.lease.GetEpoch(), st.ttl
-	interval := min(w.a.cfg.HeartbeatInterval, ttl/3)
-	lastAck, fenceAt, renewed, lost := w.a.sess.validity(st)
-	log := w.log.With("epoch", epoch, "session_id", st.id)
-	w.update(func(v *LeaseView) {
-		v.Epoch, v.TTL, v.LastAckSent, v.FenceAt, v.SessionID = epoch, ttl, lastAck, fenceAt, st.id
-	})
-	deadAfter := w.runnerDeadAfter(interval, ttl)
-	log.Info("lease acquired", "ttl", ttl, "probe_interval", interval, "runner_dead_after", deadAfter, "runner_address", r.lease.GetRunnerAddress())
+// renewed follows a renewal: the view takes the new deadline, and the
+// runner is activated again if a probe found it not serving, else handed
+// the new time left (validity.renewed). A probe that came in with the
+// renewal is judged first, so that the runner it shows is the one the
+// renewal acts on. over is true when the hold ended, with end.
+func (hs *holding) renewed() (end holdEnd, over bool) {
+	select {
+	case <-hs.probed:
+		if end, over := hs.judge(); over {
+			return end, true
+		}
+	default:
+	}
+	w := hs.w
+	hs.win = hs.g.window()
+	w.update(func(lv *LeaseView) { lv.LastAckSent, lv.FenceAt, lv.TTL = hs.win.lastAckSent, hs.win.until, hs.win.ttl })
+	if hs.runnerLost {
+		hs.log.Warn("runner no longer serves the mailbox; activating it again")
+		if !w.activate(hs.epoch, hs.until) {
+			return leaseEnded, true
+		}
+		hs.activatedAt, hs.runnerLost = w.a.cfg.Clock.Now(), false
+		hs.h = handoff{} // ingesting again: drained anew if still handing off
+	} else {
+		hs.v.renewed(hs.win.until)
+	}
+	if !w.followRole(&hs.h, hs.epoch, hs.until) {
+		return leaseEnded, true
+	}
+	return 0, false
+}
 
-	// The session's validity, read anew each time: an activation or a
-	// drain may outlast a keepalive (a runner starting a thousand
-	// mailboxes), and the renewals meanwhile count.
-	until := func() time.Time {
-		_, u, _, _ := w.a.sess.validity(st)
-		return u
+// judge takes the latest probe of the runner: a runner given up on
+// (givingUp, or the probe's lease renews no more) has the lease given back
+// (giveUp); one that answered since the activation without serving the
+// mailbox under epoch is activated again at the next renewal.
+func (hs *holding) judge() (end holdEnd, over bool) {
+	var p probeResult
+	p, hs.probed = hs.v.probes().latest()
+	if down := p.silence.since(hs.activatedAt); p.final || hs.w.a.givingUp(p.err, down, hs.deadAfter) {
+		hs.unserve()
+		hs.w.giveUp(hs.epoch, down, hs.deadAfter, p.err)
+		return runnerGone, true
 	}
-	_, probed := w.a.sess.lastProbe()
-	if !w.activate(epoch, until) {
-		return leaseEnded
+	if p.err == nil && p.mailboxes != nil && !p.sentAt.Before(hs.activatedAt) {
+		st, ok := p.mailboxes[hs.w.id]
+		hs.runnerLost = !ok || st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetEpoch() != hs.epoch
 	}
-	// The activation is the runner's latest answer the probes may not
-	// have seen; a probe sent before it cannot show the mailbox active.
-	activatedAt := clk.Now()
-	serving := w.serving()
-	w.a.sess.hold(w, st, epoch)
-	unheld := func() {
-		serving()
-		w.a.sess.unhold(w)
-	}
-	defer unheld()
-	log.Info("runner serving under the lease")
-	var h handoff
-	if !w.followRole(&h, epoch, until) {
-		return leaseEnded
-	}
-
-	runnerLost := false
-	// onRenewed follows an acknowledged keepalive; false if the lease
-	// ended on this side.
-	onRenewed := func() bool {
-		lastAck, fenceAt, renewed, _ = w.a.sess.validity(st)
-		w.update(func(v *LeaseView) { v.LastAckSent, v.FenceAt = lastAck, fenceAt })
-		if runnerLost {
-			log.Warn("runner no longer serves the mailbox; activating it again")
-			if !w.activate(epoch, until) {
-				return false
-			}
-			activatedAt, runnerLost = clk.Now(), false
-			h = handoff{} // ingesting again: drained anew if still handing off
-		}
-		// The session's extender extends the runner's deadline.
-		return w.followRole(&h, epoch, until)
-	}
-	for {
-		now := clk.Now()
-		if !now.Before(fenceAt) {
-			select {
-			case <-renewed:
-				// Renewed while this worker was busy (a slow activation
-				// or drain): the fence is the renewal's to decide.
-				if !onRenewed() {
-					return leaseEnded
-				}
-				continue
-			default:
-			}
-			unheld()
-			w.fence(epoch, "ttl_elapsed", "no session keepalive acknowledged for ttl since the last one was sent", fenceAt.Add(-ttl))
-			return leaseEnded
-		}
-		t := clk.NewTimer(fenceAt.Sub(now))
-		select {
-		case <-w.ctx.Done():
-			t.Stop()
-			return leaseEnded
-		case <-t.C():
-			continue
-		case <-w.roleChanged():
-			t.Stop()
-			if !w.followRole(&h, epoch, until) {
-				return leaseEnded
-			}
-		case <-lost:
-			t.Stop()
-			unheld()
-			reason, detail := w.a.sess.lostWhy(st)
-			w.fence(epoch, reason, detail, lastAck)
-			return leaseEnded
-		case <-renewed:
-			t.Stop()
-			if !onRenewed() {
-				return leaseEnded
-			}
-		case <-probed:
-			t.Stop()
-			var p probeResult
-			p, probed = w.a.sess.lastProbe()
-			if down := p.silence.since(activatedAt); w.a.givingUp(p.err, down, deadAfter) {
-				unheld()
-				w.giveUp(epoch, down, deadAfter, p.err)
-				return runnerGone
-			}
-			if p.err == nil && !p.sentAt.Before(activatedAt) {
-				st, ok := p.mailboxes[w.id]
-				runnerLost = !ok || st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetEpoch() != epoch
-			}
-		}
-	}
+	return 0, false
 }

@@ -3,11 +3,13 @@ package agent
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prism-mesh/prism/mesh"
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // acquire asks for the lease until granted; it returns the lease and when
@@ -51,26 +53,149 @@ func (w *worker) acquire() (*adminv1.Lease, time.Time, bool) {
 	}
 }
 
-type hbResult struct {
-	sentAt     time.Time
-	resp       *adminv1.MailboxHeartbeatResponse
-	err        error
-	runnerLost bool // the runner no longer serves the mailbox actively
-	// runnerErr is why the runner's control API did not answer the stats
-	// probe (nil if it did, NotFound included).
-	runnerErr error
-	// silence is hold's judgment of the runner with this probe counted.
-	silence silence
-	// giveUp: the runner is given up on (givingUp); no heartbeat was sent.
-	giveUp bool
+// mailboxLease is a lease held on its own (LeaseModeMailbox), renewed by
+// MailboxHeartbeat: the hold loop starts each heartbeat when due, at most
+// one in flight, and the heartbeat first probes the runner for the
+// mailbox's stats, which it carries (docs/architecture.md#the-sidecar).
+type mailboxLease struct {
+	w         *worker
+	epoch     uint64
+	deadAfter time.Duration
+	g         *renewable
+	board     *probeBoard
+
+	mu sync.Mutex
+	// next is when the next heartbeat is due; inflight while one is sent.
+	next     time.Time
+	inflight bool
+	// changed is closed and replaced whenever next or inflight changes.
+	changed chan struct{}
+	// sil is the runner's silence as the probes counted it, which the
+	// heartbeat in flight owns.
+	sil silence
+	bo  wait.Backoff
 }
 
-// refused tells a lost lease from a failure to reach the leader.
-func refused(r hbResult) (reason, detail string, lost bool) {
-	ref := r.resp.GetRefusal()
-	if r.err != nil {
+var _ validity = (*mailboxLease)(nil)
+
+// newMailboxLease follows l, granted to the acquire sent at sentAt: valid
+// for its ttl (else the one asked for), heartbeated at its interval when
+// shorter than the configured one, and at least twice within the ttl.
+func newMailboxLease(w *worker, l *adminv1.Lease, sentAt time.Time) *mailboxLease {
+	cfg := &w.a.cfg
+	ttl := l.GetTtl().AsDuration()
+	if ttl <= 0 {
+		ttl = cfg.LeaseTTL
+	}
+	interval := cfg.HeartbeatInterval
+	if li := l.GetHeartbeatInterval().AsDuration(); li > 0 && li < interval {
+		interval = li
+	}
+	interval = min(interval, ttl/3)
+	return &mailboxLease{
+		w: w, epoch: l.GetEpoch(), deadAfter: w.runnerDeadAfter(interval, ttl),
+		g: newRenewable(0, sentAt, ttl, interval), board: newProbeBoard(),
+		inflight: true, changed: make(chan struct{}), bo: cfg.Backoff,
+	}
+}
+
+func (ml *mailboxLease) renewable() *renewable { return ml.g }
+func (ml *mailboxLease) probes() *probeBoard   { return ml.board }
+
+// serve starts the heartbeats: the first one interval (jittered) after the
+// acquire was sent, the runner's silence counted from now, the activation
+// being its last answer.
+func (ml *mailboxLease) serve() (unserve func()) {
+	cfg := &ml.w.a.cfg
+	ml.mu.Lock()
+	defer ml.mu.Unlock()
+	ml.sil = newSilence(cfg.Clock.Now(), ml.w.a.probeTimeout(ml.g.every), ml.g.every)
+	ml.settleLocked(ml.g.window().lastAckSent.Add(cfg.Jitter(ml.g.every)))
+	// A heartbeat still in flight renews nothing the worker follows after
+	// this: the hold loop alone extends the runner's deadline.
+	return func() {}
+}
+
+func (ml *mailboxLease) renewDue(now time.Time) (time.Time, <-chan struct{}) {
+	ml.mu.Lock()
+	defer ml.mu.Unlock()
+	if ml.inflight {
+		return time.Time{}, ml.changed
+	}
+	if now.Before(ml.next) {
+		return ml.next, ml.changed
+	}
+	ml.inflight = true
+	go ml.heartbeat(ml.sil)
+	return time.Time{}, ml.changed
+}
+
+// renewed hands the runner the time left after an acknowledged heartbeat.
+func (ml *mailboxLease) renewed(until time.Time) { ml.w.extend(ml.epoch, until) }
+
+// settleLocked records that the heartbeat in flight ended and when the next
+// is due; ml.mu must be held.
+func (ml *mailboxLease) settleLocked(next time.Time) {
+	ml.next, ml.inflight = next, false
+	close(ml.changed)
+	ml.changed = make(chan struct{})
+}
+
+func (ml *mailboxLease) settle(next time.Time, sil silence) {
+	ml.mu.Lock()
+	defer ml.mu.Unlock()
+	ml.sil = sil
+	ml.settleLocked(next)
+}
+
+// heartbeat probes the runner, publishes the probe, and sends one heartbeat
+// with the runner's stats. A slow runner delays it by at most one interval:
+// its stats are not worth the lease. A runner given up on (givingUp: it has
+// failed its probes for deadAfter, this one counted into sil, or it is
+// gone) gets no heartbeat: its probe is final, and the hold loop gives the
+// lease up instead. A refusal loses the lease; a failure is retried with
+// backoff, the fence not depending on it.
+func (ml *mailboxLease) heartbeat(sil silence) {
+	w, cfg := ml.w, &ml.w.a.cfg
+	ctx, cancel := context.WithTimeout(w.ctx, cfg.RPCTimeout)
+	defer cancel()
+	probeSent := cfg.Clock.Now()
+	stats, mailboxes, runnerErr := w.probe(ctx, ml.epoch, ml.g.every)
+	sentAt := cfg.Clock.Now()
+	down := sil.observe(probeSent, sentAt, runnerErr, w.a.heard())
+	p := probeResult{sentAt: probeSent, silence: sil, mailboxes: mailboxes, err: runnerErr, final: w.a.givingUp(runnerErr, down, ml.deadAfter)}
+	ml.board.publish(p)
+	if p.final {
+		return
+	}
+	resp, err := cfg.Admin.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: w.id, RunnerId: cfg.RunnerID, Epoch: ml.epoch, Stats: stats})
+	if reason, detail, lost := refused(resp.GetRefusal(), err); lost {
+		w.a.m.heartbeats.WithLabelValues("refused").Inc()
+		ml.g.lose(reason, detail)
+		return
+	}
+	if err != nil || !resp.GetRenewed() {
+		w.a.m.heartbeats.WithLabelValues("error").Inc()
+		retry := ml.bo.Step()
+		w.log.Warn("heartbeat failed; retrying", "epoch", ml.epoch, "err", err, "retry_in", retry, "fence_in", ml.g.window().until.Sub(cfg.Clock.Now()))
+		ml.settle(cfg.Clock.Now().Add(retry), sil)
+		return
+	}
+	w.a.m.heartbeats.WithLabelValues("renewed").Inc()
+	w.a.m.hbLatency.Observe(cfg.Clock.Since(sentAt).Seconds())
+	ml.bo = cfg.Backoff
+	// Due first, then renewed: the hold loop that wakes at the renewal
+	// finds the next heartbeat's time already set.
+	ml.settle(sentAt.Add(cfg.Jitter(ml.g.every)), sil)
+	ml.g.renew(sentAt, resp.GetTtl().AsDuration())
+}
+
+// refused tells a lost lease from a failure to reach the leader: ref is the
+// answer's refusal, err the call's error, which may carry one.
+func refused(ref *adminv1.LeaseRefusal, err error) (reason, detail string, lost bool) {
+	if err != nil {
 		var ok bool
-		if ref, ok = mesh.RefusalFrom(r.err); !ok {
+		if ref, ok = mesh.RefusalFrom(err); !ok {
 			return "", "", false
 		}
 	}
@@ -83,30 +208,6 @@ func refused(r hbResult) (reason, detail string, lost bool) {
 // refusalReason is a refusal's reason as a metric label: "expired".
 func refusalReason(ref *adminv1.LeaseRefusal) string {
 	return strings.ToLower(strings.TrimPrefix(ref.GetReason().String(), "LEASE_REFUSAL_REASON_"))
-}
-
-// heartbeat sends one heartbeat with the runner's stats, in the background.
-// A slow runner delays it by at most one interval: its stats are not worth
-// the lease. A runner given up on (givingUp: it has failed its probes for
-// deadAfter, this one counted into sil, hold's, handed over until the
-// result comes back, or it is gone) gets no heartbeat: hold gives the lease
-// up instead.
-func (w *worker) heartbeat(epoch uint64, interval time.Duration, sil silence, deadAfter time.Duration) chan hbResult {
-	ch := make(chan hbResult, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
-		defer cancel()
-		probeSent := w.a.cfg.Clock.Now()
-		stats, lost, runnerErr := w.probe(ctx, epoch, interval)
-		sentAt := w.a.cfg.Clock.Now()
-		if down := sil.observe(probeSent, sentAt, runnerErr, w.a.heard()); w.a.givingUp(runnerErr, down, deadAfter) {
-			ch <- hbResult{runnerErr: runnerErr, silence: sil, giveUp: true}
-			return
-		}
-		resp, err := w.a.cfg.Admin.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch, Stats: stats})
-		ch <- hbResult{sentAt: sentAt, resp: resp, err: err, runnerLost: lost, runnerErr: runnerErr, silence: sil}
-	}()
-	return ch
 }
 
 // release gives the lease back; every outcome is logged and counted.

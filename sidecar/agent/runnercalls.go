@@ -166,10 +166,11 @@ func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error
 	w.update(func(v *LeaseView) { v.Epoch, v.SessionID = 0, 0 })
 }
 
-// probe asks the runner for the mailbox's stats: whether it still serves
-// it actively under epoch (lost if not), and why its control API did not
-// answer (nil if it did, NotFound included).
-func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration) (stats *adminv1.LeaseStats, lost bool, runnerErr error) {
+// probe asks the runner for the mailbox's stats: the heartbeat's stats, the
+// runner's status of the mailbox by id (empty when the runner does not
+// have it, nil when its answer tells nothing of it), and why its control
+// API did not answer (nil if it did, NotFound included).
+func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration) (stats *adminv1.LeaseStats, mailboxes map[string]*runnerv1.MailboxStatus, runnerErr error) {
 	stats = &adminv1.LeaseStats{Health: adminv1.RunnerHealth_RUNNER_HEALTH_HEALTHY}
 	rctx, rcancel := context.WithTimeout(ctx, w.a.probeTimeout(interval))
 	sr, err := w.a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{MailboxId: w.id})
@@ -178,12 +179,12 @@ func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration
 	case err == nil && len(sr.GetMailboxes()) == 1:
 		st := sr.GetMailboxes()[0]
 		stats.EventsStored, stats.QueriesServed, stats.StorageBytes = st.GetEventsStored(), st.GetQueriesServed(), st.GetStorageBytes()
-		lost = st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetEpoch() != epoch
-		if lost || !st.GetConsuming() {
+		mailboxes = map[string]*runnerv1.MailboxStatus{w.id: st}
+		if st.GetState() != runnerv1.MailboxState_MAILBOX_STATE_ACTIVE || st.GetEpoch() != epoch || !st.GetConsuming() {
 			stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
 		}
 	case status.Code(err) == codes.NotFound:
-		lost = true
+		mailboxes = map[string]*runnerv1.MailboxStatus{}
 		stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
 	default:
 		stats.Health = adminv1.RunnerHealth_RUNNER_HEALTH_DEGRADED
@@ -191,7 +192,7 @@ func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration
 	if err != nil && status.Code(err) != codes.NotFound {
 		runnerErr = err
 	}
-	return stats, lost, runnerErr
+	return stats, mailboxes, runnerErr
 }
 
 // serving counts the mailbox as held from now (and how long it took from its

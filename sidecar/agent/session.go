@@ -16,20 +16,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// sessState is one opened session as the sidecar holds it. Its validity is
-// computed as a lease's is: ttl after the send of the last acknowledged
-// keepalive (or the open). renewed is closed and replaced on every
-// acknowledged keepalive, lost is closed once when the session is lost:
-// the workers holding leases in it wait on both.
+// sessState is one opened session as the sidecar holds it: its grant,
+// valid as a lease's is, until ttl after the send of the last acknowledged
+// keepalive (or the open); every lease of the session is valid as long.
 type sessState struct {
-	id  uint64
-	ttl time.Duration
-
-	// Guarded by sessions.mu.
-	lastAckSent, validUntil time.Time
-	renewed                 chan struct{}
-	lost                    chan struct{}
-	lostReason, lostDetail  string
+	*renewable
 }
 
 // sessions holds the sidecar's one session: it opens it, keeps it alive,
@@ -49,8 +40,9 @@ type sessions struct {
 	// expected mailboxes are about to ask for their leases; true once
 	// their first runner open failed.
 	expected map[string]bool
-	probe    probeResult
-	probed   chan struct{} // closed and replaced by every probe
+	// board has the session's one probe of the runner per interval, which
+	// every worker of the session judges the runner by.
+	board *probeBoard
 	// holding are the mailboxes the runner serves under a lease of the
 	// session, extended together after every acknowledged keepalive.
 	holding map[string]heldMailbox
@@ -69,7 +61,7 @@ type sessions struct {
 func newSessions(a *Agent) *sessions {
 	s := &sessions{
 		a: a, decided: make(chan struct{}), opened: make(chan struct{}), wake: make(chan struct{}, 1),
-		pending: map[string]chan acqResult{}, expected: map[string]bool{}, probed: make(chan struct{}),
+		pending: map[string]chan acqResult{}, expected: map[string]bool{}, board: newProbeBoard(),
 		holding: map[string]heldMailbox{}, extendWake: make(chan struct{}, 1),
 	}
 	if a.cfg.LeaseMode == LeaseModeMailbox {
@@ -116,20 +108,6 @@ func (s *sessions) current() *sessState {
 	return s.cur
 }
 
-// validity is when st's last acknowledged keepalive was sent, its deadline,
-// and the channels to wait on for its next renewal and its loss.
-func (s *sessions) validity(st *sessState) (lastAckSent, until time.Time, renewed, lost <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return st.lastAckSent, st.validUntil, st.renewed, st.lost
-}
-
-func (s *sessions) lostWhy(st *sessState) (reason, detail string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return st.lostReason, st.lostDetail
-}
-
 // lose ends st once: every worker holding a lease in it fences at once.
 func (s *sessions) lose(st *sessState, reason, detail string) {
 	if s.end(st, reason, detail) {
@@ -141,13 +119,9 @@ func (s *sessions) lose(st *sessState, reason, detail string) {
 func (s *sessions) end(st *sessState, reason, detail string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	select {
-	case <-st.lost:
+	if !st.lose(reason, detail) {
 		return false
-	default:
 	}
-	st.lostReason, st.lostDetail = reason, detail
-	close(st.lost)
 	if s.cur == st {
 		s.cur = nil
 		s.opened = make(chan struct{})
@@ -178,7 +152,7 @@ func (s *sessions) run(ctx context.Context) {
 		default:
 			s.decide(LeaseModeSession)
 			wg.Go(func() { s.batches(ctx) })
-			wg.Go(func() { s.probes(ctx, min(s.a.cfg.HeartbeatInterval, st.ttl/3)) })
+			wg.Go(func() { s.probes(ctx, st.every) })
 			wg.Go(func() { s.extender(ctx) })
 		}
 		s.keepAlive(ctx, st)
@@ -205,10 +179,9 @@ func (s *sessions) open(ctx context.Context) (*sessState, bool) {
 			if ttl <= 0 {
 				ttl = a.cfg.LeaseTTL
 			}
-			st := &sessState{
-				id: resp.GetSession().GetId(), ttl: ttl, lastAckSent: sentAt, validUntil: sentAt.Add(ttl),
-				renewed: make(chan struct{}), lost: make(chan struct{}),
-			}
+			// At least two keepalives before the fence, whatever was
+			// configured.
+			st := &sessState{newRenewable(resp.GetSession().GetId(), sentAt, ttl, min(a.cfg.HeartbeatInterval, ttl/3))}
 			a.m.sessionsOpened.Inc()
 			a.log.Info("session opened", "session_id", st.id, "ttl", ttl, "index", resp.GetIndex())
 			s.mu.Lock()
@@ -250,26 +223,25 @@ func (s *sessions) open(ctx context.Context) (*sessState, bool) {
 func (s *sessions) keepAlive(ctx context.Context, st *sessState) {
 	a := s.a
 	clk := a.cfg.Clock
-	// At least two tries before the fence, whatever was configured.
-	interval := min(a.cfg.HeartbeatInterval, st.ttl/3)
+	interval := st.every
 	bo := a.cfg.Backoff
-	next := st.lastAckSent.Add(a.cfg.Jitter(interval))
+	next := st.window().lastAckSent.Add(a.cfg.Jitter(interval))
 	for {
-		_, until, _, lost := s.validity(st)
-		if !clk.Now().Before(until) {
+		win := st.window()
+		if until := win.until; !clk.Now().Before(until) {
 			s.lose(st, "ttl_elapsed", "no session keepalive acknowledged for ttl since the last one was sent")
 			return
 		}
 		wake := next
-		if until.Before(wake) {
-			wake = until
+		if win.until.Before(wake) {
+			wake = win.until
 		}
 		t := clk.NewTimer(wake.Sub(clk.Now()))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-lost:
+		case <-win.lost:
 			t.Stop()
 			return
 		case <-t.C():
@@ -299,18 +271,7 @@ func (s *sessions) keepAliveOnce(ctx context.Context, st *sessState, bo *wait.Ba
 		a.m.keepalives.WithLabelValues("renewed").Inc()
 		a.m.kaLatency.Observe(clk.Since(sentAt).Seconds())
 		*bo = a.cfg.Backoff
-		ttl := st.ttl
-		if d := resp.GetTtl().AsDuration(); d > 0 {
-			ttl = d
-		}
-		s.mu.Lock()
-		st.lastAckSent = sentAt
-		if at := sentAt.Add(ttl); at.After(st.validUntil) {
-			st.validUntil = at
-		}
-		close(st.renewed)
-		st.renewed = make(chan struct{})
-		s.mu.Unlock()
+		st.renew(sentAt, resp.GetTtl().AsDuration())
 		select {
 		case s.extendWake <- struct{}{}:
 		default:
@@ -329,8 +290,7 @@ func (s *sessions) keepAliveOnce(ctx context.Context, st *sessState, bo *wait.Ba
 		// ask anyway, its delay is honoured: the fence below does not
 		// depend on it.
 		retry := a.retryWait("keepalive", err, bo)
-		_, until, _, _ := s.validity(st)
-		a.log.Warn("session keepalive failed; retrying", "session_id", st.id, "err", errors.Join(err, refusalErr(ref)), "retry_in", retry, "fence_in", until.Sub(clk.Now()))
+		a.log.Warn("session keepalive failed; retrying", "session_id", st.id, "err", errors.Join(err, refusalErr(ref)), "retry_in", retry, "fence_in", st.window().until.Sub(clk.Now()))
 		return clk.Now().Add(retry)
 	}
 	return clk.Now()

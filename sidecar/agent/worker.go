@@ -104,17 +104,10 @@ func (w *worker) run() {
 		mode, ok := w.a.sess.leaseMode(w.ctx)
 		for ok && w.ctx.Err() == nil {
 			end := leaseEnded
-			if mode == LeaseModeSession {
-				var r acqResult
-				if r, ok = w.acquireSession(); ok {
-					end = w.holdSession(r)
-				}
-			} else {
-				var l *adminv1.Lease
-				var sentAt time.Time
-				if l, sentAt, ok = w.acquire(); ok {
-					end = w.hold(l, sentAt)
-				}
+			var l *adminv1.Lease
+			var v validity
+			if l, v, ok = w.acquireLease(mode); ok {
+				end = w.hold(l, v)
 			}
 			// giveUp marks every way it was reached, a failed
 			// activation's too; reading it also clears it.
@@ -126,6 +119,23 @@ func (w *worker) run() {
 	if w.stopMode() == stopUnassign && w.unassign() {
 		w.a.closed(w)
 	}
+}
+
+// acquireLease asks for the lease in mode until granted: the lease and
+// what it is valid by; false if the worker was stopped first.
+func (w *worker) acquireLease(mode LeaseMode) (*adminv1.Lease, validity, bool) {
+	if mode == LeaseModeSession {
+		r, ok := w.acquireSession()
+		if !ok {
+			return nil, nil, false
+		}
+		return r.lease, sessionLease{s: w.a.sess, st: r.st, w: w, epoch: r.lease.GetEpoch()}, true
+	}
+	l, sentAt, ok := w.acquire()
+	if !ok {
+		return nil, nil, false
+	}
+	return l, newMailboxLease(w, l, sentAt), true
 }
 
 // reopening reports, once, that giveUp gave the lease back.
