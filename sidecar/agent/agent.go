@@ -25,17 +25,14 @@ type Agent struct {
 	reg  prometheus.Gatherer
 	sess *sessions
 
-	// heardAt is when the runner last answered any call (heardRunner).
-	heardAt atomic.Pointer[time.Time]
+	// rn is the runner's control client every part of the agent calls.
+	rn *runnerClient
 
 	life *lifecycle
 	// runnerNotReady is the proxy's judgment of its runner (proxy.go),
 	// reported with every registration and proxy heartbeat.
 	runnerNotReady atomic.Bool
 
-	// starts holds a token per call in flight that opens a store or starts
-	// a consumer in the runner (startSlot).
-	starts chan struct{}
 	// allow keeps the runner's recovery peers in line with the
 	// assignments (recovery.go).
 	allow *allower
@@ -65,15 +62,15 @@ func New(cfg Config) (*Agent, error) {
 		workers: map[string]*worker{},
 		closing: map[string]*worker{},
 		changed: make(chan struct{}),
-		starts:  make(chan struct{}, maxRunnerStarts),
 		allow:   newAllower(),
 		life:    newLifecycle(),
 	}
 	if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
 		a.reg = g
 	}
-	a.cfg.Runner = heardRunner{RunnerControlClient: cfg.Runner, a: a}
-	a.sess = newSessions(a)
+	a.rn = newRunnerClient(&a.cfg, a.allow.opened)
+	a.cfg.Runner = a.rn.RunnerControlClient
+	a.sess = newSessions(&a.cfg, a.log, a.m, a.rn)
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "prism_sidecar_session_leases",

@@ -80,7 +80,7 @@ func (a *Agent) apply(msg *adminv1.WatchAssignmentsResponse) {
 			continue
 		}
 		a.log.Info("mailbox assigned", "mailbox_id", id, "namespace", as.GetNamespace(), "role", roleName(as.GetRole()), "index", msg.GetIndex())
-		w := newWorker(a, id, as)
+		w := a.newWorker(id, as)
 		// A worker still closing the same mailbox goes first: its close
 		// and release must not land after this one's open and acquire.
 		w.prev = a.closing[id]
@@ -114,4 +114,17 @@ func runnerConfig(c *adminv1.NamespaceConfig) *runnerv1.MailboxConfig {
 // roleName is a role as a log value: "serving", "catching_up".
 func roleName(r adminv1.AssignmentRole) string {
 	return strings.ToLower(strings.TrimPrefix(r.String(), "ASSIGNMENT_ROLE_"))
+}
+
+// newWorker makes the worker of mailbox id, assigned as as; its run starts
+// it.
+func (a *Agent) newWorker(id string, as *adminv1.NamespaceAssignment) *worker {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &worker{
+		cfg: &a.cfg, m: a.m, rn: a.rn, sess: a.sess, halt: a.life.halt, closed: a.closed,
+		id: id, assignment: as, ctx: ctx, cancel: cancel, done: make(chan struct{}), roleCh: make(chan struct{}, 1),
+		log:      a.log.With("mailbox_id", id),
+		assigned: a.cfg.Clock.Now(),
+		v:        LeaseView{MailboxID: id, Namespace: as.GetNamespace(), State: StateOpening, Role: as.GetRole()},
+	}
 }

@@ -63,7 +63,7 @@ func (s *sessions) acquire(ctx context.Context, id string) (acqResult, bool) {
 	s.mu.Lock()
 	delete(s.expected, id)
 	if len(s.pending) == 0 {
-		s.queued = s.a.cfg.Clock.Now()
+		s.queued = s.cfg.Clock.Now()
 	}
 	s.pending[id] = ch
 	s.mu.Unlock()
@@ -93,8 +93,7 @@ func (s *sessions) acquire(ctx context.Context, id string) (acqResult, bool) {
 // once no mailbox expected to ask is still on its way; an acquire that
 // fails is sent again with backoff, with whatever has queued meanwhile.
 func (s *sessions) batches(ctx context.Context) {
-	a := s.a
-	bo := a.cfg.Backoff
+	bo := s.cfg.Backoff
 	for {
 		select {
 		case <-ctx.Done():
@@ -119,8 +118,8 @@ func (s *sessions) batches(ctx context.Context) {
 				// or retries: either wakes this loop.
 				break
 			}
-			if wait := queued.Add(batchLinger).Sub(a.cfg.Clock.Now()); retrying > 0 && wait > 0 {
-				t := a.cfg.Clock.NewTimer(wait)
+			if wait := queued.Add(batchLinger).Sub(s.cfg.Clock.Now()); retrying > 0 && wait > 0 {
+				t := s.cfg.Clock.NewTimer(wait)
 				select {
 				case <-ctx.Done():
 					t.Stop()
@@ -141,10 +140,10 @@ func (s *sessions) batches(ctx context.Context) {
 			}
 			err := s.send(ctx, st)
 			if err == nil {
-				bo = a.cfg.Backoff
+				bo = s.cfg.Backoff
 				continue
 			}
-			if !sleep(ctx, a.cfg.Clock, a.retryWait("acquire_leases", err, &bo)) {
+			if !sleep(ctx, s.cfg.Clock, s.m.retryWait("acquire_leases", err, &bo)) {
 				return
 			}
 		}
@@ -155,8 +154,7 @@ func (s *sessions) batches(ctx context.Context) {
 // mailboxes and hands each its answer; the call's error if it failed (the
 // mailboxes stay queued).
 func (s *sessions) send(ctx context.Context, st *sessState) error {
-	a := s.a
-	if !a.cfg.Clock.Now().Before(st.window().until) {
+	if !s.cfg.Clock.Now().Before(st.window().until) {
 		// Its leases would be fenced as soon as granted.
 		s.lose(st, "ttl_elapsed", "no session keepalive acknowledged for ttl since the last one was sent")
 		return nil
@@ -170,19 +168,19 @@ func (s *sessions) send(ctx context.Context, st *sessState) error {
 	s.mu.Unlock()
 	slices.Sort(ids)
 	ids = ids[:min(len(ids), maxBatch)]
-	cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
-	resp, err := a.cfg.Sessions.AcquireLeases(cctx, &adminv1.AcquireLeasesRequest{ProxyId: a.cfg.ProxyID, SessionId: st.id, MailboxIds: ids})
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.RPCTimeout)
+	resp, err := s.cfg.Sessions.AcquireLeases(cctx, &adminv1.AcquireLeasesRequest{ProxyId: s.cfg.ProxyID, SessionId: st.id, MailboxIds: ids})
 	cancel()
-	a.m.batches.Inc()
+	s.m.batches.Inc()
 	switch {
 	case err != nil:
-		a.m.acquires.WithLabelValues("error").Add(float64(len(ids)))
+		s.m.acquires.WithLabelValues("error").Add(float64(len(ids)))
 		if ctx.Err() == nil {
-			a.log.Warn("acquire batch failed; retrying", "session_id", st.id, "mailboxes", len(ids), "err", err)
+			s.log.Warn("acquire batch failed; retrying", "session_id", st.id, "mailboxes", len(ids), "err", err)
 		}
 		return err
 	case resp.GetRefusal() != nil:
-		a.m.acquires.WithLabelValues("refused").Add(float64(len(ids)))
+		s.m.acquires.WithLabelValues("refused").Add(float64(len(ids)))
 		s.lose(st, refusalReason(resp.GetRefusal()), resp.GetRefusal().GetMessage())
 		return nil
 	}
@@ -206,14 +204,14 @@ func (s *sessions) send(ctx context.Context, st *sessState) error {
 		ch <- acqResult{lease: r.GetLease(), refusal: r.GetRefusal(), st: st}
 	}
 	s.mu.Unlock()
-	a.m.acquires.WithLabelValues("granted").Add(float64(granted))
-	a.m.acquires.WithLabelValues("refused").Add(float64(len(resp.GetResults()) - granted))
-	a.log.Info("leases acquired in one batch", "session_id", st.id, "asked", len(ids), "granted", granted, "still_expected", expected, "index", resp.GetIndex())
+	s.m.acquires.WithLabelValues("granted").Add(float64(granted))
+	s.m.acquires.WithLabelValues("refused").Add(float64(len(resp.GetResults()) - granted))
+	s.log.Info("leases acquired in one batch", "session_id", st.id, "asked", len(ids), "granted", granted, "still_expected", expected, "index", resp.GetIndex())
 	if len(orphans) > 0 {
-		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
-		_, err := a.cfg.Sessions.ReleaseLeases(cctx, &adminv1.ReleaseLeasesRequest{ProxyId: a.cfg.ProxyID, SessionId: st.id, MailboxIds: orphans})
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.RPCTimeout)
+		_, err := s.cfg.Sessions.ReleaseLeases(cctx, &adminv1.ReleaseLeasesRequest{ProxyId: s.cfg.ProxyID, SessionId: st.id, MailboxIds: orphans})
 		cancel()
-		a.log.Info("released the leases granted to mailboxes no longer asking", "session_id", st.id, "mailboxes", orphans, "err", err)
+		s.log.Info("released the leases granted to mailboxes no longer asking", "session_id", st.id, "mailboxes", orphans, "err", err)
 	}
 	return nil
 }
@@ -221,10 +219,10 @@ func (s *sessions) send(ctx context.Context, st *sessState) error {
 // acquireSession asks for the lease in the next batch until granted; false
 // if the worker was stopped.
 func (w *worker) acquireSession() (acqResult, bool) {
-	bo := w.a.cfg.Backoff
+	bo := w.cfg.Backoff
 	var lastRefusal adminv1.LeaseRefusalReason
 	for {
-		r, ok := w.a.sess.acquire(w.ctx, w.id)
+		r, ok := w.sess.acquire(w.ctx, w.id)
 		if !ok {
 			return acqResult{}, false
 		}
@@ -235,7 +233,7 @@ func (w *worker) acquireSession() (acqResult, bool) {
 			w.log.Info("lease refused; retrying", "session_id", r.st.id, "reason", r.refusal.GetReason().String(), "holder", r.refusal.GetCurrent().GetRunnerId(), "holder_epoch", r.refusal.GetCurrent().GetEpoch(), "message", r.refusal.GetMessage())
 			lastRefusal = r.refusal.GetReason()
 		}
-		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
+		if !sleep(w.ctx, w.cfg.Clock, bo.Step()) {
 			return acqResult{}, false
 		}
 	}

@@ -24,20 +24,19 @@ type heldMailbox struct {
 // interval (jittered) and hands the answer to the workers: a probe of the
 // runner's control API per sidecar, not per mailbox.
 func (s *sessions) probes(ctx context.Context, interval time.Duration) {
-	a := s.a
-	timeout := a.probeTimeout(interval)
+	timeout := s.rn.probeTimeout(interval)
 	// Until the first probe the runner counts as having answered now; each
 	// worker counts from its own activation at the earliest.
-	sil := newSilence(a.cfg.Clock.Now(), timeout, interval)
-	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(interval)) {
-		sentAt := a.cfg.Clock.Now()
+	sil := newSilence(s.cfg.Clock.Now(), timeout, interval)
+	for sleep(ctx, s.cfg.Clock, s.cfg.Jitter(interval)) {
+		sentAt := s.cfg.Clock.Now()
 		rctx, cancel := context.WithTimeout(ctx, timeout)
-		resp, err := a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{})
+		resp, err := s.rn.GetStats(rctx, &runnerv1.GetStatsRequest{})
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		sil.observe(sentAt, a.cfg.Clock.Now(), err, a.heard())
+		sil.observe(sentAt, s.cfg.Clock.Now(), err, s.rn.heard())
 		r := probeResult{sentAt: sentAt, silence: sil, err: err}
 		if err == nil {
 			r.mailboxes = make(map[string]*runnerv1.MailboxStatus, len(resp.GetMailboxes()))
@@ -100,7 +99,6 @@ func (s *sessions) extender(ctx context.Context) {
 // runner without it. A failure is only logged, as for a single extend: the
 // runner fences itself at the old deadline, and the next probe shows it.
 func (s *sessions) extendAll(ctx context.Context) {
-	a := s.a
 	s.mu.Lock()
 	st := s.cur
 	var held []heldMailbox
@@ -111,8 +109,8 @@ func (s *sessions) extendAll(ctx context.Context) {
 			}
 		}
 	}
-	bound := a.runnerBound()
-	sentAt := a.cfg.Clock.Now()
+	bound := s.rn.bound()
+	sentAt := s.cfg.Clock.Now()
 	var vf time.Duration
 	if len(held) > 0 {
 		vf = st.window().until.Sub(sentAt)
@@ -141,22 +139,22 @@ func (s *sessions) extendAll(ctx context.Context) {
 	}
 	// An answer after vf confirms a deadline that has passed: waiting for
 	// it would only hold back a worker giving the lease up (unhold).
-	cctx, cancel := context.WithTimeout(ctx, min(a.cfg.RPCTimeout, vf))
+	cctx, cancel := context.WithTimeout(ctx, min(s.cfg.RPCTimeout, vf))
 	defer cancel()
 	if !s.perMailboxExtend.Load() {
-		resp, err := a.cfg.Runner.ExtendMailboxes(cctx, &runnerv1.ExtendMailboxesRequest{Mailboxes: reqs})
+		resp, err := s.rn.ExtendMailboxes(cctx, &runnerv1.ExtendMailboxesRequest{Mailboxes: reqs})
 		switch {
 		case status.Code(err) == codes.Unimplemented:
-			a.log.Info("the runner has no ExtendMailboxes (not upgraded); extending each mailbox on its own", "err", err)
+			s.log.Info("the runner has no ExtendMailboxes (not upgraded); extending each mailbox on its own", "err", err)
 			s.perMailboxExtend.Store(true)
 		case err != nil:
 			for i, h := range held {
 				h.w.unanswered(before[i], sentAt, vf, err)
 			}
-			a.log.Warn("runner did not take the extensions", "session_id", st.id, "mailboxes", len(held), "err", err)
+			s.log.Warn("runner did not take the extensions", "session_id", st.id, "mailboxes", len(held), "err", err)
 			return
 		default:
-			took := a.cfg.Clock.Now().Add(vf)
+			took := s.cfg.Clock.Now().Add(vf)
 			byID := make(map[string]heldMailbox, len(held))
 			for _, h := range held {
 				byID[h.w.id] = h
@@ -178,12 +176,12 @@ func (s *sessions) extendAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for i, h := range held {
 		wg.Go(func() {
-			if _, err := a.cfg.Runner.ExtendMailbox(cctx, reqs[i]); err != nil {
+			if _, err := s.rn.ExtendMailbox(cctx, reqs[i]); err != nil {
 				h.w.unanswered(before[i], sentAt, vf, err)
 				h.w.log.Warn("runner did not take the extension", "epoch", h.epoch, "err", err)
 				return
 			}
-			h.w.handed(a.cfg.Clock.Now().Add(vf))
+			h.w.handed(s.cfg.Clock.Now().Add(vf))
 		})
 	}
 	wg.Wait()

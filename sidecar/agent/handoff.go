@@ -29,7 +29,7 @@ func (w *worker) followRole(h *handoff, epoch uint64, until func() time.Time) bo
 	switch {
 	case handingOff && !h.drained:
 		ctx, cancel := w.runnerCtx()
-		_, err := w.a.cfg.Runner.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{w.id}})
+		_, err := w.rn.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{w.id}})
 		cancel()
 		if err != nil {
 			w.log.Warn("runner did not stop ingesting for the handoff tail; it ingests on", "epoch", epoch, "err", err)

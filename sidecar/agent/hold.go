@@ -25,7 +25,7 @@ const (
 // lease is given up: Config.RunnerDeadAfter, or three heartbeat intervals
 // but at most half the ttl.
 func (w *worker) runnerDeadAfter(interval, ttl time.Duration) time.Duration {
-	if d := w.a.cfg.RunnerDeadAfter; d > 0 {
+	if d := w.cfg.RunnerDeadAfter; d > 0 {
 		return d
 	}
 	return min(3*interval, ttl/2)
@@ -78,7 +78,7 @@ func (w *worker) hold(l *adminv1.Lease, v validity) holdEnd {
 	if !w.activate(hs.epoch, hs.until) {
 		return leaseEnded
 	}
-	hs.activatedAt = w.a.cfg.Clock.Now()
+	hs.activatedAt = w.cfg.Clock.Now()
 	served, unserve := w.serving(), v.serve()
 	hs.unserve = sync.OnceFunc(func() {
 		served()
@@ -102,7 +102,7 @@ func (hs *holding) until() time.Time { return hs.g.window().until }
 // (docs/architecture.md#client-side-stop), and starts each renewal that
 // is the loop's to start.
 func (hs *holding) loop() holdEnd {
-	w, clk := hs.w, hs.w.a.cfg.Clock
+	w, clk := hs.w, hs.w.cfg.Clock
 	for {
 		now := clk.Now()
 		if !now.Before(hs.win.until) {
@@ -180,7 +180,7 @@ func (hs *holding) renewed() (end holdEnd, over bool) {
 		if !w.activate(hs.epoch, hs.until) {
 			return leaseEnded, true
 		}
-		hs.activatedAt, hs.runnerLost = w.a.cfg.Clock.Now(), false
+		hs.activatedAt, hs.runnerLost = w.cfg.Clock.Now(), false
 		hs.h = handoff{} // ingesting again: drained anew if still handing off
 	} else {
 		hs.v.renewed(hs.win.until)
@@ -198,7 +198,7 @@ func (hs *holding) renewed() (end holdEnd, over bool) {
 func (hs *holding) judge() (end holdEnd, over bool) {
 	var p probeResult
 	p, hs.probed = hs.v.probes().latest()
-	if down := p.silence.since(hs.activatedAt); p.final || hs.w.a.givingUp(p.err, down, hs.deadAfter) {
+	if down := p.silence.since(hs.activatedAt); p.final || hs.w.rn.givingUp(p.err, down, hs.deadAfter) {
 		hs.unserve()
 		hs.w.giveUp(hs.epoch, down, hs.deadAfter, p.err)
 		return runnerGone, true

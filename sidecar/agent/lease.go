@@ -15,23 +15,23 @@ import (
 // acquire asks for the lease until granted; it returns the lease and when
 // the granted request was sent, or false if the worker was stopped.
 func (w *worker) acquire() (*adminv1.Lease, time.Time, bool) {
-	bo := w.a.cfg.Backoff
+	bo := w.cfg.Backoff
 	var lastRefusal adminv1.LeaseRefusalReason
 	for {
-		req := &adminv1.AcquireLeaseRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, RunnerAddress: w.a.cfg.AdvertiseAddr}
-		if w.a.cfg.LeaseTTL > 0 {
-			req.Ttl = durationpb.New(w.a.cfg.LeaseTTL)
+		req := &adminv1.AcquireLeaseRequest{MailboxId: w.id, RunnerId: w.cfg.RunnerID, RunnerAddress: w.cfg.AdvertiseAddr}
+		if w.cfg.LeaseTTL > 0 {
+			req.Ttl = durationpb.New(w.cfg.LeaseTTL)
 		}
-		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
-		sentAt := w.a.cfg.Clock.Now()
-		resp, err := w.a.cfg.Admin.AcquireLease(ctx, req)
+		ctx, cancel := context.WithTimeout(w.ctx, w.cfg.RPCTimeout)
+		sentAt := w.cfg.Clock.Now()
+		resp, err := w.cfg.Admin.AcquireLease(ctx, req)
 		cancel()
 		switch {
 		case err == nil && resp.GetGranted():
-			w.a.m.acquires.WithLabelValues("granted").Inc()
+			w.m.acquires.WithLabelValues("granted").Inc()
 			return resp.GetLease(), sentAt, true
 		case err == nil:
-			w.a.m.acquires.WithLabelValues("refused").Inc()
+			w.m.acquires.WithLabelValues("refused").Inc()
 			r := resp.GetRefusal()
 			if r.GetReason() != lastRefusal {
 				w.log.Info("lease refused; retrying", "reason", r.GetReason().String(), "holder", r.GetCurrent().GetRunnerId(), "holder_epoch", r.GetCurrent().GetEpoch(), "message", r.GetMessage())
@@ -41,13 +41,13 @@ func (w *worker) acquire() (*adminv1.Lease, time.Time, bool) {
 			if w.ctx.Err() != nil {
 				return nil, time.Time{}, false
 			}
-			w.a.m.acquires.WithLabelValues("error").Inc()
+			w.m.acquires.WithLabelValues("error").Inc()
 		}
-		retry := w.a.retryWait("acquire", err, &bo)
+		retry := w.m.retryWait("acquire", err, &bo)
 		if err != nil {
 			w.log.Warn("acquire failed; retrying", "err", err, "retry_in", retry)
 		}
-		if !sleep(w.ctx, w.a.cfg.Clock, retry) {
+		if !sleep(w.ctx, w.cfg.Clock, retry) {
 			return nil, time.Time{}, false
 		}
 	}
@@ -82,7 +82,7 @@ var _ validity = (*mailboxLease)(nil)
 // for its ttl (else the one asked for), heartbeated at its interval when
 // shorter than the configured one, and at least twice within the ttl.
 func newMailboxLease(w *worker, l *adminv1.Lease, sentAt time.Time) *mailboxLease {
-	cfg := &w.a.cfg
+	cfg := w.cfg
 	ttl := l.GetTtl().AsDuration()
 	if ttl <= 0 {
 		ttl = cfg.LeaseTTL
@@ -106,10 +106,10 @@ func (ml *mailboxLease) probes() *probeBoard   { return ml.board }
 // acquire was sent, the runner's silence counted from now, the activation
 // being its last answer.
 func (ml *mailboxLease) serve() (unserve func()) {
-	cfg := &ml.w.a.cfg
+	cfg := ml.w.cfg
 	ml.mu.Lock()
 	defer ml.mu.Unlock()
-	ml.sil = newSilence(cfg.Clock.Now(), ml.w.a.probeTimeout(ml.g.every), ml.g.every)
+	ml.sil = newSilence(cfg.Clock.Now(), ml.w.rn.probeTimeout(ml.g.every), ml.g.every)
 	ml.settleLocked(ml.g.window().lastAckSent.Add(cfg.Jitter(ml.g.every)))
 	// A heartbeat still in flight renews nothing the worker follows after
 	// this: the hold loop alone extends the runner's deadline.
@@ -156,33 +156,33 @@ func (ml *mailboxLease) settle(next time.Time, sil silence) {
 // lease up instead. A refusal loses the lease; a failure is retried with
 // backoff, the fence not depending on it.
 func (ml *mailboxLease) heartbeat(sil silence) {
-	w, cfg := ml.w, &ml.w.a.cfg
+	w, cfg := ml.w, ml.w.cfg
 	ctx, cancel := context.WithTimeout(w.ctx, cfg.RPCTimeout)
 	defer cancel()
 	probeSent := cfg.Clock.Now()
 	stats, mailboxes, runnerErr := w.probe(ctx, ml.epoch, ml.g.every)
 	sentAt := cfg.Clock.Now()
-	down := sil.observe(probeSent, sentAt, runnerErr, w.a.heard())
-	p := probeResult{sentAt: probeSent, silence: sil, mailboxes: mailboxes, err: runnerErr, final: w.a.givingUp(runnerErr, down, ml.deadAfter)}
+	down := sil.observe(probeSent, sentAt, runnerErr, w.rn.heard())
+	p := probeResult{sentAt: probeSent, silence: sil, mailboxes: mailboxes, err: runnerErr, final: w.rn.givingUp(runnerErr, down, ml.deadAfter)}
 	ml.board.publish(p)
 	if p.final {
 		return
 	}
 	resp, err := cfg.Admin.MailboxHeartbeat(ctx, &adminv1.MailboxHeartbeatRequest{MailboxId: w.id, RunnerId: cfg.RunnerID, Epoch: ml.epoch, Stats: stats})
 	if reason, detail, lost := refused(resp.GetRefusal(), err); lost {
-		w.a.m.heartbeats.WithLabelValues("refused").Inc()
+		w.m.heartbeats.WithLabelValues("refused").Inc()
 		ml.g.lose(reason, detail)
 		return
 	}
 	if err != nil || !resp.GetRenewed() {
-		w.a.m.heartbeats.WithLabelValues("error").Inc()
+		w.m.heartbeats.WithLabelValues("error").Inc()
 		retry := ml.bo.Step()
 		w.log.Warn("heartbeat failed; retrying", "epoch", ml.epoch, "err", err, "retry_in", retry, "fence_in", ml.g.window().until.Sub(cfg.Clock.Now()))
 		ml.settle(cfg.Clock.Now().Add(retry), sil)
 		return
 	}
-	w.a.m.heartbeats.WithLabelValues("renewed").Inc()
-	w.a.m.hbLatency.Observe(cfg.Clock.Since(sentAt).Seconds())
+	w.m.heartbeats.WithLabelValues("renewed").Inc()
+	w.m.hbLatency.Observe(cfg.Clock.Since(sentAt).Seconds())
 	ml.bo = cfg.Backoff
 	// Due first, then renewed: the hold loop that wakes at the renewal
 	// finds the next heartbeat's time already set.
@@ -223,11 +223,11 @@ func (w *worker) release(ctx context.Context, cause string, epoch uint64) error 
 	sessionID := w.view().SessionID
 	if sessionID != 0 {
 		var r *adminv1.MailboxLeaseResult
-		r, index, err = w.a.sess.release(ctx, sessionID, w.id)
+		r, index, err = w.sess.release(ctx, sessionID, w.id)
 		released, refusal = r.GetOk(), r.GetRefusal()
 	} else {
 		var resp *adminv1.ReleaseLeaseResponse
-		resp, err = w.a.cfg.Admin.ReleaseLease(ctx, &adminv1.ReleaseLeaseRequest{MailboxId: w.id, RunnerId: w.a.cfg.RunnerID, Epoch: epoch})
+		resp, err = w.cfg.Admin.ReleaseLease(ctx, &adminv1.ReleaseLeaseRequest{MailboxId: w.id, RunnerId: w.cfg.RunnerID, Epoch: epoch})
 		released, refusal, index = resp.GetReleased(), resp.GetRefusal(), resp.GetIndex()
 	}
 	log := w.log.With("epoch", epoch, "cause", cause)
@@ -236,17 +236,17 @@ func (w *worker) release(ctx context.Context, cause string, epoch uint64) error 
 	}
 	switch {
 	case err != nil:
-		w.a.m.releases.WithLabelValues(cause, "error").Inc()
+		w.m.releases.WithLabelValues(cause, "error").Inc()
 		log.Error("lease release failed; it expires after ttl + grace", "err", err)
 		return err
 	case released:
-		w.a.m.releases.WithLabelValues(cause, "released").Inc()
+		w.m.releases.WithLabelValues(cause, "released").Inc()
 		log.Info("lease released", "index", index)
 	case refusal != nil:
-		w.a.m.releases.WithLabelValues(cause, "refused").Inc()
+		w.m.releases.WithLabelValues(cause, "refused").Inc()
 		log.Warn("lease release refused: it was no longer ours", "reason", refusal.GetReason().String(), "message", refusal.GetMessage())
 	default:
-		w.a.m.releases.WithLabelValues(cause, "absent").Inc()
+		w.m.releases.WithLabelValues(cause, "absent").Inc()
 		log.Info("lease already gone at release")
 	}
 	w.update(func(v *LeaseView) { v.State = StateFenced })

@@ -37,7 +37,7 @@ func (a *Agent) register(ctx context.Context) bool {
 			}
 			return true
 		}
-		retry := a.retryWait("register", err, &bo)
+		retry := a.m.retryWait("register", err, &bo)
 		a.log.Warn("register proxy failed; retrying", "err", err, "retry_in", retry)
 		if !sleep(ctx, a.cfg.Clock, retry) {
 			return false
@@ -51,7 +51,7 @@ func (a *Agent) register(ctx context.Context) bool {
 // heartbeat, not the session keepalive, is what keeps a proxy in placement.
 func (a *Agent) proxyHeartbeats(ctx context.Context) {
 	// Each probe follows the last heartbeat by one interval, jittered.
-	sil := newSilence(a.cfg.Clock.Now(), a.probeTimeout(a.cfg.HeartbeatInterval), a.cfg.HeartbeatInterval)
+	sil := newSilence(a.cfg.Clock.Now(), a.rn.probeTimeout(a.cfg.HeartbeatInterval), a.cfg.HeartbeatInterval)
 	for sleep(ctx, a.cfg.Clock, a.cfg.Jitter(a.cfg.HeartbeatInterval)) {
 		stats := a.judgeRunner(ctx, &sil)
 		if ctx.Err() != nil {
@@ -140,7 +140,7 @@ func (a *Agent) judgeRunner(ctx context.Context, sil *silence) *runnerv1.GetStat
 		return nil
 	}
 	bound := a.cfg.proxyRunnerDeadAfter()
-	if down := sil.observe(sentAt, now, err, a.heard()); down >= bound && !a.runnerNotReady.Swap(true) {
+	if down := sil.observe(sentAt, now, err, a.rn.heard()); down >= bound && !a.runnerNotReady.Swap(true) {
 		a.m.runnerReady.Set(0)
 		a.log.Warn("runner unreachable past the bound; reporting it not ready, so the proxy's namespaces move to other proxies",
 			"down_for", down, "runner_dead_after", bound, "err", err)

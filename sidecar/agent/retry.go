@@ -18,13 +18,13 @@ import (
 // A fixed shorter backoff would send the shed work straight back to a
 // leader that said it cannot take it yet, and the jitter keeps the
 // sidecars it shed together from returning together.
-func (a *Agent) retryWait(call string, err error, bo *wait.Backoff) time.Duration {
+func (m *metrics) retryWait(call string, err error, bo *wait.Backoff) time.Duration {
 	d := bo.Step()
 	hint, ok := retryHint(err)
 	if !ok {
 		return d
 	}
-	a.m.shed.WithLabelValues(call).Inc()
+	m.shed.WithLabelValues(call).Inc()
 	return max(d, hint+rand.N(hint/5+1))
 }
 

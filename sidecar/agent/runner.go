@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
@@ -10,25 +11,56 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// runnerClient is the sidecar's one client of its runner's control API,
+// which the proxy heartbeat, the session and every worker share: its calls
+// note when the runner last answered (heard), it tells a runner that is
+// gone from one that is only silent (runnerconn.go), bounds each valid_for
+// on the boot clock, and hands out the turns to open or start a mailbox.
+type runnerClient struct {
+	runnerv1.RunnerControlClient
+	cfg *Config
+	// heardAt is when the runner last answered any call (heardRunner).
+	heardAt atomic.Pointer[time.Time]
+	// starts holds a token per call in flight that opens a store or
+	// starts a consumer in the runner (startSlot).
+	starts chan struct{}
+}
+
+// newRunnerClient wraps cfg.Runner; opened is told of every mailbox the
+// runner opened afresh.
+func newRunnerClient(cfg *Config, opened func(mailboxID string)) *runnerClient {
+	rc := &runnerClient{cfg: cfg, starts: make(chan struct{}, maxRunnerStarts)}
+	rc.RunnerControlClient = heardRunner{RunnerControlClient: cfg.Runner, rc: rc, opened: opened}
+	return rc
+}
+
 // heardRunner is the runner's control client noting when the runner last
-// answered a call of any kind (Agent.heardAt): proof of life that ends its
-// silence (silence.heard), as a probe's answer does. An answer is what a
-// probe takes for one: success, or NotFound from the runner itself.
+// answered a call of any kind (runnerClient.heardAt): proof of life that
+// ends its silence (silence.heard), as a probe's answer does. An answer is
+// what a probe takes for one: success, or NotFound from the runner itself.
 type heardRunner struct {
 	runnerv1.RunnerControlClient
-	a *Agent
+	rc     *runnerClient
+	opened func(mailboxID string)
+}
+
+// noted makes the call and notes its answer.
+func noted[Req, Resp any](r heardRunner, call func(context.Context, Req, ...grpc.CallOption) (Resp, error), ctx context.Context, in Req, opts []grpc.CallOption) (Resp, error) {
+	resp, err := call(ctx, in, opts...)
+	r.note(err)
+	return resp, err
 }
 
 func (r heardRunner) note(err error) {
 	if err == nil || status.Code(err) == codes.NotFound {
-		now := r.a.cfg.Clock.Now()
-		r.a.heardAt.Store(&now)
+		now := r.rc.cfg.Clock.Now()
+		r.rc.heardAt.Store(&now)
 	}
 }
 
 // heard is when the runner last answered any call (zero if never).
-func (a *Agent) heard() time.Time {
-	if t := a.heardAt.Load(); t != nil {
+func (rc *runnerClient) heard() time.Time {
+	if t := rc.heardAt.Load(); t != nil {
 		return *t
 	}
 	return time.Time{}
@@ -39,51 +71,37 @@ func (r heardRunner) OpenMailbox(ctx context.Context, in *runnerv1.OpenMailboxRe
 	r.note(err)
 	if err == nil {
 		// A mailbox opened afresh allows no recovery peers yet.
-		r.a.allow.opened(in.GetMailboxId())
+		r.opened(in.GetMailboxId())
 	}
 	return resp, err
 }
 
 func (r heardRunner) ActivateMailbox(ctx context.Context, in *runnerv1.ActivateMailboxRequest, opts ...grpc.CallOption) (*runnerv1.ActivateMailboxResponse, error) {
-	resp, err := r.RunnerControlClient.ActivateMailbox(ctx, in, opts...)
-	r.note(err)
-	return resp, err
+	return noted(r, r.RunnerControlClient.ActivateMailbox, ctx, in, opts)
 }
 
 func (r heardRunner) ExtendMailbox(ctx context.Context, in *runnerv1.ExtendMailboxRequest, opts ...grpc.CallOption) (*runnerv1.ExtendMailboxResponse, error) {
-	resp, err := r.RunnerControlClient.ExtendMailbox(ctx, in, opts...)
-	r.note(err)
-	return resp, err
+	return noted(r, r.RunnerControlClient.ExtendMailbox, ctx, in, opts)
 }
 
 func (r heardRunner) ExtendMailboxes(ctx context.Context, in *runnerv1.ExtendMailboxesRequest, opts ...grpc.CallOption) (*runnerv1.ExtendMailboxesResponse, error) {
-	resp, err := r.RunnerControlClient.ExtendMailboxes(ctx, in, opts...)
-	r.note(err)
-	return resp, err
+	return noted(r, r.RunnerControlClient.ExtendMailboxes, ctx, in, opts)
 }
 
 func (r heardRunner) FenceMailbox(ctx context.Context, in *runnerv1.FenceMailboxRequest, opts ...grpc.CallOption) (*runnerv1.FenceMailboxResponse, error) {
-	resp, err := r.RunnerControlClient.FenceMailbox(ctx, in, opts...)
-	r.note(err)
-	return resp, err
+	return noted(r, r.RunnerControlClient.FenceMailbox, ctx, in, opts)
 }
 
 func (r heardRunner) CloseMailbox(ctx context.Context, in *runnerv1.CloseMailboxRequest, opts ...grpc.CallOption) (*runnerv1.CloseMailboxResponse, error) {
-	resp, err := r.RunnerControlClient.CloseMailbox(ctx, in, opts...)
-	r.note(err)
-	return resp, err
+	return noted(r, r.RunnerControlClient.CloseMailbox, ctx, in, opts)
 }
 
 func (r heardRunner) Drain(ctx context.Context, in *runnerv1.DrainRequest, opts ...grpc.CallOption) (*runnerv1.DrainResponse, error) {
-	resp, err := r.RunnerControlClient.Drain(ctx, in, opts...)
-	r.note(err)
-	return resp, err
+	return noted(r, r.RunnerControlClient.Drain, ctx, in, opts)
 }
 
 func (r heardRunner) GetStats(ctx context.Context, in *runnerv1.GetStatsRequest, opts ...grpc.CallOption) (*runnerv1.GetStatsResponse, error) {
-	resp, err := r.RunnerControlClient.GetStats(ctx, in, opts...)
-	r.note(err)
-	return resp, err
+	return noted(r, r.RunnerControlClient.GetStats, ctx, in, opts)
 }
 
 // runnerBound reads the boot clock, before the caller reads its lease clock
@@ -93,8 +111,8 @@ func (r heardRunner) GetStats(ctx context.Context, in *runnerv1.GetStatsRequest,
 // may be long after it was sent if the runner was paused meanwhile
 // (docs/architecture.md#fencing); read first, the bound never ends after
 // the lease clock's end.
-func (a *Agent) runnerBound() func(validFor time.Duration) *runnerv1.BoottimeBound {
-	now, ok := a.cfg.Boottime()
+func (rc *runnerClient) bound() func(validFor time.Duration) *runnerv1.BoottimeBound {
+	now, ok := rc.cfg.Boottime()
 	return func(validFor time.Duration) *runnerv1.BoottimeBound {
 		if !ok {
 			return nil
@@ -114,43 +132,43 @@ const maxRunnerStarts = 32
 
 // startSlot waits for a turn to open or start a mailbox in the runner and
 // returns its release; false if ctx ended first.
-func (a *Agent) startSlot(ctx context.Context) (func(), bool) {
+func (rc *runnerClient) startSlot(ctx context.Context) (func(), bool) {
 	select {
-	case a.starts <- struct{}{}:
-		return func() { <-a.starts }, true
+	case rc.starts <- struct{}{}:
+		return func() { <-rc.starts }, true
 	case <-ctx.Done():
 		return nil, false
 	}
 }
 
-// runnerDialed is RunnerConn.Dialed, nil without a RunnerConn; taken before
-// a call to the runner, for awaitRunner after it fails.
-func (a *Agent) runnerDialed() <-chan struct{} {
-	if a.cfg.RunnerConn == nil {
+// dialed is RunnerConn.Dialed, nil without a RunnerConn; taken before a
+// call to the runner, for await after it fails.
+func (rc *runnerClient) dialed() <-chan struct{} {
+	if rc.cfg.RunnerConn == nil {
 		return nil
 	}
-	return a.cfg.RunnerConn.Dialed()
+	return rc.cfg.RunnerConn.Dialed()
 }
 
-// awaitRunner waits d before the next call to the runner after one failed,
+// await waits d before the next call to the runner after one failed,
 // or less when the runner is gone: until a dial to it connects (it started
 // again), so that its mailboxes are opened, acquired and served again as
-// soon as it listens. dialed is runnerDialed from before the failed call,
+// soon as it listens. dialed is dialed() from before the failed call,
 // so a runner that started again since then is called again at once.
 // False if ctx ended first.
-func (a *Agent) awaitRunner(ctx context.Context, d time.Duration, dialed <-chan struct{}) bool {
+func (rc *runnerClient) await(ctx context.Context, d time.Duration, dialed <-chan struct{}) bool {
 	// Refusing first: a dial that connects clears it and closes dialed at
 	// once, so one of the two is seen.
-	refusing := a.runnerRefusing()
+	refusing := rc.refusing()
 	select {
 	case <-dialed:
 		return ctx.Err() == nil
 	default:
 	}
 	if !refusing {
-		return sleep(ctx, a.cfg.Clock, d)
+		return sleep(ctx, rc.cfg.Clock, d)
 	}
-	t := a.cfg.Clock.NewTimer(d)
+	t := rc.cfg.Clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -162,6 +180,26 @@ func (a *Agent) awaitRunner(ctx context.Context, d time.Duration, dialed <-chan 
 }
 
 // probeTimeout bounds one stats probe of the runner made every interval.
-func (a *Agent) probeTimeout(interval time.Duration) time.Duration {
-	return min(a.cfg.RPCTimeout/2, interval)
+func (rc *runnerClient) probeTimeout(interval time.Duration) time.Duration {
+	return min(rc.cfg.RPCTimeout/2, interval)
+}
+
+// refusing reports whether the runner's control API refuses connections
+// (RunnerConn.Refusing); false when the sidecar cannot tell.
+func (rc *runnerClient) refusing() bool {
+	return rc.cfg.RunnerConn != nil && rc.cfg.RunnerConn.Refusing()
+}
+
+// gone reports whether err, a failed call to the runner, leaves the runner
+// provably serving nothing: its control API refuses connections.
+func (rc *runnerClient) gone(err error) bool {
+	return err != nil && rc.refusing()
+}
+
+// givingUp says whether a runner whose probe failed with err (nil: it
+// answered), silent for down, is given up on: silent for deadAfter, or gone
+// (its control API refuses connections: runnerconn.go), however short its
+// silence. A runner that only does not answer (paused, slow) is never gone.
+func (rc *runnerClient) givingUp(err error, down, deadAfter time.Duration) bool {
+	return err != nil && (down >= deadAfter || rc.gone(err))
 }

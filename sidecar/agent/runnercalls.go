@@ -47,7 +47,7 @@ func (w *worker) mayExtend() bool {
 	w.mu.Lock()
 	sent := w.unansweredSent
 	w.mu.Unlock()
-	return sent.IsZero() || !w.a.heard().Before(sent)
+	return sent.IsZero() || !w.rn.heard().Before(sent)
 }
 
 func (w *worker) runnerDeadline() time.Time {
@@ -57,21 +57,21 @@ func (w *worker) runnerDeadline() time.Time {
 }
 
 func (w *worker) runnerCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(w.ctx), w.a.cfg.RPCTimeout)
+	return context.WithTimeout(context.WithoutCancel(w.ctx), w.cfg.RPCTimeout)
 }
 
 // openInRunner records the mailbox in the runner (not serving); false if
 // the worker was stopped first.
 func (w *worker) openInRunner() bool {
-	bo := w.a.cfg.Backoff
+	bo := w.cfg.Backoff
 	for {
-		done, ok := w.a.startSlot(w.ctx)
+		done, ok := w.rn.startSlot(w.ctx)
 		if !ok {
 			return false
 		}
-		dialed := w.a.runnerDialed()
-		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
-		_, err := w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), RecoverFrom: w.recoverFrom(), HistoryBefore: w.historyBefore()})
+		dialed := w.rn.dialed()
+		ctx, cancel := context.WithTimeout(w.ctx, w.cfg.RPCTimeout)
+		_, err := w.rn.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), RecoverFrom: w.recoverFrom(), HistoryBefore: w.historyBefore()})
 		cancel()
 		done()
 		if err == nil {
@@ -85,7 +85,7 @@ func (w *worker) openInRunner() bool {
 			// A record left by an earlier assignment: replace it.
 			w.log.Warn("runner holds the mailbox with another config; closing it first", "err", err)
 			cctx, cancel := w.runnerCtx()
-			_, err = w.a.cfg.Runner.CloseMailbox(cctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id})
+			_, err = w.rn.CloseMailbox(cctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id})
 			cancel()
 			if err == nil {
 				continue
@@ -98,19 +98,11 @@ func (w *worker) openInRunner() bool {
 			})
 		}
 		w.log.Warn("runner could not open the mailbox; retrying", "err", err, "consecutive_store_failures", w.view().OpenFailures)
-		w.a.sess.retrying(w.id)
-		if !w.a.awaitRunner(w.ctx, bo.Step(), dialed) {
+		w.sess.retrying(w.id)
+		if !w.rn.await(w.ctx, bo.Step(), dialed) {
 			return false
 		}
 	}
-}
-
-// givingUp says whether a runner whose probe failed with err (nil: it
-// answered), silent for down, is given up on: silent for deadAfter, or gone
-// (its control API refuses connections: runnerconn.go), however short its
-// silence. A runner that only does not answer (paused, slow) is never gone.
-func (a *Agent) givingUp(err error, down, deadAfter time.Duration) bool {
-	return err != nil && (down >= deadAfter || a.gone(err))
 }
 
 // giveUp ends a lease whose runner is given up on (givingUp): no more
@@ -123,13 +115,13 @@ func (a *Agent) givingUp(err error, down, deadAfter time.Duration) bool {
 // Shutdown or unassign. Either way the loss is counted (runner_gone or
 // runner_unreachable) and released with that cause.
 func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error) {
-	clk := w.a.cfg.Clock
+	clk := w.cfg.Clock
 	log := w.log.With("epoch", epoch)
 	reason := "runner_unreachable"
 	w.mu.Lock()
 	w.v.State, w.reopen = StateFenced, true
 	w.mu.Unlock()
-	if w.a.gone(cause) {
+	if w.rn.gone(cause) {
 		reason = "runner_gone"
 		log.Warn("runner gone (its control API refuses connections); renewing no more, releasing the lease at once",
 			"down_for", down, "err", cause)
@@ -137,18 +129,18 @@ func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error
 		log.Warn("runner unreachable past the bound; renewing no more, releasing the lease once the runner is fenced",
 			"down_for", down, "runner_dead_after", deadAfter, "err", cause)
 	}
-	w.a.m.losses.WithLabelValues(reason).Inc()
+	w.m.losses.WithLabelValues(reason).Inc()
 	// A confirmation after the runner's deadline would come too late to
 	// matter: the release waits no longer than that deadline (at least a
 	// probe's timeout, for a runner that is only slow).
-	timeout := min(w.a.cfg.RPCTimeout, max(w.runnerDeadline().Sub(clk.Now()), w.a.probeTimeout(w.a.cfg.HeartbeatInterval)))
+	timeout := min(w.cfg.RPCTimeout, max(w.runnerDeadline().Sub(clk.Now()), w.rn.probeTimeout(w.cfg.HeartbeatInterval)))
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), timeout)
-	_, err := w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: reason})
+	_, err := w.rn.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: reason})
 	cancel()
 	switch wait := w.runnerDeadline().Sub(clk.Now()); {
 	case err == nil || status.Code(err) == codes.NotFound:
 		log.Info("runner fenced", "reason", reason)
-	case w.a.gone(err):
+	case w.rn.gone(err):
 		log.Info("runner gone: it serves nothing, so the lease goes without waiting for its deadline", "deadline_in", wait)
 	case wait > 0:
 		log.Warn("runner did not confirm the fence; releasing once its own deadline has passed", "wait", wait, "err", err)
@@ -158,7 +150,7 @@ func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error
 			return
 		}
 	}
-	ctx, cancel = context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
+	ctx, cancel = context.WithTimeout(w.ctx, w.cfg.RPCTimeout)
 	defer cancel()
 	// release logs and counts every outcome; a lease it could not give
 	// back expires on the admin, since nothing renews it any more.
@@ -172,8 +164,8 @@ func (w *worker) giveUp(epoch uint64, down, deadAfter time.Duration, cause error
 // API did not answer (nil if it did, NotFound included).
 func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration) (stats *adminv1.LeaseStats, mailboxes map[string]*runnerv1.MailboxStatus, runnerErr error) {
 	stats = &adminv1.LeaseStats{Health: adminv1.RunnerHealth_RUNNER_HEALTH_HEALTHY}
-	rctx, rcancel := context.WithTimeout(ctx, w.a.probeTimeout(interval))
-	sr, err := w.a.cfg.Runner.GetStats(rctx, &runnerv1.GetStatsRequest{MailboxId: w.id})
+	rctx, rcancel := context.WithTimeout(ctx, w.rn.probeTimeout(interval))
+	sr, err := w.rn.GetStats(rctx, &runnerv1.GetStatsRequest{MailboxId: w.id})
 	rcancel()
 	switch {
 	case err == nil && len(sr.GetMailboxes()) == 1:
@@ -200,11 +192,11 @@ func (w *worker) probe(ctx context.Context, epoch uint64, interval time.Duration
 // however often it is called, so every way out of holding can call it (a
 // fence drops it before the runner is told, the deferred call on return).
 func (w *worker) serving() (unheld func()) {
-	w.a.m.acqLatency.Observe(w.a.cfg.Clock.Since(w.assigned).Seconds())
-	w.a.m.held.Inc()
+	w.m.acqLatency.Observe(w.cfg.Clock.Since(w.assigned).Seconds())
+	w.m.held.Inc()
 	w.update(func(v *LeaseView) { v.State = StateActive })
 	var once sync.Once
-	return func() { once.Do(w.a.m.held.Dec) }
+	return func() { once.Do(w.m.held.Dec) }
 }
 
 // activate lets the runner consume and serve under epoch until the lease's
@@ -214,50 +206,50 @@ func (w *worker) serving() (unheld func()) {
 // and acquire starts over), or the runner is gone (then the lease is given
 // back, giveUp, and the mailbox opened again first).
 func (w *worker) activate(epoch uint64, until func() time.Time) bool {
-	bo := w.a.cfg.Backoff
+	bo := w.cfg.Backoff
 	for {
-		now, fenceAt := w.a.cfg.Clock.Now(), until()
+		now, fenceAt := w.cfg.Clock.Now(), until()
 		if !now.Before(fenceAt) {
 			w.fence(epoch, "ttl_elapsed", "the runner could not be activated before ttl ran out", fenceAt)
 			return false
 		}
-		done, ok := w.a.startSlot(w.ctx)
+		done, ok := w.rn.startSlot(w.ctx)
 		if !ok {
 			return false
 		}
-		bound := w.a.runnerBound()
-		if now, fenceAt = w.a.cfg.Clock.Now(), until(); !now.Before(fenceAt) {
+		bound := w.rn.bound()
+		if now, fenceAt = w.cfg.Clock.Now(), until(); !now.Before(fenceAt) {
 			done()
 			continue
 		}
-		ctx, cancel := context.WithTimeout(w.ctx, w.a.cfg.RPCTimeout)
+		ctx, cancel := context.WithTimeout(w.ctx, w.cfg.RPCTimeout)
 		vf := durationpb.New(fenceAt.Sub(now))
 		b := bound(vf.AsDuration())
-		_, err := w.a.cfg.Runner.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: vf, Bound: b})
+		_, err := w.rn.ActivateMailbox(ctx, &runnerv1.ActivateMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: vf, Bound: b})
 		if status.Code(err) == codes.NotFound {
 			// The runner restarted and forgot the mailbox: open and
 			// activate in one call.
-			_, err = w.a.cfg.Runner.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), Epoch: epoch, ValidFor: vf, Bound: b, RecoverFrom: w.recoverFrom(), HistoryBefore: w.historyBefore()})
+			_, err = w.rn.OpenMailbox(ctx, &runnerv1.OpenMailboxRequest{MailboxId: w.id, Config: runnerConfig(w.assignment.GetConfig()), Epoch: epoch, ValidFor: vf, Bound: b, RecoverFrom: w.recoverFrom(), HistoryBefore: w.historyBefore()})
 		}
 		cancel()
 		done()
 		if err == nil {
 			// The runner counts valid_for from when it got the call,
 			// before it answered.
-			w.handed(w.a.cfg.Clock.Now().Add(vf.AsDuration()))
+			w.handed(w.cfg.Clock.Now().Add(vf.AsDuration()))
 			return true
 		}
 		if w.ctx.Err() != nil {
 			return false
 		}
-		if w.a.gone(err) {
+		if w.rn.gone(err) {
 			// Nothing to activate: the lease goes, and the mailbox is
 			// opened again once the runner listens.
 			w.giveUp(epoch, 0, 0, err)
 			return false
 		}
 		w.log.Warn("runner activation failed; retrying", "epoch", epoch, "err", err)
-		if !sleep(w.ctx, w.a.cfg.Clock, min(bo.Step(), fenceAt.Sub(now))) {
+		if !sleep(w.ctx, w.cfg.Clock, min(bo.Step(), fenceAt.Sub(now))) {
 			return false
 		}
 	}
@@ -268,22 +260,22 @@ func (w *worker) activate(epoch uint64, until func() time.Time) bool {
 // only logged: the runner fences itself at the old deadline, and the next
 // heartbeat's stats reveal it.
 func (w *worker) extend(epoch uint64, fenceAt time.Time) {
-	bound := w.a.runnerBound()
-	sentAt := w.a.cfg.Clock.Now()
+	bound := w.rn.bound()
+	sentAt := w.cfg.Clock.Now()
 	vf := fenceAt.Sub(sentAt)
 	if vf <= 0 || !w.mayExtend() {
 		return
 	}
 	// An answer after vf confirms a deadline that has passed.
-	ctx, cancel := context.WithTimeout(w.ctx, min(w.a.cfg.RPCTimeout, vf))
+	ctx, cancel := context.WithTimeout(w.ctx, min(w.cfg.RPCTimeout, vf))
 	defer cancel()
 	before := w.runnerDeadline()
-	if _, err := w.a.cfg.Runner.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationpb.New(vf), Bound: bound(vf)}); err != nil {
+	if _, err := w.rn.ExtendMailbox(ctx, &runnerv1.ExtendMailboxRequest{MailboxId: w.id, Epoch: epoch, ValidFor: durationpb.New(vf), Bound: bound(vf)}); err != nil {
 		w.unanswered(before, sentAt, vf, err)
 		w.log.Warn("runner did not take the extension", "epoch", epoch, "err", err)
 		return
 	}
-	w.handed(w.a.cfg.Clock.Now().Add(vf))
+	w.handed(w.cfg.Clock.Now().Add(vf))
 }
 
 // fence stops the runner on the mailbox at once and records the loss; it
@@ -291,24 +283,24 @@ func (w *worker) extend(epoch uint64, fenceAt time.Time) {
 // worker is stopped (a stopped worker's runner is drained or closed next
 // anyway).
 func (w *worker) fence(epoch uint64, reason, detail string, lastAckSent time.Time) {
-	w.a.m.losses.WithLabelValues(reason).Inc()
+	w.m.losses.WithLabelValues(reason).Inc()
 	w.update(func(v *LeaseView) { v.State = StateFenced })
 	w.log.Warn("lease lost; fencing the runner", "epoch", epoch, "reason", reason, "detail", detail, "last_ack_sent", lastAckSent)
-	bo := w.a.cfg.Backoff
+	bo := w.cfg.Backoff
 	for {
 		ctx, cancel := w.runnerCtx()
-		_, err := w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: reason})
+		_, err := w.rn.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: reason})
 		cancel()
 		if err == nil || status.Code(err) == codes.NotFound {
 			w.log.Info("runner fenced", "epoch", epoch, "reason", reason)
 			return
 		}
-		if w.a.gone(err) {
+		if w.rn.gone(err) {
 			w.log.Info("runner gone (its control API refuses connections): it serves nothing", "epoch", epoch, "reason", reason)
 			return
 		}
 		w.log.Error("runner did not confirm the fence; retrying", "epoch", epoch, "err", err)
-		if !sleep(w.ctx, w.a.cfg.Clock, bo.Step()) {
+		if !sleep(w.ctx, w.cfg.Clock, bo.Step()) {
 			return
 		}
 	}
@@ -323,9 +315,9 @@ func (w *worker) fence(epoch uint64, reason, detail string, lastAckSent time.Tim
 // deadline it was handed has passed. It returns false if the stop came
 // first: the lease was left to expire, the runner perhaps still serving.
 func (w *worker) unassign() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), w.a.cfg.StopTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopTimeout)
 	defer cancel()
-	if _, err := w.a.cfg.Runner.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{w.id}}); err != nil {
+	if _, err := w.rn.Drain(ctx, &runnerv1.DrainRequest{MailboxIds: []string{w.id}}); err != nil {
 		w.log.Warn("runner drain failed", "err", err)
 	}
 	closed := w.closeInRunner(ctx, "unassigned")
@@ -333,10 +325,10 @@ func (w *worker) unassign() bool {
 	if v.Epoch == 0 {
 		return true
 	}
-	if !closed && !w.outwait(w.a.life.halt, "unassigned", v.Epoch) {
+	if !closed && !w.outwait(w.halt, "unassigned", v.Epoch) {
 		return false
 	}
-	rctx, rcancel := context.WithTimeout(context.Background(), w.a.cfg.RPCTimeout)
+	rctx, rcancel := context.WithTimeout(context.Background(), w.cfg.RPCTimeout)
 	defer rcancel()
 	// release logs and counts every outcome; an unassignment has no
 	// caller to hand its error to.
@@ -351,17 +343,17 @@ func (w *worker) unassign() bool {
 // A failed close is followed by a fence, which a runner that closed with
 // errors answers NotFound.
 func (w *worker) closeInRunner(ctx context.Context, cause string) bool {
-	_, err := w.a.cfg.Runner.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id})
+	_, err := w.rn.CloseMailbox(ctx, &runnerv1.CloseMailboxRequest{MailboxId: w.id})
 	if err == nil {
 		return true
 	}
 	w.log.Warn("runner close failed; fencing the mailbox instead", "err", err)
-	_, err = w.a.cfg.Runner.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: cause})
+	_, err = w.rn.FenceMailbox(ctx, &runnerv1.FenceMailboxRequest{MailboxId: w.id, Reason: cause})
 	if err == nil || status.Code(err) == codes.NotFound {
 		w.log.Info("runner fenced", "reason", cause)
 		return true
 	}
-	if w.a.gone(err) {
+	if w.rn.gone(err) {
 		w.log.Info("runner gone (its control API refuses connections): it serves nothing", "cause", cause)
 		return true
 	}
@@ -375,7 +367,7 @@ func (w *worker) closeInRunner(ctx context.Context, cause string) bool {
 // not released and expires on the admin (after ttl + grace, past that
 // deadline) once nothing renews it.
 func (w *worker) outwait(ctx context.Context, cause string, epoch uint64) bool {
-	clk := w.a.cfg.Clock
+	clk := w.cfg.Clock
 	wait := w.runnerDeadline().Sub(clk.Now())
 	if wait <= 0 {
 		return true
@@ -385,7 +377,7 @@ func (w *worker) outwait(ctx context.Context, cause string, epoch uint64) bool {
 	if sleep(ctx, clk, wait) {
 		return true
 	}
-	w.a.m.releases.WithLabelValues(cause, "expiring").Inc()
+	w.m.releases.WithLabelValues(cause, "expiring").Inc()
 	log.Error("lease not released: the runner may serve under it until its deadline; it expires after ttl + grace", "runner_deadline", w.runnerDeadline())
 	return false
 }

@@ -96,15 +96,3 @@ func (c *runnerConn) Close() error {
 	})
 	return c.Conn.Close()
 }
-
-// runnerRefusing reports whether the runner's control API refuses
-// connections (RunnerConn.Refusing); false when the sidecar cannot tell.
-func (a *Agent) runnerRefusing() bool {
-	return a.cfg.RunnerConn != nil && a.cfg.RunnerConn.Refusing()
-}
-
-// gone reports whether err, a failed call to the runner, leaves the runner
-// provably serving nothing: its control API refuses connections.
-func (a *Agent) gone(err error) bool {
-	return err != nil && a.runnerRefusing()
-}

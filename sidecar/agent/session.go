@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,7 +27,10 @@ type sessState struct {
 // sessions holds the sidecar's one session: it opens it, keeps it alive,
 // and sends the workers' acquires in batches (docs/architecture.md#sessions).
 type sessions struct {
-	a *Agent
+	cfg *Config
+	log *slog.Logger
+	m   *metrics
+	rn  *runnerClient
 
 	decided chan struct{} // closed once the lease mode is known
 	mode    LeaseMode     // set before decided is closed
@@ -58,13 +62,13 @@ type sessions struct {
 	perMailboxExtend atomic.Bool
 }
 
-func newSessions(a *Agent) *sessions {
+func newSessions(cfg *Config, log *slog.Logger, m *metrics, rn *runnerClient) *sessions {
 	s := &sessions{
-		a: a, decided: make(chan struct{}), opened: make(chan struct{}), wake: make(chan struct{}, 1),
+		cfg: cfg, log: log, m: m, rn: rn, decided: make(chan struct{}), opened: make(chan struct{}), wake: make(chan struct{}, 1),
 		pending: map[string]chan acqResult{}, expected: map[string]bool{}, board: newProbeBoard(),
 		holding: map[string]heldMailbox{}, extendWake: make(chan struct{}, 1),
 	}
-	if a.cfg.LeaseMode == LeaseModeMailbox {
+	if cfg.LeaseMode == LeaseModeMailbox {
 		s.decide(LeaseModeMailbox)
 	}
 	return s
@@ -90,7 +94,7 @@ func (s *sessions) sessionMode() bool {
 	case <-s.decided:
 		return s.mode == LeaseModeSession
 	default:
-		return s.a.cfg.LeaseMode == LeaseModeSession
+		return s.cfg.LeaseMode == LeaseModeSession
 	}
 }
 
@@ -111,7 +115,7 @@ func (s *sessions) current() *sessState {
 // lose ends st once: every worker holding a lease in it fences at once.
 func (s *sessions) lose(st *sessState, reason, detail string) {
 	if s.end(st, reason, detail) {
-		s.a.log.Warn("session lost; its leases are fenced and acquired again in a new one", "session_id", st.id, "reason", reason, "detail", detail)
+		s.log.Warn("session lost; its leases are fenced and acquired again in a new one", "session_id", st.id, "reason", reason, "detail", detail)
 	}
 }
 
@@ -134,7 +138,7 @@ func (s *sessions) end(st *sessState, reason, detail string) bool {
 // keepalive. An admin without the Sessions service switches the sidecar
 // to per-mailbox leases.
 func (s *sessions) run(ctx context.Context) {
-	if s.a.cfg.LeaseMode != LeaseModeSession {
+	if s.cfg.LeaseMode != LeaseModeSession {
 		return
 	}
 	var wg sync.WaitGroup
@@ -162,28 +166,27 @@ func (s *sessions) run(ctx context.Context) {
 // open retries OpenSession until it succeeds; nil, true when the admin has
 // no Sessions service (the mode is then mailbox); false if ctx ended.
 func (s *sessions) open(ctx context.Context) (*sessState, bool) {
-	a := s.a
-	bo := a.cfg.Backoff
+	bo := s.cfg.Backoff
 	for {
-		req := &adminv1.OpenSessionRequest{ProxyId: a.cfg.ProxyID, RunnerId: a.cfg.RunnerID, RunnerAddress: a.cfg.AdvertiseAddr}
-		if a.cfg.LeaseTTL > 0 {
-			req.Ttl = durationpb.New(a.cfg.LeaseTTL)
+		req := &adminv1.OpenSessionRequest{ProxyId: s.cfg.ProxyID, RunnerId: s.cfg.RunnerID, RunnerAddress: s.cfg.AdvertiseAddr}
+		if s.cfg.LeaseTTL > 0 {
+			req.Ttl = durationpb.New(s.cfg.LeaseTTL)
 		}
-		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
-		sentAt := a.cfg.Clock.Now()
-		resp, err := a.cfg.Sessions.OpenSession(cctx, req)
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.RPCTimeout)
+		sentAt := s.cfg.Clock.Now()
+		resp, err := s.cfg.Sessions.OpenSession(cctx, req)
 		cancel()
 		switch {
 		case err == nil && resp.GetSession() != nil:
 			ttl := resp.GetSession().GetTtl().AsDuration()
 			if ttl <= 0 {
-				ttl = a.cfg.LeaseTTL
+				ttl = s.cfg.LeaseTTL
 			}
 			// At least two keepalives before the fence, whatever was
 			// configured.
-			st := &sessState{newRenewable(resp.GetSession().GetId(), sentAt, ttl, min(a.cfg.HeartbeatInterval, ttl/3))}
-			a.m.sessionsOpened.Inc()
-			a.log.Info("session opened", "session_id", st.id, "ttl", ttl, "index", resp.GetIndex())
+			st := &sessState{newRenewable(resp.GetSession().GetId(), sentAt, ttl, min(s.cfg.HeartbeatInterval, ttl/3))}
+			s.m.sessionsOpened.Inc()
+			s.log.Info("session opened", "session_id", st.id, "ttl", ttl, "index", resp.GetIndex())
 			s.mu.Lock()
 			s.cur = st
 			close(s.opened)
@@ -196,19 +199,19 @@ func (s *sessions) open(ctx context.Context) (*sessState, bool) {
 				// Already on sessions: an old node answered. Try again;
 				// the leases in flight stay per session.
 			default:
-				a.log.Warn("the admin cluster has no Sessions service (not upgraded); holding each lease on its own (--lease-mode=mailbox)", "err", err)
+				s.log.Warn("the admin cluster has no Sessions service (not upgraded); holding each lease on its own (--lease-mode=mailbox)", "err", err)
 				s.decide(LeaseModeMailbox)
 				return nil, true
 			}
 		case err == nil:
-			a.log.Warn("session refused; retrying", "reason", resp.GetRefusal().GetReason().String(), "message", resp.GetRefusal().GetMessage())
+			s.log.Warn("session refused; retrying", "reason", resp.GetRefusal().GetReason().String(), "message", resp.GetRefusal().GetMessage())
 		default:
 			if ctx.Err() != nil {
 				return nil, false
 			}
-			a.log.Warn("open session failed; retrying", "err", err)
+			s.log.Warn("open session failed; retrying", "err", err)
 		}
-		if !sleep(ctx, a.cfg.Clock, a.retryWait("open_session", err, &bo)) {
+		if !sleep(ctx, s.cfg.Clock, s.m.retryWait("open_session", err, &bo)) {
 			return nil, false
 		}
 	}
@@ -221,11 +224,10 @@ func (s *sessions) open(ctx context.Context) (*sessState, bool) {
 // its own (an acquire does not renew it), so only a new session serves
 // again.
 func (s *sessions) keepAlive(ctx context.Context, st *sessState) {
-	a := s.a
-	clk := a.cfg.Clock
+	clk := s.cfg.Clock
 	interval := st.every
-	bo := a.cfg.Backoff
-	next := st.window().lastAckSent.Add(a.cfg.Jitter(interval))
+	bo := s.cfg.Backoff
+	next := st.window().lastAckSent.Add(s.cfg.Jitter(interval))
 	for {
 		win := st.window()
 		if until := win.until; !clk.Now().Before(until) {
@@ -255,11 +257,10 @@ func (s *sessions) keepAlive(ctx context.Context, st *sessState) {
 // keepAliveOnce sends one keepalive and returns when the next one is due
 // (the session is lost instead on a refusal).
 func (s *sessions) keepAliveOnce(ctx context.Context, st *sessState, bo *wait.Backoff, interval time.Duration) time.Time {
-	a := s.a
-	clk := a.cfg.Clock
-	cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
+	clk := s.cfg.Clock
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.RPCTimeout)
 	sentAt := clk.Now()
-	resp, err := a.cfg.Sessions.KeepAliveSession(cctx, &adminv1.KeepAliveSessionRequest{ProxyId: a.cfg.ProxyID, SessionId: st.id})
+	resp, err := s.cfg.Sessions.KeepAliveSession(cctx, &adminv1.KeepAliveSessionRequest{ProxyId: s.cfg.ProxyID, SessionId: st.id})
 	cancel()
 	ref := resp.GetRefusal()
 	if r, ok := mesh.RefusalFrom(err); ok {
@@ -268,29 +269,29 @@ func (s *sessions) keepAliveOnce(ctx context.Context, st *sessState, bo *wait.Ba
 	switch {
 	case ctx.Err() != nil:
 	case err == nil && resp.GetRenewed():
-		a.m.keepalives.WithLabelValues("renewed").Inc()
-		a.m.kaLatency.Observe(clk.Since(sentAt).Seconds())
-		*bo = a.cfg.Backoff
+		s.m.keepalives.WithLabelValues("renewed").Inc()
+		s.m.kaLatency.Observe(clk.Since(sentAt).Seconds())
+		*bo = s.cfg.Backoff
 		st.renew(sentAt, resp.GetTtl().AsDuration())
 		select {
 		case s.extendWake <- struct{}{}:
 		default:
 		}
-		return sentAt.Add(a.cfg.Jitter(interval))
+		return sentAt.Add(s.cfg.Jitter(interval))
 	case sessionRefused(ref), status.Code(err) == codes.PermissionDenied:
-		a.m.keepalives.WithLabelValues("refused").Inc()
+		s.m.keepalives.WithLabelValues("refused").Inc()
 		reason, detail := refusalReason(ref), ref.GetMessage()
 		if ref == nil {
 			reason, detail = "permission_denied", err.Error()
 		}
 		s.lose(st, reason, detail)
 	default:
-		a.m.keepalives.WithLabelValues("error").Inc()
+		s.m.keepalives.WithLabelValues("error").Inc()
 		// The admin never sheds keepalives (admission.go); should one
 		// ask anyway, its delay is honoured: the fence below does not
 		// depend on it.
-		retry := a.retryWait("keepalive", err, bo)
-		a.log.Warn("session keepalive failed; retrying", "session_id", st.id, "err", errors.Join(err, refusalErr(ref)), "retry_in", retry, "fence_in", st.window().until.Sub(clk.Now()))
+		retry := s.m.retryWait("keepalive", err, bo)
+		s.log.Warn("session keepalive failed; retrying", "session_id", st.id, "err", errors.Join(err, refusalErr(ref)), "retry_in", retry, "fence_in", st.window().until.Sub(clk.Now()))
 		return clk.Now().Add(retry)
 	}
 	return clk.Now()
@@ -311,8 +312,7 @@ func refusalErr(ref *adminv1.LeaseRefusal) error {
 
 // release gives back one lease of session id.
 func (s *sessions) release(ctx context.Context, sessionID uint64, mailboxID string) (*adminv1.MailboxLeaseResult, uint64, error) {
-	a := s.a
-	resp, err := a.cfg.Sessions.ReleaseLeases(ctx, &adminv1.ReleaseLeasesRequest{ProxyId: a.cfg.ProxyID, SessionId: sessionID, MailboxIds: []string{mailboxID}})
+	resp, err := s.cfg.Sessions.ReleaseLeases(ctx, &adminv1.ReleaseLeasesRequest{ProxyId: s.cfg.ProxyID, SessionId: sessionID, MailboxIds: []string{mailboxID}})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -335,12 +335,11 @@ func (s *sessions) close(ctx context.Context) (uint64, uint32, error) {
 	if st == nil {
 		return 0, 0, nil
 	}
-	a := s.a
-	resp, err := a.cfg.Sessions.CloseSession(ctx, &adminv1.CloseSessionRequest{ProxyId: a.cfg.ProxyID, SessionId: st.id})
+	resp, err := s.cfg.Sessions.CloseSession(ctx, &adminv1.CloseSessionRequest{ProxyId: s.cfg.ProxyID, SessionId: st.id})
 	if err != nil {
 		return st.id, 0, fmt.Errorf("close session %d: %w", st.id, err)
 	}
 	s.end(st, "closed", "closed at shutdown")
-	a.log.Info("session closed", "session_id", st.id, "closed", resp.GetClosed(), "leases", resp.GetLeasesReleased(), "index", resp.GetIndex())
+	s.log.Info("session closed", "session_id", st.id, "closed", resp.GetClosed(), "leases", resp.GetLeasesReleased(), "index", resp.GetIndex())
 	return st.id, resp.GetLeasesReleased(), nil
 }

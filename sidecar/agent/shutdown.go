@@ -43,7 +43,7 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		resp, err := a.cfg.Runner.Drain(dctx, &runnerv1.DrainRequest{})
 		cancel()
 		switch {
-		case a.gone(err):
+		case a.rn.gone(err):
 			// It stopped consuming as it stopped (a runner's own stop
 			// drains and commits; a killed one committed only what it
 			// stored), and serves nothing: its leases go at once.

@@ -21,9 +21,19 @@ const (
 	stopShutdown
 )
 
-// worker owns one mailbox's lease (docs/architecture.md#the-sidecar).
+// worker owns one mailbox's lease (docs/architecture.md#the-sidecar). It
+// knows the agent only through what it is handed: the settings, the
+// metrics, the runner's client and the session.
 type worker struct {
-	a          *Agent
+	cfg  *Config
+	m    *metrics
+	rn   *runnerClient
+	sess *sessions
+	// halt is done once the agent's stop began (lifecycle).
+	halt context.Context
+	// closed tells the agent that the worker finished closing its mailbox.
+	closed func(*worker)
+
 	id         string
 	assignment *adminv1.NamespaceAssignment
 	log        *slog.Logger
@@ -50,16 +60,6 @@ type worker struct {
 	// reopen is set when the runner was given up on (giveUp): the mailbox
 	// is opened in it again before the next acquire.
 	reopen bool
-}
-
-func newWorker(a *Agent, id string, as *adminv1.NamespaceAssignment) *worker {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &worker{
-		a: a, id: id, assignment: as, ctx: ctx, cancel: cancel, done: make(chan struct{}), roleCh: make(chan struct{}, 1),
-		log:      a.log.With("mailbox_id", id),
-		assigned: a.cfg.Clock.Now(),
-		v:        LeaseView{MailboxID: id, Namespace: as.GetNamespace(), State: StateOpening, Role: as.GetRole()},
-	}
 }
 
 func (w *worker) view() LeaseView {
@@ -91,7 +91,7 @@ func (w *worker) stopMode() stopMode {
 // until stopped, re-acquiring after every loss.
 func (w *worker) run() {
 	defer close(w.done)
-	defer w.a.sess.unexpect(w.id)
+	defer w.sess.unexpect(w.id)
 	if w.prev != nil {
 		select {
 		case <-w.prev.done:
@@ -101,7 +101,7 @@ func (w *worker) run() {
 	// A runner given up on (runnerGone) is opened again before the next
 	// acquire: the lease is only asked for once the runner answers.
 	for w.ctx.Err() == nil && w.openInRunner() {
-		mode, ok := w.a.sess.leaseMode(w.ctx)
+		mode, ok := w.sess.leaseMode(w.ctx)
 		for ok && w.ctx.Err() == nil {
 			end := leaseEnded
 			var l *adminv1.Lease
@@ -117,7 +117,7 @@ func (w *worker) run() {
 		}
 	}
 	if w.stopMode() == stopUnassign && w.unassign() {
-		w.a.closed(w)
+		w.closed(w)
 	}
 }
 
@@ -129,7 +129,7 @@ func (w *worker) acquireLease(mode LeaseMode) (*adminv1.Lease, validity, bool) {
 		if !ok {
 			return nil, nil, false
 		}
-		return r.lease, sessionLease{s: w.a.sess, st: r.st, w: w, epoch: r.lease.GetEpoch()}, true
+		return r.lease, sessionLease{s: w.sess, st: r.st, w: w, epoch: r.lease.GetEpoch()}, true
 	}
 	l, sentAt, ok := w.acquire()
 	if !ok {
