@@ -413,20 +413,11 @@ func TestDeadRunnerGivesLeaseBack(t *testing.T) {
 	h.assign(1, "audit")
 	h.waitEvent(0, "runner activate audit@p1 5 valid_for=10s")
 	h.runner.setDown(true)
-	h.settle(2)
-	h.clk.Step(testInterval)
-	h.waitEvent(0, "runner down extend")
-	if n := h.ev.count("admin heartbeat"); n != 1 {
-		t.Fatalf("%d heartbeats while the runner is down for less than the bound:\n%s", n, h.ev)
-	}
-	h.settle(2)
-	h.clk.Step(testInterval)
-	_, giveUp := h.waitEvent(0, "runner down fence")
-	if !giveUp.at.Equal(h.t0.Add(2 * testInterval)) {
-		t.Fatalf("gave up at %v, want at the first probe past the bound (t0+6s)", giveUp.at)
-	}
-	h.settle(2)
-	h.clk.Step(testTTL - 2*testInterval)
+	h.giveUpDownRunner(2, "runner down extend", func() {
+		if n := h.ev.count("admin heartbeat"); n != 1 {
+			t.Fatalf("%d heartbeats while the runner is down for less than the bound:\n%s", n, h.ev)
+		}
+	})
 	iRel, rel := h.waitEvent(0, "admin release audit@p1")
 	if rel.what != "admin release audit@p1 5" || !rel.at.Equal(h.t0.Add(testTTL)) {
 		t.Fatalf("release %q at %v, want epoch 5 at t0+10s, when the runner's own deadline has passed", rel.what, rel.at)

@@ -794,3 +794,24 @@ func (r *fakeRunner) setPositions(id string, ps ...*runnerv1.StoredPosition) {
 		st.StoredPositions = ps
 	}
 }
+
+// giveUpDownRunner steps an agent whose runner went down at its activation
+// (t0) through the probe under the bound (t0+3s, which leaves the event
+// probed; check runs then) to the give-up at the first probe past it
+// (t0+6s), and on to the deadline the runner was handed (t0+10s); waiters
+// is how many clock waiters the agent has while it waits.
+func (h *harness) giveUpDownRunner(waiters int, probed string, check func()) {
+	h.t.Helper()
+	h.settle(waiters)
+	h.clk.Step(testInterval)
+	h.waitEvent(0, probed)
+	check()
+	h.settle(waiters)
+	h.clk.Step(testInterval)
+	_, giveUp := h.waitEvent(0, "runner down fence")
+	if !giveUp.at.Equal(h.t0.Add(2 * testInterval)) {
+		h.t.Fatalf("gave up at %v, want at the first probe past the bound (t0+6s)", giveUp.at)
+	}
+	h.settle(waiters)
+	h.clk.Step(testTTL - 2*testInterval)
+}

@@ -276,17 +276,7 @@ func TestSessionDeadRunnerGivesLeaseBack(t *testing.T) {
 	h.assign(1, "audit")
 	h.waitEvent(0, "runner activate audit@p1 5 valid_for=10s")
 	h.runner.setDown(true)
-	h.settle(4)
-	h.clk.Step(testInterval)
-	h.waitEvent(0, "runner down stats")
-	h.settle(4)
-	h.clk.Step(testInterval)
-	_, giveUp := h.waitEvent(0, "runner down fence")
-	if !giveUp.at.Equal(h.t0.Add(2 * testInterval)) {
-		t.Fatalf("gave up at %v, want at the first probe past the bound (t0+6s)", giveUp.at)
-	}
-	h.settle(4)
-	h.clk.Step(testTTL - 2*testInterval)
+	h.giveUpDownRunner(4, "runner down stats", func() {})
 	iRel, rel := h.waitEvent(0, "admin release-leases")
 	if rel.what != "admin release-leases 1 audit@p1" || !rel.at.Equal(h.t0.Add(testTTL)) {
 		t.Fatalf("release %q at %v, want in session 1 at t0+10s", rel.what, rel.at)
