@@ -218,7 +218,7 @@ func (s *jsonScan) message(out, b []byte, fields []jsonField) ([]byte, bool) {
 		case jBool:
 			out = append(out, "true"...)
 		case jString:
-			out = appendJSONString(out, sl.b)
+			out = AppendJSONString(out, sl.b, false)
 		case jBytes:
 			out = appendBase64(out, sl.b)
 		case jTimestamp:
@@ -261,12 +261,12 @@ func appendMap(out []byte, entries []mapEntryJSON, bytesValues bool) []byte {
 			out = append(out, ',')
 		}
 		first = false
-		out = appendJSONString(out, e.key)
+		out = AppendJSONString(out, e.key, false)
 		out = append(out, ':')
 		if bytesValues {
 			out = appendBase64(out, e.value)
 		} else {
-			out = appendJSONString(out, e.value)
+			out = AppendJSONString(out, e.value, false)
 		}
 	}
 	return append(out, '}')
@@ -352,15 +352,41 @@ func appendBase64(out, v []byte) []byte {
 	return append(out, '"')
 }
 
-// appendJSONString appends valid UTF-8 s as protojson escapes a string: '"',
-// '\\' and control characters only (\b \f \n \r \t by name, the others as
-// \u00xx); '<', '>', '&', U+2028 and U+2029 as they are.
-func appendJSONString(out, s []byte) []byte {
+// AppendJSONString appends s as a JSON string. Either way '"', '\\' and the
+// control characters are escaped (\b \f \n \r \t by name, the others as
+// \u00xx). With encodingJSON it escapes s as encoding/json does: also '<',
+// '>' and '&' (HTML-safe), U+2028 and U+2029, and each byte of invalid UTF-8
+// as \ufffd. Without, it escapes valid UTF-8 s as protojson does: nothing
+// more ('<', '>', '&', U+2028 and U+2029 as they are).
+func AppendJSONString[S ~string | ~[]byte](out []byte, s S, encodingJSON bool) []byte {
 	const hex = "0123456789abcdef"
 	out = append(out, '"')
 	start := 0
-	for i, c := range s {
-		if c >= 0x20 && c != '"' && c != '\\' {
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			if !encodingJSON {
+				i++
+				continue
+			}
+			r, size := utf8.DecodeRune([]byte(s[i:min(i+utf8.UTFMax, len(s))]))
+			switch {
+			case r == utf8.RuneError && size == 1:
+				out = append(out, s[start:i]...)
+				out = append(out, `\ufffd`...)
+			case r == '\u2028' || r == '\u2029':
+				out = append(out, s[start:i]...)
+				out = append(out, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			default:
+				i += size
+				continue
+			}
+			i += size
+			start = i
+			continue
+		}
+		if c >= 0x20 && c != '"' && c != '\\' && (!encodingJSON || c != '<' && c != '>' && c != '&') {
+			i++
 			continue
 		}
 		out = append(out, s[start:i]...)
@@ -380,7 +406,8 @@ func appendJSONString(out, s []byte) []byte {
 		default:
 			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
 		}
-		start = i + 1
+		i++
+		start = i
 	}
 	out = append(out, s[start:]...)
 	return append(out, '"')
