@@ -413,7 +413,7 @@ func TestGatewayJWKSRotation(t *testing.T) {
 }
 
 // TestGatewayWithoutAuth: no WithAuth, no checks: a query without a token
-// is answered as before the gateway knew of tokens.
+// is answered with no Authorization check at all.
 func TestGatewayWithoutAuth(t *testing.T) {
 	t.Parallel()
 	runner := &countingRunner{}

@@ -404,7 +404,7 @@ func TestNewRejects(t *testing.T) {
 // With UnreachableAfter a call gives up once no endpoint has accepted a
 // connection for that long, well before the caller's deadline; a node that
 // answers, even with a failure that is retried, keeps the call going until
-// the deadline as before.
+// the deadline.
 func TestDoGivesUpOnUnreachableEndpoints(t *testing.T) {
 	t.Parallel()
 	cases := []struct {

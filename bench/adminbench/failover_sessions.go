@@ -15,7 +15,7 @@ import (
 	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
-// Failover with leases held in sessions (issue 20): S sessions of 1,000
+// Failover with leases held in sessions: S sessions of 1,000
 // leases each (bulk grants), every one keeping alive every 5 s through
 // whichever node answers, as a sidecar with all the admin endpoints does.
 // Each round kills the leader -9, times the first acknowledged write

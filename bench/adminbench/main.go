@@ -63,7 +63,7 @@ func main() {
 	flag.DurationVar(&o.scaleFor, "scale-for", 10*time.Second, "length of the heartbeat scale run")
 	flag.BoolVar(&o.scaleXDS, "scale-xds", true, "serve xDS during the scale run, as a production admin node does")
 	flag.BoolVar(&o.scaleOneConn, "scale-one-conn", false, "plaintext scale run only: every proxy's heartbeats on one connection to the leader, "+
-		"the layout of adminbench before cf6fda3, to compare with binaries measured then (BENCHMARKS.md, issue 10)")
+		"the layout of adminbench before cf6fda3, to compare with binaries measured in it (BENCHMARKS.md)")
 	flag.StringVar(&o.only, "only", "", "run one part: latency, failover, scale, handshake, sessions, failover-sessions, overload, etcd, redis")
 	flag.StringVar(&o.security, "security", modeBoth, "prism admin over plaintext (--insecure), mtls (figures suffixed _mtls), or both: "+
 		"every part in plaintext plus the 3-node latency, the scale run and the handshake over mutual TLS, with mtls/plaintext ratios")

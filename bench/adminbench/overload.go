@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Overload (issue 20): past what the leader can answer, renewals wait at
+// Overload: past what the leader can answer, renewals wait at
 // its renewal gate, counted from their arrival, and new work is refused
 // RESOURCE_EXHAUSTED; no lease of a holder that keeps sending is lost.
 //

@@ -321,8 +321,8 @@ func scale(ctx context.Context, o options, dir string, certs *certs) (time.Durat
 	// so its rate is the acquires' alone. Each proxy has its connection, as
 	// each sidecar does, unless -scale-one-conn puts them all on one: that
 	// costs the leader fewer writes (many answers share one flush) and
-	// about halved the heartbeat p99 (BENCHMARKS.md, issue 10), so figures
-	// compare only within one layout.
+	// changes the heartbeat p99 (BENCHMARKS.md), so figures compare only
+	// within one layout.
 	runnerOf := make(map[string]string, scaleProxies)
 	for p := range scaleProxies {
 		id := fmt.Sprintf("scale-p%d", p)

@@ -22,7 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// Sessions (issue 20): a sidecar holds all its mailboxes' leases in one
+// Sessions (docs/architecture.md#sessions): a sidecar holds all its mailboxes' leases in one
 // session and renews them with one keepalive. The part measures a bulk grant,
 // keepalive latency and the leader's CPU and heap with many sessions each
 // holding many leases, and how long a silent session's leases outlive it.

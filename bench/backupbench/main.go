@@ -1,5 +1,5 @@
 // Command backupbench times the admin's disaster-recovery path on a large
-// state (issue 14) and prints BENCH lines:
+// state and prints BENCH lines:
 //
 //	admin.restore_s_100k        prism admin restore's work: read and verify a
 //	                            snapshot file, revoke its leases and sessions,

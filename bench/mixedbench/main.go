@@ -1,4 +1,4 @@
-// Command mixedbench measures queries while a mailbox ingests (issue 18): a
+// Command mixedbench measures queries while a mailbox ingests: a
 // `prism runner` process with its `prism sidecar`, one `prism admin` node and
 // a `prism gateway` routed by the admin's xDS (plaintext, on loopback) drain a
 // backlog pre-produced into an in-process kfake broker once the namespace's

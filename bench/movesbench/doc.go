@@ -1,4 +1,4 @@
-// Package movesbench measures moves by handoff (issue 15) on real `prism` processes, as tests/moves runs them:
+// Package movesbench measures moves by handoff (docs/architecture.md#moves) on real `prism` processes, as tests/moves runs them:
 // three admin nodes, runners with their sidecars and a gateway on loopback, Kafka in process (kfake). Its figures
 // are benchmarks (moves_test.go), run once each by bench/moves.sh, which prints BENCH <name> <value> <unit> lines:
 //

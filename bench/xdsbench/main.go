@@ -1,4 +1,4 @@
-// Command xdsbench measures the xDS pipeline (issue 4) and prints
+// Command xdsbench measures the xDS pipeline and prints
 // BENCH <name> <value> <unit> lines:
 //
 //   - convergence: ControlPlane.Update with a proxy's runner at a new
@@ -7,15 +7,15 @@
 //     the new runner, p50/p99, at 10 and 1,000 proxies (two real runners);
 //     beside it the admin's share, until a raw delta ADS client has the
 //     new endpoints (xds.admin_push_*): the rest is grpc-go's. Lease
-//     changes are not measured here: since issue 13 they are not in the
+//     changes are not measured here: they are not in the
 //     routing state and put nothing on the wire;
 //   - push cost per runner move at 10 and 1,000 proxies: bytes sent to one
 //     state-of-the-world and one delta ADS client, process CPU per change
 //     with five raw clients (the admin's work: the clients only read
 //     bytes); at 1,000 the translation of the whole state, which a runner
-//     move no longer costs (xds/cache patches it), and the admin heap.
+//     move does not cost (xds/cache patches it), and the admin heap.
 //
-// Then issue 13's figures at a million mailboxes (million.go): an admin FSM
+// Then the figures at a million mailboxes (million.go): an admin FSM
 // holding 1M leases on 1,000 proxies, built by applying commands straight
 // to an fsm.FSM (through Raft it would take minutes), followed by the real
 // pipeline with grpc-go's xDS client and a delta client connected: the ADS

@@ -33,7 +33,7 @@ import (
 	"github.com/prism-mesh/prism/xds/translator"
 )
 
-// millionConfig sizes the 1M-mailbox run (issue 13's figures).
+// millionConfig sizes the 1M-mailbox run.
 type millionConfig struct {
 	mailboxes, proxies int
 	// leaseOps are the acquire/renew/release/re-grant operations whose
@@ -47,7 +47,7 @@ type millionConfig struct {
 	routeCalls int
 }
 
-// million runs issue 13's figures on an admin FSM holding cfg.mailboxes
+// million measures an admin FSM holding cfg.mailboxes
 // leases on cfg.proxies proxies. The state is built by applying commands
 // straight to an fsm.FSM, as Raft would after commit: through a Raft
 // cluster, two million entries would take minutes. Everything else is what

@@ -19,7 +19,7 @@ var version = "dev"
 
 func main() {
 	// The image ships prismctl as a symbolic link to prism, busybox style: the
-	// two binaries held nearly the same code twice (issue 14's image size).
+	// two binaries would hold nearly the same code twice.
 	// Before the umask: prismctl standalone keeps the user's.
 	if filepath.Base(os.Args[0]) == "prismctl" {
 		os.Exit(ctl.Main(version, os.Args[1:]))

@@ -156,7 +156,8 @@ func checkSame(t *testing.T, raw []byte) bool {
 	return fast
 }
 
-// reference is Process as it was before the one-pass decoder.
+// reference is Process written the plain way, Decode then validate, for the
+// one-pass decoder to agree with.
 func reference(raw []byte, mode Mode) (*mailboxv1.MailboxItem, error) {
 	env, err := Decode(raw)
 	if err != nil {

@@ -11,8 +11,8 @@ import (
 
 // lagSum keeps what each claim of the current consumer group session last
 // reported as its lag, so the runner can tell the sidecar how far the
-// mailbox is behind (issue 15: a catching-up namespace switches once its
-// lag is small).
+// mailbox is behind (a catching-up namespace switches once its lag is
+// small: docs/architecture.md#moves).
 type lagSum struct {
 	mu    sync.Mutex
 	parts map[lagKey]claimReport // nil between sessions
@@ -92,7 +92,8 @@ type Position struct {
 // Positions are the claims' stored positions as of their last reports,
 // sorted by topic then partition; known as for Lag. Unlike lag, a position
 // does not depend on when it was measured against a moving high watermark,
-// so two mailboxes' positions compare as what each has stored (issue 15).
+// so two mailboxes' positions compare as what each has stored
+// (docs/architecture.md#moves).
 func (i *Ingester) Positions() ([]Position, bool) {
 	i.lag.mu.Lock()
 	defer i.lag.mu.Unlock()

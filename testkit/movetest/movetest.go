@@ -1,5 +1,5 @@
 // Package movetest is the world that tests/moves and bench/movesbench run moves
-// by handoff in (issue 15): three `prism admin` nodes, an in-process Kafka whose
+// by handoff in (docs/architecture.md#moves): three `prism admin` nodes, an in-process Kafka whose
 // quiet topic every namespace can read, runners with their sidecars and a
 // gateway, all on loopback; a client reading namespace URLs through the
 // gateway; and the properties a run's answers must keep.
@@ -261,7 +261,7 @@ func (r *Reader) End() []Answer {
 	return out
 }
 
-// Verdict is issue 15's properties over a run's answers: no failed query,
+// Verdict is the properties a move keeps over a run's answers: no failed query,
 // every answer names its mailbox and epoch, and no namespace's epoch or
 // event count goes down.
 type Verdict struct {

@@ -113,7 +113,7 @@ func createNamespaces(ctx context.Context, t *testing.T, n *e2e.AdminNode, names
 }
 
 // TestSessionFailoverManyLeases: leader kill -9 with many leases held in
-// sessions (issue 20). 20,000 leases, about 2,500 on each of 8 proxies'
+// sessions. 20,000 leases, about 2,500 on each of 8 proxies'
 // sessions, each kept alive every second with a 3 s ttl through whichever
 // node answers. Across the kill no keepalive is refused and no lease
 // expires (every session keeps its lease count, the new leader counts no

@@ -24,7 +24,7 @@ import (
 	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
-// The lease table with sessions (issue 20) as a porcupine model, per
+// The lease table with sessions (docs/architecture.md#sessions) as a porcupine model, per
 // mailbox: a proxy registers its runner; a runner opens sessions of the
 // proxy only while it is the registered one; AcquireLeases in an open
 // session grants a mailbox that is free or held by the session's runner
@@ -337,7 +337,7 @@ func sessionCluster(t *testing.T) *e2e.AdminCluster {
 }
 
 // TestSessionLeasesUnderFaults: the lease safety properties with sessions,
-// under the faults of issue 10, through every node of three real admin
+// under pauses and kills of the leader, through every node of three real admin
 // processes. While clients open, keep alive, acquire, release and close
 // sessions through every node, the leader is paused with SIGSTOP for longer
 // than the election timeout (with keepalives queued on it) and killed with

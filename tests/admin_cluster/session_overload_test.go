@@ -64,7 +64,7 @@ func runRenewLoad(ctx context.Context, t *testing.T, bin string, args ...string)
 }
 
 // TestSessionOverload: renewals at 3x what the leader answers, for 30 s
-// (issue 20). A ramp (closed-loop, 256 callers, 3 s) measures the
+// (docs/architecture.md#sessions). A ramp (closed-loop, 256 callers, 3 s) measures the
 // keepalives the leader answers a second, C; then renewload, built without
 // the race detector, sends 3C a second open-loop for 30 s, spread over 50
 // sessions holding 20 leases each and the probe's session (every session

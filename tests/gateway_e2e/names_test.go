@@ -54,7 +54,7 @@ func namespaceCandidates(r *rand.Rand, n int) []string {
 	return append(out, "", ".a", "-a", "uni☃", strings.Repeat("a", mesh.MaxIDLen+1))
 }
 
-// TestAnyAcceptedNamespaceIsServed is issue 12's property: every string the
+// TestAnyAcceptedNamespaceIsServed: every string the
 // FSM accepts as a namespace is routable and servable end to end (leased by
 // the sidecar, stored by the runner, answered through prism gateway by its
 // mailbox id and by the namespace's path), and every string it refuses is

@@ -1,5 +1,5 @@
 // Package moves proves that namespaces move between proxies without a failed
-// query (issue 15): a client reads namespace URLs through `prism gateway` in
+// query (docs/architecture.md#moves): a client reads namespace URLs through `prism gateway` in
 // a tight, bounded loop while namespaces are handed off (make-before-break:
 // the destination catches up from Kafka while the source serves, then one
 // Raft command switches the alias, and the source keeps serving through the
@@ -30,7 +30,7 @@ func read(w *movetest.World, namespaces []string) *movetest.Reader {
 	return w.Read(namespaces, 1, 3*time.Millisecond, 3*time.Minute)
 }
 
-// check asserts issue 15's properties over a run: no failed query, every
+// check asserts a move's properties over a run: no failed query, every
 // answer names its mailbox and epoch, each namespace's epochs never go
 // down, nor its event count.
 func check(t *testing.T, answers []movetest.Answer) {

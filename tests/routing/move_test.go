@@ -133,8 +133,8 @@ func TestMovedNamespaceFollowsItsMailbox(t *testing.T) {
 		case a.code == 503 && a.epoch == "" && isJSONError(a.body, ""):
 			// Until the gateway's lookup of the namespace refreshes, its
 			// calls go to proxy-1, stale and so unhealthy: unavailable, for
-			// at most the lookup's age (a move without this window is
-			// issue 15's handoff).
+			// at most the lookup's age (a move without this window is a
+			// handoff: tests/moves).
 		default:
 			t.Errorf("during the move: %s", a)
 		}

@@ -183,7 +183,7 @@ func grpcInputs() []grpcInput {
 // TestEveryQueryDoorRefusesBadInput sends every door of the query API (prism gateway's HTTP and gRPC
 // APIs in front of a real runner, and the runner's own HTTP and gRPC query port) the inputs it must refuse
 // and their neighbours: each gets the documented status and message, never a 5xx, and afterwards both
-// servers are healthy, the mailbox is served as before under the same lease, and the mesh's state is
+// servers are healthy, the mailbox is still served under the same lease, and the mesh's state is
 // what it was.
 func TestEveryQueryDoorRefusesBadInput(t *testing.T) {
 	if testing.Short() {

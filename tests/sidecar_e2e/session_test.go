@@ -132,12 +132,12 @@ func adminCalls(n *e2e.AdminNode, method string) float64 {
 // expiry, which takes their routes away together (never seen in part).
 func TestSidecarSession200Mailboxes(t *testing.T) { sessionMailboxes(t, 200) }
 
-// The same with 1,000 mailboxes, a proxy's whole share (issue 20): still
+// The same with 1,000 mailboxes, a proxy's whole share: still
 // one keepalive per interval on the wire, every lease valid throughout,
 // all kept across a SIGSTOP of the sidecar shorter than ttl with the
 // runner serving each under its epoch, and after kill -9 all 1,000 ended
 // in the one Raft entry of the session's expiry, within ttl + grace, with
-// no xDS update for them at all (routes are per proxy, issue 13).
+// no xDS update for them at all (routes are per proxy: docs/architecture.md#routing).
 func TestSidecarSession1000Mailboxes(t *testing.T) { sessionMailboxes(t, 1000) }
 
 // createNamespaces creates ns-000 … ns-(n-1) on admin, 16 at a time (one at

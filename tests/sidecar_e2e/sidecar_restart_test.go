@@ -8,7 +8,7 @@ import (
 	"github.com/prism-mesh/prism/testkit/testwait"
 )
 
-// A sidecar restarted alone (issue 12): its SIGTERM drains the runner, which
+// A sidecar restarted alone: its SIGTERM drains the runner, which
 // keeps running; a new sidecar for the same runner re-acquires the lease and
 // the runner serves and consumes the mailbox again, on the same store,
 // instead of refusing it with "runner draining" until it is restarted too.

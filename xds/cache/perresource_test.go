@@ -295,7 +295,7 @@ func TestChangesSendOnlyWhatChanged(t *testing.T) {
 			name: "a runner moves", version: 11, res: proxyState(t, proxies, map[int]uint32{500: 9500}),
 			sotw:  map[string]int{resource.EndpointType: 1},
 			delta: map[string]int{resource.EndpointType: 1},
-			// issue 13's xds.eds_bytes_per_runner_move target.
+			// the xds.eds_bytes_per_runner_move budget (BENCHMARKS.md).
 			sotwBytes: 1024,
 		},
 		{
