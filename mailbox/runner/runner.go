@@ -1,8 +1,25 @@
-// Package runner hosts a set of mailboxes (each a store, a key prefix of the
-// runner's one Badger database, fed by its own ingest)
-// and serves them: the query APIs, /metrics, /healthz, /readyz and gRPC health.
-// Mailboxes are opened and closed by id while the runner runs, which is what
-// the sidecar's control API drives; `prism runner` opens one from its flags.
+// Package runner hosts a set of mailboxes, each a store (a key prefix of
+// the runner's one Badger database) fed by its own ingest, and serves them:
+// the query APIs, /metrics, /healthz, /readyz and gRPC health. Mailboxes are
+// opened and closed by id while the runner runs, which is what the sidecar's
+// control API (mailbox/control) drives; `prism runner` opens one from its
+// flags.
+//
+// The runner is a host, not a lifecycle: which state each mailbox is in and
+// which call it may take is mailbox/control's (its lifecycle.go), and the
+// runner does what it is told, refusing only what does not fit what it
+// holds. The files, one part each:
+//   - runner.go: the configuration, New and Close.
+//   - registry.go: what is hosted by id (served mailboxes, prepared stores,
+//     open failures, recovery peers) and the turns the calls about one id take.
+//   - host.go: a mailbox's store and ingest: Prepare, Open, Drain, CloseMailbox.
+//   - stores.go: opening the runner's store and a mailbox's view of it.
+//   - lease.go: the lease guard, the epoch and deadline a mailbox is served
+//     and written under.
+//   - serve.go, authz.go: the query port, the HTTP port and health, and who
+//     may call what on them.
+//   - recovery.go, status.go, metrics.go, rebuild.go: peer recovery, what the
+//     runner reports of each mailbox, and the offline rebuild.
 package runner
 
 import (
@@ -11,46 +28,31 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"maps"
-	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	grpcstatus "google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
 	"github.com/prism-mesh/prism/internal/connlimit"
-	"github.com/prism-mesh/prism/internal/debughttp"
 	"github.com/prism-mesh/prism/internal/diskfree"
 	"github.com/prism-mesh/prism/internal/lazy"
 	"github.com/prism-mesh/prism/mailbox/envelope"
 	"github.com/prism-mesh/prism/mailbox/ingest"
 	"github.com/prism-mesh/prism/mailbox/query"
-	"github.com/prism-mesh/prism/mailbox/query/httpapi"
 	"github.com/prism-mesh/prism/mailbox/recovery"
 	"github.com/prism-mesh/prism/mailbox/store"
 	"github.com/prism-mesh/prism/mesh"
-	"github.com/prism-mesh/prism/mesh/identity"
 	"github.com/prism-mesh/prism/mesh/pki"
-	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
-	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
 // Config of a runner. Brokers and DataDir are shared by its mailboxes.
@@ -158,36 +160,6 @@ type MailboxConfig struct {
 // ErrNotOpen is returned for a mailbox id the runner does not host.
 var ErrNotOpen = errors.New("mailbox not open")
 
-// ErrDeadlinePassed refuses to move a mailbox's lease deadline once it has
-// passed (SetValidFor).
-var ErrDeadlinePassed = errors.New("lease deadline passed")
-
-type mailbox struct {
-	cfg MailboxConfig
-	// store and ingest are swapped once, by a recovery that completes
-	// (recovery.go): the copy's store replaces the empty one, and ingest,
-	// nil until then, starts. Without recovery they are set before the
-	// mailbox is published.
-	store  atomic.Pointer[store.Store]
-	reads  readGuard
-	ingest atomic.Pointer[ingest.Ingester]
-	epoch  atomic.Uint64
-	// recovery is the peer recovery seeding the mailbox; nil when none
-	// was asked or the mailbox held data of its own.
-	recovery     *recovering
-	stopRetain   context.CancelFunc
-	retainExited chan struct{}
-	// until is the deadline of the lease it is served under (SetValidFor);
-	// nil: none, served until closed.
-	until atomic.Pointer[time.Time]
-}
-
-// expired reports whether mb's lease deadline has passed at now.
-func (mb *mailbox) expired(now time.Time) bool {
-	until := mb.until.Load()
-	return until != nil && !now.Before(*until)
-}
-
 // Runner hosts mailboxes by id.
 type Runner struct {
 	cfg       Config
@@ -209,18 +181,8 @@ type Runner struct {
 	// cfg.Brokers with cfg.Sarama. Closed after every ingest.
 	kafka *ingest.Kafka
 
-	// mu guards the maps, never a store's opening or an ingest's start:
-	// Open and Prepare do those outside it (see begin), so queries to every
-	// mailbox answer while another opens.
-	mu        sync.RWMutex
-	mailboxes map[string]*mailbox
-	prepared  map[string]*store.Store  // opened ahead of Open; not served
-	opening   map[string]chan struct{} // ids Open or Prepare is opening; closed when done
-	opens     sync.WaitGroup           // the Opens and Prepares in flight, which Close waits for
-	closed    bool
-	// failed holds why each mailbox's last store open failed, until one
-	// succeeds or the mailbox is discarded: /readyz and a gauge report it.
-	failed map[string]error
+	// registry is what the runner hosts, by id (registry.go).
+	registry
 
 	openFailures *prometheus.CounterVec
 
@@ -238,10 +200,8 @@ type Runner struct {
 	openDB   func(store.DBOptions) (*store.DB, error)
 	openView func(*store.DB, store.Options) (*store.Store, error)
 
-	// recoverySrv serves copies of the mailboxes held here (recovery.go);
-	// allowed, guarded by mu, is who may fetch each (AllowRecovery).
+	// recoverySrv serves copies of the mailboxes held here (recovery.go).
 	recoverySrv *recovery.Server
-	allowed     map[string][]string
 }
 
 // New makes a runner hosting no mailbox yet.
@@ -270,20 +230,16 @@ func New(cfg Config) (*Runner, error) {
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	r := &Runner{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		reg:       cfg.Registry,
-		ingestM:   ingest.NewMetrics(cfg.Registry),
-		kafka:     ingest.NewKafka(cfg.Brokers, cfg.Sarama),
-		queryM:    query.NewMetrics(cfg.Registry),
-		health:    health.NewServer(),
-		mailboxes: map[string]*mailbox{},
-		prepared:  map[string]*store.Store{},
-		opening:   map[string]chan struct{}{},
-		failed:    map[string]error{},
-		openDB:    store.OpenDB,
-		openView:  (*store.DB).Open,
-		allowed:   map[string][]string{},
+		cfg:      cfg,
+		log:      cfg.Logger,
+		reg:      cfg.Registry,
+		ingestM:  ingest.NewMetrics(cfg.Registry),
+		kafka:    ingest.NewKafka(cfg.Brokers, cfg.Sarama),
+		queryM:   query.NewMetrics(cfg.Registry),
+		health:   health.NewServer(),
+		registry: newRegistry(),
+		openDB:   store.OpenDB,
+		openView: (*store.DB).Open,
 		openFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prism_mailbox_open_failures_total",
 			Help: "Mailbox store opens that failed, by reason: damaged (a file of the runner's store is unreadable: every mailbox's open fails; move the store aside), old_layout (a mailbox's store written by an older version; rebuild it with prism runner rebuild), no_space, other.",
@@ -362,791 +318,6 @@ func dirName(id string) string {
 	sum := sha256.Sum256([]byte(id))
 	tag := hex.EncodeToString(sum[:16])
 	return name[:maxDirName-len(tag)-1] + "~" + tag
-}
-
-// Prepare opens mailbox mc's store ahead of Open, which then only starts
-// consuming and serving: a lease-driven mailbox waits for the disk before
-// its lease is acquired, not after. A prepared mailbox is neither consumed
-// nor served; preparing it again does nothing.
-func (r *Runner) Prepare(mc MailboxConfig) error {
-	if err := validID(mc.ID); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	if err := r.begin(mc.ID); err != nil {
-		r.mu.Unlock()
-		return fmt.Errorf("prepare %s: %w", mc.ID, err)
-	}
-	_, prepared := r.prepared[mc.ID]
-	_, open := r.mailboxes[mc.ID]
-	if prepared || open {
-		r.end(mc.ID)
-		r.mu.Unlock()
-		if open {
-			return fmt.Errorf("prepare %s: already open", mc.ID)
-		}
-		return nil
-	}
-	r.mu.Unlock()
-	st, err := r.openMailboxStore(mc)
-	r.mu.Lock()
-	closed := r.closed
-	if err == nil && !closed {
-		r.prepared[mc.ID] = st
-	}
-	r.mu.Unlock()
-	switch {
-	case err != nil:
-		err = fmt.Errorf("prepare %s: %w", mc.ID, err)
-	case closed:
-		// Before end: Close waits for this store too.
-		err = errors.Join(fmt.Errorf("prepare %s: runner closed", mc.ID), st.Close())
-	}
-	r.mu.Lock()
-	r.end(mc.ID)
-	r.mu.Unlock()
-	return err
-}
-
-// openMailboxStore opens mailbox mc in the runner's store, opening that
-// first if no open has yet, and contains a failure to the mailboxes: a panic
-// in the open is its error, never the process's, and a failure is recorded
-// (failed, the metric, the log) for /readyz while the runner's other
-// mailboxes go on serving. A failure of the runner's store is every
-// mailbox's, each reported with it, so the sidecar reports them all
-// open_failed and the admin moves them. The caller sees the error; the
-// sidecar retries with backoff, and its next open tries the store again.
-func (r *Runner) openMailboxStore(mc MailboxConfig) (st *store.Store, err error) {
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				st, err = nil, fmt.Errorf("%w: panic opening mailbox %s: %v", store.ErrDamaged, mc.ID, p)
-			}
-		}()
-		st, err = r.openInStore(mc)
-	}()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err == nil {
-		delete(r.failed, mc.ID)
-		return st, nil
-	}
-	reason := openFailureReason(err)
-	r.failed[mc.ID] = err
-	r.openFailures.WithLabelValues(reason).Inc()
-	r.log.Error("mailbox store failed to open", "mailbox_id", mc.ID, "reason", reason, "err", err)
-	return nil, err
-}
-
-func (r *Runner) openInStore(mc MailboxConfig) (*store.Store, error) {
-	old := OldDir(r.cfg.DataDir, mc.ID)
-	switch _, err := os.Stat(old); {
-	case err == nil:
-		return nil, fmt.Errorf("%w: %s holds the mailbox's store of an older version (a Badger per mailbox), whose Kafka offsets are committed: "+
-			"opened empty here it would never get its history back; drop it and re-ingest it with prism runner rebuild --mailbox %s (or --old-layout for every such store)",
-			store.ErrOldLayout, old, mc.ID)
-	case !errors.Is(err, fs.ErrNotExist):
-		return nil, fmt.Errorf("look for an older store of the mailbox: %w", err)
-	}
-	db, err := r.db.Get(r.openStoreDB)
-	if err != nil {
-		return nil, err
-	}
-	return r.openView(db, r.storeOptions(mc))
-}
-
-func (r *Runner) storeOptions(mc MailboxConfig) store.Options {
-	return store.Options{ID: mc.ID, MaxAge: mc.MaxAge, MaxSize: mc.MaxSize, Logger: r.log.With("mailbox_id", mc.ID)}
-}
-
-// openStoreDB is r.db's open of the runner's store: a panic in it (a
-// damaged store) is its error, and a failure is logged once a try, not once
-// for each of the thousand mailbox opens that may take its answer.
-func (r *Runner) openStoreDB() (*store.DB, error) {
-	dir := StoreDir(r.cfg.DataDir)
-	db, err := func() (db *store.DB, err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				db, err = nil, fmt.Errorf("%w: panic opening %s: %v", store.ErrDamaged, dir, p)
-			}
-		}()
-		return r.openDB(store.DBOptions{Dir: dir, Memory: store.MemoryFor(r.cfg.MemoryBudget, 1), Logger: r.log})
-	}()
-	if err != nil {
-		r.dbFailed = true
-		r.log.Error("the runner's store failed to open: every mailbox's open fails with it until one opens it", "dir", dir, "reason", openFailureReason(err), "err", err)
-		return nil, fmt.Errorf("runner store %s: %w", dir, err)
-	}
-	if r.dbFailed {
-		r.log.Info("the runner's store opened after failing", "dir", dir)
-	}
-	r.dbFailed = false
-	return db, nil
-}
-
-// openFailureReason is the reason label, /readyz's and the log's, of a
-// store open that failed with err: each names what an operator does next
-// (rebuild a damaged store or one of the old layout, free space).
-func openFailureReason(err error) string {
-	switch {
-	case errors.Is(err, store.ErrDamaged):
-		return "damaged"
-	case errors.Is(err, store.ErrOldLayout):
-		return "old_layout"
-	case errors.Is(err, syscall.ENOSPC):
-		return "no_space"
-	}
-	return "other"
-}
-
-// OpenFailures says, for each mailbox whose last store open failed, why.
-func (r *Runner) OpenFailures() map[string]error {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return maps.Clone(r.failed)
-}
-
-// errRunnerClosed refuses an Open or Prepare once Close has begun.
-var errRunnerClosed = errors.New("runner closed")
-
-// begin marks id as being opened (its store, its ingest) outside r.mu, first
-// waiting for an Open or Prepare of id already in flight, so that the calls
-// for one id still take turns as they did under r.mu. r.mu is held on entry
-// and on return; end unmarks id. Close waits for every id begun.
-func (r *Runner) begin(id string) error {
-	r.settle(id)
-	if r.closed {
-		return errRunnerClosed
-	}
-	r.opening[id] = make(chan struct{})
-	r.opens.Add(1)
-	return nil
-}
-
-// settle waits, r.mu held on entry and on return, until no Open or Prepare
-// of id is in flight, so a call about id (close, drain, epoch) acts on what
-// the one in flight leaves rather than on nothing.
-func (r *Runner) settle(id string) {
-	for {
-		ch, busy := r.opening[id]
-		if !busy {
-			return
-		}
-		r.mu.Unlock()
-		<-ch
-		r.mu.Lock()
-	}
-}
-
-// end unmarks id, r.mu held.
-func (r *Runner) end(id string) {
-	close(r.opening[id])
-	delete(r.opening, id)
-	r.opens.Done()
-}
-
-// Discard closes the store of a prepared mailbox that will not be opened.
-// Its data stays in the runner's store, as its consumer group's offsets stay
-// in Kafka: a later open of the mailbox resumes where they both are.
-func (r *Runner) Discard(id string) error {
-	r.mu.Lock()
-	r.settle(id)
-	st, ok := r.prepared[id]
-	delete(r.prepared, id)
-	delete(r.failed, id)
-	r.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	if err := st.Close(); err != nil {
-		return fmt.Errorf("discard %s: %w", id, err)
-	}
-	return nil
-}
-
-// Open starts consuming mailbox mc's topics into its store (opening the
-// store unless Prepare did) and serves it. Opening a mailbox that is already
-// open is an error: its config might differ.
-func (r *Runner) Open(mc MailboxConfig) error {
-	if err := validID(mc.ID); err != nil {
-		return err
-	}
-	if len(mc.Topics) == 0 {
-		return fmt.Errorf("open %s: no topics", mc.ID)
-	}
-	r.mu.Lock()
-	if err := r.begin(mc.ID); err != nil {
-		r.mu.Unlock()
-		return fmt.Errorf("open %s: %w", mc.ID, err)
-	}
-	if _, ok := r.mailboxes[mc.ID]; ok {
-		r.end(mc.ID)
-		r.mu.Unlock()
-		return fmt.Errorf("open %s: already open", mc.ID)
-	}
-	st := r.prepared[mc.ID]
-	delete(r.prepared, mc.ID)
-	r.mu.Unlock()
-	mb, err := r.start(mc, st)
-	r.mu.Lock()
-	closed := r.closed
-	if err == nil && !closed {
-		r.mailboxes[mc.ID] = mb
-	}
-	r.mu.Unlock()
-	if err == nil && closed {
-		// Before end: Close waits for this mailbox too.
-		err = errors.Join(fmt.Errorf("open %s: runner closed", mc.ID), r.closeMailbox(mb))
-	}
-	r.mu.Lock()
-	r.end(mc.ID)
-	r.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	r.log.Info("mailbox opened", "mailbox_id", mc.ID, "epoch", mc.Epoch, "topics", mc.Topics, "max_age", mc.MaxAge, "max_size", mc.MaxSize)
-	return nil
-}
-
-// start opens mailbox mc's store unless st is the prepared one, starts its
-// ingest and retention, and returns it unpublished.
-func (r *Runner) start(mc MailboxConfig, st *store.Store) (*mailbox, error) {
-	if st == nil {
-		var err error
-		if st, err = r.openMailboxStore(mc); err != nil {
-			return nil, fmt.Errorf("open %s: %w", mc.ID, err)
-		}
-	}
-	icfg := ingest.Config{
-		MailboxID: mc.ID, Kafka: r.kafka, Topics: mc.Topics, Mode: mc.Mode, DeadLetterTopic: mc.DeadLetterTopic,
-		BatchSize: r.cfg.BatchSize, BatchWait: r.cfg.BatchWait,
-		DrainTimeout: r.cfg.ShutdownTimeout, Logger: r.log, Metrics: r.ingestM, Governor: r.governor,
-	}
-	if r.disk != nil {
-		icfg.Space = r.disk
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	mb := &mailbox{cfg: mc, stopRetain: cancel, retainExited: make(chan struct{})}
-	mb.store.Store(st)
-	mb.epoch.Store(mc.Epoch)
-	rec, err := r.recoveryFor(mc, st)
-	if err != nil {
-		cancel()
-		_ = st.Close()
-		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
-	}
-	if rec != nil {
-		// Consumed only once the copy is in: recover starts ingest and
-		// retention on the copy's store.
-		mb.recovery = rec
-		go func() {
-			defer close(mb.retainExited)
-			r.recover(ctx, mb, icfg)
-		}()
-		return mb, nil
-	}
-	if err := r.markHistoryBefore(mc, st); err != nil {
-		cancel()
-		_ = st.Close()
-		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
-	}
-	icfg.Start = seedPositions(st)
-	ing, err := ingest.Start(icfg, leaseWriter{mb: mb, clock: r.cfg.Clock})
-	if err != nil {
-		cancel()
-		_ = st.Close()
-		return nil, fmt.Errorf("open %s: %w", mc.ID, err)
-	}
-	mb.ingest.Store(ing)
-	go func() {
-		defer close(mb.retainExited)
-		r.retain(ctx, mb)
-	}()
-	return mb, nil
-}
-
-// retain runs mb's retention until ctx is done.
-func (r *Runner) retain(ctx context.Context, mb *mailbox) {
-	if mb.cfg.MaxAge > 0 || mb.cfg.MaxSize > 0 {
-		mb.store.Load().RunRetention(ctx, r.cfg.RetentionInterval, r.cfg.Clock)
-	}
-}
-
-// closeIngest stops mb's ingest, if it has one: a mailbox being recovered
-// first ends its recovery, which may start one meanwhile (an import cut
-// there resumes on the next open).
-func (mb *mailbox) closeIngest() error {
-	if mb.recovery != nil {
-		mb.stopRetain()
-		<-mb.retainExited
-	}
-	if ing := mb.ingest.Load(); ing != nil {
-		return ing.Close()
-	}
-	return nil
-}
-
-// consuming reports whether mb's ingest is in a group session.
-func (mb *mailbox) consuming() bool {
-	ing := mb.ingest.Load()
-	return ing != nil && ing.Consuming()
-}
-
-// CloseMailbox stops serving mailbox id at once (queries get NotFound from
-// the moment it returns from the map), then stops consuming it, flushing and
-// committing what was fetched, and closes its store. Serving stops first so a
-// sidecar fencing a lost lease never has this runner answer for it again.
-func (r *Runner) CloseMailbox(id string) error {
-	r.mu.Lock()
-	r.settle(id)
-	mb, ok := r.mailboxes[id]
-	delete(r.mailboxes, id)
-	r.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("close %s: %w", id, ErrNotOpen)
-	}
-	return r.closeMailbox(mb)
-}
-
-func (r *Runner) closeMailbox(mb *mailbox) error {
-	errIngest := mb.closeIngest()
-	mb.stopRetain()
-	<-mb.retainExited
-	mb.reads.close()
-	errStore := mb.store.Load().Close()
-	r.queryM.Forget(mb.cfg.ID)
-	r.log.Info("mailbox closed", "mailbox_id", mb.cfg.ID, "epoch", mb.epoch.Load())
-	if err := errors.Join(errIngest, errStore); err != nil {
-		return fmt.Errorf("close %s: %w", mb.cfg.ID, err)
-	}
-	return nil
-}
-
-// Drain stops consuming mailbox id (stop fetching, flush, commit offsets, leave
-// the consumer group) but keeps serving its queries; CloseMailbox ends it.
-// A graceful shutdown drains before the lease is released.
-func (r *Runner) Drain(id string) error {
-	r.mu.Lock()
-	r.settle(id)
-	mb, ok := r.mailboxes[id]
-	r.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("drain %s: %w", id, ErrNotOpen)
-	}
-	if err := mb.closeIngest(); err != nil {
-		return fmt.Errorf("drain %s: %w", id, err)
-	}
-	return nil
-}
-
-// SetEpoch records the lease epoch mailbox id is served under; queries and
-// stats then report it.
-func (r *Runner) SetEpoch(id string, epoch uint64) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.settle(id)
-	mb, ok := r.mailboxes[id]
-	if !ok {
-		return fmt.Errorf("set epoch %s: %w", id, ErrNotOpen)
-	}
-	mb.epoch.Store(epoch)
-	return nil
-}
-
-// leaseWriter is a mailbox's store as its ingest writes it: refused once the
-// lease deadline has passed (SetValidFor), so that a runner paused past it
-// stores, marks and commits nothing it fetched after: the next holder
-// consumes that from the committed offsets. The refusal wraps
-// context.DeadlineExceeded, which ingest takes for the store's failure, not
-// the records' (never dead-lettered): the batch is retried until the fence
-// closes the ingest, and left uncommitted.
-type leaseWriter struct {
-	mb    *mailbox
-	clock clock.PassiveClock
-}
-
-func (w leaseWriter) Write(ctx context.Context, items []*mailboxv1.MailboxItem) (store.WriteResult, error) {
-	if w.mb.expired(w.clock.Now()) {
-		return store.WriteResult{}, fmt.Errorf("mailbox %s: %w, nothing stored past it: %w", w.mb.cfg.ID, ErrDeadlinePassed, context.DeadlineExceeded)
-	}
-	return w.mb.store.Load().Write(ctx, items)
-}
-
-// SetValidFor has mailbox id served only for d from now, on the runner's
-// clock: past that, queries find it not open and its ingest stores nothing
-// more (leaseWriter), whether or not the fence that should follow has run.
-// A process paused past the deadline (SIGSTOP, a frozen container) serves
-// the requests queued meanwhile, and writes what it had fetched, before its
-// timers run, so the deadline is checked at each request and each write. A deadline that
-// has passed is final (ErrDeadlinePassed): a call that would move it was
-// late, perhaps queued across such a pause, and only a new Open serves the
-// mailbox again.
-func (r *Runner) SetValidFor(id string, d time.Duration) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.settle(id)
-	mb, ok := r.mailboxes[id]
-	if !ok {
-		return fmt.Errorf("set valid for %s: %w", id, ErrNotOpen)
-	}
-	now := r.cfg.Clock.Now()
-	if mb.expired(now) {
-		return fmt.Errorf("set valid for %s: %w at %s", id, ErrDeadlinePassed, mb.until.Load().Format(time.RFC3339Nano))
-	}
-	until := now.Add(d)
-	mb.until.Store(&until)
-	return nil
-}
-
-// Mailbox implements query.Mailboxes. A mailbox past its lease deadline is
-// not served (SetValidFor).
-func (r *Runner) Mailbox(id string) (query.Source, uint64, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	mb, ok := r.mailboxes[id]
-	if !ok || mb.expired(r.cfg.Clock.Now()) {
-		return nil, 0, false
-	}
-	return guarded{mb}, mb.epoch.Load(), true
-}
-
-// readGuard lets a store close only once the reads that found it open are
-// done; reads that come later get query.ErrClosed instead of a closed DB.
-type readGuard struct {
-	mu     sync.RWMutex
-	closed bool
-}
-
-func (g *readGuard) acquire() error {
-	g.mu.RLock()
-	if g.closed {
-		g.mu.RUnlock()
-		return query.ErrClosed
-	}
-	return nil
-}
-
-func (g *readGuard) release() { g.mu.RUnlock() }
-
-func (g *readGuard) close() {
-	g.mu.Lock()
-	g.closed = true
-	g.mu.Unlock()
-}
-
-// reopen serves reads again after close, once the store is swapped.
-func (g *readGuard) reopen() {
-	g.mu.Lock()
-	g.closed = false
-	g.mu.Unlock()
-}
-
-// guarded is a mailbox's store as the query servers see it.
-type guarded struct{ mb *mailbox }
-
-func (g guarded) Query(ctx context.Context, f *mailboxv1.EventFilter) (*mailboxv1.QueryEventsResponse, error) {
-	if err := g.mb.reads.acquire(); err != nil {
-		return nil, err
-	}
-	defer g.mb.reads.release()
-	return g.mb.store.Load().Query(ctx, f)
-}
-
-func (g guarded) Get(ctx context.Context, id string) (*mailboxv1.MailboxItem, error) {
-	if err := g.mb.reads.acquire(); err != nil {
-		return nil, err
-	}
-	defer g.mb.reads.release()
-	return g.mb.store.Load().Get(ctx, id)
-}
-
-func (g guarded) Stats(ctx context.Context) (*mailboxv1.MailboxStats, error) {
-	if err := g.mb.reads.acquire(); err != nil {
-		return nil, err
-	}
-	defer g.mb.reads.release()
-	st, err := g.mb.store.Load().Stats(ctx)
-	if err != nil {
-		return nil, err
-	}
-	setHistory(st, g.mb.recoveryStatus())
-	return st, nil
-}
-
-// Stats returns mailbox id's store totals with id and epoch filled in.
-func (r *Runner) Stats(ctx context.Context, id string) (*mailboxv1.MailboxStats, error) {
-	src, epoch, ok := r.Mailbox(id)
-	if !ok {
-		return nil, fmt.Errorf("stats %s: %w", id, ErrNotOpen)
-	}
-	st, err := src.Stats(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("stats %s: %w", id, err)
-	}
-	st.MailboxId, st.Epoch = id, epoch
-	return st, nil
-}
-
-// Consuming reports whether mailbox id is open and in an active consumer
-// group session.
-func (r *Runner) Consuming(id string) bool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	mb, ok := r.mailboxes[id]
-	return ok && mb.consuming()
-}
-
-// IDs lists the mailboxes served, sorted: open and within their lease
-// deadline (SetValidFor), as Mailbox finds them.
-func (r *Runner) IDs() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	now := r.cfg.Clock.Now()
-	ids := make([]string, 0, len(r.mailboxes))
-	for id, mb := range r.mailboxes {
-		if !mb.expired(now) {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	return ids
-}
-
-// Ready reports whether the runner hosts at least one mailbox and every one
-// of them is in an active consumer group session.
-func (r *Runner) Ready() error {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.closed {
-		return errors.New("runner closing")
-	}
-	if len(r.mailboxes) == 0 {
-		return errors.New("no mailbox open")
-	}
-	var notConsuming []string
-	for id, mb := range r.mailboxes {
-		if !mb.consuming() {
-			notConsuming = append(notConsuming, id)
-		}
-	}
-	if len(notConsuming) > 0 {
-		slices.Sort(notConsuming)
-		return fmt.Errorf("not consuming yet: %s", strings.Join(notConsuming, ", "))
-	}
-	return nil
-}
-
-// DiskPressure says why ingest is held back while the data dir's filesystem
-// is below its free-space watermark (Config.MinFree), and is nil otherwise.
-func (r *Runner) DiskPressure() error {
-	if err := r.disk.Err(); err != nil {
-		return fmt.Errorf("ingest paused: %w", err)
-	}
-	return nil
-}
-
-// Registry is where the runner's metrics live.
-func (r *Runner) Registry() *prometheus.Registry { return r.reg }
-
-// HTTPHandler serves the query API, /metrics, /healthz and /readyz.
-func (r *Runner) HTTPHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", query.NewHTTPHandler(r, r.queryM))
-	r.probes(mux)
-	return mux
-}
-
-// probes adds /metrics, /healthz, /readyz and the query API's description,
-// /openapi.json, to mux: a TLS runner serves them on its plaintext port too.
-func (r *Runner) probes(mux *http.ServeMux) {
-	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg}))
-	mux.HandleFunc("GET /openapi.json", httpapi.ServeOpenAPI)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		// A mailbox whose store failed to open is named, but does not
-		// make the runner unready: that would take its other mailboxes
-		// out of routing too.
-		var failed strings.Builder
-		fs := r.OpenFailures()
-		for _, id := range slices.Sorted(maps.Keys(fs)) {
-			fmt.Fprintf(&failed, "mailbox %s: store failed to open (%s): %v\n", mesh.Echo(id), openFailureReason(fs[id]), fs[id])
-		}
-		if err := r.cfg.Ready(); err != nil {
-			http.Error(w, "not ready: "+err.Error()+"\n"+failed.String(), http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ready\n" + failed.String()))
-	})
-}
-
-// probeHandler is the plaintext HTTP port of a TLS runner: the probes, and
-// a JSON 404 saying where the query API went instead of a bare one.
-func (r *Runner) probeHandler() http.Handler {
-	mux := http.NewServeMux()
-	r.probes(mux)
-	mux.HandleFunc("/v1/", func(w http.ResponseWriter, _ *http.Request) {
-		httpapi.WriteError(w, http.StatusNotFound, "the query API is served over mutual TLS on the query port, not on this plaintext port")
-	})
-	return mux
-}
-
-// RegisterGRPC adds MailboxQuery and the gRPC health service to s.
-func (r *Runner) RegisterGRPC(s *grpc.Server) {
-	query.NewGRPCServer(r, r.queryM).Register(s)
-	r.recoverySrv.Register(s)
-	healthpb.RegisterHealthServer(s, r.health)
-}
-
-// queryRoles are the identities that may query mailboxes on a TLS query
-// port: the gateway routing clients' queries, and operators and readers
-// reaching a runner directly.
-var queryRoles = []identity.Role{identity.Gateway, identity.Operator, identity.Reader}
-
-// queryPolicy is who may call what on the query port's gRPC: MailboxQuery
-// for queryRoles, health for any identity of the trust domain (Envoy's
-// health checks, a kubelet gRPC probe through a client certificate).
-func queryPolicy() identity.Policy {
-	queries := identity.AnyOf(queryRoles...)
-	anyone := func(identity.Identity, any) error { return nil }
-	return identity.Policy{
-		mailboxv1.MailboxQuery_QueryEvents_FullMethodName: queries,
-		mailboxv1.MailboxQuery_GetEvent_FullMethodName:    queries,
-		mailboxv1.MailboxQuery_GetStats_FullMethodName:    queries,
-		// Any proxy's runner may ask; the server lets through only those
-		// the mailbox's placement allows (RecoveryAllowed).
-		runnerv1.MailboxRecovery_FetchMailbox_FullMethodName: identity.AnyOf(identity.Proxy),
-		healthpb.Health_Check_FullMethodName:                 anyone,
-		healthpb.Health_List_FullMethodName:                  anyone,
-		healthpb.Health_Watch_FullMethodName:                 anyone,
-	}
-}
-
-// authorizeHTTP lets through requests whose client certificate names one of
-// queryRoles, and answers the others as the query API answers every refusal:
-// 401 without a certificate, 403 naming the caller and the allowed roles.
-func authorizeHTTP(h http.Handler) http.Handler {
-	allowed := identity.AnyOf(queryRoles...)
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		caller, err := identity.FromRequest(req)
-		if err != nil {
-			httpapi.WriteError(w, http.StatusUnauthorized, "a client certificate is required: "+err.Error())
-			return
-		}
-		if err := allowed(caller, nil); err != nil {
-			httpapi.WriteError(w, http.StatusForbidden, grpcstatus.Convert(err).Message())
-			return
-		}
-		h.ServeHTTP(w, req.WithContext(identity.WithCaller(req.Context(), caller)))
-	})
-}
-
-// Serve answers on queryLis both gRPC and the HTTP API, telling them apart
-// per request by content type, and on httpLis the HTTP API (without TLS) or
-// only the probes (with TLS), until Close; it keeps the gRPC health status
-// in line with Ready. queryLis is the address the sidecar advertises: Envoy
-// has one endpoint per runner and sends it gRPC calls and /v1/mailboxes
-// requests alike, multiplexed on one HTTP/2 connection, so one port must
-// answer both. Without TLS that port speaks HTTP/1.1 and h2c; with TLS it
-// offers h2 and http/1.1 by ALPN and requires a client certificate.
-func (r *Runner) Serve(queryLis, httpLis net.Listener) {
-	var opts []grpc.ServerOption
-	if r.cfg.TLS != nil {
-		p := queryPolicy()
-		opts = append(opts, grpc.ChainUnaryInterceptor(p.UnaryInterceptor()), grpc.ChainStreamInterceptor(p.StreamInterceptor()))
-	}
-	// gRPC is served through net/http here, so grpc-go's transport limits
-	// (MaxConcurrentStreams, keepalive) do not apply: the http.Servers' do,
-	// with cfg.Conn's handshake and idle bounds, and cfg.Conn's listener
-	// (plaintext) or HTTP/2 server (TLS) holds clients to gRPC's ping
-	// policy, which net/http's HTTP/2 lacks. The size bound does apply.
-	opts = append(opts, grpc.MaxSendMsgSize(query.MaxResponseBytes))
-	r.grpc = grpc.NewServer(opts...)
-	r.RegisterGRPC(r.grpc)
-	api := r.HTTPHandler()
-	var plain http.Protocols
-	plain.SetHTTP1(true)
-	plain.SetUnencryptedHTTP2(true)
-	limited := func(h http.Handler) *http.Server {
-		return r.cfg.Conn.HTTP(&http.Server{
-			Handler: h, Protocols: &plain,
-			HTTP2: &http.HTTP2Config{MaxConcurrentStreams: int(r.cfg.MaxStreams)},
-		})
-	}
-	r.query = limited(grpcOr(r.grpc, api))
-	r.http = limited(api)
-	if r.cfg.TLS != nil {
-		var secure http.Protocols
-		secure.SetHTTP1(true)
-		secure.SetHTTP2(true)
-		r.query.Handler = grpcOr(r.grpc, authorizeHTTP(api))
-		r.query.Protocols = &secure
-		// Any identity of the trust domain may connect: health is open to
-		// all, and a refused query is a PermissionDenied or 403 naming
-		// the caller rather than a failed handshake.
-		r.query.TLSConfig = r.cfg.TLS.ServerConfig(pki.Any)
-		// HTTP/2 over TLS held to the ping bound too; it fails only for a
-		// TLS 1.2 cipher list without HTTP/2's, and ServerConfig is TLS 1.3.
-		if err := r.cfg.Conn.HTTP2(r.query); err != nil {
-			r.log.Error("query port serves HTTP/2 without the ping bound", "err", err)
-		}
-		r.http.Handler = r.probeHandler()
-	}
-	if r.cfg.Pprof {
-		r.http.Handler = debughttp.With(r.http.Handler)
-	}
-	for _, s := range []struct {
-		srv *http.Server
-		lis net.Listener
-	}{{r.query, queryLis}, {r.http, httpLis}} {
-		go func() {
-			var err error
-			if s.srv.TLSConfig != nil {
-				err = s.srv.ServeTLS(s.lis, "", "")
-			} else {
-				err = s.srv.Serve(r.cfg.Conn.Listener(s.lis))
-			}
-			if err != nil && !errors.Is(err, http.ErrServerClosed) {
-				r.log.Error("server stopped", "addr", s.lis.Addr().String(), "err", err)
-			}
-		}()
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.stopWatch, r.watchDone = cancel, make(chan struct{})
-	go r.watchHealth(ctx)
-	r.log.Info("runner serving", "query_addr", queryLis.Addr().String(), "http_addr", httpLis.Addr().String(), "tls", r.cfg.TLS != nil)
-}
-
-// grpcOr sends gRPC requests (HTTP/2, content type application/grpc[+...])
-// to g and every other request to h.
-func grpcOr(g *grpc.Server, h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.ProtoMajor == 2 && strings.HasPrefix(req.Header.Get("Content-Type"), "application/grpc") {
-			g.ServeHTTP(w, req)
-			return
-		}
-		h.ServeHTTP(w, req)
-	})
-}
-
-func (r *Runner) watchHealth(ctx context.Context) {
-	defer close(r.watchDone)
-	t := r.cfg.Clock.NewTicker(500 * time.Millisecond)
-	defer t.Stop()
-	for {
-		st := healthpb.HealthCheckResponse_SERVING
-		if r.cfg.Ready() != nil {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
-		}
-		r.health.SetServingStatus("", st)
-		r.health.SetServingStatus(mailboxv1.MailboxQuery_ServiceDesc.ServiceName, st)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
-	}
 }
 
 // Close stops every mailbox's ingest (flush, commit), then the servers, then

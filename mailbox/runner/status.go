@@ -33,13 +33,12 @@ type Status struct {
 
 // Statuses is the status of every mailbox the runner serves. It holds the
 // runner's lock once for all of them and reads, per mailbox, only what the
-// mailbox's goroutines keep up to date (atomics, and locks held no longer
-// than a counter update), never waiting on a store opening or a consumer
-// starting or stopping. The sidecar's probe of a runner with a thousand
-// mailboxes, bounded by a timeout, so waits for one lock, not one per
-// mailbox: with the cores busy opening stores each wait is a trip through
-// the scheduler's queue, and a 500 ms probe that took the runner's lock
-// four times per mailbox had answered for 157 of 1,000 when it timed out.
+// mailbox's goroutines keep up to date (atomics, and locks held only for a
+// counter update), never waiting on a store opening or a consumer starting
+// or stopping. The sidecar's probe of a runner with a thousand mailboxes is
+// bounded by a timeout, and while the cores are busy opening stores every
+// lock wait is a trip through the scheduler's queue: one wait for the
+// whole probe keeps it within that bound where a wait per mailbox would not.
 func (r *Runner) Statuses() map[string]Status {
 	r.mu.RLock()
 	mbs := make(map[string]*mailbox, len(r.mailboxes))
