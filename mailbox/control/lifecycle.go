@@ -1,8 +1,22 @@
 package control
 
+// The lifecycle of every mailbox on the runner is here, and only here: its
+// states and the events each accepts (transitions), the entry that carries
+// one mailbox's state with its epoch and lease deadline, what GetStats and
+// Ready read of it (published), and the deadline that fences it, on the
+// Server's injected clock. The runner (mailbox/runner) keeps no state of its
+// own beyond what it hosts; the RPC handlers in control.go ask next, do the
+// work on the runner, then store the new state under the entry's lock.
+
 import (
 	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
 
+	"k8s.io/utils/clock"
+
+	"github.com/prism-mesh/prism/mailbox/runner"
 	runnerv1 "github.com/prism-mesh/prism/proto/prism/runner/v1"
 )
 
@@ -175,4 +189,142 @@ func next(from state, on event) (state, error) {
 		}
 	}
 	return from, &refusedError{from: from, on: on}
+}
+
+// entry is one mailbox; its mu orders the transitions of that mailbox
+// without holding up the others.
+type entry struct {
+	mu  sync.Mutex
+	id  string
+	cfg *runnerv1.MailboxConfig
+	// recover is the live mailbox to seed this one from (the last
+	// OpenMailbox's recover_from), used when the runner opens it.
+	recover *runnerv1.RecoverySource
+	// historyBefore is the mailbox that held the namespace's history before
+	// this one (the last OpenMailbox's history_before), used likewise.
+	historyBefore string
+	state         state
+	epoch         uint64
+
+	deadline    time.Time   // while serving: when the runner fences by itself
+	timer       clock.Timer // fires at deadline
+	gen         uint64      // tells a stale timer from the current one
+	fenceReason string
+
+	// pub is the lifecycle above as of the last transition, published
+	// under mu before mu is released; never nil once e is in the map.
+	pub atomic.Pointer[published]
+}
+
+// published is an entry's lifecycle as GetStats and Ready read it, without
+// the entry's lock.
+type published struct {
+	state       state
+	epoch       uint64
+	fenceReason string
+	deadline    time.Time
+	// busy: a call on the runner that may take long (opening a store,
+	// starting or stopping a consumer) is in progress under the entry's
+	// lock; the rest is from before it.
+	busy bool
+}
+
+// publishLocked publishes e's lifecycle and returns it; e.mu must be held.
+func (e *entry) publishLocked(busy bool) *published {
+	p := &published{state: e.state, epoch: e.epoch, fenceReason: e.fenceReason, deadline: e.deadline, busy: busy}
+	e.pub.Store(p)
+	return p
+}
+
+// slowLocked publishes e's present lifecycle as busy until the returned
+// func publishes it anew, around a call on the runner that may take long;
+// e.mu must be held throughout.
+func (e *entry) slowLocked() (done func()) {
+	e.publishLocked(true)
+	return func() { e.publishLocked(false) }
+}
+
+// setDeadlineLocked moves e's deadline d from now, or to bound if that
+// is earlier (validity), the runner's own check of it at every request and
+// the self-fencing timer. A deadline the runner holds as passed is not
+// moved, nor is one whose bound has passed: the call is late (queued while
+// the process was paused past it, its timer yet to run), so e is fenced now
+// instead.
+func (s *Server) setDeadlineLocked(e *entry, d time.Duration, bound *runnerv1.BoottimeBound) error {
+	var err error
+	if d = s.validity(d, bound); d > 0 {
+		err = s.host.SetValidFor(e.id, d)
+	} else {
+		err = fmt.Errorf("set valid for %s: %w: its bound on the boot clock passed %s ago", e.id, runner.ErrDeadlinePassed, -d)
+	}
+	if err != nil {
+		if ferr := s.fenceLocked(e, "deadline_passed"); ferr != nil {
+			s.log.Error("deadline passed", "mailbox_id", e.id, "err", ferr)
+		}
+		return err
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.gen++
+	gen, id := e.gen, e.id
+	e.deadline = s.clock.Now().Add(d)
+	// The fake clock runs AfterFunc callbacks under its own lock, and
+	// fencing reads the clock: hand the work to a goroutine.
+	e.timer = s.clock.AfterFunc(d, func() { go s.deadlinePassed(id, gen) })
+	return nil
+}
+
+// validity is how long from now the runner may act on a call granting d
+// from its receipt: d, cut to the call's bound when the runner reads the
+// same boot clock as the sender (the sidecar of the same pod). Without a
+// bound, or under another boot, it is d. Not positive: the bound passed
+// while the call waited (a paused runner).
+func (s *Server) validity(d time.Duration, bound *runnerv1.BoottimeBound) time.Duration {
+	if bound.GetBootId() == "" {
+		return d
+	}
+	now, ok := s.boot()
+	if !ok || now.BootID != bound.GetBootId() {
+		return d
+	}
+	return min(d, time.Duration(bound.GetValidUntilBoottime())-now.Since)
+}
+
+func (s *Server) deadlinePassed(id string, gen uint64) {
+	s.mu.Lock()
+	e, ok := s.mailboxes[id]
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gen != gen {
+		return
+	}
+	if err := s.fenceLocked(e, "deadline_passed"); err != nil {
+		s.log.Error("deadline passed", "mailbox_id", id, "err", err)
+	}
+}
+
+// fenceLocked stops serving and consuming e if it is served; fencing a
+// mailbox that is not is a no-op.
+func (s *Server) fenceLocked(e *entry, reason string) error {
+	to, err := next(e.state, evFence)
+	if err != nil || to == e.state {
+		return err
+	}
+	defer e.slowLocked()()
+	start := s.clock.Now()
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	closeErr := s.host.CloseMailbox(e.id)
+	// Whatever the drain reported, the mailbox is no longer served or
+	// consumed: CloseMailbox unpublishes it before anything else.
+	e.state, e.fenceReason = to, reason
+	s.fences.WithLabelValues(reasonLabel(reason)).Inc()
+	s.log.Warn("mailbox fenced: stopped consuming and serving", "mailbox_id", e.id, "epoch", e.epoch, "reason", reason, "took", s.clock.Since(start), "err", closeErr)
+	return nil
 }

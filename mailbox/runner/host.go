@@ -56,13 +56,7 @@ func (r *Runner) Prepare(mc MailboxConfig) error {
 	if err != nil {
 		return fmt.Errorf("prepare %s: %w", mc.ID, err)
 	}
-	r.mu.Lock()
-	closed := r.closed
-	if !closed {
-		r.prepared[mc.ID] = st
-	}
-	r.mu.Unlock()
-	if closed {
+	if r.unlessClosed(func() { r.prepared[mc.ID] = st }) {
 		// Before done: Close waits for this store too.
 		return errors.Join(fmt.Errorf("prepare %s: %w", mc.ID, errRunnerClosed), st.Close())
 	}
@@ -118,13 +112,7 @@ func (r *Runner) Open(mc MailboxConfig) error {
 	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	closed := r.closed
-	if !closed {
-		r.mailboxes[mc.ID] = mb
-	}
-	r.mu.Unlock()
-	if closed {
+	if r.unlessClosed(func() { r.mailboxes[mc.ID] = mb }) {
 		// Before done: Close waits for this mailbox too.
 		return errors.Join(fmt.Errorf("open %s: %w", mc.ID, errRunnerClosed), r.closeMailbox(mb))
 	}

@@ -95,13 +95,7 @@ func (g *registry) turn(id string) (release func()) {
 // open closes what it opened before done.
 func (g *registry) beginOpen(id string) (done func(), err error) {
 	release := g.turn(id)
-	g.mu.Lock()
-	closed := g.closed
-	if !closed {
-		g.opens.Add(1)
-	}
-	g.mu.Unlock()
-	if closed {
+	if g.unlessClosed(func() { g.opens.Add(1) }) {
 		release()
 		return nil, errRunnerClosed
 	}
@@ -109,6 +103,18 @@ func (g *registry) beginOpen(id string) (done func(), err error) {
 		g.opens.Done()
 		release()
 	}, nil
+}
+
+// unlessClosed runs fn with mu held unless Close has begun, and says
+// whether it had.
+func (g *registry) unlessClosed(fn func()) (closed bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return true
+	}
+	fn()
+	return false
 }
 
 // settled runs fn with mu held once no Open or Prepare of id is in flight.
