@@ -17,32 +17,13 @@ import (
 
 	"github.com/prism-mesh/prism/mailbox/store"
 	envelopev1 "github.com/prism-mesh/prism/proto/prism/envelope/v1"
-	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 	"github.com/prism-mesh/prism/testkit/kafkatest"
 )
 
-// storedIDs pages through every item of mailbox id on r.
+// storedIDs is every message id mailbox id of r answers, sorted.
 func storedIDs(t *testing.T, r *Runner, id string) []string {
 	t.Helper()
-	src, _, ok := r.Mailbox(id)
-	if !ok {
-		t.Fatalf("%s not open", id)
-	}
-	var ids []string
-	f := &mailboxv1.EventFilter{Limit: 100}
-	for {
-		resp, err := src.Query(context.Background(), f)
-		if err != nil {
-			t.Fatalf("query %s: %v", id, err)
-		}
-		for _, it := range resp.Items {
-			ids = append(ids, it.GetMessageId())
-		}
-		if resp.NextPageToken == "" {
-			break
-		}
-		f.PageToken = resp.NextPageToken
-	}
+	ids := allIDs(t, r, id)
 	slices.Sort(ids)
 	return ids
 }
