@@ -183,7 +183,6 @@ func namespaceCommand(g *globals) *cobra.Command {
 		maxAge               time.Duration
 		maxSize              string
 		consistent           bool
-		pageSize             int32
 		replicas             uint32
 	)
 	create := &cobra.Command{
@@ -250,17 +249,9 @@ Without brokers it says the topics were not checked.`,
 	create.Flags().Uint32Var(&replicas, "replicas", 0, "copies of the namespace's mailbox, each on its own proxy: the serving one and replicas that take over when it is lost (0 or 1: one copy)")
 	g.kafka.register(create.Flags())
 
-	list := &cobra.Command{
-		Use: "list", Short: "List namespaces", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListNamespacesResponse, error) {
-				return adminv1.NewAdminClient(cc).ListNamespaces(ctx, &adminv1.ListNamespacesRequest{
-					Consistency: consistency(consistent), PageSize: pageSize, PageToken: token,
-				})
-			}, func(w io.Writer, r *adminv1.ListNamespacesResponse) { namespaceTable(w, r.GetNamespaces(), g.wide()) })
-		},
-	}
-	pageSizeFlag(list, &pageSize)
+	list := listCommand(g, "List namespaces", &consistent, func(ctx context.Context, a adminv1.AdminClient, p listPage) (*adminv1.ListNamespacesResponse, error) {
+		return a.ListNamespaces(ctx, &adminv1.ListNamespacesRequest{Consistency: p.consistency, PageSize: p.size, PageToken: p.token})
+	}, func(w io.Writer, r *adminv1.ListNamespacesResponse) { namespaceTable(w, r.GetNamespaces(), g.wide()) })
 	get := &cobra.Command{
 		Use: "get NAME", Short: "Show a namespace, where its alias routes, and its mailboxes' state and history", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -327,42 +318,31 @@ func optDuration(d time.Duration) *durationpb.Duration {
 
 func proxyCommand(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "proxy", Short: "Registered proxies"}
-	var (
-		consistent bool
-		pageSize   int32
-	)
-	list := &cobra.Command{
-		Use: "list", Short: "List proxies with their partitions and namespaces", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListProxiesResponse, error) {
-				return adminv1.NewAdminClient(cc).ListProxies(ctx, &adminv1.ListProxiesRequest{
-					Consistency: consistency(consistent), PageSize: pageSize, PageToken: token,
-				})
-			}, func(w io.Writer, r *adminv1.ListProxiesResponse) {
-				fmt.Fprint(w, "PROXY\tADDRESS\tSTATUS\tLAST SEEN\tPARTITIONS\tNAMESPACES")
-				if g.wide() {
-					fmt.Fprint(w, "\tRUNNER\tVERSION\tZONE\tREGISTERED")
-				}
-				fmt.Fprintln(w)
-				for _, p := range r.GetProxies() {
-					parts := 0
-					for _, pr := range p.GetPartitionRanges() {
-						parts += int(pr.GetEnd()-pr.GetStart()) + 1
-					}
-					reg := p.GetProxy().GetRegistration()
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s", reg.GetProxyId(), reg.GetAddress(), proxyStatus(p.GetProxy()),
-						ts(p.GetProxy().GetLastSeen()), parts, orDash(strings.Join(p.GetNamespaces(), ",")))
-					if g.wide() {
-						fmt.Fprintf(w, "\t%s\t%s\t%s\t%s", orDash(reg.GetRunnerId()), orDash(reg.GetVersion()), orDash(reg.GetZone()),
-							ts(p.GetProxy().GetRegisteredAt()))
-					}
-					fmt.Fprintln(w)
-				}
-			})
-		},
-	}
+	var consistent bool
+	list := listCommand(g, "List proxies with their partitions and namespaces", &consistent, func(ctx context.Context, a adminv1.AdminClient, p listPage) (*adminv1.ListProxiesResponse, error) {
+		return a.ListProxies(ctx, &adminv1.ListProxiesRequest{Consistency: p.consistency, PageSize: p.size, PageToken: p.token})
+	}, func(w io.Writer, r *adminv1.ListProxiesResponse) {
+		fmt.Fprint(w, "PROXY\tADDRESS\tSTATUS\tLAST SEEN\tPARTITIONS\tNAMESPACES")
+		if g.wide() {
+			fmt.Fprint(w, "\tRUNNER\tVERSION\tZONE\tREGISTERED")
+		}
+		fmt.Fprintln(w)
+		for _, p := range r.GetProxies() {
+			parts := 0
+			for _, pr := range p.GetPartitionRanges() {
+				parts += int(pr.GetEnd()-pr.GetStart()) + 1
+			}
+			reg := p.GetProxy().GetRegistration()
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s", reg.GetProxyId(), reg.GetAddress(), proxyStatus(p.GetProxy()),
+				ts(p.GetProxy().GetLastSeen()), parts, orDash(strings.Join(p.GetNamespaces(), ",")))
+			if g.wide() {
+				fmt.Fprintf(w, "\t%s\t%s\t%s\t%s", orDash(reg.GetRunnerId()), orDash(reg.GetVersion()), orDash(reg.GetZone()),
+					ts(p.GetProxy().GetRegisteredAt()))
+			}
+			fmt.Fprintln(w)
+		}
+	})
 	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
-	pageSizeFlag(list, &pageSize)
 	c.AddCommand(list)
 	c.AddCommand(drainCommands(g)...)
 	return c
@@ -388,40 +368,31 @@ func leaseCommand(g *globals) *cobra.Command {
 	var (
 		consistent       bool
 		namespace, proxy string
-		pageSize         int32
 	)
-	list := &cobra.Command{
-		Use: "list", Short: "List leases (the leader shows renewals not yet checkpointed)", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListLeasesResponse, error) {
-				return adminv1.NewAdminClient(cc).ListLeases(ctx, &adminv1.ListLeasesRequest{
-					Consistency: consistency(consistent), Namespace: namespace, ProxyId: proxy, PageSize: pageSize, PageToken: token,
-				})
-			}, func(w io.Writer, r *adminv1.ListLeasesResponse) {
-				fmt.Fprint(w, "MAILBOX\tRUNNER\tADDRESS\tEPOCH\tEXPIRES\tTTL")
-				if g.wide() {
-					fmt.Fprint(w, "\tPARTITION\tSESSION\tGRANTED\tLAST HEARTBEAT")
+	list := listCommand(g, "List leases (the leader shows renewals not yet checkpointed)", &consistent, func(ctx context.Context, a adminv1.AdminClient, p listPage) (*adminv1.ListLeasesResponse, error) {
+		return a.ListLeases(ctx, &adminv1.ListLeasesRequest{Consistency: p.consistency, Namespace: namespace, ProxyId: proxy, PageSize: p.size, PageToken: p.token})
+	}, func(w io.Writer, r *adminv1.ListLeasesResponse) {
+		fmt.Fprint(w, "MAILBOX\tRUNNER\tADDRESS\tEPOCH\tEXPIRES\tTTL")
+		if g.wide() {
+			fmt.Fprint(w, "\tPARTITION\tSESSION\tGRANTED\tLAST HEARTBEAT")
+		}
+		fmt.Fprintln(w)
+		for _, l := range r.GetLeases() {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s", l.GetMailboxId(), l.GetRunnerId(), l.GetRunnerAddress(),
+				l.GetEpoch(), ts(l.GetExpiresAt()), l.GetTtl().AsDuration())
+			if g.wide() {
+				session := "-"
+				if id := l.GetSessionId(); id != 0 {
+					session = strconv.FormatUint(id, 10)
 				}
-				fmt.Fprintln(w)
-				for _, l := range r.GetLeases() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s", l.GetMailboxId(), l.GetRunnerId(), l.GetRunnerAddress(),
-						l.GetEpoch(), ts(l.GetExpiresAt()), l.GetTtl().AsDuration())
-					if g.wide() {
-						session := "-"
-						if id := l.GetSessionId(); id != 0 {
-							session = strconv.FormatUint(id, 10)
-						}
-						fmt.Fprintf(w, "\t%d\t%s\t%s\t%s", l.GetPartition(), session, ts(l.GetGrantedAt()), ts(l.GetLastHeartbeatAt()))
-					}
-					fmt.Fprintln(w)
-				}
-			})
-		},
-	}
+				fmt.Fprintf(w, "\t%d\t%s\t%s\t%s", l.GetPartition(), session, ts(l.GetGrantedAt()), ts(l.GetLastHeartbeatAt()))
+			}
+			fmt.Fprintln(w)
+		}
+	})
 	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
 	list.Flags().StringVar(&namespace, "namespace", "", "only this namespace's leases")
 	list.Flags().StringVar(&proxy, "proxy", "", "only this proxy's leases")
-	pageSizeFlag(list, &pageSize)
 	c.AddCommand(list)
 	return c
 }
@@ -431,35 +402,26 @@ func sessionCommand(g *globals) *cobra.Command {
 	var (
 		consistent bool
 		proxy      string
-		pageSize   int32
 	)
-	list := &cobra.Command{
-		Use: "list", Short: "List open sessions with their lease counts (the leader shows live expiries)", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListSessionsResponse, error) {
-				return adminv1.NewAdminClient(cc).ListSessions(ctx, &adminv1.ListSessionsRequest{
-					Consistency: consistency(consistent), ProxyId: proxy, PageSize: pageSize, PageToken: token,
-				})
-			}, func(w io.Writer, r *adminv1.ListSessionsResponse) {
-				fmt.Fprint(w, "SESSION\tPROXY\tRUNNER\tADDRESS\tLEASES\tEXPIRES\tTTL")
-				if g.wide() {
-					fmt.Fprint(w, "\tGRACE\tOPENED")
-				}
-				fmt.Fprintln(w)
-				for _, s := range r.GetSessions() {
-					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s", s.GetId(), s.GetProxyId(), s.GetRunnerId(), s.GetRunnerAddress(),
-						s.GetLeaseCount(), ts(s.GetExpiresAt()), s.GetTtl().AsDuration())
-					if g.wide() {
-						fmt.Fprintf(w, "\t%s\t%s", s.GetGrace().AsDuration(), ts(s.GetOpenedAt()))
-					}
-					fmt.Fprintln(w)
-				}
-			})
-		},
-	}
+	list := listCommand(g, "List open sessions with their lease counts (the leader shows live expiries)", &consistent, func(ctx context.Context, a adminv1.AdminClient, p listPage) (*adminv1.ListSessionsResponse, error) {
+		return a.ListSessions(ctx, &adminv1.ListSessionsRequest{Consistency: p.consistency, ProxyId: proxy, PageSize: p.size, PageToken: p.token})
+	}, func(w io.Writer, r *adminv1.ListSessionsResponse) {
+		fmt.Fprint(w, "SESSION\tPROXY\tRUNNER\tADDRESS\tLEASES\tEXPIRES\tTTL")
+		if g.wide() {
+			fmt.Fprint(w, "\tGRACE\tOPENED")
+		}
+		fmt.Fprintln(w)
+		for _, s := range r.GetSessions() {
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s", s.GetId(), s.GetProxyId(), s.GetRunnerId(), s.GetRunnerAddress(),
+				s.GetLeaseCount(), ts(s.GetExpiresAt()), s.GetTtl().AsDuration())
+			if g.wide() {
+				fmt.Fprintf(w, "\t%s\t%s", s.GetGrace().AsDuration(), ts(s.GetOpenedAt()))
+			}
+			fmt.Fprintln(w)
+		}
+	})
 	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
 	list.Flags().StringVar(&proxy, "proxy", "", "only this proxy's sessions")
-	pageSizeFlag(list, &pageSize)
 	get := &cobra.Command{
 		Use: "get ID", Short: "Show a session and its leases", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -490,41 +452,30 @@ func sessionCommand(g *globals) *cobra.Command {
 
 func routeCommand(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "route", Short: "Routes derived from live leases"}
-	var (
-		consistent bool
-		pageSize   int32
-	)
-	list := &cobra.Command{
-		Use: "list", Short: "List mailbox and namespace routes", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (*adminv1.ListRoutesResponse, error) {
-				return adminv1.NewAdminClient(cc).ListRoutes(ctx, &adminv1.ListRoutesRequest{
-					Consistency: consistency(consistent), PageSize: pageSize, PageToken: token,
-				})
-			}, func(w io.Writer, r *adminv1.ListRoutesResponse) {
-				fmt.Fprint(w, "MAILBOX\tRUNNER\tADDRESS\tPARTITION\tEPOCH")
-				if g.wide() {
-					fmt.Fprint(w, "\tNAMESPACE\tPROXY")
-				}
-				fmt.Fprintln(w)
-				for _, rt := range r.GetRoutes() {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d", rt.GetMailboxId(), rt.GetRunnerId(), rt.GetRunnerAddress(), rt.GetPartition(), rt.GetEpoch())
-					if g.wide() {
-						fmt.Fprintf(w, "\t%s\t%s", rt.GetNamespace(), rt.GetProxyId())
-					}
-					fmt.Fprintln(w)
-				}
-				if len(r.GetNamespaceRoutes()) > 0 {
-					fmt.Fprintln(w, "\nNAMESPACE\tMAILBOX\tEPOCH")
-					for _, nr := range r.GetNamespaceRoutes() {
-						fmt.Fprintf(w, "%s\t%s\t%d\n", nr.GetNamespace(), nr.GetMailboxId(), nr.GetEpoch())
-					}
-				}
-			})
-		},
-	}
+	var consistent bool
+	list := listCommand(g, "List mailbox and namespace routes", &consistent, func(ctx context.Context, a adminv1.AdminClient, p listPage) (*adminv1.ListRoutesResponse, error) {
+		return a.ListRoutes(ctx, &adminv1.ListRoutesRequest{Consistency: p.consistency, PageSize: p.size, PageToken: p.token})
+	}, func(w io.Writer, r *adminv1.ListRoutesResponse) {
+		fmt.Fprint(w, "MAILBOX\tRUNNER\tADDRESS\tPARTITION\tEPOCH")
+		if g.wide() {
+			fmt.Fprint(w, "\tNAMESPACE\tPROXY")
+		}
+		fmt.Fprintln(w)
+		for _, rt := range r.GetRoutes() {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d", rt.GetMailboxId(), rt.GetRunnerId(), rt.GetRunnerAddress(), rt.GetPartition(), rt.GetEpoch())
+			if g.wide() {
+				fmt.Fprintf(w, "\t%s\t%s", rt.GetNamespace(), rt.GetProxyId())
+			}
+			fmt.Fprintln(w)
+		}
+		if len(r.GetNamespaceRoutes()) > 0 {
+			fmt.Fprintln(w, "\nNAMESPACE\tMAILBOX\tEPOCH")
+			for _, nr := range r.GetNamespaceRoutes() {
+				fmt.Fprintf(w, "%s\t%s\t%d\n", nr.GetNamespace(), nr.GetMailboxId(), nr.GetEpoch())
+			}
+		}
+	})
 	list.Flags().BoolVar(&consistent, "consistent", false, "linearizable read (through the leader)")
-	pageSizeFlag(list, &pageSize)
 	c.AddCommand(list)
 	return c
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prism-mesh/prism/admin/client"
 	"github.com/prism-mesh/prism/mesh"
+	adminv1 "github.com/prism-mesh/prism/proto/prism/admin/v1"
 )
 
 // listPageSize is --page-size's default: the admin's cap, so a large table
@@ -75,4 +76,30 @@ func listAll[T paged](ctx context.Context, perPage time.Duration, c *client.Clie
 	m := all.ProtoReflect()
 	m.Clear(m.Descriptor().Fields().ByName("next_page_token"))
 	return all, nil
+}
+
+// listPage is what a list command asks one page with: --consistent's
+// consistency, --page-size and the token of the page.
+type listPage struct {
+	consistency adminv1.Consistency
+	size        int32
+	token       string
+}
+
+// listCommand is the `list` command of a paged Admin call: page asks for one
+// page, table prints every page merged into one answer (runList). It adds
+// --page-size; consistent is the command's --consistent, which the caller
+// registers.
+func listCommand[T paged](g *globals, short string, consistent *bool, page func(ctx context.Context, a adminv1.AdminClient, p listPage) (T, error), table func(io.Writer, T)) *cobra.Command {
+	var size int32
+	cmd := &cobra.Command{
+		Use: "list", Short: short, Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runList(cmd, g, func(ctx context.Context, cc *grpc.ClientConn, token string) (T, error) {
+				return page(ctx, adminv1.NewAdminClient(cc), listPage{consistency: consistency(*consistent), size: size, token: token})
+			}, table)
+		},
+	}
+	pageSizeFlag(cmd, &size)
+	return cmd
 }
