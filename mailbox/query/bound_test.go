@@ -3,16 +3,12 @@ package query
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -45,23 +41,8 @@ func (pages) Stats(context.Context) (*mailboxv1.MailboxStats, error) {
 func TestResponseBound(t *testing.T) {
 	t.Parallel()
 	mb := staticMailboxes{"big@p": pages{items: 20, itemBytes: 1 << 20}, "small@p": pages{items: 10, itemBytes: 1 << 20}}
-	m := NewMetrics(prometheus.NewRegistry())
-	hs := httptest.NewServer(NewHTTPHandler(mb, m))
-	t.Cleanup(hs.Close)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	NewGRPCServer(mb, m).Register(gs)
-	go gs.Serve(lis)
-	t.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	qc := mailboxv1.NewMailboxQueryClient(cc)
+	f := serveFaces(t, mb)
+	qc := f.grpc
 
 	for _, tc := range []struct {
 		mailbox string
@@ -78,7 +59,7 @@ func TestResponseBound(t *testing.T) {
 			} else if err != nil {
 				t.Errorf("gRPC QueryEvents = %v", err)
 			}
-			resp, err := http.Get(hs.URL + "/v1/mailboxes/" + tc.mailbox + "/events")
+			resp, err := http.Get(f.httpURL + "/v1/mailboxes/" + tc.mailbox + "/events")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,19 +6,15 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -92,24 +88,8 @@ func newFixture(t *testing.T) *fixture {
 	// Two mailboxes of namespace "dup" on one runner is a placement fault
 	// namespace lookups must refuse, not resolve to either.
 	mb := staticMailboxes{mailboxID: st, "odd/box": other, "dup@proxy-01": other, "dup@proxy-02": other}
-	m := NewMetrics(prometheus.NewRegistry())
-	hs := httptest.NewServer(NewHTTPHandler(mb, m))
-	t.Cleanup(hs.Close)
-
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	NewGRPCServer(mb, m).Register(gs)
-	go gs.Serve(lis)
-	t.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return &fixture{httpURL: hs.URL, grpc: mailboxv1.NewMailboxQueryClient(cc)}
+	f := serveFaces(t, mb)
+	return &fixture{httpURL: f.httpURL, grpc: f.grpc}
 }
 
 func (f *fixture) get(t *testing.T, path string) (int, http.Header, map[string]any) {
