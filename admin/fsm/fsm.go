@@ -32,6 +32,7 @@ type FSM struct {
 	log      *slog.Logger
 	observer LeaseObserver
 	moves    MoveObserver
+	commits  CommitObserver
 
 	mu      sync.RWMutex
 	st      *state
@@ -218,6 +219,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
 	var events []leaseEvent
 	var moves []moveEvent
+	var commits []Commit
 	f.mu.Lock()
 	changed := false
 	for i, l := range logs {
@@ -228,12 +230,15 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 			continue
 		}
 		tx := &txn{st: f.st, index: l.Index, term: l.Term, replaceScope: f.replaceScope}
-		res, err := f.applyOne(tx, l.Data)
+		cmd, res, err := f.applyOne(tx, l.Data)
 		if err != nil {
 			out[i] = err
 			continue
 		}
 		out[i] = res
+		if f.commits != nil && (tx.changed || len(tx.events) > 0 || len(tx.moveEvents) > 0) {
+			commits = append(commits, commitOf(tx, cmd, res))
+		}
 		changed = changed || tx.changed
 		events = append(events, tx.events...)
 		moves = append(moves, tx.moveEvents...)
@@ -245,13 +250,16 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	f.mu.Unlock()
 	f.deliver(events)
 	f.deliverMoves(moves)
+	for _, c := range commits {
+		f.commits.Committed(c)
+	}
 	return out
 }
 
-func (f *FSM) applyOne(tx *txn, data []byte) (any, error) {
+func (f *FSM) applyOne(tx *txn, data []byte) (*adminv1.Command, any, error) {
 	cmd, err := Decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("apply at index %d: %w", tx.index, err)
+		return nil, nil, fmt.Errorf("apply at index %d: %w", tx.index, err)
 	}
 	// Encode checked this command before it was proposed, but a log entry
 	// may hold bytes from anywhere (another version, a bug, a hand-made
@@ -261,7 +269,7 @@ func (f *FSM) applyOne(tx *txn, data []byte) (any, error) {
 	// replica replaying it would diverge from one that applied it.
 	h, err := check(cmd)
 	if err != nil {
-		return nil, fmt.Errorf("apply %s at index %d: %w", CommandType(cmd), tx.index, err)
+		return nil, nil, fmt.Errorf("apply %s at index %d: %w", CommandType(cmd), tx.index, err)
 	}
 	tx.now = cmd.GetNow().AsTime()
 	res, err := h.apply(tx, cmd)
@@ -271,9 +279,9 @@ func (f *FSM) applyOne(tx *txn, data []byte) (any, error) {
 			// does the same, so they stay equal, but the state is suspect.
 			f.log.Error("fsm handler failed after mutating state", "command", CommandType(cmd), "index", tx.index, "err", err)
 		}
-		return nil, fmt.Errorf("apply %s at index %d: %w", CommandType(cmd), tx.index, err)
+		return nil, nil, fmt.Errorf("apply %s at index %d: %w", CommandType(cmd), tx.index, err)
 	}
-	return res, nil
+	return cmd, res, nil
 }
 
 func (f *FSM) deliver(events []leaseEvent) {

@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/utils/clock"
@@ -531,9 +532,23 @@ func (s *Server) propose(ctx context.Context, cmd *adminv1.Command) (any, error)
 	return resp, err
 }
 
+// principalOf is who asks for a change, as the audit trail names them
+// (admin/audit): the caller's identity, "anonymous" for a call over a
+// listener without mutual TLS, "" for the leader's own loops.
+func principalOf(ctx context.Context) string {
+	if caller, ok := identity.Caller(ctx); ok {
+		return caller.String()
+	}
+	if _, ok := grpcpeer.FromContext(ctx); ok {
+		return "anonymous"
+	}
+	return ""
+}
+
 // proposeAt is propose that also says the entry's Raft index.
 func (s *Server) proposeAt(ctx context.Context, cmd *adminv1.Command) (any, uint64, error) {
 	cmd.Now = timestamppb.New(s.cfg.Clock.Now())
+	cmd.Principal = principalOf(ctx)
 	if cmd.GetProxyHeartbeat() != nil {
 		cmd.OpenFailureExclusion = durationpb.New(s.cfg.OpenFailureExclusion)
 	}

@@ -41,6 +41,11 @@ type Command struct {
 	// replay of the log on a node started with another flag, excludes for the
 	// same time; absent (entries written before the field): 10 minutes.
 	OpenFailureExclusion *durationpb.Duration `protobuf:"bytes,2,opt,name=open_failure_exclusion,json=openFailureExclusion,proto3" json:"open_failure_exclusion,omitempty"`
+	// Who asked for the change: the caller's identity (a SPIFFE id) for a
+	// request, empty for the leader's own loops (expiry, stale proxies).
+	// Carried in the entry so the admin's audit trail ($admin, admin/audit)
+	// names the same principal whichever node publishes it.
+	Principal string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
 	// Types that are valid to be assigned to Body:
 	//
 	//	*Command_RegisterProxy
@@ -113,6 +118,13 @@ func (x *Command) GetOpenFailureExclusion() *durationpb.Duration {
 		return x.OpenFailureExclusion
 	}
 	return nil
+}
+
+func (x *Command) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
 }
 
 func (x *Command) GetBody() isCommand_Body {
@@ -1315,10 +1327,11 @@ var File_prism_admin_v1_command_proto protoreflect.FileDescriptor
 
 const file_prism_admin_v1_command_proto_rawDesc = "" +
 	"\n" +
-	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\xf0\x0e\n" +
+	"\x1cprism/admin/v1/command.proto\x12\x0eprism.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\"prism/admin/v1/control_plane.proto\x1a\x1aprism/admin/v1/types.proto\"\x8e\x0f\n" +
 	"\aCommand\x12,\n" +
 	"\x03now\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x03now\x12O\n" +
-	"\x16open_failure_exclusion\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x14openFailureExclusion\x12M\n" +
+	"\x16open_failure_exclusion\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x14openFailureExclusion\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12M\n" +
 	"\x0eregister_proxy\x18\n" +
 	" \x01(\v2$.prism.admin.v1.RegisterProxyRequestH\x00R\rregisterProxy\x12P\n" +
 	"\x0fproxy_heartbeat\x18\v \x01(\v2%.prism.admin.v1.ProxyHeartbeatRequestH\x00R\x0eproxyHeartbeat\x12W\n" +
