@@ -46,8 +46,11 @@ type Peer struct {
 	Addr string // raft address the others dial
 }
 
-// Timing holds the Raft timeouts. Production keeps hashicorp's defaults;
-// loopback clusters (tests, dev, benchmarks) use FastTiming for quick failover.
+// Timing holds the Raft timeouts. `prism admin` runs FastTiming unless told
+// --raft-timing=wan (DefaultTiming): FastTiming meets RFC-038's failover
+// on one host or a LAN, DefaultTiming tolerates long leader silences
+// (docs/operations.md#raft-timing-and-leader-failover). A Config without
+// one (in-process nodes, tests) gets DefaultTiming.
 type Timing struct {
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
@@ -55,7 +58,8 @@ type Timing struct {
 	CommitTimeout      time.Duration
 }
 
-// DefaultTiming is hashicorp/raft's default, tolerant of slow networks.
+// DefaultTiming is hashicorp/raft's default, tolerant of slow networks and
+// of leader stalls up to a second, at about a second more failover.
 func DefaultTiming() Timing {
 	d := raft.DefaultConfig()
 	return Timing{d.HeartbeatTimeout, d.ElectionTimeout, d.LeaderLeaseTimeout, d.CommitTimeout}

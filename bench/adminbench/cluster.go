@@ -107,7 +107,7 @@ func startPrism(bin, dir string, size int, xds bool, certs *certs, extra ...stri
 	c.conns = newConns(c.grpc, certs)
 	for i, a := range as {
 		args := []string{"admin", "--node-id", fmt.Sprintf("admin-%d", i+1), "--raft-addr", a.raft, "--grpc-addr", a.grpc,
-			"--http-addr", a.http, "--data-dir", filepath.Join(dir, fmt.Sprintf("prism-%d", i+1)), "--raft-timing", "fast",
+			"--http-addr", a.http, "--data-dir", filepath.Join(dir, fmt.Sprintf("prism-%d", i+1)),
 			"--log-level", "warn", fmt.Sprintf("--xds=%v", xds),
 			// The bench registers its proxies once and never heartbeats them:
 			// ProxyHeartbeat is a Raft write, and a stream of them would enter

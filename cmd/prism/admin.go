@@ -109,8 +109,9 @@ plaintext with no authorization.`,
 	fs.IntVar(&f.bootstrapExpect, "bootstrap-expect", 0, "the first N of --peers bootstrap the cluster with those N voters on an empty data dir; any other node with an empty data dir joins the running cluster by itself (a voter once caught up); keep N for the cluster's life (0: every node of --peers bootstraps with all of them)")
 	fs.BoolVar(&f.join, "join", false, "join a running cluster (someone runs `prismctl member add`): --peers only names the members' gRPC addresses, nothing is bootstrapped")
 	fs.StringVar(&f.peerDial, "peer-dial", "", "dial these raft addresses instead, id=addr,... (e.g. through a local proxy)")
-	fs.StringVar(&f.timing, "raft-timing", "default", "raft timeouts: default (1s heartbeat timeout, WAN-tolerant) or fast (150ms, for one host or a LAN: a follower stands when its leader has been silent "+
-		"that long, so a dead leader is replaced 0.15-0.2s after its last word, and so is a leader silent for 150ms, a stall included; see docs/operations.md)")
+	fs.StringVar(&f.timing, "raft-timing", "fast", "raft timeouts: fast (150ms heartbeat timeout, for one host or a LAN: a follower stands when its leader has been silent "+
+		"that long, so a dead leader is replaced 0.15-0.2s after its last word, and so is a leader silent for 150ms, a stall included) or wan (hashicorp/raft's 1s, "+
+		"tolerant of a slow network or a stalling leader, failover about a second later); see docs/operations.md")
 	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 0, "how often raft checks whether to snapshot (0: raft default 2m)")
 	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 0, "log entries since the last snapshot that trigger one (0: raft default 8192)")
 	fs.Uint64Var(&f.trailingLogs, "trailing-logs", 0, "log entries kept after a snapshot for slow followers (0: raft default 10240)")
@@ -266,12 +267,12 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	}
 	var timing raftnode.Timing
 	switch f.timing {
-	case "default":
-		timing = raftnode.DefaultTiming()
 	case "fast":
 		timing = raftnode.FastTiming()
+	case "wan":
+		timing = raftnode.DefaultTiming()
 	default:
-		return cfg, fmt.Errorf("--raft-timing: %q is not default or fast", f.timing)
+		return cfg, fmt.Errorf("--raft-timing: %q is not fast or wan", f.timing)
 	}
 	raftAddr := f.raftAddr
 	if f.inMemory {

@@ -89,8 +89,8 @@ func runRenewLoad(ctx context.Context, t *testing.T, bin string, args ...string)
 // 14.5k/s to 1.7k/s, acquires timed out instead of being shed). The bound
 // is the production knob for exactly that, and what the test checks is
 // the leader's behaviour past its ceiling, whatever sets it. For the same
-// reason the nodes run raft's default timing (a 1 s heartbeat timeout), as
-// in production, not the harness's 150 ms "fast" one: on a CI machine
+// reason the nodes run the WAN timing (a 1 s heartbeat timeout), not the
+// 150 ms default: on a CI machine
 // shared with the race-built test process a 150 ms scheduling stall is an
 // election, and elections are not what this test is about.
 func TestSessionOverload(t *testing.T) {
@@ -106,7 +106,7 @@ func TestSessionOverload(t *testing.T) {
 	)
 	bin := buildRenewLoad(t)
 	c := e2e.StartAdmins(t, e2e.AdminOptions{Size: 3, Insecure: true, Args: []string{"--stale-proxy-after", "10m",
-		"--max-renewals-per-second", strconv.Itoa(renewalBound), "--shed-after-renewal-wait", "250ms", "--raft-timing", "default"}})
+		"--max-renewals-per-second", strconv.Itoa(renewalBound), "--shed-after-renewal-wait", "250ms", "--raft-timing", "wan"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 85*time.Second)
 	defer cancel()
 	lead := c.AwaitLeader()
