@@ -3,8 +3,10 @@ package server
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/prism-mesh/prism/admin/audit"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
 	"github.com/prism-mesh/prism/admin/raftnode"
@@ -137,6 +139,9 @@ func (s *Server) CreateNamespace(ctx context.Context, req *adminv1.CreateNamespa
 	if err := s.admitNamespace(req.GetNamespace()); err != nil {
 		return nil, err
 	}
+	if err := refuseSystemNamespace("create", req.GetNamespace()); err != nil {
+		return nil, err
+	}
 	resp, err := write(s, ctx, "CreateNamespace",
 		&adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: req}}, true,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.CreateNamespaceResponse, error) {
@@ -151,6 +156,9 @@ func (s *Server) CreateNamespace(ctx context.Context, req *adminv1.CreateNamespa
 // DeleteNamespace logs the caller's identity (over mutual TLS) as who
 // deleted the namespace.
 func (s *Server) DeleteNamespace(ctx context.Context, req *adminv1.DeleteNamespaceRequest) (*adminv1.DeleteNamespaceResponse, error) {
+	if err := refuseSystemNamespace("delete", req.GetNamespace()); err != nil {
+		return nil, err
+	}
 	resp, err := write(s, ctx, "DeleteNamespace",
 		&adminv1.Command{Body: &adminv1.Command_DeleteNamespace{DeleteNamespace: req}}, true,
 		func(ctx context.Context, cc *grpc.ClientConn) (*adminv1.DeleteNamespaceResponse, error) {
@@ -161,6 +169,36 @@ func (s *Server) DeleteNamespace(ctx context.Context, req *adminv1.DeleteNamespa
 		s.log.Info("namespace deleted", "namespace", req.GetNamespace(), "principal", caller.String(), "index", resp.GetIndex())
 	}
 	return resp, err
+}
+
+// refuseSystemNamespace refuses a caller's create or delete of a namespace
+// whose name starts with '$' (mesh.NamespaceRule): those are the admin's
+// own, made by the admin itself ($admin, on the audit topic: EnsureAudit),
+// so no caller can make one that reads, or hides, another topic under the
+// admin's name.
+func refuseSystemNamespace(verb, name string) error {
+	if strings.HasPrefix(name, "$") {
+		return status.Errorf(codes.PermissionDenied, "%s namespace %q: a name starting with '$' is the admin's own, which it creates itself (prism admin --audit-brokers makes %s)",
+			verb, name, audit.Namespace)
+	}
+	return nil
+}
+
+// EnsureAudit creates the $admin namespace on topic, as the leader's own
+// change (no caller), for the admin's audit trail (admin/audit). A $admin
+// that exists on topic already is kept; one on another topic is an error.
+func (s *Server) EnsureAudit(ctx context.Context, topic string) error {
+	res, err := s.propose(ctx, &adminv1.Command{Body: &adminv1.Command_CreateNamespace{CreateNamespace: &adminv1.CreateNamespaceRequest{
+		Namespace: audit.Namespace,
+		Config:    &adminv1.NamespaceConfig{Topics: []string{topic}, ValidationMode: adminv1.ValidationMode_VALIDATION_MODE_STRICT},
+	}}})
+	if err != nil {
+		return fmt.Errorf("create %s on %s: %w", audit.Namespace, topic, err)
+	}
+	if r, ok := res.(*adminv1.CreateNamespaceResponse); ok && r.GetCreated() {
+		s.log.Info("namespace created", "namespace", audit.Namespace, "topic", topic, "index", r.GetIndex())
+	}
+	return nil
 }
 
 // admitHolder admits a request that makes a runner a holder (AcquireLease,

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/utils/clock"
 
+	"github.com/prism-mesh/prism/admin/audit"
 	"github.com/prism-mesh/prism/admin/backup"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/lease"
@@ -93,6 +94,10 @@ type NodeConfig struct {
 	// Backup, with a Dir, writes periodic snapshot files (admin/backup);
 	// Start fills in its FSM, Node, Logger and Registry.
 	Backup backup.PeriodicConfig
+	// Audit, with Brokers, publishes every committed change to Kafka for
+	// the $admin namespace, which the leader creates on Audit.Topic
+	// (admin/audit); Start fills in its Clock, Logger and Registry.
+	Audit  audit.Config
 	Logger *slog.Logger
 
 	diskStat func(dir string) (diskfree.Usage, error) // tests' filesystem; nil = statfs
@@ -121,6 +126,8 @@ type Node struct {
 	Raft   *raftnode.Node
 	FSM    *fsm.FSM
 	Lessor *lease.Lessor
+	// Audit publishes the trail; nil without Audit brokers.
+	Audit *audit.Publisher
 
 	grpc     *grpc.Server
 	grpcLn   net.Listener
@@ -171,6 +178,9 @@ func Start(cfg NodeConfig) (*Node, error) {
 		if n.httpLn != nil {
 			_ = n.httpLn.Close()
 		}
+		if n.Audit != nil {
+			n.Audit.Close()
+		}
 	}
 	addrs := map[string]string{}
 	for id, a := range cfg.GRPCAddrs {
@@ -188,7 +198,18 @@ func Start(cfg NodeConfig) (*Node, error) {
 		Logger:          cfg.Logger.With("node", cfg.Raft.ID),
 	})
 	m := NewMetrics()
-	n.FSM = fsm.New(fsm.WithLeaseObserver(n.Lessor), fsm.WithMoveObserver(m), fsm.WithLogger(cfg.Logger.With("node", cfg.Raft.ID)))
+	reg := prometheus.NewRegistry()
+	fsmOpts := []fsm.Option{fsm.WithLeaseObserver(n.Lessor), fsm.WithMoveObserver(m), fsm.WithLogger(cfg.Logger.With("node", cfg.Raft.ID))}
+	if len(cfg.Audit.Brokers) > 0 {
+		ac := cfg.Audit
+		ac.Clock, ac.Logger, ac.Registry = cfg.Clock, cfg.Logger.With("node", cfg.Raft.ID), reg
+		if n.Audit, err = audit.New(ac); err != nil {
+			closeListeners()
+			return nil, err
+		}
+		fsmOpts = append(fsmOpts, fsm.WithCommitObserver(n.Audit))
+	}
+	n.FSM = fsm.New(fsmOpts...)
 	var disk *diskfree.Guard
 	if cfg.Raft.DataDir != "" {
 		disk, err = diskfree.New(diskfree.Config{Name: "admin data dir", Dir: cfg.Raft.DataDir, Watermark: cfg.MinFree,
@@ -198,7 +219,6 @@ func Start(cfg NodeConfig) (*Node, error) {
 			return nil, err
 		}
 	}
-	reg := prometheus.NewRegistry()
 	cfg.Raft.Metrics = m.RaftHooks()
 	if n.Raft, err = raftnode.New(cfg.Raft, n.FSM); err != nil {
 		closeListeners()
@@ -260,6 +280,14 @@ func Start(cfg NodeConfig) (*Node, error) {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); backups.Run(ctx) }()
 	}
+	if n.Audit != nil {
+		topic := cmp.Or(cfg.Audit.Topic, audit.DefaultTopic)
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			n.Audit.Run(ctx, n.Raft, func(ctx context.Context) error { return n.Server.EnsureAudit(ctx, topic) })
+		}()
+	}
 	n.wg.Add(2)
 	go func() { defer n.wg.Done(); n.Server.Run(ctx) }()
 	go func() { defer n.wg.Done(); _ = n.grpc.Serve(n.grpcLn) }()
@@ -317,6 +345,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		n.Server.Close()
 		err = n.Raft.Shutdown()
 		n.wg.Wait()
+		if n.Audit != nil {
+			n.Audit.Close()
+		}
 	})
 	if err != nil && !errors.Is(err, raftnode.ErrShutdown) {
 		return err

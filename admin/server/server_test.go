@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -87,9 +88,23 @@ func TestLeaseLifecycleOnOneNode(t *testing.T) {
 	if _, err := cp.RegisterProxy(c, &adminv1.RegisterProxyRequest{Registration: &adminv1.ProxyRegistration{ProxyId: "p1", Address: "127.0.0.1:9000", RunnerId: "r1"}}); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := cp.CreateNamespace(c, &adminv1.CreateNamespaceRequest{Namespace: "$admin", Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}})
-	if err != nil || !ns.GetCreated() || ns.GetNamespace().GetAssignedProxyId() != "p1" {
-		t.Fatalf("create namespace: %v, %v", ns, err)
+	// A '$' name is the admin's own: a caller may neither create nor
+	// delete one, the admin makes $admin itself.
+	if _, err := cp.CreateNamespace(c, &adminv1.CreateNamespaceRequest{Namespace: "$admin", Config: &adminv1.NamespaceConfig{Topics: []string{"t"}}}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a caller's create of $admin: %v, want PermissionDenied", err)
+	}
+	if err := n.Server.EnsureAudit(c, "t"); err != nil {
+		t.Fatalf("ensure $admin: %v", err)
+	}
+	if err := n.Server.EnsureAudit(c, "t"); err != nil {
+		t.Fatalf("ensure $admin again: %v", err)
+	}
+	ns, err := adm.GetNamespace(c, &adminv1.GetNamespaceRequest{Namespace: "$admin"})
+	if err != nil || ns.GetNamespace().GetAssignedProxyId() != "p1" || !slices.Equal(ns.GetNamespace().GetConfig().GetTopics(), []string{"t"}) {
+		t.Fatalf("$admin: %v, %v", ns, err)
+	}
+	if _, err := cp.DeleteNamespace(c, &adminv1.DeleteNamespaceRequest{Namespace: "$admin"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a caller's delete of $admin: %v, want PermissionDenied", err)
 	}
 	acq, err := cp.AcquireLease(c, &adminv1.AcquireLeaseRequest{MailboxId: "$admin@p1", RunnerId: "r1", RunnerAddress: "127.0.0.1:9001"})
 	if err != nil || !acq.GetGranted() || acq.GetLease().GetEpoch() == 0 {

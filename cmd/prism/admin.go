@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prism-mesh/prism/admin/audit"
 	"github.com/prism-mesh/prism/admin/fsm"
 	"github.com/prism-mesh/prism/admin/raftnode"
 	"github.com/prism-mesh/prism/admin/server"
@@ -22,6 +23,9 @@ import (
 )
 
 type adminFlags struct {
+	auditBrokers      string
+	auditTopic        string
+	auditBacklog      int
 	nodeID            string
 	raftAddr          string
 	raftAdvertise     string
@@ -149,6 +153,10 @@ plaintext with no authorization.`,
 	f.tls.register(fs)
 	f.disk.register(fs, "the node refuses writes (namespaces, registrations, acquisitions) RESOURCE_EXHAUSTED before the raft log runs out of space; reads, renewals and proxy heartbeats go on")
 	f.backup.register(fs)
+	fs.StringVar(&f.auditBrokers, "audit-brokers", "", "Kafka brokers (comma-separated host:port) the leader publishes every committed change to, one envelope per raft index, "+
+		"and the $admin namespace reads, so GET /v1/namespaces/$admin/events answers who did what; empty: no audit trail")
+	fs.StringVar(&f.auditTopic, "audit-topic", audit.DefaultTopic, "Kafka topic of the audit trail (partition 0) and of the $admin namespace")
+	fs.IntVar(&f.auditBacklog, "audit-backlog", 100000, "committed changes held for the audit trail while Kafka is slow or away; past it the oldest is dropped (prism_admin_audit_dropped_total)")
 	f.conn.register(fs, "--grpc-addr and --http-addr")
 	cmd.AddCommand(adminRestoreCommand())
 	return cmd
@@ -319,6 +327,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		StaleProxyAfter: f.staleProxyAfter, OpenFailureExclusion: f.openFailureExclusion, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
 		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups, Moves: f.moves, Conn: conn,
+		Audit: audit.Config{Brokers: splitBrokers(f.auditBrokers), Topic: f.auditTopic, Backlog: f.auditBacklog},
 	}, nil
 }
 

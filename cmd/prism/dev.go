@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-mesh/prism/admin/audit"
 	"github.com/prism-mesh/prism/admin/server"
 	"github.com/prism-mesh/prism/envoy"
 	"github.com/prism-mesh/prism/mailbox/envelope/demo"
@@ -45,6 +46,11 @@ const (
 	devProxyID   = "proxy-01"
 	devNamespace = "demo"
 	devAdminID   = "dev-admin"
+	// devAuditTopic is the admin's audit trail, read by $admin@proxy-01.
+	// Not audit.DefaultTopic: the demo producer writes admin.events, and
+	// the trail's topic must hold the admin's events only (the leader
+	// resumes from its last record's message id, a Raft index).
+	devAuditTopic = "admin.audit"
 	// devStartTimeout bounds each wait while starting (leader, namespace,
 	// first events through the gateway) on a loaded machine.
 	devStartTimeout = 90 * time.Second
@@ -281,6 +287,7 @@ func (e *devEnv) startKafka(context.Context) error {
 	for _, t := range e.f.topics {
 		topics = append(topics, t+ingest.DLQSuffix)
 	}
+	topics = append(topics, devAuditTopic)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(e.f.kafkaPort), kfake.SeedTopics(3, topics...), kfake.AllowAutoTopicCreation())
 	if err != nil {
 		return fmt.Errorf("embedded broker on port %d (--kafka-port): %w", e.f.kafkaPort, err)
@@ -306,6 +313,7 @@ func (e *devEnv) startAdmin(ctx context.Context) error {
 	if e.ids != nil {
 		af.tls = tlsFlags{files: e.ids.admin}
 	}
+	af.auditBrokers, af.auditTopic, af.auditBacklog = strings.Join(e.brokers, ","), devAuditTopic, 100000
 	cfg, err := af.nodeConfig(e.log.With("component", "admin"))
 	if err != nil {
 		return err
@@ -604,6 +612,8 @@ func (e *devEnv) printReady(out io.Writer) {
 	fmt.Fprintf(out, "query through the gateway (newest first):\n")
 	fmt.Fprintf(out, "  curl -s '%s'\n", e.demoQueryURL())
 	fmt.Fprintf(out, "  curl -s '%s/v1/mailboxes/%s@%s/stats'\n", e.gatewayURL, devNamespace, devProxyID)
+	fmt.Fprintf(out, "who did what in the admin (namespaces, leases, moves, proxies, members), from %s:\n", devAuditTopic)
+	fmt.Fprintf(out, "  curl -s '%s/v1/namespaces/%s/events?limit=5'\n", e.gatewayURL, url.PathEscape(audit.Namespace))
 	fmt.Fprintf(out, "add a namespace on a demo topic; its mailbox is NAME@%s:\n", devProxyID)
 	fmt.Fprintf(out, "  ./bin/prismctl %snamespace create audit-logs --topic %s\n", e.ctlFlags(), f.topics[0])
 	fmt.Fprintf(out, "  curl -s '%s/v1/mailboxes/audit-logs@%s/events?limit=5'\n", e.gatewayURL, devProxyID)
