@@ -154,7 +154,7 @@ func (a *Agent) drainHeld() (held, kept []string, changed <-chan struct{}) {
 	defer a.mu.Unlock()
 	for id, w := range a.workers {
 		switch role := w.view().Role; {
-		case role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP:
+		case role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP, role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA:
 		case role == adminv1.AssignmentRole_ASSIGNMENT_ROLE_SERVING && a.nowhere:
 			kept = append(kept, id)
 		default:

@@ -32,13 +32,14 @@ import (
 //     lag nor stored positions, so the admin never switches a move to it.
 
 // recoverFrom is the mailbox the runner should seed this one from: the
-// assignment's recovery source while the worker's role is CATCHING_UP,
-// else nil. The runner takes it only for a mailbox with nothing stored, so
-// handing it on a reopen (the runner restarted) changes nothing for a
-// mailbox that already holds its copy.
+// assignment's recovery source while the worker's role is CATCHING_UP or
+// REPLICA (docs/architecture.md#replicas), else nil. The runner takes it
+// only for a mailbox with nothing stored, so handing it on a reopen (the
+// runner restarted) changes nothing for a mailbox that already holds its
+// copy.
 func (w *worker) recoverFrom() *runnerv1.RecoverySource {
 	src := w.assignment.GetRecoverySource()
-	if src == nil || w.view().Role != adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP {
+	if role := w.view().Role; src == nil || role != adminv1.AssignmentRole_ASSIGNMENT_ROLE_CATCHING_UP && role != adminv1.AssignmentRole_ASSIGNMENT_ROLE_REPLICA {
 		return nil
 	}
 	return &runnerv1.RecoverySource{MailboxId: src.GetMailboxId(), Address: src.GetAddress()}
