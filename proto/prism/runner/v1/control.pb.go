@@ -1838,14 +1838,15 @@ type MailboxStatus struct {
 	// presence rather than a -1 sentinel, so a runner older than the field
 	// reads as unknown, never as caught up. The sidecar reports it in its
 	// proxy heartbeat so the admin can switch a catching-up namespace
-	// (issue 15).
+	// (docs/architecture.md#moves).
 	Lag *int64 `protobuf:"varint,11,opt,name=lag,proto3,oneof" json:"lag,omitempty"`
 	// Per topic-partition, the offset after the last record the mailbox has
 	// stored durably (fsynced), sorted by topic then partition. A position is
 	// a fact about what is stored, unlike lag, a distance to a high watermark
 	// that keeps moving: the admin switches a move once the destination's
-	// positions are at least the source's (issue 15). Empty while unknown, as
-	// for lag: every partition of the session must have reported once.
+	// positions are at least the source's (docs/architecture.md#moves). Empty
+	// while unknown, as for lag: every partition of the session must have
+	// reported once.
 	StoredPositions []*StoredPosition `protobuf:"bytes,12,rep,name=stored_positions,json=storedPositions,proto3" json:"stored_positions,omitempty"`
 	// Peer recovery and whether the mailbox holds its whole history.
 	Recovery      *RecoveryStatus `protobuf:"bytes,13,opt,name=recovery,proto3" json:"recovery,omitempty"`
