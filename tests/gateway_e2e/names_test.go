@@ -57,8 +57,9 @@ func namespaceCandidates(r *rand.Rand, n int) []string {
 // TestAnyAcceptedNamespaceIsServed: every string the
 // FSM accepts as a namespace is routable and servable end to end (leased by
 // the sidecar, stored by the runner, answered through prism gateway by its
-// mailbox id and by the namespace's path), and every string it refuses is
-// refused with InvalidArgument naming the namespace, changing nothing.
+// mailbox id and by the namespace's path), every string it refuses is
+// refused with InvalidArgument naming the namespace, and a caller's name
+// with a leading '$' with PermissionDenied, each changing nothing.
 func TestAnyAcceptedNamespaceIsServed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts an admin node, a runner, a sidecar and a gateway")
@@ -89,6 +90,12 @@ func TestAnyAcceptedNamespaceIsServed(t *testing.T) {
 			}
 			accepted = append(accepted, ns)
 			kafka.ProduceEnvelopes(t, topics[i], kafkatest.Envelopes(topics[i], events)...)
+		case strings.HasPrefix(ns, "$"):
+			// A leading '$' is the admin's own (docs/architecture.md, "The
+			// admin audit trail"): no caller may create one, valid or not.
+			if status.Code(err) != codes.PermissionDenied {
+				t.Errorf("create namespace %q: %v, want PermissionDenied for a name the admin reserves", ns, err)
+			}
 		case status.Code(err) == codes.InvalidArgument:
 			if mesh.ValidNamespace(ns) {
 				t.Errorf("the FSM refused %q, which mesh.NamespaceRule allows: %v", ns, err)
