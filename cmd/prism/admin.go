@@ -26,6 +26,7 @@ type adminFlags struct {
 	auditBrokers      string
 	auditTopic        string
 	auditBacklog      int
+	auditKafka        kafkaFlags
 	nodeID            string
 	raftAddr          string
 	raftAdvertise     string
@@ -157,6 +158,7 @@ plaintext with no authorization.`,
 		"and the $admin namespace reads, so GET /v1/namespaces/$admin/events answers who did what; empty: no audit trail")
 	fs.StringVar(&f.auditTopic, "audit-topic", audit.DefaultTopic, "Kafka topic of the audit trail (partition 0) and of the $admin namespace")
 	fs.IntVar(&f.auditBacklog, "audit-backlog", 100000, "committed changes held for the audit trail while Kafka is slow or away; past it the oldest is dropped (prism_admin_audit_dropped_total)")
+	f.auditKafka.Register(fs)
 	f.conn.register(fs, "--grpc-addr and --http-addr")
 	cmd.AddCommand(adminRestoreCommand())
 	return cmd
@@ -316,6 +318,10 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 	if err != nil {
 		return cfg, err
 	}
+	auditKafka, err := f.auditKafka.kgoOpts(log, f.auditBrokers != "")
+	if err != nil {
+		return cfg, fmt.Errorf("audit trail: %w", err)
+	}
 	return server.NodeConfig{
 		Raft: raftnode.Config{
 			ID: f.nodeID, DataDir: f.dataDir, BindAddr: raftAddr, Advertise: advertise,
@@ -327,7 +333,7 @@ func (f adminFlags) nodeConfig(log *slog.Logger) (server.NodeConfig, error) {
 		StaleProxyAfter: f.staleProxyAfter, OpenFailureExclusion: f.openFailureExclusion, Logger: log, XDS: f.xds, GatewayAddr: f.gatewayAddr, TLS: src,
 		Quotas: f.quotas, GatewayQueryAuth: gatewayAuth, RunnerNetworks: networks,
 		Admission: f.admission, MinFree: minFree, LookupTarget: f.lookupTarget, Backup: backups, Moves: f.moves, Conn: conn,
-		Audit: audit.Config{Brokers: splitBrokers(f.auditBrokers), Topic: f.auditTopic, Backlog: f.auditBacklog},
+		Audit: audit.Config{Brokers: splitBrokers(f.auditBrokers), Topic: f.auditTopic, Backlog: f.auditBacklog, Kafka: auditKafka},
 	}, nil
 }
 

@@ -96,6 +96,16 @@ func TestAdminFlagValidation(t *testing.T) {
 	if cfg, err := f.nodeConfig(log); err != nil || cfg.GatewayQueryAuth.JWKSCA != ir.DefaultJWKSCA {
 		t.Fatalf("a JWKS URL's CA: %+v, %v", cfg.GatewayQueryAuth, err)
 	}
+	// The audit publisher reaches Kafka as the runner's --kafka-* flags say.
+	f = base
+	f.auditBrokers, f.auditKafka = "127.0.0.1:9092", *parseKafkaFlags(t, "--kafka-tls-ca", "/nonexistent/ca.pem")
+	if _, err := f.nodeConfig(log); err == nil || !strings.Contains(err.Error(), "audit trail: kafka tls ca") {
+		t.Errorf("--kafka-tls-ca of no file: %v, want the audit trail's refusal", err)
+	}
+	f.auditKafka = *parseKafkaFlags(t, "--kafka-tls")
+	if cfg, err := f.nodeConfig(log); err != nil || len(cfg.Audit.Kafka) != 1 {
+		t.Errorf("--kafka-tls: %d audit client options, %v; want TLS", len(cfg.Audit.Kafka), err)
+	}
 	f = base
 	f.lookupTarget = "dns:///prism-admin.prism.svc:8981"
 	if cfg, err := f.nodeConfig(log); err != nil || cfg.LookupTarget != f.lookupTarget {

@@ -1,7 +1,8 @@
 // Package kafkasec is how Prism's Kafka clients reach the brokers: TLS,
 // SASL, both or neither (Security), and the --kafka-tls* and --kafka-sasl*
-// flags that describe it (Flags). prism runner's ingest and prismctl's topic
-// check share both, so one set of flags means one thing everywhere.
+// flags that describe it (Flags). prism runner's ingest, prism admin's audit
+// publisher and prismctl's topic check share both, so one set of flags means
+// one thing everywhere.
 package kafkasec
 
 import (
@@ -71,10 +72,15 @@ func (s Security) Apply(c *sarama.Config) error {
 		if err := s.SASL.apply(c); err != nil {
 			return err
 		}
-		// PLAIN sends the password as it is: only over TLS.
-		if s.SASL.Mechanism == SASLPlain && s.TLS == nil {
-			return errors.New("kafka sasl PLAIN sends the password in clear: enable TLS, or use SCRAM-SHA-256/512")
-		}
+	}
+	return s.plainOverTLS()
+}
+
+// plainOverTLS refuses SASL PLAIN without TLS: PLAIN sends the password as
+// it is.
+func (s Security) plainOverTLS() error {
+	if s.SASL != nil && s.SASL.Mechanism == SASLPlain && s.TLS == nil {
+		return errors.New("kafka sasl PLAIN sends the password in clear: enable TLS, or use SCRAM-SHA-256/512")
 	}
 	return nil
 }
@@ -142,8 +148,8 @@ func (t *TLS) config() (*tls.Config, error) {
 }
 
 func (s *SASL) apply(c *sarama.Config) error {
-	if s.User == "" || s.Password == "" {
-		return fmt.Errorf("kafka sasl %s: user and password are required", s.Mechanism)
+	if _, err := s.mechanism(); err != nil {
+		return err
 	}
 	c.Net.SASL.Enable, c.Net.SASL.Handshake = true, true
 	c.Net.SASL.User, c.Net.SASL.Password = s.User, s.Password
@@ -156,8 +162,6 @@ func (s *SASL) apply(c *sarama.Config) error {
 	case SASLScramSHA512:
 		c.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
 		c.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.HashGeneratorFcn(sha512.New)} }
-	default:
-		return fmt.Errorf("kafka sasl mechanism %q: want %s, %s or %s", s.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
 	}
 	return nil
 }
