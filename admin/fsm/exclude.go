@@ -13,7 +13,7 @@ import (
 )
 
 // A proxy whose runner cannot open a namespace's mailbox store (damaged,
-// out of space: issue 12) says so in its heartbeat (NamespaceHealth
+// out of space) says so in its heartbeat (NamespaceHealth
 // open_failed), and placement keeps that namespace off it for the
 // exclusion window from the last such report, the rest of its namespaces
 // untouched. The window is the proposing leader's --open-failure-exclusion,

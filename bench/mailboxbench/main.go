@@ -247,7 +247,7 @@ func benchStore(c config, dir string, queries map[string][]query) error {
 	if err != nil {
 		return err
 	}
-	// Issue 18's target is disk bytes per event at or below the envelope's own bytes: printed side by side.
+	// The target is disk bytes per event at or below the envelope's own bytes: printed side by side.
 	bench("mailbox.disk_bytes_per_event", float64(size)/float64(c.n), "bytes")
 	bench("mailbox.envelope_bytes_per_event", float64(raw)/float64(c.n), "bytes")
 	note("store: %.0f bytes on disk per event for %.0f bytes of envelope (%.2fx), %s payloads", float64(size)/float64(c.n), float64(raw)/float64(c.n), float64(size)/float64(raw), payloadKind)

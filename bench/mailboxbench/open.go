@@ -20,7 +20,7 @@ const (
 
 // benchOpen measures mailbox.open_1k_ms: a runner's database holding 1,000 mailboxes is opened and every
 // mailbox's store with it, page cache warm, as a runner restarting with 1,000 mailboxes does before serving
-// them (issue 20's bulk grants: all of them served within a second of start). A query on each follows
+// them (a session's bulk grant, docs/architecture.md#sessions, wants them all served within a second). A query on each follows
 // (mailbox.open_1k_first_query_ms, all of them together).
 func benchOpen(dir string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -18,7 +18,7 @@ import (
 	mailboxv1 "github.com/prism-mesh/prism/proto/prism/mailbox/v1"
 )
 
-// benchRebuild measures mailbox.rebuild_s_1m (issue 12): a mailbox of c.n events whose store is dropped by
+// benchRebuild measures mailbox.rebuild_s_1m: a mailbox of c.n events whose store is dropped by
 // runner.Rebuild, what `prism runner rebuild` runs, and reopened by a runner, from the rebuild's start until the
 // mailbox answers c.n events again (GetStats' total_events, as a client asks). The events are produced to an
 // in-process kfake broker first; the mailbox's first store is written directly (the same items, durable batches)

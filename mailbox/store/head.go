@@ -15,7 +15,7 @@ import (
 // so that a query or Get over them is answered without Badger: no iterator, no Get, none of the locks Badger's
 // reads take (its memtable lock, held for tens of milliseconds at each memtable rotation). It is written through:
 // every item it holds is also in Badger, committed and synced before the head gets it, so durability, offsets,
-// crash recovery, copies and retention are Badger's as before, and the head is rebuilt empty at every open.
+// crash recovery, copies and retention are Badger's alone, and the head is rebuilt empty at every open.
 //
 // The head is a list of segments, one per write group published, each immutable and sorted by position with
 // its own postings and message ids. A view of it (a list of segments and a bound) is published with every

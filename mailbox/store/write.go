@@ -522,7 +522,7 @@ func appendStored(dst []pos, items []int, ps []pos) []pos {
 // widestBatch is the longest time between two stored items of one batch of the group, in milliseconds: at most
 // what a batch's own blocks would span. Cut at that (greedy cutting makes the fewest runs), a value's items
 // merged from several batches make no more blocks than the batches' own would, and a group of one batch is cut
-// only at maxBlockSpan, as before groups shared blocks.
+// only at maxBlockSpan, as if it had blocks of its own.
 func (w *blockWriter) widestBatch() uint64 {
 	var widest uint64
 	for _, ps := range w.batches {
