@@ -188,13 +188,13 @@ func (p *Publisher) resume(ctx context.Context, log *slog.Logger, ensure func(ct
 		return err
 	}
 	p.mu.Lock()
-	lost := p.dropped > tail
+	dropped := p.dropped
 	p.trimLocked(tail)
 	backlog := len(p.pending)
 	p.mu.Unlock()
-	if lost {
+	if dropped > tail {
 		log.Error("audit: changes dropped from the full backlog before any leader published them", "published_index", tail,
-			"dropped_up_to", p.dropped)
+			"dropped_up_to", dropped)
 	}
 	log.Info("audit: publishing", "published_index", tail, "backlog", backlog)
 	if ensure != nil {
